@@ -1,0 +1,146 @@
+// vlake::Driver — the seam between vlake and a GPU.
+//
+// What it is
+//   The small set of GPU operations the pool daemon, the hook's helpers and the tests need:
+//   physical memory as VMM handles, virtual address reservations, mappings and their access,
+//   POSIX-fd export/import of handles, synchronous data movement, and one kernel (a 32-bit
+//   fill) whose accesses fault like any kernel's. Everything is expressed in vlake's strong
+//   types; nothing CUDA-specific leaks except the CUresult carried by DriverError.
+//
+// Implementations
+//   open_driver() binds a CUDA driver library at run time (dlopen, never linked): the real
+//   libcuda.so.1, or sim/'s libcuda.so.1, which implements the same C ABI over host shared
+//   memory. Both therefore stand behind this one interface, and tests/driver/ runs one
+//   conformance suite against each.
+//
+// Semantics every implementation must have (measured on an H100, driver 580; the conformance
+// suite checks each one):
+//   - granularity() is the allocation unit; create/reserve/map sizes are multiples of it.
+//   - A mapping covers a whole handle at offset 0: map() with a size other than the handle's
+//     is rejected (CUDA_ERROR_NOT_SUPPORTED); unmap()/set_access() must cover whole mappings
+//     (CUDA_ERROR_INVALID_VALUE otherwise); set_access() over several adjacent mappings is fine.
+//   - A fresh mapping has no access until set_access().
+//   - copy_*/fill_u8 (the copy engines) on memory that is unmapped, not accessible, or read-only
+//     for a write fail with CUDA_ERROR_INVALID_VALUE and leave the context usable.
+//   - fill_u32_kernel() on such memory makes synchronize() fail with CUDA_ERROR_ILLEGAL_ADDRESS,
+//     and from then on every context operation of this process fails the same way (sticky);
+//     VMM calls that need no context (create, map, ...) keep working; other processes are
+//     unaffected.
+//   - release() of a mapped handle keeps its memory until the last mapping goes.
+//   - An exported fd imported in another process refers to the same memory, which lives as long
+//     as any process holds a handle or mapping to it (the exporter may exit).
+//   - Running out of device memory is CUDA_ERROR_OUT_OF_MEMORY.
+//
+// Contexts
+//   VMM calls need no context. Operations that do (memory_info, copies, fills, synchronize)
+//   use the calling thread's current context, or make the primary context of device 0 current
+//   on that thread if it has none; memory_info(d) makes device d's primary context current.
+//
+// Errors
+//   Every failing driver call throws DriverError naming the call and its CUresult. Opening a
+//   library that is missing, is not a CUDA driver, or whose cuInit fails throws DriverError too
+//   (code() tells which: CUDA_ERROR_SHARED_OBJECT_INIT_FAILED for dlopen/dlsym problems).
+//
+// Thread-safety
+//   All methods may be called concurrently; the driver library itself is thread-safe.
+//
+// Ownership
+//   Handles and reservations are plain values: the caller releases them (release(),
+//   free_reservation()). The Driver object must outlive every value obtained from it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "vlake/common/strong_types.hpp"
+#include "vlake/common/unique_fd.hpp"
+
+namespace vlake {
+
+// A CUresult, without dragging cuda.h into every includer.
+using DriverStatus = int;
+
+class DriverError : public std::runtime_error {
+ public:
+  DriverError(DriverStatus code, const std::string& call, const std::string& detail = {});
+  [[nodiscard]] DriverStatus code() const noexcept { return code_; }
+
+ private:
+  DriverStatus code_;
+};
+
+struct PhysicalHandleTag {};
+// A driver allocation handle (CUmemGenericAllocationHandle).
+using PhysicalHandle = StrongId<PhysicalHandleTag, std::uint64_t>;
+struct DevicePtrTag {};
+// A device virtual address (CUdeviceptr).
+using DevicePtr = StrongId<DevicePtrTag, std::uint64_t>;
+
+[[nodiscard]] constexpr DevicePtr operator+(DevicePtr p, Bytes off) noexcept {
+  return DevicePtr{p.value() + off.value()};
+}
+
+enum class Access : std::uint8_t { none, read, read_write };
+
+struct MemoryInfo {
+  Bytes free;
+  Bytes total;
+};
+
+struct AddressRange {
+  DevicePtr base;
+  Bytes size;
+};
+
+class Driver {
+ public:
+  virtual ~Driver() = default;
+
+  [[nodiscard]] virtual std::string name() const = 0;
+  [[nodiscard]] virtual int device_count() const = 0;
+  [[nodiscard]] virtual std::string device_name(DeviceOrdinal d) const = 0;
+  [[nodiscard]] virtual std::array<std::uint8_t, 16> device_uuid(DeviceOrdinal d) const = 0;
+  [[nodiscard]] virtual Bytes total_memory(DeviceOrdinal d) const = 0;
+  [[nodiscard]] virtual Bytes granularity(DeviceOrdinal d) const = 0;
+  [[nodiscard]] virtual MemoryInfo memory_info(DeviceOrdinal d) = 0;
+
+  // Physical memory: pinned device memory, exportable as a POSIX file descriptor.
+  [[nodiscard]] virtual PhysicalHandle create(DeviceOrdinal d, Bytes size) = 0;
+  virtual void release(PhysicalHandle h) = 0;
+  [[nodiscard]] virtual UniqueFd export_fd(PhysicalHandle h) = 0;
+  // Does not take ownership of `fd`; the caller may close it right after.
+  [[nodiscard]] virtual PhysicalHandle import_fd(int fd) = 0;
+  // A new reference to the handle mapped at `p` (release it like any handle).
+  [[nodiscard]] virtual PhysicalHandle retain(DevicePtr p) = 0;
+
+  // Virtual addresses.
+  [[nodiscard]] virtual DevicePtr reserve(Bytes size, Bytes alignment) = 0;
+  virtual void free_reservation(DevicePtr base, Bytes size) = 0;
+  // Maps all of `h` at `at`. `offset` into the handle must be 0 on every driver vlake supports
+  // (CUDA_ERROR_NOT_SUPPORTED otherwise); it is a parameter so the conformance suite can prove it.
+  virtual void map(DevicePtr at, Bytes size, PhysicalHandle h, Bytes offset) = 0;
+  void map(DevicePtr at, Bytes size, PhysicalHandle h) { map(at, size, h, Bytes{0}); }
+  virtual void unmap(DevicePtr at, Bytes size) = 0;
+  virtual void set_access(DevicePtr at, Bytes size, DeviceOrdinal d, Access a) = 0;
+  [[nodiscard]] virtual Access access(DevicePtr p, DeviceOrdinal d) = 0;
+  // The driver's own view: for VMM memory, the one mapping that contains `p`.
+  [[nodiscard]] virtual AddressRange address_range(DevicePtr p) = 0;
+
+  // Data movement, synchronous (the copy engines).
+  virtual void copy_to_device(DevicePtr dst, const void* src, Bytes n) = 0;
+  virtual void copy_to_host(void* dst, DevicePtr src, Bytes n) = 0;
+  virtual void fill_u8(DevicePtr dst, std::uint8_t value, Bytes n) = 0;
+  // Launches a kernel storing `value` into `count` 32-bit words at `dst` (4-byte aligned);
+  // asynchronous like any launch: faults surface at synchronize().
+  virtual void fill_u32_kernel(DevicePtr dst, std::uint32_t value, std::uint64_t count) = 0;
+  virtual void synchronize() = 0;
+};
+
+// Binds the CUDA driver library `library` (a soname searched the usual way, or a path) and
+// initializes it. Throws DriverError if it cannot be loaded or initialized.
+[[nodiscard]] std::unique_ptr<Driver> open_driver(const std::string& library = "libcuda.so.1");
+
+}  // namespace vlake

@@ -1,0 +1,293 @@
+// Driver implementation over a CUDA driver library loaded at run time (real or simulated).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels_ptx.hpp"
+#include "vlake/common/cuda_api.hpp"
+#include "vlake/common/driver.hpp"
+
+namespace vlake {
+
+DriverError::DriverError(DriverStatus code, const std::string& call, const std::string& detail)
+    : std::runtime_error(call + " failed: " + std::to_string(code) +
+                         (detail.empty() ? std::string() : " " + detail)),
+      code_(code) {}
+
+namespace {
+
+using cuda::CudaApi;
+
+CUmemAllocationProp pinned_device_prop(DeviceOrdinal d) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = d.value();
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+CUmemAccess_flags to_flags(Access a) {
+  switch (a) {
+    case Access::none: return CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    case Access::read: return CU_MEM_ACCESS_FLAGS_PROT_READ;
+    case Access::read_write: return CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  return CU_MEM_ACCESS_FLAGS_PROT_NONE;
+}
+
+class CudaDriver final : public Driver {
+ public:
+  explicit CudaDriver(const std::string& library) : library_(library) {
+    dl_ = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (dl_ == nullptr) {
+      const char* err = ::dlerror();
+      throw DriverError(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "dlopen(" + library + ")",
+                        err != nullptr ? err : "");
+    }
+    std::vector<std::string> missing;
+#define VLAKE_CU_API(base, symbol, version)                                              \
+    api_.symbol = reinterpret_cast<PFN_##base##_v##version>(::dlsym(dl_, #symbol));      \
+    if (api_.symbol == nullptr) missing.emplace_back(#symbol);
+#include "vlake/common/cuda_api.def"
+#undef VLAKE_CU_API
+    if (!missing.empty()) {
+      std::string names;
+      for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+      ::dlclose(dl_);
+      throw DriverError(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, library,
+                        "lacks driver entry points: " + names);
+    }
+    check(api_.cuInit(0), "cuInit");
+    int count = 0;
+    check(api_.cuDeviceGetCount(&count), "cuDeviceGetCount");
+    devices_.resize(static_cast<std::size_t>(count));
+    for (int i = 0; i < count; ++i) {
+      check(api_.cuDeviceGet(&devices_[static_cast<std::size_t>(i)], i), "cuDeviceGet");
+    }
+  }
+
+  CudaDriver(const CudaDriver&) = delete;
+  CudaDriver& operator=(const CudaDriver&) = delete;
+  // The library stays loaded: driver state (contexts, mappings) must outlive static destructors
+  // of users that still hold handles, exactly like a linked libcuda.
+  ~CudaDriver() override = default;
+
+  std::string name() const override { return library_; }
+  int device_count() const override { return static_cast<int>(devices_.size()); }
+
+  std::string device_name(DeviceOrdinal d) const override {
+    char buf[256] = {};
+    check(api_.cuDeviceGetName(buf, sizeof buf, device(d)), "cuDeviceGetName");
+    return buf;
+  }
+
+  std::array<std::uint8_t, 16> device_uuid(DeviceOrdinal d) const override {
+    CUuuid u{};
+    check(api_.cuDeviceGetUuid_v2(&u, device(d)), "cuDeviceGetUuid_v2");
+    std::array<std::uint8_t, 16> out{};
+    std::memcpy(out.data(), u.bytes, out.size());
+    return out;
+  }
+
+  Bytes total_memory(DeviceOrdinal d) const override {
+    std::size_t total = 0;
+    check(api_.cuDeviceTotalMem_v2(&total, device(d)), "cuDeviceTotalMem_v2");
+    return Bytes{total};
+  }
+
+  Bytes granularity(DeviceOrdinal d) const override {
+    const CUmemAllocationProp p = pinned_device_prop(d);
+    std::size_t g = 0;
+    check(api_.cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity");
+    return Bytes{g};
+  }
+
+  MemoryInfo memory_info(DeviceOrdinal d) override {
+    bind(d);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    check(api_.cuMemGetInfo_v2(&free, &total), "cuMemGetInfo_v2");
+    return MemoryInfo{Bytes{free}, Bytes{total}};
+  }
+
+  PhysicalHandle create(DeviceOrdinal d, Bytes size) override {
+    const CUmemAllocationProp p = pinned_device_prop(d);
+    CUmemGenericAllocationHandle h = 0;
+    check(api_.cuMemCreate(&h, size.value(), &p, 0), "cuMemCreate");
+    return PhysicalHandle{h};
+  }
+
+  void release(PhysicalHandle h) override { check(api_.cuMemRelease(h.value()), "cuMemRelease"); }
+
+  UniqueFd export_fd(PhysicalHandle h) override {
+    int fd = -1;
+    check(api_.cuMemExportToShareableHandle(&fd, h.value(), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                            0),
+          "cuMemExportToShareableHandle");
+    return UniqueFd(fd);
+  }
+
+  PhysicalHandle import_fd(int fd) override {
+    CUmemGenericAllocationHandle h = 0;
+    // The POSIX-fd handle type passes the descriptor itself in the pointer argument.
+    void* os_handle = reinterpret_cast<void*>(static_cast<std::intptr_t>(fd));
+    check(api_.cuMemImportFromShareableHandle(&h, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          "cuMemImportFromShareableHandle");
+    return PhysicalHandle{h};
+  }
+
+  PhysicalHandle retain(DevicePtr p) override {
+    CUmemGenericAllocationHandle h = 0;
+    check(api_.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(p.value())),
+          "cuMemRetainAllocationHandle");
+    return PhysicalHandle{h};
+  }
+
+  DevicePtr reserve(Bytes size, Bytes alignment) override {
+    CUdeviceptr p = 0;
+    check(api_.cuMemAddressReserve(&p, size.value(), alignment.value(), 0, 0), "cuMemAddressReserve");
+    return DevicePtr{p};
+  }
+
+  void free_reservation(DevicePtr base, Bytes size) override {
+    check(api_.cuMemAddressFree(base.value(), size.value()), "cuMemAddressFree");
+  }
+
+  using Driver::map;
+  void map(DevicePtr at, Bytes size, PhysicalHandle h, Bytes offset) override {
+    check(api_.cuMemMap(at.value(), size.value(), offset.value(), h.value(), 0), "cuMemMap");
+  }
+
+  void unmap(DevicePtr at, Bytes size) override {
+    check(api_.cuMemUnmap(at.value(), size.value()), "cuMemUnmap");
+  }
+
+  void set_access(DevicePtr at, Bytes size, DeviceOrdinal d, Access a) override {
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = d.value();
+    desc.flags = to_flags(a);
+    check(api_.cuMemSetAccess(at.value(), size.value(), &desc, 1), "cuMemSetAccess");
+  }
+
+  Access access(DevicePtr p, DeviceOrdinal d) override {
+    CUmemLocation loc{};
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = d.value();
+    unsigned long long flags = 0;
+    check(api_.cuMemGetAccess(&flags, &loc, p.value()), "cuMemGetAccess");
+    if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return Access::read_write;
+    if (flags == CU_MEM_ACCESS_FLAGS_PROT_READ) return Access::read;
+    return Access::none;
+  }
+
+  AddressRange address_range(DevicePtr p) override {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    bind_default();
+    check(api_.cuMemGetAddressRange_v2(&base, &size, p.value()), "cuMemGetAddressRange_v2");
+    return AddressRange{DevicePtr{base}, Bytes{size}};
+  }
+
+  void copy_to_device(DevicePtr dst, const void* src, Bytes n) override {
+    bind_default();
+    check(api_.cuMemcpyHtoD_v2(dst.value(), src, n.value()), "cuMemcpyHtoD_v2");
+  }
+
+  void copy_to_host(void* dst, DevicePtr src, Bytes n) override {
+    bind_default();
+    check(api_.cuMemcpyDtoH_v2(dst, src.value(), n.value()), "cuMemcpyDtoH_v2");
+  }
+
+  void fill_u8(DevicePtr dst, std::uint8_t value, Bytes n) override {
+    bind_default();
+    check(api_.cuMemsetD8_v2(dst.value(), value, n.value()), "cuMemsetD8_v2");
+  }
+
+  void fill_u32_kernel(DevicePtr dst, std::uint32_t value, std::uint64_t count) override {
+    bind_default();
+    CUfunction fn = fill_kernel();
+    CUdeviceptr p = dst.value();
+    unsigned long long n = count;
+    unsigned v = value;
+    void* args[] = {&p, &n, &v};
+    const unsigned blocks = static_cast<unsigned>(std::clamp<std::uint64_t>((count + 255) / 256, 1, 1024));
+    check(api_.cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr),
+          "cuLaunchKernel(vlake_fill_u32)");
+  }
+
+  void synchronize() override {
+    bind_default();
+    check(api_.cuCtxSynchronize(), "cuCtxSynchronize");
+  }
+
+ private:
+  void check(CUresult r, const char* call) const {
+    if (r == CUDA_SUCCESS) return;
+    const char* name = nullptr;
+    if (api_.cuGetErrorName != nullptr) api_.cuGetErrorName(r, &name);
+    throw DriverError(static_cast<DriverStatus>(r), call, name != nullptr ? name : "");
+  }
+
+  CUdevice device(DeviceOrdinal d) const {
+    if (d.value() < 0 || static_cast<std::size_t>(d.value()) >= devices_.size()) {
+      throw DriverError(CUDA_ERROR_INVALID_DEVICE, "device ordinal " + std::to_string(d.value()));
+    }
+    return devices_[static_cast<std::size_t>(d.value())];
+  }
+
+  // Makes device d's primary context current on this thread.
+  void bind(DeviceOrdinal d) {
+    CUcontext ctx = primary(d);
+    CUcontext current = nullptr;
+    check(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+    if (current != ctx) check(api_.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  }
+
+  // Keeps the thread's current context, or binds device 0's primary context.
+  void bind_default() {
+    CUcontext current = nullptr;
+    check(api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+    if (current == nullptr) check(api_.cuCtxSetCurrent(primary(DeviceOrdinal{0})), "cuCtxSetCurrent");
+  }
+
+  CUcontext primary(DeviceOrdinal d) {
+    std::lock_guard lock(mu_);
+    if (primaries_.empty()) primaries_.assign(devices_.size(), nullptr);
+    auto& slot = primaries_.at(static_cast<std::size_t>(d.value()));
+    if (slot == nullptr) check(api_.cuDevicePrimaryCtxRetain(&slot, device(d)), "cuDevicePrimaryCtxRetain");
+    return slot;
+  }
+
+  CUfunction fill_kernel() {
+    std::lock_guard lock(mu_);
+    if (fill_fn_ == nullptr) {
+      check(api_.cuModuleLoadData(&module_, detail::kKernelsPtx), "cuModuleLoadData");
+      check(api_.cuModuleGetFunction(&fill_fn_, module_, detail::kFillU32Kernel), "cuModuleGetFunction");
+    }
+    return fill_fn_;
+  }
+
+  std::string library_;
+  void* dl_ = nullptr;
+  CudaApi api_;
+  std::vector<CUdevice> devices_;
+  std::mutex mu_;
+  std::vector<CUcontext> primaries_;
+  CUmodule module_ = nullptr;
+  CUfunction fill_fn_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Driver> open_driver(const std::string& library) {
+  return std::make_unique<CudaDriver>(library);
+}
+
+}  // namespace vlake

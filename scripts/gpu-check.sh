@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds vlake on a GPU machine and runs everything that needs the real GPU — the `gpu`-labelled
+# tests (and, as they land, the GPU benchmarks) — in one go, then prints a summary table.
+#
+#   ./scripts/gpu-check.sh [--all]     # --all also runs the simulator-backed tests
+#
+# Needs g++, CMake >= 3.25, ninja, the CUDA headers and an NVIDIA driver. Third-party packages
+# the machine lacks are taken from .deps/debs/*.deb (see scripts/gpu-deps.sh), unpacked into
+# .deps/root without installing anything. Warnings are not fatal here (the machine's compiler
+# may be newer than CI's, which enforces -Werror). Full output: build/gpu/gpu-check.log;
+# per-test results: build/gpu/results.xml (JUnit).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+run_all=0
+[[ "${1:-}" == "--all" ]] && run_all=1
+build=build/gpu
+mkdir -p "$build"
+log="$build/gpu-check.log"
+: >"$log"
+
+prefix=()
+if compgen -G ".deps/debs/*.deb" >/dev/null; then
+  mkdir -p .deps/root
+  for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
+  prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+fi
+
+echo "== GPU"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$log"
+
+echo "== build"
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVLAKE_WERROR=OFF \
+         "${prefix[@]}" && cmake --build "$build" -j "$(nproc)"; } >>"$log" 2>&1; then
+  tail -n 40 "$log"
+  echo "gpu-check: build failed (full log: $log)"
+  exit 1
+fi
+
+echo "== tests"
+label=(-L gpu)
+((run_all)) && label=()
+( cd "$build" && ctest --output-on-failure --output-junit results.xml "${label[@]}" -j 4 ) 2>&1 |
+  tee -a "$log"
+rc=${PIPESTATUS[0]}
+
+echo
+echo "== summary"
+python3 - "$build/results.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+rows = []
+for c in cases:
+    status = c.get("status", "run")
+    if c.find("failure") is not None: result = "FAILED"
+    elif c.find("skipped") is not None or status in ("notrun", "disabled"): result = "skipped"
+    else: result = "passed"
+    rows.append((c.get("name"), result, float(c.get("time", "0"))))
+w = max([len(r[0]) for r in rows] + [4])
+print(f"{'test':<{w}}  {'result':<8} {'seconds':>8}")
+for name, result, t in rows:
+    print(f"{name:<{w}}  {result:<8} {t:>8.2f}")
+counts = {k: sum(1 for r in rows if r[1] == k) for k in ("passed", "FAILED", "skipped")}
+print(f"{counts['passed']} passed, {counts['FAILED']} failed, {counts['skipped']} skipped")
+PY
+exit "$rc"

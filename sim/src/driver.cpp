@@ -1,0 +1,1672 @@
+// The simulated CUDA driver: every entry point of common/include/vlake/common/cuda_api.def.
+// See docs/simulator.md for the rules it follows and sim/src/rules.hpp for its error codes.
+#include "vlake/common/cuda_api.hpp"
+
+#include "node.hpp"
+#include "process.hpp"
+#include "rules.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string_view>
+#include <vector>
+
+#define VLAKE_SIM_API extern "C" __attribute__((visibility("default")))
+
+// Entry points beyond cuda_api.def (the kernel path of vlake::Driver::fill_u32_kernel): the
+// same prototype check cuda_api.hpp does for the listed ones.
+static_assert(std::is_same_v<decltype(&::cuModuleLoadData), PFN_cuModuleLoadData_v2000>);
+static_assert(std::is_same_v<decltype(&::cuModuleUnload), PFN_cuModuleUnload_v2000>);
+static_assert(std::is_same_v<decltype(&::cuModuleGetFunction), PFN_cuModuleGetFunction_v2000>);
+static_assert(std::is_same_v<decltype(&::cuLaunchKernel), PFN_cuLaunchKernel_v4000>);
+
+using vlake::sim::Mapping;
+using vlake::sim::Phys;
+using vlake::sim::Process;
+namespace rules = vlake::sim::rules;
+
+namespace {
+
+constexpr std::size_t kGran = rules::kGranularity;
+
+// ---- Initialization state -------------------------------------------------------------------
+// 0: cuInit not called; 1: initialized; 2: cuInit failed (the failure is cached, like the
+// real driver's).
+std::atomic<int> g_init{0};
+std::atomic<CUresult> g_init_error{CUDA_SUCCESS};
+std::atomic<pid_t> g_init_pid{0};
+std::mutex g_init_mu;
+// Never destroyed: entry points may run during process exit from other threads.
+Process* g_proc = nullptr;
+
+// Per-thread context stack (trivially destructible, so safe in a dlopen'ed library).
+constexpr int kMaxStack = 64;
+thread_local CUctx_st* t_stack[kMaxStack];
+thread_local int t_depth = 0;
+
+CUctx_st* current_ctx() { return t_depth > 0 ? t_stack[t_depth - 1] : nullptr; }
+
+template <class F>
+CUresult guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+// Initialized and not in a fork()ed child of the process that initialized.
+CUresult check_init() {
+  if (g_init.load(std::memory_order_acquire) != 1) return rules::kNotInitialized;
+  if (::getpid() != g_init_pid.load(std::memory_order_relaxed)) return rules::kNotInitialized;
+  return CUDA_SUCCESS;
+}
+
+// A context-requiring call: initialized, a live current context, no sticky error.
+CUresult check_ctx(CUctx_st*& ctx) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  ctx = current_ctx();
+  if (ctx == nullptr || ctx->retains.load() <= 0) return rules::kNoContext;
+  if (CUresult sticky = ctx->sticky.load(); sticky != CUDA_SUCCESS) return sticky;
+  return CUDA_SUCCESS;
+}
+
+bool valid_device(CUdevice dev) { return dev >= 0 && dev < g_proc->device_count; }
+
+CUctx_st* ctx_of_handle(CUcontext c) {
+  for (int i = 0; i < g_proc->device_count; ++i) {
+    if (c == &g_proc->ctxs[i]) return c;
+  }
+  return nullptr;
+}
+
+std::uintptr_t as_addr(CUdeviceptr p) { return static_cast<std::uintptr_t>(p); }
+void* as_ptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+bool add_overflows(std::uintptr_t a, std::size_t n) { return a + n < a; }
+
+// ---- Host VA ----------------------------------------------------------------------------------
+
+// Reserves `size` bytes of PROT_NONE host VA aligned to `align` (a power of two).
+std::uintptr_t reserve_va(std::size_t size, std::size_t align) {
+  const std::size_t span = size + align;
+  void* p = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  const auto raw = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t base = (raw + align - 1) & ~(std::uintptr_t{align} - 1);
+  if (base > raw) ::munmap(p, base - raw);
+  const std::uintptr_t end = base + size;
+  if (raw + span > end) ::munmap(as_ptr(end), raw + span - end);
+  return base;
+}
+
+// Puts back an anonymous PROT_NONE reservation over [base, base + size).
+void unmap_to_reservation(std::uintptr_t base, std::size_t size) {
+  ::mmap(as_ptr(base), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+         -1, 0);
+}
+
+int prot_of(const Mapping& m, int device_count) {
+  unsigned char most = 0;
+  for (int d = 0; d < device_count; ++d) most = std::max(most, m.access[d]);
+  if (most == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return PROT_READ | PROT_WRITE;
+  if (most == CU_MEM_ACCESS_FLAGS_PROT_READ) return PROT_READ;
+  return PROT_NONE;
+}
+
+// ---- Physical allocations -----------------------------------------------------------------------
+
+// memfd name: "vlake-sim:d<device>:t<requestedHandleTypes>", so an importer can check that an
+// fd is a simulator allocation and recover its device and handle types.
+int create_memfd(std::size_t size, int device, unsigned handle_types) {
+  char name[64];
+  std::snprintf(name, sizeof name, "vlake-sim:d%d:t%u", device, handle_types);
+  int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  ::fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+  return fd;
+}
+
+bool parse_memfd(int fd, int& device, unsigned& handle_types) {
+  char link[64];
+  char target[256];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = ::readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  return std::sscanf(target, "/memfd:vlake-sim:d%d:t%u", &device, &handle_types) == 2;
+}
+
+// Creates the Phys of a new allocation (charged to the node). Caller holds mu exclusively.
+CUresult new_phys(std::size_t size, int device, unsigned handle_types, bool classic,
+                  Phys*& out) {
+  int fd = create_memfd(size, device, handle_types);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct stat st {};
+  ::fstat(fd, &st);
+  auto p = std::make_unique<Phys>();
+  p->fd = fd;
+  p->dev = st.st_dev;
+  p->ino = st.st_ino;
+  p->size = size;
+  p->device = device;
+  p->classic = classic;
+  if (CUresult rc = g_proc->node->charge_new(p->dev, p->ino, size, device); rc != CUDA_SUCCESS) {
+    ::close(fd);
+    return rc;
+  }
+  p->block_id = g_proc->next_id++;
+  out = p.get();
+  g_proc->phys.emplace(std::make_pair(p->dev, p->ino), std::move(p));
+  return CUDA_SUCCESS;
+}
+
+// Drops `p` once nothing in this process refers to it. Caller holds mu exclusively.
+void maybe_destroy(Phys* p) {
+  if (p->handle_refs > 0 || p->mappings > 0) return;
+  if (p->handle != 0) g_proc->handles.erase(p->handle);
+  g_proc->node->release(p->dev, p->ino);
+  ::close(p->fd);
+  g_proc->phys.erase(std::make_pair(p->dev, p->ino));
+}
+
+// A new reference to the handle of `p` (import of a known allocation, retain).
+CUmemGenericAllocationHandle add_handle_ref(Phys* p) {
+  if (p->handle == 0) p->handle = g_proc->next_handle++;
+  if (p->handle_refs++ == 0) g_proc->handles[p->handle] = p;
+  return p->handle;
+}
+
+Phys* find_handle(CUmemGenericAllocationHandle h) {
+  auto it = g_proc->handles.find(h);
+  return it == g_proc->handles.end() ? nullptr : it->second;
+}
+
+// ---- Mappings -------------------------------------------------------------------------------
+
+// The mapping containing addr (within its visible bytes), or end().
+std::map<std::uintptr_t, Mapping>::iterator mapping_at(std::uintptr_t addr) {
+  auto& maps = g_proc->mappings;
+  auto it = maps.upper_bound(addr);
+  if (it == maps.begin()) return maps.end();
+  --it;
+  if (addr - it->first < it->second.visible) return it;
+  return maps.end();
+}
+
+// True when [addr, addr + n) is covered by mappings giving `device` the access needed.
+bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write) {
+  if (add_overflows(addr, n)) return false;
+  const unsigned need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+  const std::uintptr_t end = addr + n;
+  std::uintptr_t cur = addr;
+  auto it = mapping_at(cur);
+  while (cur < end) {
+    if (it == g_proc->mappings.end() || it->first > cur) return false;
+    const std::uintptr_t limit = it->first + it->second.visible;
+    if (cur >= limit) return false;
+    if ((it->second.access[device] & need) != need) return false;
+    cur = limit;
+    ++it;
+  }
+  return true;
+}
+
+// Collects the whole VMM mappings that exactly tile [addr, addr + size).
+// Returns CUDA_SUCCESS, `not_mapped` when addr is not inside any mapping, `partial` otherwise.
+CUresult whole_mappings(std::uintptr_t addr, std::size_t size, CUresult not_mapped,
+                        CUresult partial, std::vector<std::map<std::uintptr_t, Mapping>::iterator>& out) {
+  if (size == 0 || add_overflows(addr, size)) return CUDA_ERROR_INVALID_VALUE;
+  auto& maps = g_proc->mappings;
+  auto it = maps.find(addr);
+  if (it == maps.end()) {
+    auto inside = mapping_at(addr);
+    return (inside != maps.end() && !inside->second.classic) ? partial : not_mapped;
+  }
+  if (it->second.classic) return not_mapped;
+  const std::uintptr_t end = addr + size;
+  std::uintptr_t cur = addr;
+  while (cur < end) {
+    if (it == maps.end() || it->first != cur || it->second.classic) return partial;
+    if (it->second.size > end - cur) return partial;
+    out.push_back(it);
+    cur += it->second.size;
+    ++it;
+  }
+  return CUDA_SUCCESS;
+}
+
+// Collects the VMM mappings wholly inside [addr, addr + size) for cuMemUnmap: no mapping may
+// straddle either end; unmapped VA inside is fine; the range must lie in one reservation.
+CUresult mappings_inside(std::uintptr_t addr, std::size_t size,
+                         std::vector<std::map<std::uintptr_t, Mapping>::iterator>& out) {
+  if (size == 0 || add_overflows(addr, size)) return CUDA_ERROR_INVALID_VALUE;
+  const std::uintptr_t end = addr + size;
+  auto r = g_proc->reservations.upper_bound(addr);
+  if (r == g_proc->reservations.begin()) return rules::kUnmapNotMapped;
+  --r;
+  if (addr - r->first >= r->second || size > r->second - (addr - r->first)) {
+    return rules::kUnmapNotMapped;
+  }
+  auto& maps = g_proc->mappings;
+  auto it = maps.lower_bound(addr);
+  if (it != maps.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.size > addr) return rules::kPartialUnmap;
+  }
+  for (; it != maps.end() && it->first < end; ++it) {
+    if (it->second.classic) return rules::kUnmapNotMapped;
+    if (it->second.size > end - it->first) return rules::kPartialUnmap;
+    out.push_back(it);
+  }
+  return CUDA_SUCCESS;
+}
+
+// A copy engine refusing a bad access.
+CUresult refused(CUctx_st* ctx) {
+  if (rules::kCopyBadAccessIsSticky) ctx->sticky.store(rules::kIllegalAccess);
+  return rules::kCopyBadAccess;
+}
+
+bool valid_stream(CUstream s) {
+  if (s == nullptr || s == reinterpret_cast<CUstream>(std::uintptr_t{1}) ||
+      s == reinterpret_cast<CUstream>(std::uintptr_t{2})) {
+    return true;
+  }
+  return g_proc->streams.count(s) != 0;
+}
+
+// Frees what a primary context owns (cuMemAlloc memory, streams, events) and clears its
+// sticky error. Caller holds mu exclusively.
+void destroy_ctx_resources(CUctx_st* ctx) {
+  auto& maps = g_proc->mappings;
+  for (auto it = maps.begin(); it != maps.end();) {
+    if (it->second.classic && it->second.ctx == ctx) {
+      Phys* p = it->second.phys;
+      ::munmap(as_ptr(it->first), it->second.size);
+      it = maps.erase(it);
+      --p->mappings;
+      maybe_destroy(p);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = g_proc->streams.begin(); it != g_proc->streams.end();) {
+    if ((*it)->ctx == ctx) {
+      delete *it;
+      it = g_proc->streams.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = g_proc->events.begin(); it != g_proc->events.end();) {
+    if ((*it)->ctx == ctx) {
+      delete *it;
+      it = g_proc->events.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ctx->sticky.store(CUDA_SUCCESS);
+}
+
+// ---- Copies ---------------------------------------------------------------------------------
+
+CUresult copy_checked(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device,
+                      std::size_t n) {
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  if (n == 0) return CUDA_SUCCESS;
+  if ((!dst_device && dst == 0) || (!src_device && src == 0)) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_lock lock(g_proc->mu);
+  if (dst_device && !accessible(dst, n, ctx->device, true)) return refused(ctx);
+  if (src_device && !accessible(src, n, ctx->device, false)) return refused(ctx);
+  std::memmove(as_ptr(dst), as_ptr(src), n);
+  return CUDA_SUCCESS;
+}
+
+CUresult memset_checked(std::uintptr_t dst, std::size_t elem, unsigned value, std::size_t count) {
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  if (elem == 4 && dst % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (count == 0) return CUDA_SUCCESS;
+  if (count > SIZE_MAX / elem) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_lock lock(g_proc->mu);
+  if (!accessible(dst, count * elem, ctx->device, true)) return refused(ctx);
+  if (elem == 1) {
+    std::memset(as_ptr(dst), static_cast<int>(value & 0xffu), count);
+  } else {
+    auto* p = static_cast<std::uint32_t*>(as_ptr(dst));
+    std::fill(p, p + count, static_cast<std::uint32_t>(value));
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult check_async_stream(CUstream s) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  std::shared_lock lock(g_proc->mu);
+  return valid_stream(s) ? CUDA_SUCCESS : rules::kBadStreamOrEvent;
+}
+
+// ---- Environment --------------------------------------------------------------------------------
+
+CUresult init_failure(const std::string& msg, CUresult rc) {
+  std::fprintf(stderr, "vlake-sim: %s\n", msg.c_str());
+  return rc;
+}
+
+CUresult do_init() {
+  const char* mem = std::getenv("VLAKE_SIM_DEVICE_MEMORY");
+  std::uint64_t capacity = std::uint64_t{16} << 30;
+  if (mem != nullptr && !vlake::sim::parse_size(mem, capacity)) {
+    return init_failure(std::string("VLAKE_SIM_DEVICE_MEMORY='") + mem +
+                            "' is not a size (use e.g. 16GiB, 512MiB, 4096KiB or a byte count)",
+                        CUDA_ERROR_INVALID_VALUE);
+  }
+  if (capacity < kGran) {
+    return init_failure("VLAKE_SIM_DEVICE_MEMORY must be at least 2MiB", CUDA_ERROR_INVALID_VALUE);
+  }
+  int count = 1;
+  if (const char* c = std::getenv("VLAKE_SIM_DEVICE_COUNT"); c != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    long v = std::strtol(c, &end, 10);
+    if (errno != 0 || end == c || *end != '\0' || v < 1 || v > rules::kMaxDevices) {
+      return init_failure(std::string("VLAKE_SIM_DEVICE_COUNT='") + c +
+                              "' is not a device count (1.." +
+                              std::to_string(rules::kMaxDevices) + ")",
+                          CUDA_ERROR_INVALID_VALUE);
+    }
+    count = static_cast<int>(v);
+  }
+  std::string node = "default";
+  if (const char* n = std::getenv("VLAKE_SIM_NODE"); n != nullptr) node = n;
+  const bool node_ok =
+      !node.empty() && node.size() <= 100 && std::all_of(node.begin(), node.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+               ch == '.' || ch == '_' || ch == '-';
+      });
+  if (!node_ok) {
+    return init_failure("VLAKE_SIM_NODE='" + node +
+                            "' is not a node name (1..100 of [A-Za-z0-9._-])",
+                        CUDA_ERROR_INVALID_VALUE);
+  }
+  auto proc = std::make_unique<Process>();
+  proc->node_name = node;
+  proc->device_count = count;
+  proc->capacity = capacity;
+  for (int i = 0; i < rules::kMaxDevices; ++i) proc->ctxs[i].device = i;
+  if (CUresult rc = vlake::sim::Node::attach(node, count, capacity, vlake::sim::current_process(),
+                                             proc->node);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  g_proc = proc.release();
+  return CUDA_SUCCESS;
+}
+
+// ---- Device facts -------------------------------------------------------------------------------
+
+std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+CUuuid device_uuid(int dev) {
+  const std::string key = g_proc->node_name + "/" + std::to_string(dev);
+  const std::uint64_t a = fnv1a(0xcbf29ce484222325ULL, key);
+  const std::uint64_t b = fnv1a(a ^ 0x9e3779b97f4a7c15ULL, key);
+  CUuuid u{};
+  for (int i = 0; i < 8; ++i) {
+    u.bytes[i] = static_cast<char>((a >> (8 * i)) & 0xff);
+    u.bytes[8 + i] = static_cast<char>((b >> (8 * i)) & 0xff);
+  }
+  u.bytes[6] = static_cast<char>((u.bytes[6] & 0x0f) | 0x50);  // version 5 style
+  u.bytes[8] = static_cast<char>((u.bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return u;
+}
+
+bool device_attribute(CUdevice_attribute a, int dev, int& v) {
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; return true;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; return true;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: v = 2147483647; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; return true;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; return true;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; return true;
+    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; return true;
+    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = CU_COMPUTEMODE_DEFAULT; return true;
+    case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: v = 512; return true;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev + 1; return true;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = 2619000; return true;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; return true;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 52428800; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; return true;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 3; return true;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: v = 32; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = 233472; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; return true;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 0; return true;  // no cuMemAllocManaged
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: v = dev; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: v = 2; return true;
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = 232448; return true;
+    case CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 0; return true;  // no cuMemHostRegister
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: v = 0; return true;  // not simulated
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = 32; return true;
+    case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: v = 32505856; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: v = 134213632; return true;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; return true;  // no cuMemAllocAsync
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: v = 4; return true;
+    case CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_NUMA_ID: v = -1; return true;
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MPS_ENABLED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = -1; return true;
+    default: return false;
+  }
+}
+
+// ---- cuGetProcAddress table -----------------------------------------------------------------
+
+struct ProcRow {
+  const char* base;
+  int version;
+  void* fn;
+};
+
+CUresult resolve_proc(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                      CUdriverProcAddressQueryResult* status) {
+  static const ProcRow rows[] = {
+#define VLAKE_CU_API(base, sym, version) {#base, version, reinterpret_cast<void*>(&::sym)},
+#include "vlake/common/cuda_api.def"
+#undef VLAKE_CU_API
+  };
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if ((flags & ~static_cast<cuuint64_t>(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                                        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *pfn = nullptr;
+  bool known = false;
+  const ProcRow* best = nullptr;
+  for (const ProcRow& r : rows) {
+    if (std::strcmp(r.base, symbol) != 0) continue;
+    known = true;
+    if (r.version <= cuda_version && (best == nullptr || r.version > best->version)) best = &r;
+  }
+  if (best == nullptr) {
+    if (status != nullptr) {
+      *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                      : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    }
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  *pfn = best->fn;
+  if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+  return CUDA_SUCCESS;
+}
+
+// ---- Error strings ----------------------------------------------------------------------------
+
+struct ErrorRow {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+
+const ErrorRow* find_error(CUresult code) {
+  static const ErrorRow rows[] = {
+#define VLAKE_SIM_ERROR(name, text) {name, #name, text},
+#include "error_table.inc"
+#undef VLAKE_SIM_ERROR
+  };
+  for (const ErrorRow& r : rows) {
+    if (r.code == code) return &r;
+  }
+  return nullptr;
+}
+
+// ---- Pointer attributes ---------------------------------------------------------------------
+
+template <class T>
+void put(void* data, T value) {
+  std::memcpy(data, &value, sizeof value);
+}
+
+// Writes attribute `a` of `ptr` (m: its mapping, or nullptr when unknown) to data.
+// `strict`: cuPointerGetAttribute (unknown pointer / host pointer are errors) vs
+// cuPointerGetAttributes (zeros and defaults).
+CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr,
+                           std::uintptr_t base, const Mapping* m, bool strict) {
+  if (m == nullptr && strict) return rules::kPointerUnknown;
+  CUctx_st* cur = current_ctx();
+  const int device = m != nullptr ? m->phys->device : 0;
+  switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      put<CUcontext>(data, m != nullptr && m->classic ? m->ctx : nullptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      put<unsigned>(data, m != nullptr ? static_cast<unsigned>(CU_MEMORYTYPE_DEVICE) : 0u);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      put<CUdeviceptr>(data, m != nullptr ? static_cast<CUdeviceptr>(ptr) : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (strict) return CUDA_ERROR_INVALID_VALUE;  // device memory has no host pointer
+      put<void*>(data, nullptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      put<int>(data, 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      put<unsigned long long>(data, m != nullptr ? m->buffer_id : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      put<int>(data, 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      put<int>(data, m != nullptr ? device : -2);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      put<int>(data, m != nullptr && m->classic ? 1 : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      put<CUdeviceptr>(data, m != nullptr ? static_cast<CUdeviceptr>(base) : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      put<std::size_t>(data, m != nullptr ? m->visible : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      put<int>(data, m != nullptr ? 1 : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      put<unsigned long long>(
+          data, m != nullptr && !m->classic ? m->phys->prop.requestedHandleTypes : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+      put<int>(data, 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: {
+      unsigned flags = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
+      if (m != nullptr) flags = m->access[cur != nullptr ? cur->device : device];
+      put<unsigned>(data, flags);
+      return CUDA_SUCCESS;
+    }
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      put<CUmemoryPool>(data, nullptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+      put<std::size_t>(data, m != nullptr ? m->size : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      put<void*>(data, m != nullptr ? as_ptr(base) : nullptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+      put<unsigned long long>(data, m != nullptr ? m->phys->block_id : 0);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+      put<int>(data, 0);
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// ---- VMM property checks --------------------------------------------------------------------
+
+CUresult check_prop(const CUmemAllocationProp* prop) {
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return rules::kUnsupportedLocation;
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return rules::kUnsupportedLocation;
+  if (!valid_device(prop->location.id)) return rules::kInvalidLocation;
+  const unsigned types = static_cast<unsigned>(prop->requestedHandleTypes);
+  if (types != CU_MEM_HANDLE_TYPE_NONE && types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return rules::kUnsupportedHandleType;
+  }
+  return CUDA_SUCCESS;
+}
+
+// At normal process exit (or dlclose), the process stops holding memory on the node at once
+// instead of waiting for another process to notice that it died. Not in a fork()ed child.
+__attribute__((destructor)) void detach_at_exit() {
+  if (g_init.load() != 1 || ::getpid() != g_init_pid.load()) return;
+  try {
+    g_proc->node->detach();
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+// =================================================================================================
+// Initialization, versions, errors
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuInit(unsigned int Flags) {
+  return guarded([&]() -> CUresult {
+    if (g_init.load() == 1) return check_init();
+    std::lock_guard lock(g_init_mu);
+    const int state = g_init.load();
+    if (state == 1) return check_init();
+    if (state == 2) return g_init_error.load();
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult rc = do_init();
+    if (rc != CUDA_SUCCESS) {
+      g_init_error.store(rc);
+      g_init.store(2, std::memory_order_release);
+      return rc;
+    }
+    g_init_pid.store(::getpid());
+    g_init.store(1, std::memory_order_release);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuDriverGetVersion(int* driverVersion) {
+  if (driverVersion == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *driverVersion = rules::kDriverVersion;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuGetErrorString(CUresult error, const char** pStr) {
+  if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const ErrorRow* r = find_error(error);
+  *pStr = r != nullptr ? r->text : nullptr;
+  return r != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+VLAKE_SIM_API CUresult cuGetErrorName(CUresult error, const char** pStr) {
+  if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const ErrorRow* r = find_error(error);
+  *pStr = r != nullptr ? r->name : nullptr;
+  return r != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+VLAKE_SIM_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
+                                        cuuint64_t flags) {
+  return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, nullptr); });
+}
+
+VLAKE_SIM_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                           cuuint64_t flags,
+                                           CUdriverProcAddressQueryResult* symbolStatus) {
+  return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, symbolStatus); });
+}
+
+// =================================================================================================
+// Devices
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetCount(int* count) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *count = g_proc->device_count;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(name, static_cast<std::size_t>(len), "%s", rules::kDeviceName);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *uuid = device_uuid(dev);
+    return CUDA_SUCCESS;
+  });
+}
+}  // namespace
+
+VLAKE_SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return get_uuid(uuid, dev); }
+
+VLAKE_SIM_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  return get_uuid(uuid, dev);
+}
+
+VLAKE_SIM_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = static_cast<size_t>(g_proc->capacity);
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  int v = 0;
+  if (!device_attribute(attrib, dev, v)) return CUDA_ERROR_INVALID_VALUE;
+  *pi = v;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02x:00.0",
+                static_cast<unsigned>(dev + 1));
+  return CUDA_SUCCESS;
+}
+
+// =================================================================================================
+// Contexts
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  g_proc->ctxs[dev].retains.fetch_add(1);
+  *pctx = &g_proc->ctxs[dev];
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::unique_lock lock(g_proc->mu);
+    CUctx_st& ctx = g_proc->ctxs[dev];
+    if (ctx.retains.load() <= 0) return rules::kReleaseUnretained;
+    if (ctx.retains.fetch_sub(1) == 1) destroy_ctx_resources(&ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
+                                                  int* active) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = g_proc->ctxs[dev].retains.load() > 0 ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::unique_lock lock(g_proc->mu);
+    destroy_ctx_resources(&g_proc->ctxs[dev]);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = current_ctx();
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (ctx == nullptr) {
+    if (t_depth > 0) --t_depth;
+    return CUDA_SUCCESS;
+  }
+  if (ctx_of_handle(ctx) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_depth == 0) t_depth = 1;
+  t_stack[t_depth - 1] = ctx;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (ctx == nullptr || ctx_of_handle(ctx) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_depth >= kMaxStack) return CUDA_ERROR_OUT_OF_MEMORY;
+  t_stack[t_depth++] = ctx;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (t_depth == 0) return rules::kPopEmpty;
+  CUctx_st* top = t_stack[--t_depth];
+  if (pctx != nullptr) *pctx = top;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxGetDevice(CUdevice* device) {
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *device = ctx->device;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxSynchronize() {
+  CUctx_st* ctx = nullptr;
+  return check_ctx(ctx);
+}
+
+// =================================================================================================
+// Classic allocation and copies
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (bytesize > SIZE_MAX - kGran) return CUDA_ERROR_OUT_OF_MEMORY;
+    const std::size_t size = (bytesize + kGran - 1) / kGran * kGran;
+    std::unique_lock lock(g_proc->mu);
+    Phys* p = nullptr;
+    if (CUresult rc = new_phys(size, ctx->device, 0, true, p); rc != CUDA_SUCCESS) return rc;
+    const std::uintptr_t va = reserve_va(size, kGran);
+    if (va == 0 || ::mmap(as_ptr(va), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd,
+                          0) == MAP_FAILED) {
+      if (va != 0) ::munmap(as_ptr(va), size);
+      maybe_destroy(p);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p->mappings = 1;
+    Mapping m;
+    m.size = size;
+    m.visible = bytesize;
+    m.phys = p;
+    m.classic = true;
+    m.ctx = ctx;
+    m.buffer_id = g_proc->next_id++;
+    for (auto& a : m.access) a = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    g_proc->mappings.emplace(va, m);
+    *dptr = static_cast<CUdeviceptr>(va);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    auto it = g_proc->mappings.find(as_addr(dptr));
+    if (it == g_proc->mappings.end() || !it->second.classic) return rules::kFreeUnknown;
+    Phys* p = it->second.phys;
+    ::munmap(as_ptr(it->first), it->second.size);
+    g_proc->mappings.erase(it);
+    --p->mappings;
+    maybe_destroy(p);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t used = 0;
+    std::uint64_t cap = 0;
+    g_proc->node->usage(ctx->device, used, cap);
+    *total = static_cast<size_t>(cap);
+    *free = static_cast<size_t>(used >= cap ? 0 : cap - used);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
+                                               CUdeviceptr dptr) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    std::shared_lock lock(g_proc->mu);
+    auto it = mapping_at(as_addr(dptr));
+    if (it == g_proc->mappings.end()) return rules::kAddressRangeUnknown;
+    if (pbase != nullptr) *pbase = static_cast<CUdeviceptr>(it->first);
+    if (psize != nullptr) *psize = it->second.visible;
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                       size_t ByteCount) {
+  return guarded([&] {
+    return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false,
+                        ByteCount);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  return guarded([&] {
+    return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true,
+                        ByteCount);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                       size_t ByteCount) {
+  return guarded([&] {
+    return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                            size_t ByteCount, CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
+    return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false,
+                        ByteCount);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                            CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
+    return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true,
+                        ByteCount);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                            size_t ByteCount, CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
+    return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  return guarded([&] { return memset_checked(as_addr(dstDevice), 1, uc, N); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
+  return guarded([&] { return memset_checked(as_addr(dstDevice), 4, ui, N); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                       CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
+    return memset_checked(as_addr(dstDevice), 1, uc, N);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                                        CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
+    return memset_checked(as_addr(dstDevice), 4, ui, N);
+  });
+}
+
+VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                             CUdeviceptr ptr) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (attribute == CU_POINTER_ATTRIBUTE_P2P_TOKENS) return CUDA_ERROR_NOT_SUPPORTED;
+    std::shared_lock lock(g_proc->mu);
+    auto it = mapping_at(as_addr(ptr));
+    const bool found = it != g_proc->mappings.end();
+    return pointer_attribute(data, attribute, as_addr(ptr), found ? it->first : 0,
+                             found ? &it->second : nullptr, true);
+  });
+}
+
+VLAKE_SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                              CUpointer_attribute* attributes, void** data,
+                                              CUdeviceptr ptr) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (numAttributes == 0 || attributes == nullptr || data == nullptr) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::shared_lock lock(g_proc->mu);
+    auto it = mapping_at(as_addr(ptr));
+    const bool found = it != g_proc->mappings.end();
+    for (unsigned i = 0; i < numAttributes; ++i) {
+      if (data[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      if (attributes[i] == CU_POINTER_ATTRIBUTE_P2P_TOKENS) return CUDA_ERROR_NOT_SUPPORTED;
+      if (CUresult rc = pointer_attribute(data[i], attributes[i], as_addr(ptr),
+                                          found ? it->first : 0, found ? &it->second : nullptr,
+                                          false);
+          rc != CUDA_SUCCESS) {
+        return rc;
+      }
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+// =================================================================================================
+// Streams and events (synchronous: every operation has completed when its call returns)
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (phStream == nullptr || (Flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    auto s = std::make_unique<CUstream_st>();
+    s->ctx = ctx;
+    s->flags = Flags;
+    std::unique_lock lock(g_proc->mu);
+    g_proc->streams.insert(s.get());
+    *phStream = s.release();
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuStreamDestroy_v2(CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    if (g_proc->streams.erase(hStream) == 0) return rules::kBadStreamOrEvent;
+    delete hStream;
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+CUresult stream_sync(CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    std::shared_lock lock(g_proc->mu);
+    return valid_stream(hStream) ? CUDA_SUCCESS : rules::kBadStreamOrEvent;
+  });
+}
+}  // namespace
+
+VLAKE_SIM_API CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream); }
+
+VLAKE_SIM_API CUresult cuStreamQuery(CUstream hStream) { return stream_sync(hStream); }
+
+VLAKE_SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::shared_lock lock(g_proc->mu);
+    if (!valid_stream(hStream) || g_proc->events.count(hEvent) == 0) {
+      return rules::kBadStreamOrEvent;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    const unsigned allowed = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (phEvent == nullptr || (Flags & ~allowed) != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto e = std::make_unique<CUevent_st>();
+    e->ctx = ctx;
+    e->flags = Flags;
+    std::unique_lock lock(g_proc->mu);
+    g_proc->events.insert(e.get());
+    *phEvent = e.release();
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    if (g_proc->events.count(hEvent) == 0 || !valid_stream(hStream)) {
+      return rules::kBadStreamOrEvent;
+    }
+    hEvent->recorded = true;
+    hEvent->when = std::chrono::steady_clock::now();
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+CUresult event_query(CUevent hEvent) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    std::shared_lock lock(g_proc->mu);
+    return g_proc->events.count(hEvent) != 0 ? CUDA_SUCCESS : rules::kBadStreamOrEvent;
+  });
+}
+}  // namespace
+
+VLAKE_SIM_API CUresult cuEventQuery(CUevent hEvent) { return event_query(hEvent); }
+
+VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) { return event_query(hEvent); }
+
+VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    if (g_proc->events.erase(hEvent) == 0) return rules::kBadStreamOrEvent;
+    delete hEvent;
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (pMilliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_lock lock(g_proc->mu);
+    if (g_proc->events.count(hStart) == 0 || g_proc->events.count(hEnd) == 0) {
+      return rules::kBadStreamOrEvent;
+    }
+    if (!hStart->recorded || !hEnd->recorded ||
+        ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING) != 0) {
+      return rules::kElapsedUnrecorded;
+    }
+    *pMilliseconds = std::chrono::duration<float, std::milli>(hEnd->when - hStart->when).count();
+    return CUDA_SUCCESS;
+  });
+}
+
+// =================================================================================================
+// Virtual memory management (no current context needed)
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity,
+                                                     const CUmemAllocationProp* prop,
+                                                     CUmemAllocationGranularity_flags option) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (CUresult rc = check_prop(prop); rc != CUDA_SUCCESS) return rc;
+  *granularity = kGran;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                   const CUmemAllocationProp* prop, unsigned long long flags) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = check_prop(prop); rc != CUDA_SUCCESS) return rc;
+    if (size == 0 || size % kGran != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::unique_lock lock(g_proc->mu);
+    Phys* p = nullptr;
+    if (CUresult rc = new_phys(size, prop->location.id,
+                               static_cast<unsigned>(prop->requestedHandleTypes), false, p);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    p->prop = *prop;
+    *handle = add_handle_ref(p);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    Phys* p = find_handle(handle);
+    if (p == nullptr) return rules::kUnknownHandle;
+    if (--p->handle_refs == 0) g_proc->handles.erase(handle);
+    maybe_destroy(p);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                           CUdeviceptr addr, unsigned long long flags) {
+  return guarded([&]() -> CUresult {
+    (void)addr;  // the hint is ignored, as the driver may
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (ptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (size == 0 || size % kGran != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (alignment != 0 && (alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t align = std::max(alignment, kGran);
+    if (size > SIZE_MAX - align) return CUDA_ERROR_OUT_OF_MEMORY;
+    const std::uintptr_t base = reserve_va(size, align);
+    if (base == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::unique_lock lock(g_proc->mu);
+    g_proc->reservations.emplace(base, size);
+    *ptr = static_cast<CUdeviceptr>(base);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    auto it = g_proc->reservations.find(as_addr(ptr));
+    if (it == g_proc->reservations.end() || it->second != size) return rules::kAddressFreeUnknown;
+    auto m = g_proc->mappings.lower_bound(it->first);
+    if (m != g_proc->mappings.end() && m->first < it->first + it->second) {
+      return rules::kAddressFreeWithMappings;
+    }
+    ::munmap(as_ptr(it->first), it->second);
+    g_proc->reservations.erase(it);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::unique_lock lock(g_proc->mu);
+    Phys* p = find_handle(handle);
+    if (p == nullptr) return rules::kUnknownHandle;
+    if (offset != 0) return rules::kMapNonZeroOffset;
+    if (size != p->size) return rules::kPartialMap;
+    const std::uintptr_t base = as_addr(ptr);
+    if (base % kGran != 0 || add_overflows(base, size)) return rules::kMapOutsideReservation;
+    auto r = g_proc->reservations.upper_bound(base);
+    if (r == g_proc->reservations.begin()) return rules::kMapOutsideReservation;
+    --r;
+    if (base - r->first >= r->second || size > r->second - (base - r->first)) {
+      return rules::kMapOutsideReservation;
+    }
+    auto next = g_proc->mappings.lower_bound(base);
+    if (next != g_proc->mappings.end() && next->first < base + size) return rules::kMapOverExisting;
+    if (next != g_proc->mappings.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second.size > base) return rules::kMapOverExisting;
+    }
+    if (::mmap(as_ptr(base), size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, 0) == MAP_FAILED) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ++p->mappings;
+    Mapping m;
+    m.size = size;
+    m.visible = size;
+    m.phys = p;
+    m.buffer_id = g_proc->next_id++;
+    g_proc->mappings.emplace(base, m);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    std::vector<std::map<std::uintptr_t, Mapping>::iterator> whole;
+    if (CUresult rc = mappings_inside(as_addr(ptr), size, whole); rc != CUDA_SUCCESS) return rc;
+    for (auto it : whole) {
+      Phys* p = it->second.phys;
+      unmap_to_reservation(it->first, it->second.size);
+      g_proc->mappings.erase(it);
+      --p->mappings;
+      maybe_destroy(p);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                      size_t count) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; ++i) {
+      if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (!valid_device(desc[i].location.id)) return rules::kInvalidLocation;
+      if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+          desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+          desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    std::unique_lock lock(g_proc->mu);
+    std::vector<std::map<std::uintptr_t, Mapping>::iterator> whole;
+    if (CUresult rc = whole_mappings(as_addr(ptr), size, rules::kSetAccessNotMapped,
+                                     rules::kPartialSetAccess, whole);
+        rc != CUDA_SUCCESS) {
+      return rc;
+    }
+    for (auto it : whole) {
+      Mapping& m = it->second;
+      for (size_t i = 0; i < count; ++i) {
+        m.access[desc[i].location.id] = static_cast<unsigned char>(desc[i].flags);
+      }
+      ::mprotect(as_ptr(it->first), m.size, prot_of(m, g_proc->device_count));
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                                      CUdeviceptr ptr) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(location->id)) return rules::kInvalidLocation;
+    std::shared_lock lock(g_proc->mu);
+    auto it = mapping_at(as_addr(ptr));
+    if (it == g_proc->mappings.end() || it->second.classic) return CUDA_ERROR_INVALID_VALUE;
+    *flags = it->second.access[location->id];
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle,
+                                                    CUmemGenericAllocationHandle handle,
+                                                    CUmemAllocationHandleType handleType,
+                                                    unsigned long long flags) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_lock lock(g_proc->mu);
+    Phys* p = find_handle(handle);
+    if (p == nullptr) return rules::kUnknownHandle;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return rules::kUnsupportedHandleType;
+    if ((static_cast<unsigned>(p->prop.requestedHandleTypes) &
+         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+      return rules::kExportWithoutPosixFd;
+    }
+    int fd = ::dup(p->fd);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *static_cast<int*>(shareableHandle) = fd;
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                      void* osHandle,
+                                                      CUmemAllocationHandleType shHandleType) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+      return rules::kUnsupportedHandleType;
+    }
+    const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle));
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) return rules::kImportNotAnAllocation;
+    int device = 0;
+    unsigned types = 0;
+    if (!parse_memfd(fd, device, types) || !valid_device(device) || st.st_size <= 0 ||
+        static_cast<std::size_t>(st.st_size) % kGran != 0) {
+      return rules::kImportNotAnAllocation;
+    }
+    std::unique_lock lock(g_proc->mu);
+    auto known = g_proc->phys.find(std::make_pair(std::uint64_t{st.st_dev}, std::uint64_t{st.st_ino}));
+    if (known != g_proc->phys.end()) {
+      if (known->second->classic) return rules::kImportNotAnAllocation;
+      *handle = add_handle_ref(known->second.get());
+      return CUDA_SUCCESS;
+    }
+    const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    const auto size = static_cast<std::size_t>(st.st_size);
+    if (CUresult rc = g_proc->node->hold(st.st_dev, st.st_ino, size, device); rc != CUDA_SUCCESS) {
+      ::close(own);
+      return rc;
+    }
+    auto p = std::make_unique<Phys>();
+    p->fd = own;
+    p->dev = st.st_dev;
+    p->ino = st.st_ino;
+    p->size = size;
+    p->device = device;
+    p->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->prop.location.id = device;
+    p->prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(types);
+    p->block_id = g_proc->next_id++;
+    Phys* raw = p.get();
+    g_proc->phys.emplace(std::make_pair(raw->dev, raw->ino), std::move(p));
+    *handle = add_handle_ref(raw);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                                   void* addr) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::unique_lock lock(g_proc->mu);
+    auto it = mapping_at(reinterpret_cast<std::uintptr_t>(addr));
+    if (it == g_proc->mappings.end() || it->second.classic) return rules::kRetainNotMapped;
+    *handle = add_handle_ref(it->second.phys);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                              CUmemGenericAllocationHandle handle) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_lock lock(g_proc->mu);
+    Phys* p = find_handle(handle);
+    if (p == nullptr) return rules::kUnknownHandle;
+    *prop = p->prop;
+    return CUDA_SUCCESS;
+  });
+}
+
+// =================================================================================================
+// Modules and kernels: PTX is not compiled; the simulator runs the kernels it knows by entry
+// name on the host, synchronously, with the access checks of a GPU (a fault is sticky).
+// =================================================================================================
+
+namespace {
+
+constexpr const char* kKnownKernels[] = {
+    // vlake_fill_u32(unsigned* p, unsigned long long n, unsigned v): p[0..n) = v
+    "vlake_fill_u32",
+};
+
+bool known_kernel(const std::string& name) {
+  for (const char* k : kKnownKernels) {
+    if (name == k) return true;
+  }
+  return false;
+}
+
+// Executes `f` with its parameters; a bad access poisons the context (reported by the next
+// synchronizing call, as on a GPU) and leaves memory untouched.
+void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params) {
+  if (f->name == "vlake_fill_u32") {
+    CUdeviceptr p = 0;
+    unsigned long long n = 0;
+    unsigned v = 0;
+    std::memcpy(&p, params[0], sizeof p);
+    std::memcpy(&n, params[1], sizeof n);
+    std::memcpy(&v, params[2], sizeof v);
+    if (n == 0) return;
+    if (n > SIZE_MAX / 4 || as_addr(p) % 4 != 0 ||
+        !accessible(as_addr(p), static_cast<std::size_t>(n) * 4, ctx->device, true)) {
+      ctx->sticky.store(rules::kIllegalAccess);
+      return;
+    }
+    auto* words = static_cast<std::uint32_t*>(as_ptr(as_addr(p)));
+    std::fill(words, words + n, v);
+  }
+}
+
+}  // namespace
+
+VLAKE_SIM_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::string_view text(static_cast<const char*>(image));
+    auto mod = std::make_unique<CUmod_st>();
+    for (std::size_t pos = text.find(".entry"); pos != std::string_view::npos;
+         pos = text.find(".entry", pos + 6)) {
+      std::size_t b = pos + 6;
+      while (b < text.size() && (text[b] == ' ' || text[b] == '\t')) ++b;
+      std::size_t e = b;
+      while (e < text.size() && (std::isalnum(static_cast<unsigned char>(text[e])) != 0 ||
+                                 text[e] == '_' || text[e] == '$')) {
+        ++e;
+      }
+      if (e > b) mod->entries.emplace_back(text.substr(b, e - b));
+    }
+    if (mod->entries.empty()) return rules::kBadImage;
+    std::unique_lock lock(g_proc->mu);
+    g_proc->modules.insert(mod.get());
+    *module = mod.release();
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuModuleUnload(CUmodule hmod) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    if (g_proc->modules.erase(hmod) == 0) return rules::kBadModuleOrFunction;
+    delete hmod;
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::unique_lock lock(g_proc->mu);
+    if (g_proc->modules.count(hmod) == 0) return rules::kBadModuleOrFunction;
+    const std::string wanted(name);
+    if (std::find(hmod->entries.begin(), hmod->entries.end(), wanted) == hmod->entries.end() ||
+        !known_kernel(wanted)) {
+      return rules::kNoSuchFunction;
+    }
+    for (const auto& f : hmod->functions) {
+      if (f->name == wanted) {
+        *hfunc = f.get();
+        return CUDA_SUCCESS;
+      }
+    }
+    auto f = std::make_unique<CUfunc_st>();
+    f->module = hmod;
+    f->name = wanted;
+    *hfunc = f.get();
+    hmod->functions.push_back(std::move(f));
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                      unsigned int gridDimZ, unsigned int blockDimX,
+                                      unsigned int blockDimY, unsigned int blockDimZ,
+                                      unsigned int sharedMemBytes, CUstream hStream,
+                                      void** kernelParams, void** extra) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    (void)sharedMemBytes;
+    if (gridDimX == 0 || gridDimY == 0 || gridDimZ == 0 || blockDimX == 0 || blockDimY == 0 ||
+        blockDimZ == 0 ||
+        std::uint64_t{blockDimX} * blockDimY * blockDimZ > 1024) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (kernelParams == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_lock lock(g_proc->mu);
+    if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
+    bool found = false;
+    for (CUmod_st* m : g_proc->modules) {
+      for (const auto& fn : m->functions) found = found || fn.get() == f;
+    }
+    if (!found) return rules::kBadModuleOrFunction;
+    run_kernel(ctx, f, kernelParams);
+    return CUDA_SUCCESS;
+  });
+}

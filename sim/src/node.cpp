@@ -1,0 +1,419 @@
+#include "node.hpp"
+
+#include "rules.hpp"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace vlake::sim {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x4d49532d454b4c56ULL;  // "VLKE-SIM"
+constexpr std::uint32_t kLayoutVersion = 1;
+constexpr std::uint32_t kMaxAttached = 512;   // processes attached to one node at once
+constexpr std::uint32_t kMaxRecords = 32768;  // live physical allocations per node
+constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocation at once
+
+struct Record {
+  std::uint64_t dev;
+  std::uint64_t ino;
+  std::uint64_t size;
+  std::int32_t device;
+  std::uint32_t nholders;  // the record is in use iff nholders > 0
+  ProcessId holders[kMaxHolders];
+};
+
+}  // namespace
+
+// The shared layout. Bump kLayoutVersion on any change.
+struct NodeState {
+  std::uint64_t magic;  // written last by the creator
+  std::uint32_t layout_version;
+  std::uint32_t state_size;
+  std::uint32_t device_count;
+  std::uint32_t reserved;
+  std::uint64_t capacity;  // per device, bytes
+  std::uint64_t used[rules::kMaxDevices];
+  pthread_mutex_t mutex;  // robust, process-shared
+  std::uint32_t nattached;
+  std::uint32_t record_hwm;  // records[record_hwm..] are all unused
+  ProcessId attached[kMaxAttached];
+  Record records[kMaxRecords];
+};
+
+namespace {
+
+bool same(const ProcessId& a, const ProcessId& b) {
+  return a.pid == b.pid && a.start_time == b.start_time;
+}
+
+// Reads state and start time (field 22) of /proc/<pid>/stat.
+bool read_stat(const char* path, char& state, std::uint64_t& start) {
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces and ')'
+  if (p == nullptr || p[1] != ' ') return false;
+  p += 2;
+  state = *p;
+  // Field 3 is the state; field 22 is starttime: skip 19 more spaces.
+  for (int field = 3; field < 22; ++field) {
+    p = std::strchr(p, ' ');
+    if (p == nullptr) return false;
+    ++p;
+  }
+  start = std::strtoull(p, nullptr, 10);
+  return true;
+}
+
+class Lock {
+ public:
+  explicit Lock(NodeState* s) : s_(s) {
+    int rc = pthread_mutex_lock(&s_->mutex);
+    if (rc == EOWNERDEAD) {
+      // A process died holding the lock: the tables may be half-updated. Make them
+      // consistent again from the records, which are the source of truth.
+      pthread_mutex_consistent(&s_->mutex);
+      repair();
+    } else if (rc != 0) {
+      throw std::runtime_error("vlake-sim: node mutex is unusable");
+    }
+  }
+  ~Lock() { pthread_mutex_unlock(&s_->mutex); }
+  Lock(const Lock&) = delete;
+  Lock& operator=(const Lock&) = delete;
+
+ private:
+  void repair() {
+    if (s_->nattached > kMaxAttached) s_->nattached = kMaxAttached;
+    if (s_->record_hwm > kMaxRecords) s_->record_hwm = kMaxRecords;
+    for (auto& u : s_->used) u = 0;
+    for (std::uint32_t i = 0; i < s_->record_hwm; ++i) {
+      Record& r = s_->records[i];
+      if (r.nholders > kMaxHolders) r.nholders = kMaxHolders;
+      if (r.nholders == 0) continue;
+      if (r.device < 0 || r.device >= rules::kMaxDevices) {
+        r.nholders = 0;
+        continue;
+      }
+      s_->used[r.device] += r.size;
+    }
+  }
+  NodeState* s_;
+};
+
+Record* find(NodeState* s, std::uint64_t dev, std::uint64_t ino) {
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    Record& r = s->records[i];
+    if (r.nholders > 0 && r.dev == dev && r.ino == ino) return &r;
+  }
+  return nullptr;
+}
+
+Record* free_slot(NodeState* s) {
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    if (s->records[i].nholders == 0) return &s->records[i];
+  }
+  if (s->record_hwm < kMaxRecords) return &s->records[s->record_hwm++];
+  return nullptr;
+}
+
+void shrink_hwm(NodeState* s) {
+  while (s->record_hwm > 0 && s->records[s->record_hwm - 1].nholders == 0) --s->record_hwm;
+}
+
+// Drops holder `idx` of `r`; uncharges the record when it was the last one.
+void drop_holder(NodeState* s, Record& r, std::uint32_t idx) {
+  r.holders[idx] = r.holders[r.nholders - 1];
+  --r.nholders;
+  if (r.nholders == 0) s->used[r.device] -= r.size;
+}
+
+// Removes dead attached processes and every hold they had.
+void purge_dead(NodeState* s, const ProcessId& self) {
+  std::vector<ProcessId> dead;
+  for (std::uint32_t i = 0; i < s->nattached;) {
+    const ProcessId p = s->attached[i];
+    if (!same(p, self) && !process_alive(p)) {
+      dead.push_back(p);
+      s->attached[i] = s->attached[--s->nattached];
+    } else {
+      ++i;
+    }
+  }
+  if (dead.empty()) return;
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    Record& r = s->records[i];
+    for (std::uint32_t h = 0; h < r.nholders;) {
+      bool gone = false;
+      for (const auto& d : dead) gone = gone || same(d, r.holders[h]);
+      if (gone) {
+        drop_holder(s, r, h);
+      } else {
+        ++h;
+      }
+    }
+  }
+  shrink_hwm(s);
+}
+
+void print_error(const std::string& msg) { std::fprintf(stderr, "vlake-sim: %s\n", msg.c_str()); }
+
+}  // namespace
+
+ProcessId current_process() {
+  ProcessId p;
+  p.pid = static_cast<std::int32_t>(::getpid());
+  char state = 0;
+  if (!read_stat("/proc/self/stat", state, p.start_time)) p.start_time = 0;
+  return p;
+}
+
+bool process_alive(const ProcessId& p) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(p.pid));
+  char state = 0;
+  std::uint64_t start = 0;
+  if (!read_stat(path, state, start)) return false;
+  if (state == 'Z' || state == 'X' || state == 'x') return false;
+  return start == p.start_time;
+}
+
+bool parse_size(const char* text, std::uint64_t& out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  std::uint64_t value = 0;
+  const char* p = text;
+  for (; *p >= '0' && *p <= '9'; ++p) {
+    const auto digit = static_cast<std::uint64_t>(*p - '0');
+    if (value > (UINT64_MAX - digit) / 10) return false;
+    value = value * 10 + digit;
+  }
+  const std::string_view unit(p);
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  if (unit == "K" || unit == "KiB") shift = 10;
+  if (unit == "M" || unit == "MiB") shift = 20;
+  if (unit == "G" || unit == "GiB") shift = 30;
+  if (unit == "T" || unit == "TiB") shift = 40;
+  if (shift < 0 || value == 0) return false;
+  if (value > (UINT64_MAX >> shift)) return false;
+  out = value << shift;
+  return true;
+}
+
+CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity,
+                      const ProcessId& self, std::unique_ptr<Node>& out) {
+  const std::string shm_name = "/vlake-sim-" + name;
+  const std::string path = "/dev/shm" + shm_name;
+  // The whole attach runs under flock on the file, and so does the unlink of an unused node
+  // (detach): a process never attaches to a file that is being removed, and never sees a
+  // half-built state (a creator that died half-way left magic == 0: initialized again).
+  int fd = -1;
+  struct stat st {};
+  for (int attempt = 0;; ++attempt) {
+    fd = ::shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
+    if (fd < 0) {
+      print_error("cannot open the node state " + path + ": " + std::strerror(errno));
+      return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    ::flock(fd, LOCK_EX);
+    ::fstat(fd, &st);
+    if (st.st_nlink > 0 || attempt >= 100) break;
+    ::close(fd);  // unlinked by a detaching process meanwhile: open the new one
+  }
+  auto fail = [&](const std::string& msg, CUresult rc, void* mem) {
+    if (!msg.empty()) print_error(msg);
+    if (mem != nullptr) ::munmap(mem, sizeof(NodeState));
+    ::flock(fd, LOCK_UN);
+    ::close(fd);
+    return rc;
+  };
+  if (static_cast<std::size_t>(st.st_size) < sizeof(NodeState) &&
+      ::ftruncate(fd, static_cast<off_t>(sizeof(NodeState))) != 0) {
+    return fail("cannot size the node state " + path + ": " + std::strerror(errno),
+                CUDA_ERROR_OPERATING_SYSTEM, nullptr);
+  }
+  void* mem = ::mmap(nullptr, sizeof(NodeState), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) {
+    return fail("cannot map the node state " + path + ": " + std::strerror(errno),
+                CUDA_ERROR_OPERATING_SYSTEM, nullptr);
+  }
+  auto* s = static_cast<NodeState*>(mem);
+  if (s->magic == 0) {
+    std::memset(static_cast<void*>(s), 0, sizeof(NodeState));
+    s->layout_version = kLayoutVersion;
+    s->state_size = sizeof(NodeState);
+    s->device_count = static_cast<std::uint32_t>(device_count);
+    s->capacity = capacity;
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&s->mutex, &attr);
+    pthread_mutexattr_destroy(&attr);
+    __atomic_store_n(&s->magic, kMagic, __ATOMIC_RELEASE);
+  }
+  if (s->magic != kMagic || s->layout_version != kLayoutVersion ||
+      s->state_size != sizeof(NodeState)) {
+    return fail("node state " + path +
+                    " has another layout (another vlake version?); remove the file when no "
+                    "process uses node '" + name + "'",
+                CUDA_ERROR_INVALID_VALUE, mem);
+  }
+  std::string refusal;
+  CUresult refusal_rc = CUDA_SUCCESS;
+  {
+    Lock lock(s);
+    purge_dead(s, self);
+    if (s->nattached == 0 && s->record_hwm == 0) {
+      // Nobody uses the node: it takes the parameters of this process.
+      s->device_count = static_cast<std::uint32_t>(device_count);
+      s->capacity = capacity;
+      for (auto& u : s->used) u = 0;
+    }
+    if (s->device_count != static_cast<std::uint32_t>(device_count) || s->capacity != capacity) {
+      refusal = "node '" + name + "' is in use with VLAKE_SIM_DEVICE_COUNT=" +
+                std::to_string(s->device_count) + " and VLAKE_SIM_DEVICE_MEMORY=" +
+                std::to_string(s->capacity) + " bytes, but this process asks for " +
+                std::to_string(device_count) + " device(s) of " + std::to_string(capacity) +
+                " bytes; use the same values or another VLAKE_SIM_NODE";
+      refusal_rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (s->nattached >= kMaxAttached) {
+      refusal = "node '" + name + "' has too many attached processes (" +
+                std::to_string(kMaxAttached) + ")";
+      refusal_rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      s->attached[s->nattached++] = self;
+    }
+  }
+  if (refusal_rc != CUDA_SUCCESS) return fail(refusal, refusal_rc, mem);
+  ::flock(fd, LOCK_UN);
+  ::close(fd);  // the mapping keeps the shared memory alive
+  out.reset(new Node(s, device_count, capacity, self, shm_name, st.st_dev, st.st_ino));
+  return CUDA_SUCCESS;
+}
+
+Node::Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self,
+           std::string shm_name, std::uint64_t dev, std::uint64_t ino)
+    : state_(state),
+      device_count_(device_count),
+      capacity_(capacity),
+      self_(self),
+      shm_name_(std::move(shm_name)),
+      dev_(dev),
+      ino_(ino) {}
+
+void Node::detach() {
+  int fd = ::shm_open(shm_name_.c_str(), O_RDWR | O_CLOEXEC, 0);
+  struct stat st {};
+  const bool same_file = fd >= 0 && ::fstat(fd, &st) == 0 && st.st_dev == dev_ &&
+                         st.st_ino == ino_;
+  if (same_file) ::flock(fd, LOCK_EX);
+  bool unused = false;
+  {
+    Lock lock(state_);
+    for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
+      Record& r = state_->records[i];
+      for (std::uint32_t h = 0; h < r.nholders; ++h) {
+        if (same(r.holders[h], self_)) {
+          drop_holder(state_, r, h);
+          break;
+        }
+      }
+    }
+    shrink_hwm(state_);
+    for (std::uint32_t i = 0; i < state_->nattached; ++i) {
+      if (same(state_->attached[i], self_)) {
+        state_->attached[i] = state_->attached[--state_->nattached];
+        break;
+      }
+    }
+    purge_dead(state_, self_);
+    unused = state_->nattached == 0 && state_->record_hwm == 0;
+  }
+  if (same_file && unused) ::shm_unlink(shm_name_.c_str());
+  if (fd >= 0) {
+    if (same_file) ::flock(fd, LOCK_UN);
+    ::close(fd);
+  }
+}
+
+Node::~Node() { ::munmap(state_, sizeof(NodeState)); }
+
+CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
+  Lock lock(state_);
+  purge_dead(state_, self_);
+  if (state_->used[device] > state_->capacity || size > state_->capacity - state_->used[device]) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  Record* r = free_slot(state_);
+  if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->dev = dev;
+  r->ino = ino;
+  r->size = size;
+  r->device = device;
+  r->holders[0] = self_;
+  r->nholders = 1;
+  state_->used[device] += size;
+  return CUDA_SUCCESS;
+}
+
+CUresult Node::hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
+  Lock lock(state_);
+  purge_dead(state_, self_);
+  Record* r = find(state_, dev, ino);
+  if (r == nullptr) {
+    r = free_slot(state_);
+    if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    r->dev = dev;
+    r->ino = ino;
+    r->size = size;
+    r->device = device;
+    r->nholders = 0;
+    state_->used[device] += size;
+  }
+  for (std::uint32_t h = 0; h < r->nholders; ++h) {
+    if (same(r->holders[h], self_)) return CUDA_SUCCESS;
+  }
+  if (r->nholders >= kMaxHolders) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->holders[r->nholders++] = self_;
+  return CUDA_SUCCESS;
+}
+
+void Node::release(std::uint64_t dev, std::uint64_t ino) {
+  Lock lock(state_);
+  Record* r = find(state_, dev, ino);
+  if (r == nullptr) return;
+  for (std::uint32_t h = 0; h < r->nholders; ++h) {
+    if (same(r->holders[h], self_)) {
+      drop_holder(state_, *r, h);
+      break;
+    }
+  }
+  shrink_hwm(state_);
+}
+
+void Node::usage(int device, std::uint64_t& used, std::uint64_t& capacity) {
+  Lock lock(state_);
+  purge_dead(state_, self_);
+  used = state_->used[device];
+  capacity = state_->capacity;
+}
+
+}  // namespace vlake::sim

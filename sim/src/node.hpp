@@ -1,0 +1,85 @@
+// The simulated machine ("node"): device count, per-device capacity and the table of live
+// physical allocations, shared by every process that uses the same VLAKE_SIM_NODE name.
+//
+// Contract
+// - State lives in POSIX shared memory /dev/shm/vlake-sim-<node> (shm name "/vlake-sim-<node>"),
+//   a fixed-layout struct (NodeState, magic + layout version) guarded by a robust,
+//   process-shared pthread mutex. The first process creates it (under flock) with the
+//   capacity of its environment.
+// - A physical allocation is one record keyed by its memfd's (st_dev, st_ino) with the list of
+//   processes (pid + start time) holding it. It is charged to its device while it has a live
+//   holder. Dead processes (exited, SIGKILLed, zombies, or a reused pid with another start
+//   time) are purged on every capacity check and usage query.
+// - A node with no live attached process and no record is reset to the capacity of the next
+//   process that attaches; otherwise a process with different parameters is refused. The
+//   last process to detach (normal exit) removes the file; a file left by killed processes
+//   is harmless and reused.
+// - Thread-safety: all member functions may be called concurrently (the robust mutex
+//   serializes them, across processes too).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace vlake::sim {
+
+// A process identity that survives pid reuse: pid plus start time (/proc/<pid>/stat field 22).
+struct ProcessId {
+  std::int32_t pid = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t start_time = 0;
+};
+
+// The identity of the calling process (reads /proc/self/stat).
+ProcessId current_process();
+// True when that process still runs (not exited, not a zombie, same start time).
+bool process_alive(const ProcessId& p);
+
+struct NodeState;  // the shared layout, defined in node.cpp
+
+class Node {
+ public:
+  // Opens (creating if needed) the node `name`, checks or sets its parameters, and attaches
+  // `self`. On failure prints one line to stderr and returns the CUresult for cuInit.
+  static CUresult attach(const std::string& name, int device_count, std::uint64_t capacity,
+                         const ProcessId& self, std::unique_ptr<Node>& out);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // A new allocation made by this process: CUDA_ERROR_OUT_OF_MEMORY if it does not fit.
+  CUresult charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device);
+  // This process holds an existing allocation (import): adds it as holder, re-creating the
+  // record when every earlier holder is gone (without a capacity check: the memory exists).
+  CUresult hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device);
+  // This process no longer holds the allocation.
+  void release(std::uint64_t dev, std::uint64_t ino);
+  // Bytes charged to `device` by live holders, and its capacity.
+  void usage(int device, std::uint64_t& used, std::uint64_t& capacity);
+  // This process stops using the node (at exit): drops its holds and its attachment, and
+  // removes the shared-memory file when no live process and no allocation remain.
+  void detach();
+
+  int device_count() const { return device_count_; }
+  std::uint64_t capacity() const { return capacity_; }
+
+ private:
+  Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self,
+       std::string shm_name, std::uint64_t dev, std::uint64_t ino);
+  NodeState* state_;
+  int device_count_;
+  std::uint64_t capacity_;
+  ProcessId self_;
+  std::string shm_name_;
+  std::uint64_t dev_;  // identity of the shm file, to unlink only the file we use
+  std::uint64_t ino_;
+};
+
+// Parses VLAKE_SIM_DEVICE_MEMORY syntax: a byte count with an optional unit B, KiB, MiB, GiB,
+// TiB (or K, M, G, T; all binary). Returns false for anything else, zero, or overflow.
+bool parse_size(const char* text, std::uint64_t& out);
+
+}  // namespace vlake::sim

@@ -1,0 +1,160 @@
+// A helper process for the simulator tests: it links the simulated libcuda.so.1 and does one
+// thing named on its command line, printing results as "key=value" lines on stdout.
+//
+//   init              cuInit; prints rc, and when it succeeded count, total and uuid (device 0)
+//   preinit           checks what works and what fails before cuInit; prints ok=1 or why not
+//   hold BYTES        allocates BYTES with cuMemCreate, prints ready=1, then sleeps forever
+//   import FD         imports the POSIX fd FD, maps it, reads its first word, prints
+//                     ready=1 and value=..., then sleeps forever
+//   used              prints used=<bytes> (total - free of device 0)
+#include "vlake/common/cuda_api.hpp"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+int fail(const char* what, CUresult rc) {
+  std::printf("ok=0\nfailed=%s\nrc=%d\n", what, static_cast<int>(rc));
+  std::fflush(stdout);
+  return 1;
+}
+
+#define PROBE_CHECK(call)                               \
+  do {                                                  \
+    CUresult rc_ = (call);                              \
+    if (rc_ != CUDA_SUCCESS) return fail(#call, rc_);   \
+  } while (0)
+
+int init_ctx() {
+  PROBE_CHECK(cuInit(0));
+  CUcontext ctx = nullptr;
+  PROBE_CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  PROBE_CHECK(cuCtxSetCurrent(ctx));
+  return 0;
+}
+
+CUmemAllocationProp device_prop() {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+[[noreturn]] void sleep_forever() {
+  for (;;) ::pause();
+}
+
+int cmd_init() {
+  const CUresult rc = cuInit(0);
+  std::printf("rc=%d\n", static_cast<int>(rc));
+  if (rc == CUDA_SUCCESS) {
+    int count = 0;
+    size_t total = 0;
+    cuDeviceGetCount(&count);
+    cuDeviceTotalMem_v2(&total, 0);
+    CUuuid uuid{};
+    cuDeviceGetUuid_v2(&uuid, 0);
+    std::printf("count=%d\ntotal=%zu\nuuid=", count, total);
+    for (char b : uuid.bytes) std::printf("%02x", static_cast<unsigned>(static_cast<unsigned char>(b)));
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int cmd_preinit() {
+  int version = 0;
+  PROBE_CHECK(cuDriverGetVersion(&version));
+  const char* s = nullptr;
+  PROBE_CHECK(cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s));
+  PROBE_CHECK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s));
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  PROBE_CHECK(cuGetProcAddress_v2("cuInit", &fn, 12000, 0, &status));
+  PROBE_CHECK(cuGetProcAddress("cuMemAlloc", &fn, 3020, 0));
+  int count = 0;
+  if (cuDeviceGetCount(&count) != CUDA_ERROR_NOT_INITIALIZED) return fail("count", CUDA_SUCCESS);
+  size_t f = 0;
+  size_t t = 0;
+  if (cuMemGetInfo_v2(&f, &t) != CUDA_ERROR_NOT_INITIALIZED) return fail("info", CUDA_SUCCESS);
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp prop = device_prop();
+  if (cuMemCreate(&h, 2u << 20, &prop, 0) != CUDA_ERROR_NOT_INITIALIZED) {
+    return fail("create", CUDA_SUCCESS);
+  }
+  CUcontext ctx = nullptr;
+  if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_ERROR_NOT_INITIALIZED) {
+    return fail("retain", CUDA_SUCCESS);
+  }
+  std::printf("ok=1\n");
+  return 0;
+}
+
+int cmd_hold(std::size_t bytes) {
+  if (int rc = init_ctx(); rc != 0) return rc;
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp prop = device_prop();
+  PROBE_CHECK(cuMemCreate(&h, bytes, &prop, 0));
+  std::printf("ready=1\n");
+  std::fflush(stdout);
+  sleep_forever();
+}
+
+int cmd_import(int fd) {
+  if (int rc = init_ctx(); rc != 0) return rc;
+  CUmemGenericAllocationHandle h = 0;
+  PROBE_CHECK(cuMemImportFromShareableHandle(
+      &h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  ::close(fd);
+  CUmemAllocationProp prop{};
+  PROBE_CHECK(cuMemGetAllocationPropertiesFromHandle(&prop, h));
+  size_t size = 2u << 20;
+  CUdeviceptr va = 0;
+  PROBE_CHECK(cuMemAddressReserve(&va, size, 0, 0, 0));
+  PROBE_CHECK(cuMemMap(va, size, 0, h, 0));
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = 0;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  PROBE_CHECK(cuMemSetAccess(va, size, &desc, 1));
+  std::uint32_t value = 0;
+  PROBE_CHECK(cuMemcpyDtoH_v2(&value, va, sizeof value));
+  PROBE_CHECK(cuMemRelease(h));  // the mapping keeps it alive
+  std::printf("value=%u\nready=1\n", value);
+  std::fflush(stdout);
+  sleep_forever();
+}
+
+int cmd_used() {
+  if (int rc = init_ctx(); rc != 0) return rc;
+  size_t f = 0;
+  size_t t = 0;
+  PROBE_CHECK(cuMemGetInfo_v2(&f, &t));
+  std::printf("used=%zu\ntotal=%zu\n", t - f, t);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: vlake_sim_probe init|preinit|hold BYTES|import FD|used\n");
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "init") return cmd_init();
+  if (cmd == "preinit") return cmd_preinit();
+  if (cmd == "hold" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10));
+  if (cmd == "import" && argc == 3) return cmd_import(std::atoi(argv[2]));
+  if (cmd == "used") return cmd_used();
+  std::fprintf(stderr, "vlake_sim_probe: unknown command %s\n", cmd.c_str());
+  return 2;
+}

@@ -1,0 +1,232 @@
+// The simulator's environment and its machine-wide (cross-process) behaviour, driven through
+// the vlake_sim_probe helper so that every case starts from a fresh process.
+#include "sim_support.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+using namespace simtest;
+
+namespace {
+
+std::string init_with(const Env& extra, std::string* output = nullptr) {
+  std::string out;
+  Env env{{"VLAKE_SIM_NODE", fresh_node("env")}};
+  env.insert(env.end(), extra.begin(), extra.end());
+  REQUIRE(run_probe({"init"}, env, out) == 0);
+  if (output != nullptr) *output = out;
+  return value_of(out, "rc");
+}
+
+bool shm_exists(const std::string& node) {
+  struct stat st {};
+  return ::stat(("/dev/shm/vlake-sim-" + node).c_str(), &st) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("VLAKE_SIM_DEVICE_MEMORY takes a byte count or a binary unit", "[sim][env]") {
+  const std::pair<const char*, size_t> good[] = {
+      {"512MiB", size_t{512} << 20}, {"4GiB", size_t{4} << 30},   {"3G", size_t{3} << 30},
+      {"2048K", size_t{2} << 20},    {"2097152", size_t{2} << 20}, {"1TiB", size_t{1} << 40},
+      {"5M", size_t{5} << 20},       {"4194304B", size_t{4} << 20}, {"6144KiB", size_t{6} << 20},
+  };
+  for (const auto& [text, bytes] : good) {
+    INFO("VLAKE_SIM_DEVICE_MEMORY=" << text);
+    std::string out;
+    CHECK(init_with({{"VLAKE_SIM_DEVICE_MEMORY", text}}, &out) == "0");
+    CHECK(value_of(out, "total") == std::to_string(bytes));
+  }
+  std::string out;
+  CHECK(init_with({{"VLAKE_SIM_DEVICE_MEMORY", "\x01"}}, &out) == "0");
+  CHECK(value_of(out, "total") == std::to_string(size_t{16} << 30));  // default 16 GiB
+}
+
+TEST_CASE("a bad VLAKE_SIM_DEVICE_MEMORY fails cuInit with one clear line", "[sim][env]") {
+  const char* bad[] = {"",      "abc",    "12XB",       "-5",   "0",
+                       "1.5GiB", " 1GiB", "1GiB ",      "1KiB", "99999999999999999999",
+                       "20000000TiB", "1gib", "0x100000"};
+  for (const char* text : bad) {
+    INFO("VLAKE_SIM_DEVICE_MEMORY='" << text << "'");
+    std::string out;
+    CHECK(init_with({{"VLAKE_SIM_DEVICE_MEMORY", text}}, &out) ==
+          std::to_string(CUDA_ERROR_INVALID_VALUE));
+    CHECK(out.find("vlake-sim: VLAKE_SIM_DEVICE_MEMORY") != std::string::npos);
+  }
+}
+
+TEST_CASE("VLAKE_SIM_DEVICE_COUNT is 1..16 and VLAKE_SIM_NODE a plain name", "[sim][env]") {
+  std::string out;
+  CHECK(init_with({{"VLAKE_SIM_DEVICE_COUNT", "\x01"}}, &out) == "0");
+  CHECK(value_of(out, "count") == "1");
+  CHECK(init_with({{"VLAKE_SIM_DEVICE_COUNT", "3"}}, &out) == "0");
+  CHECK(value_of(out, "count") == "3");
+  CHECK(init_with({{"VLAKE_SIM_DEVICE_COUNT", "16"}}, &out) == "0");
+  for (const char* text : {"0", "17", "x", "2x", "", "-1"}) {
+    INFO("VLAKE_SIM_DEVICE_COUNT='" << text << "'");
+    CHECK(init_with({{"VLAKE_SIM_DEVICE_COUNT", text}}, &out) ==
+          std::to_string(CUDA_ERROR_INVALID_VALUE));
+    CHECK(out.find("vlake-sim: VLAKE_SIM_DEVICE_COUNT") != std::string::npos);
+  }
+  for (const std::string& text : {std::string("a/b"), std::string(""), std::string(101, 'n'),
+                                 std::string("sp ace")}) {
+    INFO("VLAKE_SIM_NODE='" << text << "'");
+    std::string o;
+    Env env{{"VLAKE_SIM_NODE", text}};
+    REQUIRE(run_probe({"init"}, env, o) == 0);
+    CHECK(value_of(o, "rc") == std::to_string(CUDA_ERROR_INVALID_VALUE));
+    CHECK(o.find("vlake-sim: VLAKE_SIM_NODE") != std::string::npos);
+  }
+}
+
+TEST_CASE("before cuInit only versions and error strings and proc addresses work", "[sim][env]") {
+  std::string out;
+  REQUIRE(run_probe({"preinit"}, {{"VLAKE_SIM_NODE", fresh_node("pre")}}, out) == 0);
+  CHECK(value_of(out, "ok") == "1");
+  INFO(out);
+}
+
+TEST_CASE("device UUIDs are stable per node and ordinal across processes", "[sim][env]") {
+  init_ctx();
+  CUuuid mine{};
+  REQUIRE(cuDeviceGetUuid(&mine, 0) == CUDA_SUCCESS);
+  char hex[33];
+  for (int i = 0; i < 16; ++i) {
+    std::snprintf(hex + 2 * i, 3, "%02x", static_cast<unsigned>(static_cast<unsigned char>(mine.bytes[i])));
+  }
+  std::string out;
+  REQUIRE(run_probe({"init"}, {}, out) == 0);  // same node (inherited environment)
+  CHECK(value_of(out, "uuid") == hex);
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", fresh_node("uuid")}}, out) == 0);
+  CHECK(value_of(out, "uuid") != hex);
+}
+
+TEST_CASE("processes of one node share its capacity and a killed holder's memory comes back",
+          "[sim][node]") {
+  init_ctx();
+  const size_t base = used_bytes();
+  Child holder = spawn_probe({"hold", std::to_string(size_t{256} << 20)});
+  REQUIRE(read_until(holder, "ready=1"));
+  CHECK(used_bytes() == base + (size_t{256} << 20));
+  std::string out;
+  REQUIRE(run_probe({"used"}, {}, out) == 0);  // a third process sees it too
+  CHECK(value_of(out, "used") == std::to_string(base + (size_t{256} << 20)));
+
+  REQUIRE(::kill(holder.pid, SIGKILL) == 0);
+  // Not reaped yet: a zombie holds nothing.
+  for (int i = 0; i < 200 && used_bytes() != base; ++i) ::usleep(5000);
+  CHECK(used_bytes() == base);
+  CHECK(finish(holder) == 128 + SIGKILL);
+  CHECK(used_bytes() == base);
+}
+
+TEST_CASE("an exported allocation stays charged while any process holds it", "[sim][node]") {
+  init_ctx();
+  const size_t base = used_bytes();
+  CUmemAllocationProp prop = device_prop();
+  CUmemGenericAllocationHandle h = 0;
+  REQUIRE(cuMemCreate(&h, kGran, &prop, 0) == CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  REQUIRE(cuMemAddressReserve(&va, kGran, 0, 0, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemMap(va, kGran, 0, h, 0) == CUDA_SUCCESS);
+  set_access(va, kGran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  REQUIRE(cuMemsetD32_v2(va, 0xC0FFEEu, kGran / 4) == CUDA_SUCCESS);
+  int fd = -1;
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+          CUDA_SUCCESS);
+  Child importer = spawn_probe({"import", std::to_string(fd)});  // the fd is inherited
+  ::close(fd);
+  REQUIRE(read_until(importer, "ready=1"));
+  CHECK(value_of(importer.output, "value") == std::to_string(0xC0FFEEu));
+  CHECK(used_bytes() == base + kGran);  // counted once, not per process
+
+  REQUIRE(cuMemUnmap(va, kGran) == CUDA_SUCCESS);
+  REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);
+  REQUIRE(cuMemAddressFree(va, kGran) == CUDA_SUCCESS);
+  CHECK(used_bytes() == base + kGran);  // the importer still maps it
+
+  REQUIRE(::kill(importer.pid, SIGKILL) == 0);
+  CHECK(finish(importer) == 128 + SIGKILL);
+  CHECK(used_bytes() == base);
+}
+
+TEST_CASE("a node in use refuses other parameters and an unused node is reset and removed",
+          "[sim][node]") {
+  init_ctx();
+  std::string out;
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_DEVICE_MEMORY", "2GiB"}}, out) == 0);
+  CHECK(value_of(out, "rc") == std::to_string(CUDA_ERROR_INVALID_VALUE));
+  CHECK(out.find("is in use with") != std::string::npos);
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_DEVICE_COUNT", "3"}}, out) == 0);
+  CHECK(value_of(out, "rc") == std::to_string(CUDA_ERROR_INVALID_VALUE));
+  REQUIRE(run_probe({"init"}, {}, out) == 0);
+  CHECK(value_of(out, "rc") == "0");
+
+  // A node whose last user exited normally: its file is gone; the next user sets it up anew.
+  const std::string node = fresh_node("reset");
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}}, out) == 0);
+  CHECK(value_of(out, "rc") == "0");
+  CHECK_FALSE(shm_exists(node));
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}, {"VLAKE_SIM_DEVICE_MEMORY", "2GiB"}},
+                    out) == 0);
+  CHECK(value_of(out, "total") == std::to_string(size_t{2} << 30));
+
+  // A node whose only user was killed while holding memory: the file stays, harmlessly.
+  Child holder = spawn_probe({"hold", std::to_string(kGran)}, {{"VLAKE_SIM_NODE", node}});
+  REQUIRE(read_until(holder, "ready=1"));
+  ::kill(holder.pid, SIGKILL);
+  finish(holder);
+  CHECK(shm_exists(node));
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}, {"VLAKE_SIM_DEVICE_MEMORY", "4GiB"}},
+                    out) == 0);
+  CHECK(value_of(out, "rc") == "0");
+  CHECK(value_of(out, "total") == std::to_string(size_t{4} << 30));
+  CHECK_FALSE(shm_exists(node));
+}
+
+TEST_CASE("a fork()ed child of an initialized process cannot use CUDA", "[sim][node]") {
+  init_ctx();
+  CUmemAllocationProp prop = device_prop();
+  CUmemGenericAllocationHandle h = 0;
+  REQUIRE(cuMemCreate(&h, kGran, &prop, 0) == CUDA_SUCCESS);
+  const size_t base = used_bytes();
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int bad = 0;
+    int count = 0;
+    size_t f = 0;
+    size_t t = 0;
+    int version = 0;
+    const char* str = nullptr;
+    void* fn = nullptr;
+    bad += cuInit(0) != CUDA_ERROR_NOT_INITIALIZED;
+    bad += cuDeviceGetCount(&count) != CUDA_ERROR_NOT_INITIALIZED;
+    bad += cuMemGetInfo_v2(&f, &t) != CUDA_ERROR_NOT_INITIALIZED;
+    bad += cuMemRelease(h) != CUDA_ERROR_NOT_INITIALIZED;
+    bad += cuCtxSynchronize() != CUDA_ERROR_NOT_INITIALIZED;
+    bad += cuMemCreate(&h, kGran, &prop, 0) != CUDA_ERROR_NOT_INITIALIZED;
+    bad += cuDriverGetVersion(&version) != CUDA_SUCCESS;
+    bad += cuGetErrorString(CUDA_ERROR_INVALID_VALUE, &str) != CUDA_SUCCESS;
+    bad += cuGetProcAddress_v2("cuMemCreate", &fn, 12000, 0, nullptr) != CUDA_SUCCESS;
+    std::exit(bad);  // runs the sim's exit hook: it must not detach the parent's holds
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(used_bytes() == base);  // nothing released or counted twice by the child
+  std::string out;
+  REQUIRE(run_probe({"used"}, {}, out) == 0);
+  CHECK(value_of(out, "used") == std::to_string(base));
+  CHECK(cuMemRelease(h) == CUDA_SUCCESS);
+  CHECK(used_bytes() == base - kGran);
+}
