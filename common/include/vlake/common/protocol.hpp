@@ -1,0 +1,226 @@
+// The vlaked wire protocol, version 1: what a hook (tenant process) and the pool daemon say to
+// each other over a Unix SOCK_SEQPACKET socket. One message is one datagram.
+//
+// Contract
+// - Every message starts with Header {magic, version, type, size}; `size` is the byte length of
+//   the whole datagram and must equal sizeof() of the struct its type names. Anything else —
+//   wrong magic, version, type, size, out-of-range fields, descriptors attached to a message
+//   that carries none — is malformed: the daemon logs the reason and closes that connection.
+// - The first message on a connection is Hello; the daemon answers HelloAck (or Error and
+//   closes). Tenant identity comes from the socket (SO_PEERCRED, or which socket it is), never
+//   from a field a client sends.
+// - Requests carry a client-chosen `request_id`, echoed in the reply. A connection has at most
+//   one request in flight (the hook serializes), so replies arrive in order.
+// - Handles travel as POSIX file descriptors (SCM_RIGHTS) attached to GrantReply, one per
+//   HandleDesc, in order. No other message carries descriptors.
+// - Restart: grants and usage live in the daemon's state segment and survive a daemon crash.
+//   A hook whose connection broke reconnects and sends Hello{old_session}; the daemon re-binds
+//   that session (and its grants) only if the peer is the very process that opened it (pid
+//   and start time). Memory granted before the crash stays with the tenant (an imported handle
+//   cannot be exported back); releasing such a grant just uncharges it.
+// - All structs are trivially copyable with fixed sizes (static_asserts below); fields are
+//   host-endian (both ends are on one machine). Adding a field means a new version.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace vlake::proto {
+
+inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
+inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::size_t kMaxMessageBytes = 4096;
+inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
+inline constexpr std::uint32_t kMaxDevices = 16;
+
+enum class MsgType : std::uint16_t {
+  hello = 1,
+  hello_ack = 2,
+  grant_request = 3,
+  grant_reply = 4,
+  release = 5,
+  release_ack = 6,
+  usage_query = 7,
+  usage_reply = 8,
+  error = 9,
+};
+
+// Status codes carried in replies.
+enum class Status : std::int32_t {
+  ok = 0,
+  over_limit = 1,       // the tenant's limit would be exceeded (nothing was charged)
+  out_of_memory = 2,    // the GPU has no memory left for the pool
+  bad_request = 3,      // a field was out of range (the connection is closed after the reply)
+  unknown_device = 4,   // no such GPU on this node
+  unknown_grant = 5,    // release of a grant this session does not hold
+  version_mismatch = 6, // Hello with a protocol version the daemon does not speak
+  internal = 7,         // the daemon failed; see its log
+};
+
+struct Header {
+  std::uint32_t magic;
+  std::uint16_t version;
+  MsgType type;
+  std::uint32_t size;
+  std::uint32_t reserved;
+  std::uint64_t request_id;
+};
+
+// client -> daemon, first message.
+struct Hello {
+  Header h;
+  std::uint32_t pid;          // informational: the daemon uses SO_PEERCRED
+  std::uint32_t flags;        // none defined
+  std::uint64_t old_session;  // 0, or the session this process held before its connection broke
+  char client[32];            // e.g. "hook 0.1.0", NUL-terminated
+};
+
+struct DeviceQuota {
+  std::uint8_t uuid[16];
+  std::uint64_t total;  // the GPU's memory
+  std::uint64_t limit;  // the tenant's limit on this GPU
+  std::uint64_t used;   // the tenant's usage on this GPU, all its processes
+};
+
+// daemon -> client.
+struct HelloAck {
+  Header h;
+  Status status;
+  std::uint32_t tenant_id;
+  std::uint64_t session_id;
+  std::uint64_t granularity;
+  std::uint32_t device_count;
+  std::uint32_t reserved;
+  char tenant_name[64];
+  DeviceQuota devices[kMaxDevices];
+};
+
+enum class GrantPurpose : std::uint32_t {
+  alloc = 1,    // cuMemAlloc / cuMemAllocPitch / cuMemAllocAsync: the hook maps it
+  create = 2,   // cuMemCreate: the handle itself goes to the application
+  counted = 3,  // charged only (cuMemAllocManaged): no handle is sent
+};
+
+struct GrantRequest {
+  Header h;
+  std::uint8_t device_uuid[16];
+  std::uint64_t bytes;  // > 0; rounded up to the granularity by the daemon
+  GrantPurpose purpose;
+  std::uint32_t reserved;
+};
+
+struct HandleDesc {
+  std::uint64_t size;
+  std::uint64_t offset;  // where this handle goes inside the grant's VA range
+};
+
+struct GrantReply {
+  Header h;
+  Status status;
+  std::uint32_t handle_count;  // descriptors attached, in order
+  std::uint64_t grant_id;
+  std::uint64_t bytes;  // granted (rounded); on refusal, the rounded request
+  std::uint64_t limit;  // the tenant's limit on that GPU
+  std::uint64_t used;   // the tenant's usage on that GPU after this grant (before, if refused)
+  HandleDesc handles[kMaxHandlesPerGrant];
+};
+
+enum ReleaseFlags : std::uint32_t {
+  // The application exported the handle (cuMemExportToShareableHandle): another process may
+  // still hold the memory, so the daemon must retire it instead of pooling it.
+  kReleaseExported = 1u << 0,
+};
+
+struct Release {
+  Header h;
+  std::uint64_t grant_id;
+  std::uint32_t flags;  // ReleaseFlags
+  std::uint32_t reserved;
+};
+
+struct ReleaseAck {
+  Header h;
+  Status status;
+  std::uint32_t reserved;
+  std::uint64_t used;  // the tenant's usage on that grant's GPU afterwards
+};
+
+struct UsageQuery {
+  Header h;
+  std::uint8_t device_uuid[16];
+};
+
+struct UsageReply {
+  Header h;
+  Status status;
+  std::uint32_t reserved;
+  std::uint64_t total;
+  std::uint64_t limit;
+  std::uint64_t used;
+};
+
+struct Error {
+  Header h;
+  Status status;
+  std::uint32_t reserved;
+  char message[128];
+};
+
+#define VLAKE_PROTO_CHECK(T, bytes)                                        \
+  static_assert(std::is_trivially_copyable_v<T>, #T " must be POD");      \
+  static_assert(std::is_standard_layout_v<T>, #T " must be standard");    \
+  static_assert(sizeof(T) == (bytes), #T " changed size: bump kVersion"); \
+  static_assert(sizeof(T) <= kMaxMessageBytes)
+VLAKE_PROTO_CHECK(Header, 24);
+VLAKE_PROTO_CHECK(Hello, 72);
+VLAKE_PROTO_CHECK(DeviceQuota, 40);
+VLAKE_PROTO_CHECK(HelloAck, 760);
+VLAKE_PROTO_CHECK(GrantRequest, 56);
+VLAKE_PROTO_CHECK(GrantReply, 576);
+VLAKE_PROTO_CHECK(Release, 40);
+VLAKE_PROTO_CHECK(ReleaseAck, 40);
+VLAKE_PROTO_CHECK(UsageQuery, 40);
+VLAKE_PROTO_CHECK(UsageReply, 56);
+VLAKE_PROTO_CHECK(Error, 160);
+#undef VLAKE_PROTO_CHECK
+
+// The struct each message type travels as.
+constexpr std::size_t size_of(MsgType t) noexcept {
+  switch (t) {
+    case MsgType::hello: return sizeof(Hello);
+    case MsgType::hello_ack: return sizeof(HelloAck);
+    case MsgType::grant_request: return sizeof(GrantRequest);
+    case MsgType::grant_reply: return sizeof(GrantReply);
+    case MsgType::release: return sizeof(Release);
+    case MsgType::release_ack: return sizeof(ReleaseAck);
+    case MsgType::usage_query: return sizeof(UsageQuery);
+    case MsgType::usage_reply: return sizeof(UsageReply);
+    case MsgType::error: return sizeof(Error);
+  }
+  return 0;
+}
+
+// Checks the framing of one received datagram of `n` bytes (`data` suitably aligned for
+// Header). Returns nullptr if it is well-formed, else a static reason (for the log). Field
+// ranges of the body are the receiver's to check.
+inline const char* check_frame(const void* data, std::size_t n) noexcept {
+  if (n < sizeof(Header)) return "shorter than a header";
+  Header h;
+  __builtin_memcpy(&h, data, sizeof h);
+  if (h.magic != kMagic) return "bad magic";
+  if (h.version != kVersion) return "unsupported protocol version";
+  const std::size_t want = size_of(h.type);
+  if (want == 0) return "unknown message type";
+  if (h.size != want || n != want) return "size does not match the message type";
+  if (h.reserved != 0) return "reserved header field is not zero";
+  return nullptr;
+}
+
+// Fills a header for message type T.
+template <class T>
+constexpr Header make_header(MsgType type, std::uint64_t request_id) {
+  return Header{kMagic, kVersion, type, static_cast<std::uint32_t>(sizeof(T)), 0, request_id};
+}
+
+}  // namespace vlake::proto
