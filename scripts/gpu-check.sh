@@ -24,6 +24,7 @@ if compgen -G ".deps/debs/*.deb" >/dev/null; then
   mkdir -p .deps/root
   for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
   prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+  export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
 echo "== GPU"

@@ -31,6 +31,39 @@ static_assert(std::is_same_v<decltype(&::cuModuleUnload), PFN_cuModuleUnload_v20
 static_assert(std::is_same_v<decltype(&::cuModuleGetFunction), PFN_cuModuleGetFunction_v2000>);
 static_assert(std::is_same_v<decltype(&::cuLaunchKernel), PFN_cuLaunchKernel_v4000>);
 
+// Per-thread-default-stream variants of entry points older than CUDA 7.0. They are not rows of
+// cuda_api.def (cudaTypedefs.h types them PFN_<base>_v7000_ptds/_ptsz, a name the .def's
+// PFN_<base>_v<version> check cannot form), but the real driver exports them and its
+// cuGetProcAddress returns exactly them for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM at
+// version >= 7000 (measured), so the simulator does the same. Each forwards to its legacy
+// function (streams are synchronous).
+//   X(base, per-thread symbol, version, cudaTypedefs.h type)
+#define VLAKE_SIM_PER_THREAD_ROWS(X)                                                          \
+  X(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, 7000, PFN_cuMemcpyHtoD_v7000_ptds)                   \
+  X(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, 7000, PFN_cuMemcpyDtoH_v7000_ptds)                   \
+  X(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, 7000, PFN_cuMemcpyDtoD_v7000_ptds)                   \
+  X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyHtoDAsync_v7000_ptsz)    \
+  X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoHAsync_v7000_ptsz)    \
+  X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoDAsync_v7000_ptsz)    \
+  X(cuMemsetD8, cuMemsetD8_v2_ptds, 7000, PFN_cuMemsetD8_v7000_ptds)                         \
+  X(cuMemsetD32, cuMemsetD32_v2_ptds, 7000, PFN_cuMemsetD32_v7000_ptds)                      \
+  X(cuMemsetD8Async, cuMemsetD8Async_ptsz, 7000, PFN_cuMemsetD8Async_v7000_ptsz)             \
+  X(cuMemsetD32Async, cuMemsetD32Async_ptsz, 7000, PFN_cuMemsetD32Async_v7000_ptsz)          \
+  X(cuStreamSynchronize, cuStreamSynchronize_ptsz, 7000, PFN_cuStreamSynchronize_v7000_ptsz) \
+  X(cuStreamQuery, cuStreamQuery_ptsz, 7000, PFN_cuStreamQuery_v7000_ptsz)                   \
+  X(cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 7000, PFN_cuStreamWaitEvent_v7000_ptsz)       \
+  X(cuEventRecord, cuEventRecord_ptsz, 7000, PFN_cuEventRecord_v7000_ptsz)                   \
+  X(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, PFN_cuLaunchKernel_v7000_ptsz)
+
+#define VLAKE_SIM_CHECK_PT(base, sym, version, pfn) \
+  static_assert(std::is_same_v<decltype(&::sym), pfn>, #sym " does not match " #pfn);
+VLAKE_SIM_PER_THREAD_ROWS(VLAKE_SIM_CHECK_PT)
+#undef VLAKE_SIM_CHECK_PT
+// The _ptsz rows of cuda_api.def are checked against the legacy PFN there; the exact per-thread
+// type too:
+static_assert(std::is_same_v<decltype(&::cuMemAllocAsync_ptsz), PFN_cuMemAllocAsync_v11020_ptsz>);
+static_assert(std::is_same_v<decltype(&::cuMemFreeAsync_ptsz), PFN_cuMemFreeAsync_v11020_ptsz>);
+
 using vlake::sim::Mapping;
 using vlake::sim::Phys;
 using vlake::sim::Process;
@@ -298,7 +331,8 @@ bool valid_stream(CUstream s) {
 void destroy_ctx_resources(CUctx_st* ctx) {
   auto& maps = g_proc->mappings;
   for (auto it = maps.begin(); it != maps.end();) {
-    if (it->second.classic && it->second.ctx == ctx) {
+    // cuMemAllocAsync memory belongs to the device's pool and outlives the context (cuda.h).
+    if (it->second.classic && !it->second.async && it->second.ctx == ctx) {
       Phys* p = it->second.phys;
       ::munmap(as_ptr(it->first), it->second.size);
       it = maps.erase(it);
@@ -373,48 +407,20 @@ CUresult init_failure(const std::string& msg, CUresult rc) {
 }
 
 CUresult do_init() {
-  const char* mem = std::getenv("VLAKE_SIM_DEVICE_MEMORY");
-  std::uint64_t capacity = std::uint64_t{16} << 30;
-  if (mem != nullptr && !vlake::sim::parse_size(mem, capacity)) {
-    return init_failure(std::string("VLAKE_SIM_DEVICE_MEMORY='") + mem +
-                            "' is not a size (use e.g. 16GiB, 512MiB, 4096KiB or a byte count)",
-                        CUDA_ERROR_INVALID_VALUE);
-  }
-  if (capacity < kGran) {
-    return init_failure("VLAKE_SIM_DEVICE_MEMORY must be at least 2MiB", CUDA_ERROR_INVALID_VALUE);
-  }
-  int count = 1;
-  if (const char* c = std::getenv("VLAKE_SIM_DEVICE_COUNT"); c != nullptr) {
-    char* end = nullptr;
-    errno = 0;
-    long v = std::strtol(c, &end, 10);
-    if (errno != 0 || end == c || *end != '\0' || v < 1 || v > rules::kMaxDevices) {
-      return init_failure(std::string("VLAKE_SIM_DEVICE_COUNT='") + c +
-                              "' is not a device count (1.." +
-                              std::to_string(rules::kMaxDevices) + ")",
-                          CUDA_ERROR_INVALID_VALUE);
-    }
-    count = static_cast<int>(v);
-  }
-  std::string node = "default";
-  if (const char* n = std::getenv("VLAKE_SIM_NODE"); n != nullptr) node = n;
-  const bool node_ok =
-      !node.empty() && node.size() <= 100 && std::all_of(node.begin(), node.end(), [](char ch) {
-        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-               ch == '.' || ch == '_' || ch == '-';
-      });
-  if (!node_ok) {
-    return init_failure("VLAKE_SIM_NODE='" + node +
-                            "' is not a node name (1..100 of [A-Za-z0-9._-])",
-                        CUDA_ERROR_INVALID_VALUE);
-  }
+  vlake::sim::Config config;
+  std::string error;
+  if (!vlake::sim::read_config(config, error)) return init_failure(error, CUDA_ERROR_INVALID_VALUE);
   auto proc = std::make_unique<Process>();
-  proc->node_name = node;
-  proc->device_count = count;
-  proc->capacity = capacity;
-  for (int i = 0; i < rules::kMaxDevices; ++i) proc->ctxs[i].device = i;
-  if (CUresult rc = vlake::sim::Node::attach(node, count, capacity, vlake::sim::current_process(),
-                                             proc->node);
+  proc->node_name = config.node;
+  proc->device_count = config.device_count;
+  proc->capacity = config.capacity;
+  proc->context_memory = config.context_memory;
+  for (int i = 0; i < rules::kMaxDevices; ++i) {
+    proc->ctxs[i].device = i;
+    proc->pools[i].device = i;
+  }
+  if (CUresult rc = vlake::sim::Node::attach(config.node, config.device_count, config.capacity,
+                                             vlake::sim::current_process(), proc->node);
       rc != CUDA_SUCCESS) {
     return rc;
   }
@@ -424,25 +430,10 @@ CUresult do_init() {
 
 // ---- Device facts -------------------------------------------------------------------------------
 
-std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 CUuuid device_uuid(int dev) {
-  const std::string key = g_proc->node_name + "/" + std::to_string(dev);
-  const std::uint64_t a = fnv1a(0xcbf29ce484222325ULL, key);
-  const std::uint64_t b = fnv1a(a ^ 0x9e3779b97f4a7c15ULL, key);
+  const auto bytes = vlake::sim::device_uuid(g_proc->node_name, dev);
   CUuuid u{};
-  for (int i = 0; i < 8; ++i) {
-    u.bytes[i] = static_cast<char>((a >> (8 * i)) & 0xff);
-    u.bytes[8 + i] = static_cast<char>((b >> (8 * i)) & 0xff);
-  }
-  u.bytes[6] = static_cast<char>((u.bytes[6] & 0x0f) | 0x50);  // version 5 style
-  u.bytes[8] = static_cast<char>((u.bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  std::memcpy(u.bytes, bytes.data(), sizeof u.bytes);
   return u;
 }
 
@@ -481,6 +472,8 @@ bool device_attribute(CUdevice_attribute a, int dev, int& v) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; return true;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 3; return true;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; return true;
+    // 32 on the H100 (measured); the pitch cuMemAllocPitch_v2 returns is a multiple of
+    // TEXTURE_ALIGNMENT (512), see rules::kPitchAlignment.
     case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: v = 32; return true;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; return true;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; return true;
@@ -489,7 +482,7 @@ bool device_attribute(CUdevice_attribute a, int dev, int& v) {
     case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: v = 1; return true;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = 233472; return true;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; return true;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 0; return true;  // no cuMemAllocManaged
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; return true;  // cuMemAllocManaged (measured 1)
     case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; return true;
     case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: v = dev; return true;
     case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: v = 0; return true;
@@ -518,7 +511,7 @@ bool device_attribute(CUdevice_attribute a, int dev, int& v) {
     case CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: v = 0; return true;
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 0; return true;
     case CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; return true;  // no cuMemAllocAsync
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; return true;  // cuMemAllocAsync (measured 1)
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: v = 0; return true;
     case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: v = 0; return true;
     case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: v = 1; return true;
@@ -543,14 +536,29 @@ struct ProcRow {
   const char* base;
   int version;
   void* fn;
+  bool per_thread;  // a _ptsz/_ptds variant
 };
 
+constexpr bool per_thread_symbol(std::string_view sym) {
+  return sym.ends_with("_ptsz") || sym.ends_with("_ptds");
+}
+
+// cuGetProcAddress (v1: `v2` false) and cuGetProcAddress_v2. Among the rows of `symbol`, the
+// per-thread rows answer CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM when the base has any
+// (measured: "cuMemcpyHtoD"@7000 -> cuMemcpyHtoD_v2_ptds, but @3020 -> version not sufficient),
+// the legacy rows answer otherwise; the highest version <= cuda_version wins. Not found: v2
+// succeeds with a null pointer and the reason in *status (measured), v1 fails.
 CUresult resolve_proc(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
-                      CUdriverProcAddressQueryResult* status) {
+                      CUdriverProcAddressQueryResult* status, bool v2) {
   static const ProcRow rows[] = {
-#define VLAKE_CU_API(base, sym, version) {#base, version, reinterpret_cast<void*>(&::sym)},
+#define VLAKE_CU_API(base, sym, version) \
+  {#base, version, reinterpret_cast<void*>(&::sym), per_thread_symbol(#sym)},
 #include "vlake/common/cuda_api.def"
 #undef VLAKE_CU_API
+#define VLAKE_SIM_PT_ROW(base, sym, version, pfn) \
+  {#base, version, reinterpret_cast<void*>(&::sym), true},
+      VLAKE_SIM_PER_THREAD_ROWS(VLAKE_SIM_PT_ROW)
+#undef VLAKE_SIM_PT_ROW
   };
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if ((flags & ~static_cast<cuuint64_t>(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
@@ -559,10 +567,17 @@ CUresult resolve_proc(const char* symbol, void** pfn, int cuda_version, cuuint64
   }
   *pfn = nullptr;
   bool known = false;
-  const ProcRow* best = nullptr;
+  bool has_per_thread = false;
   for (const ProcRow& r : rows) {
     if (std::strcmp(r.base, symbol) != 0) continue;
     known = true;
+    has_per_thread = has_per_thread || r.per_thread;
+  }
+  const bool want_per_thread =
+      has_per_thread && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+  const ProcRow* best = nullptr;
+  for (const ProcRow& r : rows) {
+    if (r.per_thread != want_per_thread || std::strcmp(r.base, symbol) != 0) continue;
     if (r.version <= cuda_version && (best == nullptr || r.version > best->version)) best = &r;
   }
   if (best == nullptr) {
@@ -570,7 +585,7 @@ CUresult resolve_proc(const char* symbol, void** pfn, int cuda_version, cuuint64
       *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                       : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     }
-    return CUDA_ERROR_NOT_FOUND;
+    return v2 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
   }
   *pfn = best->fn;
   if (status != nullptr) *status = CU_GET_PROC_ADDRESS_SUCCESS;
@@ -623,6 +638,10 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
       put<CUdeviceptr>(data, m != nullptr ? static_cast<CUdeviceptr>(ptr) : 0);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (m != nullptr && m->managed) {  // managed memory: the same address (measured)
+        put<void*>(data, as_ptr(ptr));
+        return CUDA_SUCCESS;
+      }
       if (strict) return CUDA_ERROR_INVALID_VALUE;  // device memory has no host pointer
       put<void*>(data, nullptr);
       return CUDA_SUCCESS;
@@ -633,13 +652,14 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
       put<unsigned long long>(data, m != nullptr ? m->buffer_id : 0);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-      put<int>(data, 0);
+      put<int>(data, m != nullptr && m->managed ? 1 : 0);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       put<int>(data, m != nullptr ? device : -2);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-      put<int>(data, m != nullptr && m->classic ? 1 : 0);
+      // cuMemAlloc memory only: not VMM, managed (measured) or pool memory (measured).
+      put<int>(data, m != nullptr && m->classic && !m->managed && !m->async ? 1 : 0);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       put<CUdeviceptr>(data, m != nullptr ? static_cast<CUdeviceptr>(base) : 0);
@@ -663,8 +683,8 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
       put<unsigned>(data, flags);
       return CUDA_SUCCESS;
     }
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-      put<CUmemoryPool>(data, nullptr);
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:  // non-null for cuMemAllocAsync memory (measured)
+      put<CUmemoryPool>(data, m != nullptr && m->async ? &g_proc->pools[device] : nullptr);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
       put<std::size_t>(data, m != nullptr ? m->size : 0);
@@ -755,13 +775,14 @@ VLAKE_SIM_API CUresult cuGetErrorName(CUresult error, const char** pStr) {
 
 VLAKE_SIM_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                         cuuint64_t flags) {
-  return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, nullptr); });
+  return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, nullptr, false); });
 }
 
 VLAKE_SIM_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                            cuuint64_t flags,
                                            CUdriverProcAddressQueryResult* symbolStatus) {
-  return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, symbolStatus); });
+  return guarded(
+      [&] { return resolve_proc(symbol, pfn, cudaVersion, flags, symbolStatus, true); });
 }
 
 // =================================================================================================
@@ -841,12 +862,24 @@ VLAKE_SIM_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev
 // =================================================================================================
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  g_proc->ctxs[dev].retains.fetch_add(1);
-  *pctx = &g_proc->ctxs[dev];
-  return CUDA_SUCCESS;
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    CUctx_st& ctx = g_proc->ctxs[dev];
+    // Creating the context charges its VLAKE_SIM_CONTEXT_MEMORY on the node (a record this
+    // process holds, listed by NVML); it must fit like any allocation.
+    std::unique_lock lock(g_proc->mu);
+    if (ctx.retains.load() == 0) {
+      if (CUresult rc = g_proc->node->charge_context(dev, g_proc->context_memory);
+          rc != CUDA_SUCCESS) {
+        return rc;
+      }
+    }
+    ctx.retains.fetch_add(1);
+    *pctx = &ctx;
+    return CUDA_SUCCESS;
+  });
 }
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
@@ -856,7 +889,10 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     std::unique_lock lock(g_proc->mu);
     CUctx_st& ctx = g_proc->ctxs[dev];
     if (ctx.retains.load() <= 0) return rules::kReleaseUnretained;
-    if (ctx.retains.fetch_sub(1) == 1) destroy_ctx_resources(&ctx);
+    if (ctx.retains.fetch_sub(1) == 1) {
+      destroy_ctx_resources(&ctx);
+      g_proc->node->release_context(dev);
+    }
     return CUDA_SUCCESS;
   });
 }
@@ -933,51 +969,148 @@ VLAKE_SIM_API CUresult cuCtxSynchronize() {
 // Classic allocation and copies
 // =================================================================================================
 
+namespace {
+
+enum class ClassicKind { plain, managed, async };
+
+// cuMemAlloc-like memory: a fresh memfd, charged rounded up to 2 MiB, mapped read-write at fresh
+// VA; callers may touch exactly `bytesize` bytes. Caller checked the context.
+CUresult alloc_classic(CUctx_st* ctx, std::size_t bytesize, ClassicKind kind, CUdeviceptr* dptr) {
+  if (bytesize > SIZE_MAX - kGran) return CUDA_ERROR_OUT_OF_MEMORY;
+  const std::size_t size = (bytesize + kGran - 1) / kGran * kGran;
+  std::unique_lock lock(g_proc->mu);
+  Phys* p = nullptr;
+  if (CUresult rc = new_phys(size, ctx->device, 0, true, p); rc != CUDA_SUCCESS) return rc;
+  const std::uintptr_t va = reserve_va(size, kGran);
+  if (va == 0 || ::mmap(as_ptr(va), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd,
+                        0) == MAP_FAILED) {
+    if (va != 0) ::munmap(as_ptr(va), size);
+    maybe_destroy(p);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  p->mappings = 1;
+  Mapping m;
+  m.size = size;
+  m.visible = bytesize;
+  m.phys = p;
+  m.classic = true;
+  m.managed = kind == ClassicKind::managed;
+  m.async = kind == ClassicKind::async;
+  m.ctx = ctx;
+  m.buffer_id = g_proc->next_id++;
+  for (auto& a : m.access) a = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  g_proc->mappings.emplace(va, m);
+  *dptr = static_cast<CUdeviceptr>(va);
+  return CUDA_SUCCESS;
+}
+
+// Frees the cuMemAlloc-like allocation starting at `addr` (any kind), or returns `unknown`.
+CUresult free_classic(std::uintptr_t addr, CUresult unknown) {
+  std::unique_lock lock(g_proc->mu);
+  auto it = g_proc->mappings.find(addr);
+  if (it == g_proc->mappings.end() || !it->second.classic) return unknown;
+  Phys* p = it->second.phys;
+  ::munmap(as_ptr(it->first), it->second.size);
+  g_proc->mappings.erase(it);
+  --p->mappings;
+  maybe_destroy(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    {
+      std::shared_lock lock(g_proc->mu);
+      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
+    }
+    if (bytesize == 0) {  // succeeds with a null pointer (measured)
+      *dptr = 0;
+      return CUDA_SUCCESS;
+    }
+    return alloc_classic(ctx, bytesize, ClassicKind::async, dptr);
+  });
+}
+
+CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    {
+      std::shared_lock lock(g_proc->mu);
+      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
+    }
+    if (dptr == 0) return CUDA_SUCCESS;  // measured
+    return free_classic(as_addr(dptr), rules::kFreeAsyncUnknown);
+  });
+}
+
+}  // namespace
+
 VLAKE_SIM_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
     if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (bytesize > SIZE_MAX - kGran) return CUDA_ERROR_OUT_OF_MEMORY;
-    const std::size_t size = (bytesize + kGran - 1) / kGran * kGran;
-    std::unique_lock lock(g_proc->mu);
-    Phys* p = nullptr;
-    if (CUresult rc = new_phys(size, ctx->device, 0, true, p); rc != CUDA_SUCCESS) return rc;
-    const std::uintptr_t va = reserve_va(size, kGran);
-    if (va == 0 || ::mmap(as_ptr(va), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd,
-                          0) == MAP_FAILED) {
-      if (va != 0) ::munmap(as_ptr(va), size);
-      maybe_destroy(p);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    p->mappings = 1;
-    Mapping m;
-    m.size = size;
-    m.visible = bytesize;
-    m.phys = p;
-    m.classic = true;
-    m.ctx = ctx;
-    m.buffer_id = g_proc->next_id++;
-    for (auto& a : m.access) a = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    g_proc->mappings.emplace(va, m);
-    *dptr = static_cast<CUdeviceptr>(va);
-    return CUDA_SUCCESS;
+    return alloc_classic(ctx, bytesize, ClassicKind::plain, dptr);
   });
+}
+
+VLAKE_SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
+                                          size_t Height, unsigned int ElementSizeBytes) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0 ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)) {
+      return rules::kBadPitchRequest;
+    }
+    if (WidthInBytes > rules::kMaxPitch) return rules::kPitchTooWide;
+    const std::size_t pitch =
+        (WidthInBytes + rules::kPitchAlignment - 1) / rules::kPitchAlignment * rules::kPitchAlignment;
+    if (pitch > rules::kMaxPitch) return rules::kPitchTooWide;
+    if (Height > SIZE_MAX / pitch) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = alloc_classic(ctx, pitch * Height, ClassicKind::plain, dptr);
+    if (rc == CUDA_SUCCESS) *pPitch = pitch;
+    return rc;
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
+      return rules::kBadManagedRequest;
+    }
+    return alloc_classic(ctx, bytesize, ClassicKind::managed, dptr);
+  });
+}
+
+VLAKE_SIM_API CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return alloc_async(dptr, bytesize, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return alloc_async(dptr, bytesize, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return free_async(dptr, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  return free_async(dptr, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-    std::unique_lock lock(g_proc->mu);
-    auto it = g_proc->mappings.find(as_addr(dptr));
-    if (it == g_proc->mappings.end() || !it->second.classic) return rules::kFreeUnknown;
-    Phys* p = it->second.phys;
-    ::munmap(as_ptr(it->first), it->second.size);
-    g_proc->mappings.erase(it);
-    --p->mappings;
-    maybe_destroy(p);
-    return CUDA_SUCCESS;
+    return free_classic(as_addr(dptr), rules::kFreeUnknown);
   });
 }
 
@@ -1669,4 +1802,82 @@ VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsig
     run_kernel(ctx, f, kernelParams);
     return CUDA_SUCCESS;
   });
+}
+
+// =================================================================================================
+// Per-thread-default-stream variants (VLAKE_SIM_PER_THREAD_ROWS): the legacy functions, since
+// every simulated stream is synchronous; distinct symbols so cuGetProcAddress can answer with
+// them like the real driver.
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost,
+                                            size_t ByteCount) {
+  return cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice,
+                                            size_t ByteCount) {
+  return cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount);
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                            size_t ByteCount) {
+  return cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount);
+}
+
+VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost,
+                                                 size_t ByteCount, CUstream hStream) {
+  return cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice,
+                                                 size_t ByteCount, CUstream hStream) {
+  return cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                                 size_t ByteCount, CUstream hStream) {
+  return cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  return cuMemsetD8_v2(dstDevice, uc, N);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
+  return cuMemsetD32_v2(dstDevice, ui, N);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                            CUstream hStream) {
+  return cuMemsetD8Async(dstDevice, uc, N, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                                             CUstream hStream) {
+  return cuMemsetD32Async(dstDevice, ui, N, hStream);
+}
+
+VLAKE_SIM_API CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+  return cuStreamSynchronize(hStream);
+}
+
+VLAKE_SIM_API CUresult cuStreamQuery_ptsz(CUstream hStream) { return cuStreamQuery(hStream); }
+
+VLAKE_SIM_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent,
+                                              unsigned int Flags) {
+  return cuStreamWaitEvent(hStream, hEvent, Flags);
+}
+
+VLAKE_SIM_API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
+  return cuEventRecord(hEvent, hStream);
+}
+
+VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                           unsigned int gridDimY, unsigned int gridDimZ,
+                                           unsigned int blockDimX, unsigned int blockDimY,
+                                           unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                           CUstream hStream, void** kernelParams, void** extra) {
+  return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                        sharedMemBytes, hStream, kernelParams, extra);
 }

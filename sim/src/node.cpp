@@ -9,9 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
@@ -21,10 +24,18 @@ namespace vlake::sim {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x4d49532d454b4c56ULL;  // "VLKE-SIM"
-constexpr std::uint32_t kLayoutVersion = 1;
+// 2: holders are kept in the order they took the allocation (creator first); primary contexts
+// are records keyed (kContextDev, context_ino(pid, device)).
+constexpr std::uint32_t kLayoutVersion = 2;
 constexpr std::uint32_t kMaxAttached = 512;   // processes attached to one node at once
 constexpr std::uint32_t kMaxRecords = 32768;  // live physical allocations per node
 constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocation at once
+// The st_dev of a context record: no memfd has it.
+constexpr std::uint64_t kContextDev = ~std::uint64_t{0};
+std::uint64_t context_ino(std::int32_t pid, int device) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 8) |
+         static_cast<std::uint64_t>(device);
+}
 
 struct Record {
   std::uint64_t dev;
@@ -138,9 +149,10 @@ void shrink_hwm(NodeState* s) {
   while (s->record_hwm > 0 && s->records[s->record_hwm - 1].nholders == 0) --s->record_hwm;
 }
 
-// Drops holder `idx` of `r`; uncharges the record when it was the last one.
+// Drops holder `idx` of `r`, keeping the others in order; uncharges the record when it was the
+// last one.
 void drop_holder(NodeState* s, Record& r, std::uint32_t idx) {
-  r.holders[idx] = r.holders[r.nholders - 1];
+  for (std::uint32_t i = idx + 1; i < r.nholders; ++i) r.holders[i - 1] = r.holders[i];
   --r.nholders;
   if (r.nholders == 0) s->used[r.device] -= r.size;
 }
@@ -414,6 +426,147 @@ void Node::usage(int device, std::uint64_t& used, std::uint64_t& capacity) {
   purge_dead(state_, self_);
   used = state_->used[device];
   capacity = state_->capacity;
+}
+
+CUresult Node::charge_context(int device, std::uint64_t bytes) {
+  return charge_new(kContextDev, context_ino(self_.pid, device), bytes, device);
+}
+
+void Node::release_context(int device) { release(kContextDev, context_ino(self_.pid, device)); }
+
+bool read_config(Config& out, std::string& error) {
+  Config c;
+  if (const char* mem = std::getenv("VLAKE_SIM_DEVICE_MEMORY"); mem != nullptr) {
+    if (!parse_size(mem, c.capacity)) {
+      error = std::string("VLAKE_SIM_DEVICE_MEMORY='") + mem +
+              "' is not a size (use e.g. 16GiB, 512MiB, 4096KiB or a byte count)";
+      return false;
+    }
+    if (c.capacity < rules::kGranularity) {
+      error = "VLAKE_SIM_DEVICE_MEMORY must be at least 2MiB";
+      return false;
+    }
+  }
+  if (const char* n = std::getenv("VLAKE_SIM_DEVICE_COUNT"); n != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(n, &end, 10);
+    if (errno != 0 || end == n || *end != '\0' || v < 1 || v > rules::kMaxDevices) {
+      error = std::string("VLAKE_SIM_DEVICE_COUNT='") + n + "' is not a device count (1.." +
+              std::to_string(rules::kMaxDevices) + ")";
+      return false;
+    }
+    c.device_count = static_cast<int>(v);
+  }
+  if (const char* n = std::getenv("VLAKE_SIM_NODE"); n != nullptr) c.node = n;
+  const bool node_ok =
+      !c.node.empty() && c.node.size() <= 100 &&
+      std::all_of(c.node.begin(), c.node.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+               ch == '.' || ch == '_' || ch == '-';
+      });
+  if (!node_ok) {
+    error = "VLAKE_SIM_NODE='" + c.node + "' is not a node name (1..100 of [A-Za-z0-9._-])";
+    return false;
+  }
+  if (const char* m = std::getenv("VLAKE_SIM_CONTEXT_MEMORY"); m != nullptr) {
+    if (std::string_view(m) != "0" && !parse_size(m, c.context_memory)) {
+      error = std::string("VLAKE_SIM_CONTEXT_MEMORY='") + m +
+              "' is not a size (0, or e.g. 518MiB, 4096KiB or a byte count)";
+      return false;
+    }
+  }
+  out = c;
+  return true;
+}
+
+namespace {
+std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+}  // namespace
+
+std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal) {
+  const std::string key = node + "/" + std::to_string(ordinal);
+  const std::uint64_t a = fnv1a(0xcbf29ce484222325ULL, key);
+  const std::uint64_t b = fnv1a(a ^ 0x9e3779b97f4a7c15ULL, key);
+  std::array<unsigned char, 16> u{};
+  for (int i = 0; i < 8; ++i) {
+    u[static_cast<std::size_t>(i)] = static_cast<unsigned char>((a >> (8 * i)) & 0xff);
+    u[static_cast<std::size_t>(8 + i)] = static_cast<unsigned char>((b >> (8 * i)) & 0xff);
+  }
+  u[6] = static_cast<unsigned char>((u[6] & 0x0f) | 0x50);  // version 5 style
+  u[8] = static_cast<unsigned char>((u[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return u;
+}
+
+NodeObserver::NodeObserver(std::string name)
+    : shm_name_("/vlake-sim-" + std::move(name)), self_(current_process()) {}
+
+NodeObserver::~NodeObserver() { unmap(); }
+
+void NodeObserver::unmap() {
+  if (state_ != nullptr) ::munmap(state_, sizeof(NodeState));
+  state_ = nullptr;
+}
+
+bool NodeObserver::read(NodeSnapshot& out) {
+  // The file may have been removed (and another created) since the last read: map the current
+  // one. No flock: a node being created has magic 0 (skipped); one being removed is unused.
+  const int fd = ::shm_open(shm_name_.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    unmap();
+    return false;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(NodeState)) {
+    ::close(fd);
+    unmap();
+    return false;
+  }
+  if (state_ == nullptr || st.st_dev != dev_ || st.st_ino != ino_) {
+    unmap();
+    void* mem = ::mmap(nullptr, sizeof(NodeState), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+      ::close(fd);
+      return false;
+    }
+    state_ = static_cast<NodeState*>(mem);
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+  }
+  ::close(fd);
+  NodeState* s = state_;
+  if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != kMagic ||
+      s->layout_version != kLayoutVersion || s->state_size != sizeof(NodeState)) {
+    return false;
+  }
+  NodeSnapshot snap;
+  {
+    Lock lock(s);
+    purge_dead(s, self_);
+    snap.device_count = static_cast<int>(std::min<std::uint32_t>(s->device_count, rules::kMaxDevices));
+    snap.capacity = s->capacity;
+    snap.in_use = s->nattached > 0 || s->record_hwm > 0;
+    for (int d = 0; d < rules::kMaxDevices; ++d) snap.used[d] = s->used[d];
+    std::vector<std::map<std::int32_t, std::uint64_t>> charges(
+        static_cast<std::size_t>(snap.device_count));
+    for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+      const Record& r = s->records[i];
+      if (r.nholders == 0 || r.device < 0 || r.device >= snap.device_count) continue;
+      charges[static_cast<std::size_t>(r.device)][r.holders[0].pid] += r.size;
+    }
+    snap.processes.resize(charges.size());
+    for (std::size_t d = 0; d < charges.size(); ++d) {
+      for (const auto& [pid, bytes] : charges[d]) snap.processes[d].push_back({pid, bytes});
+    }
+  }
+  out = std::move(snap);
+  return true;
 }
 
 }  // namespace vlake::sim

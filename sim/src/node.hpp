@@ -7,9 +7,12 @@
 //   process-shared pthread mutex. The first process creates it (under flock) with the
 //   capacity of its environment.
 // - A physical allocation is one record keyed by its memfd's (st_dev, st_ino) with the list of
-//   processes (pid + start time) holding it. It is charged to its device while it has a live
-//   holder. Dead processes (exited, SIGKILLed, zombies, or a reused pid with another start
-//   time) are purged on every capacity check and usage query.
+//   processes (pid + start time) holding it, in the order they took it (creator first). It is
+//   charged to its device while it has a live holder, and (for NVML's per-process figures) to
+//   its first live holder. Dead processes (exited, SIGKILLed, zombies, or a reused pid with
+//   another start time) are purged on every capacity check and usage query.
+// - A primary context is a record too (VLAKE_SIM_CONTEXT_MEMORY bytes, possibly 0) held by its
+//   process only, so it counts against capacity, in usage and in NVML's process list.
 // - A node with no live attached process and no record is reset to the capacity of the next
 //   process that attaches; otherwise a process with different parameters is refused. The
 //   last process to detach (normal exit) removes the file; a file left by killed processes
@@ -18,11 +21,15 @@
 //   serializes them, across processes too).
 #pragma once
 
+#include "rules.hpp"
+
 #include <cuda.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace vlake::sim {
 
@@ -57,6 +64,10 @@ class Node {
   CUresult hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device);
   // This process no longer holds the allocation.
   void release(std::uint64_t dev, std::uint64_t ino);
+  // This process's primary context on `device` exists / is gone: a record of `bytes` held by
+  // this process alone. CUDA_ERROR_OUT_OF_MEMORY if it does not fit.
+  CUresult charge_context(int device, std::uint64_t bytes);
+  void release_context(int device);
   // Bytes charged to `device` by live holders, and its capacity.
   void usage(int device, std::uint64_t& used, std::uint64_t& capacity);
   // This process stops using the node (at exit): drops its holds and its attachment, and
@@ -81,5 +92,56 @@ class Node {
 // Parses VLAKE_SIM_DEVICE_MEMORY syntax: a byte count with an optional unit B, KiB, MiB, GiB,
 // TiB (or K, M, G, T; all binary). Returns false for anything else, zero, or overflow.
 bool parse_size(const char* text, std::uint64_t& out);
+
+// The simulated machine as this process's environment describes it.
+struct Config {
+  std::string node = "default";                    // VLAKE_SIM_NODE
+  int device_count = 1;                             // VLAKE_SIM_DEVICE_COUNT
+  std::uint64_t capacity = std::uint64_t{16} << 30;  // VLAKE_SIM_DEVICE_MEMORY
+  std::uint64_t context_memory = 0;                 // VLAKE_SIM_CONTEXT_MEMORY
+};
+// Reads the VLAKE_SIM_* variables. On a bad value returns false and sets `error` to one line
+// naming the variable (the callers print it with their own prefix).
+bool read_config(Config& out, std::string& error);
+
+// The UUID of device `ordinal` of node `node`: stable, derived from both (cuDeviceGetUuid_v2 and
+// nvmlDeviceGetUUID report the same bytes).
+std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal);
+
+// What NVML reports: a node's devices, their usage and the bytes charged to each process.
+struct ProcessCharge {
+  std::int32_t pid = 0;
+  std::uint64_t bytes = 0;
+};
+struct NodeSnapshot {
+  int device_count = 0;
+  std::uint64_t capacity = 0;
+  bool in_use = false;  // a live process is attached or an allocation is live
+  std::uint64_t used[rules::kMaxDevices] = {};
+  // Per device: every process that is the first live holder of a record there (its context
+  // included), with the bytes of those records; sorted by pid.
+  std::vector<std::vector<ProcessCharge>> processes;
+};
+
+// Read access to a node without attaching to it (nothing is created, held or charged).
+// Thread-safety: one NodeObserver per thread, or external locking.
+class NodeObserver {
+ public:
+  explicit NodeObserver(std::string name);
+  ~NodeObserver();
+  NodeObserver(const NodeObserver&) = delete;
+  NodeObserver& operator=(const NodeObserver&) = delete;
+  // The node as it is now. False when it does not exist (no process has used it yet, or its
+  // last user detached) or has another layout; then `out` is untouched.
+  bool read(NodeSnapshot& out);
+
+ private:
+  void unmap();
+  std::string shm_name_;
+  ProcessId self_;
+  NodeState* state_ = nullptr;
+  std::uint64_t dev_ = 0;
+  std::uint64_t ino_ = 0;
+};
 
 }  // namespace vlake::sim

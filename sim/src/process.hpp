@@ -54,6 +54,12 @@ struct CUmod_st {
   std::vector<std::unique_ptr<CUfunc_st>> functions;  // handed out by cuModuleGetFunction
 };
 
+// The device's default memory pool: only an identity for CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
+// of cuMemAllocAsync memory (no cuMemPool* call is simulated).
+struct CUmemPoolHandle_st {
+  int device = 0;
+};
+
 // A kernel the simulator executes on the host (see driver.cpp, run_kernel).
 struct CUfunc_st {
   CUmod_st* module = nullptr;
@@ -81,8 +87,10 @@ struct Mapping {
   std::size_t size = 0;          // mapped bytes (the handle size; rounded size for cuMemAlloc)
   std::size_t visible = 0;       // bytes a caller may touch (== size, or cuMemAlloc's request)
   Phys* phys = nullptr;
-  bool classic = false;
-  CUctx_st* ctx = nullptr;       // owning context of cuMemAlloc memory
+  bool classic = false;          // cuMemAlloc-like memory: cuMemAlloc, pitch, managed, async
+  bool managed = false;          // cuMemAllocManaged
+  bool async = false;            // cuMemAllocAsync: owned by the device's pool, not the context
+  CUctx_st* ctx = nullptr;       // owning (for async: allocating) context of classic memory
   std::uint64_t buffer_id = 0;   // CU_POINTER_ATTRIBUTE_BUFFER_ID
   unsigned char access[rules::kMaxDevices] = {};  // CUmemAccess_flags per device
 };
@@ -93,7 +101,9 @@ struct Process {
   std::string node_name;
   int device_count = 1;
   std::uint64_t capacity = 0;
+  std::uint64_t context_memory = 0;  // VLAKE_SIM_CONTEXT_MEMORY, charged per primary context
   CUctx_st ctxs[rules::kMaxDevices];
+  CUmemPoolHandle_st pools[rules::kMaxDevices];
 
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::unique_ptr<Phys>> phys;  // (dev, ino)
   std::unordered_map<CUmemGenericAllocationHandle, Phys*> handles;  // handle_refs > 0 only

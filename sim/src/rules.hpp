@@ -15,7 +15,9 @@ namespace vlake::sim::rules {
 inline constexpr int kDriverVersion = 13000;            // cuDriverGetVersion
 inline constexpr std::size_t kGranularity = 2u << 20;   // 2 MiB, MINIMUM and RECOMMENDED (measured)
 inline constexpr int kMaxDevices = 16;                  // VLAKE_SIM_DEVICE_COUNT upper bound
-inline constexpr const char* kDeviceName = "vlake simulated GPU";
+inline constexpr const char* kDeviceName = "vlake simulated GPU";  // also nvmlDeviceGetName
+// nvmlSystemGetDriverVersion: the driver the measurements were taken with.
+inline constexpr const char* kNvmlDriverVersion = "580.159.04";
 
 // ---- cuMemMap -----------------------------------------------------------------------------
 // cuMemMap with offset != 0 (measured).
@@ -92,6 +94,23 @@ inline constexpr CUresult kFreeUnknown = CUDA_ERROR_INVALID_VALUE;
 inline constexpr CUresult kAddressRangeUnknown = CUDA_ERROR_NOT_FOUND;
 // cuPointerGetAttribute of an address the driver does not know.
 inline constexpr CUresult kPointerUnknown = CUDA_ERROR_INVALID_VALUE;
+
+// ---- Pitched, managed and stream-ordered allocation (measured on the H100) -----------------
+// cuMemAllocPitch_v2: the pitch is the width rounded up to this many bytes for every accepted
+// element size (4, 8, 16; measured for widths 1..65536), and the allocation is pitch * height.
+inline constexpr std::size_t kPitchAlignment = 512;
+// cuMemAllocPitch_v2 with an element size other than 4, 8 or 16 (1, 2, 3, 32 measured), a zero
+// width or height, or a null pitch pointer.
+inline constexpr CUresult kBadPitchRequest = CUDA_ERROR_INVALID_VALUE;
+// A pitch above CU_DEVICE_ATTRIBUTE_MAX_PITCH (guess: not measured).
+inline constexpr CUresult kPitchTooWide = CUDA_ERROR_INVALID_VALUE;
+inline constexpr std::size_t kMaxPitch = 2147483647;
+// cuMemAllocManaged with flags other than CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST (0 measured)
+// or a zero size (measured).
+inline constexpr CUresult kBadManagedRequest = CUDA_ERROR_INVALID_VALUE;
+// cuMemFreeAsync of an address that is not the start of a live allocation (measured); a null
+// address succeeds (measured), and so does cuMemAlloc memory (measured: freed).
+inline constexpr CUresult kFreeAsyncUnknown = CUDA_ERROR_INVALID_VALUE;
 
 // ---- Contexts, streams, events ------------------------------------------------------------
 // A context-requiring call with no current context, or with a released primary context.

@@ -4,8 +4,8 @@
 //   init              cuInit; prints rc, and when it succeeded count, total and uuid (device 0)
 //   preinit           checks what works and what fails before cuInit; prints ok=1 or why not
 //   hold BYTES        allocates BYTES with cuMemCreate, prints ready=1, then sleeps forever
-//   import FD         imports the POSIX fd FD, maps it, reads its first word, prints
-//                     ready=1 and value=..., then sleeps forever
+//   import FD [BYTES] imports the POSIX fd FD (an allocation of BYTES, default 2 MiB), maps it,
+//                     reads its first word, prints ready=1 and value=..., then sleeps forever
 //   used              prints used=<bytes> (total - free of device 0)
 #include "vlake/common/cuda_api.hpp"
 
@@ -107,7 +107,7 @@ int cmd_hold(std::size_t bytes) {
   sleep_forever();
 }
 
-int cmd_import(int fd) {
+int cmd_import(int fd, size_t size) {
   if (int rc = init_ctx(); rc != 0) return rc;
   CUmemGenericAllocationHandle h = 0;
   PROBE_CHECK(cuMemImportFromShareableHandle(
@@ -116,7 +116,6 @@ int cmd_import(int fd) {
   ::close(fd);
   CUmemAllocationProp prop{};
   PROBE_CHECK(cuMemGetAllocationPropertiesFromHandle(&prop, h));
-  size_t size = 2u << 20;
   CUdeviceptr va = 0;
   PROBE_CHECK(cuMemAddressReserve(&va, size, 0, 0, 0));
   PROBE_CHECK(cuMemMap(va, size, 0, h, 0));
@@ -146,14 +145,17 @@ int cmd_used() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: vlake_sim_probe init|preinit|hold BYTES|import FD|used\n");
+    std::fprintf(stderr, "usage: vlake_sim_probe init|preinit|hold BYTES|import FD [BYTES]|used\n");
     return 2;
   }
   const std::string cmd = argv[1];
   if (cmd == "init") return cmd_init();
   if (cmd == "preinit") return cmd_preinit();
   if (cmd == "hold" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10));
-  if (cmd == "import" && argc == 3) return cmd_import(std::atoi(argv[2]));
+  if (cmd == "import" && argc == 3) return cmd_import(std::atoi(argv[2]), size_t{2} << 20);
+  if (cmd == "import" && argc == 4) {
+    return cmd_import(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
+  }
   if (cmd == "used") return cmd_used();
   std::fprintf(stderr, "vlake_sim_probe: unknown command %s\n", cmd.c_str());
   return 2;

@@ -37,7 +37,7 @@ typedef struct nvmlMemory_v2_st {
   unsigned long long total;
   unsigned long long reserved;
   unsigned long long free;
-  unsigned long long used;  // includes `reserved`
+  unsigned long long used;  // excludes `reserved`: total = reserved + used + free (measured)
 } nvmlMemory_v2_t;
 
 // NVML_STRUCT_VERSION(Memory, 2)
@@ -63,6 +63,23 @@ typedef nvmlReturn_t (*PFN_nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t*)
 typedef nvmlReturn_t (*PFN_nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t*);
 typedef nvmlReturn_t (*PFN_nvmlDeviceGetComputeRunningProcesses_v3)(nvmlDevice_t, unsigned int*,
                                                                    nvmlProcessInfo_t*);
+
+// Added for sim/'s NVML (values and texts measured on the H100, driver 580.159.04).
+enum : int {
+  NVML_ERROR_DRIVER_NOT_LOADED = 9,
+  // What the driver's nvmlDeviceGetMemoryInfo_v2 returns for a version other than
+  // VLAKE_NVML_MEMORY_V2 (measured: not NVML_ERROR_ARGUMENT_VERSION_MISMATCH).
+  NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+};
+// nvmlProcessInfo_t.gpuInstanceId / computeInstanceId outside MIG.
+#define VLAKE_NVML_VALUE_NOT_AVAILABLE 0xFFFFFFFFu
+#define VLAKE_NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+#define VLAKE_NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80
+
+typedef nvmlReturn_t (*PFN_nvmlInitWithFlags)(unsigned int);
+typedef nvmlReturn_t (*PFN_nvmlSystemGetDriverVersion)(char*, unsigned int);
+typedef nvmlReturn_t (*PFN_nvmlDeviceGetIndex)(nvmlDevice_t, unsigned int*);
+typedef nvmlReturn_t (*PFN_nvmlDeviceGetName)(nvmlDevice_t, char*, unsigned int);
 }
 
 static_assert(sizeof(nvmlMemory_t) == 24);
