@@ -7,8 +7,9 @@
 # Needs g++, CMake >= 3.25, ninja, the CUDA headers and an NVIDIA driver. Third-party packages
 # the machine lacks are taken from .deps/debs/*.deb (see scripts/gpu-deps.sh), unpacked into
 # .deps/root without installing anything. Warnings are not fatal here (the machine's compiler
-# may be newer than CI's, which enforces -Werror). Full output: build/gpu/gpu-check.log;
-# per-test results: build/gpu/results.xml (JUnit).
+# may be newer than CI's, which enforces -Werror). Build and ctest output:
+# build/gpu/gpu-check.log; every test's full output: build/gpu/gpu-tests-full.log; per-test
+# results: build/gpu/results.xml (JUnit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +33,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 echo "== build"
 if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVLAKE_WERROR=OFF \
-         "${prefix[@]}" && cmake --build "$build" -j "$(nproc)"; } >>"$log" 2>&1; then
+         -DPython3_EXECUTABLE="$(command -v python3)" "${prefix[@]}" && cmake --build "$build" -j "$(nproc)"; } >>"$log" 2>&1; then
   tail -n 40 "$log"
   echo "gpu-check: build failed (full log: $log)"
   exit 1
@@ -44,6 +45,8 @@ label=(-L gpu)
 ( cd "$build" && ctest --output-on-failure --output-junit results.xml "${label[@]}" -j 4 ) 2>&1 |
   tee -a "$log"
 rc=${PIPESTATUS[0]}
+# Every test's full output (passing ones too), for the record.
+cp "$build/Testing/Temporary/LastTest.log" "$build/gpu-tests-full.log" 2>/dev/null
 
 echo
 echo "== summary"

@@ -1,0 +1,291 @@
+#include "client.hpp"
+
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <span>
+#include <system_error>
+#include <thread>
+
+#include "log.hpp"
+#include "vlake/common/unix_socket.hpp"
+
+namespace vlake::hook {
+
+namespace {
+
+constexpr auto kConnectHoldOff = std::chrono::seconds(1);
+constexpr auto kReconnectPause = std::chrono::milliseconds(50);
+
+timeval to_timeval(std::chrono::milliseconds d) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(d.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
+  return tv;
+}
+
+bool is_broken_errno(int e) {
+  return e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ECONNABORTED || e == EBADF;
+}
+
+template <class T>
+std::span<const std::byte> bytes_of(const T& v) {
+  return {reinterpret_cast<const std::byte*>(&v), sizeof v};
+}
+
+}  // namespace
+
+DaemonClient::DaemonClient(const Config& config)
+    : path_(config.socket_path),
+      timeout_(config.timeout),
+      reconnect_timeout_(config.reconnect_timeout) {}
+
+std::string DaemonClient::tenant_name() const {
+  std::lock_guard lock(mu_);
+  return tenant_name_;
+}
+
+std::string DaemonClient::last_error() const {
+  std::lock_guard lock(mu_);
+  return last_error_;
+}
+
+// Opens the socket and says Hello (with the old session, if any). Caller holds mu_.
+bool DaemonClient::connect_locked() {
+  fd_.reset();
+  UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!s) {
+    last_error_ = std::string("socket: ") + std::strerror(errno);
+    return false;
+  }
+  const timeval tv = to_timeval(timeout_);
+  ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path_.size() >= sizeof addr.sun_path) {
+    last_error_ = "socket path too long";
+    return false;
+  }
+  std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
+  int rc = -1;
+  do {
+    rc = ::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    last_error_ = std::string("connect: ") + std::strerror(errno);
+    return false;
+  }
+  fd_ = std::move(s);
+
+  proto::Hello hello{};
+  hello.h = proto::make_header<proto::Hello>(proto::MsgType::hello, next_request_++);
+  hello.pid = static_cast<std::uint32_t>(::getpid());
+  hello.old_session = session_;
+  std::snprintf(hello.client, sizeof hello.client, "vlake-hook 0.1.0");
+  proto::HelloAck ack{};
+  const Io io = roundtrip_locked(hello, proto::MsgType::hello_ack, ack, nullptr);
+  if (io != Io::ok) {
+    if (io == Io::broken) last_error_ = "the daemon closed the connection during Hello";
+    fd_.reset();
+    return false;
+  }
+  if (ack.status != proto::Status::ok) {
+    last_error_ =
+        "the daemon refused Hello (status " + std::to_string(static_cast<int>(ack.status)) + ")";
+    fd_.reset();
+    return false;
+  }
+  if (session_ != 0 && ack.session_id != session_) {
+    log(LogLevel::info, "daemon started a new session %llu (was %llu)",
+        static_cast<unsigned long long>(ack.session_id), static_cast<unsigned long long>(session_));
+  } else if (session_ != 0) {
+    log(LogLevel::info, "reconnected to %s, session %llu kept", path_.c_str(),
+        static_cast<unsigned long long>(session_));
+  }
+  session_ = ack.session_id;
+  tenant_name_.assign(ack.tenant_name, strnlen(ack.tenant_name, sizeof ack.tenant_name));
+  log(LogLevel::debug, "connected to %s as tenant %s (session %llu)", path_.c_str(),
+      tenant_name_.c_str(), static_cast<unsigned long long>(session_));
+  flush_pending_locked();
+  return fd_.valid();
+}
+
+template <class Req, class Rep>
+DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, proto::MsgType reply_type, Rep& reply,
+                                                std::vector<UniqueFd>* fds) {
+  try {
+    send_with_fds(fd_.get(), bytes_of(request), {});
+  } catch (const std::system_error& e) {
+    const int err = e.code().value();
+    last_error_ = std::string("send: ") + std::strerror(err);
+    return is_broken_errno(err) ? Io::broken : Io::failed;
+  }
+  alignas(8) std::byte buf[proto::kMaxMessageBytes];
+  Received got;
+  try {
+    got = recv_with_fds(fd_.get(), std::span<std::byte>(buf, sizeof buf));
+  } catch (const std::system_error& e) {
+    const int err = e.code().value();
+    if (err == EAGAIN || err == EWOULDBLOCK) {
+      last_error_ = "no reply within VLAKE_TIMEOUT";
+      return Io::failed;
+    }
+    last_error_ = std::string("recv: ") + std::strerror(err);
+    return is_broken_errno(err) ? Io::broken : Io::failed;
+  } catch (const std::exception& e) {
+    last_error_ = e.what();
+    return Io::failed;
+  }
+  if (got.bytes == 0) {
+    last_error_ = "the daemon closed the connection";
+    return Io::broken;
+  }
+  if (const char* why = proto::check_frame(buf, got.bytes); why != nullptr) {
+    last_error_ = std::string("malformed reply: ") + why;
+    return Io::failed;
+  }
+  proto::Header h;
+  std::memcpy(&h, buf, sizeof h);
+  if (h.type == proto::MsgType::error) {
+    proto::Error err;
+    std::memcpy(&err, buf, sizeof err);
+    last_error_ = "daemon error: ";
+    last_error_.append(err.message, strnlen(err.message, sizeof err.message));
+    return Io::failed;
+  }
+  if (h.type != reply_type || h.request_id != request.h.request_id) {
+    last_error_ = "unexpected reply from the daemon";
+    return Io::failed;
+  }
+  if (!got.fds.empty() && fds == nullptr) {
+    last_error_ = "descriptors attached to a reply that carries none";
+    return Io::failed;
+  }
+  std::memcpy(&reply, buf, sizeof reply);
+  if (fds != nullptr) *fds = std::move(got.fds);
+  return Io::ok;
+}
+
+template <class Req, class Rep>
+std::optional<Rep> DaemonClient::exchange_locked(Req request, proto::MsgType reply_type,
+                                                 std::vector<UniqueFd>* fds) {
+  bool broke = false;
+  std::chrono::steady_clock::time_point deadline{};
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!fd_) {
+      if (!broke && now < retry_after_) return std::nullopt;
+      if (!connect_locked()) {
+        if (broke && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(kReconnectPause);
+          continue;
+        }
+        retry_after_ = std::chrono::steady_clock::now() + kConnectHoldOff;
+        return std::nullopt;
+      }
+    }
+    request.h.request_id = next_request_++;
+    Rep reply{};
+    const Io io = roundtrip_locked(request, reply_type, reply, fds);
+    if (io == Io::ok) return reply;
+    fd_.reset();
+    if (io == Io::failed) return std::nullopt;
+    if (!broke) {
+      broke = true;
+      deadline = std::chrono::steady_clock::now() + reconnect_timeout_;
+      log(LogLevel::info, "connection to %s broke (%s); reconnecting", path_.c_str(),
+          last_error_.c_str());
+    }
+  }
+}
+
+void DaemonClient::flush_pending_locked() {
+  while (!pending_releases_.empty() && fd_) {
+    const auto [grant, flags] = pending_releases_.back();
+    proto::Release r{};
+    r.h = proto::make_header<proto::Release>(proto::MsgType::release, next_request_++);
+    r.grant_id = grant;
+    r.flags = flags;
+    proto::ReleaseAck ack{};
+    if (roundtrip_locked(r, proto::MsgType::release_ack, ack, nullptr) != Io::ok) {
+      fd_.reset();
+      return;
+    }
+    pending_releases_.pop_back();
+  }
+}
+
+std::optional<GrantResult> DaemonClient::grant(const Uuid& device, std::uint64_t bytes,
+                                               proto::GrantPurpose purpose) {
+  proto::GrantRequest req{};
+  req.h = proto::make_header<proto::GrantRequest>(proto::MsgType::grant_request, 0);
+  std::memcpy(req.device_uuid, device.data(), device.size());
+  req.bytes = bytes;
+  req.purpose = purpose;
+  std::vector<UniqueFd> fds;
+  std::lock_guard lock(mu_);
+  auto rep = exchange_locked<proto::GrantRequest, proto::GrantReply>(
+      req, proto::MsgType::grant_reply, &fds);
+  if (!rep) return std::nullopt;
+  GrantResult out;
+  out.status = rep->status;
+  out.grant_id = rep->grant_id;
+  out.bytes = rep->bytes;
+  out.limit = rep->limit;
+  out.used = rep->used;
+  const std::uint32_t n = std::min(rep->handle_count, proto::kMaxHandlesPerGrant);
+  out.handles.assign(rep->handles, rep->handles + n);
+  out.fds = std::move(fds);
+  return out;
+}
+
+std::optional<proto::Status> DaemonClient::release(std::uint64_t grant_id, std::uint32_t flags) {
+  proto::Release req{};
+  req.h = proto::make_header<proto::Release>(proto::MsgType::release, 0);
+  req.grant_id = grant_id;
+  req.flags = flags;
+  std::lock_guard lock(mu_);
+  auto rep =
+      exchange_locked<proto::Release, proto::ReleaseAck>(req, proto::MsgType::release_ack, nullptr);
+  if (!rep) {
+    pending_releases_.emplace_back(grant_id, flags);
+    return std::nullopt;
+  }
+  return rep->status;
+}
+
+std::optional<UsageResult> DaemonClient::usage(const Uuid& device) {
+  proto::UsageQuery req{};
+  req.h = proto::make_header<proto::UsageQuery>(proto::MsgType::usage_query, 0);
+  std::memcpy(req.device_uuid, device.data(), device.size());
+  std::lock_guard lock(mu_);
+  auto rep = exchange_locked<proto::UsageQuery, proto::UsageReply>(req, proto::MsgType::usage_reply,
+                                                                   nullptr);
+  if (!rep) return std::nullopt;
+  return UsageResult{rep->status, rep->total, rep->limit, rep->used};
+}
+
+void DaemonClient::prepare_fork() noexcept {
+  mu_.lock();
+}
+
+void DaemonClient::parent_after_fork() noexcept {
+  mu_.unlock();
+}
+
+void DaemonClient::child_after_fork() noexcept {
+  // Closing our copy of the descriptor leaves the parent's connection intact (no shutdown()).
+  fd_.reset();
+  session_ = 0;
+  tenant_name_.clear();
+  pending_releases_.clear();
+  retry_after_ = {};
+  mu_.unlock();
+}
+
+}  // namespace vlake::hook

@@ -1,0 +1,103 @@
+// DaemonClient: the hook's connection to vlaked (protocol: vlake/common/protocol.hpp).
+//
+// Contract
+// - One SOCK_SEQPACKET connection per process, opened lazily by the first request (Hello ->
+//   HelloAck). Requests are serialized by a process-local mutex (the protocol allows one
+//   request in flight per connection). Every socket operation has a timeout (VLAKE_TIMEOUT,
+//   SO_RCVTIMEO/SO_SNDTIMEO): no call blocks longer than a few timeouts.
+// - A connection that breaks (EOF, reset, EPIPE) is reopened with Hello{old_session}, retrying
+//   for up to VLAKE_RECONNECT_TIMEOUT, and the request is sent again. A fresh connection that
+//   cannot be opened is not retried within the same call, and later calls try again at most
+//   once per second (so a missing daemon costs a failed connect(), not a wait, per call).
+// - grant()/usage() return nullopt when the daemon is unreachable (last_error() says why);
+//   the caller applies the VLAKE_ON_UNREACHABLE policy. A timeout or a malformed reply closes
+//   the connection and counts as unreachable for that call.
+// - release() that cannot reach the daemon is queued and sent after the next successful
+//   (re)connection.
+// - Fork: prepare_fork()/parent_after_fork() hold the mutex across fork(); child_after_fork()
+//   forgets the inherited connection and session without telling the daemon (the parent still
+//   owns them).
+// - Thread-safety: every public method may be called from any thread.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config.hpp"
+#include "vlake/common/protocol.hpp"
+#include "vlake/common/unique_fd.hpp"
+
+namespace vlake::hook {
+
+using Uuid = std::array<std::uint8_t, 16>;
+
+struct GrantResult {
+  proto::Status status = proto::Status::internal;
+  std::uint64_t grant_id = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t limit = 0;
+  std::uint64_t used = 0;
+  std::vector<proto::HandleDesc> handles;
+  std::vector<UniqueFd> fds;
+};
+
+struct UsageResult {
+  proto::Status status = proto::Status::internal;
+  std::uint64_t total = 0;
+  std::uint64_t limit = 0;
+  std::uint64_t used = 0;
+};
+
+class DaemonClient {
+ public:
+  explicit DaemonClient(const Config& config);
+  DaemonClient(const DaemonClient&) = delete;
+  DaemonClient& operator=(const DaemonClient&) = delete;
+
+  [[nodiscard]] std::optional<GrantResult> grant(const Uuid& device, std::uint64_t bytes,
+                                                 proto::GrantPurpose purpose);
+  // Status of the release, or nullopt when it was queued (daemon unreachable).
+  std::optional<proto::Status> release(std::uint64_t grant_id, std::uint32_t flags);
+  [[nodiscard]] std::optional<UsageResult> usage(const Uuid& device);
+
+  [[nodiscard]] std::string tenant_name() const;
+  [[nodiscard]] std::string last_error() const;
+  [[nodiscard]] const std::string& socket_path() const noexcept { return path_; }
+
+  void prepare_fork() noexcept;
+  void parent_after_fork() noexcept;
+  void child_after_fork() noexcept;
+
+ private:
+  enum class Io { ok, broken, failed };
+
+  template <class Req, class Rep>
+  std::optional<Rep> exchange_locked(Req request, proto::MsgType reply_type,
+                                     std::vector<UniqueFd>* fds);
+  template <class Req, class Rep>
+  Io roundtrip_locked(Req& request, proto::MsgType reply_type, Rep& reply,
+                      std::vector<UniqueFd>* fds);
+  bool connect_locked();
+  void flush_pending_locked();
+
+  const std::string path_;
+  const std::chrono::milliseconds timeout_;
+  const std::chrono::milliseconds reconnect_timeout_;
+
+  mutable std::mutex mu_;
+  UniqueFd fd_;
+  std::uint64_t session_ = 0;
+  std::uint64_t next_request_ = 1;
+  std::string tenant_name_;
+  std::string last_error_;
+  std::chrono::steady_clock::time_point retry_after_{};
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> pending_releases_;
+};
+
+}  // namespace vlake::hook

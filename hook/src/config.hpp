@@ -1,0 +1,47 @@
+// The hook's configuration: read once from the environment when the hook initializes (never on
+// the hot path).
+//
+// Contract
+// - Config::parse(lookup) reads the variables below through `lookup` (getenv in production, a
+//   map in tests). A malformed value keeps the default and adds a line to `problems` (the hook
+//   prints them once, at warn level).
+//     VLAKE_SOCKET             daemon socket path        default /run/vlake/vlaked.sock
+//     VLAKE_ON_UNREACHABLE     refuse | passthrough      default refuse
+//     VLAKE_RECONNECT_TIMEOUT  duration                  default 5 s
+//     VLAKE_TIMEOUT            duration (per socket op)  default 10 s
+//     VLAKE_LOG                error|warn|info|debug     default warn
+//     VLAKE_DISABLE            1/true/yes/on = pass everything through
+//   A duration is a decimal number of seconds ("5", "0.25"), or a number with "ms" or "s".
+// - Plain value type; thread-safe as any value once built.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vlake::hook {
+
+enum class LogLevel : int { error = 0, warn = 1, info = 2, debug = 3 };
+enum class OnUnreachable { refuse, passthrough };
+
+struct Config {
+  std::string socket_path = "/run/vlake/vlaked.sock";
+  OnUnreachable on_unreachable = OnUnreachable::refuse;
+  std::chrono::milliseconds reconnect_timeout{5000};
+  std::chrono::milliseconds timeout{10000};
+  LogLevel log_level = LogLevel::warn;
+  bool disabled = false;
+  std::vector<std::string> problems;
+
+  using Lookup = std::function<const char*(const char*)>;
+  [[nodiscard]] static Config parse(const Lookup& lookup);
+  [[nodiscard]] static Config from_environment();
+};
+
+// "5", "0.5", "250ms", "2s" -> milliseconds; nullopt when malformed or negative.
+[[nodiscard]] std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
+
+}  // namespace vlake::hook

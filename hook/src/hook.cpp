@@ -1,0 +1,701 @@
+// Implementations of the intercepted entry points (see hook.hpp and docs/hook.md).
+#include "hook.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace vlake::hook {
+
+using proto::GrantPurpose;
+using proto::Status;
+
+// ---- Process state ------------------------------------------------------------------------------
+
+State::State(Config c) : config(std::move(c)), client(config) {}
+
+namespace {
+
+std::atomic<State*> g_state{nullptr};
+std::once_flag g_state_once;
+thread_local bool t_creating = false;
+
+void fork_prepare() {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr) return;
+  s->client.prepare_fork();
+  s->allocs.lock_all();
+  s->creates.lock_all();
+  s->managed.lock_all();
+  s->uuid_mu.lock();
+}
+
+void fork_parent() {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr) return;
+  s->uuid_mu.unlock();
+  s->managed.unlock_all();
+  s->creates.unlock_all();
+  s->allocs.unlock_all();
+  s->client.parent_after_fork();
+}
+
+// The child owns none of the parent's grants and must not talk on its connection: it forgets
+// both and connects afresh when it uses CUDA.
+void fork_child() {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr) return;
+  s->uuid_mu.unlock();
+  s->managed.clear_after_fork();
+  s->creates.clear_after_fork();
+  s->allocs.clear_after_fork();
+  s->client.child_after_fork();
+  s->refusals.reset();
+  s->unreachable.reset();
+  s->passthrough_warned.store(false);
+}
+
+void create_state() {
+  Config c = Config::from_environment();
+  set_log_level(c.log_level);
+  for (const std::string& p : c.problems) log(LogLevel::warn, "%s", p.c_str());
+  auto* s = new State(std::move(c));  // never destroyed: wrappers may run during exit
+  ::pthread_atfork(fork_prepare, fork_parent, fork_child);
+  if (s->config.disabled) log(LogLevel::info, "VLAKE_DISABLE is set: passing everything through");
+  g_state.store(s, std::memory_order_release);
+}
+
+}  // namespace
+
+State* state() noexcept {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s != nullptr) return s;
+  if (t_creating) return nullptr;
+  t_creating = true;
+  try {
+    std::call_once(g_state_once, create_state);
+  } catch (...) {
+  }
+  t_creating = false;
+  return g_state.load(std::memory_order_acquire);
+}
+
+namespace {
+
+// The state, or nullptr when the call must pass straight through (disabled or initializing).
+State* active() noexcept {
+  State* s = state();
+  return s != nullptr && !s->config.disabled ? s : nullptr;
+}
+
+std::uint64_t addr(CUdeviceptr p) {
+  return static_cast<std::uint64_t>(p);
+}
+
+CUresult current_device(int& dev) {
+  const UsedApi& api = used();
+  if (api.cuCtxGetCurrent == nullptr || api.cuCtxGetDevice == nullptr) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  CUcontext ctx = nullptr;
+  if (CUresult rc = api.cuCtxGetCurrent(&ctx); rc != CUDA_SUCCESS) return rc;
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  CUdevice d = 0;
+  if (CUresult rc = api.cuCtxGetDevice(&d); rc != CUDA_SUCCESS) return rc;
+  dev = d;
+  return CUDA_SUCCESS;
+}
+
+std::string suppressed_note(std::uint64_t n) {
+  if (n == 0) return {};
+  return " (" + std::to_string(n) + " similar message" + (n == 1 ? "" : "s") + " suppressed)";
+}
+
+void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t requested) {
+  std::uint64_t suppressed = 0;
+  if (!s.refusals.allow(suppressed)) return;
+  const std::string tenant = s.client.tenant_name();
+  const std::string note = suppressed_note(suppressed);
+  if (g.status == Status::over_limit) {
+    log(LogLevel::error,
+        "out of memory on GPU %d: tenant %s holds %s of its %s limit; request of %s refused%s", dev,
+        tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
+        format_bytes(requested).c_str(), note.c_str());
+  } else if (g.status == Status::out_of_memory) {
+    log(LogLevel::error,
+        "out of memory on GPU %d: the GPU is full (the node pool has no memory left); tenant %s "
+        "holds %s of its %s limit; request of %s refused%s",
+        dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
+        format_bytes(requested).c_str(), note.c_str());
+  } else {
+    log(LogLevel::error, "allocation of %s on GPU %d refused by vlaked (status %d)%s",
+        format_bytes(requested).c_str(), dev, static_cast<int>(g.status), note.c_str());
+  }
+}
+
+enum class Decision { granted, refused, passthrough };
+
+struct Obtained {
+  Decision decision = Decision::refused;
+  CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+  GrantResult grant;
+};
+
+// Asks the daemon for `bytes` on device `dev`, applying the refusal and unreachable policies.
+Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose) {
+  Obtained out;
+  Uuid uuid{};
+  if (CUresult rc = device_uuid(s, dev, uuid); rc != CUDA_SUCCESS) {
+    out.rc = rc;
+    return out;
+  }
+  auto g = s.client.grant(uuid, bytes, purpose);
+  if (!g) {
+    const std::string why = s.client.last_error();
+    if (s.config.on_unreachable == OnUnreachable::passthrough) {
+      if (!s.passthrough_warned.exchange(true)) {
+        log(LogLevel::warn,
+            "cannot reach vlaked at %s (%s); VLAKE_ON_UNREACHABLE=passthrough: allocating "
+            "directly from the driver, without accounting",
+            s.client.socket_path().c_str(), why.c_str());
+      }
+      out.decision = Decision::passthrough;
+      return out;
+    }
+    std::uint64_t suppressed = 0;
+    if (s.unreachable.allow(suppressed)) {
+      log(LogLevel::error,
+          "cannot reach vlaked at %s (%s); request of %s on GPU %d refused. Start the daemon "
+          "(e.g. systemctl start vlaked) or point VLAKE_SOCKET at its socket; "
+          "VLAKE_ON_UNREACHABLE=passthrough runs without accounting%s",
+          s.client.socket_path().c_str(), why.c_str(), format_bytes(bytes).c_str(), dev,
+          suppressed_note(suppressed).c_str());
+    }
+    out.rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return out;
+  }
+  if (g->status != Status::ok) {
+    report_refusal(s, *g, dev, bytes);
+    out.rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return out;
+  }
+  out.decision = Decision::granted;
+  out.rc = CUDA_SUCCESS;
+  out.grant = std::move(*g);
+  return out;
+}
+
+void give_back(State& s, std::uint64_t grant_id, std::uint32_t flags) {
+  auto st = s.client.release(grant_id, flags);
+  if (st && *st != Status::ok) {
+    log(LogLevel::warn, "vlaked refused the release of grant %llu (status %d)",
+        static_cast<unsigned long long>(grant_id), static_cast<int>(*st));
+  }
+}
+
+CUresult import_fd(int fd, CUmemGenericAllocationHandle& h) {
+  return pass<Row::cuMemImportFromShareableHandle>(
+      false, &h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+}
+
+// Unmaps, frees the VA and releases the imported handles of a logical allocation.
+CUresult unmap_logical(const LogicalAlloc& a) {
+  const UsedApi& api = used();
+  CUresult first = CUDA_SUCCESS;
+  auto note = [&first](CUresult rc) {
+    if (first == CUDA_SUCCESS) first = rc;
+  };
+  if (a.base != 0 && a.reserved != 0) {
+    note(pass<Row::cuMemUnmap>(false, static_cast<CUdeviceptr>(a.base), a.reserved));
+  }
+  for (std::uint64_t h : a.handles) note(pass<Row::cuMemRelease>(false, h));
+  if (a.base != 0 && a.reserved != 0) {
+    note(api.cuMemAddressFree != nullptr
+             ? api.cuMemAddressFree(static_cast<CUdeviceptr>(a.base), a.reserved)
+             : CUDA_ERROR_NOT_SUPPORTED);
+  }
+  return first;
+}
+
+// Imports, reserves, maps and enables the handles of an alloc grant; records the allocation.
+CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, CUdeviceptr* dptr) {
+  const UsedApi& api = used();
+  if (api.cuMemAddressReserve == nullptr || api.cuMemSetAccess == nullptr) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::uint64_t expect = 0;
+  bool ok = !g.handles.empty() && g.handles.size() == g.fds.size();
+  for (std::size_t i = 0; ok && i < g.handles.size(); ++i) {
+    ok = g.handles[i].offset == expect && g.handles[i].size > 0;
+    expect += g.handles[i].size;
+  }
+  if (!ok || expect != g.bytes || g.bytes < requested) {
+    log(LogLevel::error, "vlaked sent a malformed grant (%zu handles, %zu descriptors)",
+        g.handles.size(), g.fds.size());
+    return CUDA_ERROR_UNKNOWN;
+  }
+  LogicalAlloc a;
+  a.requested = requested;
+  a.grant_id = g.grant_id;
+  a.device = dev;
+  for (auto& fd : g.fds) {
+    CUmemGenericAllocationHandle h = 0;
+    if (CUresult rc = import_fd(fd.get(), h); rc != CUDA_SUCCESS) {
+      unmap_logical(a);
+      return rc;
+    }
+    a.handles.push_back(h);
+    fd.reset();
+  }
+  CUdeviceptr base = 0;
+  if (CUresult rc = api.cuMemAddressReserve(&base, g.bytes, 0, 0, 0); rc != CUDA_SUCCESS) {
+    unmap_logical(a);
+    return rc;
+  }
+  a.base = addr(base);
+  a.reserved = g.bytes;
+  for (std::size_t i = 0; i < a.handles.size(); ++i) {
+    if (CUresult rc = pass<Row::cuMemMap>(false, base + g.handles[i].offset, g.handles[i].size,
+                                          std::size_t{0}, a.handles[i], 0ULL);
+        rc != CUDA_SUCCESS) {
+      unmap_logical(a);
+      return rc;
+    }
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = dev;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult rc = api.cuMemSetAccess(base, g.bytes, &access, 1); rc != CUDA_SUCCESS) {
+    unmap_logical(a);
+    return rc;
+  }
+  *dptr = base;
+  s.allocs.insert(std::move(a));
+  return CUDA_SUCCESS;
+}
+
+// The alloc path shared by cuMemAlloc, cuMemAllocPitch and cuMemAllocAsync. `direct` performs
+// the call on the driver (passthrough policy).
+template <class Direct>
+CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct direct) {
+  int dev = 0;
+  if (CUresult rc = current_device(dev); rc != CUDA_SUCCESS) return rc;
+  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc);
+  if (o.decision == Decision::passthrough) return direct();
+  if (o.decision == Decision::refused) return o.rc;
+  const std::uint64_t grant_id = o.grant.grant_id;
+  const CUresult rc = map_grant(s, o.grant, dev, bytes, dptr);
+  if (rc != CUDA_SUCCESS) give_back(s, grant_id, 0);
+  return rc;
+}
+
+// Frees a logical allocation of the alloc path and releases its grant.
+CUresult free_logical(State& s, const LogicalAlloc& a) {
+  const CUresult rc = unmap_logical(a);
+  if (rc != CUDA_SUCCESS) {
+    log(LogLevel::warn, "unmapping pool allocation 0x%llx failed (CUresult %d)",
+        static_cast<unsigned long long>(a.base), static_cast<int>(rc));
+  }
+  give_back(s, a.grant_id, 0);
+  return CUDA_SUCCESS;
+}
+
+CUstream effective_stream(bool ptds, CUstream s) {
+  return ptds && s == nullptr ? CU_STREAM_PER_THREAD : s;
+}
+
+bool capturing(CUstream stream) {
+  const UsedApi& api = used();
+  if (api.cuStreamIsCapturing == nullptr) return false;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (api.cuStreamIsCapturing(stream, &st) != CUDA_SUCCESS) return false;
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+// cuMemCreate properties vlake serves from the pool: pinned device memory, no or POSIX-fd
+// handle types, no compression, RDMA or special usage.
+bool served_prop(const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (prop == nullptr || flags != 0) return false;
+  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return false;
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return false;
+  const auto types = static_cast<unsigned>(prop->requestedHandleTypes);
+  if (types != CU_MEM_HANDLE_TYPE_NONE && types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return false;
+  }
+  if (prop->allocFlags.compressionType != 0 || prop->allocFlags.gpuDirectRDMACapable != 0 ||
+      prop->allocFlags.usage != 0) {
+    return false;
+  }
+  return true;
+}
+
+std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) {
+  return a > b ? a - b : 0;
+}
+
+}  // namespace
+
+CUresult device_uuid(State& s, int dev, Uuid& out) {
+  if (dev < 0 || dev >= static_cast<int>(proto::kMaxDevices)) return CUDA_ERROR_INVALID_DEVICE;
+  {
+    std::lock_guard lock(s.uuid_mu);
+    if (s.uuids[static_cast<std::size_t>(dev)]) {
+      out = *s.uuids[static_cast<std::size_t>(dev)];
+      return CUDA_SUCCESS;
+    }
+  }
+  const UsedApi& api = used();
+  if (api.cuDeviceGetUuid_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUuuid u{};
+  if (CUresult rc = api.cuDeviceGetUuid_v2(&u, dev); rc != CUDA_SUCCESS) return rc;
+  std::memcpy(out.data(), u.bytes, out.size());
+  std::lock_guard lock(s.uuid_mu);
+  s.uuids[static_cast<std::size_t>(dev)] = out;
+  return CUDA_SUCCESS;
+}
+
+void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept {
+  const std::uint64_t real_total = total;
+  const std::uint64_t real_free = free;
+  total = static_cast<std::size_t>(std::min(u.limit, real_total));
+  free = static_cast<std::size_t>(std::min(saturating_sub(u.limit, u.used), real_free));
+}
+
+// ---- Alloc path ---------------------------------------------------------------------------------
+
+CUresult on_cuMemAlloc_v2(bool ptds, CUdeviceptr* dptr, size_t bytesize) {
+  State* s = active();
+  if (s == nullptr) return pass<Row::cuMemAlloc_v2>(ptds, dptr, bytesize);
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  return serve_alloc(*s, dptr, bytesize,
+                     [&] { return pass<Row::cuMemAlloc_v2>(ptds, dptr, bytesize); });
+}
+
+CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
+                               size_t Height, unsigned int ElementSizeBytes) {
+  State* s = active();
+  if (s == nullptr) {
+    return pass<Row::cuMemAllocPitch_v2>(ptds, dptr, pPitch, WidthInBytes, Height,
+                                         ElementSizeBytes);
+  }
+  if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int dev = 0;
+  if (CUresult rc = current_device(dev); rc != CUDA_SUCCESS) return rc;
+  std::uint64_t align = 512;
+  const UsedApi& api = used();
+  int attr = 0;
+  if (api.cuDeviceGetAttribute != nullptr &&
+      api.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, dev) ==
+          CUDA_SUCCESS &&
+      attr > 0 && static_cast<std::uint64_t>(attr) > align) {
+    align = static_cast<std::uint64_t>(attr);
+  }
+  if (WidthInBytes > std::numeric_limits<std::uint64_t>::max() - align) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const std::uint64_t pitch = (WidthInBytes + align - 1) / align * align;
+  if (pitch > std::numeric_limits<std::uint64_t>::max() / Height) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult rc = serve_alloc(*s, dptr, pitch * Height, [&] {
+    return pass<Row::cuMemAllocPitch_v2>(ptds, dptr, pPitch, WidthInBytes, Height,
+                                         ElementSizeBytes);
+  });
+  if (rc == CUDA_SUCCESS && s->allocs.find(addr(*dptr))) *pPitch = pitch;
+  return rc;
+}
+
+CUresult on_cuMemFree_v2(bool ptds, CUdeviceptr dptr) {
+  State* s = active();
+  if (s == nullptr) return pass<Row::cuMemFree_v2>(ptds, dptr);
+  if (auto a = s->allocs.take(addr(dptr))) return free_logical(*s, *a);
+  if (s->allocs.find(addr(dptr))) return CUDA_ERROR_INVALID_VALUE;  // inside, not the base
+  if (auto grant = s->managed.take(addr(dptr))) {
+    const CUresult rc = pass<Row::cuMemFree_v2>(ptds, dptr);
+    if (rc == CUDA_SUCCESS) {
+      give_back(*s, *grant, 0);
+    } else {
+      s->managed.insert(addr(dptr), *grant);
+    }
+    return rc;
+  }
+  return pass<Row::cuMemFree_v2>(ptds, dptr);
+}
+
+CUresult on_cuMemAllocAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  State* s = active();
+  if (s == nullptr || capturing(effective_stream(ptds, hStream))) {
+    // Stream capture records an allocation node in the graph: left to the driver.
+    return pass<Row::cuMemAllocAsync>(ptds, dptr, bytesize, hStream);
+  }
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  // The memory is mapped before this call returns, so it is valid for any later work on the
+  // stream (stream-ordered semantics hold trivially).
+  return serve_alloc(*s, dptr, bytesize,
+                     [&] { return pass<Row::cuMemAllocAsync>(ptds, dptr, bytesize, hStream); });
+}
+
+CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
+  State* s = active();
+  if (s == nullptr) return pass<Row::cuMemFreeAsync>(ptds, dptr, hStream);
+  if (!s->allocs.find(addr(dptr))) return pass<Row::cuMemFreeAsync>(ptds, dptr, hStream);
+  const CUstream stream = effective_stream(ptds, hStream);
+  if (capturing(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  const UsedApi& api = used();
+  if (api.cuStreamSynchronize == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  // Work queued on the stream may still use the memory: wait for it, then unmap.
+  if (CUresult rc = api.cuStreamSynchronize(stream); rc != CUDA_SUCCESS) return rc;
+  auto a = s->allocs.take(addr(dptr));
+  if (!a) return CUDA_ERROR_INVALID_VALUE;  // not a base, or freed meanwhile
+  return free_logical(*s, *a);
+}
+
+// ---- Create path --------------------------------------------------------------------------------
+
+CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t size,
+                        const CUmemAllocationProp* prop, unsigned long long flags) {
+  State* s = active();
+  if (s == nullptr || !served_prop(prop, flags)) {
+    return pass<Row::cuMemCreate>(ptds, handle, size, prop, flags);
+  }
+  if (handle == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  const UsedApi& api = used();
+  if (api.cuMemGetAllocationGranularity == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  std::size_t gran = 0;
+  if (CUresult rc =
+          api.cuMemGetAllocationGranularity(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      rc != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (gran == 0 || size % gran != 0) return CUDA_ERROR_INVALID_VALUE;
+  const int dev = prop->location.id;
+  Obtained o = obtain(*s, dev, size, GrantPurpose::create);
+  if (o.decision == Decision::passthrough) {
+    return pass<Row::cuMemCreate>(ptds, handle, size, prop, flags);
+  }
+  if (o.decision == Decision::refused) return o.rc;
+  GrantResult& g = o.grant;
+  if (g.handles.size() != 1 || g.fds.size() != 1 || g.handles[0].size != size ||
+      g.handles[0].offset != 0) {
+    log(LogLevel::error,
+        "vlaked answered a create grant of %zu bytes with %zu handles; expected one handle of "
+        "that size",
+        size, g.handles.size());
+    give_back(*s, g.grant_id, 0);
+    return CUDA_ERROR_UNKNOWN;
+  }
+  CUmemGenericAllocationHandle h = 0;
+  if (CUresult rc = import_fd(g.fds[0].get(), h); rc != CUDA_SUCCESS) {
+    give_back(*s, g.grant_id, 0);
+    return rc;
+  }
+  s->creates.add(h, g.grant_id, size, *prop, std::move(g.fds[0]));
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+CUresult on_cuMemRelease(bool ptds, CUmemGenericAllocationHandle handle) {
+  State* s = active();
+  if (s == nullptr || !s->creates.owns(handle)) return pass<Row::cuMemRelease>(ptds, handle);
+  const CUresult rc = pass<Row::cuMemRelease>(ptds, handle);
+  if (rc != CUDA_SUCCESS) return rc;
+  bool ours = false;
+  if (auto done = s->creates.released(handle, ours)) {
+    give_back(*s, done->grant_id, done->exported ? proto::kReleaseExported : 0u);
+  }
+  return rc;
+}
+
+CUresult on_cuMemRetainAllocationHandle(bool ptds, CUmemGenericAllocationHandle* handle,
+                                        void* address) {
+  State* s = active();
+  if (s == nullptr) return pass<Row::cuMemRetainAllocationHandle>(ptds, handle, address);
+  // Memory of the alloc path is cuMemAlloc memory to the application: it has no handle.
+  if (s->allocs.find(reinterpret_cast<std::uintptr_t>(address))) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult rc = pass<Row::cuMemRetainAllocationHandle>(ptds, handle, address);
+  if (rc == CUDA_SUCCESS && handle != nullptr) {
+    s->creates.retained(reinterpret_cast<std::uintptr_t>(address), *handle);
+  }
+  return rc;
+}
+
+CUresult on_cuMemMap(bool ptds, CUdeviceptr ptr, size_t size, size_t offset,
+                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  const CUresult rc = pass<Row::cuMemMap>(ptds, ptr, size, offset, handle, flags);
+  State* s = active();
+  if (rc == CUDA_SUCCESS && s != nullptr) s->creates.mapped(addr(ptr), size, handle);
+  return rc;
+}
+
+CUresult on_cuMemUnmap(bool ptds, CUdeviceptr ptr, size_t size) {
+  const CUresult rc = pass<Row::cuMemUnmap>(ptds, ptr, size);
+  State* s = active();
+  if (rc == CUDA_SUCCESS && s != nullptr) {
+    for (const FinishedGrant& f : s->creates.unmapped(addr(ptr), size)) {
+      give_back(*s, f.grant_id, f.exported ? proto::kReleaseExported : 0u);
+    }
+  }
+  return rc;
+}
+
+CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHandle* handle,
+                                           void* osHandle, CUmemAllocationHandleType shHandleType) {
+  const CUresult rc =
+      pass<Row::cuMemImportFromShareableHandle>(ptds, handle, osHandle, shHandleType);
+  State* s = active();
+  // A driver may answer an import of memory this process already holds with the same handle
+  // value and one more reference (the simulator does): count it like a retain.
+  if (rc == CUDA_SUCCESS && s != nullptr && handle != nullptr) s->creates.add_reference(*handle);
+  return rc;
+}
+
+CUresult on_cuMemExportToShareableHandle(bool ptds, void* shareableHandle,
+                                         CUmemGenericAllocationHandle handle,
+                                         CUmemAllocationHandleType handleType,
+                                         unsigned long long flags) {
+  State* s = active();
+  if (s == nullptr || !s->creates.owns(handle)) {
+    return pass<Row::cuMemExportToShareableHandle>(ptds, shareableHandle, handle, handleType,
+                                                   flags);
+  }
+  if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  auto prop = s->creates.props(handle);
+  if (!prop || (static_cast<unsigned>(prop->requestedHandleTypes) &
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;  // created without the POSIX-fd type, as the driver says
+  }
+  // An imported handle cannot be exported (measured): hand out a copy of the descriptor the
+  // daemon sent with the grant.
+  auto fd = s->creates.export_fd(handle);
+  if (!fd) return CUDA_ERROR_INVALID_VALUE;
+  if (*fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareableHandle) = *fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult on_cuMemGetAllocationPropertiesFromHandle(bool ptds, CUmemAllocationProp* prop,
+                                                   CUmemGenericAllocationHandle handle) {
+  State* s = active();
+  if (s != nullptr && prop != nullptr) {
+    if (auto p = s->creates.props(handle)) {
+      *prop = *p;
+      return CUDA_SUCCESS;
+    }
+  }
+  return pass<Row::cuMemGetAllocationPropertiesFromHandle>(ptds, prop, handle);
+}
+
+// ---- Counted ------------------------------------------------------------------------------------
+
+CUresult on_cuMemAllocManaged(bool ptds, CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  State* s = active();
+  if (s == nullptr) return pass<Row::cuMemAllocManaged>(ptds, dptr, bytesize, flags);
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  int dev = 0;
+  if (CUresult rc = current_device(dev); rc != CUDA_SUCCESS) return rc;
+  Obtained o = obtain(*s, dev, bytesize, GrantPurpose::counted);
+  if (o.decision == Decision::refused) return o.rc;
+  const CUresult rc = pass<Row::cuMemAllocManaged>(ptds, dptr, bytesize, flags);
+  if (o.decision == Decision::passthrough) return rc;
+  if (rc != CUDA_SUCCESS) {
+    give_back(*s, o.grant.grant_id, 0);
+    return rc;
+  }
+  s->managed.insert(addr(*dptr), o.grant.grant_id);
+  return rc;
+}
+
+// ---- Virtualized queries ------------------------------------------------------------------------
+
+CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total) {
+  const CUresult rc = pass<Row::cuMemGetInfo_v2>(ptds, free, total);
+  State* s = active();
+  if (rc != CUDA_SUCCESS || s == nullptr) return rc;
+  int dev = 0;
+  Uuid uuid{};
+  if (current_device(dev) != CUDA_SUCCESS || device_uuid(*s, dev, uuid) != CUDA_SUCCESS) {
+    return rc;
+  }
+  if (auto u = s->client.usage(uuid); u && u->status == Status::ok) {
+    virtualize_memory_info(*u, *free, *total);
+  }
+  return rc;
+}
+
+CUresult on_cuDeviceTotalMem_v2(bool ptds, size_t* bytes, CUdevice dev) {
+  const CUresult rc = pass<Row::cuDeviceTotalMem_v2>(ptds, bytes, dev);
+  State* s = active();
+  if (rc != CUDA_SUCCESS || s == nullptr) return rc;
+  Uuid uuid{};
+  if (device_uuid(*s, dev, uuid) != CUDA_SUCCESS) return rc;
+  if (auto u = s->client.usage(uuid); u && u->status == Status::ok) {
+    *bytes = static_cast<size_t>(std::min<std::uint64_t>(u->limit, *bytes));
+  }
+  return rc;
+}
+
+CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize,
+                                    CUdeviceptr dptr) {
+  State* s = active();
+  if (s != nullptr) {
+    if (auto a = s->allocs.find(addr(dptr))) {
+      if (pbase != nullptr) *pbase = static_cast<CUdeviceptr>(a->base);
+      if (psize != nullptr) *psize = static_cast<size_t>(a->requested);
+      return CUDA_SUCCESS;
+    }
+  }
+  return pass<Row::cuMemGetAddressRange_v2>(ptds, pbase, psize, dptr);
+}
+
+CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute,
+                                  CUdeviceptr ptr) {
+  State* s = active();
+  if (s != nullptr && data != nullptr &&
+      (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+       attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+    if (auto a = s->allocs.find(addr(ptr))) {
+      if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
+        const auto v = static_cast<CUdeviceptr>(a->base);
+        std::memcpy(data, &v, sizeof v);
+      } else {
+        const auto v = static_cast<size_t>(a->requested);
+        std::memcpy(data, &v, sizeof v);
+      }
+      return CUDA_SUCCESS;
+    }
+  }
+  return pass<Row::cuPointerGetAttribute>(ptds, data, attribute, ptr);
+}
+
+CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes,
+                                   CUpointer_attribute* attributes, void** data, CUdeviceptr ptr) {
+  const CUresult rc = pass<Row::cuPointerGetAttributes>(ptds, numAttributes, attributes, data, ptr);
+  State* s = active();
+  if (rc != CUDA_SUCCESS || s == nullptr) return rc;
+  auto a = s->allocs.find(addr(ptr));
+  if (!a) return rc;
+  for (unsigned i = 0; i < numAttributes; ++i) {
+    if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
+      const auto v = static_cast<CUdeviceptr>(a->base);
+      std::memcpy(data[i], &v, sizeof v);
+    } else if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
+      const auto v = static_cast<size_t>(a->requested);
+      std::memcpy(data[i], &v, sizeof v);
+    }
+  }
+  return rc;
+}
+
+}  // namespace vlake::hook

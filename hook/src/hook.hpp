@@ -1,0 +1,91 @@
+// The hook's process state and the C++ implementations behind every intercepted entry point.
+//
+// Contract
+// - state() creates the process state on first use (configuration from the environment,
+//   pthread_atfork handlers; no driver call, no connection) and returns it; it returns nullptr
+//   while the state is being created on the calling thread (re-entrancy from inside
+//   initialization): callers then pass the call through to the driver.
+// - on_<symbol>(ptds, args...) implements hooked.def row <symbol>; `ptds` tells whether the
+//   application obtained the per-thread-default-stream variant. The exported trampolines
+//   (exports.cpp) call them and turn any exception into a CUresult; they may throw.
+// - Thread-safety: all of it may run concurrently; tables and the daemon connection have their
+//   own mutexes (lock order: daemon connection, then tables).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <optional>
+
+#include "client.hpp"
+#include "config.hpp"
+#include "log.hpp"
+#include "real.hpp"
+#include "tables.hpp"
+
+namespace vlake::hook {
+
+struct State {
+  explicit State(Config c);
+
+  const Config config;
+  DaemonClient client;
+  AllocTable allocs;
+  CreateTable creates;
+  ManagedTable managed;
+  RateLimiter refusals{std::chrono::seconds(1)};
+  RateLimiter unreachable{std::chrono::seconds(1)};
+  std::atomic<bool> passthrough_warned{false};
+
+  std::mutex uuid_mu;
+  std::array<std::optional<Uuid>, proto::kMaxDevices> uuids;
+};
+
+[[nodiscard]] State* state() noexcept;
+
+// The UUID of CUDA device `dev` (cached). CUresult of cuDeviceGetUuid_v2 on failure.
+CUresult device_uuid(State& s, int dev, Uuid& out);
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's text form) -> 16 bytes; false if malformed.
+bool parse_gpu_uuid(const char* text, Uuid& out);
+
+// Applies the daemon's usage answer to a (free, total) pair the driver reported.
+void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
+
+CUresult on_cuMemAlloc_v2(bool ptds, CUdeviceptr* dptr, size_t bytesize);
+CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
+                               size_t Height, unsigned int ElementSizeBytes);
+CUresult on_cuMemFree_v2(bool ptds, CUdeviceptr dptr);
+CUresult on_cuMemAllocAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
+CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream);
+CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t size,
+                        const CUmemAllocationProp* prop, unsigned long long flags);
+CUresult on_cuMemRelease(bool ptds, CUmemGenericAllocationHandle handle);
+CUresult on_cuMemRetainAllocationHandle(bool ptds, CUmemGenericAllocationHandle* handle,
+                                        void* addr);
+CUresult on_cuMemMap(bool ptds, CUdeviceptr ptr, size_t size, size_t offset,
+                     CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUresult on_cuMemUnmap(bool ptds, CUdeviceptr ptr, size_t size);
+CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHandle* handle,
+                                           void* osHandle, CUmemAllocationHandleType shHandleType);
+CUresult on_cuMemExportToShareableHandle(bool ptds, void* shareableHandle,
+                                         CUmemGenericAllocationHandle handle,
+                                         CUmemAllocationHandleType handleType,
+                                         unsigned long long flags);
+CUresult on_cuMemGetAllocationPropertiesFromHandle(bool ptds, CUmemAllocationProp* prop,
+                                                   CUmemGenericAllocationHandle handle);
+CUresult on_cuMemAllocManaged(bool ptds, CUdeviceptr* dptr, size_t bytesize, unsigned int flags);
+CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total);
+CUresult on_cuDeviceTotalMem_v2(bool ptds, size_t* bytes, CUdevice dev);
+CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr);
+CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute,
+                                  CUdeviceptr ptr);
+CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes,
+                                   CUpointer_attribute* attributes, void** data, CUdeviceptr ptr);
+// Defined in exports.cpp (they need the cuGetProcAddress table).
+CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion,
+                             cuuint64_t flags);
+CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion,
+                                cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus);
+
+}  // namespace vlake::hook

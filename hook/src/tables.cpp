@@ -1,0 +1,195 @@
+#include "tables.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace vlake::hook {
+
+// ---- AllocTable ---------------------------------------------------------------------------------
+
+void AllocTable::insert(LogicalAlloc a) {
+  std::lock_guard lock(mu_);
+  const std::uint64_t base = a.base;
+  by_base_.insert_or_assign(base, std::move(a));
+}
+
+std::optional<LogicalAlloc> AllocTable::take(std::uint64_t base) {
+  std::lock_guard lock(mu_);
+  auto it = by_base_.find(base);
+  if (it == by_base_.end()) return std::nullopt;
+  LogicalAlloc a = std::move(it->second);
+  by_base_.erase(it);
+  return a;
+}
+
+std::optional<LogicalAlloc> AllocTable::find(std::uint64_t ptr) const {
+  std::lock_guard lock(mu_);
+  auto it = by_base_.upper_bound(ptr);
+  if (it == by_base_.begin()) return std::nullopt;
+  --it;
+  const LogicalAlloc& a = it->second;
+  if (ptr - a.base >= a.reserved) return std::nullopt;
+  LogicalAlloc out;
+  out.base = a.base;
+  out.requested = a.requested;
+  out.reserved = a.reserved;
+  out.grant_id = a.grant_id;
+  out.device = a.device;
+  return out;
+}
+
+std::size_t AllocTable::size() const {
+  std::lock_guard lock(mu_);
+  return by_base_.size();
+}
+
+void AllocTable::clear_after_fork() noexcept {
+  by_base_.clear();
+  mu_.unlock();
+}
+
+// ---- CreateTable --------------------------------------------------------------------------------
+
+void CreateTable::add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size,
+                      const CUmemAllocationProp& prop, UniqueFd fd) {
+  std::lock_guard lock(mu_);
+  Grant g;
+  g.handle = handle;
+  g.size = size;
+  g.prop = prop;
+  g.refs = 1;
+  g.fd = std::move(fd);
+  grants_.insert_or_assign(grant_id, std::move(g));
+  live_[handle] = grant_id;
+}
+
+bool CreateTable::owns(std::uint64_t handle) const {
+  std::lock_guard lock(mu_);
+  return live_.count(handle) != 0;
+}
+
+std::optional<FinishedGrant> CreateTable::finish_if_done(std::uint64_t grant_id) {
+  auto it = grants_.find(grant_id);
+  if (it == grants_.end() || it->second.refs > 0 || it->second.mappings > 0) return std::nullopt;
+  FinishedGrant f{grant_id, it->second.exported};
+  grants_.erase(it);  // closes the kept descriptor
+  return f;
+}
+
+std::optional<FinishedGrant> CreateTable::released(std::uint64_t handle, bool& ours) {
+  std::lock_guard lock(mu_);
+  auto live = live_.find(handle);
+  ours = live != live_.end();
+  if (!ours) return std::nullopt;
+  const std::uint64_t grant_id = live->second;
+  Grant& g = grants_.at(grant_id);
+  if (--g.refs <= 0) {
+    g.refs = 0;
+    live_.erase(live);
+  }
+  return finish_if_done(grant_id);
+}
+
+void CreateTable::mapped(std::uint64_t va, std::uint64_t size, std::uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto live = live_.find(handle);
+  if (live == live_.end()) return;
+  ++grants_.at(live->second).mappings;
+  mappings_.insert_or_assign(va, Mapping{size, live->second});
+}
+
+std::vector<FinishedGrant> CreateTable::unmapped(std::uint64_t va, std::uint64_t size) {
+  std::lock_guard lock(mu_);
+  std::vector<std::uint64_t> touched;
+  const std::uint64_t end = va + size < va ? UINT64_MAX : va + size;
+  for (auto it = mappings_.lower_bound(va); it != mappings_.end() && it->first < end;) {
+    auto g = grants_.find(it->second.grant_id);
+    if (g != grants_.end()) {
+      --g->second.mappings;
+      touched.push_back(it->second.grant_id);
+    }
+    it = mappings_.erase(it);
+  }
+  std::vector<FinishedGrant> done;
+  for (std::uint64_t id : touched) {
+    if (auto f = finish_if_done(id)) done.push_back(*f);
+  }
+  return done;
+}
+
+bool CreateTable::retained(std::uint64_t addr, std::uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto it = mappings_.upper_bound(addr);
+  if (it == mappings_.begin()) return false;
+  --it;
+  if (addr - it->first >= it->second.size) return false;
+  auto g = grants_.find(it->second.grant_id);
+  if (g == grants_.end() || g->second.handle != handle) return false;
+  if (g->second.refs++ == 0) live_[handle] = g->first;
+  return true;
+}
+
+bool CreateTable::add_reference(std::uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto live = live_.find(handle);
+  if (live == live_.end()) return false;
+  ++grants_.at(live->second).refs;
+  return true;
+}
+
+std::optional<int> CreateTable::export_fd(std::uint64_t handle) {
+  std::lock_guard lock(mu_);
+  auto live = live_.find(handle);
+  if (live == live_.end()) return std::nullopt;
+  Grant& g = grants_.at(live->second);
+  if (!g.fd) {
+    errno = EBADF;
+    return -1;
+  }
+  const int fd = ::dup(g.fd.get());
+  if (fd >= 0) g.exported = true;
+  return fd;
+}
+
+std::optional<CUmemAllocationProp> CreateTable::props(std::uint64_t handle) const {
+  std::lock_guard lock(mu_);
+  auto live = live_.find(handle);
+  if (live == live_.end()) return std::nullopt;
+  return grants_.at(live->second).prop;
+}
+
+std::size_t CreateTable::grants() const {
+  std::lock_guard lock(mu_);
+  return grants_.size();
+}
+
+void CreateTable::clear_after_fork() noexcept {
+  grants_.clear();
+  live_.clear();
+  mappings_.clear();
+  mu_.unlock();
+}
+
+// ---- ManagedTable -------------------------------------------------------------------------------
+
+void ManagedTable::insert(std::uint64_t ptr, std::uint64_t grant_id) {
+  std::lock_guard lock(mu_);
+  grants_.insert_or_assign(ptr, grant_id);
+}
+
+std::optional<std::uint64_t> ManagedTable::take(std::uint64_t ptr) {
+  std::lock_guard lock(mu_);
+  auto it = grants_.find(ptr);
+  if (it == grants_.end()) return std::nullopt;
+  const std::uint64_t id = it->second;
+  grants_.erase(it);
+  return id;
+}
+
+void ManagedTable::clear_after_fork() noexcept {
+  grants_.clear();
+  mu_.unlock();
+}
+
+}  // namespace vlake::hook

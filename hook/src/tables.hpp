@@ -1,0 +1,130 @@
+// The hook's bookkeeping of pool memory in this process. Plain data structures (no driver or
+// daemon calls), each guarded by its own mutex; every method is thread-safe.
+//
+// AllocTable: logical allocations of the alloc path (cuMemAlloc/Pitch/Async): one entry per
+//   pointer handed to the application: base, requested size, reserved VA size, grant id, device
+//   and the imported handles mapped inside it.
+// CreateTable: grants handed to the application as handles (cuMemCreate). Tracks the
+//   application's references to each handle (creation + cuMemRetainAllocationHandle, minus
+//   cuMemRelease) and its mappings of it (cuMemMap/cuMemUnmap, a VA range -> grant). A grant is
+//   finished — to be released to the daemon — when it has no reference and no mapping left.
+//   Keeps the descriptor received with the grant, because an imported handle cannot be exported
+//   (export returns a dup of it).
+// ManagedTable: cuMemAllocManaged pointers -> their counted grant.
+//
+// Fork: lock_all()/unlock_all() bracket fork() (prepare/parent), clear_after_fork() runs in the
+// child (unlocks and forgets everything: the child owns none of the parent's grants).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "vlake/common/unique_fd.hpp"
+
+namespace vlake::hook {
+
+struct LogicalAlloc {
+  std::uint64_t base = 0;
+  std::uint64_t requested = 0;
+  std::uint64_t reserved = 0;
+  std::uint64_t grant_id = 0;
+  int device = 0;
+  std::vector<std::uint64_t> handles;
+};
+
+class AllocTable {
+ public:
+  void insert(LogicalAlloc a);
+  // Removes and returns the allocation whose base is exactly `base`.
+  std::optional<LogicalAlloc> take(std::uint64_t base);
+  // The allocation whose reserved range contains `ptr` (handles omitted).
+  [[nodiscard]] std::optional<LogicalAlloc> find(std::uint64_t ptr) const;
+  [[nodiscard]] std::size_t size() const;
+
+  void lock_all() noexcept { mu_.lock(); }
+  void unlock_all() noexcept { mu_.unlock(); }
+  void clear_after_fork() noexcept;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, LogicalAlloc> by_base_;
+};
+
+struct FinishedGrant {
+  std::uint64_t grant_id = 0;
+  bool exported = false;
+};
+
+class CreateTable {
+ public:
+  // A new pool handle given to the application (one reference, no mapping).
+  void add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size,
+           const CUmemAllocationProp& prop, UniqueFd fd);
+  [[nodiscard]] bool owns(std::uint64_t handle) const;
+  // After the driver accepted cuMemRelease(handle): drops one reference. `ours` tells whether the
+  // handle was a pool handle; the result is the grant if it is now finished.
+  std::optional<FinishedGrant> released(std::uint64_t handle, bool& ours);
+  // After the driver accepted cuMemMap(va, size, ..., handle): records the mapping if the handle
+  // is a pool handle.
+  void mapped(std::uint64_t va, std::uint64_t size, std::uint64_t handle);
+  // After the driver accepted cuMemUnmap(va, size): forgets every recorded mapping inside the
+  // range; returns the grants that are now finished.
+  std::vector<FinishedGrant> unmapped(std::uint64_t va, std::uint64_t size);
+  // After the driver accepted cuMemRetainAllocationHandle(&handle, addr): one more reference if
+  // `addr` lies in a recorded mapping of the pool handle `handle`.
+  bool retained(std::uint64_t addr, std::uint64_t handle);
+  // One more reference to `handle` if it is a pool handle the application holds (an import
+  // that returned an existing handle value).
+  bool add_reference(std::uint64_t handle);
+  // A dup() of the grant's descriptor (marks the grant exported); -1 with errno on failure;
+  // nullopt if `handle` is not a pool handle.
+  std::optional<int> export_fd(std::uint64_t handle);
+  [[nodiscard]] std::optional<CUmemAllocationProp> props(std::uint64_t handle) const;
+  [[nodiscard]] std::size_t grants() const;
+
+  void lock_all() noexcept { mu_.lock(); }
+  void unlock_all() noexcept { mu_.unlock(); }
+  void clear_after_fork() noexcept;
+
+ private:
+  struct Grant {
+    std::uint64_t handle = 0;
+    std::uint64_t size = 0;
+    CUmemAllocationProp prop{};
+    int refs = 0;
+    int mappings = 0;
+    bool exported = false;
+    UniqueFd fd;
+  };
+  struct Mapping {
+    std::uint64_t size = 0;
+    std::uint64_t grant_id = 0;
+  };
+  std::optional<FinishedGrant> finish_if_done(std::uint64_t grant_id);
+
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, Grant> grants_;                  // grant id -> grant
+  std::unordered_map<std::uint64_t, std::uint64_t> live_;  // handle with references -> grant id
+  std::map<std::uint64_t, Mapping> mappings_;              // mapped VA -> mapping
+};
+
+class ManagedTable {
+ public:
+  void insert(std::uint64_t ptr, std::uint64_t grant_id);
+  std::optional<std::uint64_t> take(std::uint64_t ptr);
+  void lock_all() noexcept { mu_.lock(); }
+  void unlock_all() noexcept { mu_.unlock(); }
+  void clear_after_fork() noexcept;
+
+ private:
+  std::mutex mu_;
+  std::map<std::uint64_t, std::uint64_t> grants_;
+};
+
+}  // namespace vlake::hook

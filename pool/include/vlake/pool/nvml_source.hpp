@@ -1,0 +1,64 @@
+// vlake::pool NVML usage source and non-pool attribution.
+//
+// NvmlSource: per-process device memory on one GPU (nvmlDeviceGetComputeRunningProcesses_v3),
+// the GPU named by its 16-byte UUID. open_nvml() binds a real or simulated libnvidia-ml.so.1
+// at run time (dlopen); tests substitute a fake implementation.
+//
+// attribute_nonpool(): a tenant's non-pool usage on a GPU is the sum, over the pids that hold
+// a session of that tenant, of what NVML charges to the pid — minus the bytes of that pid's
+// orphaned grants on that GPU (memory granted before a daemon restart: its charge moved from
+// the old daemon to the tenant process), clamped at 0. The daemon's own pid is never
+// attributed (NVML charges pool memory to the daemon while it holds the handles).
+//
+// Errors: open_nvml() throws std::runtime_error (missing library, symbols, nvmlInit failure).
+// processes() returns nullopt for a GPU NVML does not know and throws std::runtime_error on
+// an NVML failure. Thread-safety: one NvmlSource per thread (the daemon samples on its loop).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "vlake/common/strong_types.hpp"
+
+namespace vlake::pool {
+
+using Uuid = std::array<std::uint8_t, 16>;
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's form) from 16 bytes, and back
+// (nullopt if `s` is not of that form; the "GPU-" prefix is optional).
+std::string uuid_to_string(const Uuid& u);
+std::optional<Uuid> uuid_from_string(const std::string& s);
+
+struct ProcessUsage {
+  std::uint32_t pid;
+  Bytes used;
+};
+
+class NvmlSource {
+ public:
+  virtual ~NvmlSource() = default;
+  [[nodiscard]] virtual std::optional<std::vector<ProcessUsage>> processes(const Uuid& gpu) = 0;
+};
+
+std::unique_ptr<NvmlSource> open_nvml(const std::string& library);
+
+struct NonpoolInputs {
+  std::vector<std::pair<DeviceOrdinal, Uuid>> devices;
+  std::unordered_map<std::uint32_t, TenantId> pid_tenant;  // pids holding a session
+  std::map<std::pair<std::uint32_t, std::int32_t>, Bytes> orphaned;  // (pid, ordinal) → bytes
+  std::uint32_t daemon_pid = 0;
+};
+
+// (tenant id, device ordinal) → non-pool bytes; every (tenant of pid_tenant, device that NVML
+// knows) gets an entry, 0 included, so stale values are overwritten.
+using NonpoolResult = std::map<std::pair<std::uint32_t, std::int32_t>, Bytes>;
+NonpoolResult attribute_nonpool(NvmlSource& nvml, const NonpoolInputs& in);
+
+}  // namespace vlake::pool

@@ -1,0 +1,36 @@
+// vlake::pool::DaemonOptions — vlaked's command line.
+//
+// Contract: parse() returns the options, or throws OptionsError with a one-line message naming
+// the offending option; `--help` sets `help` (the caller prints usage() and exits 0). Every
+// option takes one value, as `--opt VALUE` or `--opt=VALUE`. Pure; thread-safe.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "vlake/pool/log.hpp"
+
+namespace vlake::pool {
+
+class OptionsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct DaemonOptions {
+  std::string config = "/etc/vlake/vlake.yaml";  // missing file: built-in default (100%)
+  std::string socket = "/run/vlake/vlaked.sock";
+  std::string state = "vlake-state";             // POSIX shm name, /dev/shm/<state>
+  std::string driver = "libcuda.so.1";
+  std::string nvml = "libnvidia-ml.so.1";         // "" or "none": no NVML
+  LogLevel log_level = LogLevel::info;
+  std::chrono::milliseconds sample_interval{1000};
+  bool help = false;
+
+  static DaemonOptions parse(int argc, const char* const* argv);
+  static std::string usage();
+  [[nodiscard]] std::string lock_path() const { return socket + ".lock"; }
+};
+
+}  // namespace vlake::pool

@@ -1,0 +1,222 @@
+// vlake::pool::state — the daemon's state segment: node accounting that survives a daemon
+// restart and that read-only mappers (vlakectl, hooks, tests) can inspect.
+//
+// Layout (POSIX shared memory /dev/shm/<name>, Boost.Interprocess shared_memory_object +
+// mapped_region): one fixed-layout struct `State` — Header (magic, layout version, sizes, a
+// seqlock generation), Counters, then fixed-capacity tables of DeviceRecord, TenantRecord,
+// SessionRecord and GrantRecord. Every record is trivially copyable and refers to others by id
+// or index, never by pointer. A record is in use when its `in_use`/`state` field is non-zero.
+//
+// Concurrency: only the daemon writes, on one thread, inside StateSegment::Write brackets
+// (generation odd while writing, even when consistent). Readers copy the whole struct and retry
+// until they saw the same even generation before and after (StateReader::snapshot()).
+//
+// Compatibility: a layout change bumps kLayoutVersion. A daemon finding a segment with another
+// magic, version or size refuses to start and says how to reset it (remove the segment when no
+// tenant holds memory).
+//
+// Errors: StateSegment/StateReader throw StateError (std::runtime_error) with a full message.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "vlake/common/protocol.hpp"
+
+namespace boost::interprocess {
+class shared_memory_object;
+class mapped_region;
+}  // namespace boost::interprocess
+
+namespace vlake::pool::state {
+
+inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
+inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
+inline constexpr std::uint32_t kMaxTenants = 256;
+inline constexpr std::uint32_t kMaxSessions = 1024;
+inline constexpr std::uint32_t kMaxGrants = 16384;
+inline constexpr std::size_t kTenantNameBytes = 64;
+
+struct Header {
+  std::uint64_t magic;
+  std::uint32_t layout_version;
+  std::uint32_t header_bytes;       // sizeof(Header)
+  std::uint64_t total_bytes;        // sizeof(State)
+  std::uint64_t generation;         // seqlock: odd while the daemon writes
+  std::uint64_t next_session_id;
+  std::uint64_t next_grant_id;
+  std::uint32_t daemon_pid;         // the daemon that last wrote
+  std::uint32_t device_count;
+  std::uint64_t daemon_start_time;  // /proc/<pid>/stat start time of that daemon
+  std::uint64_t updated_unix_ns;    // last sample (CLOCK_REALTIME)
+  std::uint32_t max_tenants;
+  std::uint32_t max_sessions;
+  std::uint32_t max_grants;
+  std::uint32_t max_devices;
+  std::uint32_t starts;             // daemon starts on this segment (1 = never restarted)
+  std::uint32_t clean;              // 1 after a graceful stop, 0 while running
+};
+
+struct Counters {
+  std::uint64_t grants;                 // successful grants
+  std::uint64_t denials_over_limit;
+  std::uint64_t denials_out_of_memory;
+  std::uint64_t denials_unknown_device;
+  std::uint64_t denials_other;          // internal errors, table full
+  std::uint64_t releases;               // grants returned (client release or process exit)
+  std::uint64_t releases_exported;      // releases that retired their handles
+  std::uint64_t process_exits;          // sessions ended by their process dying
+  std::uint64_t scrubs;                 // handles zeroed before a grant
+  std::uint64_t reuses;                 // grants served from the free pool
+  std::uint64_t handles_created;
+  std::uint64_t handles_released;
+  std::uint64_t malformed;              // connections dropped for a malformed message
+  std::uint64_t sessions_opened;
+  std::uint64_t sessions_rebound;
+  std::uint64_t nvml_samples;
+};
+
+struct DeviceRecord {
+  std::uint8_t uuid[16];
+  std::uint64_t total;
+  std::uint64_t granularity;
+  std::uint64_t pool_bytes;      // handles this daemon holds: free + granted (not orphaned)
+  std::uint64_t free_bytes;
+  std::uint64_t free_handles;
+  std::uint64_t granted_bytes;   // bytes of live grants with handles
+  std::uint64_t orphaned_bytes;  // bytes of grants whose handle died with a previous daemon
+  std::uint64_t counted_bytes;   // bytes of `counted` grants (no handle)
+  std::uint64_t nonpool_bytes;   // sampled, summed over tenants
+  std::uint32_t in_use;
+  std::uint32_t ordinal;
+};
+
+struct TenantRecord {
+  std::uint32_t in_use;
+  std::uint32_t id;  // TenantId: index + 1
+  char name[kTenantNameBytes];
+  std::uint64_t limit[kMaxDevices];
+  std::uint64_t granted[kMaxDevices];
+  std::uint64_t nonpool[kMaxDevices];
+};
+
+enum SessionState : std::uint32_t { kSessionFree = 0, kSessionConnected = 1, kSessionDetached = 2 };
+
+struct SessionRecord {
+  std::uint64_t id;
+  std::uint64_t start_time;  // /proc/<pid>/stat field 22
+  std::uint32_t pid;
+  std::uint32_t uid;
+  std::uint32_t gid;
+  std::uint32_t tenant;      // TenantId
+  std::uint32_t state;       // SessionState
+  std::uint32_t grant_count;
+};
+
+enum GrantState : std::uint32_t { kGrantFree = 0, kGrantLive = 1, kGrantOrphaned = 2 };
+
+struct GrantRecord {
+  std::uint64_t id;
+  std::uint64_t session;
+  std::uint64_t bytes;
+  std::uint32_t tenant;
+  std::uint32_t device;       // ordinal at grant time (uuid in devices[device])
+  std::uint32_t purpose;      // proto::GrantPurpose
+  std::uint32_t handle_count;
+  std::uint32_t state;        // GrantState
+  std::uint32_t reserved;
+};
+
+struct State {
+  Header header;
+  Counters counters;
+  DeviceRecord devices[kMaxDevices];
+  TenantRecord tenants[kMaxTenants];
+  SessionRecord sessions[kMaxSessions];
+  GrantRecord grants[kMaxGrants];
+};
+
+#define VLAKE_STATE_CHECK(T, bytes)                                      \
+  static_assert(std::is_trivially_copyable_v<T>, #T " must be POD");    \
+  static_assert(std::is_standard_layout_v<T>, #T " must be standard");  \
+  static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
+VLAKE_STATE_CHECK(Header, 96);
+VLAKE_STATE_CHECK(Counters, 128);
+VLAKE_STATE_CHECK(DeviceRecord, 96);
+VLAKE_STATE_CHECK(TenantRecord, 456);
+VLAKE_STATE_CHECK(SessionRecord, 40);
+VLAKE_STATE_CHECK(GrantRecord, 48);
+VLAKE_STATE_CHECK(State, 96 + 128 + 96 * 16 + 456 * 256 + 40 * 1024 + 48 * 16384);
+#undef VLAKE_STATE_CHECK
+
+class StateError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "/dev/shm/<name>" — for messages.
+std::string segment_path(const std::string& name);
+
+// The daemon's read-write mapping.
+class StateSegment {
+ public:
+  enum class Origin { created, resumed };
+
+  // Creates the segment (zeroed, header filled) or maps an existing one after checking its
+  // magic, layout version and size. Throws StateError (with how to reset) on a mismatch.
+  explicit StateSegment(const std::string& name);
+  ~StateSegment();
+  StateSegment(const StateSegment&) = delete;
+  StateSegment& operator=(const StateSegment&) = delete;
+
+  [[nodiscard]] Origin origin() const noexcept { return origin_; }
+  [[nodiscard]] State& state() noexcept { return *state_; }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+  // A seqlock write bracket; nests (only the outermost bumps the generation).
+  class Write {
+   public:
+    explicit Write(StateSegment& s) noexcept;
+    ~Write();
+    Write(const Write&) = delete;
+    Write& operator=(const Write&) = delete;
+
+   private:
+    StateSegment& s_;
+  };
+
+  // Removes the segment's name (the mapping stays valid until destruction).
+  void remove() noexcept;
+
+ private:
+  std::string name_;
+  std::unique_ptr<boost::interprocess::shared_memory_object> shm_;
+  std::unique_ptr<boost::interprocess::mapped_region> region_;
+  State* state_ = nullptr;
+  Origin origin_ = Origin::created;
+  int depth_ = 0;
+};
+
+// A read-only mapping for observers.
+class StateReader {
+ public:
+  explicit StateReader(const std::string& name);  // throws StateError if absent or mismatched
+  ~StateReader();
+  StateReader(const StateReader&) = delete;
+  StateReader& operator=(const StateReader&) = delete;
+
+  // A consistent copy (retries while the daemon writes; throws StateError after ~1 s of
+  // never seeing a stable generation).
+  [[nodiscard]] std::unique_ptr<State> snapshot() const;
+
+ private:
+  std::unique_ptr<boost::interprocess::shared_memory_object> shm_;
+  std::unique_ptr<boost::interprocess::mapped_region> region_;
+  const State* state_ = nullptr;
+};
+
+}  // namespace vlake::pool::state

@@ -1,0 +1,1302 @@
+#include "vlake/pool/daemon.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <span>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+#include "vlake/common/driver.hpp"
+#include "vlake/common/protocol.hpp"
+#include "vlake/common/unix_socket.hpp"
+#include "vlake/pool/accounting.hpp"
+#include "vlake/pool/device_pool.hpp"
+#include "vlake/pool/nvml_source.hpp"
+#include "vlake/pool/state.hpp"
+#include "vlake/quota/quota_config.hpp"
+
+namespace vlake::pool {
+
+namespace {
+
+namespace proto = vlake::proto;
+namespace st = vlake::pool::state;
+
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+// /proc/<pid>/stat field 22 (start time in clock ticks since boot); 0 if the process is gone.
+std::uint64_t process_start_time(std::uint32_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!in || !std::getline(in, line)) return 0;
+  const auto rp = line.rfind(')');
+  if (rp == std::string::npos) return 0;
+  std::istringstream rest(line.substr(rp + 2));
+  std::string field;
+  // After ")": field 3 (state) is the first; we want field 22.
+  for (int i = 3; i <= 22; ++i) {
+    if (!(rest >> field)) return 0;
+  }
+  try {
+    return std::stoull(field);
+  } catch (...) {
+    return 0;
+  }
+}
+
+int pidfd_open(std::uint32_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+}
+
+bool pidfd_exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+std::vector<gid_t> supplementary_groups(uid_t uid, gid_t gid) {
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* res = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &res) != 0 || res == nullptr) return {gid};
+  int n = 64;
+  std::vector<gid_t> groups(static_cast<std::size_t>(n));
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    int count = n;
+    if (::getgrouplist(pw.pw_name, gid, groups.data(), &count) >= 0) {
+      groups.resize(static_cast<std::size_t>(count));
+      return groups;
+    }
+    n = count + 16;
+    groups.resize(static_cast<std::size_t>(n));
+  }
+  return {gid};
+}
+
+void mkdir_p(const std::string& dir) {
+  if (dir.empty()) return;
+  struct stat sb {};
+  if (::stat(dir.c_str(), &sb) == 0) return;
+  const auto slash = dir.rfind('/');
+  if (slash != std::string::npos && slash > 0) mkdir_p(dir.substr(0, slash));
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw_errno("mkdir " + dir);
+  ::chmod(dir.c_str(), 0755);
+}
+
+std::string parent_dir(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::uint64_t now_unix_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+template <std::size_t N>
+void copy_name(char (&dst)[N], const std::string& src) {
+  std::memset(dst, 0, N);
+  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
+}
+
+// epoll tokens: kind in the top byte, a never-reused serial below.
+enum class Kind : std::uint64_t { listen = 1, signal = 2, timer = 3, conn = 4, pidfd = 5 };
+std::uint64_t token(Kind k, std::uint64_t serial) { return (static_cast<std::uint64_t>(k) << 56) | serial; }
+Kind kind_of(std::uint64_t t) { return static_cast<Kind>(t >> 56); }
+std::uint64_t serial_of(std::uint64_t t) { return t & ((1ULL << 56) - 1); }
+
+}  // namespace
+
+class Daemon::Impl {
+ public:
+  Impl(const DaemonOptions& o, Logger& log);
+  ~Impl();
+  int run();
+
+ private:
+  struct Tenant {
+    TenantId id;
+    std::uint32_t slot;
+    std::string name;
+    quota::Limit limit = quota::Limit::bytes(Bytes{0});
+  };
+  struct Connection {
+    std::uint64_t serial;
+    UniqueFd fd;
+    std::uint32_t pid;
+    std::uint32_t uid;
+    std::uint32_t gid;
+    std::uint64_t session = 0;
+  };
+  struct Session {
+    std::uint64_t id;
+    std::uint32_t slot;
+    std::uint32_t pid;
+    std::uint64_t start_time;
+    std::uint32_t uid;
+    std::uint32_t gid;
+    TenantId tenant;
+    std::uint64_t conn = 0;  // 0: detached
+    UniqueFd pidfd;
+    std::vector<std::uint64_t> grants;
+  };
+  struct Grant {
+    std::uint64_t id;
+    std::uint32_t slot;
+    std::uint64_t session;
+    TenantId tenant;
+    DeviceOrdinal device;
+    Bytes bytes;
+    proto::GrantPurpose purpose;
+    bool orphaned = false;  // its handles died with a previous daemon
+    std::vector<std::unique_ptr<PoolHandle>> handles;
+  };
+  struct DeviceInfo {
+    DeviceOrdinal ordinal;
+    Uuid uuid;
+    Bytes total;
+    Bytes granularity;
+    std::unique_ptr<DevicePool> pool;
+    Bytes granted{0};   // grants with handles
+    Bytes orphaned{0};  // grants whose handles died with a previous daemon
+    Bytes counted{0};   // `counted` grants
+  };
+
+  // start-up
+  void take_lock();
+  void load_config();
+  void open_driver_and_devices();
+  void open_nvml();
+  void open_state();
+  void init_fresh_state();
+  void resume_state();
+  void bind_socket();
+  void setup_loop();
+
+  // loop
+  void add_epoll(int fd, Kind k, std::uint64_t serial);
+  void on_accept();
+  void on_signal();
+  void on_timer();
+  void on_readable(std::uint64_t conn_serial);
+  void on_process_exit(std::uint64_t session_id);
+  void shutdown();
+
+  // messages
+  void handle(Connection& c, const std::byte* data, std::size_t n);
+  void on_hello(Connection& c, const proto::Hello& m);
+  void on_grant(Connection& c, Session& s, const proto::GrantRequest& m);
+  void on_release(Connection& c, Session& s, const proto::Release& m);
+  void on_usage(Connection& c, Session& s, const proto::UsageQuery& m);
+  void malformed(Connection& c, const std::string& reason);
+  template <class T>
+  bool send(Connection& c, const T& msg, std::span<const int> fds = {});
+  void send_error(Connection& c, std::uint64_t request_id, proto::Status s, const std::string& text);
+  void close_connection(std::uint64_t serial);
+
+  // model
+  Tenant& tenant_for(const quota::TenantSpec& spec);
+  Tenant* tenant_by_id(TenantId id);
+  DeviceInfo* device_by_uuid(const std::uint8_t* uuid);
+  void end_session(Session& s, const char* why);
+  void finish_grant(Grant& g, TenantId releaser, bool exported);
+  std::int32_t free_session_slot() const;
+  std::int32_t free_grant_slot() const;
+  proto::DeviceQuota device_quota(const Tenant& t, const DeviceInfo& d) const;
+
+  // state segment
+  void publish_tenant(const Tenant& t);
+  void publish_device(const DeviceInfo& d);
+  void publish_session(const Session& s);
+
+  const DaemonOptions opts_;
+  Logger& log_;
+  UniqueFd lock_fd_;
+  quota::QuotaConfig config_;
+  std::unique_ptr<Driver> driver_;
+  std::unique_ptr<NvmlSource> nvml_;
+  bool nvml_failed_logged_ = false;
+  std::vector<DeviceInfo> devices_;
+  std::unique_ptr<st::StateSegment> seg_;
+  Accounting acct_;
+
+  std::unordered_map<std::string, TenantId> tenant_ids_;
+  std::map<std::uint32_t, Tenant> tenants_;  // by TenantId value
+  std::unordered_map<std::uint64_t, Session> sessions_;
+  std::unordered_map<std::uint64_t, Grant> grants_;
+  std::unordered_map<std::uint64_t, Connection> conns_;
+  std::uint64_t next_conn_serial_ = 1;
+
+  UniqueFd listen_fd_;
+  UniqueFd signal_fd_;
+  UniqueFd timer_fd_;
+  UniqueFd epoll_fd_;
+  bool stop_ = false;
+  bool socket_bound_ = false;
+  std::uint64_t handles_created_base_ = 0;
+  std::uint64_t handles_released_base_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// start-up
+
+Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log) {
+  // SIGTERM/SIGINT arrive through the signalfd; SIGPIPE never kills the daemon.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  take_lock();
+  load_config();
+  open_driver_and_devices();
+  open_nvml();
+  open_state();
+  for (DeviceInfo& d : devices_) {
+    try {
+      d.pool->warm();
+    } catch (const std::exception& e) {
+      throw StartupError("cannot create pool memory on GPU " + std::to_string(d.ordinal.value()) + ": " + e.what());
+    }
+  }
+  bind_socket();
+  setup_loop();
+  log_.info("serving " + opts_.socket + " (" + std::to_string(devices_.size()) + " GPU(s), driver " +
+            driver_->name() + ", state " + st::segment_path(opts_.state) + ")");
+}
+
+Daemon::Impl::~Impl() {
+  // Normal paths go through shutdown(); this only runs after a failed start-up or an escaped
+  // exception: release what this process holds, keep the segment (it may describe grants).
+  grants_.clear();
+  devices_.clear();
+  if (socket_bound_) ::unlink(opts_.socket.c_str());
+}
+
+void Daemon::Impl::take_lock() {
+  try {
+    mkdir_p(parent_dir(opts_.socket));
+  } catch (const std::exception& e) {
+    throw StartupError(std::string("cannot create the socket directory: ") + e.what());
+  }
+  const std::string lock = opts_.lock_path();
+  lock_fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock_fd_) throw StartupError("cannot open lock file " + lock + ": " + std::strerror(errno));
+  if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) throw StartupError("cannot lock " + lock + ": " + std::strerror(errno));
+    char buf[32] = {};
+    const ssize_t n = ::pread(lock_fd_.get(), buf, sizeof buf - 1, 0);
+    std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "?";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    throw StartupError("another vlaked (pid " + pid + ") owns " + opts_.socket);
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_fd_.get(), 0) != 0 || ::pwrite(lock_fd_.get(), me.data(), me.size(), 0) < 0) {
+    log_.warn("cannot write the pid into " + lock + ": " + std::strerror(errno));
+  }
+}
+
+void Daemon::Impl::load_config() {
+  struct stat sb {};
+  if (::stat(opts_.config.c_str(), &sb) != 0 && errno == ENOENT) {
+    log_.info("no quota file at " + opts_.config + ": every uid is its own tenant with 100% of each GPU");
+    return;
+  }
+  try {
+    config_ = quota::QuotaConfig::load(opts_.config);
+  } catch (const quota::ConfigError& e) {
+    throw StartupError(std::string("bad quota file: ") + e.what());
+  }
+  log_.info("quota file " + opts_.config + " loaded (default limit " + config_.default_limit().to_string() + ")");
+}
+
+void Daemon::Impl::open_driver_and_devices() {
+  try {
+    driver_ = open_driver(opts_.driver);
+  } catch (const std::exception& e) {
+    throw StartupError("cannot open the CUDA driver " + opts_.driver + ": " + e.what());
+  }
+  const int n = driver_->device_count();
+  if (n <= 0) throw StartupError("no GPU found by " + opts_.driver);
+  if (static_cast<std::uint32_t>(n) > st::kMaxDevices) {
+    throw StartupError(std::to_string(n) + " GPUs found; this vlaked supports at most " +
+                       std::to_string(st::kMaxDevices));
+  }
+  for (int i = 0; i < n; ++i) {
+    DeviceInfo d;
+    d.ordinal = DeviceOrdinal{i};
+    d.uuid = driver_->device_uuid(d.ordinal);
+    d.total = driver_->total_memory(d.ordinal);
+    d.granularity = driver_->granularity(d.ordinal);
+    d.pool = std::make_unique<DevicePool>(*driver_, d.ordinal, log_);
+    log_.info("GPU " + std::to_string(i) + ": " + uuid_to_string(d.uuid) + ", " +
+              std::to_string(d.total.value() >> 20) + " MiB, granularity " +
+              std::to_string(d.granularity.value() >> 10) + " KiB");
+    devices_.push_back(std::move(d));
+  }
+}
+
+void Daemon::Impl::open_nvml() {
+  if (opts_.nvml.empty()) {
+    log_.info("NVML disabled (--nvml none): non-pool usage counts as 0");
+    return;
+  }
+  try {
+    nvml_ = vlake::pool::open_nvml(opts_.nvml);
+    log_.info("NVML " + opts_.nvml + ": sampling per-process usage every " +
+              std::to_string(opts_.sample_interval.count()) + " ms");
+  } catch (const std::exception& e) {
+    log_.info(std::string("NVML unavailable (") + e.what() + "): non-pool usage counts as 0");
+  }
+}
+
+void Daemon::Impl::open_state() {
+  try {
+    seg_ = std::make_unique<st::StateSegment>(opts_.state);
+  } catch (const st::StateError& e) {
+    throw StartupError(e.what());
+  }
+  if (seg_->origin() == st::StateSegment::Origin::created) {
+    init_fresh_state();
+  } else {
+    resume_state();
+  }
+}
+
+void Daemon::Impl::init_fresh_state() {
+  st::StateSegment::Write w(*seg_);
+  st::State& s = seg_->state();
+  s.header.daemon_pid = static_cast<std::uint32_t>(::getpid());
+  s.header.daemon_start_time = process_start_time(s.header.daemon_pid);
+  s.header.device_count = static_cast<std::uint32_t>(devices_.size());
+  s.header.starts = 1;
+  s.header.clean = 0;
+  for (const DeviceInfo& d : devices_) publish_device(d);
+}
+
+void Daemon::Impl::resume_state() {
+  st::StateSegment::Write w(*seg_);
+  st::State& s = seg_->state();
+  const bool was_clean = s.header.clean != 0;
+  handles_created_base_ = s.counters.handles_created;
+  handles_released_base_ = s.counters.handles_released;
+
+  // Old device ordinal -> current device (by UUID).
+  std::vector<DeviceInfo*> old_to_new(st::kMaxDevices, nullptr);
+  for (std::uint32_t i = 0; i < st::kMaxDevices; ++i) {
+    if (s.devices[i].in_use != 0) old_to_new[i] = device_by_uuid(s.devices[i].uuid);
+  }
+
+  // Tenants keep their ids; usage is rebuilt from the grants below.
+  for (std::uint32_t i = 0; i < st::kMaxTenants; ++i) {
+    st::TenantRecord& r = s.tenants[i];
+    if (r.in_use == 0) continue;
+    const std::string name(r.name, strnlen(r.name, sizeof r.name));
+    Tenant t{TenantId{i + 1}, i, name};
+    tenant_ids_[name] = t.id;
+    tenants_[t.id.value()] = t;
+    std::memset(r.granted, 0, sizeof r.granted);
+    std::memset(r.nonpool, 0, sizeof r.nonpool);
+  }
+
+  std::size_t kept_sessions = 0;
+  std::size_t dropped_sessions = 0;
+  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i) {
+    st::SessionRecord& r = s.sessions[i];
+    if (r.state == st::kSessionFree) continue;
+    bool alive = r.start_time != 0 && process_start_time(r.pid) == r.start_time;
+    UniqueFd pidfd;
+    if (alive) {
+      pidfd.reset(pidfd_open(r.pid));
+      alive = pidfd.valid() && process_start_time(r.pid) == r.start_time;
+    }
+    if (!alive) {
+      std::memset(&r, 0, sizeof r);
+      ++dropped_sessions;
+      continue;
+    }
+    const std::vector<gid_t> groups = supplementary_groups(r.uid, r.gid);
+    Tenant& t = tenant_for(config_.resolve(r.uid, r.gid, groups));
+    Session sess{r.id, i, r.pid, r.start_time, r.uid, r.gid, t.id, 0, std::move(pidfd), {}};
+    r.tenant = t.id.value();
+    r.state = st::kSessionDetached;
+    r.grant_count = 0;
+    sessions_.emplace(sess.id, std::move(sess));
+    ++kept_sessions;
+  }
+
+  std::size_t kept_grants = 0;
+  std::size_t dropped_grants = 0;
+  for (std::uint32_t i = 0; i < st::kMaxGrants; ++i) {
+    st::GrantRecord& r = s.grants[i];
+    if (r.state == st::kGrantFree) continue;
+    auto sit = sessions_.find(r.session);
+    DeviceInfo* dev = r.device < st::kMaxDevices ? old_to_new[r.device] : nullptr;
+    if (sit == sessions_.end() || dev == nullptr) {
+      if (sit != sessions_.end()) {
+        log_.warn("grant " + std::to_string(r.id) + " was on a GPU this node no longer has; dropped");
+      }
+      std::memset(&r, 0, sizeof r);
+      ++s.counters.releases;
+      ++dropped_grants;
+      continue;
+    }
+    Session& sess = sit->second;
+    const auto purpose = static_cast<proto::GrantPurpose>(r.purpose);
+    Grant g{r.id, i, sess.id, sess.tenant, dev->ordinal, Bytes{r.bytes}, purpose, false, {}};
+    if (purpose == proto::GrantPurpose::counted) {
+      dev->counted += g.bytes;
+      r.state = st::kGrantLive;
+    } else {
+      g.orphaned = true;
+      dev->orphaned += g.bytes;
+      r.state = st::kGrantOrphaned;
+    }
+    r.tenant = sess.tenant.value();
+    r.device = static_cast<std::uint32_t>(dev->ordinal.value());
+    acct_.restore(sess.tenant, dev->ordinal, g.bytes);
+    sess.grants.push_back(g.id);
+    grants_.emplace(g.id, std::move(g));
+    ++kept_grants;
+  }
+  for (auto& [id, sess] : sessions_) s.sessions[sess.slot].grant_count = static_cast<std::uint32_t>(sess.grants.size());
+
+  // Device records describe this daemon's devices; the free pool died with the old daemon.
+  std::memset(s.devices, 0, sizeof s.devices);
+  s.header.device_count = static_cast<std::uint32_t>(devices_.size());
+  s.header.daemon_pid = static_cast<std::uint32_t>(::getpid());
+  s.header.daemon_start_time = process_start_time(s.header.daemon_pid);
+  ++s.header.starts;
+  s.header.clean = 0;
+  for (const DeviceInfo& d : devices_) publish_device(d);
+  for (const auto& [id, t] : tenants_) publish_tenant(t);
+
+  log_.info(std::string("resumed state segment ") + st::segment_path(opts_.state) +
+            (was_clean ? " (graceful stop)" : " (previous daemon died)") + ": " +
+            std::to_string(kept_sessions) + " live session(s) detached, " + std::to_string(dropped_sessions) +
+            " of dead processes dropped; " + std::to_string(kept_grants) + " grant(s) kept (orphaned), " +
+            std::to_string(dropped_grants) + " dropped");
+}
+
+void Daemon::Impl::bind_socket() {
+  listen_fd_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listen_fd_) throw StartupError(std::string("socket: ") + std::strerror(errno));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, opts_.socket.data(), opts_.socket.size());
+  // We hold the lock: a socket file left here is stale.
+  if (::unlink(opts_.socket.c_str()) == 0) log_.info("removed stale socket " + opts_.socket);
+  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    throw StartupError("cannot bind " + opts_.socket + ": " + std::strerror(errno));
+  }
+  socket_bound_ = true;
+  ::chmod(opts_.socket.c_str(), 0666);
+  if (::listen(listen_fd_.get(), 128) != 0) throw StartupError(std::string("listen: ") + std::strerror(errno));
+}
+
+void Daemon::Impl::setup_loop() {
+  epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd_) throw StartupError(std::string("epoll_create1: ") + std::strerror(errno));
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!signal_fd_) throw StartupError(std::string("signalfd: ") + std::strerror(errno));
+  timer_fd_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!timer_fd_) throw StartupError(std::string("timerfd_create: ") + std::strerror(errno));
+  itimerspec its{};
+  const auto ms = opts_.sample_interval.count();
+  its.it_interval.tv_sec = ms / 1000;
+  its.it_interval.tv_nsec = (ms % 1000) * 1'000'000;
+  its.it_value = its.it_interval;
+  ::timerfd_settime(timer_fd_.get(), 0, &its, nullptr);
+  add_epoll(listen_fd_.get(), Kind::listen, 0);
+  add_epoll(signal_fd_.get(), Kind::signal, 0);
+  add_epoll(timer_fd_.get(), Kind::timer, 0);
+  // Sessions resumed from the state segment (open_state() ran before the epoll existed).
+  for (auto& [id, sess] : sessions_) add_epoll(sess.pidfd.get(), Kind::pidfd, sess.id);
+}
+
+void Daemon::Impl::add_epoll(int fd, Kind k, std::uint64_t serial) {
+  if (!epoll_fd_) return;  // before setup_loop(): registered there
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = token(k, serial);
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) throw_errno("epoll_ctl");
+}
+
+// ---------------------------------------------------------------------------------------------
+// loop
+
+int Daemon::Impl::run() {
+  std::vector<epoll_event> events(64);
+  while (!stop_) {
+    const int n = ::epoll_wait(epoll_fd_.get(), events.data(), static_cast<int>(events.size()), -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("epoll_wait");
+    }
+    for (int i = 0; i < n && !stop_; ++i) {
+      const std::uint64_t t = events[static_cast<std::size_t>(i)].data.u64;
+      try {
+        switch (kind_of(t)) {
+          case Kind::listen: on_accept(); break;
+          case Kind::signal: on_signal(); break;
+          case Kind::timer: on_timer(); break;
+          case Kind::conn: on_readable(serial_of(t)); break;
+          case Kind::pidfd: on_process_exit(serial_of(t)); break;
+        }
+      } catch (const std::exception& e) {
+        log_.error(std::string("event handling failed: ") + e.what());
+      }
+    }
+  }
+  shutdown();
+  return 0;
+}
+
+void Daemon::Impl::on_accept() {
+  for (;;) {
+    UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      log_.warn(std::string("accept: ") + std::strerror(errno));
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      log_.warn(std::string("SO_PEERCRED: ") + std::strerror(errno));
+      continue;
+    }
+    const std::uint64_t serial = next_conn_serial_++;
+    Connection c{serial, std::move(fd), static_cast<std::uint32_t>(cred.pid), cred.uid, cred.gid, 0};
+    add_epoll(c.fd.get(), Kind::conn, serial);
+    log_.debug("connection " + std::to_string(serial) + " from pid " + std::to_string(cred.pid) + " uid " +
+               std::to_string(cred.uid));
+    conns_.emplace(serial, std::move(c));
+  }
+}
+
+void Daemon::Impl::on_signal() {
+  signalfd_siginfo si{};
+  while (::read(signal_fd_.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+    log_.info(std::string("received ") + (si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM") + ", stopping");
+    stop_ = true;
+  }
+}
+
+void Daemon::Impl::on_timer() {
+  std::uint64_t expirations = 0;
+  (void)!::read(timer_fd_.get(), &expirations, sizeof expirations);
+  // Safety net: a process whose pidfd event was somehow missed.
+  std::vector<std::uint64_t> dead;
+  for (auto& [id, sess] : sessions_) {
+    if (pidfd_exited(sess.pidfd.get())) dead.push_back(id);
+  }
+  for (std::uint64_t id : dead) on_process_exit(id);
+
+  st::StateSegment::Write w(*seg_);
+  if (nvml_) {
+    NonpoolInputs in;
+    in.daemon_pid = static_cast<std::uint32_t>(::getpid());
+    for (const DeviceInfo& d : devices_) in.devices.emplace_back(d.ordinal, d.uuid);
+    for (const auto& [id, sess] : sessions_) {
+      in.pid_tenant.emplace(sess.pid, sess.tenant);
+      for (std::uint64_t gid : sess.grants) {
+        const Grant& g = grants_.at(gid);
+        if (g.orphaned) in.orphaned[{sess.pid, g.device.value()}] += g.bytes;
+      }
+    }
+    try {
+      const NonpoolResult r = attribute_nonpool(*nvml_, in);
+      for (const auto& [tid, t] : tenants_) {
+        for (const DeviceInfo& d : devices_) {
+          const auto it = r.find({tid, d.ordinal.value()});
+          acct_.set_nonpool(t.id, d.ordinal, it == r.end() ? Bytes{0} : it->second);
+        }
+      }
+      ++seg_->state().counters.nvml_samples;
+      nvml_failed_logged_ = false;
+    } catch (const std::exception& e) {
+      if (!nvml_failed_logged_) log_.warn(std::string("NVML sampling failed: ") + e.what());
+      nvml_failed_logged_ = true;
+    }
+  }
+  for (const auto& [tid, t] : tenants_) publish_tenant(t);
+  for (const DeviceInfo& d : devices_) publish_device(d);
+  seg_->state().header.updated_unix_ns = now_unix_ns();
+}
+
+void Daemon::Impl::on_readable(std::uint64_t serial) {
+  auto it = conns_.find(serial);
+  if (it == conns_.end()) return;
+  Connection& c = it->second;
+  // One byte more than the largest message, so an oversized one shows as MSG_TRUNC.
+  alignas(8) std::byte buf[proto::kMaxMessageBytes + 8];
+  Received r;
+  try {
+    r = recv_with_fds(c.fd.get(), std::span<std::byte>(buf, sizeof buf));
+  } catch (const std::system_error& e) {
+    if (e.code().value() == EAGAIN || e.code().value() == EWOULDBLOCK) return;
+    log_.debug("connection " + std::to_string(serial) + ": " + e.what());
+    close_connection(serial);
+    return;
+  } catch (const std::exception& e) {
+    // Truncated payload or descriptors (already closed by recv_with_fds).
+    malformed(c, e.what());
+    return;
+  }
+  if (r.bytes == 0) {
+    close_connection(serial);
+    return;
+  }
+  if (!r.fds.empty()) {
+    r.fds.clear();  // closes them
+    malformed(c, "descriptors attached to a client message");
+    return;
+  }
+  handle(c, buf, r.bytes);
+}
+
+void Daemon::Impl::on_process_exit(std::uint64_t session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  end_session(it->second, "process exited");
+}
+
+// ---------------------------------------------------------------------------------------------
+// messages
+
+template <class T>
+bool Daemon::Impl::send(Connection& c, const T& msg, std::span<const int> fds) {
+  try {
+    send_with_fds(c.fd.get(), std::as_bytes(std::span<const T>(&msg, 1)), fds);
+    return true;
+  } catch (const std::exception& e) {
+    log_.warn("connection " + std::to_string(c.serial) + " (pid " + std::to_string(c.pid) +
+              "): cannot send a reply: " + e.what() + "; closing it");
+    return false;
+  }
+}
+
+void Daemon::Impl::send_error(Connection& c, std::uint64_t request_id, proto::Status s, const std::string& text) {
+  proto::Error e{};
+  e.h = proto::make_header<proto::Error>(proto::MsgType::error, request_id);
+  e.status = s;
+  copy_name(e.message, text);
+  try {
+    send_with_fds(c.fd.get(), std::as_bytes(std::span<const proto::Error>(&e, 1)), {});
+  } catch (...) {
+    // best effort: the connection is being closed anyway
+  }
+}
+
+void Daemon::Impl::malformed(Connection& c, const std::string& reason) {
+  log_.warn("dropping connection " + std::to_string(c.serial) + " (pid " + std::to_string(c.pid) + ", uid " +
+            std::to_string(c.uid) + "): malformed message: " + reason);
+  {
+    st::StateSegment::Write w(*seg_);
+    ++seg_->state().counters.malformed;
+  }
+  send_error(c, 0, proto::Status::bad_request, reason);
+  close_connection(c.serial);
+}
+
+void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
+  if (const char* why = proto::check_frame(data, n)) {
+    proto::Header h{};
+    if (n >= sizeof h) std::memcpy(&h, data, sizeof h);
+    if (n >= sizeof h && h.magic == proto::kMagic && h.version != proto::kVersion &&
+        h.type == proto::MsgType::hello) {
+      log_.warn("connection " + std::to_string(c.serial) + " (pid " + std::to_string(c.pid) +
+                "): Hello with protocol version " + std::to_string(h.version) + ", this vlaked speaks " +
+                std::to_string(proto::kVersion) + "; closing");
+      send_error(c, h.request_id, proto::Status::version_mismatch,
+                 "vlaked speaks protocol version " + std::to_string(proto::kVersion));
+      close_connection(c.serial);
+      return;
+    }
+    malformed(c, why);
+    return;
+  }
+  proto::Header h{};
+  std::memcpy(&h, data, sizeof h);
+  if (h.type == proto::MsgType::hello) {
+    if (c.session != 0) return malformed(c, "second Hello on a connection");
+    proto::Hello m{};
+    std::memcpy(&m, data, sizeof m);
+    on_hello(c, m);
+    return;
+  }
+  if (h.type != proto::MsgType::grant_request && h.type != proto::MsgType::release &&
+      h.type != proto::MsgType::usage_query) {
+    return malformed(c, "message type " + std::to_string(static_cast<unsigned>(h.type)) +
+                            " is not a client request");
+  }
+  if (c.session == 0) return malformed(c, "request before Hello");
+  auto sit = sessions_.find(c.session);
+  if (sit == sessions_.end()) return malformed(c, "session is gone");
+  Session& s = sit->second;
+  switch (h.type) {
+    case proto::MsgType::grant_request: {
+      proto::GrantRequest m{};
+      std::memcpy(&m, data, sizeof m);
+      on_grant(c, s, m);
+      break;
+    }
+    case proto::MsgType::release: {
+      proto::Release m{};
+      std::memcpy(&m, data, sizeof m);
+      on_release(c, s, m);
+      break;
+    }
+    default: {
+      proto::UsageQuery m{};
+      std::memcpy(&m, data, sizeof m);
+      on_usage(c, s, m);
+      break;
+    }
+  }
+}
+
+void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
+  if (m.flags != 0) return malformed(c, "Hello flags must be 0");
+  if (std::memchr(m.client, 0, sizeof m.client) == nullptr) return malformed(c, "Hello client name not terminated");
+  const std::uint64_t start = process_start_time(c.pid);
+  if (start == 0) return malformed(c, "peer process is gone");
+
+  Session* sess = nullptr;
+  if (m.old_session != 0) {
+    auto it = sessions_.find(m.old_session);
+    if (it != sessions_.end() && it->second.pid == c.pid && it->second.start_time == start) {
+      sess = &it->second;
+      if (sess->conn != 0 && sess->conn != c.serial) {
+        // The process reconnected before we saw its old connection close.
+        const std::uint64_t old = sess->conn;
+        sess->conn = 0;
+        auto oc = conns_.find(old);
+        if (oc != conns_.end()) oc->second.session = 0;
+        close_connection(old);
+      }
+    } else {
+      log_.warn("connection " + std::to_string(c.serial) + " (pid " + std::to_string(c.pid) +
+                "): cannot re-bind session " + std::to_string(m.old_session) +
+                " (unknown, or opened by another process); opening a new session");
+    }
+  }
+
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+  if (sess == nullptr) {
+    const std::vector<gid_t> groups = supplementary_groups(c.uid, c.gid);
+    const quota::TenantSpec spec = config_.resolve(c.uid, c.gid, groups);
+    Tenant* t = nullptr;
+    try {
+      t = &tenant_for(spec);
+    } catch (const std::exception& e) {
+      log_.error(e.what());
+      send_error(c, m.h.request_id, proto::Status::internal, e.what());
+      close_connection(c.serial);
+      return;
+    }
+    const std::int32_t slot = free_session_slot();
+    UniqueFd pidfd(pidfd_open(c.pid));
+    if (slot < 0 || !pidfd) {
+      const std::string why = slot < 0 ? "session table full" : std::string("pidfd_open: ") + std::strerror(errno);
+      log_.error("cannot open a session for pid " + std::to_string(c.pid) + ": " + why);
+      send_error(c, m.h.request_id, proto::Status::internal, why);
+      close_connection(c.serial);
+      return;
+    }
+    const std::uint64_t id = state.header.next_session_id++;
+    Session ns{id, static_cast<std::uint32_t>(slot), c.pid, start, c.uid, c.gid, t->id, 0, std::move(pidfd), {}};
+    add_epoll(ns.pidfd.get(), Kind::pidfd, id);
+    sess = &sessions_.emplace(id, std::move(ns)).first->second;
+    ++state.counters.sessions_opened;
+    log_.info("session " + std::to_string(id) + ": pid " + std::to_string(c.pid) + " uid " + std::to_string(c.uid) +
+              " -> tenant " + t->name + " (limit " + t->limit.to_string() + ")");
+  } else {
+    ++state.counters.sessions_rebound;
+    log_.info("session " + std::to_string(sess->id) + ": re-bound by pid " + std::to_string(c.pid) + " (" +
+              std::to_string(sess->grants.size()) + " grant(s))");
+  }
+  sess->conn = c.serial;
+  c.session = sess->id;
+  publish_session(*sess);
+
+  const Tenant& t = tenants_.at(sess->tenant.value());
+  proto::HelloAck ack{};
+  ack.h = proto::make_header<proto::HelloAck>(proto::MsgType::hello_ack, m.h.request_id);
+  ack.status = proto::Status::ok;
+  ack.tenant_id = t.id.value();
+  ack.session_id = sess->id;
+  ack.granularity = devices_.front().granularity.value();
+  ack.device_count = static_cast<std::uint32_t>(devices_.size());
+  copy_name(ack.tenant_name, t.name);
+  for (const DeviceInfo& d : devices_) ack.devices[d.ordinal.value()] = device_quota(t, d);
+  if (!send(c, ack)) close_connection(c.serial);
+}
+
+proto::DeviceQuota Daemon::Impl::device_quota(const Tenant& t, const DeviceInfo& d) const {
+  proto::DeviceQuota q{};
+  std::memcpy(q.uuid, d.uuid.data(), sizeof q.uuid);
+  const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
+  q.total = d.total.value();
+  q.limit = u.limit.value();
+  q.used = u.used().value();
+  return q;
+}
+
+void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest& m) {
+  if (m.reserved != 0) return malformed(c, "GrantRequest reserved field is not zero");
+  if (m.purpose != proto::GrantPurpose::alloc && m.purpose != proto::GrantPurpose::create &&
+      m.purpose != proto::GrantPurpose::counted) {
+    return malformed(c, "GrantRequest purpose " + std::to_string(static_cast<unsigned>(m.purpose)) + " out of range");
+  }
+  if (m.bytes == 0) return malformed(c, "GrantRequest for 0 bytes");
+
+  proto::GrantReply reply{};
+  reply.h = proto::make_header<proto::GrantReply>(proto::MsgType::grant_reply, m.h.request_id);
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+
+  DeviceInfo* dev = device_by_uuid(m.device_uuid);
+  if (dev == nullptr) {
+    ++state.counters.denials_unknown_device;
+    reply.status = proto::Status::unknown_device;
+    if (!send(c, reply)) close_connection(c.serial);
+    return;
+  }
+  if (m.bytes > dev->total.value()) {
+    return malformed(c, "GrantRequest for " + std::to_string(m.bytes) + " bytes, more than the GPU's " +
+                            std::to_string(dev->total.value()));
+  }
+  const Tenant& t = tenants_.at(s.tenant.value());
+  const Bytes bytes = round_up(Bytes{m.bytes}, dev->granularity);
+  reply.bytes = bytes.value();
+
+  Accounting::Usage before{};
+  std::optional<Accounting::Reservation> res = acct_.reserve(t.id, dev->ordinal, bytes, &before);
+  reply.limit = before.limit.value();
+  reply.used = before.used().value();
+  if (!res) {
+    ++state.counters.denials_over_limit;
+    reply.status = proto::Status::over_limit;
+    log_.debug("tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+               std::to_string(dev->ordinal.value()) + " refused (used " + std::to_string(reply.used) + " of " +
+               std::to_string(reply.limit) + ")");
+    if (!send(c, reply)) close_connection(c.serial);
+    return;
+  }
+
+  const std::int32_t slot = free_grant_slot();
+  if (slot < 0) {
+    ++state.counters.denials_other;
+    log_.error("grant table full (" + std::to_string(st::kMaxGrants) + " grants)");
+    reply.status = proto::Status::internal;
+    if (!send(c, reply)) close_connection(c.serial);
+    return;  // the reservation rolls back
+  }
+
+  Grant g{state.header.next_grant_id, static_cast<std::uint32_t>(slot), s.id, t.id, dev->ordinal, bytes,
+          m.purpose, false, {}};
+  std::vector<int> fds;
+  if (m.purpose != proto::GrantPurpose::counted) {
+    try {
+      DevicePool::Acquired a = dev->pool->acquire(bytes, t.id);
+      if (a.scrubbed) ++state.counters.scrubs;
+      if (a.reused) ++state.counters.reuses;
+      g.handles.push_back(std::move(a.handle));
+    } catch (const PoolOutOfMemory& e) {
+      ++state.counters.denials_out_of_memory;
+      reply.status = proto::Status::out_of_memory;
+      log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " + std::to_string(bytes.value()) +
+                " bytes (tenant " + t.name + ")");
+      publish_device(*dev);
+      if (!send(c, reply)) close_connection(c.serial);
+      return;
+    } catch (const std::exception& e) {
+      ++state.counters.denials_other;
+      reply.status = proto::Status::internal;
+      log_.error("GPU " + std::to_string(dev->ordinal.value()) + ": grant failed: " + e.what());
+      publish_device(*dev);
+      if (!send(c, reply)) close_connection(c.serial);
+      return;
+    }
+    std::uint64_t offset = 0;
+    for (const auto& h : g.handles) {
+      reply.handles[reply.handle_count++] = proto::HandleDesc{h->size.value(), offset};
+      offset += h->size.value();
+      fds.push_back(h->fd.get());
+    }
+  }
+  res->commit();
+  ++state.header.next_grant_id;
+  ++state.counters.grants;
+  if (m.purpose == proto::GrantPurpose::counted) dev->counted += bytes;
+  else dev->granted += bytes;
+
+  st::GrantRecord& rec = state.grants[g.slot];
+  rec = st::GrantRecord{g.id, s.id, bytes.value(), t.id.value(), static_cast<std::uint32_t>(dev->ordinal.value()),
+                        static_cast<std::uint32_t>(m.purpose), static_cast<std::uint32_t>(g.handles.size()),
+                        st::kGrantLive, 0};
+  s.grants.push_back(g.id);
+  const std::uint64_t gid = g.id;
+  grants_.emplace(gid, std::move(g));
+  publish_session(s);
+  publish_tenant(t);
+  publish_device(*dev);
+
+  reply.status = proto::Status::ok;
+  reply.grant_id = gid;
+  reply.used = acct_.usage(t.id, dev->ordinal).used().value();
+  log_.debug("grant " + std::to_string(gid) + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+             std::to_string(dev->ordinal.value()) + " to " + t.name + " (session " + std::to_string(s.id) + ")");
+  if (!send(c, reply, fds)) {
+    // The client never got the descriptors: undo the grant.
+    Grant& undo = grants_.at(gid);
+    finish_grant(undo, t.id, false);
+    close_connection(c.serial);
+  }
+}
+
+void Daemon::Impl::on_release(Connection& c, Session& s, const proto::Release& m) {
+  if (m.reserved != 0) return malformed(c, "Release reserved field is not zero");
+  if ((m.flags & ~static_cast<std::uint32_t>(proto::kReleaseExported)) != 0) {
+    return malformed(c, "Release has unknown flags");
+  }
+  proto::ReleaseAck ack{};
+  ack.h = proto::make_header<proto::ReleaseAck>(proto::MsgType::release_ack, m.h.request_id);
+  auto it = std::find(s.grants.begin(), s.grants.end(), m.grant_id);
+  if (it == s.grants.end()) {
+    ack.status = proto::Status::unknown_grant;
+    if (!send(c, ack)) close_connection(c.serial);
+    return;
+  }
+  st::StateSegment::Write w(*seg_);
+  Grant& g = grants_.at(m.grant_id);
+  const DeviceOrdinal d = g.device;
+  finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);
+  ack.status = proto::Status::ok;
+  ack.used = acct_.usage(s.tenant, d).used().value();
+  if (!send(c, ack)) close_connection(c.serial);
+}
+
+void Daemon::Impl::on_usage(Connection& c, Session& s, const proto::UsageQuery& m) {
+  proto::UsageReply r{};
+  r.h = proto::make_header<proto::UsageReply>(proto::MsgType::usage_reply, m.h.request_id);
+  DeviceInfo* dev = device_by_uuid(m.device_uuid);
+  if (dev == nullptr) {
+    r.status = proto::Status::unknown_device;
+  } else {
+    const Accounting::Usage u = acct_.usage(s.tenant, dev->ordinal);
+    r.status = proto::Status::ok;
+    r.total = dev->total.value();
+    r.limit = u.limit.value();
+    r.used = u.used().value();
+  }
+  if (!send(c, r)) close_connection(c.serial);
+}
+
+void Daemon::Impl::close_connection(std::uint64_t serial) {
+  auto it = conns_.find(serial);
+  if (it == conns_.end()) return;
+  Connection c = std::move(it->second);
+  conns_.erase(it);
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+  c.fd.reset();
+  if (c.session == 0) return;
+  auto sit = sessions_.find(c.session);
+  if (sit == sessions_.end() || sit->second.conn != serial) return;
+  Session& s = sit->second;
+  s.conn = 0;
+  if (pidfd_exited(s.pidfd.get())) {
+    end_session(s, "process exited");
+    return;
+  }
+  st::StateSegment::Write w(*seg_);
+  publish_session(s);
+  log_.info("session " + std::to_string(s.id) + ": connection closed, process " + std::to_string(s.pid) +
+            " alive: detached with " + std::to_string(s.grants.size()) + " grant(s)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// model
+
+Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec) {
+  std::string name = spec.name.substr(0, st::kTenantNameBytes - 1);
+  auto it = tenant_ids_.find(name);
+  Tenant* t = nullptr;
+  if (it != tenant_ids_.end()) {
+    t = &tenants_.at(it->second.value());
+  } else {
+    st::State& s = seg_->state();
+    std::int32_t slot = -1;
+    for (std::uint32_t i = 0; i < st::kMaxTenants; ++i) {
+      if (s.tenants[i].in_use == 0) {
+        slot = static_cast<std::int32_t>(i);
+        break;
+      }
+    }
+    if (slot < 0) throw std::runtime_error("tenant table full (" + std::to_string(st::kMaxTenants) + " tenants)");
+    const TenantId id{static_cast<std::uint32_t>(slot) + 1};
+    tenant_ids_[name] = id;
+    t = &tenants_.emplace(id.value(), Tenant{id, static_cast<std::uint32_t>(slot), name}).first->second;
+  }
+  t->limit = spec.limit;
+  for (const DeviceInfo& d : devices_) acct_.set_limit(t->id, d.ordinal, spec.limit.on_device(d.total));
+  st::StateSegment::Write w(*seg_);
+  publish_tenant(*t);
+  return *t;
+}
+
+Daemon::Impl::DeviceInfo* Daemon::Impl::device_by_uuid(const std::uint8_t* uuid) {
+  for (DeviceInfo& d : devices_) {
+    if (std::memcmp(d.uuid.data(), uuid, 16) == 0) return &d;
+  }
+  return nullptr;
+}
+
+void Daemon::Impl::finish_grant(Grant& g, TenantId releaser, bool exported) {
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+  DeviceInfo& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  for (auto& h : g.handles) {
+    if (exported) dev.pool->retire(std::move(h));
+    else dev.pool->put_back(std::move(h), releaser);
+  }
+  if (g.purpose == proto::GrantPurpose::counted) dev.counted -= g.bytes;
+  else if (g.orphaned) dev.orphaned -= g.bytes;
+  else dev.granted -= g.bytes;
+  if (!acct_.uncharge(g.tenant, g.device, g.bytes)) {
+    log_.error("accounting: tenant " + std::to_string(g.tenant.value()) + " had less than grant " +
+               std::to_string(g.id) + "'s bytes charged");
+  }
+  ++state.counters.releases;
+  if (exported) ++state.counters.releases_exported;
+  std::memset(&state.grants[g.slot], 0, sizeof(st::GrantRecord));
+  auto sit = sessions_.find(g.session);
+  if (sit != sessions_.end()) {
+    auto& v = sit->second.grants;
+    v.erase(std::remove(v.begin(), v.end(), g.id), v.end());
+    publish_session(sit->second);
+  }
+  if (Tenant* t = tenant_by_id(g.tenant)) publish_tenant(*t);
+  publish_device(dev);
+  grants_.erase(g.id);  // g is gone from here on
+}
+
+Daemon::Impl::Tenant* Daemon::Impl::tenant_by_id(TenantId id) {
+  auto it = tenants_.find(id.value());
+  return it == tenants_.end() ? nullptr : &it->second;
+}
+
+void Daemon::Impl::end_session(Session& s, const char* why) {
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+  const std::uint64_t id = s.id;
+  const std::size_t n = s.grants.size();
+  const std::vector<std::uint64_t> grant_ids = s.grants;
+  for (std::uint64_t gid : grant_ids) {
+    auto it = grants_.find(gid);
+    if (it != grants_.end()) finish_grant(it->second, s.tenant, false);
+  }
+  if (s.conn != 0) {
+    auto cit = conns_.find(s.conn);
+    if (cit != conns_.end()) cit->second.session = 0;
+    const std::uint64_t conn = s.conn;
+    s.conn = 0;
+    close_connection(conn);
+  }
+  if (s.pidfd) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, s.pidfd.get(), nullptr);
+  std::memset(&state.sessions[s.slot], 0, sizeof(st::SessionRecord));
+  ++state.counters.process_exits;
+  log_.info("session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
+            std::to_string(n) + " grant(s) returned");
+  sessions_.erase(id);
+}
+
+std::int32_t Daemon::Impl::free_session_slot() const {
+  const st::State& s = seg_->state();
+  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i) {
+    if (s.sessions[i].state == st::kSessionFree) return static_cast<std::int32_t>(i);
+  }
+  return -1;
+}
+
+std::int32_t Daemon::Impl::free_grant_slot() const {
+  const st::State& s = seg_->state();
+  for (std::uint32_t i = 0; i < st::kMaxGrants; ++i) {
+    if (s.grants[i].state == st::kGrantFree) return static_cast<std::int32_t>(i);
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// state segment
+
+void Daemon::Impl::publish_tenant(const Tenant& t) {
+  st::StateSegment::Write w(*seg_);
+  st::TenantRecord& r = seg_->state().tenants[t.slot];
+  r.in_use = 1;
+  r.id = t.id.value();
+  copy_name(r.name, t.name);
+  for (const DeviceInfo& d : devices_) {
+    const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
+    const auto i = static_cast<std::size_t>(d.ordinal.value());
+    r.limit[i] = u.limit.value();
+    r.granted[i] = u.granted.value();
+    r.nonpool[i] = u.nonpool.value();
+  }
+}
+
+void Daemon::Impl::publish_device(const DeviceInfo& d) {
+  st::StateSegment::Write w(*seg_);
+  st::DeviceRecord& r = seg_->state().devices[d.ordinal.value()];
+  std::memcpy(r.uuid, d.uuid.data(), sizeof r.uuid);
+  r.total = d.total.value();
+  r.granularity = d.granularity.value();
+  r.pool_bytes = d.pool->pool_bytes().value();
+  r.free_bytes = d.pool->free_bytes().value();
+  r.free_handles = d.pool->free_handles();
+  r.granted_bytes = d.granted.value();
+  r.orphaned_bytes = d.orphaned.value();
+  r.counted_bytes = d.counted.value();
+  std::uint64_t nonpool = 0;
+  for (const auto& [tid, t] : tenants_) nonpool += acct_.usage(t.id, d.ordinal).nonpool.value();
+  r.nonpool_bytes = nonpool;
+  r.in_use = 1;
+  r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
+  // Handle counters accumulate over daemon restarts: this daemon's pools count from a base.
+  std::uint64_t created = 0;
+  std::uint64_t released = 0;
+  for (const DeviceInfo& x : devices_) {
+    created += x.pool->handles_created();
+    released += x.pool->handles_released();
+  }
+  st::Counters& c = seg_->state().counters;
+  c.handles_created = handles_created_base_ + created;
+  c.handles_released = handles_released_base_ + released;
+}
+
+void Daemon::Impl::publish_session(const Session& s) {
+  st::StateSegment::Write w(*seg_);
+  st::SessionRecord& r = seg_->state().sessions[s.slot];
+  r.id = s.id;
+  r.start_time = s.start_time;
+  r.pid = s.pid;
+  r.uid = s.uid;
+  r.gid = s.gid;
+  r.tenant = s.tenant.value();
+  r.state = s.conn != 0 ? st::kSessionConnected : st::kSessionDetached;
+  r.grant_count = static_cast<std::uint32_t>(s.grants.size());
+}
+
+void Daemon::Impl::shutdown() {
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
+  listen_fd_.reset();
+  if (socket_bound_) {
+    ::unlink(opts_.socket.c_str());
+    socket_bound_ = false;
+  }
+  std::vector<std::uint64_t> serials;
+  for (const auto& [serial, c] : conns_) serials.push_back(serial);
+  for (std::uint64_t serial : serials) close_connection(serial);
+
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+  // The daemon's handles go; granted memory lives on in the tenants that imported it.
+  std::size_t held = 0;
+  for (auto& [id, g] : grants_) {
+    ++held;
+    DeviceInfo& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+    for (auto& h : g.handles) dev.pool->retire(std::move(h));
+    g.handles.clear();
+  }
+  for (DeviceInfo& d : devices_) {
+    d.pool->release_free();
+    publish_device(d);
+  }
+  state.header.clean = 1;
+  state.header.updated_unix_ns = now_unix_ns();
+  if (held == 0) {
+    seg_->remove();
+    log_.info("stopped; no grant held, state segment removed");
+  } else {
+    log_.info("stopped; " + std::to_string(held) + " grant(s) of " + std::to_string(sessions_.size()) +
+              " live session(s) still held: keeping " + st::segment_path(opts_.state) + " for the next vlaked");
+  }
+  grants_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Daemon::Daemon(const DaemonOptions& options, Logger& log) : impl_(std::make_unique<Impl>(options, log)) {}
+Daemon::~Daemon() = default;
+int Daemon::run() { return impl_->run(); }
+
+int vlaked_main(int argc, const char* const* argv) noexcept {
+  Logger log;
+  DaemonOptions opts;
+  try {
+    opts = DaemonOptions::parse(argc, argv);
+  } catch (const OptionsError& e) {
+    log.error(e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    log.error(e.what());
+    return 2;
+  }
+  if (opts.help) {
+    std::cout << DaemonOptions::usage();
+    return 0;
+  }
+  log.set_level(opts.log_level);
+  try {
+    Daemon d(opts, log);
+    return d.run();
+  } catch (const StartupError& e) {
+    log.error(e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    log.error(std::string("fatal: ") + e.what());
+    return 1;
+  } catch (...) {
+    log.error("fatal: unknown exception");
+    return 1;
+  }
+}
+
+}  // namespace vlake::pool

@@ -1,0 +1,81 @@
+#include "vlake/pool/options.hpp"
+
+#include <cctype>
+#include <string_view>
+
+namespace vlake::pool {
+
+std::string DaemonOptions::usage() {
+  return "usage: vlaked [options]\n"
+         "  --config FILE            quota configuration (default /etc/vlake/vlake.yaml;\n"
+         "                           a missing file means every uid may use 100% of each GPU)\n"
+         "  --socket PATH            listening socket (default /run/vlake/vlaked.sock)\n"
+         "  --state NAME             state segment name, /dev/shm/NAME (default vlake-state)\n"
+         "  --driver LIB             CUDA driver library (default libcuda.so.1)\n"
+         "  --nvml LIB               NVML library (default libnvidia-ml.so.1; 'none' disables:\n"
+         "                           non-pool usage then counts as 0)\n"
+         "  --log-level LEVEL        debug, info, warn or error (default info)\n"
+         "  --sample-interval-ms N   usage sampling period, 10..3600000 (default 1000)\n"
+         "  --help                   this text\n";
+}
+
+DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
+  DaemonOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0) throw OptionsError("unexpected argument '" + arg + "' (see --help)");
+    std::string value;
+    bool have_value = false;
+    if (const auto eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      have_value = true;
+    }
+    static constexpr std::string_view kKnown[] = {"--config",    "--socket",    "--state",
+                                                  "--driver",    "--nvml",      "--log-level",
+                                                  "--sample-interval-ms"};
+    bool known = false;
+    for (auto k : kKnown) known = known || arg == k;
+    if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
+    if (!have_value) {
+      if (i + 1 >= argc) throw OptionsError("option " + arg + " needs a value");
+      value = argv[++i];
+    }
+    auto nonempty = [&](std::string& dst) {
+      if (value.empty()) throw OptionsError("option " + arg + " needs a non-empty value");
+      dst = value;
+    };
+    if (arg == "--config") nonempty(o.config);
+    else if (arg == "--socket") nonempty(o.socket);
+    else if (arg == "--state") {
+      nonempty(o.state);
+      if (o.state.size() > 200 || o.state.find('/') != std::string::npos) {
+        throw OptionsError("--state must be a name without '/' (at most 200 characters), got '" + value + "'");
+      }
+    } else if (arg == "--driver") nonempty(o.driver);
+    else if (arg == "--nvml") o.nvml = (value == "none") ? std::string() : value;
+    else if (arg == "--log-level") {
+      try {
+        o.log_level = parse_log_level(value);
+      } catch (const std::invalid_argument& e) {
+        throw OptionsError(std::string("--log-level: ") + e.what());
+      }
+    } else if (arg == "--sample-interval-ms") {
+      bool digits = !value.empty() && value.size() <= 9;
+      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
+      const long long ms = digits ? std::stoll(value) : -1;
+      if (ms < 10 || ms > 3'600'000) {
+        throw OptionsError("--sample-interval-ms must be a number 10..3600000, got '" + value + "'");
+      }
+      o.sample_interval = std::chrono::milliseconds(ms);
+    }
+  }
+  if (o.socket.size() >= 108) throw OptionsError("--socket path is too long for a Unix socket (max 107)");
+  return o;
+}
+
+}  // namespace vlake::pool

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""GPU acceptance test of the node slice: a real vlaked over the real driver, PyTorch tenants
+under libvlake-hook.so.
+
+Checks, printing a table at the end (exit 0 only if every check passed; 77 = skipped):
+  1. a small transformer trains for 60 steps under the hook with the default allocator and
+     with expandable segments, with losses equal to a run without the hook (same seed);
+  2. torch.cuda.mem_get_info() and nvidia-smi under the hook report the tenant's limit;
+  3. an allocation beyond the limit raises torch.OutOfMemoryError and the process goes on;
+  4. two tenants (two uids) train at the same time;
+  5. accounting reconciles with NVML: per GPU, the tenants' usage (pool grants + their
+     processes' own memory) + the daemon's free pool + the daemon's own context equals NVML's
+     used memory (nvmlDeviceGetMemoryInfo_v2, which keeps the driver's reserve apart) within
+     64 MiB.
+
+  node_slice.py --vlaked PATH --hook PATH --state-tool PATH [--keep]
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+GiB = 1 << 30
+MiB = 1 << 20
+SKIP = 77
+OTHER_UID = 1001
+
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append((name, bool(ok), detail))
+    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
+    return ok
+
+
+def gpu_present():
+    try:
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                             capture_output=True, text=True, timeout=120)
+        return out.stdout.strip() == "True"
+    except Exception:
+        return False
+
+
+def run_json(cmd, env, user=None, timeout=600, stdin=None):
+    kw = {}
+    if user is not None:
+        kw = {"user": user, "group": user, "extra_groups": []}
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, input=stdin, **kw)
+    last = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    data = json.loads(last[-1]) if last else None
+    return p.returncode, data, p.stderr
+
+
+class Daemon:
+    def __init__(self, vlaked, workdir, config):
+        self.sock = os.path.join(workdir, "vlaked.sock")
+        self.state = "vlake-gpu-check-%d" % os.getpid()
+        cfg = os.path.join(workdir, "vlake.yaml")
+        with open(cfg, "w") as f:
+            f.write(config)
+        self.log = open(os.path.join(workdir, "vlaked.log"), "w")
+        self.proc = subprocess.Popen([vlaked, "--config", cfg, "--socket", self.sock, "--state", self.state,
+                                      "--log-level", "info"], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while not os.path.exists(self.sock):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("vlaked did not start; see " + self.log.name)
+            time.sleep(0.1)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def state_json(tool, state):
+    out = subprocess.run([tool, "--state", state, "--json"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError("state tool failed: " + out.stderr)
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vlaked", required=True)
+    ap.add_argument("--hook", required=True)
+    ap.add_argument("--state-tool", required=True)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+
+    if not shutil.which("nvidia-smi") or not gpu_present():
+        print("SKIP: no GPU with PyTorch here")
+        return SKIP
+
+    from nvml import Nvml
+    nv = Nvml()
+    total = nv.memory()["total"]
+    root_limit = 24 * GiB
+    other_limit = 8 * GiB
+
+    work = tempfile.mkdtemp(prefix="vlake-gpu-")
+    os.chmod(work, 0o755)
+    home = os.path.join(work, "home-%d" % OTHER_UID)
+    os.makedirs(home)
+    os.chown(home, OTHER_UID, OTHER_UID)
+    base = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
+
+    # 1. reference run, no hook
+    rc, ref, err = run_json([sys.executable, os.path.join(HERE, "train.py"), "--steps", "60"], base)
+    if not check("reference training without the hook", rc == 0 and ref, err[-300:] if rc else ""):
+        return 1
+
+    config = ("version: 1\ndefault:\n  limit: %dGiB\nusers:\n  - uid: %d\n    limit: %dGiB\n"
+              % (root_limit // GiB, OTHER_UID, other_limit // GiB))
+    daemon = Daemon(args.vlaked, work, config)
+    hooked = dict(base, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock)
+    # The second tenant's uid has no passwd entry: give Python what getpass needs.
+    other_env = dict(hooked, HOME=home, USER="tenant%d" % OTHER_UID, LOGNAME="tenant%d" % OTHER_UID)
+    try:
+        # 1. training under the hook, both allocators
+        for name, extra in (("default allocator", {}),
+                            ("expandable segments", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})):
+            rc, got, err = run_json([sys.executable, os.path.join(HERE, "train.py"), "--steps", "60"],
+                                    dict(hooked, **extra))
+            ok = rc == 0 and got is not None
+            same = ok and got["losses"] == ref["losses"]
+            diff = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"])) if ok else None
+            check("train 60 steps under the hook (%s): losses equal" % name, same,
+                  "rc=%d max|diff|=%s first=%s last=%s" % (rc, diff, got and got["losses"][0],
+                                                         got and got["losses"][-1]) if ok else err[-400:])
+            if ok:
+                check("mem_get_info under the hook shows the limit (%s)" % name,
+                      got["mem_get_info"][1] == root_limit,
+                      "total=%d limit=%d" % (got["mem_get_info"][1], root_limit))
+
+        # 2. nvidia-smi under the hook
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
+                             env=hooked, capture_output=True, text=True, timeout=60)
+        shown = smi.stdout.strip().split(",")
+        check("nvidia-smi under the hook shows the limit",
+              smi.returncode == 0 and int(shown[0]) == root_limit // MiB, "nvidia-smi: " + smi.stdout.strip())
+
+        # 3. over the limit, as the other tenant
+        rc, got, err = run_json([sys.executable, os.path.join(HERE, "oom.py"), str(other_limit)],
+                                other_env, user=OTHER_UID)
+        check("allocation beyond the limit raises torch.OutOfMemoryError",
+              rc == 0 and got and got["error"] == "OutOfMemoryError" and got["after"] == 64 << 20,
+              (json.dumps(got)[:300] if got else err[-300:]))
+        vl = [l for l in err.splitlines() if l.startswith("vlake:")]
+        check("the refusal names tenant and limit on stderr", vl and "limit" in vl[0], vl[0] if vl else err[-200:])
+        if got:
+            check("mem_get_info of the second tenant shows its limit", got["mem_get_info"][1] == other_limit,
+                  str(got["mem_get_info"]))
+
+        # 4. two tenants training at once
+        procs = []
+        for user, env in ((None, hooked), (OTHER_UID, other_env)):
+            kw = {"user": user, "group": user, "extra_groups": []} if user else {}
+            procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), "--steps", "60"],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw))
+        outs = [p.communicate(timeout=600) for p in procs]
+        both = all(p.returncode == 0 for p in procs)
+        same = both and all(json.loads(o[0].splitlines()[-1])["losses"] == ref["losses"] for o in outs)
+        check("two tenants train at once, losses equal the reference", same,
+              "; ".join("rc=%d %s" % (p.returncode, o[1][-200:]) for p, o in zip(procs, outs) if p.returncode))
+
+        # 5. accounting reconciliation while two tenants hold memory
+        holders = []
+        for user, mib, env in ((None, 3000, hooked), (OTHER_UID, 2000, other_env)):
+            kw = {"user": user, "group": user, "extra_groups": []} if user else {}
+            p = subprocess.Popen([sys.executable, os.path.join(HERE, "hold.py"), str(mib)], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+            line = p.stdout.readline()
+            holders.append((p, json.loads(line)))
+        time.sleep(3)  # two NVML sampling intervals of the daemon
+        st = state_json(args.state_tool, daemon.state)
+        mem = nv.memory()
+        procs_nv = nv.processes()
+        dev = st["devices"][0]
+        tenants_used = sum(t["used"][0] for t in st["tenants"])
+        daemon_nv = procs_nv.get(daemon.proc.pid, 0)
+        daemon_context = daemon_nv - dev["pool_bytes"]
+        lhs = tenants_used + dev["free_bytes"] + daemon_context
+        check("accounting reconciles with NVML within 64 MiB", abs(lhs - mem["used"]) <= 64 * MiB,
+              "NVML used %.1f MiB (reserve %.1f apart); tenants %.1f + free pool %.1f + daemon context %.1f = %.1f MiB"
+              % (mem["used"] / MiB, mem["reserved"] / MiB, tenants_used / MiB, dev["free_bytes"] / MiB,
+                 daemon_context / MiB, lhs / MiB))
+        for p, info in holders:
+            p.stdin.close()
+            p.wait(timeout=60)
+        print("tenants:", json.dumps(st["tenants"])[:2000])
+    finally:
+        daemon.stop()
+        if any(not r[1] for r in results):
+            with open(daemon.log.name) as f:
+                print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-40:]))
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print("\n%-70s %s" % ("check", "result"))
+    for name, ok, _ in results:
+        print("%-70s %s" % (name[:70], "PASS" if ok else "FAIL"))
+    failed = sum(1 for r in results if not r[1])
+    print("%d passed, %d failed" % (len(results) - failed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

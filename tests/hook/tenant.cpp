@@ -1,0 +1,556 @@
+// vlake_hook_tenant: a CUDA program for the hook tests, driven by command-line steps.
+//
+// It is NOT linked to libcuda: like cudart, it dlopens libcuda.so.1, looks up
+// "cuGetProcAddress_v2" with dlsym, asks it for "cuInit" and for "cuGetProcAddress" (11030) and
+// resolves every other entry point through that pointer by base name + version. With --direct
+// it instead dlopens libcuda.so.1 RTLD_GLOBAL and takes every entry point from
+// dlsym(RTLD_DEFAULT, "<exported symbol>") (a program linked to libcuda). --ptds resolves with
+// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+//
+// Each step prints one line "<step> rc=<CUresult> key=value ..." on stdout (steps run in a
+// fork()ed child print "child <step> ..."). Sizes accept K/M/G suffixes (binary). Steps:
+//   init | init-only | noctx
+//   alloc:N:SIZE  free:N  fill:N:SIZE:BYTE  check:N:SIZE:BYTE  pitch:N:W:H:ELEM  async:N:SIZE  freeasync:N
+//   managed:N:SIZE  info  totalmem  range:N:OFF  attr:N:OFF
+//   create:H:SIZE[:nofd]  reserve:V:SIZE  map:V:OFF:H  unmap:V:OFF:SIZE  addrfree:V
+//   retain:H2:V:OFF  release:H  props:H  export:H:V:OFF
+//   nvml  threads:T:ITERS:SIZE  stress:T:ITERS:MAXSIZE  fork ... endfork  sleep:MS
+//   where:BASE:VERSION[:ptds]  dlsym:SYMBOL  dlsym-next:SYMBOL
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "vlake/common/nvml_api.hpp"
+
+namespace {
+
+// base, exported symbol, ABI version, version requested from cuGetProcAddress
+#define TENANT_API(X)                                                                             \
+  X(cuInit, cuInit, 2000, 2000)                                                                   \
+  X(cuDeviceGet, cuDeviceGet, 2000, 2000)                                                         \
+  X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 7000)                               \
+  X(cuCtxSetCurrent, cuCtxSetCurrent, 4000, 4000)                                                 \
+  X(cuMemAlloc, cuMemAlloc_v2, 3020, 3020)                                                        \
+  X(cuMemFree, cuMemFree_v2, 3020, 3020)                                                          \
+  X(cuMemAllocPitch, cuMemAllocPitch_v2, 3020, 3020)                                              \
+  X(cuMemAllocAsync, cuMemAllocAsync, 11020, 11020)                                               \
+  X(cuMemFreeAsync, cuMemFreeAsync, 11020, 11020)                                                 \
+  X(cuMemAllocManaged, cuMemAllocManaged, 6000, 6000)                                             \
+  X(cuMemGetInfo, cuMemGetInfo_v2, 3020, 3020)                                                    \
+  X(cuDeviceTotalMem, cuDeviceTotalMem_v2, 3020, 3020)                                            \
+  X(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020, 3020)                                    \
+  X(cuPointerGetAttribute, cuPointerGetAttribute, 4000, 4000)                                     \
+  X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, 7000)                                   \
+  X(cuMemsetD8, cuMemsetD8_v2, 3020, 3020)                                                        \
+  X(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020, 3020)                                                    \
+  X(cuMemCreate, cuMemCreate, 10020, 12000)                                                       \
+  X(cuMemRelease, cuMemRelease, 10020, 12000)                                                     \
+  X(cuMemAddressReserve, cuMemAddressReserve, 10020, 10020)                                       \
+  X(cuMemAddressFree, cuMemAddressFree, 10020, 10020)                                             \
+  X(cuMemMap, cuMemMap, 10020, 10020)                                                             \
+  X(cuMemUnmap, cuMemUnmap, 10020, 10020)                                                         \
+  X(cuMemSetAccess, cuMemSetAccess, 10020, 10020)                                                 \
+  X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, 11000)                       \
+  X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, 10020)                     \
+  X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, 10020)                 \
+  X(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle, 10020, 10020) \
+  X(cuStreamCreate, cuStreamCreate, 2000, 2000)                                                   \
+  X(cuStreamSynchronize, cuStreamSynchronize, 2000, 2000)
+
+struct Api {
+#define X(base, symbol, abi, req) PFN_##base##_v##abi base = nullptr;
+  TENANT_API(X)
+#undef X
+};
+
+Api api;
+void* g_lib = nullptr;
+PFN_cuGetProcAddress_v12000 g_gpa2 = nullptr;
+PFN_cuGetProcAddress_v11030 g_gpa1 = nullptr;
+bool g_direct = false;
+cuuint64_t g_flags = CU_GET_PROC_ADDRESS_DEFAULT;
+std::string g_prefix;
+
+struct Named {
+  std::uint64_t value = 0;
+  std::uint64_t size = 0;
+};
+std::map<std::string, Named> vars;
+CUstream g_stream = nullptr;
+
+void out(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void out(const char* fmt, ...) {
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  std::printf("%s%s\n", g_prefix.c_str(), line);
+  std::fflush(stdout);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t p = s.find(':', start);
+    parts.push_back(s.substr(start, p - start));
+    if (p == std::string::npos) break;
+    start = p + 1;
+  }
+  return parts;
+}
+
+std::uint64_t size_of(const std::string& s) {
+  char* end = nullptr;
+  std::uint64_t v = std::strtoull(s.c_str(), &end, 10);
+  switch (end != nullptr ? *end : '\0') {
+    case 'K':
+      v <<= 10;
+      break;
+    case 'M':
+      v <<= 20;
+      break;
+    case 'G':
+      v <<= 30;
+      break;
+    default:
+      break;
+  }
+  return v;
+}
+
+const char* lib_of(void* fn) {
+  if (fn == nullptr) return "none";
+  Dl_info info{};
+  if (dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  const char* b = std::strrchr(info.dli_fname, '/');
+  return b != nullptr ? b + 1 : info.dli_fname;
+}
+
+bool resolve_all() {
+  if (g_direct) {
+    g_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (g_lib == nullptr) return false;
+#define X(base, symbol, abi, req) \
+  api.base = reinterpret_cast<PFN_##base##_v##abi>(dlsym(RTLD_DEFAULT, #symbol));
+    TENANT_API(X)
+#undef X
+    return true;
+  }
+  g_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (g_lib == nullptr) return false;
+  g_gpa2 = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(g_lib, "cuGetProcAddress_v2"));
+  if (g_gpa2 == nullptr) return false;
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st{};
+  g_gpa2("cuInit", &p, 12000, 0, &st);
+  api.cuInit = reinterpret_cast<PFN_cuInit_v2000>(p);
+  p = nullptr;
+  g_gpa2("cuGetProcAddress", &p, 11030, 0, &st);
+  g_gpa1 = reinterpret_cast<PFN_cuGetProcAddress_v11030>(p);
+  if (g_gpa1 == nullptr) return false;
+    // With --ptds, names that have no per-thread variant resolve without the flag.
+#define X(base, symbol, abi, req)                                            \
+  p = nullptr;                                                               \
+  if (g_gpa1(#base, &p, req, g_flags) == CUDA_SUCCESS ||                     \
+      g_gpa1(#base, &p, req, CU_GET_PROC_ADDRESS_DEFAULT) == CUDA_SUCCESS) { \
+    api.base = reinterpret_cast<PFN_##base##_v##abi>(p);                     \
+  }
+  TENANT_API(X)
+#undef X
+  return true;
+}
+
+#define CALL(fn, ...) (api.fn != nullptr ? api.fn(__VA_ARGS__) : static_cast<CUresult>(-1))
+
+std::uint64_t var(const std::string& n) {
+  return vars.count(n) != 0 ? vars[n].value : 0;
+}
+
+CUstream stream() {
+  if (g_stream == nullptr) CALL(cuStreamCreate, &g_stream, 0);
+  return g_stream;
+}
+
+void step_nvml(const std::string& s) {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    out("%s rc=-1 error=%s", s.c_str(), dlerror());
+    return;
+  }
+  auto init = reinterpret_cast<PFN_nvmlInit_v2>(dlsym(lib, "nvmlInit_v2"));
+  auto get = reinterpret_cast<PFN_nvmlDeviceGetHandleByIndex_v2>(
+      dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  auto mem = reinterpret_cast<PFN_nvmlDeviceGetMemoryInfo>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+  auto mem2 =
+      reinterpret_cast<PFN_nvmlDeviceGetMemoryInfo_v2>(dlsym(lib, "nvmlDeviceGetMemoryInfo_v2"));
+  if (init == nullptr || get == nullptr || mem == nullptr || mem2 == nullptr) {
+    out("%s rc=-1 error=missing-symbols", s.c_str());
+    return;
+  }
+  int rc = init();
+  nvmlDevice_t dev = nullptr;
+  if (rc == NVML_SUCCESS) rc = get(0, &dev);
+  nvmlMemory_t m{};
+  nvmlMemory_v2_t m2{};
+  m2.version = VLAKE_NVML_MEMORY_V2;
+  if (rc == NVML_SUCCESS) rc = mem(dev, &m);
+  if (rc == NVML_SUCCESS) rc = mem2(dev, &m2);
+  out("%s rc=%d total=%llu used=%llu free=%llu v2_total=%llu v2_used=%llu v2_free=%llu "
+      "v2_reserved=%llu mem_lib=%s mem2_lib=%s",
+      s.c_str(), rc, m.total, m.used, m.free, m2.total, m2.used, m2.free, m2.reserved,
+      lib_of(reinterpret_cast<void*>(mem)), lib_of(reinterpret_cast<void*>(mem2)));
+}
+
+void step_threads(const std::string& s, const std::vector<std::string>& a) {
+  const int threads = std::atoi(a.at(1).c_str());
+  const int iters = std::atoi(a.at(2).c_str());
+  const std::uint64_t size = size_of(a.at(3));
+  CUcontext ctx = nullptr;
+  CALL(cuDevicePrimaryCtxRetain, &ctx, 0);
+  std::atomic<int> errors{0};
+  std::atomic<int> overlaps{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      if (CALL(cuCtxSetCurrent, ctx) != CUDA_SUCCESS) ++errors;
+      for (int i = 0; i < iters; ++i) {
+        CUdeviceptr p = 0;
+        if (CALL(cuMemAlloc, &p, size) != CUDA_SUCCESS) {
+          ++errors;
+          continue;
+        }
+        const auto byte = static_cast<unsigned char>(t + 1);
+        if (CALL(cuMemsetD8, p, byte, size) != CUDA_SUCCESS) ++errors;
+        unsigned char check[64];
+        if (CALL(cuMemcpyDtoH, check, p + size - sizeof check, sizeof check) != CUDA_SUCCESS) {
+          ++errors;
+        }
+        for (unsigned char c : check) {
+          if (c != byte) {
+            ++overlaps;
+            break;
+          }
+        }
+        if (CALL(cuMemFree, p) != CUDA_SUCCESS) ++errors;
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  out("%s rc=%d errors=%d overlaps=%d", s.c_str(), errors.load() == 0 ? 0 : 1, errors.load(),
+      overlaps.load());
+}
+
+// stress:T:ITERS:MAXSIZE — T threads each allocate ITERS buffers of random size (1 MiB ..
+// MAXSIZE), write and verify a per-thread pattern, and free them. Refusals with
+// CUDA_ERROR_OUT_OF_MEMORY are expected near the limit and counted apart from errors.
+void step_stress(const std::string& s, const std::vector<std::string>& a) {
+  const int threads = std::atoi(a.at(1).c_str());
+  const int iters = std::atoi(a.at(2).c_str());
+  const std::uint64_t max_mib = std::max<std::uint64_t>(1, size_of(a.at(3)) >> 20);
+  CUcontext ctx = nullptr;
+  CALL(cuDevicePrimaryCtxRetain, &ctx, 0);
+  std::atomic<int> ok{0}, refused{0}, errors{0}, overlaps{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      if (CALL(cuCtxSetCurrent, ctx) != CUDA_SUCCESS) ++errors;
+      unsigned seed = static_cast<unsigned>(::getpid()) * 7919u + static_cast<unsigned>(t);
+      for (int i = 0; i < iters; ++i) {
+        seed = seed * 1103515245u + 12345u;
+        const std::uint64_t size = (1 + (seed >> 8) % max_mib) << 20;
+        CUdeviceptr p = 0;
+        const CUresult rc = CALL(cuMemAlloc, &p, size);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+          ++refused;
+          continue;
+        }
+        if (rc != CUDA_SUCCESS) {
+          ++errors;
+          continue;
+        }
+        const auto byte = static_cast<unsigned char>(t * 16 + i % 16 + 1);
+        if (CALL(cuMemsetD8, p, byte, size) != CUDA_SUCCESS) ++errors;
+        unsigned char head[64], tail[64];
+        if (CALL(cuMemcpyDtoH, head, p, sizeof head) != CUDA_SUCCESS ||
+            CALL(cuMemcpyDtoH, tail, p + size - sizeof tail, sizeof tail) != CUDA_SUCCESS) {
+          ++errors;
+        }
+        for (std::size_t k = 0; k < sizeof head; ++k) {
+          if (head[k] != byte || tail[k] != byte) {
+            ++overlaps;
+            break;
+          }
+        }
+        if (CALL(cuMemFree, p) != CUDA_SUCCESS) ++errors;
+        ++ok;
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  out("%s rc=%d ok=%d refused=%d errors=%d overlaps=%d", s.c_str(),
+      errors.load() == 0 && overlaps.load() == 0 ? 0 : 1, ok.load(), refused.load(), errors.load(),
+      overlaps.load());
+}
+
+void run_step(const std::string& s) {
+  // "<step>#tag": the tag only makes repeated steps distinguishable in the output.
+  const auto a = split(s.substr(0, s.find('#')));
+  const std::string& op = a[0];
+  if (op == "init" || op == "init-only") {
+    CUresult rc = CALL(cuInit, 0);
+    if (rc == CUDA_SUCCESS && op == "init") {
+      CUcontext ctx = nullptr;
+      rc = CALL(cuDevicePrimaryCtxRetain, &ctx, 0);
+      if (rc == CUDA_SUCCESS) rc = CALL(cuCtxSetCurrent, ctx);
+    }
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "noctx") {
+    out("%s rc=%d", s.c_str(), CALL(cuCtxSetCurrent, nullptr));
+  } else if (op == "alloc" || op == "async" || op == "managed") {
+    CUdeviceptr p = 0;
+    const std::uint64_t size = size_of(a.at(2));
+    CUresult rc;
+    if (op == "alloc") {
+      rc = CALL(cuMemAlloc, &p, size);
+    } else if (op == "async") {
+      rc = CALL(cuMemAllocAsync, &p, size, stream());
+    } else {
+      rc = CALL(cuMemAllocManaged, &p, size, CU_MEM_ATTACH_GLOBAL);
+    }
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size};
+    out("%s rc=%d ptr=0x%llx", s.c_str(), rc, static_cast<unsigned long long>(p));
+  } else if (op == "free") {
+    out("%s rc=%d", s.c_str(), CALL(cuMemFree, var(a.at(1))));
+  } else if (op == "freeasync") {
+    out("%s rc=%d", s.c_str(), CALL(cuMemFreeAsync, var(a.at(1)), stream()));
+  } else if (op == "fill") {
+    const CUdeviceptr p = var(a.at(1));
+    const std::uint64_t size = size_of(a.at(2));
+    const auto byte = static_cast<unsigned char>(std::atoi(a.at(3).c_str()));
+    CUresult rc = CALL(cuMemsetD8, p, byte, size);
+    bool ok = rc == CUDA_SUCCESS;
+    if (ok) {
+      std::vector<unsigned char> back(size);
+      rc = CALL(cuMemcpyDtoH, back.data(), p, size);
+      ok = rc == CUDA_SUCCESS;
+      for (unsigned char c : back) ok = ok && c == byte;
+    }
+    out("%s rc=%d ok=%d", s.c_str(), rc, ok ? 1 : 0);
+  } else if (op == "check") {
+    // Reads without writing: every byte must equal BYTE (e.g. 0 after a scrub).
+    const CUdeviceptr p = var(a.at(1));
+    const std::uint64_t size = size_of(a.at(2));
+    const auto byte = static_cast<unsigned char>(std::atoi(a.at(3).c_str()));
+    std::vector<unsigned char> back(size);
+    const CUresult rc = CALL(cuMemcpyDtoH, back.data(), p, size);
+    std::uint64_t bad = 0;
+    for (unsigned char c : back) bad += c != byte ? 1 : 0;
+    out("%s rc=%d ok=%d bad=%llu", s.c_str(), rc, rc == CUDA_SUCCESS && bad == 0 ? 1 : 0,
+        static_cast<unsigned long long>(bad));
+  } else if (op == "pitch") {
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    const CUresult rc = CALL(cuMemAllocPitch, &p, &pitch, size_of(a.at(2)), size_of(a.at(3)),
+                             static_cast<unsigned>(std::atoi(a.at(4).c_str())));
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, pitch * size_of(a.at(3))};
+    out("%s rc=%d pitch=%zu", s.c_str(), rc, pitch);
+  } else if (op == "info") {
+    size_t f = 0;
+    size_t t = 0;
+    const CUresult rc = CALL(cuMemGetInfo, &f, &t);
+    out("%s rc=%d free=%zu total=%zu", s.c_str(), rc, f, t);
+  } else if (op == "totalmem") {
+    size_t b = 0;
+    const CUresult rc = CALL(cuDeviceTotalMem, &b, 0);
+    out("%s rc=%d bytes=%zu", s.c_str(), rc, b);
+  } else if (op == "range") {
+    const std::uint64_t p = var(a.at(1));
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const CUresult rc = CALL(cuMemGetAddressRange, &base, &size, p + size_of(a.at(2)));
+    out("%s rc=%d base_off=%lld size=%zu", s.c_str(), rc,
+        static_cast<long long>(base) - static_cast<long long>(p), size);
+  } else if (op == "attr") {
+    const std::uint64_t p = var(a.at(1));
+    const CUdeviceptr q = p + size_of(a.at(2));
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    CUresult rc = CALL(cuPointerGetAttribute, &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q);
+    if (rc == CUDA_SUCCESS)
+      rc = CALL(cuPointerGetAttribute, &size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, q);
+    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    int ordinal = -1;
+    CUdeviceptr mstart = 0;
+    size_t msize = 0;
+    void* data[3] = {&ordinal, &mstart, &msize};
+    const CUresult rc2 = CALL(cuPointerGetAttributes, 3, attrs, data, q);
+    out("%s rc=%d start_off=%lld size=%zu multi_rc=%d ordinal=%d multi_start_off=%lld "
+        "multi_size=%zu",
+        s.c_str(), rc, static_cast<long long>(start) - static_cast<long long>(p), size, rc2,
+        ordinal, static_cast<long long>(mstart) - static_cast<long long>(p), msize);
+  } else if (op == "create") {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = a.size() > 3 && a[3] == "nofd"
+                                    ? CU_MEM_HANDLE_TYPE_NONE
+                                    : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemGenericAllocationHandle h = 0;
+    const std::uint64_t size = size_of(a.at(2));
+    const CUresult rc = CALL(cuMemCreate, &h, size, &prop, 0);
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, size};
+    out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
+  } else if (op == "reserve") {
+    CUdeviceptr p = 0;
+    const std::uint64_t size = size_of(a.at(2));
+    const CUresult rc = CALL(cuMemAddressReserve, &p, size, 0, 0, 0);
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size};
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "map") {
+    const CUdeviceptr at = var(a.at(1)) + size_of(a.at(2));
+    const Named h = vars[a.at(3)];
+    CUresult rc = CALL(cuMemMap, at, h.size, 0, h.value, 0);
+    if (rc == CUDA_SUCCESS) {
+      CUmemAccessDesc d{};
+      d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      d.location.id = 0;
+      d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      rc = CALL(cuMemSetAccess, at, h.size, &d, 1);
+    }
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "unmap") {
+    out("%s rc=%d", s.c_str(), CALL(cuMemUnmap, var(a.at(1)) + size_of(a.at(2)), size_of(a.at(3))));
+  } else if (op == "addrfree") {
+    out("%s rc=%d", s.c_str(), CALL(cuMemAddressFree, var(a.at(1)), vars[a.at(1)].size));
+  } else if (op == "retain") {
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult rc = CALL(cuMemRetainAllocationHandle, &h,
+                             reinterpret_cast<void*>(var(a.at(2)) + size_of(a.at(3))));
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, 0};
+    out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
+  } else if (op == "release") {
+    out("%s rc=%d", s.c_str(), CALL(cuMemRelease, var(a.at(1))));
+  } else if (op == "props") {
+    CUmemAllocationProp prop{};
+    const CUresult rc = CALL(cuMemGetAllocationPropertiesFromHandle, &prop, var(a.at(1)));
+    out("%s rc=%d type=%d loc_type=%d loc_id=%d handle_types=%d", s.c_str(), rc,
+        static_cast<int>(prop.type), static_cast<int>(prop.location.type), prop.location.id,
+        static_cast<int>(prop.requestedHandleTypes));
+  } else if (op == "export") {
+    int fd = -1;
+    CUresult rc = CALL(cuMemExportToShareableHandle, &fd, var(a.at(1)),
+                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    int same = 0;
+    CUresult import_rc = static_cast<CUresult>(-1);
+    if (rc == CUDA_SUCCESS && a.size() > 3) {
+      // The descriptor must be the very memory mapped at V+OFF: write through the mapping,
+      // read through the descriptor (the simulator's handles are memfds).
+      const CUdeviceptr at = var(a.at(2)) + size_of(a.at(3));
+      const CUresult fill = CALL(cuMemsetD8, at, 0x5a, 4096);
+      void* m = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+      if (fill == CUDA_SUCCESS && m != MAP_FAILED) {
+        same = static_cast<unsigned char*>(m)[0] == 0x5a &&
+               static_cast<unsigned char*>(m)[4095] == 0x5a;
+        munmap(m, 4096);
+      }
+      CUmemGenericAllocationHandle imported = 0;
+      import_rc = CALL(cuMemImportFromShareableHandle, &imported,
+                       reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      if (import_rc == CUDA_SUCCESS) CALL(cuMemRelease, imported);
+    }
+    if (fd >= 0) close(fd);
+    out("%s rc=%d fd_ok=%d same_memory=%d import_rc=%d", s.c_str(), rc, fd >= 0 ? 1 : 0, same,
+        import_rc);
+  } else if (op == "nvml") {
+    step_nvml(s);
+  } else if (op == "threads") {
+    step_threads(s, a);
+  } else if (op == "stress") {
+    step_stress(s, a);
+  } else if (op == "sleep") {
+    usleep(static_cast<useconds_t>(std::atoi(a.at(1).c_str())) * 1000);
+    out("%s rc=0", s.c_str());
+  } else if (op == "where") {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult st{};
+    const cuuint64_t flags =
+        a.size() > 3 && a[3] == "ptds" ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+    const CUresult rc = g_gpa2 != nullptr
+                            ? g_gpa2(a.at(1).c_str(), &p, std::atoi(a.at(2).c_str()), flags, &st)
+                            : static_cast<CUresult>(-1);
+    const CUresult rc1 = g_gpa1 != nullptr
+                             ? g_gpa1(a.at(1).c_str(), &p, std::atoi(a.at(2).c_str()), flags)
+                             : static_cast<CUresult>(-1);
+    out("%s rc=%d status=%d v1_rc=%d lib=%s", s.c_str(), rc, static_cast<int>(st), rc1, lib_of(p));
+  } else if (op == "dlsym-next") {
+    // Resolved relative to this executable: the next definition after it in the search order.
+    void* p = dlsym(RTLD_NEXT, a.at(1).c_str());
+    out("%s rc=0 lib=%s", s.c_str(), lib_of(p));
+  } else if (op == "dlsym") {
+    void* p = dlsym(g_lib != nullptr ? g_lib : RTLD_DEFAULT, a.at(1).c_str());
+    out("%s rc=0 lib=%s", s.c_str(), lib_of(p));
+  } else {
+    out("%s rc=-1 error=unknown-step", s.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-'; ++i) {
+    if (std::strcmp(argv[i], "--direct") == 0) g_direct = true;
+    if (std::strcmp(argv[i], "--ptds") == 0)
+      g_flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  }
+  if (!resolve_all()) {
+    out("resolve rc=-1 error=%s", dlerror());
+    return 2;
+  }
+  out("resolve rc=0 gpa2_lib=%s gpa1_lib=%s alloc_lib=%s memcpy_lib=%s",
+      lib_of(reinterpret_cast<void*>(g_gpa2)), lib_of(reinterpret_cast<void*>(g_gpa1)),
+      lib_of(reinterpret_cast<void*>(api.cuMemAlloc)),
+      lib_of(reinterpret_cast<void*>(api.cuMemcpyDtoH)));
+  for (; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "fork") {
+      std::fflush(stdout);
+      const pid_t pid = fork();
+      if (pid == 0) {
+        g_prefix = "child ";
+        for (++i; i < argc && std::string(argv[i]) != "endfork"; ++i) run_step(argv[i]);
+        std::fflush(stdout);
+        _exit(0);
+      }
+      while (i < argc && std::string(argv[i]) != "endfork") ++i;
+      int status = 0;
+      waitpid(pid, &status, 0);
+      out("fork rc=%d", WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+      continue;
+    }
+    run_step(s);
+  }
+  return 0;
+}

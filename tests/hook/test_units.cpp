@@ -1,0 +1,193 @@
+// Unit tests of the hook's pure parts: configuration, byte formatting, rate limiting, and the
+// reference/mapping bookkeeping of the create path.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <thread>
+
+#include "config.hpp"
+#include "log.hpp"
+#include "tables.hpp"
+
+using namespace vlake::hook;
+using namespace std::chrono_literals;
+
+namespace {
+
+Config parse(const std::map<std::string, std::string>& env) {
+  return Config::parse([&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+CUmemAllocationProp device_prop() {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+vlake::UniqueFd some_fd() {
+  return vlake::UniqueFd(::dup(STDERR_FILENO));
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults") {
+  const Config c = parse({});
+  CHECK(c.socket_path == "/run/vlake/vlaked.sock");
+  CHECK(c.on_unreachable == OnUnreachable::refuse);
+  CHECK(c.reconnect_timeout == 5000ms);
+  CHECK(c.timeout == 10000ms);
+  CHECK(c.log_level == LogLevel::warn);
+  CHECK_FALSE(c.disabled);
+  CHECK(c.problems.empty());
+}
+
+TEST_CASE("config: every variable") {
+  const Config c = parse({{"VLAKE_SOCKET", "/tmp/x.sock"},
+                          {"VLAKE_ON_UNREACHABLE", "passthrough"},
+                          {"VLAKE_RECONNECT_TIMEOUT", "250ms"},
+                          {"VLAKE_TIMEOUT", "2.5"},
+                          {"VLAKE_LOG", "debug"},
+                          {"VLAKE_DISABLE", "1"}});
+  CHECK(c.socket_path == "/tmp/x.sock");
+  CHECK(c.on_unreachable == OnUnreachable::passthrough);
+  CHECK(c.reconnect_timeout == 250ms);
+  CHECK(c.timeout == 2500ms);
+  CHECK(c.log_level == LogLevel::debug);
+  CHECK(c.disabled);
+  CHECK(c.problems.empty());
+}
+
+TEST_CASE("config: malformed values keep the default and are reported") {
+  const Config c = parse({{"VLAKE_ON_UNREACHABLE", "ignore"},
+                          {"VLAKE_RECONNECT_TIMEOUT", "-1"},
+                          {"VLAKE_TIMEOUT", "0"},
+                          {"VLAKE_LOG", "loud"},
+                          {"VLAKE_DISABLE", "maybe"},
+                          {"VLAKE_SOCKET", std::string(200, 'x')}});
+  CHECK(c.on_unreachable == OnUnreachable::refuse);
+  CHECK(c.reconnect_timeout == 5000ms);
+  CHECK(c.timeout == 10000ms);
+  CHECK(c.log_level == LogLevel::warn);
+  CHECK_FALSE(c.disabled);
+  CHECK(c.socket_path == "/run/vlake/vlaked.sock");
+  CHECK(c.problems.size() == 6);
+}
+
+TEST_CASE("durations") {
+  CHECK(parse_duration("5") == std::optional(5000ms));
+  CHECK(parse_duration("0.5") == std::optional(500ms));
+  CHECK(parse_duration("2s") == std::optional(2000ms));
+  CHECK(parse_duration("750ms") == std::optional(750ms));
+  CHECK(parse_duration("0") == std::optional(0ms));
+  CHECK_FALSE(parse_duration(""));
+  CHECK_FALSE(parse_duration("ms"));
+  CHECK_FALSE(parse_duration("1e3"));
+  CHECK_FALSE(parse_duration("-2"));
+  CHECK_FALSE(parse_duration("five"));
+}
+
+TEST_CASE("byte formatting") {
+  CHECK(format_bytes(0) == "0 B");
+  CHECK(format_bytes(1023) == "1023 B");
+  CHECK(format_bytes(4096) == "4 KiB");
+  CHECK(format_bytes(512ull << 20) == "512 MiB");
+  CHECK(format_bytes(7ull << 29) == "3.5 GiB");
+  CHECK(format_bytes((4ull << 30) - 1) == "3.9 GiB");  // never rounded up
+}
+
+TEST_CASE("rate limiter: one per interval, counting the rest") {
+  RateLimiter r(100ms);
+  std::uint64_t suppressed = 99;
+  CHECK(r.allow(suppressed));
+  CHECK(suppressed == 0);
+  CHECK_FALSE(r.allow(suppressed));
+  CHECK_FALSE(r.allow(suppressed));
+  std::this_thread::sleep_for(120ms);
+  CHECK(r.allow(suppressed));
+  CHECK(suppressed == 2);
+}
+
+TEST_CASE("alloc table: lookups inside the reserved range") {
+  AllocTable t;
+  t.insert(LogicalAlloc{0x10000000, 3 << 20, 4 << 20, 7, 0, {1, 2}});
+  CHECK(t.find(0x10000000)->grant_id == 7);
+  CHECK(t.find(0x10000000 + (4 << 20) - 1)->requested == (3u << 20));
+  CHECK_FALSE(t.find(0x10000000 + (4 << 20)));
+  CHECK_FALSE(t.find(0x0fffffff));
+  CHECK_FALSE(t.take(0x10000001));
+  auto a = t.take(0x10000000);
+  REQUIRE(a);
+  CHECK(a->handles == std::vector<std::uint64_t>{1, 2});
+  CHECK(t.size() == 0);
+}
+
+TEST_CASE("create table: finished only without references and mappings") {
+  CreateTable t;
+  t.add(42, 1, 2 << 20, device_prop(), some_fd());
+  bool ours = false;
+
+  SECTION("release without mapping finishes") {
+    auto f = t.released(42, ours);
+    CHECK(ours);
+    REQUIRE(f);
+    CHECK(f->grant_id == 1);
+    CHECK_FALSE(f->exported);
+    CHECK(t.grants() == 0);
+  }
+  SECTION("mapped twice, retained, released: finished at the last unmap") {
+    t.mapped(0x200000, 2 << 20, 42);
+    t.mapped(0x800000, 2 << 20, 42);
+    CHECK(t.retained(0x200000 + 5, 42));
+    CHECK_FALSE(t.retained(0x200000 + 5, 43));  // another handle value
+    CHECK_FALSE(t.released(42, ours));
+    CHECK_FALSE(t.released(42, ours));
+    CHECK_FALSE(t.owns(42));
+    CHECK(t.unmapped(0x200000, 2 << 20).empty());
+    // Retain through the remaining mapping makes the handle live again.
+    CHECK(t.retained(0x800000, 42));
+    CHECK(t.owns(42));
+    CHECK(t.unmapped(0, 0x10000000).empty());
+    auto f = t.released(42, ours);
+    REQUIRE(f);
+    CHECK(f->grant_id == 1);
+  }
+  SECTION("one unmap covering several mappings") {
+    t.add(43, 2, 2 << 20, device_prop(), some_fd());
+    t.mapped(0x200000, 2 << 20, 42);
+    t.mapped(0x400000, 2 << 20, 43);
+    CHECK_FALSE(t.released(42, ours));
+    CHECK_FALSE(t.released(43, ours));
+    auto done = t.unmapped(0x200000, 4 << 20);
+    REQUIRE(done.size() == 2);
+    CHECK(t.grants() == 0);
+  }
+  SECTION("export marks the grant and hands out a new descriptor") {
+    auto fd = t.export_fd(42);
+    REQUIRE(fd);
+    CHECK(*fd >= 0);
+    ::close(*fd);
+    CHECK_FALSE(t.export_fd(99));
+    auto f = t.released(42, ours);
+    REQUIRE(f);
+    CHECK(f->exported);
+  }
+  SECTION("foreign handles are not ours") {
+    CHECK_FALSE(t.released(7, ours));
+    CHECK_FALSE(ours);
+    t.mapped(0x200000, 2 << 20, 7);
+    CHECK(t.unmapped(0x200000, 2 << 20).empty());
+    CHECK(t.grants() == 1);
+  }
+  SECTION("imports of a held handle count as references") {
+    CHECK(t.add_reference(42));
+    CHECK_FALSE(t.add_reference(8));
+    CHECK_FALSE(t.released(42, ours));
+    CHECK(t.released(42, ours));
+  }
+}

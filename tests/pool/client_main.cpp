@@ -1,0 +1,285 @@
+// vlake_pool_test_client: a tenant process for the daemon tests. It may drop to another
+// uid/gid (to be another tenant), then reads one command per line on stdin and answers one line
+// on stdout: "ok key=value ..." or "err <message>". It maps what it is granted through the
+// driver (--driver: the simulator), like the hook will.
+//
+// Commands:
+//   connect SOCKET [OLD_SESSION]   Hello; prints session, tenant, name, gran, total, limit, used
+//   grant BYTES [alloc|create|counted]   prints status, id, bytes, used, limit, handles
+//   fill ID BYTE                   fills the grant's mapping (copy engine)
+//   check ID BYTE                  match=1 if every byte equals BYTE, else match=0 offset= value=
+//   release ID [FLAGS]             unmaps, releases the imported handles, sends Release
+//   usage                          UsageQuery for device 0
+//   drop                           closes the connection, keeps grants and mappings
+//   own BYTES                      creates device memory outside the pool (kept until exit)
+//   meminfo                        used=<total - free> of device 0 (the simulator's physical view)
+//   stress SOCKET THREADS ITERS MAX_UNITS SEED   threads × iterations of random grant/release,
+//                                  each thread on its own connection; prints grants, denied, errors
+//   exit
+#include <grp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pool_client.hpp"
+#include "vlake/common/driver.hpp"
+
+using namespace vlake;
+using pooltest::PoolClient;
+using pooltest::Uuid;
+
+namespace {
+
+struct Held {
+  std::uint64_t bytes = 0;
+  std::vector<PhysicalHandle> handles;
+  std::vector<std::uint64_t> sizes;  // per handle
+  DevicePtr va{};
+  bool mapped = false;
+};
+
+class Tool {
+ public:
+  explicit Tool(std::string driver_path) : driver_path_(std::move(driver_path)) {}
+
+  Driver& driver() {
+    if (!driver_) driver_ = open_driver(driver_path_);
+    return *driver_;
+  }
+
+  std::string run(const std::string& line) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "connect") {
+      std::string path;
+      std::uint64_t old = 0;
+      in >> path >> old;
+      client_ = std::make_unique<PoolClient>(path);
+      ack_ = client_->hello(old);
+      std::memcpy(uuid_.data(), ack_.devices[0].uuid, 16);
+      std::ostringstream o;
+      o << "ok session=" << ack_.session_id << " tenant=" << ack_.tenant_id << " name=" << ack_.tenant_name
+        << " gran=" << ack_.granularity << " total=" << ack_.devices[0].total << " limit=" << ack_.devices[0].limit
+        << " used=" << ack_.devices[0].used << " count=" << ack_.device_count;
+      return o.str();
+    }
+    if (cmd == "grant") {
+      std::uint64_t bytes = 0;
+      std::string purpose = "alloc";
+      in >> bytes >> purpose;
+      const auto p = purpose == "counted" ? proto::GrantPurpose::counted
+                     : purpose == "create" ? proto::GrantPurpose::create
+                                            : proto::GrantPurpose::alloc;
+      auto g = need_client().grant(uuid_, bytes, p);
+      std::ostringstream o;
+      o << "ok status=" << static_cast<int>(g.reply.status) << " id=" << g.reply.grant_id << " bytes=" << g.reply.bytes
+        << " used=" << g.reply.used << " limit=" << g.reply.limit << " handles=" << g.reply.handle_count;
+      if (g.reply.status == proto::Status::ok) {
+        Held h;
+        h.bytes = g.reply.bytes;
+        for (std::uint32_t i = 0; i < g.reply.handle_count; ++i) {
+          h.handles.push_back(driver().import_fd(g.fds[i].get()));
+          h.sizes.push_back(g.reply.handles[i].size);
+        }
+        if (!h.handles.empty()) {
+          h.va = driver().reserve(Bytes{h.bytes}, Bytes{ack_.granularity});
+          for (std::size_t i = 0; i < h.handles.size(); ++i) {
+            driver().map(h.va + Bytes{g.reply.handles[i].offset}, Bytes{h.sizes[i]}, h.handles[i]);
+          }
+          driver().set_access(h.va, Bytes{h.bytes}, DeviceOrdinal{0}, Access::read_write);
+          h.mapped = true;
+        }
+        held_[g.reply.grant_id] = std::move(h);
+      }
+      return o.str();
+    }
+    if (cmd == "fill" || cmd == "check") {
+      std::uint64_t id = 0;
+      unsigned value = 0;
+      in >> id >> value;
+      Held& h = held_.at(id);
+      if (!h.mapped) return "err not mapped";
+      if (cmd == "fill") {
+        driver().fill_u8(h.va, static_cast<std::uint8_t>(value), Bytes{h.bytes});
+        driver().synchronize();
+        return "ok";
+      }
+      std::vector<unsigned char> buf(h.bytes);
+      driver().copy_to_host(buf.data(), h.va, Bytes{h.bytes});
+      for (std::size_t i = 0; i < buf.size(); ++i) {
+        if (buf[i] != value) return "ok match=0 offset=" + std::to_string(i) + " value=" + std::to_string(buf[i]);
+      }
+      return "ok match=1";
+    }
+    if (cmd == "release") {
+      std::uint64_t id = 0;
+      std::uint32_t flags = 0;
+      in >> id >> flags;
+      auto it = held_.find(id);
+      if (it != held_.end()) {
+        unmap(it->second);
+        held_.erase(it);
+      }
+      const auto r = need_client().release(id, flags);
+      return "ok status=" + std::to_string(static_cast<int>(r.status)) + " used=" + std::to_string(r.used);
+    }
+    if (cmd == "usage") {
+      const auto r = need_client().usage(uuid_);
+      return "ok status=" + std::to_string(static_cast<int>(r.status)) + " total=" + std::to_string(r.total) +
+             " limit=" + std::to_string(r.limit) + " used=" + std::to_string(r.used);
+    }
+    if (cmd == "drop") {
+      client_.reset();
+      return "ok";
+    }
+    if (cmd == "own") {  // device memory of this process that does not come from the pool
+      std::uint64_t bytes = 0;
+      in >> bytes;
+      own_.push_back(driver().create(DeviceOrdinal{0}, Bytes{bytes}));
+      return "ok";
+    }
+    if (cmd == "meminfo") {
+      const MemoryInfo m = driver().memory_info(DeviceOrdinal{0});
+      return "ok used=" + std::to_string((m.total - m.free).value());
+    }
+    if (cmd == "stress") {
+      std::string path;
+      int threads = 0;
+      int iters = 0;
+      int max_units = 0;
+      unsigned seed = 0;
+      in >> path >> threads >> iters >> max_units >> seed;
+      return stress(path, threads, iters, max_units, seed);
+    }
+    return "err unknown command '" + cmd + "'";
+  }
+
+ private:
+  PoolClient& need_client() {
+    if (!client_) throw std::runtime_error("not connected");
+    return *client_;
+  }
+
+  void unmap(Held& h) {
+    if (h.mapped) {
+      driver().unmap(h.va, Bytes{h.bytes});
+      driver().free_reservation(h.va, Bytes{h.bytes});
+    }
+    for (auto hd : h.handles) driver().release(hd);
+    h.handles.clear();
+    h.mapped = false;
+  }
+
+  std::string stress(const std::string& path, int threads, int iters, int max_units, unsigned seed) {
+    std::atomic<std::uint64_t> grants{0};
+    std::atomic<std::uint64_t> denied{0};
+    std::atomic<std::uint64_t> errors{0};
+    std::string first_error;
+    std::mutex mu;
+    Driver& drv = driver();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        try {
+          PoolClient c(path);
+          const auto ack = c.hello();
+          Uuid uuid;
+          std::memcpy(uuid.data(), ack.devices[0].uuid, 16);
+          std::mt19937 rng(seed * 7919u + static_cast<unsigned>(t));
+          std::vector<std::uint64_t> mine;
+          for (int i = 0; i < iters; ++i) {
+            if (!mine.empty() && (rng() % 2 == 0 || mine.size() >= 4)) {
+              const std::size_t k = rng() % mine.size();
+              const auto r = c.release(mine[k]);
+              if (r.status != proto::Status::ok) ++errors;
+              mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(k));
+              continue;
+            }
+            const std::uint64_t bytes = (1 + rng() % static_cast<unsigned>(max_units)) * ack.granularity;
+            auto g = c.grant(uuid, bytes);
+            if (g.reply.status == proto::Status::ok) {
+              ++grants;
+              for (auto& fd : g.fds) drv.release(drv.import_fd(fd.get()));
+              mine.push_back(g.reply.grant_id);
+            } else if (g.reply.status == proto::Status::over_limit) {
+              ++denied;
+            } else {
+              ++errors;
+            }
+          }
+          for (auto id : mine) {
+            if (c.release(id).status != proto::Status::ok) ++errors;
+          }
+        } catch (const std::exception& e) {
+          ++errors;
+          std::lock_guard lock(mu);
+          if (first_error.empty()) first_error = e.what();
+        }
+      });
+    }
+    for (auto& th : ts) th.join();
+    std::string out = "ok grants=" + std::to_string(grants) + " denied=" + std::to_string(denied) +
+                      " errors=" + std::to_string(errors);
+    if (!first_error.empty()) out += " first_error=" + first_error;
+    for (auto& c : out) {
+      if (c == '\n') c = ' ';
+    }
+    return out;
+  }
+
+  std::string driver_path_;
+  std::unique_ptr<Driver> driver_;
+  std::unique_ptr<PoolClient> client_;
+  proto::HelloAck ack_{};
+  Uuid uuid_{};
+  std::map<std::uint64_t, Held> held_;
+  std::vector<PhysicalHandle> own_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string driver;
+  long uid = -1;
+  long gid = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--driver") driver = argv[i + 1];
+    else if (a == "--uid") uid = std::stol(argv[i + 1]);
+    else if (a == "--gid") gid = std::stol(argv[i + 1]);
+  }
+  if (gid >= 0 || uid >= 0) {
+    if (::setgroups(0, nullptr) != 0) return std::perror("setgroups"), 3;
+    if (gid >= 0 && ::setgid(static_cast<gid_t>(gid)) != 0) return std::perror("setgid"), 3;
+    if (uid >= 0 && ::setuid(static_cast<uid_t>(uid)) != 0) return std::perror("setuid"), 3;
+  }
+  Tool tool(driver);
+  std::string line;
+  std::cout << "ok ready pid=" << ::getpid() << std::endl;
+  while (std::getline(std::cin, line)) {
+    if (line == "exit") break;
+    std::string reply;
+    try {
+      reply = tool.run(line);
+    } catch (const std::exception& e) {
+      reply = std::string("err ") + e.what();
+    }
+    for (auto& c : reply) {
+      if (c == '\n') c = ' ';
+    }
+    std::cout << reply << std::endl;
+  }
+  return 0;
+}

@@ -1,0 +1,111 @@
+// Test harness for daemon process tests: a vlaked started with the simulator on its own
+// simulated node, temp socket and state segment; tenant helper processes
+// (vlake_pool_test_client) driven over pipes; state segment snapshots.
+//
+// Paths come from compile definitions: VLAKED_PATH, VLAKE_POOL_CLIENT_PATH, VLAKE_SIM_LIB.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vlake/pool/state.hpp"
+
+namespace vlake::pooltest {
+
+// A name no other test (or test process) uses: "pt<pid>-<n>-<tag>".
+std::string unique_name(const std::string& tag);
+
+// Environment of the daemon and its helpers: this process's plus the simulated node.
+std::vector<std::string> child_env(const std::string& node);
+
+class DaemonProcess {
+ public:
+  // Creates a temp directory (mode 0755) holding the config (if `config_yaml` is not empty).
+  explicit DaemonProcess(const std::string& tag, const std::string& config_yaml = "");
+  ~DaemonProcess();  // SIGKILLs a running daemon, removes the directory, segment and sim node
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+
+  // Spawns vlaked (log to log_path, appended) and waits until the socket accepts connections.
+  // Returns false if it exited or did not come up within 10 s.
+  bool start(const std::vector<std::string>& extra = {});
+  // Spawns another vlaked with the same arguments; returns its exit status (waits up to 10 s).
+  int run_second();
+  void signal(int sig);
+  // Waits for the daemon to exit; returns its wait status, or -1 after `timeout_ms`.
+  int wait_exit(int timeout_ms = 10000);
+  [[nodiscard]] std::string log() const;
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+
+  std::string dir;
+  std::string socket;
+  std::string state;
+  std::string node;
+  std::string config;
+  std::string log_path;
+
+ private:
+  pid_t spawn(const std::vector<std::string>& extra);
+  pid_t pid_ = -1;
+  std::vector<std::string> last_extra_;
+};
+
+// A tenant helper process.
+class Helper {
+ public:
+  // uid/gid < 0: stay root.
+  Helper(const std::string& node, long uid = -1, long gid = -1);
+  ~Helper();  // closes stdin (the helper exits) and reaps it; SIGKILL if it lingers
+  Helper(const Helper&) = delete;
+  Helper& operator=(const Helper&) = delete;
+
+  // Sends one command, returns the reply line (throws on EOF / 30 s timeout).
+  std::string cmd(const std::string& line);
+  // cmd() that must answer "ok ..."; returns its key=value pairs (REQUIREs inside).
+  std::map<std::string, std::string> ok(const std::string& line);
+  void kill9();
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  std::string buf_;
+};
+
+std::uint64_t num(const std::map<std::string, std::string>& kv, const std::string& key);
+
+// Snapshot helpers.
+std::unique_ptr<pool::state::State> snapshot(const std::string& state_name);
+// The tenant record with this name, or nullptr.
+const pool::state::TenantRecord* tenant(const pool::state::State& s, const std::string& name);
+std::string tenant_name(const pool::state::State& s, std::uint32_t id);
+std::size_t live_sessions(const pool::state::State& s);
+std::size_t live_grants(const pool::state::State& s);
+
+// Physical bytes used on device 0 of `node`, as a separate simulator process sees it.
+std::uint64_t sim_used(const std::string& node);
+
+// Polls `pred` every 10 ms until it is true or `timeout_ms` passed; returns the last result.
+template <class F>
+bool eventually(F&& pred, int timeout_ms = 2000);
+
+}  // namespace vlake::pooltest
+
+#include <chrono>
+#include <thread>
+
+template <class F>
+bool vlake::pooltest::eventually(F&& pred, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    if (pred()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}

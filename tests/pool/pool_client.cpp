@@ -1,0 +1,138 @@
+#include "pool_client.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "vlake/common/unix_socket.hpp"
+
+namespace vlake::pooltest {
+
+PoolClient::PoolClient(const std::string& socket_path) {
+  fd_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd_) throw std::system_error(errno, std::generic_category(), "socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof addr.sun_path) throw std::invalid_argument("socket path too long");
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  if (::connect(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    throw std::system_error(errno, std::generic_category(), "connect " + socket_path);
+  }
+}
+
+void PoolClient::send_bytes(const void* data, std::size_t n, std::span<const int> fds) {
+  send_with_fds(fd_.get(), std::span<const std::byte>(static_cast<const std::byte*>(data), n), fds);
+}
+
+proto::MsgType PoolClient::Message::type() const {
+  if (bytes.size() < sizeof(proto::Header)) throw ProtocolError("reply shorter than a header");
+  proto::Header h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  return h.type;
+}
+
+std::optional<PoolClient::Message> PoolClient::recv(int timeout_ms) {
+  pollfd p{fd_.get(), POLLIN, 0};
+  const int r = ::poll(&p, 1, timeout_ms);
+  if (r == 0) return std::nullopt;
+  if (r < 0) throw std::system_error(errno, std::generic_category(), "poll");
+  Message m;
+  std::vector<std::byte> buf(proto::kMaxMessageBytes + 8);
+  Received got;
+  try {
+    got = recv_with_fds(fd_.get(), buf);
+  } catch (const std::system_error& e) {
+    if (e.code().value() == ECONNRESET) {
+      m.closed = true;
+      return m;
+    }
+    throw;
+  }
+  if (got.bytes == 0) {
+    m.closed = true;
+    return m;
+  }
+  buf.resize(got.bytes);
+  m.bytes = std::move(buf);
+  m.fds = std::move(got.fds);
+  return m;
+}
+
+bool PoolClient::wait_closed(int timeout_ms) {
+  for (int i = 0; i < 4; ++i) {
+    auto m = recv(timeout_ms);
+    if (!m) return false;
+    if (m->closed) return true;
+  }
+  return false;
+}
+
+template <class R>
+R PoolClient::expect(proto::MsgType type, std::uint64_t request_id, std::vector<UniqueFd>* fds) {
+  auto m = recv(10000);
+  if (!m) throw ProtocolError("no reply within 10 s");
+  if (m->closed) throw ProtocolError("the daemon closed the connection");
+  if (m->type() == proto::MsgType::error) {
+    const auto e = m->as<proto::Error>();
+    throw ProtocolError("Error reply, status " + std::to_string(static_cast<int>(e.status)) + ": " +
+                        std::string(e.message, strnlen(e.message, sizeof e.message)));
+  }
+  if (m->type() != type) throw ProtocolError("unexpected reply type " + std::to_string(static_cast<int>(m->type())));
+  const R r = m->as<R>();
+  if (const char* why = proto::check_frame(m->bytes.data(), m->bytes.size())) throw ProtocolError(why);
+  if (r.h.request_id != request_id) throw ProtocolError("reply does not echo the request id");
+  if (fds != nullptr) *fds = std::move(m->fds);
+  else if (!m->fds.empty()) throw ProtocolError("unexpected descriptors");
+  return r;
+}
+
+proto::HelloAck PoolClient::hello(std::uint64_t old_session) {
+  proto::Hello m{};
+  const auto id = next_request_id();
+  m.h = proto::make_header<proto::Hello>(proto::MsgType::hello, id);
+  m.pid = static_cast<std::uint32_t>(::getpid());
+  m.old_session = old_session;
+  std::strncpy(m.client, "vlake pool test", sizeof m.client - 1);
+  send(m);
+  return expect<proto::HelloAck>(proto::MsgType::hello_ack, id);
+}
+
+PoolClient::Granted PoolClient::grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose) {
+  proto::GrantRequest m{};
+  const auto id = next_request_id();
+  m.h = proto::make_header<proto::GrantRequest>(proto::MsgType::grant_request, id);
+  std::memcpy(m.device_uuid, device.data(), 16);
+  m.bytes = bytes;
+  m.purpose = purpose;
+  send(m);
+  Granted g;
+  g.reply = expect<proto::GrantReply>(proto::MsgType::grant_reply, id, &g.fds);
+  if (g.fds.size() != g.reply.handle_count) throw ProtocolError("descriptor count differs from handle_count");
+  return g;
+}
+
+proto::ReleaseAck PoolClient::release(std::uint64_t grant_id, std::uint32_t flags) {
+  proto::Release m{};
+  const auto id = next_request_id();
+  m.h = proto::make_header<proto::Release>(proto::MsgType::release, id);
+  m.grant_id = grant_id;
+  m.flags = flags;
+  send(m);
+  return expect<proto::ReleaseAck>(proto::MsgType::release_ack, id);
+}
+
+proto::UsageReply PoolClient::usage(const Uuid& device) {
+  proto::UsageQuery m{};
+  const auto id = next_request_id();
+  m.h = proto::make_header<proto::UsageQuery>(proto::MsgType::usage_query, id);
+  std::memcpy(m.device_uuid, device.data(), 16);
+  send(m);
+  return expect<proto::UsageReply>(proto::MsgType::usage_reply, id);
+}
+
+}  // namespace vlake::pooltest

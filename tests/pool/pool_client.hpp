@@ -1,0 +1,79 @@
+// A small vlaked protocol client for the tests (the real client is the hook). Speaks
+// protocol.hpp over the daemon's SOCK_SEQPACKET socket; also sends raw bytes for the malformed-
+// message tests.
+//
+// Contract: one object per connection, not thread-safe. Request helpers throw ProtocolError
+// when the daemon answers with something else than the expected reply (the Error message's
+// text is included) or closes the connection; recv() waits at most `timeout_ms`.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "vlake/common/protocol.hpp"
+#include "vlake/common/unique_fd.hpp"
+
+namespace vlake::pooltest {
+
+using Uuid = std::array<std::uint8_t, 16>;
+
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class PoolClient {
+ public:
+  explicit PoolClient(const std::string& socket_path);  // connects; throws std::system_error
+  [[nodiscard]] int fd() const noexcept { return fd_.get(); }
+
+  void send_bytes(const void* data, std::size_t n, std::span<const int> fds = {});
+  template <class T>
+  void send(const T& m, std::span<const int> fds = {}) {
+    send_bytes(&m, sizeof m, fds);
+  }
+
+  struct Message {
+    bool closed = false;  // the daemon closed the connection
+    std::vector<std::byte> bytes;
+    std::vector<UniqueFd> fds;
+    [[nodiscard]] proto::MsgType type() const;
+    template <class T>
+    [[nodiscard]] T as() const {
+      if (bytes.size() != sizeof(T)) throw ProtocolError("reply has " + std::to_string(bytes.size()) + " bytes");
+      T t;
+      __builtin_memcpy(&t, bytes.data(), sizeof t);
+      return t;
+    }
+  };
+  // nullopt on timeout.
+  std::optional<Message> recv(int timeout_ms = 5000);
+  // True if the daemon closes the connection within `timeout_ms` (skipping any reply, e.g.
+  // an Error, that comes before the close).
+  bool wait_closed(int timeout_ms = 5000);
+
+  proto::HelloAck hello(std::uint64_t old_session = 0);
+  struct Granted {
+    proto::GrantReply reply{};
+    std::vector<UniqueFd> fds;
+  };
+  Granted grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose = proto::GrantPurpose::alloc);
+  proto::ReleaseAck release(std::uint64_t grant_id, std::uint32_t flags = 0);
+  proto::UsageReply usage(const Uuid& device);
+
+  std::uint64_t next_request_id() noexcept { return ++request_id_; }
+
+ private:
+  template <class R>
+  R expect(proto::MsgType type, std::uint64_t request_id, std::vector<UniqueFd>* fds = nullptr);
+
+  UniqueFd fd_;
+  std::uint64_t request_id_ = 100;
+};
+
+}  // namespace vlake::pooltest

@@ -1,0 +1,313 @@
+// Unit tests of the daemon's parts that need no GPU: options, the accounting invariant under
+// threads, NVML attribution (fake NVML), the state segment's checks and seqlock reader.
+#include <catch2/catch.hpp>
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "vlake/pool/accounting.hpp"
+#include "vlake/pool/nvml_source.hpp"
+#include "vlake/pool/options.hpp"
+#include "vlake/pool/state.hpp"
+
+using namespace vlake;
+using namespace vlake::pool;
+using namespace vlake::literals;
+
+namespace {
+DaemonOptions parse(const std::vector<const char*>& args) {
+  const char* argv[32] = {"vlaked"};
+  int argc = 1;
+  for (const char* a : args) argv[argc++] = a;
+  return DaemonOptions::parse(argc, argv);
+}
+}  // namespace
+
+TEST_CASE("options: defaults, values, errors", "[pool][options]") {
+  const DaemonOptions d = parse({});
+  CHECK(d.config == "/etc/vlake/vlake.yaml");
+  CHECK(d.socket == "/run/vlake/vlaked.sock");
+  CHECK(d.state == "vlake-state");
+  CHECK(d.driver == "libcuda.so.1");
+  CHECK(d.nvml == "libnvidia-ml.so.1");
+  CHECK(d.log_level == LogLevel::info);
+  CHECK(d.sample_interval.count() == 1000);
+  CHECK(d.lock_path() == "/run/vlake/vlaked.sock.lock");
+  CHECK_FALSE(d.help);
+
+  const DaemonOptions o = parse({"--config", "/c.yaml", "--socket=/tmp/s", "--state", "st", "--driver", "/x.so",
+                                 "--nvml", "none", "--log-level", "debug", "--sample-interval-ms", "250"});
+  CHECK(o.config == "/c.yaml");
+  CHECK(o.socket == "/tmp/s");
+  CHECK(o.state == "st");
+  CHECK(o.driver == "/x.so");
+  CHECK(o.nvml.empty());
+  CHECK(o.log_level == LogLevel::debug);
+  CHECK(o.sample_interval.count() == 250);
+  CHECK(parse({"--help"}).help);
+  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--sample-interval-ms"));
+
+  struct Bad {
+    std::vector<const char*> args;
+    const char* msg;
+  };
+  const std::vector<Bad> bad = {
+      {{"--bogus"}, "unknown option '--bogus'"},
+      {{"--socket"}, "option --socket needs a value"},
+      {{"--log-level", "loud"}, "unknown log level 'loud'"},
+      {{"--sample-interval-ms", "0"}, "--sample-interval-ms must be a number 10..3600000"},
+      {{"--sample-interval-ms", "abc"}, "--sample-interval-ms must be a number"},
+      {{"--state", "a/b"}, "--state must be a name without '/'"},
+      {{"--config="}, "needs a non-empty value"},
+      {{"stray"}, "unexpected argument 'stray'"},
+  };
+  for (const auto& b : bad) {
+    INFO(b.msg);
+    try {
+      (void)parse(b.args);
+      FAIL("accepted");
+    } catch (const OptionsError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(b.msg));
+    }
+  }
+}
+
+TEST_CASE("accounting: reserve, commit, rollback, uncharge", "[pool][accounting]") {
+  Accounting a;
+  const TenantId t{1};
+  const DeviceOrdinal d{0};
+  CHECK_FALSE(a.reserve(t, d, 1_B).has_value());  // no limit set: 0
+  a.set_limit(t, d, 10_MiB);
+  {
+    auto r = a.reserve(t, d, 6_MiB);
+    REQUIRE(r);
+    CHECK(a.usage(t, d).reserved == 6_MiB);
+    CHECK_FALSE(a.reserve(t, d, 6_MiB).has_value());  // reserved counts
+  }  // destroyed uncommitted: rolled back
+  CHECK(a.usage(t, d).reserved == 0_B);
+  auto r = a.reserve(t, d, 6_MiB);
+  REQUIRE(r);
+  a.commit(*r);
+  CHECK(a.usage(t, d).granted == 6_MiB);
+  CHECK(a.usage(t, d).reserved == 0_B);
+  a.set_nonpool(t, d, 3_MiB);
+  Accounting::Usage seen{};
+  CHECK_FALSE(a.reserve(t, d, 2_MiB, &seen).has_value());  // 6 + 3 + 2 > 10
+  CHECK(seen.used() == 9_MiB);
+  CHECK(a.reserve(t, d, 1_MiB).has_value());
+  CHECK(a.uncharge(t, d, 6_MiB));
+  CHECK(a.usage(t, d).granted == 0_B);
+  CHECK_FALSE(a.uncharge(t, d, 1_MiB));  // more than granted: clamped, reported
+  a.restore(t, d, 20_MiB);  // recovered grants may exceed the limit
+  CHECK(a.usage(t, d).granted == 20_MiB);
+  CHECK_FALSE(a.reserve(t, d, 1_B).has_value());
+  CHECK_FALSE(a.reserve(t, d, Bytes{~0ULL}).has_value());  // no overflow
+}
+
+TEST_CASE("accounting: no interleaving of threads exceeds a limit", "[pool][accounting]") {
+  Accounting a;
+  constexpr int kTenants = 5;
+  constexpr int kDevices = 2;
+  std::mt19937 setup(12345);
+  std::map<std::pair<std::uint32_t, std::int32_t>, Bytes> limits;
+  for (std::uint32_t t = 1; t <= kTenants; ++t) {
+    for (std::int32_t d = 0; d < kDevices; ++d) {
+      const Bytes limit = Bytes{(1 + setup() % 64) * (1ULL << 20)};
+      a.set_limit(TenantId{t}, DeviceOrdinal{d}, limit);
+      a.set_nonpool(TenantId{t}, DeviceOrdinal{d}, Bytes{(setup() % 4) * (1ULL << 20)});
+      limits[{t, d}] = limit;
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> violations{0};
+  std::atomic<std::uint64_t> checks{0};
+  std::thread checker([&] {
+    while (!stop.load()) {
+      for (const auto& e : a.snapshot()) {
+        if ((e.usage.granted + e.usage.nonpool + e.usage.reserved).value() > e.usage.limit.value()) ++violations;
+      }
+      ++checks;
+    }
+  });
+  constexpr int kThreads = 8;
+  std::vector<std::map<std::pair<std::uint32_t, std::int32_t>, Bytes>> held(kThreads);
+  std::atomic<std::uint64_t> granted_ok{0};
+  std::atomic<std::uint64_t> refused{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kThreads; ++w) {
+    workers.emplace_back([&, w] {
+      std::mt19937 rng(static_cast<unsigned>(w) * 7919u + 1u);
+      for (int i = 0; i < 20000; ++i) {
+        const std::uint32_t t = 1 + rng() % kTenants;
+        const std::int32_t d = static_cast<std::int32_t>(rng() % kDevices);
+        auto& mine = held[static_cast<std::size_t>(w)][{t, d}];
+        const unsigned op = rng() % 10;
+        if (op < 5) {
+          const Bytes n = Bytes{(1 + rng() % 16) * (1ULL << 20)};
+          auto r = a.reserve(TenantId{t}, DeviceOrdinal{d}, n);
+          if (!r) {
+            ++refused;
+            continue;
+          }
+          if (rng() % 4 == 0) {
+            r->rollback();
+          } else {
+            r->commit();
+            mine += n;
+            ++granted_ok;
+          }
+        } else if (mine > 0_B) {
+          const Bytes n = Bytes{std::min<std::uint64_t>(mine.value(), (1 + rng() % 16) * (1ULL << 20))};
+          REQUIRE(a.uncharge(TenantId{t}, DeviceOrdinal{d}, n));
+          mine -= n;
+        }
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  stop = true;
+  checker.join();
+  CHECK(violations.load() == 0);
+  CHECK(checks.load() > 10);
+  CHECK(granted_ok.load() > 1000);
+  CHECK(refused.load() > 100);  // limits were actually contended
+  // What each thread believes it holds is exactly what the books say.
+  for (std::uint32_t t = 1; t <= kTenants; ++t) {
+    for (std::int32_t d = 0; d < kDevices; ++d) {
+      Bytes sum{0};
+      for (const auto& h : held) {
+        if (auto it = h.find({t, d}); it != h.end()) sum += it->second;
+      }
+      const auto u = a.usage(TenantId{t}, DeviceOrdinal{d});
+      CHECK(u.granted == sum);
+      CHECK(u.reserved == 0_B);
+      CHECK(u.granted + u.nonpool <= limits[{t, d}]);
+    }
+  }
+}
+
+namespace {
+class FakeNvml final : public NvmlSource {
+ public:
+  std::map<Uuid, std::vector<ProcessUsage>> gpus;
+  std::optional<std::vector<ProcessUsage>> processes(const Uuid& gpu) override {
+    auto it = gpus.find(gpu);
+    if (it == gpus.end()) return std::nullopt;
+    return it->second;
+  }
+};
+}  // namespace
+
+TEST_CASE("nvml: UUID strings round-trip", "[pool][nvml]") {
+  Uuid u{};
+  for (std::size_t i = 0; i < 16; ++i) u[i] = static_cast<std::uint8_t>(i * 17);
+  const std::string s = uuid_to_string(u);
+  CHECK(s == "GPU-00112233-4455-6677-8899-aabbccddeeff");
+  CHECK(uuid_from_string(s) == u);
+  CHECK(uuid_from_string("00112233-4455-6677-8899-aabbccddeeff") == u);
+  CHECK_FALSE(uuid_from_string("GPU-0011").has_value());
+  CHECK_FALSE(uuid_from_string("GPU-zz112233-4455-6677-8899-aabbccddeeff").has_value());
+}
+
+TEST_CASE("nvml: non-pool usage is attributed to session tenants", "[pool][nvml]") {
+  FakeNvml nvml;
+  Uuid g0{};
+  g0[0] = 1;
+  Uuid g1{};
+  g1[0] = 2;
+  Uuid g2{};  // a GPU NVML does not know
+  g2[0] = 3;
+  const std::uint32_t daemon = 100;
+  nvml.gpus[g0] = {{daemon, 900_MiB}, {201, 500_MiB}, {202, 300_MiB}, {203, 100_MiB}, {999, 700_MiB}};
+  nvml.gpus[g1] = {{201, 50_MiB}, {204, 10_MiB}};
+  NonpoolInputs in;
+  in.daemon_pid = daemon;
+  in.devices = {{DeviceOrdinal{0}, g0}, {DeviceOrdinal{1}, g1}, {DeviceOrdinal{2}, g2}};
+  in.pid_tenant = {{201, TenantId{1}}, {202, TenantId{1}}, {203, TenantId{2}}, {204, TenantId{3}},
+                   {daemon, TenantId{9}}};
+  // pid 202 holds a 200 MiB orphaned grant on GPU 0 (its charge moved to it); pid 203 one
+  // larger than what NVML shows: clamped at 0.
+  in.orphaned[{202, 0}] = 200_MiB;
+  in.orphaned[{203, 0}] = 150_MiB;
+  const NonpoolResult r = attribute_nonpool(nvml, in);
+  CHECK(r.at({1, 0}) == 500_MiB + 100_MiB);
+  CHECK(r.at({2, 0}) == 0_B);
+  CHECK(r.at({3, 0}) == 0_B);   // present (reset to 0) though NVML lists no process of it
+  CHECK(r.at({9, 0}) == 0_B);   // the daemon's pid is never attributed
+  CHECK(r.at({1, 1}) == 50_MiB);
+  CHECK(r.at({3, 1}) == 10_MiB);
+  CHECK(r.count({1, 2}) == 0);  // unknown GPU: no entry
+}
+
+TEST_CASE("nvml: a missing library is an error, not a crash", "[pool][nvml]") {
+  CHECK_THROWS_WITH(open_nvml("/nonexistent/libnvidia-ml.so.1"), Catch::Contains("cannot load"));
+}
+
+TEST_CASE("state segment: created, resumed, refused on mismatch, consistent snapshots", "[pool][state]") {
+  namespace st = vlake::pool::state;
+  const std::string name = "pt" + std::to_string(::getpid()) + "-state-unit";
+  st::StateSegment::Origin origin{};
+  {
+    st::StateSegment seg(name);
+    origin = seg.origin();
+    {
+      st::StateSegment::Write w(seg);
+      seg.state().counters.grants = 42;
+    }
+  }
+  CHECK(origin == st::StateSegment::Origin::created);
+  {
+    st::StateSegment seg(name);
+    CHECK(seg.origin() == st::StateSegment::Origin::resumed);
+    CHECK(seg.state().counters.grants == 42);
+    st::StateReader reader(name);
+    // A writer flipping two fields together; readers must never see them differ.
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+      for (std::uint64_t i = 0; !stop.load(); ++i) {
+        st::StateSegment::Write w(seg);
+        seg.state().counters.releases = i;
+        seg.state().grants[st::kMaxGrants - 1].bytes = i;
+      }
+    });
+    int torn = 0;
+    for (int i = 0; i < 200; ++i) {
+      const auto s = reader.snapshot();
+      if (s->counters.releases != s->grants[st::kMaxGrants - 1].bytes) ++torn;
+      CHECK((s->header.generation & 1) == 0);
+    }
+    stop = true;
+    writer.join();
+    CHECK(torn == 0);
+    seg.remove();
+  }
+  // A segment of another layout is refused with how to reset it.
+  {
+    namespace bip = boost::interprocess;
+    bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write);
+    shm.truncate(4096);
+    bip::mapped_region r(shm, bip::read_write);
+    st::Header h{};
+    h.magic = st::kMagic;
+    h.layout_version = 99;
+    std::memcpy(r.get_address(), &h, sizeof h);
+  }
+  try {
+    st::StateSegment seg(name);
+    FAIL("accepted a foreign layout");
+  } catch (const st::StateError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("layout version 99"));
+    CHECK_THAT(e.what(), Catch::Contains("remove /dev/shm/" + name));
+  }
+  CHECK_THROWS_AS(st::StateReader(name), st::StateError);
+  boost::interprocess::shared_memory_object::remove(name.c_str());
+  CHECK_THROWS_WITH(st::StateReader(name), Catch::Contains("cannot open state segment"));
+}

@@ -1,0 +1,186 @@
+// QuotaConfig: good files resolve as documented; bad files fail with file:line:column and a
+// description of what is wrong.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "vlake/quota/quota_config.hpp"
+
+using vlake::Bytes;
+using vlake::quota::ConfigError;
+using vlake::quota::Limit;
+using vlake::quota::QuotaConfig;
+using namespace vlake::literals;
+
+namespace {
+std::vector<gid_t> none;
+}
+
+TEST_CASE("size strings parse to bytes or percentages", "[quota]") {
+  CHECK(vlake::quota::parse_limit("4096") == Limit::bytes(Bytes{4096}));
+  CHECK(vlake::quota::parse_limit("4096B") == Limit::bytes(Bytes{4096}));
+  CHECK(vlake::quota::parse_limit("3KiB") == Limit::bytes(3_KiB));
+  CHECK(vlake::quota::parse_limit("512MiB") == Limit::bytes(512_MiB));
+  CHECK(vlake::quota::parse_limit(" 8 GiB ") == Limit::bytes(8_GiB));
+  CHECK(vlake::quota::parse_limit("2TiB") == Limit::bytes(Bytes{2ull << 40}));
+  CHECK(vlake::quota::parse_limit("50%") == Limit::percent_ppm(500'000));
+  CHECK(vlake::quota::parse_limit("12.5%") == Limit::percent_ppm(125'000));
+  CHECK(vlake::quota::parse_limit("100%") == Limit::percent_ppm(1'000'000));
+  CHECK(vlake::quota::parse_limit("50%").on_device(1_GiB) == 512_MiB);
+  CHECK(vlake::quota::parse_limit("4GiB").on_device(1_GiB) == 4_GiB);
+  CHECK(vlake::quota::parse_limit("4GiB").to_string() == "4GiB");
+  CHECK(vlake::quota::parse_limit("12.5%").to_string() == "12.5%");
+
+  struct Bad {
+    const char* text;
+    const char* why;
+  };
+  const std::vector<Bad> bad = {
+      {"8GB", "unknown unit 'GB'"},   {"0", "greater than zero"},   {"0GiB", "greater than zero"},
+      {"-1GiB", "must be positive"},  {"101%", "percentage over 100"}, {"100.5%", "percentage over 100"},
+      {"0%", "greater than zero"},    {"", "empty"},                {"GiB", "expected a number"},
+      {"1.5GiB", "whole number"},     {"99999999999999999999", "too large"},
+      {"20000000TiB", "too large"},
+  };
+  for (const Bad& b : bad) {
+    INFO(b.text);
+    try {
+      (void)vlake::quota::parse_limit(b.text);
+      FAIL("accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK_THAT(e.what(), Catch::Contains(b.why));
+    }
+  }
+}
+
+TEST_CASE("resolution: user entry wins, then first matching group, then default", "[quota]") {
+  const QuotaConfig cfg = QuotaConfig::parse(R"(version: 1
+default:
+  limit: 8GiB
+users:
+  - uid: 1000
+    limit: 4GiB
+  - uid: 0
+    limit: 50%
+groups:
+  - gid: 2000
+    limit: 16GiB
+  - gid: 3000
+    limit: 1GiB
+)",
+                                             "t.yaml");
+  const std::vector<gid_t> g2000{2000};
+  const std::vector<gid_t> g3000_2000{3000, 2000};
+
+  auto t = cfg.resolve(1000, 2000, g2000);
+  CHECK(t.name == "user:1000");
+  CHECK(t.limit == Limit::bytes(4_GiB));
+
+  t = cfg.resolve(0, 0, none);
+  CHECK(t.name == "user:0");
+  CHECK(t.limit.on_device(2_GiB) == 1_GiB);
+
+  t = cfg.resolve(1001, 2000, none);  // primary gid
+  CHECK(t.name == "group:2000");
+  CHECK(t.limit == Limit::bytes(16_GiB));
+
+  t = cfg.resolve(1001, 100, g3000_2000);  // supplementary: file order decides, not list order
+  CHECK(t.name == "group:2000");
+
+  const std::vector<gid_t> g3000{3000};
+  t = cfg.resolve(1001, 100, g3000);
+  CHECK(t.name == "group:3000");
+  CHECK(t.limit == Limit::bytes(1_GiB));
+
+  t = cfg.resolve(1234, 100, none);
+  CHECK(t.name == "uid:1234");
+  CHECK(t.limit == Limit::bytes(8_GiB));
+}
+
+TEST_CASE("names resolve through the user and group databases", "[quota]") {
+  // root (uid 0, gid 0) exists on every system.
+  const QuotaConfig cfg = QuotaConfig::parse(
+      "version: 1\nusers:\n  - name: root\n    limit: 1GiB\ngroups:\n  - name: root\n    limit: 2GiB\n", "n.yaml");
+  CHECK(cfg.resolve(0, 0, none).name == "user:root");
+  CHECK(cfg.resolve(5, 0, none).name == "group:root");
+  CHECK(cfg.resolve(5, 0, none).limit == Limit::bytes(2_GiB));
+}
+
+TEST_CASE("the built-in default and a missing default section mean 100%", "[quota]") {
+  const QuotaConfig builtin;
+  CHECK(builtin.resolve(42, 42, none).name == "uid:42");
+  CHECK(builtin.resolve(42, 42, none).limit.on_device(1_GiB) == 1_GiB);
+  const QuotaConfig cfg = QuotaConfig::parse("version: 1\n", "v.yaml");
+  CHECK(cfg.default_limit() == Limit::percent_ppm(1'000'000));
+}
+
+TEST_CASE("bad files name file, line, column and the problem", "[quota]") {
+  struct Case {
+    const char* text;
+    const char* expect;  // the start of what() after the file name
+  };
+  const std::vector<Case> cases = {
+      {"version: 1\nfoo: 1\n", "bad.yaml:2:1: unknown key 'foo' in the top level"},
+      {"version: 2\n", "bad.yaml:1:10: unsupported version '2'"},
+      {"default:\n  limit: 1GiB\n", "bad.yaml:1:1: missing 'version'"},
+      {"version: 1\ndefault:\n  limit: 8GB\n", "bad.yaml:3:10: bad size '8GB': unknown unit 'GB'"},
+      {"version: 1\ndefault:\n  limit: 0\n", "bad.yaml:3:10: bad size '0': must be greater than zero"},
+      {"version: 1\ndefault:\n  limit: -4GiB\n", "bad.yaml:3:10: bad size '-4GiB': must be positive"},
+      {"version: 1\ndefault:\n  limit: 150%\n", "bad.yaml:3:10: bad size '150%': percentage over 100"},
+      {"version: 1\ndefault:\n  limt: 1GiB\n", "bad.yaml:3:3: unknown key 'limt' in 'default'"},
+      {"version: 1\nusers:\n  - uid: 1000\n    limit: 1GiB\n  - uid: 1000\n    limit: 2GiB\n",
+       "bad.yaml:5:10: duplicate uid 1000 in 'users'"},
+      {"version: 1\ngroups:\n  - gid: 7\n    limit: 1GiB\n  - gid: 7\n    limit: 1GiB\n",
+       "bad.yaml:5:10: duplicate gid 7 in 'groups'"},
+      {"version: 1\nusers:\n  - name: root\n    limit: 1GiB\n  - uid: 0\n    limit: 1GiB\n",
+       "bad.yaml:5:10: duplicate uid 0 in 'users'"},
+      {"version: 1\nusers:\n  - uid: 5\n", "bad.yaml:3:5: missing 'limit' in a 'users' entry"},
+      {"version: 1\nusers:\n  - uid: 5\n    name: root\n    limit: 1GiB\n",
+       "bad.yaml:3:5: a 'users' entry has both 'uid' and 'name'"},
+      {"version: 1\nusers:\n  - limit: 1GiB\n", "bad.yaml:3:5: a 'users' entry needs 'uid' or 'name'"},
+      {"version: 1\nusers:\n  - uid: abc\n    limit: 1GiB\n", "bad.yaml:3:10: bad uid 'abc'"},
+      {"version: 1\nusers:\n  - uid: 1\n    limit: 1GiB\n    quota: 2\n",
+       "bad.yaml:5:5: unknown key 'quota' in a 'users' entry"},
+      {"version: 1\nusers:\n  - name: no-such-user-vlake\n    limit: 1GiB\n",
+       "bad.yaml:3:11: unknown user 'no-such-user-vlake'"},
+      {"version: 1\ngroups:\n  - name: no-such-group-vlake\n    limit: 1GiB\n",
+       "bad.yaml:3:11: unknown group 'no-such-group-vlake'"},
+      {"version: 1\nusers: 5\n", "bad.yaml:2:8: 'users' must be a list"},
+      {"version: 1\ndefault: [1\n", "bad.yaml:3:1: YAML syntax"},
+      {"", "bad.yaml:0:0: empty configuration"},
+      {"- 1\n", "bad.yaml:1:1: the configuration must be a mapping"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.text);
+    try {
+      (void)QuotaConfig::parse(c.text, "bad.yaml");
+      FAIL("accepted");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Catch::StartsWith(c.expect));
+    }
+  }
+}
+
+TEST_CASE("load reads a file and reports a missing one", "[quota]") {
+  char path[] = "/tmp/vlake-quota-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  {
+    std::ofstream out(path);
+    out << "version: 1\ndefault:\n  limit: 3GiB\n";
+  }
+  CHECK(QuotaConfig::load(path).default_limit() == Limit::bytes(3_GiB));
+  ::unlink(path);
+  try {
+    (void)QuotaConfig::load(path);
+    FAIL("loaded a missing file");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cannot read the file"));
+  }
+}
