@@ -127,6 +127,18 @@ void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t reque
         "out of memory on GPU %d: tenant %s holds %s of its %s limit; request of %s refused%s", dev,
         tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
         format_bytes(requested).c_str(), note.c_str());
+  } else if (g.status == Status::namespace_over_limit) {
+    log(LogLevel::error,
+        "out of memory on GPU %d: the namespace of tenant %s holds %s of its %s limit; request of "
+        "%s refused%s",
+        dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
+        format_bytes(requested).c_str(), note.c_str());
+  } else if (g.status == Status::guarantee) {
+    log(LogLevel::error,
+        "out of memory on GPU %d: the rest of the GPU is guaranteed to other namespaces; tenant %s "
+        "holds %s of its %s limit; request of %s refused%s",
+        dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
+        format_bytes(requested).c_str(), note.c_str());
   } else if (g.status == Status::out_of_memory) {
     log(LogLevel::error,
         "out of memory on GPU %d: the GPU is full (the node pool has no memory left); tenant %s "

@@ -1,8 +1,32 @@
 #include "vlake/pool/accounting.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace vlake::pool {
+
+const char* to_string(Refusal r) noexcept {
+  switch (r) {
+    case Refusal::none: return "none";
+    case Refusal::tenant_limit: return "tenant limit";
+    case Refusal::namespace_limit: return "namespace limit";
+    case Refusal::guarantee: return "guarantee of other namespaces";
+  }
+  return "?";
+}
+
+namespace {
+
+// a + b <= limit, without overflow.
+bool fits(std::uint64_t held, std::uint64_t n, std::uint64_t limit) {
+  return held <= limit && n <= limit - held;
+}
+
+std::uint64_t borrowed(std::uint64_t held, std::uint64_t guaranteed) {
+  return held > guaranteed ? held - guaranteed : 0;
+}
+
+}  // namespace
 
 Accounting::Reservation& Accounting::Reservation::operator=(Reservation&& o) noexcept {
   if (this != &o) {
@@ -27,20 +51,103 @@ void Accounting::Reservation::rollback() noexcept {
   owner_ = nullptr;
 }
 
+Accounting::NamespaceUsage& Accounting::ns_locked(NamespaceId n, DeviceOrdinal d) {
+  return ns_[NsKey{d.value(), n.value()}];
+}
+
+NamespaceId Accounting::ns_of_locked(TenantId t) const {
+  auto it = tenant_ns_.find(t.value());
+  return it == tenant_ns_.end() ? NamespaceId{0} : it->second;
+}
+
 void Accounting::set_limit(TenantId t, DeviceOrdinal d, Bytes limit) {
   std::lock_guard lock(mu_);
   map_[Key{t, d}].limit = limit;
 }
 
-std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrdinal d, Bytes n,
-                                                           Usage* usage_out) {
+void Accounting::set_capacity(DeviceOrdinal d, Bytes capacity) {
+  std::lock_guard lock(mu_);
+  capacity_[d.value()] = capacity;
+}
+
+void Accounting::set_namespace(NamespaceId n, DeviceOrdinal d, Bytes limit, Bytes guaranteed) {
+  std::lock_guard lock(mu_);
+  NamespaceUsage& u = ns_locked(n, d);
+  u.limit = limit;
+  u.guaranteed = guaranteed;
+}
+
+void Accounting::remove_namespace(NamespaceId n) {
+  std::lock_guard lock(mu_);
+  for (auto it = ns_.begin(); it != ns_.end();) {
+    if (it->first.second == n.value()) it = ns_.erase(it);
+    else ++it;
+  }
+}
+
+void Accounting::assign(TenantId t, NamespaceId n) {
+  std::lock_guard lock(mu_);
+  const NamespaceId old = ns_of_locked(t);
+  if (old == n) {
+    tenant_ns_[t.value()] = n;
+    return;
+  }
+  for (const auto& [k, u] : map_) {
+    if (k.t != t) continue;
+    NamespaceUsage& from = ns_locked(old, k.d);
+    NamespaceUsage& to = ns_locked(n, k.d);
+    from.granted -= std::min(from.granted, u.granted);
+    from.nonpool -= std::min(from.nonpool, u.nonpool);
+    from.reserved -= std::min(from.reserved, u.reserved);
+    to.granted += u.granted;
+    to.nonpool += u.nonpool;
+    to.reserved += u.reserved;
+  }
+  tenant_ns_[t.value()] = n;
+}
+
+NamespaceId Accounting::namespace_of(TenantId t) const {
+  std::lock_guard lock(mu_);
+  return ns_of_locked(t);
+}
+
+std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrdinal d, Bytes n, Usage* usage_out,
+                                                           Refusal* why) {
   std::lock_guard lock(mu_);
   Usage& u = map_[Key{t, d}];
   if (usage_out != nullptr) *usage_out = u;
+  auto refuse = [&](Refusal r) -> std::optional<Reservation> {
+    if (why != nullptr) *why = r;
+    return std::nullopt;
+  };
+  // 1. the tenant's limit
   const std::uint64_t held = u.granted.value() + u.nonpool.value() + u.reserved.value();
-  // Written to avoid overflow: held + n <= limit.
-  if (held > u.limit.value() || n.value() > u.limit.value() - held) return std::nullopt;
+  if (!fits(held, n.value(), u.limit.value())) return refuse(Refusal::tenant_limit);
+  // 2. its namespace's limit
+  const NamespaceId nsid = ns_of_locked(t);
+  NamespaceUsage& nu = ns_locked(nsid, d);
+  const std::uint64_t ns_held = nu.held().value();
+  if (!fits(ns_held, n.value(), nu.limit.value())) return refuse(Refusal::namespace_limit);
+  // 3. guarantees of the other namespaces
+  if (auto cap = capacity_.find(d.value()); cap != capacity_.end()) {
+    const std::uint64_t before = borrowed(ns_held, nu.guaranteed.value());
+    const std::uint64_t after = borrowed(ns_held + n.value(), nu.guaranteed.value());
+    if (after > before) {
+      std::uint64_t sum_g = 0;
+      std::uint64_t sum_b = 0;
+      for (auto it = ns_.lower_bound(NsKey{d.value(), 0}); it != ns_.end() && it->first.first == d.value(); ++it) {
+        sum_g += it->second.guaranteed.value();
+        sum_b += borrowed(it->second.held().value(), it->second.guaranteed.value());
+      }
+      const std::uint64_t c = cap->second.value();
+      const std::uint64_t unguaranteed = sum_g >= c ? 0 : c - sum_g;
+      // sum_b - before + after <= unguaranteed
+      if (sum_b - before > unguaranteed || after > unguaranteed - (sum_b - before)) return refuse(Refusal::guarantee);
+    }
+  }
   u.reserved += n;
+  nu.reserved += n;
+  if (why != nullptr) *why = Refusal::none;
   return Reservation(this, t, d, n);
 }
 
@@ -49,29 +156,38 @@ void Accounting::finish(const Reservation& r, bool commit) noexcept {
   auto it = map_.find(Key{r.tenant_, r.device_});
   if (it == map_.end()) return;  // cannot happen: reserve() created it
   Usage& u = it->second;
+  NamespaceUsage& nu = ns_locked(ns_of_locked(r.tenant_), r.device_);
   u.reserved -= r.bytes_;
-  if (commit) u.granted += r.bytes_;
+  nu.reserved -= std::min(nu.reserved, r.bytes_);
+  if (commit) {
+    u.granted += r.bytes_;
+    nu.granted += r.bytes_;
+  }
 }
 
 bool Accounting::uncharge(TenantId t, DeviceOrdinal d, Bytes n) {
   std::lock_guard lock(mu_);
   Usage& u = map_[Key{t, d}];
-  if (u.granted < n) {
-    u.granted = Bytes{0};
-    return false;
-  }
-  u.granted -= n;
-  return true;
+  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
+  const Bytes take = std::min(u.granted, n);
+  u.granted -= take;
+  nu.granted -= std::min(nu.granted, take);
+  return take == n;
 }
 
 void Accounting::restore(TenantId t, DeviceOrdinal d, Bytes n) {
   std::lock_guard lock(mu_);
   map_[Key{t, d}].granted += n;
+  ns_locked(ns_of_locked(t), d).granted += n;
 }
 
 void Accounting::set_nonpool(TenantId t, DeviceOrdinal d, Bytes n) {
   std::lock_guard lock(mu_);
-  map_[Key{t, d}].nonpool = n;
+  Usage& u = map_[Key{t, d}];
+  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
+  nu.nonpool -= std::min(nu.nonpool, u.nonpool);
+  nu.nonpool += n;
+  u.nonpool = n;
 }
 
 Accounting::Usage Accounting::usage(TenantId t, DeviceOrdinal d) const {
@@ -80,12 +196,48 @@ Accounting::Usage Accounting::usage(TenantId t, DeviceOrdinal d) const {
   return it == map_.end() ? Usage{} : it->second;
 }
 
+Accounting::NamespaceUsage Accounting::namespace_usage(NamespaceId n, DeviceOrdinal d) const {
+  std::lock_guard lock(mu_);
+  auto it = ns_.find(NsKey{d.value(), n.value()});
+  return it == ns_.end() ? NamespaceUsage{} : it->second;
+}
+
 std::vector<Accounting::Entry> Accounting::snapshot() const {
   std::lock_guard lock(mu_);
   std::vector<Entry> out;
   out.reserve(map_.size());
-  for (const auto& [k, u] : map_) out.push_back(Entry{k.t, k.d, u});
+  for (const auto& [k, u] : map_) out.push_back(Entry{k.t, k.d, ns_of_locked(k.t), u});
   return out;
+}
+
+Accounting::DeviceEntry Accounting::device_locked(DeviceOrdinal d) const {
+  DeviceEntry e{d, Bytes{0}, Bytes{0}, Bytes{0}};
+  if (auto cap = capacity_.find(d.value()); cap != capacity_.end()) e.capacity = cap->second;
+  for (auto it = ns_.lower_bound(NsKey{d.value(), 0}); it != ns_.end() && it->first.first == d.value(); ++it) {
+    e.guaranteed += it->second.guaranteed;
+    e.borrowed += Bytes{borrowed(it->second.held().value(), it->second.guaranteed.value())};
+  }
+  return e;
+}
+
+Accounting::DeviceEntry Accounting::device_usage(DeviceOrdinal d) const {
+  std::lock_guard lock(mu_);
+  return device_locked(d);
+}
+
+Accounting::Snapshot Accounting::snapshot_all() const {
+  std::lock_guard lock(mu_);
+  Snapshot s;
+  s.tenants.reserve(map_.size());
+  for (const auto& [k, u] : map_) s.tenants.push_back(Entry{k.t, k.d, ns_of_locked(k.t), u});
+  for (const auto& [k, u] : ns_) s.namespaces.push_back(NamespaceEntry{NamespaceId{k.second}, DeviceOrdinal{k.first}, u});
+  std::vector<std::int32_t> devs;
+  for (const auto& [k, u] : ns_) devs.push_back(k.first);
+  for (const auto& [d, c] : capacity_) devs.push_back(d);
+  std::sort(devs.begin(), devs.end());
+  devs.erase(std::unique(devs.begin(), devs.end()), devs.end());
+  for (std::int32_t d : devs) s.devices.push_back(device_locked(DeviceOrdinal{d}));
+  return s;
 }
 
 }  // namespace vlake::pool

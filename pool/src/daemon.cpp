@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -16,12 +17,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <span>
 #include <sstream>
 #include <string>
@@ -120,6 +124,56 @@ std::uint64_t now_unix_ns() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
+// What identifies one version of the quota file: a ConfigMap update swaps a symlink, an editor
+// renames over the file or rewrites it in place; all of these change at least one field.
+struct FileFingerprint {
+  bool exists = false;
+  std::string real;  // realpath
+  std::uint64_t dev = 0;
+  std::uint64_t ino = 0;
+  std::int64_t mtime_ns = 0;
+  std::int64_t size = 0;
+  std::uint64_t hash = 0;  // FNV-1a of the content
+  friend bool operator==(const FileFingerprint&, const FileFingerprint&) = default;
+};
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// Reads `path` (following symlinks) and fingerprints what was read. `content` receives it.
+FileFingerprint fingerprint(const std::string& path, std::string* content) {
+  FileFingerprint f;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return f;
+  struct stat sb {};
+  if (::fstat(fd.get(), &sb) != 0) return f;
+  std::string data;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    data.append(buf, static_cast<std::size_t>(n));
+    if (data.size() > (64u << 20)) break;  // not a quota file; parse() will say so
+  }
+  char real[PATH_MAX];
+  if (::realpath(path.c_str(), real) != nullptr) f.real = real;
+  f.exists = true;
+  f.dev = static_cast<std::uint64_t>(sb.st_dev);
+  f.ino = static_cast<std::uint64_t>(sb.st_ino);
+  f.mtime_ns = static_cast<std::int64_t>(sb.st_mtim.tv_sec) * 1'000'000'000LL + sb.st_mtim.tv_nsec;
+  f.size = static_cast<std::int64_t>(sb.st_size);
+  f.hash = fnv1a(data);
+  if (content != nullptr) *content = std::move(data);
+  return f;
+}
+
 template <std::size_t N>
 void copy_name(char (&dst)[N], const std::string& src) {
   std::memset(dst, 0, N);
@@ -127,7 +181,7 @@ void copy_name(char (&dst)[N], const std::string& src) {
 }
 
 // epoll tokens: kind in the top byte, a never-reused serial below.
-enum class Kind : std::uint64_t { listen = 1, signal = 2, timer = 3, conn = 4, pidfd = 5 };
+enum class Kind : std::uint64_t { listen = 1, signal = 2, timer = 3, conn = 4, pidfd = 5, inotify = 6, reload = 7 };
 std::uint64_t token(Kind k, std::uint64_t serial) { return (static_cast<std::uint64_t>(k) << 56) | serial; }
 Kind kind_of(std::uint64_t t) { return static_cast<Kind>(t >> 56); }
 std::uint64_t serial_of(std::uint64_t t) { return t & ((1ULL << 56) - 1); }
@@ -146,6 +200,17 @@ class Daemon::Impl {
     std::uint32_t slot;
     std::string name;
     quota::Limit limit = quota::Limit::bytes(Bytes{0});
+    NamespaceId ns{0};
+    bool have_ids = false;  // uid/gid known (created by a session of this daemon)
+    std::uint32_t uid = 0;
+    std::uint32_t gid = 0;
+    std::chrono::steady_clock::time_point last_refusal_log{};
+    std::uint64_t refusals_unlogged = 0;
+  };
+  struct Namespace {
+    NamespaceId id;
+    std::uint32_t slot;
+    quota::NamespaceSpec spec;
   };
   struct Connection {
     std::uint64_t serial;
@@ -192,6 +257,7 @@ class Daemon::Impl {
   // start-up
   void take_lock();
   void load_config();
+  void validate_config(const quota::QuotaConfig& cfg) const;
   void open_driver_and_devices();
   void open_nvml();
   void open_state();
@@ -199,6 +265,8 @@ class Daemon::Impl {
   void resume_state();
   void bind_socket();
   void setup_loop();
+  void setup_watch();
+  void add_watches();
 
   // loop
   void add_epoll(int fd, Kind k, std::uint64_t serial);
@@ -207,7 +275,18 @@ class Daemon::Impl {
   void on_timer();
   void on_readable(std::uint64_t conn_serial);
   void on_process_exit(std::uint64_t session_id);
+  void on_inotify();
+  void on_reload_timer();
   void shutdown();
+
+  // quota configuration
+  // Reads the file; applies it if it changed (or `force`), or rejects it (logged, counted).
+  void reload(const std::string& why, bool force);
+  void apply_namespaces();
+  void retarget_tenants();
+  void move_session(Session& s, Tenant& to);
+  NamespaceId namespace_id(const std::string& name) const;
+  void publish_config();
 
   // messages
   void handle(Connection& c, const std::byte* data, std::size_t n);
@@ -222,7 +301,7 @@ class Daemon::Impl {
   void close_connection(std::uint64_t serial);
 
   // model
-  Tenant& tenant_for(const quota::TenantSpec& spec);
+  Tenant& tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid);
   Tenant* tenant_by_id(TenantId id);
   DeviceInfo* device_by_uuid(const std::uint8_t* uuid);
   void end_session(Session& s, const char* why);
@@ -233,6 +312,7 @@ class Daemon::Impl {
 
   // state segment
   void publish_tenant(const Tenant& t);
+  void publish_namespace(const Namespace& n);
   void publish_device(const DeviceInfo& d);
   void publish_session(const Session& s);
 
@@ -246,6 +326,19 @@ class Daemon::Impl {
   std::vector<DeviceInfo> devices_;
   std::unique_ptr<st::StateSegment> seg_;
   Accounting acct_;
+
+  std::map<std::string, Namespace> namespaces_;  // by name
+  bool config_from_file_ = false;
+  FileFingerprint seen_fp_;     // the file version last applied or rejected
+  FileFingerprint pending_fp_;  // the fallback check's previous look (a change must hold still)
+  bool missing_logged_ = false;
+  std::string last_rejected_;
+  UniqueFd inotify_fd_;
+  UniqueFd reload_timer_fd_;
+  int watch_dir_ = -1;
+  bool watch_failed_logged_ = false;
+  int watch_real_dir_ = -1;
+  std::string watched_real_dir_;
 
   std::unordered_map<std::string, TenantId> tenant_ids_;
   std::map<std::uint32_t, Tenant> tenants_;  // by TenantId value
@@ -273,12 +366,18 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
   take_lock();
   load_config();
   open_driver_and_devices();
+  try {
+    validate_config(config_);
+  } catch (const quota::ConfigError& e) {
+    throw StartupError(std::string("bad quota file: ") + e.what());
+  }
   open_nvml();
   open_state();
   for (DeviceInfo& d : devices_) {
@@ -331,12 +430,27 @@ void Daemon::Impl::load_config() {
     log_.info("no quota file at " + opts_.config + ": every uid is its own tenant with 100% of each GPU");
     return;
   }
+  std::string text;
+  seen_fp_ = fingerprint(opts_.config, &text);
+  pending_fp_ = seen_fp_;
+  if (!seen_fp_.exists) throw StartupError("bad quota file: " + opts_.config + ":0:0: cannot read the file");
   try {
-    config_ = quota::QuotaConfig::load(opts_.config);
+    config_ = quota::QuotaConfig::parse(text, opts_.config);
   } catch (const quota::ConfigError& e) {
     throw StartupError(std::string("bad quota file: ") + e.what());
   }
-  log_.info("quota file " + opts_.config + " loaded (default limit " + config_.default_limit().to_string() + ")");
+  config_from_file_ = true;
+  log_.info("quota file " + opts_.config + " loaded (default limit " + config_.default_limit().to_string() + ", " +
+            std::to_string(config_.namespaces().size()) + " namespace(s))");
+}
+
+void Daemon::Impl::validate_config(const quota::QuotaConfig& cfg) const {
+  if (cfg.namespaces().size() > st::kMaxNamespaces) {
+    throw quota::ConfigError(cfg.file(), 0, 0,
+                             std::to_string(cfg.namespaces().size()) + " namespaces (with 'default'); this vlaked supports " +
+                                 std::to_string(st::kMaxNamespaces));
+  }
+  for (const DeviceInfo& d : devices_) cfg.check_device(d.total);
 }
 
 void Daemon::Impl::open_driver_and_devices() {
@@ -358,6 +472,7 @@ void Daemon::Impl::open_driver_and_devices() {
     d.total = driver_->total_memory(d.ordinal);
     d.granularity = driver_->granularity(d.ordinal);
     d.pool = std::make_unique<DevicePool>(*driver_, d.ordinal, log_);
+    acct_.set_capacity(d.ordinal, d.total);
     log_.info("GPU " + std::to_string(i) + ": " + uuid_to_string(d.uuid) + ", " +
               std::to_string(d.total.value() >> 20) + " MiB, granularity " +
               std::to_string(d.granularity.value() >> 10) + " KiB");
@@ -381,15 +496,28 @@ void Daemon::Impl::open_nvml() {
 
 void Daemon::Impl::open_state() {
   try {
-    seg_ = std::make_unique<st::StateSegment>(opts_.state);
+    seg_ = std::make_unique<st::StateSegment>(opts_.state, opts_.state_mode, opts_.state_gid);
   } catch (const st::StateError& e) {
     throw StartupError(e.what());
+  }
+  {
+    // The namespace table is rebuilt from the configuration on every start.
+    st::StateSegment::Write w(*seg_);
+    std::memset(seg_->state().namespaces, 0, sizeof seg_->state().namespaces);
+    apply_namespaces();
   }
   if (seg_->origin() == st::StateSegment::Origin::created) {
     init_fresh_state();
   } else {
     resume_state();
   }
+  st::StateSegment::Write w(*seg_);
+  st::ConfigRecord& cr = seg_->state().config;
+  ++cr.generation;
+  cr.loaded_unix_ns = now_unix_ns();
+  cr.rejected = 0;
+  publish_config();
+  for (const auto& [name, n] : namespaces_) publish_namespace(n);
 }
 
 void Daemon::Impl::init_fresh_state() {
@@ -400,6 +528,7 @@ void Daemon::Impl::init_fresh_state() {
   s.header.device_count = static_cast<std::uint32_t>(devices_.size());
   s.header.starts = 1;
   s.header.clean = 0;
+  s.header.max_namespaces = st::kMaxNamespaces;
   for (const DeviceInfo& d : devices_) publish_device(d);
 }
 
@@ -422,6 +551,11 @@ void Daemon::Impl::resume_state() {
     if (r.in_use == 0) continue;
     const std::string name(r.name, strnlen(r.name, sizeof r.name));
     Tenant t{TenantId{i + 1}, i, name};
+    // Until a live session re-resolves it: the namespace its name says, if still configured.
+    const auto slash = name.find('/');
+    t.ns = namespace_id(slash == std::string::npos ? std::string(quota::kDefaultNamespace) : name.substr(0, slash));
+    if (t.ns.value() == 0) t.ns = namespace_id(quota::kDefaultNamespace);
+    acct_.assign(t.id, t.ns);
     tenant_ids_[name] = t.id;
     tenants_[t.id.value()] = t;
     std::memset(r.granted, 0, sizeof r.granted);
@@ -445,7 +579,7 @@ void Daemon::Impl::resume_state() {
       continue;
     }
     const std::vector<gid_t> groups = supplementary_groups(r.uid, r.gid);
-    Tenant& t = tenant_for(config_.resolve(r.uid, r.gid, groups));
+    Tenant& t = tenant_for(config_.resolve(r.uid, r.gid, groups), r.uid, r.gid);
     Session sess{r.id, i, r.pid, r.start_time, r.uid, r.gid, t.id, 0, std::move(pidfd), {}};
     r.tenant = t.id.value();
     r.state = st::kSessionDetached;
@@ -530,6 +664,7 @@ void Daemon::Impl::setup_loop() {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!signal_fd_) throw StartupError(std::string("signalfd: ") + std::strerror(errno));
   timer_fd_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
@@ -543,6 +678,7 @@ void Daemon::Impl::setup_loop() {
   add_epoll(listen_fd_.get(), Kind::listen, 0);
   add_epoll(signal_fd_.get(), Kind::signal, 0);
   add_epoll(timer_fd_.get(), Kind::timer, 0);
+  setup_watch();
   // Sessions resumed from the state segment (open_state() ran before the epoll existed).
   for (auto& [id, sess] : sessions_) add_epoll(sess.pidfd.get(), Kind::pidfd, sess.id);
 }
@@ -575,6 +711,8 @@ int Daemon::Impl::run() {
           case Kind::timer: on_timer(); break;
           case Kind::conn: on_readable(serial_of(t)); break;
           case Kind::pidfd: on_process_exit(serial_of(t)); break;
+          case Kind::inotify: on_inotify(); break;
+          case Kind::reload: on_reload_timer(); break;
         }
       } catch (const std::exception& e) {
         log_.error(std::string("event handling failed: ") + e.what());
@@ -612,6 +750,11 @@ void Daemon::Impl::on_accept() {
 void Daemon::Impl::on_signal() {
   signalfd_siginfo si{};
   while (::read(signal_fd_.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+    if (si.ssi_signo == SIGHUP) {
+      log_.info("received SIGHUP, reloading " + opts_.config);
+      reload("SIGHUP", true);
+      continue;
+    }
     log_.info(std::string("received ") + (si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM") + ", stopping");
     stop_ = true;
   }
@@ -626,6 +769,18 @@ void Daemon::Impl::on_timer() {
     if (pidfd_exited(sess.pidfd.get())) dead.push_back(id);
   }
   for (std::uint64_t id : dead) on_process_exit(id);
+
+  // Fallback for missed inotify events: a changed file that held still for one interval.
+  {
+    const FileFingerprint now = fingerprint(opts_.config, nullptr);
+    if (now == seen_fp_) {
+      pending_fp_ = now;
+    } else if (now == pending_fp_) {
+      reload("file changed", false);
+    } else {
+      pending_fp_ = now;
+    }
+  }
 
   st::StateSegment::Write w(*seg_);
   if (nvml_) {
@@ -655,6 +810,7 @@ void Daemon::Impl::on_timer() {
     }
   }
   for (const auto& [tid, t] : tenants_) publish_tenant(t);
+  for (const auto& [name, n] : namespaces_) publish_namespace(n);
   for (const DeviceInfo& d : devices_) publish_device(d);
   seg_->state().header.updated_unix_ns = now_unix_ns();
 }
@@ -824,7 +980,7 @@ void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
     const quota::TenantSpec spec = config_.resolve(c.uid, c.gid, groups);
     Tenant* t = nullptr;
     try {
-      t = &tenant_for(spec);
+      t = &tenant_for(spec, c.uid, c.gid);
     } catch (const std::exception& e) {
       log_.error(e.what());
       send_error(c, m.h.request_id, proto::Status::internal, e.what());
@@ -889,12 +1045,17 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
 
   proto::GrantReply reply{};
   reply.h = proto::make_header<proto::GrantReply>(proto::MsgType::grant_reply, m.h.request_id);
-  st::StateSegment::Write w(*seg_);
+  // State writes are bracketed one by one (not around the whole request): readers of the
+  // segment then never wait for a handle creation, a scrub or a send.
   st::State& state = seg_->state();
+  auto count = [&](std::uint64_t st::Counters::*field) {
+    st::StateSegment::Write w(*seg_);
+    ++(state.counters.*field);
+  };
 
   DeviceInfo* dev = device_by_uuid(m.device_uuid);
   if (dev == nullptr) {
-    ++state.counters.denials_unknown_device;
+    count(&st::Counters::denials_unknown_device);
     reply.status = proto::Status::unknown_device;
     if (!send(c, reply)) close_connection(c.serial);
     return;
@@ -908,22 +1069,57 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
   reply.bytes = bytes.value();
 
   Accounting::Usage before{};
-  std::optional<Accounting::Reservation> res = acct_.reserve(t.id, dev->ordinal, bytes, &before);
+  Refusal why = Refusal::none;
+  std::optional<Accounting::Reservation> res = acct_.reserve(t.id, dev->ordinal, bytes, &before, &why);
   reply.limit = before.limit.value();
   reply.used = before.used().value();
   if (!res) {
-    ++state.counters.denials_over_limit;
+    // The reason travels as the reply's status (the hook names the quota that was hit), goes
+    // to the log and to a per-reason counter.
+    count(&st::Counters::denials_over_limit);
     reply.status = proto::Status::over_limit;
-    log_.debug("tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
-               std::to_string(dev->ordinal.value()) + " refused (used " + std::to_string(reply.used) + " of " +
-               std::to_string(reply.limit) + ")");
+    std::string detail;
+    if (why == Refusal::namespace_limit) {
+      count(&st::Counters::denials_namespace_limit);
+      const auto nu = acct_.namespace_usage(t.ns, dev->ordinal);
+      detail = "namespace limit: namespace uses " + std::to_string(nu.held().value()) + " of " +
+               std::to_string(nu.limit.value());
+      reply.status = proto::Status::namespace_over_limit;
+      reply.limit = nu.limit.value();
+      reply.used = nu.held().value();
+    } else if (why == Refusal::guarantee) {
+      count(&st::Counters::denials_guarantee);
+      const auto du = acct_.device_usage(dev->ordinal);
+      detail = "guarantee: memory above the namespace's guarantee is borrowed (" + std::to_string(du.borrowed.value()) +
+               " bytes); the rest of the GPU is guaranteed to other namespaces (" +
+               std::to_string(du.guaranteed.value()) + " bytes)";
+      reply.status = proto::Status::guarantee;
+    } else {
+      count(&st::Counters::denials_tenant_limit);
+      detail = "tenant limit: used " + std::to_string(reply.used) + " of " + std::to_string(reply.limit);
+    }
+    Tenant& tm = tenants_.at(s.tenant.value());
+    const auto now = std::chrono::steady_clock::now();
+    const std::string line = "tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+                             std::to_string(dev->ordinal.value()) + " refused (" + detail + ")";
+    if (now - tm.last_refusal_log >= std::chrono::seconds(1)) {
+      const std::string note = tm.refusals_unlogged == 0
+                                   ? std::string()
+                                   : " (" + std::to_string(tm.refusals_unlogged) + " earlier refusal(s) not logged)";
+      log_.info(line + note);
+      tm.last_refusal_log = now;
+      tm.refusals_unlogged = 0;
+    } else {
+      ++tm.refusals_unlogged;
+      log_.debug(line);
+    }
     if (!send(c, reply)) close_connection(c.serial);
     return;
   }
 
   const std::int32_t slot = free_grant_slot();
   if (slot < 0) {
-    ++state.counters.denials_other;
+    count(&st::Counters::denials_other);
     log_.error("grant table full (" + std::to_string(st::kMaxGrants) + " grants)");
     reply.status = proto::Status::internal;
     if (!send(c, reply)) close_connection(c.serial);
@@ -936,11 +1132,11 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
   if (m.purpose != proto::GrantPurpose::counted) {
     try {
       DevicePool::Acquired a = dev->pool->acquire(bytes, t.id);
-      if (a.scrubbed) ++state.counters.scrubs;
-      if (a.reused) ++state.counters.reuses;
+      if (a.scrubbed) count(&st::Counters::scrubs);
+      if (a.reused) count(&st::Counters::reuses);
       g.handles.push_back(std::move(a.handle));
     } catch (const PoolOutOfMemory& e) {
-      ++state.counters.denials_out_of_memory;
+      count(&st::Counters::denials_out_of_memory);
       reply.status = proto::Status::out_of_memory;
       log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " + std::to_string(bytes.value()) +
                 " bytes (tenant " + t.name + ")");
@@ -948,7 +1144,7 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
       if (!send(c, reply)) close_connection(c.serial);
       return;
     } catch (const std::exception& e) {
-      ++state.counters.denials_other;
+      count(&st::Counters::denials_other);
       reply.status = proto::Status::internal;
       log_.error("GPU " + std::to_string(dev->ordinal.value()) + ": grant failed: " + e.what());
       publish_device(*dev);
@@ -962,6 +1158,8 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
       fds.push_back(h->fd.get());
     }
   }
+  std::optional<st::StateSegment::Write> w;
+  w.emplace(*seg_);
   res->commit();
   ++state.header.next_grant_id;
   ++state.counters.grants;
@@ -978,6 +1176,7 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
   publish_session(s);
   publish_tenant(t);
   publish_device(*dev);
+  w.reset();
 
   reply.status = proto::Status::ok;
   reply.grant_id = gid;
@@ -1005,10 +1204,9 @@ void Daemon::Impl::on_release(Connection& c, Session& s, const proto::Release& m
     if (!send(c, ack)) close_connection(c.serial);
     return;
   }
-  st::StateSegment::Write w(*seg_);
   Grant& g = grants_.at(m.grant_id);
   const DeviceOrdinal d = g.device;
-  finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);
+  finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);  // brackets its writes
   ack.status = proto::Status::ok;
   ack.used = acct_.usage(s.tenant, d).used().value();
   if (!send(c, ack)) close_connection(c.serial);
@@ -1055,7 +1253,7 @@ void Daemon::Impl::close_connection(std::uint64_t serial) {
 // ---------------------------------------------------------------------------------------------
 // model
 
-Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec) {
+Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid) {
   std::string name = spec.name.substr(0, st::kTenantNameBytes - 1);
   auto it = tenant_ids_.find(name);
   Tenant* t = nullptr;
@@ -1076,9 +1274,20 @@ Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec) {
     t = &tenants_.emplace(id.value(), Tenant{id, static_cast<std::uint32_t>(slot), name}).first->second;
   }
   t->limit = spec.limit;
+  t->have_ids = true;
+  t->uid = uid;
+  t->gid = gid;
+  const NamespaceId old_ns = t->ns;
+  t->ns = namespace_id(spec.ns);
+  acct_.assign(t->id, t->ns);
   for (const DeviceInfo& d : devices_) acct_.set_limit(t->id, d.ordinal, spec.limit.on_device(d.total));
   st::StateSegment::Write w(*seg_);
   publish_tenant(*t);
+  if (old_ns != t->ns) {
+    for (const auto& [ns_name, n] : namespaces_) {
+      if (n.id == old_ns) publish_namespace(n);
+    }
+  }
   return *t;
 }
 
@@ -1170,6 +1379,7 @@ std::int32_t Daemon::Impl::free_grant_slot() const {
 void Daemon::Impl::publish_tenant(const Tenant& t) {
   st::StateSegment::Write w(*seg_);
   st::TenantRecord& r = seg_->state().tenants[t.slot];
+  std::uint32_t over = 0;
   r.in_use = 1;
   r.id = t.id.value();
   copy_name(r.name, t.name);
@@ -1179,7 +1389,44 @@ void Daemon::Impl::publish_tenant(const Tenant& t) {
     r.limit[i] = u.limit.value();
     r.granted[i] = u.granted.value();
     r.nonpool[i] = u.nonpool.value();
+    if (u.used() > u.limit) over |= 1u << i;
   }
+  r.namespace_id = t.ns.value();
+  r.over_limit = over;
+  for (const auto& [name, n] : namespaces_) {
+    if (n.id == t.ns) publish_namespace(n);
+  }
+}
+
+void Daemon::Impl::publish_namespace(const Namespace& n) {
+  st::StateSegment::Write w(*seg_);
+  st::NamespaceRecord& r = seg_->state().namespaces[n.slot];
+  r.in_use = 1;
+  r.id = n.id.value();
+  copy_name(r.name, n.spec.name);
+  r.priority = n.spec.priority;
+  r.flags = (n.spec.limit ? st::kNamespaceHasLimit : 0u) | (n.spec.declared ? 0u : st::kNamespaceImplicit);
+  std::uint32_t over = 0;
+  for (const DeviceInfo& d : devices_) {
+    const auto i = static_cast<std::size_t>(d.ordinal.value());
+    const Accounting::NamespaceUsage u = acct_.namespace_usage(n.id, d.ordinal);
+    r.limit[i] = n.spec.limit_on(d.total).value();
+    r.guaranteed[i] = n.spec.guaranteed_on(d.total).value();
+    r.used[i] = u.used().value();
+    if (u.used().value() > r.limit[i]) over |= 1u << i;
+  }
+  r.over_limit = over;
+  std::uint32_t count = 0;
+  for (const auto& [id, t] : tenants_) count += t.ns == n.id ? 1 : 0;
+  r.tenant_count = count;
+}
+
+void Daemon::Impl::publish_config() {
+  st::StateSegment::Write w(*seg_);
+  st::ConfigRecord& r = seg_->state().config;
+  copy_name(r.path, opts_.config);
+  r.from_file = config_from_file_ ? 1 : 0;
+  r.namespace_count = static_cast<std::uint32_t>(namespaces_.size());
 }
 
 void Daemon::Impl::publish_device(const DeviceInfo& d) {
@@ -1199,6 +1446,9 @@ void Daemon::Impl::publish_device(const DeviceInfo& d) {
   r.nonpool_bytes = nonpool;
   r.in_use = 1;
   r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
+  const Accounting::DeviceEntry du = acct_.device_usage(d.ordinal);
+  r.guaranteed_bytes = du.guaranteed.value();
+  r.borrowed_bytes = du.borrowed.value();
   // Handle counters accumulate over daemon restarts: this daemon's pools count from a base.
   std::uint64_t created = 0;
   std::uint64_t released = 0;
@@ -1259,6 +1509,238 @@ void Daemon::Impl::shutdown() {
               " live session(s) still held: keeping " + st::segment_path(opts_.state) + " for the next vlaked");
   }
   grants_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// quota configuration: namespaces, hot reload
+
+NamespaceId Daemon::Impl::namespace_id(const std::string& name) const {
+  auto it = namespaces_.find(name);
+  return it == namespaces_.end() ? NamespaceId{0} : it->second.id;
+}
+
+// Brings the namespace table in line with config_: existing namespaces keep their id, new ones
+// get a free slot. Namespaces no longer configured stay until retarget_tenants() moved their
+// tenants away (then reload() drops them).
+void Daemon::Impl::apply_namespaces() {
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+  for (const quota::NamespaceSpec& spec : config_.namespaces()) {
+    auto it = namespaces_.find(spec.name);
+    if (it == namespaces_.end()) {
+      std::int32_t slot = -1;
+      for (std::uint32_t i = 0; i < st::kMaxNamespaces; ++i) {
+        if (state.namespaces[i].in_use == 0) {
+          slot = static_cast<std::int32_t>(i);
+          break;
+        }
+      }
+      // validate_config() bounds the count; a full table here means stale namespaces remain.
+      if (slot < 0) throw std::runtime_error("namespace table full (" + std::to_string(st::kMaxNamespaces) + ")");
+      const auto u = static_cast<std::uint32_t>(slot);
+      it = namespaces_.emplace(spec.name, Namespace{NamespaceId{u + 1}, u, spec}).first;
+      state.namespaces[u].in_use = 1;  // reserve the slot now
+    }
+    it->second.spec = spec;
+    for (const DeviceInfo& d : devices_) {
+      acct_.set_namespace(it->second.id, d.ordinal, spec.limit_on(d.total), spec.guaranteed_on(d.total));
+    }
+    publish_namespace(it->second);
+  }
+}
+
+void Daemon::Impl::move_session(Session& s, Tenant& to) {
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+  const TenantId from = s.tenant;
+  for (std::uint64_t gid : s.grants) {
+    Grant& g = grants_.at(gid);
+    acct_.uncharge(g.tenant, g.device, g.bytes);
+    acct_.restore(to.id, g.device, g.bytes);  // already held: may exceed the new limit
+    g.tenant = to.id;
+    state.grants[g.slot].tenant = to.id.value();
+  }
+  s.tenant = to.id;
+  publish_session(s);
+  if (Tenant* old = tenant_by_id(from)) {
+    log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + ") moves from tenant " + old->name +
+              " to " + to.name + " with " + std::to_string(s.grants.size()) + " grant(s)");
+    publish_tenant(*old);
+  }
+  publish_tenant(to);
+}
+
+// Re-resolves every tenant against config_: live sessions by their uid/gid (a session whose
+// tenant changed moves, grants and all), session-less tenants by the ids that created them.
+void Daemon::Impl::retarget_tenants() {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, sess] : sessions_) ids.push_back(id);
+  std::set<std::uint32_t> resolved;
+  for (std::uint64_t id : ids) {
+    Session& sess = sessions_.at(id);
+    const std::vector<gid_t> groups = supplementary_groups(sess.uid, sess.gid);
+    try {
+      Tenant& t = tenant_for(config_.resolve(sess.uid, sess.gid, groups), sess.uid, sess.gid);
+      resolved.insert(t.id.value());
+      if (t.id != sess.tenant) move_session(sess, t);
+    } catch (const std::exception& e) {
+      log_.error("session " + std::to_string(id) + ": keeps its tenant: " + e.what());
+    }
+  }
+  std::vector<std::uint32_t> rest;
+  for (const auto& [tid, t] : tenants_) {
+    if (resolved.count(tid) == 0) rest.push_back(tid);
+  }
+  for (std::uint32_t tid : rest) {
+    Tenant& t = tenants_.at(tid);
+    if (t.have_ids) {
+      const quota::TenantSpec spec = config_.resolve(t.uid, t.gid, supplementary_groups(t.uid, t.gid));
+      if (spec.name.substr(0, st::kTenantNameBytes - 1) == t.name) {
+        tenant_for(spec, t.uid, t.gid);
+        continue;
+      }
+    }
+    // Holds nothing (no session): keep it, in the namespace its name says if still there.
+    const auto slash = t.name.find('/');
+    NamespaceId ns = namespace_id(slash == std::string::npos ? std::string(quota::kDefaultNamespace)
+                                                             : t.name.substr(0, slash));
+    if (ns.value() == 0) ns = namespace_id(quota::kDefaultNamespace);
+    t.ns = ns;
+    acct_.assign(t.id, ns);
+    publish_tenant(t);
+  }
+}
+
+void Daemon::Impl::reload(const std::string& why, bool force) {
+  std::string text;
+  const FileFingerprint fp = fingerprint(opts_.config, &text);
+  pending_fp_ = fp;
+  if (!force && fp == seen_fp_) return;
+  st::StateSegment::Write w(*seg_);
+  st::State& state = seg_->state();
+  if (!fp.exists) {
+    // A vanished file is not an invalid one (an editor may be between unlink and create).
+    if (!missing_logged_) {
+      log_.warn("quota file " + opts_.config + " is gone (" + why + "); keeping the configuration in force");
+    }
+    missing_logged_ = true;
+    seen_fp_ = fp;
+    return;
+  }
+  missing_logged_ = false;
+  seen_fp_ = fp;
+  quota::QuotaConfig next;
+  try {
+    next = quota::QuotaConfig::parse(text, opts_.config);
+    validate_config(next);
+  } catch (const quota::ConfigError& e) {
+    ++state.counters.config_reload_errors;
+    copy_name(state.config.last_error, e.what());
+    state.config.error_unix_ns = now_unix_ns();
+    state.config.rejected = 1;
+    log_.error(std::string("quota file rejected (") + why + "): " + e.what() + "; the previous configuration stays in force");
+    return;
+  }
+  config_ = std::move(next);
+  config_from_file_ = true;
+  apply_namespaces();
+  retarget_tenants();
+  // Namespaces gone from the file: their tenants have moved; drop them.
+  std::vector<std::string> gone;
+  for (const auto& [name, n] : namespaces_) {
+    if (config_.find_namespace(name) == nullptr) gone.push_back(name);
+  }
+  for (const std::string& name : gone) {
+    const Namespace& n = namespaces_.at(name);
+    acct_.remove_namespace(n.id);
+    std::memset(&state.namespaces[n.slot], 0, sizeof(st::NamespaceRecord));
+    namespaces_.erase(name);
+  }
+  for (const auto& [id, t] : tenants_) publish_tenant(t);
+  for (const DeviceInfo& d : devices_) publish_device(d);
+  ++state.counters.config_reloads;
+  ++state.config.generation;
+  state.config.loaded_unix_ns = now_unix_ns();
+  state.config.rejected = 0;
+  publish_config();
+  log_.info("config reloaded (" + why + "): " + opts_.config + ", generation " +
+            std::to_string(state.config.generation) + ", " + std::to_string(namespaces_.size()) + " namespace(s), " +
+            std::to_string(gone.size()) + " removed");
+}
+
+void Daemon::Impl::setup_watch() {
+  inotify_fd_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  reload_timer_fd_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!inotify_fd_ || !reload_timer_fd_) {
+    log_.warn(std::string("inotify unavailable (") + std::strerror(errno) +
+              "): quota file changes are noticed by the periodic check only");
+    inotify_fd_.reset();
+    reload_timer_fd_.reset();
+    return;
+  }
+  add_epoll(inotify_fd_.get(), Kind::inotify, 0);
+  add_epoll(reload_timer_fd_.get(), Kind::reload, 0);
+  add_watches();
+}
+
+// Watches the config's directory (a ConfigMap swaps its `..data` symlink there; an editor
+// renames over the file) and, when the config is a symlink into another directory, that one.
+void Daemon::Impl::add_watches() {
+  if (!inotify_fd_) return;
+  constexpr std::uint32_t kMask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_ATTRIB;
+  const std::string dir = parent_dir(opts_.config);
+  if (watch_dir_ < 0) {
+    watch_dir_ = ::inotify_add_watch(inotify_fd_.get(), dir.c_str(), kMask);
+    if (watch_dir_ < 0 && !watch_failed_logged_) {
+      log_.warn("cannot watch " + dir + " (" + std::strerror(errno) +
+                "): quota file changes are noticed by the periodic check only");
+      watch_failed_logged_ = true;
+    }
+  }
+  char real[PATH_MAX];
+  const std::string real_dir = ::realpath(opts_.config.c_str(), real) != nullptr ? parent_dir(real) : std::string();
+  if (real_dir == watched_real_dir_) return;
+  if (watch_real_dir_ >= 0 && watch_real_dir_ != watch_dir_) ::inotify_rm_watch(inotify_fd_.get(), watch_real_dir_);
+  watch_real_dir_ = -1;
+  watched_real_dir_ = real_dir;
+  if (!real_dir.empty() && real_dir != dir) {
+    watch_real_dir_ = ::inotify_add_watch(inotify_fd_.get(), real_dir.c_str(), kMask);
+  }
+}
+
+void Daemon::Impl::on_inotify() {
+  alignas(inotify_event) char buf[8192];
+  bool any = false;
+  for (;;) {
+    const ssize_t n = ::read(inotify_fd_.get(), buf, sizeof buf);
+    if (n <= 0) break;
+    for (std::size_t off = 0; off + sizeof(inotify_event) <= static_cast<std::size_t>(n);) {
+      inotify_event ev{};
+      std::memcpy(&ev, buf + off, sizeof ev);
+      if ((ev.mask & IN_IGNORED) != 0) {  // a watched directory went away
+        if (ev.wd == watch_dir_) watch_dir_ = -1;
+        if (ev.wd == watch_real_dir_) {
+          watch_real_dir_ = -1;
+          watched_real_dir_.clear();
+        }
+      }
+      off += sizeof(inotify_event) + ev.len;
+    }
+    any = true;
+  }
+  if (!any) return;
+  // Debounce: an editor's create + write + close, or a ConfigMap's renames, settle within this
+  // delay; then the file is read once.
+  itimerspec its{};
+  its.it_value.tv_nsec = 100'000'000;
+  ::timerfd_settime(reload_timer_fd_.get(), 0, &its, nullptr);
+}
+
+void Daemon::Impl::on_reload_timer() {
+  std::uint64_t expirations = 0;
+  (void)!::read(reload_timer_fd_.get(), &expirations, sizeof expirations);
+  reload("file changed", false);
+  add_watches();  // the symlink target may now live in another directory
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 #include "vlake/pool/options.hpp"
 
+#include <grp.h>
+
 #include <cctype>
 #include <string_view>
 
@@ -16,6 +18,9 @@ std::string DaemonOptions::usage() {
          "                           non-pool usage then counts as 0)\n"
          "  --log-level LEVEL        debug, info, warn or error (default info)\n"
          "  --sample-interval-ms N   usage sampling period, 10..3600000 (default 1000)\n"
+         "  --state-mode MODE        permissions of the state segment, octal (default 0644;\n"
+         "                           0640 with --state-group limits vlakectl to that group)\n"
+         "  --state-group GROUP      group owning the state segment (name or gid)\n"
          "  --help                   this text\n";
 }
 
@@ -37,7 +42,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
     }
     static constexpr std::string_view kKnown[] = {"--config",    "--socket",    "--state",
                                                   "--driver",    "--nvml",      "--log-level",
-                                                  "--sample-interval-ms"};
+                                                  "--sample-interval-ms", "--state-mode", "--state-group"};
     bool known = false;
     for (auto k : kKnown) known = known || arg == k;
     if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
@@ -72,6 +77,27 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         throw OptionsError("--sample-interval-ms must be a number 10..3600000, got '" + value + "'");
       }
       o.sample_interval = std::chrono::milliseconds(ms);
+    } else if (arg == "--state-mode") {
+      bool octal = !value.empty() && value.size() <= 4;
+      for (char c : value) octal = octal && c >= '0' && c <= '7';
+      const unsigned mode = octal ? static_cast<unsigned>(std::stoul(value, nullptr, 8)) : 01000;
+      // The daemon writes the segment; others may only read it.
+      if (mode > 0777 || (mode & 0600) != 0600 || (mode & 0022) != 0) {
+        throw OptionsError("--state-mode must be an octal mode with owner read-write and no write "
+                           "for group/others (e.g. 0640), got '" + value + "'");
+      }
+      o.state_mode = mode;
+    } else if (arg == "--state-group") {
+      nonempty(value);
+      bool digits = value.size() <= 9;
+      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
+      if (digits) {
+        o.state_gid = std::stol(value);
+      } else {
+        const group* g = ::getgrnam(value.c_str());
+        if (g == nullptr) throw OptionsError("--state-group: no group named '" + value + "'");
+        o.state_gid = static_cast<long>(g->gr_gid);
+      }
     }
   }
   if (o.socket.size() >= 108) throw OptionsError("--socket path is too long for a Unix socket (max 107)");

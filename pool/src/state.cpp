@@ -1,8 +1,12 @@
 #include "vlake/pool/state.hpp"
 
+#include <sys/file.h>
+#include <sys/stat.h>
+
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -46,7 +50,20 @@ std::uint64_t load_generation(const State* s) noexcept {
 
 std::string segment_path(const std::string& name) { return "/dev/shm/" + name; }
 
-StateSegment::StateSegment(const std::string& name) : name_(name) {
+namespace {
+// The pid recorded by the daemon that holds a segment, for the error message (0 if unknown).
+std::uint32_t peek_daemon_pid(const bip::shared_memory_object& shm) {
+  try {
+    bip::mapped_region r(shm, bip::read_only, 0, sizeof(Header));
+    const auto* h = static_cast<const Header*>(r.get_address());
+    return h->magic == kMagic ? h->daemon_pid : 0;
+  } catch (const bip::interprocess_exception&) {
+    return 0;
+  }
+}
+}  // namespace
+
+StateSegment::StateSegment(const std::string& name, unsigned mode, long gid) : name_(name) {
   try {
     try {
       shm_ = std::make_unique<bip::shared_memory_object>(bip::create_only, name.c_str(), bip::read_write,
@@ -56,6 +73,18 @@ StateSegment::StateSegment(const std::string& name) : name_(name) {
       if (e.get_error_code() != bip::already_exists_error) throw;
       shm_ = std::make_unique<bip::shared_memory_object>(bip::open_only, name.c_str(), bip::read_write);
       origin_ = Origin::resumed;
+    }
+    // One writer per segment, before anything is touched: a second daemon (other socket, same
+    // --state) must not reset or write a live segment.
+    const int fd = shm_->get_mapping_handle().handle;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      throw StateError("state segment " + segment_path(name) + " is in use by another vlaked (pid " +
+                       std::to_string(peek_daemon_pid(*shm_)) + "); give this daemon its own --state");
+    }
+    if (::fchmod(fd, static_cast<mode_t>(mode)) != 0 ||
+        (gid >= 0 && ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0)) {
+      throw StateError("cannot set mode/group of state segment " + segment_path(name) + ": " +
+                       std::strerror(errno));
     }
     bip::offset_t size = 0;
     if (!shm_->get_size(size)) size = 0;
@@ -79,6 +108,7 @@ StateSegment::StateSegment(const std::string& name) : name_(name) {
     h.max_sessions = kMaxSessions;
     h.max_grants = kMaxGrants;
     h.max_devices = kMaxDevices;
+    h.max_namespaces = kMaxNamespaces;
     // The magic goes last: a reader never sees a half-initialized segment as valid.
     __atomic_store_n(&h.magic, kMagic, __ATOMIC_RELEASE);
   } else if ((state_->header.generation & 1) != 0) {

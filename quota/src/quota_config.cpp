@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -109,11 +110,52 @@ Limit parse_limit(const std::string& raw) {
   return Limit::bytes(Bytes{w << shift});
 }
 
+
+std::string format_size(Bytes b) {
+  const std::string exact = Limit::bytes(b).to_string();
+  if (b.value() < 1024 || exact.size() < 2 || exact[exact.size() - 2] == 'i') return exact;  // "…KiB" etc.
+  // Not a whole number of any unit: bytes, and an approximation.
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b.value()) / 1024.0;
+  int u = 0;
+  while (u < 3 && v >= 1024.0) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return std::to_string(b.value()) + " bytes (" + buf + kUnits[u] + ")";
+}
+
+Bytes NamespaceSpec::limit_on(Bytes total) const noexcept {
+  if (!limit) return total;
+  return std::min(limit->on_device(total), total);
+}
+
+Bytes NamespaceSpec::guaranteed_on(Bytes total) const noexcept {
+  return guaranteed ? guaranteed->on_device(total) : Bytes{0};
+}
+
 namespace {
 
+bool all_digits(const std::string& s) {
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; });
+}
+
+bool dns_label(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+    if (!ok) return false;
+  }
+  return s.front() != '-' && s.back() != '-';
+}
+
+// Node helpers with positioned errors.
 class Parser {
  public:
-  Parser(const std::string& name) : name_(name) {}
+  explicit Parser(const std::string& name) : name_(name) {}
 
   [[noreturn]] void fail(const YAML::Mark& m, const std::string& what) const {
     if (m.is_null()) throw ConfigError(name_, 0, 0, what);
@@ -127,8 +169,7 @@ class Parser {
       const YAML::Node key = it->first;
       if (!key.IsScalar()) fail(key.Mark(), "keys in " + where + " must be names");
       const std::string k = key.Scalar();
-      const bool ok = std::any_of(allowed.begin(), allowed.end(),
-                                  [&](const char* a) { return k == a; });
+      const bool ok = std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; });
       if (!ok) {
         std::string list;
         for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
@@ -137,10 +178,11 @@ class Parser {
     }
   }
 
-  Limit limit(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["limit"];
-    if (!v) fail(entry.Mark(), "missing 'limit' in " + where);
-    if (!v.IsScalar()) fail(v.Mark(), "'limit' in " + where + " must be a size");
+  // The size under `key` of `entry`, if present.
+  std::optional<Limit> size(const YAML::Node& entry, const char* key, const std::string& where) const {
+    const YAML::Node v = entry[key];
+    if (!v) return std::nullopt;
+    if (!v.IsScalar()) fail(v.Mark(), "'" + std::string(key) + "' in " + where + " must be a size");
     try {
       return parse_limit(v.Scalar());
     } catch (const std::invalid_argument& e) {
@@ -151,8 +193,7 @@ class Parser {
   std::uint32_t id(const YAML::Node& v, const char* what) const {
     if (!v.IsScalar()) fail(v.Mark(), std::string(what) + " must be a number");
     const std::string s = trim(v.Scalar());
-    if (s.empty() || s.size() > 10 ||
-        !std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
+    if (s.size() > 10 || !all_digits(s)) {
       fail(v.Mark(), std::string("bad ") + what + " '" + s + "': expected a number 0..4294967294");
     }
     const std::uint64_t n = std::stoull(s);
@@ -160,21 +201,88 @@ class Parser {
     return static_cast<std::uint32_t>(n);
   }
 
-  const std::string& name() const { return name_; }
+  // A user (`group` false) or group named by name or number: its id.
+  std::uint32_t principal(const YAML::Node& v, bool group, const std::string& where) const {
+    const char* kind = group ? "group" : "user";
+    if (!v.IsScalar() || trim(v.Scalar()).empty()) {
+      fail(v.Mark(), std::string("a ") + kind + " in " + where + " must be a name or a " + (group ? "gid" : "uid"));
+    }
+    const std::string s = trim(v.Scalar());
+    if (all_digits(s)) return id(v, group ? "gid" : "uid");
+    if (group) {
+      const struct group* gr = ::getgrnam(s.c_str());
+      if (gr == nullptr) fail(v.Mark(), "unknown group '" + s + "'");
+      return gr->gr_gid;
+    }
+    const passwd* pw = ::getpwnam(s.c_str());
+    if (pw == nullptr) fail(v.Mark(), "unknown user '" + s + "'");
+    return pw->pw_uid;
+  }
+
+  std::int32_t priority(const YAML::Node& v) const {
+    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
+    const bool neg = !s.empty() && s[0] == '-';
+    const std::string digits = neg ? s.substr(1) : s;
+    if (!v.IsScalar() || digits.size() > 10 || !all_digits(digits)) {
+      fail(v.Mark(), "bad priority '" + s + "': expected an integer");
+    }
+    const long long n = (neg ? -1 : 1) * std::stoll(digits);
+    if (n < -1'000'000 || n > 1'000'000) fail(v.Mark(), "bad priority '" + s + "': must be within -1000000..1000000");
+    return static_cast<std::int32_t>(n);
+  }
+
+  static int line(const YAML::Mark& m) { return m.is_null() ? 0 : m.line + 1; }
+  static int column(const YAML::Mark& m) { return m.is_null() ? 0 : m.column + 1; }
 
  private:
   std::string name_;
 };
 
+// Both absolute or both percentages: is a > b? nullopt when they cannot be compared without a
+// GPU size.
+std::optional<bool> greater(const Limit& a, const Limit& b) {
+  if (a.is_percent() != b.is_percent()) return std::nullopt;
+  if (a.is_percent()) return a.ppm() > b.ppm();
+  return a.absolute() > b.absolute();
+}
+
+// A member listed in a namespace's users/groups list.
+struct Listed {
+  std::uint32_t id;
+  std::string label;
+  std::size_t ns;
+  int line;
+};
+
 }  // namespace
 
-QuotaConfig::QuotaConfig() : default_(Limit::percent_ppm(1'000'000)) {}
+QuotaConfig::QuotaConfig() : default_(Limit::percent_ppm(1'000'000)) {
+  NamespaceSpec d;
+  d.name = kDefaultNamespace;
+  d.declared = false;
+  namespaces_.push_back(d);
+}
+
+std::size_t QuotaConfig::default_index() const noexcept {
+  for (std::size_t i = 0; i < namespaces_.size(); ++i) {
+    if (namespaces_[i].name == kDefaultNamespace) return i;
+  }
+  return 0;  // unreachable: the constructor and parse() always add it
+}
+
+const NamespaceSpec* QuotaConfig::find_namespace(const std::string& name) const noexcept {
+  for (const NamespaceSpec& n : namespaces_) {
+    if (n.name == name) return &n;
+  }
+  return nullptr;
+}
 
 QuotaConfig QuotaConfig::load(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path, 0, 0, "cannot read the file");
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) throw ConfigError(path, 0, 0, "cannot read the file");
   return parse(ss.str(), path);
 }
 
@@ -188,7 +296,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   }
   if (!root || root.IsNull()) throw ConfigError(name, 0, 0, "empty configuration (expected 'version: 1')");
   if (!root.IsMap()) p.fail(root.Mark(), "the configuration must be a mapping");
-  p.check_keys(root, {"version", "default", "users", "groups"}, "the top level");
+  p.check_keys(root, {"version", "default", "namespaces", "users", "groups"}, "the top level");
 
   const YAML::Node version = root["version"];
   if (!version) p.fail(root.Mark(), "missing 'version' (expected 1)");
@@ -198,82 +306,226 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   }
 
   QuotaConfig cfg;
+  cfg.file_ = name;
+  cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
     p.check_keys(def, {"limit"}, "'default'");
-    cfg.default_ = p.limit(def, "'default'");
+    const auto l = p.size(def, "limit", "'default'");
+    if (!l) p.fail(def.Mark(), "missing 'limit' in 'default'");
+    cfg.default_ = *l;
+    cfg.default_given_ = true;
   }
 
-  if (const YAML::Node users = root["users"]) {
-    if (!users.IsSequence()) p.fail(users.Mark(), "'users' must be a list");
-    std::set<uid_t> seen;
-    for (const YAML::Node& u : users) {
-      if (!u.IsMap()) p.fail(u.Mark(), "a 'users' entry must be a mapping (uid or name, limit)");
-      p.check_keys(u, {"uid", "name", "limit"}, "a 'users' entry");
-      const YAML::Node uid = u["uid"];
-      const YAML::Node nm = u["name"];
-      if (uid && nm) p.fail(u.Mark(), "a 'users' entry has both 'uid' and 'name' (give one)");
-      if (!uid && !nm) p.fail(u.Mark(), "a 'users' entry needs 'uid' or 'name'");
-      UserEntry e{0, {}, p.limit(u, "a 'users' entry")};
-      YAML::Mark at;
-      if (uid) {
-        e.uid = p.id(uid, "uid");
-        e.label = std::to_string(e.uid);
-        at = uid.Mark();
-      } else {
-        if (!nm.IsScalar() || nm.Scalar().empty()) p.fail(nm.Mark(), "'name' must be a user name");
-        const passwd* pw = ::getpwnam(nm.Scalar().c_str());
-        if (pw == nullptr) p.fail(nm.Mark(), "unknown user '" + nm.Scalar() + "'");
-        e.uid = pw->pw_uid;
-        e.label = nm.Scalar();
-        at = nm.Mark();
+  // Namespaces first: users and groups entries refer to them.
+  std::vector<Listed> listed_users;
+  std::vector<Listed> listed_groups;
+  if (const YAML::Node nss = root["namespaces"]) {
+    if (!nss.IsSequence()) p.fail(nss.Mark(), "'namespaces' must be a list");
+    std::uint64_t percent_sum = 0;
+    for (const YAML::Node& n : nss) {
+      if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
+      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups"},
+                   "a 'namespaces' entry");
+      const YAML::Node nm = n["name"];
+      if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
+      if (!nm.IsScalar() || !dns_label(nm.Scalar())) {
+        p.fail(nm.Mark(), "bad namespace name '" + (nm.IsScalar() ? nm.Scalar() : std::string("?")) +
+                              "': use a DNS label (a-z, 0-9 and '-', at most 63, not starting or ending with '-')");
       }
-      if (!seen.insert(e.uid).second) p.fail(at, "duplicate uid " + std::to_string(e.uid) + " in 'users'");
-      cfg.users_.push_back(std::move(e));
+      NamespaceSpec ns;
+      ns.name = nm.Scalar();
+      ns.line = Parser::line(n.Mark());
+      ns.column = Parser::column(n.Mark());
+      for (const NamespaceSpec& other : cfg.namespaces_) {
+        if (other.name == ns.name) {
+          p.fail(nm.Mark(), "duplicate namespace '" + ns.name + "' (first at line " + std::to_string(other.line) + ")");
+        }
+      }
+      const std::string where = "namespace '" + ns.name + "'";
+      ns.limit = p.size(n, "limit", where);
+      ns.guaranteed = p.size(n, "guaranteed", where);
+      ns.pod_limit = p.size(n, "pod_limit", where);
+      if (ns.limit) {
+        ns.limit_line = Parser::line(n["limit"].Mark());
+        ns.limit_column = Parser::column(n["limit"].Mark());
+      }
+      if (ns.guaranteed) {
+        const YAML::Mark gm = n["guaranteed"].Mark();
+        ns.guaranteed_line = Parser::line(gm);
+        ns.guaranteed_column = Parser::column(gm);
+        if (ns.limit && greater(*ns.guaranteed, *ns.limit).value_or(false)) {
+          p.fail(gm, "guaranteed " + ns.guaranteed->to_string() + " is more than the limit " + ns.limit->to_string() +
+                         " of " + where);
+        }
+        if (ns.guaranteed->is_percent()) {
+          percent_sum += ns.guaranteed->ppm();
+          if (percent_sum > 1'000'000) {
+            p.fail(gm, "guarantees add up to " + Limit::percent_ppm(static_cast<std::uint32_t>(percent_sum)).to_string() +
+                           " of the GPU (more than 100%)");
+          }
+        }
+      }
+      if (const YAML::Node pr = n["priority"]) ns.priority = p.priority(pr);
+      const std::size_t index = cfg.namespaces_.size();
+      for (const bool group : {false, true}) {
+        const char* key = group ? "groups" : "users";
+        const YAML::Node list = n[key];
+        if (!list) continue;
+        if (!list.IsSequence()) p.fail(list.Mark(), "'" + std::string(key) + "' in " + where + " must be a list");
+        auto& into = group ? listed_groups : listed_users;
+        for (const YAML::Node& item : list) {
+          const std::uint32_t id = p.principal(item, group, where);
+          const std::string label = trim(item.Scalar());
+          for (const Listed& l : into) {
+            if (l.id != id) continue;
+            const std::string what = std::string(group ? "group '" : "user '") + label + "' (" +
+                                     (group ? "gid " : "uid ") + std::to_string(id) + ")";
+            if (l.ns == index) p.fail(item.Mark(), "duplicate " + what + " in " + where);
+            p.fail(item.Mark(), what + " is already in namespace '" + cfg.namespaces_[l.ns].name + "' (line " +
+                                    std::to_string(l.line) + ")");
+          }
+          into.push_back(Listed{id, label, index, Parser::line(item.Mark())});
+        }
+      }
+      cfg.namespaces_.push_back(std::move(ns));
     }
   }
+  if (cfg.find_namespace(kDefaultNamespace) == nullptr) {
+    NamespaceSpec d;
+    d.name = kDefaultNamespace;
+    d.declared = false;
+    cfg.namespaces_.push_back(d);
+  }
+  const std::size_t default_ns = cfg.default_index();
 
-  if (const YAML::Node groups = root["groups"]) {
-    if (!groups.IsSequence()) p.fail(groups.Mark(), "'groups' must be a list");
-    std::set<gid_t> seen;
-    for (const YAML::Node& g : groups) {
-      if (!g.IsMap()) p.fail(g.Mark(), "a 'groups' entry must be a mapping (gid or name, limit)");
-      p.check_keys(g, {"gid", "name", "limit"}, "a 'groups' entry");
-      const YAML::Node gid = g["gid"];
-      const YAML::Node nm = g["name"];
-      if (gid && nm) p.fail(g.Mark(), "a 'groups' entry has both 'gid' and 'name' (give one)");
-      if (!gid && !nm) p.fail(g.Mark(), "a 'groups' entry needs 'gid' or 'name'");
-      GroupEntry e{0, {}, p.limit(g, "a 'groups' entry")};
-      YAML::Mark at;
-      if (gid) {
-        e.gid = p.id(gid, "gid");
-        e.label = std::to_string(e.gid);
-        at = gid.Mark();
-      } else {
-        if (!nm.IsScalar() || nm.Scalar().empty()) p.fail(nm.Mark(), "'name' must be a group name");
-        const group* gr = ::getgrnam(nm.Scalar().c_str());
-        if (gr == nullptr) p.fail(nm.Mark(), "unknown group '" + nm.Scalar() + "'");
-        e.gid = gr->gr_gid;
-        e.label = nm.Scalar();
-        at = nm.Mark();
+  auto namespace_of = [&](const YAML::Node& entry, const std::vector<Listed>& listed, std::uint32_t id,
+                          const std::string& what) -> std::size_t {
+    const Listed* in_list = nullptr;
+    for (const Listed& l : listed) {
+      if (l.id == id) in_list = &l;
+    }
+    const YAML::Node nsn = entry["namespace"];
+    if (!nsn) return in_list != nullptr ? in_list->ns : default_ns;
+    if (!nsn.IsScalar()) p.fail(nsn.Mark(), "'namespace' must be a namespace name");
+    const std::string want = trim(nsn.Scalar());
+    std::size_t idx = cfg.namespaces_.size();
+    for (std::size_t i = 0; i < cfg.namespaces_.size(); ++i) {
+      if (cfg.namespaces_[i].name == want) idx = i;
+    }
+    if (idx == cfg.namespaces_.size()) p.fail(nsn.Mark(), "unknown namespace '" + want + "' (not in 'namespaces')");
+    if (in_list != nullptr && in_list->ns != idx) {
+      p.fail(nsn.Mark(), what + " is listed in namespace '" + cfg.namespaces_[in_list->ns].name + "' (line " +
+                             std::to_string(in_list->line) + "), not '" + want + "'");
+    }
+    return idx;
+  };
+
+  for (const bool group : {false, true}) {
+    const char* key = group ? "groups" : "users";
+    const std::string entry_what = std::string("a '") + key + "' entry";
+    const char* id_key = group ? "gid" : "uid";
+    const YAML::Node list = root[key];
+    std::set<std::uint32_t> seen;
+    if (list) {
+      if (!list.IsSequence()) p.fail(list.Mark(), "'" + std::string(key) + "' must be a list");
+      for (const YAML::Node& u : list) {
+        if (!u.IsMap()) p.fail(u.Mark(), entry_what + " must be a mapping (" + id_key + " or name, limit)");
+        p.check_keys(u, {id_key, "name", "limit", "namespace"}, entry_what);
+        const YAML::Node idn = u[id_key];
+        const YAML::Node nm = u["name"];
+        if (idn && nm) p.fail(u.Mark(), entry_what + " has both '" + id_key + "' and 'name' (give one)");
+        if (!idn && !nm) p.fail(u.Mark(), entry_what + " needs '" + id_key + "' or 'name'");
+        const std::optional<Limit> limit = p.size(u, "limit", entry_what);
+        if (!limit && !u["namespace"]) p.fail(u.Mark(), "missing 'limit' in " + entry_what + " (give 'limit' or 'namespace')");
+        std::uint32_t id = 0;
+        std::string label;
+        YAML::Mark at;
+        if (idn) {
+          id = p.id(idn, id_key);
+          label = std::to_string(id);
+          at = idn.Mark();
+        } else {
+          if (!nm.IsScalar() || nm.Scalar().empty()) {
+            p.fail(nm.Mark(), std::string("'name' must be a ") + (group ? "group" : "user") + " name");
+          }
+          id = p.principal(nm, group, entry_what);
+          label = nm.Scalar();
+          at = nm.Mark();
+        }
+        if (!seen.insert(id).second) {
+          p.fail(at, std::string("duplicate ") + id_key + " " + std::to_string(id) + " in '" + key + "'");
+        }
+        const std::string what = std::string(group ? "group '" : "user '") + label + "'";
+        const std::size_t ns = namespace_of(u, group ? listed_groups : listed_users, id, what);
+        if (group) cfg.groups_.push_back(GroupEntry{id, label, limit, ns});
+        else cfg.users_.push_back(UserEntry{id, label, limit, ns});
       }
-      if (!seen.insert(e.gid).second) p.fail(at, "duplicate gid " + std::to_string(e.gid) + " in 'groups'");
-      cfg.groups_.push_back(std::move(e));
+    }
+    // Listed in a namespace without an entry of its own: a tenant with the pod limit.
+    for (const Listed& l : group ? listed_groups : listed_users) {
+      if (seen.count(l.id) != 0) continue;
+      if (group) cfg.groups_.push_back(GroupEntry{l.id, l.label, std::nullopt, l.ns});
+      else cfg.users_.push_back(UserEntry{l.id, l.label, std::nullopt, l.ns});
     }
   }
   return cfg;
 }
 
+void QuotaConfig::check_device(Bytes total) const {
+  Bytes sum{0};
+  for (const NamespaceSpec& n : namespaces_) {
+    if (!n.guaranteed) continue;
+    const Bytes g = n.guaranteed->on_device(total);
+    if (n.limit && g > n.limit->on_device(total)) {
+      throw ConfigError(file_, n.guaranteed_line, n.guaranteed_column,
+                        "guaranteed " + n.guaranteed->to_string() + " is more than the limit " + n.limit->to_string() +
+                            " of namespace '" + n.name + "' on a GPU of " + format_size(total) + " (" +
+                            format_size(g) + " > " + format_size(n.limit->on_device(total)) + ")");
+    }
+    sum += g;
+    if (sum > total) {
+      throw ConfigError(file_, n.guaranteed_line, n.guaranteed_column,
+                        "guarantees add up to " + format_size(sum) + ", more than the GPU's " + format_size(total));
+    }
+  }
+}
+
+TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& label, const std::optional<Limit>& own,
+                                  std::size_t ns) const {
+  const NamespaceSpec& n = namespaces_.at(ns);
+  Limit limit = Limit::percent_ppm(1'000'000);
+  if (own) limit = *own;
+  else if (n.name == kDefaultNamespace && default_given_) limit = default_;
+  else if (n.pod_limit) limit = *n.pod_limit;
+  else if (n.limit) limit = *n.limit;
+  TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label, limit, n.name};
+  return t;
+}
+
 TenantSpec QuotaConfig::resolve(uid_t uid, gid_t gid, std::span<const gid_t> groups) const {
   for (const UserEntry& u : users_) {
-    if (u.uid == uid) return TenantSpec{"user:" + u.label, u.limit};
+    if (u.uid == uid) return make_spec("user", u.label, u.limit, u.ns);
   }
   for (const GroupEntry& g : groups_) {
     if (g.gid == gid || std::find(groups.begin(), groups.end(), g.gid) != groups.end()) {
-      return TenantSpec{"group:" + g.label, g.limit};
+      return make_spec("group", g.label, g.limit, g.ns);
     }
   }
-  return TenantSpec{"uid:" + std::to_string(uid), default_};
+  return make_spec("uid", std::to_string(uid), std::nullopt, default_index());
+}
+
+std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {
+  std::vector<ConfigError> errors;
+  try {
+    const QuotaConfig cfg = QuotaConfig::load(path);
+    if (gpu_memory) cfg.check_device(*gpu_memory);
+  } catch (const ConfigError& e) {
+    errors.push_back(e);
+  } catch (const std::exception& e) {
+    errors.emplace_back(path, 0, 0, e.what());
+  }
+  return errors;
 }
 
 }  // namespace vlake::quota

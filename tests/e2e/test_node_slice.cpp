@@ -267,3 +267,87 @@ TEST_CASE("vlaked killed and restarted under load: tenants keep running, account
   }
   CHECK(left == 0);
 }
+
+TEST_CASE("quota file edited while a tenant runs: new limits apply, an invalid edit changes nothing",
+          "[e2e][quota]") {
+  const auto yaml = [](const std::string& limit) {
+    return "version: 1\ndefault:\n  limit: 1GiB\nnamespaces:\n  - name: team\n    limit: 256MiB\n"
+           "users:\n  - uid: 4242\n    limit: " + limit + "\n    namespace: team\n";
+  };
+  DaemonProcess d("reload", yaml("128MiB"));
+  REQUIRE(d.start());
+  const auto limit_of = [&] {
+    const auto s = snapshot(d);
+    const auto* t = tenant(*s, "team/user:4242");
+    return t == nullptr ? 0 : t->limit[0];
+  };
+  const auto rewrite = [&](const std::string& text) {  // like an editor: write aside, rename over
+    const std::string tmp = d.config + ".new";
+    { std::ofstream(tmp) << text; }
+    REQUIRE(::rename(tmp.c_str(), d.config.c_str()) == 0);
+  };
+  TenantProcess t(d, {"init", "info#1", "alloc:a:32M", "sleep:3000", "info#2", "alloc:b:48M",
+                      "sleep:3000", "info#3", "alloc:c:16M"},
+                  4242);
+  REQUIRE(t.wait_line("info#1")["total"] == std::to_string(128 * MiB));
+
+  rewrite(yaml("64MiB"));  // lowered while the tenant runs
+  for (int i = 0; i < 200 && limit_of() != 64 * MiB; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(limit_of() == 64 * MiB);
+  REQUIRE(t.wait_line("alloc:b").size() > 0);
+
+  rewrite(yaml("64 MegaBytes"));  // invalid: rejected, the 64 MiB limit stays
+  std::uint64_t errors = 0;
+  for (int i = 0; i < 200 && errors == 0; ++i) {
+    errors = snapshot(d)->counters.config_reload_errors;
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(errors == 1);
+  CHECK(limit_of() == 64 * MiB);
+
+  REQUIRE(exited_ok(t.finish()));
+  INFO(t.out() << t.err() << d.log());
+  CHECK(t.line("info#2")["total"] == std::to_string(64 * MiB));
+  CHECK(t.line("alloc:b")["rc"] == std::to_string(kOutOfMemory));  // 32 + 48 > 64
+  CHECK(t.err().find("of its 64 MiB limit") != std::string::npos);
+  CHECK(t.line("info#3")["total"] == std::to_string(64 * MiB));
+  CHECK(t.line("alloc:c")["rc"] == "0");  // 32 + 16 <= 64: the old (valid) limit is in force
+  const auto s = snapshot(d);
+  CHECK(s->config.rejected == 1);
+  CHECK(std::string(s->config.last_error).find("vlake.yaml:") != std::string::npos);
+}
+
+TEST_CASE("a namespace's limit and other namespaces' guarantees refuse with their own message",
+          "[e2e][quota]") {
+  DaemonProcess d("nsmsg", R"(version: 1
+default:
+  limit: 1GiB
+namespaces:
+  - name: small
+    limit: 64MiB
+    pod_limit: 48MiB
+    users: [4242, 4243]
+  - name: reserved
+    guaranteed: 900MiB
+    users: [4245]
+)");
+  REQUIRE(d.start());
+  TenantProcess holder(d, {"init", "alloc:a:40M", "sleep:20000"}, 4242);
+  REQUIRE(holder.wait_line("alloc:a")["rc"] == "0");
+  TenantProcess a(d, {"init", "alloc:a:32M"}, 4243);  // 32 <= its 48, but 40 + 32 > 64
+  REQUIRE(exited_ok(a.finish()));
+  INFO(a.out() << a.err());
+  CHECK(a.line("alloc:a")["rc"] == std::to_string(kOutOfMemory));
+  CHECK(a.err().find("the namespace of tenant small/user:4243 holds 40 MiB of its 64 MiB limit") !=
+        std::string::npos);
+  // The simulated GPU has 1 GiB: 124 MiB are not guaranteed, 40 of them borrowed by `small`.
+  TenantProcess b(d, {"init", "alloc:a:60M", "alloc:b:40M"}, 4244);  // default namespace
+  REQUIRE(exited_ok(b.finish()));
+  INFO(b.out() << b.err());
+  CHECK(b.line("alloc:a")["rc"] == "0");
+  CHECK(b.line("alloc:b")["rc"] == std::to_string(kOutOfMemory));  // 40 + 60 + 40 > 124
+  CHECK(b.err().find("guaranteed to other namespaces") != std::string::npos);
+  const auto s = snapshot(d);
+  CHECK(s->counters.denials_namespace_limit == 1);
+  CHECK(s->counters.denials_guarantee == 1);
+}

@@ -576,6 +576,13 @@ TEST_CASE("daemon: one instance per socket, SIGTERM and SIGINT stop it cleanly",
   CHECK(WIFEXITED(second));
   CHECK(WEXITSTATUS(second) == 1);
   CHECK_THAT(d.log(), Catch::Contains("another vlaked (pid " + std::to_string(d.pid()) + ") owns " + d.socket));
+  // A daemon on another socket with the same --state is refused too: one writer per segment.
+  {
+    DaemonProcess other("second-state");
+    CHECK_FALSE(other.start({"--state", d.state}));
+    CHECK_THAT(other.log(), Catch::Contains("is in use by another vlaked (pid " + std::to_string(d.pid()) + ")"));
+    CHECK(snapshot(d.state)->header.daemon_pid == static_cast<std::uint32_t>(d.pid()));
+  }
   // The first one is unharmed.
   PoolClient c(d.socket);
   const auto ack = c.hello();
@@ -714,3 +721,12 @@ TEST_CASE("daemon: with the simulator's NVML, pool memory is not a tenant's non-
   CHECK(snap->devices[0].orphaned_bytes == 8 * kMiB);
 }
 #endif
+
+TEST_CASE("daemon: --state-mode and --state-group set who may read the state", "[daemon]") {
+  DaemonProcess d("state-mode");
+  REQUIRE(d.start({"--state-mode", "0640", "--state-group", "4242"}));
+  struct stat sb {};
+  REQUIRE(::stat(st::segment_path(d.state).c_str(), &sb) == 0);
+  CHECK((sb.st_mode & 0777) == 0640);
+  CHECK(sb.st_gid == 4242);
+}

@@ -54,6 +54,9 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
   CHECK(o.sample_interval.count() == 250);
   CHECK(parse({"--help"}).help);
   CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--sample-interval-ms"));
+  CHECK(parse({}).state_mode == 0644);
+  CHECK(parse({"--state-mode", "0640", "--state-group", "4242"}).state_mode == 0640);
+  CHECK(parse({"--state-group", "4242"}).state_gid == 4242);
 
   struct Bad {
     std::vector<const char*> args;
@@ -68,6 +71,10 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
       {{"--state", "a/b"}, "--state must be a name without '/'"},
       {{"--config="}, "needs a non-empty value"},
       {{"stray"}, "unexpected argument 'stray'"},
+      {{"--state-mode", "0666"}, "no write for group/others"},
+      {{"--state-mode", "0400"}, "owner read-write"},
+      {{"--state-mode", "rw"}, "--state-mode must be an octal mode"},
+      {{"--state-group", "no-such-group-vlake"}, "no group named 'no-such-group-vlake'"},
   };
   for (const auto& b : bad) {
     INFO(b.msg);

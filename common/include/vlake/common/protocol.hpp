@@ -46,7 +46,8 @@ enum class MsgType : std::uint16_t {
   error = 9,
 };
 
-// Status codes carried in replies.
+// Status codes carried in replies. A client treats a non-ok status it does not know as a
+// refusal (values may be added within a protocol version; none is ever reused).
 enum class Status : std::int32_t {
   ok = 0,
   over_limit = 1,       // the tenant's limit would be exceeded (nothing was charged)
@@ -56,6 +57,10 @@ enum class Status : std::int32_t {
   unknown_grant = 5,    // release of a grant this session does not hold
   version_mismatch = 6, // Hello with a protocol version the daemon does not speak
   internal = 7,         // the daemon failed; see its log
+  namespace_over_limit = 8,  // the tenant's namespace would exceed its limit (GrantReply limit/used
+                             // are the namespace's)
+  guarantee = 9,        // the rest of the GPU is guaranteed to other namespaces (limit/used are
+                        // the tenant's)
 };
 
 struct Header {

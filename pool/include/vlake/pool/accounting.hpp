@@ -1,34 +1,58 @@
-// vlake::pool::Accounting — per (tenant, device) quota bookkeeping.
+// vlake::pool::Accounting — per (tenant, device) and per (namespace, device) quota bookkeeping,
+// with namespace guarantees.
 //
 // What it tracks, per (tenant, device): the limit, pool bytes granted (committed), non-pool
 // bytes (sampled from NVML: contexts, modules, passthrough allocations) and bytes reserved by
-// grants in flight. The tenant's usage is granted + nonpool.
+// grants in flight. A tenant's usage is granted + nonpool; "held" is granted + nonpool +
+// reserved. Per (namespace, device): its limit, its guarantee, and the sums of its tenants'
+// figures. Per device: its capacity C (set_capacity).
 //
-// Contract
-// - reserve(t, d, n) succeeds only if granted + nonpool + reserved + n <= limit, atomically
-//   with respect to every other call; it returns a Reservation (RAII token). Committing moves
-//   the bytes from reserved to granted; rolling back (explicitly, or by destroying the token
-//   uncommitted) returns them. No interleaving of calls can make granted + reserved + nonpool
-//   exceed the limit through reserve() (set_nonpool() and restore() record facts and may).
+// Grant rule — reserve(t, d, r) for tenant t in namespace n succeeds only if, atomically with
+// respect to every other call:
+//   1. held(t) + r <= limit(t)                                     (else Refusal::tenant_limit)
+//   2. held(n) + r <= limit(n)                                     (else Refusal::namespace_limit)
+//   3. with U = C - sum_m G(m) (unguaranteed memory, 0 if the guarantees exceed C) and
+//      borrowed(m) = max(0, held(m) - G(m)): if the grant increases borrowed(n), then after it
+//      sum_m borrowed(m) <= U                                       (else Refusal::guarantee)
+//   So a namespace always gets memory up to its guarantee, and above it borrows only memory
+//   nobody is guaranteed. Rule 3 applies only on devices given a capacity.
+// It returns a Reservation (RAII token). Committing moves the bytes from reserved to granted;
+// rolling back (explicitly, or by destroying the token uncommitted) returns them. No
+// interleaving of calls can break rules 1-3 through reserve() (set_nonpool(), restore(),
+// lowering limits and moving tenants record facts and may: no revocation).
 // - uncharge(t, d, n) returns committed bytes (clamped at 0; a clamp is reported as false).
 // - A (tenant, device) never given a limit has limit 0: every reserve fails.
+// - A tenant never assigned a namespace is in NamespaceId{0}; a namespace never configured on
+//   a device has no limit and no guarantee there.
 //
 // Thread-safety: every method may be called from any thread (one internal mutex). A
 // Reservation must not outlive its Accounting; it is move-only and not itself thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "vlake/common/strong_types.hpp"
 
 namespace vlake::pool {
 
+struct NamespaceIdTag {};
+// A namespace's id: its state-segment slot + 1 in the daemon; 0 = "not assigned".
+using NamespaceId = StrongId<NamespaceIdTag, std::uint32_t>;
+
+// Why reserve() refused.
+enum class Refusal : std::uint8_t { none = 0, tenant_limit = 1, namespace_limit = 2, guarantee = 3 };
+const char* to_string(Refusal r) noexcept;
+
 class Accounting {
  public:
+  static constexpr Bytes kUnlimited{~0ULL};
+
   struct Usage {
     Bytes limit;
     Bytes granted;
@@ -36,10 +60,37 @@ class Accounting {
     Bytes reserved;
     [[nodiscard]] Bytes used() const noexcept { return granted + nonpool; }
   };
+  struct NamespaceUsage {
+    Bytes limit = kUnlimited;
+    Bytes guaranteed{0};
+    Bytes granted{0};
+    Bytes nonpool{0};
+    Bytes reserved{0};
+    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool; }
+    [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + reserved; }
+  };
   struct Entry {
     TenantId tenant;
     DeviceOrdinal device;
+    NamespaceId ns;
     Usage usage;
+  };
+  struct NamespaceEntry {
+    NamespaceId ns;
+    DeviceOrdinal device;
+    NamespaceUsage usage;
+  };
+  struct DeviceEntry {
+    DeviceOrdinal device;
+    Bytes capacity;     // 0: not set (rule 3 off)
+    Bytes guaranteed;   // sum of the namespaces' guarantees
+    Bytes borrowed;     // sum of max(0, held - guaranteed)
+  };
+  // Everything, under one lock: what an invariant checker needs.
+  struct Snapshot {
+    std::vector<Entry> tenants;
+    std::vector<NamespaceEntry> namespaces;
+    std::vector<DeviceEntry> devices;
   };
 
   class Reservation {
@@ -69,9 +120,21 @@ class Accounting {
   };
 
   void set_limit(TenantId t, DeviceOrdinal d, Bytes limit);
-  // nullopt when the bytes do not fit; `usage_out` (optional) receives the usage seen.
-  [[nodiscard]] std::optional<Reservation> reserve(TenantId t, DeviceOrdinal d, Bytes n,
-                                                   Usage* usage_out = nullptr);
+  // The device's memory C (enables rule 3 on it).
+  void set_capacity(DeviceOrdinal d, Bytes capacity);
+  // A namespace's limit (kUnlimited: none) and guarantee on a device.
+  void set_namespace(NamespaceId n, DeviceOrdinal d, Bytes limit, Bytes guaranteed);
+  // Forgets a namespace (its tenants must have been moved away; otherwise they keep counting
+  // in an unconfigured namespace of that id).
+  void remove_namespace(NamespaceId n);
+  // Puts a tenant in a namespace, moving its usage (on every device) along.
+  void assign(TenantId t, NamespaceId n);
+  [[nodiscard]] NamespaceId namespace_of(TenantId t) const;
+
+  // nullopt when the bytes do not fit; `usage_out` (optional) receives the tenant's usage seen,
+  // `why` (optional) the reason of a refusal (Refusal::none on success).
+  [[nodiscard]] std::optional<Reservation> reserve(TenantId t, DeviceOrdinal d, Bytes n, Usage* usage_out = nullptr,
+                                                   Refusal* why = nullptr);
   void commit(Reservation& r) noexcept { r.commit(); }
   void rollback(Reservation& r) noexcept { r.rollback(); }
   // Returns false if fewer than `n` bytes were granted (granted is then set to 0).
@@ -81,8 +144,11 @@ class Accounting {
   void set_nonpool(TenantId t, DeviceOrdinal d, Bytes n);
 
   [[nodiscard]] Usage usage(TenantId t, DeviceOrdinal d) const;
-  // A consistent copy of every entry (one lock).
+  [[nodiscard]] NamespaceUsage namespace_usage(NamespaceId n, DeviceOrdinal d) const;
+  [[nodiscard]] DeviceEntry device_usage(DeviceOrdinal d) const;
+  // A consistent copy of every tenant entry (one lock).
   [[nodiscard]] std::vector<Entry> snapshot() const;
+  [[nodiscard]] Snapshot snapshot_all() const;
 
  private:
   struct Key {
@@ -95,10 +161,17 @@ class Accounting {
       return (static_cast<std::size_t>(k.t.value()) << 8) ^ static_cast<std::size_t>(k.d.value());
     }
   };
+  using NsKey = std::pair<std::int32_t, std::uint32_t>;  // (device, namespace): by device first
   void finish(const Reservation& r, bool commit) noexcept;
+  NamespaceUsage& ns_locked(NamespaceId n, DeviceOrdinal d);
+  NamespaceId ns_of_locked(TenantId t) const;
+  [[nodiscard]] DeviceEntry device_locked(DeviceOrdinal d) const;
 
   mutable std::mutex mu_;
   std::unordered_map<Key, Usage, KeyHash> map_;
+  std::unordered_map<std::uint32_t, NamespaceId> tenant_ns_;  // by TenantId value
+  std::map<NsKey, NamespaceUsage> ns_;
+  std::map<std::int32_t, Bytes> capacity_;
 };
 
 }  // namespace vlake::pool

@@ -7,13 +7,16 @@
 //   the quota file, opens the CUDA driver and (optionally) NVML, maps or creates the state
 //   segment (resuming a previous daemon's sessions and grants), warms each GPU, binds the
 //   socket. Any failure throws StartupError with a one-line message.
+// - While running it hot-reloads the quota file (inotify on its directory, a periodic check,
+//   SIGHUP): a valid file is applied to every live tenant, an invalid one is logged, counted in
+//   the state segment and ignored (docs/quota.md).
 // - run() serves until SIGTERM/SIGINT (signalfd), then shuts down gracefully (closes
 //   connections, releases free pool handles, keeps the segment only while grants are held)
 //   and returns the exit code (0).
 // - vlaked_main() is the whole program: options, logger, Daemon, exit code.
 //
-// Thread-safety: single-threaded; construct and run on one thread. Signals SIGTERM/SIGINT
-// are blocked in the calling thread by the constructor (and SIGPIPE ignored).
+// Thread-safety: single-threaded; construct and run on one thread. Signals SIGTERM, SIGINT and
+// SIGHUP are blocked in the calling thread by the constructor (and SIGPIPE ignored).
 #pragma once
 
 #include <memory>

@@ -26,6 +26,8 @@ struct DaemonOptions {
   std::string nvml = "libnvidia-ml.so.1";         // "" or "none": no NVML
   LogLevel log_level = LogLevel::info;
   std::chrono::milliseconds sample_interval{1000};
+  unsigned state_mode = 0644;                    // who may read the state (vlakectl)
+  long state_gid = -1;                           // group of the state segment; -1: unchanged
   bool help = false;
 
   static DaemonOptions parse(int argc, const char* const* argv);

@@ -3,8 +3,9 @@
 //
 // Layout (POSIX shared memory /dev/shm/<name>, Boost.Interprocess shared_memory_object +
 // mapped_region): one fixed-layout struct `State` — Header (magic, layout version, sizes, a
-// seqlock generation), Counters, then fixed-capacity tables of DeviceRecord, TenantRecord,
-// SessionRecord and GrantRecord. Every record is trivially copyable and refers to others by id
+// seqlock generation), Counters, ConfigRecord (the quota file in force, reloads), then
+// fixed-capacity tables of DeviceRecord, NamespaceRecord, TenantRecord, SessionRecord and
+// GrantRecord. Every record is trivially copyable and refers to others by id
 // or index, never by pointer. A record is in use when its `in_use`/`state` field is non-zero.
 //
 // Concurrency: only the daemon writes, on one thread, inside StateSegment::Write brackets
@@ -34,12 +35,16 @@ class mapped_region;
 namespace vlake::pool::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
+inline constexpr std::uint32_t kMaxNamespaces = 256;
 inline constexpr std::uint32_t kMaxSessions = 1024;
 inline constexpr std::uint32_t kMaxGrants = 16384;
-inline constexpr std::size_t kTenantNameBytes = 64;
+inline constexpr std::size_t kTenantNameBytes = 128;    // "<namespace>/user:<name>" fits
+inline constexpr std::size_t kNamespaceNameBytes = 64;  // a DNS label (<= 63) + NUL
+inline constexpr std::size_t kConfigPathBytes = 256;
+inline constexpr std::size_t kConfigErrorBytes = 512;
 
 struct Header {
   std::uint64_t magic;
@@ -59,11 +64,13 @@ struct Header {
   std::uint32_t max_devices;
   std::uint32_t starts;             // daemon starts on this segment (1 = never restarted)
   std::uint32_t clean;              // 1 after a graceful stop, 0 while running
+  std::uint32_t max_namespaces;
+  std::uint32_t reserved0;
 };
 
 struct Counters {
   std::uint64_t grants;                 // successful grants
-  std::uint64_t denials_over_limit;
+  std::uint64_t denials_over_limit;     // all quota refusals (the three reasons below together)
   std::uint64_t denials_out_of_memory;
   std::uint64_t denials_unknown_device;
   std::uint64_t denials_other;          // internal errors, table full
@@ -78,6 +85,25 @@ struct Counters {
   std::uint64_t sessions_opened;
   std::uint64_t sessions_rebound;
   std::uint64_t nvml_samples;
+  // Layout 2: quota reasons and reloads.
+  std::uint64_t denials_tenant_limit;     // the tenant's own limit
+  std::uint64_t denials_namespace_limit;  // its namespace's limit
+  std::uint64_t denials_guarantee;        // would use memory guaranteed to other namespaces
+  std::uint64_t config_reloads;           // new quota files applied (SIGHUP included)
+  std::uint64_t config_reload_errors;     // new quota files rejected (old one kept)
+};
+
+// The quota configuration in force.
+struct ConfigRecord {
+  char path[kConfigPathBytes];         // --config as given
+  char last_error[kConfigErrorBytes];  // the last rejected file's "<file>:<line>:<col>: <what>"; "" = none
+  std::uint64_t generation;            // 1: the configuration loaded at start; +1 per applied reload
+  std::uint64_t loaded_unix_ns;        // when the configuration in force was applied
+  std::uint64_t error_unix_ns;         // when last_error was recorded (0: never)
+  std::uint32_t rejected;              // 1 while the file on disk is rejected (last attempt failed)
+  std::uint32_t from_file;             // 0: built-in default (no file), 1: from the file
+  std::uint32_t namespace_count;       // in use in the namespace table
+  std::uint32_t reserved;
 };
 
 struct DeviceRecord {
@@ -93,6 +119,26 @@ struct DeviceRecord {
   std::uint64_t nonpool_bytes;   // sampled, summed over tenants
   std::uint32_t in_use;
   std::uint32_t ordinal;
+  std::uint64_t guaranteed_bytes;  // sum of the namespaces' guarantees on this GPU
+  std::uint64_t borrowed_bytes;    // sum over namespaces of max(0, used - guaranteed)
+};
+
+enum NamespaceFlags : std::uint32_t {
+  kNamespaceHasLimit = 1,   // `limit` configured (else limit[] is the GPU's total)
+  kNamespaceImplicit = 2,   // the implicit "default" namespace (not declared in the file)
+};
+
+struct NamespaceRecord {
+  std::uint32_t in_use;
+  std::uint32_t id;                    // index + 1; TenantRecord::namespace_id refers to it
+  char name[kNamespaceNameBytes];
+  std::int32_t priority;
+  std::uint32_t flags;                 // NamespaceFlags
+  std::uint64_t limit[kMaxDevices];       // per GPU, bytes (percentages resolved on each GPU)
+  std::uint64_t guaranteed[kMaxDevices];  // per GPU, bytes
+  std::uint64_t used[kMaxDevices];        // granted + non-pool of its tenants
+  std::uint32_t over_limit;            // bit d: used[d] > limit[d] (a lowered limit; no revocation)
+  std::uint32_t tenant_count;          // tenants in it
 };
 
 struct TenantRecord {
@@ -102,6 +148,8 @@ struct TenantRecord {
   std::uint64_t limit[kMaxDevices];
   std::uint64_t granted[kMaxDevices];
   std::uint64_t nonpool[kMaxDevices];
+  std::uint32_t namespace_id;  // NamespaceRecord id of its namespace
+  std::uint32_t over_limit;    // bit d: granted[d] + nonpool[d] > limit[d] (a lowered limit)
 };
 
 enum SessionState : std::uint32_t { kSessionFree = 0, kSessionConnected = 1, kSessionDetached = 2 };
@@ -134,7 +182,9 @@ struct GrantRecord {
 struct State {
   Header header;
   Counters counters;
+  ConfigRecord config;
   DeviceRecord devices[kMaxDevices];
+  NamespaceRecord namespaces[kMaxNamespaces];
   TenantRecord tenants[kMaxTenants];
   SessionRecord sessions[kMaxSessions];
   GrantRecord grants[kMaxGrants];
@@ -144,13 +194,15 @@ struct State {
   static_assert(std::is_trivially_copyable_v<T>, #T " must be POD");    \
   static_assert(std::is_standard_layout_v<T>, #T " must be standard");  \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
-VLAKE_STATE_CHECK(Header, 96);
-VLAKE_STATE_CHECK(Counters, 128);
-VLAKE_STATE_CHECK(DeviceRecord, 96);
-VLAKE_STATE_CHECK(TenantRecord, 456);
+VLAKE_STATE_CHECK(Header, 104);
+VLAKE_STATE_CHECK(Counters, 168);
+VLAKE_STATE_CHECK(ConfigRecord, 808);
+VLAKE_STATE_CHECK(DeviceRecord, 112);
+VLAKE_STATE_CHECK(NamespaceRecord, 472);
+VLAKE_STATE_CHECK(TenantRecord, 528);
 VLAKE_STATE_CHECK(SessionRecord, 40);
 VLAKE_STATE_CHECK(GrantRecord, 48);
-VLAKE_STATE_CHECK(State, 96 + 128 + 96 * 16 + 456 * 256 + 40 * 1024 + 48 * 16384);
+VLAKE_STATE_CHECK(State, 104 + 168 + 808 + 112 * 16 + 472 * 256 + 528 * 256 + 40 * 1024 + 48 * 16384);
 #undef VLAKE_STATE_CHECK
 
 class StateError : public std::runtime_error {
@@ -167,8 +219,11 @@ class StateSegment {
   enum class Origin { created, resumed };
 
   // Creates the segment (zeroed, header filled) or maps an existing one after checking its
-  // magic, layout version and size. Throws StateError (with how to reset) on a mismatch.
-  explicit StateSegment(const std::string& name);
+  // magic, layout version and size. Throws StateError (with how to reset) on a mismatch, and
+  // when another daemon holds the segment (an exclusive flock, held for this object's life:
+  // two daemons never write one segment). `mode` (e.g. 0644) and `gid` (-1: unchanged) set who
+  // may map it read-only (vlakectl), on creation and on resume.
+  explicit StateSegment(const std::string& name, unsigned mode = 0644, long gid = -1);
   ~StateSegment();
   StateSegment(const StateSegment&) = delete;
   StateSegment& operator=(const StateSegment&) = delete;

@@ -1,22 +1,43 @@
-// vlake::quota::QuotaConfig — the quota file: which tenant a Unix process belongs to and how
-// much GPU memory that tenant may hold on each GPU.
+// vlake::quota::QuotaConfig — the quota file: which tenant (and namespace) a Unix process
+// belongs to, how much GPU memory that tenant and its namespace may hold on each GPU, and how
+// much of each GPU is guaranteed to a namespace. Full reference: docs/quota.md.
 //
-// File format (YAML, version 1; see docs/daemon.md):
+// File format (YAML, version 1; every version-1 file of earlier vlake releases stays valid):
 //   version: 1
-//   default: {limit: 8GiB}          # every uid not listed: one tenant per uid ("uid:<n>")
-//   users:  [{uid: 1000, limit: 4GiB}, {name: alice, limit: 50%}]
+//   default: {limit: 8GiB}            # tenants not covered below: one tenant per uid ("uid:<n>")
+//   namespaces:
+//     - name: research                # DNS label; "default" configures the implicit namespace
+//       limit: 60%                    # all its tenants together, per GPU (absent: the whole GPU)
+//       guaranteed: 16GiB             # never lent to tenants outside it (<= limit; absent: 0)
+//       priority: 10                  # integer, default 0 (stored and shown; not enforced yet)
+//       pod_limit: 8GiB               # each of its tenants' default limit (absent: its limit)
+//       users: [alice, 1002]          # host mode: these users are tenants of it
+//       groups: [ml]                  # host mode: processes in these groups are tenants of it
+//   users:  [{uid: 1000, limit: 4GiB}, {name: alice, limit: 50%, namespace: research}]
 //   groups: [{gid: 2000, limit: 16GiB}, {name: ml, limit: 16GiB}]
-// Sizes: a byte count, or a number with B, KiB, MiB, GiB, TiB (binary units), or a percentage
-// of the GPU ("50%", decimals allowed, 0 < p <= 100). A missing `default` means 100%.
+// Sizes: a byte count, or a whole number with B, KiB, MiB, GiB, TiB (binary units), or a
+// percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
+// GPU: each GPU is enforced on its own.
 //
-// Resolution: a `users` entry for the uid wins; otherwise the first `groups` entry (file
-// order) whose gid is the primary or a supplementary gid; otherwise the default. Tenant names:
-// `user:<name or uid>`, `group:<name or gid>` (as the entry was written), `uid:<n>`.
+// Resolution of a process (uid, primary gid, supplementary gids):
+//   1. a user tenant for the uid: a `users` entry, or a namespace's `users` list;
+//   2. otherwise the first group tenant whose gid matches: `groups` entries in file order,
+//      then namespaces' `groups` lists (namespaces in file order) for gids without an entry;
+//   3. otherwise "uid:<n>" in namespace "default" with the top-level default limit.
+// A tenant's limit: its own entry's `limit`, else its namespace's `pod_limit`, else the
+// namespace's `limit`, else 100%. For the "default" namespace the top-level `default.limit`
+// comes first. Tenant names: `user:<name or uid>`, `group:<name or gid>` (as written),
+// `uid:<n>`, prefixed with "<namespace>/" unless the namespace is "default".
 //
 // Errors: load()/parse() throw ConfigError whose what() reads "<file>:<line>:<column>: <what
 // is wrong>" (1-based line/column; 0:0 when no position applies, e.g. an unreadable file).
+// Checked at parse: YAML syntax, unknown keys at every level, version, sizes (units, zero,
+// negative, > 100%), duplicate uids/gids/namespaces, users/groups in two namespaces, unknown
+// user/group/namespace names, DNS-label namespace names, priorities, guaranteed > limit when
+// both are absolute or both percentages, percentage guarantees adding up to more than 100%.
+// check_device(total) adds the checks that need a GPU size (absolute or mixed guarantees).
 //
-// Thread-safety: a QuotaConfig is immutable after construction; resolve() is const and may be
+// Thread-safety: a QuotaConfig is immutable after construction; every const method may be
 // called from any thread. Names given as `name:` are resolved (getpwnam/getgrnam) at parse
 // time.
 #pragma once
@@ -24,6 +45,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -44,7 +66,7 @@ class ConfigError : public std::runtime_error {
   int column_;
 };
 
-// A per-GPU limit: an absolute size or a fraction of the GPU's memory.
+// A per-GPU size: an absolute size or a fraction of the GPU's memory.
 class Limit {
  public:
   static Limit bytes(Bytes b) noexcept { return Limit(b, 0); }
@@ -54,7 +76,7 @@ class Limit {
   [[nodiscard]] bool is_percent() const noexcept { return ppm_ != 0; }
   [[nodiscard]] std::uint32_t ppm() const noexcept { return ppm_; }
   [[nodiscard]] Bytes absolute() const noexcept { return bytes_; }
-  // The limit on a GPU with `total` bytes (a percentage rounds down to a byte).
+  // The size on a GPU with `total` bytes (a percentage rounds down to a byte).
   [[nodiscard]] Bytes on_device(Bytes total) const noexcept;
   // "4GiB", "50%", "1234B" — for logs.
   [[nodiscard]] std::string to_string() const;
@@ -67,41 +89,91 @@ class Limit {
   std::uint32_t ppm_ = 0;
 };
 
+// The name of the implicit namespace of tenants not placed in any other.
+inline constexpr const char* kDefaultNamespace = "default";
+
 struct TenantSpec {
+  std::string name;                          // e.g. "research/user:alice", "uid:1000"
+  Limit limit;                               // per GPU
+  std::string ns = kDefaultNamespace;        // its namespace
+};
+
+struct NamespaceSpec {
   std::string name;
-  Limit limit;
+  std::optional<Limit> limit;       // nullopt: no limit beyond the GPU
+  std::optional<Limit> guaranteed;  // nullopt: nothing guaranteed
+  std::int32_t priority = 0;
+  std::optional<Limit> pod_limit;   // nullopt: `limit` (or 100%)
+  bool declared = true;             // false: the implicit "default" namespace
+  // Positions (1-based; 0 when absent) for errors found later (check_device).
+  int line = 0, column = 0;
+  int limit_line = 0, limit_column = 0;
+  int guaranteed_line = 0, guaranteed_column = 0;
+
+  // The namespace's limit / guarantee on a GPU of `total` bytes (limit: at most `total`).
+  [[nodiscard]] Bytes limit_on(Bytes total) const noexcept;
+  [[nodiscard]] Bytes guaranteed_on(Bytes total) const noexcept;
 };
 
 // Parses a size string ("8GiB", "4096", "50%", "12.5%"). Throws std::invalid_argument with a
 // description of what is wrong (bad unit, zero, negative, percentage over 100, ...).
 Limit parse_limit(const std::string& text);
 
+// "1.5GiB"-style rendering of a byte count for messages (exact: "1536MiB" when not whole).
+std::string format_size(Bytes b);
+
 class QuotaConfig {
  public:
-  // The built-in configuration used when no file exists: every uid its own tenant, 100%.
+  // The built-in configuration used when no file exists: every uid its own tenant, 100%,
+  // only the implicit "default" namespace.
   QuotaConfig();
 
+  // Throw ConfigError (see above).
   static QuotaConfig load(const std::string& path);
   static QuotaConfig parse(const std::string& text, const std::string& name);
+
+  // The checks that need a GPU's size: every namespace's guarantee fits its limit on it, and
+  // the guarantees add up to at most `total`. Throws a positioned ConfigError.
+  void check_device(Bytes total) const;
 
   [[nodiscard]] TenantSpec resolve(uid_t uid, gid_t gid, std::span<const gid_t> groups) const;
 
   [[nodiscard]] const Limit& default_limit() const noexcept { return default_; }
+  // Every namespace: the declared ones in file order; the implicit "default" (declared ==
+  // false) last unless the file declares it.
+  [[nodiscard]] const std::vector<NamespaceSpec>& namespaces() const noexcept { return namespaces_; }
+  [[nodiscard]] const NamespaceSpec* find_namespace(const std::string& name) const noexcept;
+  [[nodiscard]] const std::string& file() const noexcept { return file_; }
 
  private:
   struct UserEntry {
     uid_t uid;
     std::string label;  // name or uid as written
-    Limit limit;
+    std::optional<Limit> limit;
+    std::size_t ns;     // index into namespaces_
   };
   struct GroupEntry {
     gid_t gid;
     std::string label;
-    Limit limit;
+    std::optional<Limit> limit;
+    std::size_t ns;
   };
+  [[nodiscard]] std::size_t default_index() const noexcept;
+  [[nodiscard]] TenantSpec make_spec(const std::string& kind, const std::string& label,
+                                     const std::optional<Limit>& own, std::size_t ns) const;
+
+  std::string file_ = "<built-in>";
   Limit default_;
+  bool default_given_ = false;
+  std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
   std::vector<GroupEntry> groups_;
 };
+
+// What `vlakectl quota check FILE [--gpu-memory SIZE]` runs: load(path) and, with a GPU size,
+// check_device(*gpu_memory). Returns the errors found (empty: the file is valid); parsing
+// stops at the first structural error, so today at most one error is returned. Never throws
+// (an unreadable file is an error with position 0:0). Thread-safe.
+std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory = std::nullopt);
 
 }  // namespace vlake::quota

@@ -1,0 +1,152 @@
+#include "vlake/ctl/options.hpp"
+
+#include "vlake/quota/quota_config.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+namespace vlake::ctl {
+
+namespace {
+
+void check_state_name(const std::string& name) {
+  if (name.empty()) throw UsageError("--state needs a non-empty name");
+  if (name.find('/') != std::string::npos) {
+    throw UsageError("--state '" + name + "': a segment name, not a path (no '/'; /dev/shm/<name> is read)");
+  }
+  if (name.size() > 250) throw UsageError("--state: name too long");
+}
+
+double parse_seconds(const std::string& text) {
+  if (text.empty()) throw UsageError("--watch: empty interval");
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end != text.c_str() + text.size() || !std::isfinite(v)) {
+    throw UsageError("--watch: '" + text + "' is not a number of seconds");
+  }
+  if (v < kMinWatchSeconds || v > kMaxWatchSeconds) {
+    throw UsageError("--watch: '" + text + "' out of range (0.1 to 86400 seconds)");
+  }
+  return v;
+}
+
+bool looks_numeric(const std::string& s) {
+  return !s.empty() && ((s[0] >= '0' && s[0] <= '9') || s[0] == '.');
+}
+
+}  // namespace
+
+CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_state) {
+  CtlOptions o;
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+      return o;
+    }
+  }
+  if (env_state != nullptr && *env_state != '\0') {
+    check_state_name(env_state);
+    o.state = env_state;
+  }
+  std::vector<std::string> words;  // positional words in order
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--state" || a.rfind("--state=", 0) == 0) {
+      std::string v;
+      if (a == "--state") {
+        if (i + 1 >= args.size()) throw UsageError("--state needs a value (a segment name)");
+        v = args[++i];
+      } else {
+        v = a.substr(8);
+      }
+      check_state_name(v);
+      o.state = v;
+    } else if (a == "--watch" || a.rfind("--watch=", 0) == 0) {
+      if (a == "--watch") {
+        if (i + 1 < args.size() && looks_numeric(args[i + 1])) {
+          o.watch_seconds = parse_seconds(args[++i]);
+        } else {
+          o.watch_seconds = kDefaultWatchSeconds;
+        }
+      } else {
+        o.watch_seconds = parse_seconds(a.substr(8));
+      }
+    } else if (a == "--gpu-memory") {
+      if (i + 1 >= args.size()) throw UsageError("--gpu-memory needs a size (e.g. 80GiB)");
+      const std::string v = args[++i];
+      const quota::Limit l = [&] {
+        try {
+          return quota::parse_limit(v);
+        } catch (const std::invalid_argument& e) {
+          throw UsageError("--gpu-memory " + v + ": " + e.what());
+        }
+      }();
+      if (l.is_percent()) throw UsageError("--gpu-memory takes an absolute size, not a percentage");
+      o.gpu_memory = l.absolute();
+    } else if (a.size() > 1 && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "'");
+    } else {
+      words.push_back(a);
+    }
+  }
+  if (words.empty()) throw UsageError("no command given (top, tenants, pool or quota check FILE)");
+  const std::string& cmd = words[0];
+  std::size_t used = 1;
+  if (cmd == "top") {
+    o.command = Command::top;
+  } else if (cmd == "tenants") {
+    o.command = Command::tenants;
+  } else if (cmd == "pool") {
+    o.command = Command::pool;
+  } else if (cmd == "quota") {
+    if (words.size() < 2 || words[1] != "check") {
+      throw UsageError(words.size() < 2 ? "quota: missing subcommand (quota check FILE)"
+                                        : "quota: unknown subcommand '" + words[1] + "' (quota check FILE)");
+    }
+    if (words.size() < 3) throw UsageError("quota check: missing FILE");
+    o.command = Command::quota_check;
+    o.quota_file = words[2];
+    used = 3;
+  } else {
+    throw UsageError("unknown command '" + cmd + "' (top, tenants, pool or quota check FILE)");
+  }
+  if (words.size() > used) throw UsageError("unexpected argument '" + words[used] + "' after '" + cmd + "'");
+  if (o.watch_seconds && o.command != Command::top) throw UsageError("--watch only applies to 'top'");
+  if (o.gpu_memory && o.command != Command::quota_check) {
+    throw UsageError("--gpu-memory only applies to 'quota check'");
+  }
+  return o;
+}
+
+std::string CtlOptions::usage() {
+  return "usage: vlakectl [--state NAME] [--json] COMMAND\n"
+         "\n"
+         "Shows what vlaked holds on this node (read-only; reads /dev/shm/NAME).\n"
+         "\n"
+         "commands:\n"
+         "  top [--watch [SECONDS]]  per GPU, one line per tenant: used, limit, guaranteed, share\n"
+         "                           of the GPU, processes; --watch redraws every SECONDS\n"
+         "                           (default 2) until interrupted\n"
+         "  tenants                  every tenant: per GPU used/granted/non-pool/limit, sessions\n"
+         "                           (pids), grant count\n"
+         "  pool                     per GPU pool bytes, granted, free, handles, orphaned,\n"
+         "                           non-pool; the daemon and its counters\n"
+         "  quota check FILE [--gpu-memory SIZE]\n"
+         "                           validate a quota file (guarantee sums against SIZE if given);\n"
+         "                           prints 'FILE: ok' and a summary, or\n"
+         "                           each error as 'file:line:col: what'\n"
+         "\n"
+         "options:\n"
+         "  --state NAME   vlaked's state segment (default $VLAKE_STATE, else vlake-state)\n"
+         "  --json         one JSON document instead of text (sizes in bytes)\n"
+         "  --help         this text\n"
+         "\n"
+         "exit codes: 0 ok, 1 quota file invalid, 2 usage error or state not readable\n";
+}
+
+}  // namespace vlake::ctl

@@ -1,0 +1,175 @@
+#include "vlake/ctl/view.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "vlake/ctl/format.hpp"
+
+namespace vlake::ctl {
+
+namespace st = pool::state;
+
+namespace {
+
+std::string bounded(const char* p, std::size_t n) { return std::string(p, strnlen(p, n)); }
+
+}  // namespace
+
+NodeView build_view(const st::State& s, bool daemon_alive) {
+  NodeView v;
+  const st::Header& h = s.header;
+  v.daemon.layout_version = h.layout_version;
+  v.daemon.pid = h.daemon_pid;
+  v.daemon.start_time = h.daemon_start_time;
+  v.daemon.starts = h.starts;
+  v.daemon.clean = h.clean != 0;
+  v.daemon.alive = daemon_alive;
+  v.daemon.updated_unix_ns = h.updated_unix_ns;
+
+  for (std::uint32_t d = 0; d < st::kMaxDevices; ++d) {
+    const st::DeviceRecord& r = s.devices[d];
+    if (r.in_use == 0) continue;
+    GpuView g;
+    g.index = d;
+    g.uuid = uuid_string(r.uuid);
+    g.uuid_short = uuid_short(r.uuid);
+    g.total = r.total;
+    g.granularity = r.granularity;
+    g.pool_bytes = r.pool_bytes;
+    g.granted = r.granted_bytes;
+    g.free = r.free_bytes;
+    g.free_handles = r.free_handles;
+    g.orphaned = r.orphaned_bytes;
+    g.counted = r.counted_bytes;
+    g.nonpool = r.nonpool_bytes;
+    g.guaranteed = r.guaranteed_bytes;
+    g.borrowed = r.borrowed_bytes;
+    v.gpus.push_back(std::move(g));
+  }
+
+  // Sessions and grants per tenant id.
+  std::map<std::uint32_t, std::vector<SessionView>> sessions;
+  for (const st::SessionRecord& r : s.sessions) {
+    if (r.state == st::kSessionFree) continue;
+    ++v.sessions;
+    SessionView x;
+    x.id = r.id;
+    x.pid = r.pid;
+    x.uid = r.uid;
+    x.gid = r.gid;
+    x.tenant = r.tenant;
+    x.state = r.state == st::kSessionConnected ? "connected" : r.state == st::kSessionDetached ? "detached" : "unknown";
+    x.grants = r.grant_count;
+    sessions[r.tenant].push_back(std::move(x));
+  }
+  std::map<std::uint32_t, std::uint64_t> grants;
+  for (const st::GrantRecord& r : s.grants) {
+    if (r.state == st::kGrantFree) continue;
+    ++v.grants;
+    ++grants[r.tenant];
+  }
+
+  std::map<std::uint32_t, const st::NamespaceRecord*> namespaces;
+  for (const st::NamespaceRecord& n : s.namespaces) {
+    if (n.in_use != 0) namespaces[n.id] = &n;
+  }
+
+  for (const st::TenantRecord& r : s.tenants) {
+    if (r.in_use == 0) continue;
+    TenantView t;
+    t.id = r.id;
+    t.name = bounded(r.name, sizeof r.name);
+    const auto ns = namespaces.find(r.namespace_id);
+    const st::NamespaceRecord* nsr = ns == namespaces.end() ? nullptr : ns->second;
+    t.namespace_name = nsr != nullptr ? bounded(nsr->name, sizeof nsr->name) : "default";
+    for (const GpuView& g : v.gpus) {
+      TenantGpuView u;
+      u.gpu = g.index;
+      u.granted = r.granted[g.index];
+      u.nonpool = r.nonpool[g.index];
+      u.used = u.granted + u.nonpool;
+      u.limit = r.limit[g.index];
+      if (nsr != nullptr && nsr->guaranteed[g.index] != 0) u.guaranteed = nsr->guaranteed[g.index];
+      u.over_limit = (r.over_limit & (1u << g.index)) != 0;
+      u.share_percent = share_percent(Bytes{u.used}, Bytes{g.total});
+      t.gpus.push_back(u);
+    }
+    if (auto it = sessions.find(r.id); it != sessions.end()) {
+      t.sessions = std::move(it->second);
+      std::sort(t.sessions.begin(), t.sessions.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+      for (const auto& x : t.sessions) t.pids.push_back(x.pid);
+      std::sort(t.pids.begin(), t.pids.end());
+      t.pids.erase(std::unique(t.pids.begin(), t.pids.end()), t.pids.end());
+    }
+    if (auto it = grants.find(r.id); it != grants.end()) t.grant_count = it->second;
+    v.tenants.push_back(std::move(t));
+  }
+  std::sort(v.tenants.begin(), v.tenants.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+
+  const st::Counters& c = s.counters;
+  v.counters = {
+      {"grants", c.grants},
+      {"denials_over_limit", c.denials_over_limit},
+      {"denials_out_of_memory", c.denials_out_of_memory},
+      {"denials_unknown_device", c.denials_unknown_device},
+      {"denials_other", c.denials_other},
+      {"releases", c.releases},
+      {"releases_exported", c.releases_exported},
+      {"process_exits", c.process_exits},
+      {"scrubs", c.scrubs},
+      {"reuses", c.reuses},
+      {"handles_created", c.handles_created},
+      {"handles_released", c.handles_released},
+      {"malformed", c.malformed},
+      {"sessions_opened", c.sessions_opened},
+      {"sessions_rebound", c.sessions_rebound},
+      {"nvml_samples", c.nvml_samples},
+      {"denials_tenant_limit", c.denials_tenant_limit},
+      {"denials_namespace_limit", c.denials_namespace_limit},
+      {"denials_guarantee", c.denials_guarantee},
+      {"config_reloads", c.config_reloads},
+      {"config_reload_errors", c.config_reload_errors},
+  };
+  return v;
+}
+
+std::vector<TopRow> top_rows(const NodeView& v) {
+  std::vector<TopRow> rows;
+  for (std::size_t gi = 0; gi < v.gpus.size(); ++gi) {
+    std::vector<TopRow> here;
+    for (const TenantView& t : v.tenants) {
+      const TenantGpuView& u = t.gpus[gi];
+      if (u.used == 0) continue;
+      TopRow r;
+      r.gpu = v.gpus[gi].index;
+      r.tenant_id = t.id;
+      r.tenant = t.name;
+      r.namespace_name = t.namespace_name;
+      r.usage = u;
+      r.pids = t.pids;
+      here.push_back(std::move(r));
+    }
+    std::sort(here.begin(), here.end(), [](const TopRow& a, const TopRow& b) {
+      return a.tenant != b.tenant ? a.tenant < b.tenant : a.tenant_id < b.tenant_id;
+    });
+    rows.insert(rows.end(), here.begin(), here.end());
+  }
+  return rows;
+}
+
+std::vector<TenantView> idle_tenants(const NodeView& v) {
+  std::vector<TenantView> out;
+  for (const TenantView& t : v.tenants) {
+    if (t.sessions.empty()) continue;
+    bool uses = false;
+    for (const TenantGpuView& u : t.gpus) uses = uses || u.used != 0;
+    if (!uses) out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(), [](const TenantView& a, const TenantView& b) {
+    return a.name != b.name ? a.name < b.name : a.id < b.id;
+  });
+  return out;
+}
+
+}  // namespace vlake::ctl

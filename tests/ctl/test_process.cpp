@@ -1,0 +1,260 @@
+// vlakectl as a process: vlaked on the simulator (tests/pool harness), two tenants granted
+// memory by helper processes, and vlakectl's JSON/text output, errors, exit codes and --watch.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "ctl_process.hpp"
+#include "harness.hpp"
+#include "json_parse.hpp"
+
+using namespace vlake;
+using vlake::ctltest::CtlBackground;
+using vlake::ctltest::CtlResult;
+using vlake::ctltest::Json;
+using vlake::ctltest::parse_json;
+using vlake::ctltest::run_ctl;
+using vlake::pooltest::DaemonProcess;
+using vlake::pooltest::Helper;
+using vlake::pooltest::num;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ULL << 20;
+constexpr std::uint64_t kGiB = 1ULL << 30;
+
+const char* const kConfig =
+    "version: 1\n"
+    "default:\n"
+    "  limit: 256MiB\n"
+    "users:\n"
+    "  - uid: 4301\n"
+    "    limit: 64MiB\n";
+
+const Json& find_named(const Json& list, const std::string& name) {
+  for (const Json& x : list.items) {
+    if (x.at("name").str() == name) return x;
+  }
+  FAIL("no entry named " << name);
+  throw std::logic_error("unreachable");
+}
+
+Json ctl_json(const std::vector<std::string>& args) {
+  const CtlResult r = run_ctl(args);
+  INFO("vlakectl stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.err.empty());
+  return parse_json(r.out);
+}
+
+}  // namespace
+
+TEST_CASE("vlakectl: top, tenants and pool match the grants of two tenants", "[process]") {
+  DaemonProcess d("ctl", kConfig);
+  REQUIRE(d.start());
+  Helper a(d.node, 4301, 0);
+  Helper b(d.node, 4302, 0);
+  REQUIRE(a.ok("connect " + d.socket).at("name") == "user:4301");
+  REQUIRE(b.ok("connect " + d.socket).at("name") == "uid:4302");
+  const auto a1 = a.ok("grant " + std::to_string(8 * kMiB));
+  const auto a2 = a.ok("grant " + std::to_string(4 * kMiB));
+  REQUIRE(num(a1, "status") == 0);
+  REQUIRE(num(a2, "status") == 0);
+  REQUIRE(num(b.ok("grant " + std::to_string(16 * kMiB)), "status") == 0);
+  REQUIRE(num(b.ok("grant " + std::to_string(6 * kMiB) + " counted"), "status") == 0);
+  REQUIRE(num(a2, "used") == 12 * kMiB);
+
+  // top --json
+  Json top = ctl_json({"--state", d.state, "top", "--json"});
+  CHECK(top.at("state").str() == d.state);
+  CHECK(top.at("daemon").at("pid").u64() == static_cast<std::uint64_t>(d.pid()));
+  CHECK(top.at("daemon").at("running").boolean());
+  REQUIRE(top.at("gpus").size() == 1);
+  const Json& g = top.at("gpus").at(0);
+  CHECK(g.at("index").u64() == 0);
+  CHECK(g.at("total").u64() == kGiB);
+  CHECK(g.at("granted").u64() == 28 * kMiB);  // handles only; the counted grant has none
+  CHECK(g.at("uuid").str().rfind("GPU-", 0) == 0);
+  REQUIRE(g.at("tenants").size() == 2);
+  const Json& ta = find_named(g.at("tenants"), "user:4301");
+  CHECK(ta.at("used").u64() == 12 * kMiB);
+  CHECK(ta.at("granted").u64() == 12 * kMiB);
+  CHECK(ta.at("limit").u64() == 64 * kMiB);
+  CHECK(ta.at("guaranteed").is_null());
+  CHECK(ta.at("sessions").u64() == 1);
+  CHECK(ta.at("pids").at(0).u64() == static_cast<std::uint64_t>(a.pid()));
+  CHECK(ta.at("share_percent").num() == Approx(12.0 * 100 / 1024).margin(0.006));
+  const Json& tb = find_named(g.at("tenants"), "uid:4302");
+  CHECK(tb.at("used").u64() == 22 * kMiB);
+  CHECK(tb.at("limit").u64() == 256 * kMiB);
+  CHECK(tb.at("pids").at(0).u64() == static_cast<std::uint64_t>(b.pid()));
+
+  // tenants --json (global option after the command, state from the environment)
+  const CtlResult tr = run_ctl({"tenants", "--json"}, -1, -1, {"VLAKE_STATE=" + d.state});
+  INFO(tr.err);
+  REQUIRE(tr.exit_code == 0);
+  const Json tenants = parse_json(tr.out);
+  REQUIRE(tenants.at("tenants").size() == 2);
+  const Json& xa = find_named(tenants.at("tenants"), "user:4301");
+  CHECK(xa.at("grant_count").u64() == 2);
+  REQUIRE(xa.at("sessions").size() == 1);
+  CHECK(xa.at("sessions").at(0).at("pid").u64() == static_cast<std::uint64_t>(a.pid()));
+  CHECK(xa.at("sessions").at(0).at("uid").u64() == 4301);
+  CHECK(xa.at("sessions").at(0).at("state").str() == "connected");
+  CHECK(xa.at("sessions").at(0).at("grants").u64() == 2);
+  CHECK(xa.at("gpus").at(0).at("granted").u64() == 12 * kMiB);
+  const Json& xb = find_named(tenants.at("tenants"), "uid:4302");
+  CHECK(xb.at("grant_count").u64() == 2);
+  CHECK(xb.at("gpus").at(0).at("used").u64() == 22 * kMiB);
+  CHECK(xb.at("gpus").at(0).at("limit").u64() == 256 * kMiB);
+
+  // pool --json
+  const Json pool = ctl_json({"pool", "--state=" + d.state, "--json"});
+  CHECK(pool.at("daemon").at("starts").u64() == 1);
+  CHECK(pool.at("sessions").u64() == 2);
+  CHECK(pool.at("grants").u64() == 4);
+  const Json& pg = pool.at("gpus").at(0);
+  CHECK(pg.at("granted").u64() == 28 * kMiB);
+  CHECK(pg.at("counted").u64() == 6 * kMiB);
+  CHECK(pg.at("pool_bytes").u64() == pg.at("granted").u64() + pg.at("free").u64());
+  CHECK(pg.at("total").u64() == kGiB);
+  CHECK(pool.at("counters").at("grants").u64() == 4);
+  CHECK(pool.at("counters").at("denials_over_limit").u64() == 0);
+  CHECK(pool.at("counters").at("sessions_opened").u64() == 2);
+
+  // Text output names the tenants with human sizes.
+  const CtlResult text = run_ctl({"--state", d.state, "top"});
+  INFO(text.out);
+  REQUIRE(text.exit_code == 0);
+  CHECK(text.out.find("GPU 0  GPU-") != std::string::npos);
+  CHECK(text.out.find("total 1.0 GiB  pool: granted 28.0 MiB") != std::string::npos);
+  CHECK(text.out.find("user:4301  12.0 MiB   64.0 MiB           -   1.2%      1  " + std::to_string(a.pid())) !=
+        std::string::npos);
+  CHECK(text.out.find("\x1b[") == std::string::npos);  // no ANSI codes in a pipe
+
+  // A refused grant and a release show up at once.
+  CHECK(num(a.ok("grant " + std::to_string(64 * kMiB)), "status") != 0);
+  a.ok("release " + a2.at("id"));
+  top = ctl_json({"--state", d.state, "--json", "top"});
+  CHECK(find_named(top.at("gpus").at(0).at("tenants"), "user:4301").at("used").u64() == 8 * kMiB);
+  const Json pool2 = ctl_json({"--state", d.state, "--json", "pool"});
+  CHECK(pool2.at("counters").at("denials_over_limit").u64() == 1);
+  CHECK(pool2.at("counters").at("releases").u64() == 1);
+  CHECK(pool2.at("gpus").at(0).at("free").u64() == 4 * kMiB);
+}
+
+TEST_CASE("vlakectl: top --watch prints snapshots until SIGINT, then exits 0", "[process]") {
+  DaemonProcess d("ctlwatch", kConfig);
+  REQUIRE(d.start());
+  Helper a(d.node, 4301, 0);
+  a.ok("connect " + d.socket);
+  CtlBackground w({"--state", d.state, "top", "--watch", "1"});
+  REQUIRE(w.wait_for("vlaked pid", 2, 10000));
+  w.signal(SIGINT);
+  CHECK(w.wait() == 0);
+  INFO(w.out());
+  CHECK(ctltest::count_of(w.out(), "vlaked pid") >= 2);
+  CHECK(w.out().find("\n\nvlaked pid") != std::string::npos);  // not a TTY: blank line between
+  CHECK(w.out().find("\x1b[") == std::string::npos);
+  CHECK(w.out().find("user:4301") != std::string::npos);
+}
+
+TEST_CASE("vlakectl: a missing segment is exit 2 with the reason", "[process]") {
+  const std::string name = pooltest::unique_name("ctl-none");
+  for (const char* cmd : {"top", "tenants", "pool"}) {
+    const CtlResult r = run_ctl({"--state", name, cmd});
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err == "vlakectl: cannot read vlaked state '" + name + "' (/dev/shm/" + name +
+                       "): no such segment — is vlaked running? (--state " + name + ")\n");
+  }
+  const CtlResult w = run_ctl({"--state", name, "top", "--watch", "1"});
+  CHECK(w.exit_code == 2);
+  CHECK(w.err.find("no such segment") != std::string::npos);
+}
+
+TEST_CASE("vlakectl: unprivileged users read a readable segment or are told how", "[process]") {
+  DaemonProcess d("ctlperm", kConfig);
+  REQUIRE(d.start());
+  const std::string path = "/dev/shm/" + d.state;
+  struct stat sb {};
+  REQUIRE(::stat(path.c_str(), &sb) == 0);
+  CHECK((sb.st_mode & 0777) == 0644);  // vlaked's default: world-readable
+  CHECK(run_ctl({"--state", d.state, "--json", "pool"}, 4303, 4303).exit_code == 0);
+
+  // The operator restricts the segment to a group: others are refused with a hint.
+  REQUIRE(::chown(path.c_str(), 0, 4304) == 0);
+  REQUIRE(::chmod(path.c_str(), 0640) == 0);
+  const CtlResult r = run_ctl({"--state", d.state, "pool"}, 4303, 4303);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::StartsWith("vlakectl: cannot read vlaked state '" + d.state + "' (" + path +
+                                      "): permission denied (mode 0640, owner root, group "));
+  CHECK_THAT(r.err, Catch::Contains("run as root or as a member of group '"));
+  CHECK_THAT(r.err, Catch::Contains("docs/vlakectl.md"));
+  // A member of that group reads it.
+  const CtlResult ok = run_ctl({"--state", d.state, "--json", "pool"}, 4303, 4304);
+  INFO(ok.err);
+  CHECK(ok.exit_code == 0);
+  CHECK(parse_json(ok.out).at("daemon").at("pid").u64() == static_cast<std::uint64_t>(d.pid()));
+}
+
+TEST_CASE("vlakectl: usage errors and --help", "[process]") {
+  CtlResult r = run_ctl({"frob"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err == "vlakectl: unknown command 'frob' (top, tenants, pool or quota check FILE)\ntry 'vlakectl --help'\n");
+  r = run_ctl({});
+  CHECK(r.exit_code == 2);
+  r = run_ctl({"top", "--watch", "0"});
+  CHECK(r.exit_code == 2);
+  r = run_ctl({"--help"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.rfind("usage: vlakectl", 0) == 0);
+  CHECK(r.out.find("quota check FILE") != std::string::npos);
+  CHECK(r.err.empty());
+}
+
+TEST_CASE("vlakectl: quota check on a good and a bad file", "[process]") {
+  char tmpl[] = "/tmp/vlake-ctlq-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const std::string good = dir + "/vlake.yaml";
+  const std::string bad = dir + "/bad.yaml";
+  std::ofstream(good) << kConfig;
+  std::ofstream(bad) << "version: 1\nusers:\n  - uid: 1000\n    limit: 4GiB\n  - uid: 1000\n    limit: 1GiB\n";
+
+  CtlResult r = run_ctl({"quota", "check", good});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.rfind(good + ": ok\n", 0) == 0);
+  CHECK(r.out.find("default limit: 256MiB") != std::string::npos);
+  CHECK(r.out.find("users: 1 entry") != std::string::npos);
+  CHECK(r.err.empty());
+
+  r = run_ctl({"quota", "check", bad});
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.empty());
+  INFO(r.err);
+  // The first error in the file: the duplicate uid on line 5.
+  CHECK_THAT(r.err, Catch::StartsWith(bad + ":5:"));
+  CHECK_THAT(r.err, Catch::Contains("1000"));
+  CHECK(ctltest::count_of(r.err, "\n") == 1);
+
+  r = run_ctl({"--json", "quota", "check", bad});
+  CHECK(r.exit_code == 1);
+  const Json j = parse_json(r.out);
+  CHECK_FALSE(j.at("ok").boolean());
+  CHECK(j.at("errors").at(0).at("line").u64() == 5);
+
+  r = run_ctl({"quota", "check", dir + "/absent.yaml"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.err == dir + "/absent.yaml:0:0: cannot read the file\n");
+
+  ::unlink(good.c_str());
+  ::unlink(bad.c_str());
+  ::rmdir(dir.c_str());
+}
