@@ -36,6 +36,7 @@
 #include "vlake/common/driver.hpp"
 #include "vlake/common/protocol.hpp"
 #include "vlake/common/unix_socket.hpp"
+#include "vlake/exporter/server.hpp"
 #include "vlake/pool/accounting.hpp"
 #include "vlake/pool/device_pool.hpp"
 #include "vlake/pool/nvml_source.hpp"
@@ -355,6 +356,7 @@ class Daemon::Impl {
   bool socket_bound_ = false;
   std::uint64_t handles_created_base_ = 0;
   std::uint64_t handles_released_base_ = 0;
+  std::unique_ptr<exporter::MetricsServer> metrics_;  // its own threads; reads the segment
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -386,6 +388,18 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log) {
     } catch (const std::exception& e) {
       throw StartupError("cannot create pool memory on GPU " + std::to_string(d.ordinal.value()) + ": " + e.what());
     }
+  }
+  if (!opts_.metrics_address.empty()) {
+    try {
+      metrics_ = std::make_unique<exporter::MetricsServer>(opts_.metrics_address, opts_.state);
+    } catch (const std::exception& e) {
+      if (opts_.metrics_address_given) throw StartupError(std::string("metrics exporter: ") + e.what());
+      log_.warn(std::string("metrics exporter not started: ") + e.what() +
+                "; pass --metrics-address ADDR (or none) to choose");
+    }
+    if (metrics_) log_.info("metrics on http://" + metrics_->address() + "/metrics (health: /healthz)");
+  } else {
+    log_.info("metrics exporter disabled (--metrics-address none)");
   }
   bind_socket();
   setup_loop();
@@ -512,6 +526,8 @@ void Daemon::Impl::open_state() {
     resume_state();
   }
   st::StateSegment::Write w(*seg_);
+  seg_->state().header.sample_interval_ms = static_cast<std::uint32_t>(opts_.sample_interval.count());
+  seg_->state().header.updated_unix_ns = now_unix_ns();
   st::ConfigRecord& cr = seg_->state().config;
   ++cr.generation;
   cr.loaded_unix_ns = now_unix_ns();
@@ -1042,6 +1058,7 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
     return malformed(c, "GrantRequest purpose " + std::to_string(static_cast<unsigned>(m.purpose)) + " out of range");
   }
   if (m.bytes == 0) return malformed(c, "GrantRequest for 0 bytes");
+  const auto received = std::chrono::steady_clock::now();
 
   proto::GrantReply reply{};
   reply.h = proto::make_header<proto::GrantReply>(proto::MsgType::grant_reply, m.h.request_id);
@@ -1188,7 +1205,21 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
     Grant& undo = grants_.at(gid);
     finish_grant(undo, t.id, false);
     close_connection(c.serial);
+    return;
   }
+  // Grant latency (receive -> reply sent) into the histogram: a few adds in one bracket.
+  const auto ns = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - received).count());
+  st::StateSegment::Write hw(*seg_);
+  st::Counters& hc = state.counters;
+  for (std::size_t i = 0; i < st::kGrantLatencyBuckets; ++i) {
+    if (ns <= st::kGrantLatencyBoundsNs[i]) {
+      ++hc.grant_latency_bucket[i];
+      break;
+    }
+  }
+  hc.grant_latency_sum_ns += ns;
+  ++hc.grant_latency_count;
 }
 
 void Daemon::Impl::on_release(Connection& c, Session& s, const proto::Release& m) {
@@ -1438,6 +1469,7 @@ void Daemon::Impl::publish_device(const DeviceInfo& d) {
   r.pool_bytes = d.pool->pool_bytes().value();
   r.free_bytes = d.pool->free_bytes().value();
   r.free_handles = d.pool->free_handles();
+  r.largest_free_handle = d.pool->largest_free_handle().value();
   r.granted_bytes = d.granted.value();
   r.orphaned_bytes = d.orphaned.value();
   r.counted_bytes = d.counted.value();
@@ -1475,6 +1507,7 @@ void Daemon::Impl::publish_session(const Session& s) {
 }
 
 void Daemon::Impl::shutdown() {
+  metrics_.reset();  // stops its threads before the segment may go
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
   listen_fd_.reset();
   if (socket_bound_) {

@@ -1,5 +1,7 @@
 #include "vlake/pool/options.hpp"
 
+#include "vlake/exporter/server.hpp"
+
 #include <grp.h>
 
 #include <cctype>
@@ -21,6 +23,8 @@ std::string DaemonOptions::usage() {
          "  --state-mode MODE        permissions of the state segment, octal (default 0644;\n"
          "                           0640 with --state-group limits vlakectl to that group)\n"
          "  --state-group GROUP      group owning the state segment (name or gid)\n"
+         "  --metrics-address ADDR   Prometheus exporter [HOST]:PORT (default :9400, all\n"
+         "                           interfaces; 'none' disables); serves /metrics and /healthz\n"
          "  --help                   this text\n";
 }
 
@@ -42,7 +46,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
     }
     static constexpr std::string_view kKnown[] = {"--config",    "--socket",    "--state",
                                                   "--driver",    "--nvml",      "--log-level",
-                                                  "--sample-interval-ms", "--state-mode", "--state-group"};
+                                                  "--sample-interval-ms", "--state-mode", "--state-group",
+                                                  "--metrics-address"};
     bool known = false;
     for (auto k : kKnown) known = known || arg == k;
     if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
@@ -87,6 +92,19 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                            "for group/others (e.g. 0640), got '" + value + "'");
       }
       o.state_mode = mode;
+    } else if (arg == "--metrics-address") {
+      nonempty(value);
+      o.metrics_address_given = true;
+      if (value == "none") {
+        o.metrics_address.clear();
+      } else {
+        try {
+          (void)exporter::parse_listen_address(value);
+        } catch (const std::invalid_argument& e) {
+          throw OptionsError(std::string("--metrics-address: ") + e.what());
+        }
+        o.metrics_address = value;
+      }
     } else if (arg == "--state-group") {
       nonempty(value);
       bool digits = value.size() <= 9;

@@ -68,8 +68,13 @@ class Daemon:
         with open(cfg, "w") as f:
             f.write(config)
         self.log = open(os.path.join(workdir, "vlaked.log"), "w")
+        import socket as _socket
+        with _socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.metrics = "127.0.0.1:%d" % s.getsockname()[1]
         self.proc = subprocess.Popen([vlaked, "--config", cfg, "--socket", self.sock, "--state", self.state,
-                                      "--log-level", "info"], stdout=self.log, stderr=subprocess.STDOUT)
+                                      "--log-level", "info", "--metrics-address", self.metrics],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while not os.path.exists(self.sock):
             if self.proc.poll() is not None or time.time() > deadline:
@@ -197,6 +202,21 @@ def main():
               "NVML used %.1f MiB (reserve %.1f apart); tenants %.1f + free pool %.1f + daemon context %.1f = %.1f MiB"
               % (mem["used"] / MiB, mem["reserved"] / MiB, tenants_used / MiB, dev["free_bytes"] / MiB,
                  daemon_context / MiB, lhs / MiB))
+        # The exporter's per-tenant series agree with the daemon's state.
+        import urllib.request
+        text = urllib.request.urlopen("http://%s/metrics" % daemon.metrics, timeout=10).read().decode()
+        scraped = {}
+        for line in text.splitlines():
+            if line.startswith("vlake_tenant_used_bytes{"):
+                labels, value = line[len("vlake_tenant_used_bytes{"):].rsplit("} ", 1)
+                tenant = [kv.split("=", 1)[1].strip('"') for kv in labels.split(",") if kv.startswith("tenant=")][0]
+                scraped[tenant] = float(value)
+        st2 = state_json(args.state_tool, daemon.state)
+        want = {t["name"]: t["used"][0] for t in st2["tenants"]}
+        check("Prometheus series vlake_tenant_used_bytes match the daemon's accounting",
+              scraped and all(abs(scraped.get(k, -1) - v) <= 64 * MiB for k, v in want.items()),
+              "scraped %s; state %s" % ({k: int(v) // MiB for k, v in scraped.items()},
+                                         {k: v // MiB for k, v in want.items()}))
         for p, info in holders:
             p.stdin.close()
             p.wait(timeout=60)

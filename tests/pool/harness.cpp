@@ -110,7 +110,7 @@ DaemonProcess::~DaemonProcess() {
 pid_t DaemonProcess::spawn(const std::vector<std::string>& extra) {
   std::vector<std::string> args = {VLAKED_PATH,   "--driver", VLAKE_SIM_LIB, "--socket", socket,
                                    "--state",     state,      "--config",    config,   "--nvml",
-                                   "none",        "--sample-interval-ms", "50"};
+                                   "none",        "--sample-interval-ms", "50", "--metrics-address", "none"};
   args.insert(args.end(), extra.begin(), extra.end());
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);

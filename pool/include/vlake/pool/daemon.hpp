@@ -5,8 +5,11 @@
 // Lifecycle
 // - The constructor does all start-up: takes the single-instance lock (<socket>.lock), loads
 //   the quota file, opens the CUDA driver and (optionally) NVML, maps or creates the state
-//   segment (resuming a previous daemon's sessions and grants), warms each GPU, binds the
-//   socket. Any failure throws StartupError with a one-line message.
+//   segment (resuming a previous daemon's sessions and grants), warms each GPU, starts the
+//   Prometheus exporter (--metrics-address; vlake::exporter, civetweb threads that only read
+//   the segment), binds the socket. Any failure throws StartupError with a one-line message
+//   (an explicit --metrics-address that cannot be listened on included; the default address
+//   in use only warns).
 // - While running it hot-reloads the quota file (inotify on its directory, a periodic check,
 //   SIGHUP): a valid file is applied to every live tenant, an invalid one is logged, counted in
 //   the state segment and ignored (docs/quota.md).

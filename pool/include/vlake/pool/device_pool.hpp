@@ -18,6 +18,7 @@
 // Thread-safety: none; the daemon uses a pool from its event-loop thread only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -74,6 +75,13 @@ class DevicePool {
   [[nodiscard]] Bytes pool_bytes() const noexcept { return pool_bytes_; }  // free + granted
   [[nodiscard]] Bytes free_bytes() const noexcept { return free_bytes_; }
   [[nodiscard]] std::uint64_t free_handles() const noexcept { return free_.size(); }
+  // The largest free handle (0: none): the largest grant acquire() can serve without creating
+  // a handle. O(free handles).
+  [[nodiscard]] Bytes largest_free_handle() const noexcept {
+    Bytes m{0};
+    for (const auto& h : free_) m = std::max(m, h->size);
+    return m;
+  }
   [[nodiscard]] std::uint64_t handles_created() const noexcept { return created_; }
   [[nodiscard]] std::uint64_t handles_released() const noexcept { return released_; }
 

@@ -28,6 +28,9 @@ struct DaemonOptions {
   std::chrono::milliseconds sample_interval{1000};
   unsigned state_mode = 0644;                    // who may read the state (vlakectl)
   long state_gid = -1;                           // group of the state segment; -1: unchanged
+  std::string metrics_address = ":9400";         // exporter [HOST]:PORT; "" (--metrics-address none): off
+  bool metrics_address_given = false;            // explicit --metrics-address: failing to listen is fatal
+                                                 // (the default only warns: see docs/metrics.md)
   bool help = false;
 
   static DaemonOptions parse(int argc, const char* const* argv);

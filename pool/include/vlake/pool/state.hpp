@@ -35,7 +35,7 @@ class mapped_region;
 namespace vlake::pool::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 2;
+inline constexpr std::uint32_t kLayoutVersion = 3;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -45,6 +45,15 @@ inline constexpr std::size_t kTenantNameBytes = 128;    // "<namespace>/user:<na
 inline constexpr std::size_t kNamespaceNameBytes = 64;  // a DNS label (<= 63) + NUL
 inline constexpr std::size_t kConfigPathBytes = 256;
 inline constexpr std::size_t kConfigErrorBytes = 512;
+
+// Layout 3: the grant-latency histogram (vlake_grant_duration_seconds, docs/metrics.md).
+// Counters::grant_latency_bucket[i] counts grants that took more than the previous bound and at
+// most kGrantLatencyBoundsNs[i] (NOT cumulative); grants above the last bound are only in
+// grant_latency_count. Readers make them cumulative.
+inline constexpr std::size_t kGrantLatencyBuckets = 13;
+inline constexpr std::uint64_t kGrantLatencyBoundsNs[kGrantLatencyBuckets] = {
+    50'000,     100'000,     250'000,     500'000,     1'000'000,   2'500'000,    5'000'000,
+    10'000'000, 25'000'000,  50'000'000,  100'000'000, 250'000'000, 1'000'000'000};
 
 struct Header {
   std::uint64_t magic;
@@ -65,7 +74,7 @@ struct Header {
   std::uint32_t starts;             // daemon starts on this segment (1 = never restarted)
   std::uint32_t clean;              // 1 after a graceful stop, 0 while running
   std::uint32_t max_namespaces;
-  std::uint32_t reserved0;
+  std::uint32_t sample_interval_ms;  // layout 3: --sample-interval-ms (updated_unix_ns refresh period)
 };
 
 struct Counters {
@@ -91,6 +100,14 @@ struct Counters {
   std::uint64_t denials_guarantee;        // would use memory guaranteed to other namespaces
   std::uint64_t config_reloads;           // new quota files applied (SIGHUP included)
   std::uint64_t config_reload_errors;     // new quota files rejected (old one kept)
+  // Layout 3: grant latency (receive -> reply sent, successful grants; see kGrantLatencyBoundsNs)
+  // and guard violations by kind (0 until guards land).
+  std::uint64_t grant_latency_bucket[kGrantLatencyBuckets];
+  std::uint64_t grant_latency_sum_ns;
+  std::uint64_t grant_latency_count;
+  std::uint64_t guard_violations_fault;
+  std::uint64_t guard_violations_canary;
+  std::uint64_t guard_violations_readonly;
 };
 
 // The quota configuration in force.
@@ -121,6 +138,11 @@ struct DeviceRecord {
   std::uint32_t ordinal;
   std::uint64_t guaranteed_bytes;  // sum of the namespaces' guarantees on this GPU
   std::uint64_t borrowed_bytes;    // sum over namespaces of max(0, used - guaranteed)
+  // Layout 3.
+  std::uint64_t largest_free_handle;   // size of the largest free-pool handle (0: none); the
+                                       // largest grant servable without creating a handle
+  std::uint64_t dedup_logical_bytes;   // shared read-only weights as tenants see them (0 until dedup)
+  std::uint64_t dedup_physical_bytes;  // what those take on the GPU (0 until dedup)
 };
 
 enum NamespaceFlags : std::uint32_t {
@@ -195,14 +217,14 @@ struct State {
   static_assert(std::is_standard_layout_v<T>, #T " must be standard");  \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
 VLAKE_STATE_CHECK(Header, 104);
-VLAKE_STATE_CHECK(Counters, 168);
+VLAKE_STATE_CHECK(Counters, 312);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
-VLAKE_STATE_CHECK(DeviceRecord, 112);
+VLAKE_STATE_CHECK(DeviceRecord, 136);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
 VLAKE_STATE_CHECK(TenantRecord, 528);
 VLAKE_STATE_CHECK(SessionRecord, 40);
 VLAKE_STATE_CHECK(GrantRecord, 48);
-VLAKE_STATE_CHECK(State, 104 + 168 + 808 + 112 * 16 + 472 * 256 + 528 * 256 + 40 * 1024 + 48 * 16384);
+VLAKE_STATE_CHECK(State, 104 + 312 + 808 + 136 * 16 + 472 * 256 + 528 * 256 + 40 * 1024 + 48 * 16384);
 #undef VLAKE_STATE_CHECK
 
 class StateError : public std::runtime_error {

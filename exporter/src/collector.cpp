@@ -1,0 +1,323 @@
+#include "vlake/exporter/collector.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <map>
+
+namespace vlake::exporter {
+
+namespace st = pool::state;
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<ClientMetric::Label>;
+
+namespace {
+
+std::string bounded(const char* p, std::size_t n) { return std::string(p, strnlen(p, n)); }
+
+std::string uuid_string(const std::uint8_t (&u)[16]) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return buf;
+}
+
+double d(std::uint64_t v) { return static_cast<double>(v); }
+
+class Families {
+ public:
+  MetricFamily& add(const std::string& name, MetricType type, const std::string& help) {
+    MetricFamily f;
+    f.name = name;
+    f.type = type;
+    f.help = help;
+    out_.push_back(std::move(f));
+    return out_.back();
+  }
+  MetricFamily& gauge(const std::string& name, const std::string& help) { return add(name, MetricType::Gauge, help); }
+  MetricFamily& counter(const std::string& name, const std::string& help) {
+    return add(name, MetricType::Counter, help);
+  }
+  std::vector<MetricFamily> take() {
+    return std::vector<MetricFamily>(std::make_move_iterator(out_.begin()), std::make_move_iterator(out_.end()));
+  }
+
+ private:
+  std::deque<MetricFamily> out_;  // references stay valid while families are added
+};
+
+void set(MetricFamily& f, Labels labels, double v) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == MetricType::Counter) m.counter.value = v;
+  else m.gauge.value = v;
+  f.metric.push_back(std::move(m));
+}
+
+struct Gpu {
+  std::uint32_t index;
+  Labels labels;
+  const st::DeviceRecord* rec;
+};
+
+Labels join(const Labels& a, const Labels& b) {
+  Labels r = a;
+  r.insert(r.end(), b.begin(), b.end());
+  return r;
+}
+
+std::uint64_t interval_ns(const st::Header& h) {
+  return static_cast<std::uint64_t>(h.sample_interval_ms == 0 ? 1000 : h.sample_interval_ms) * 1'000'000ULL;
+}
+
+}  // namespace
+
+std::uint64_t realtime_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+BuildInfo this_build() {
+#ifndef VLAKE_VERSION
+#define VLAKE_VERSION "unknown"
+#endif
+#ifndef VLAKE_REVISION
+#define VLAKE_REVISION "unknown"
+#endif
+  return BuildInfo{VLAKE_VERSION, VLAKE_REVISION};
+}
+
+Health evaluate_health(const st::State& s, std::uint64_t now_ns) {
+  const st::Header& h = s.header;
+  if (h.daemon_pid == 0) return {false, "no daemon has written the state segment"};
+  if (h.clean != 0) return {false, "the daemon stopped (graceful shutdown)"};
+  const std::uint64_t limit = 3 * interval_ns(h);
+  const std::uint64_t age = now_ns > h.updated_unix_ns ? now_ns - h.updated_unix_ns : 0;
+  if (age > limit) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "the daemon (pid %u) has not refreshed its state for %.3f s (limit %.3f s)",
+                  h.daemon_pid, d(age) / 1e9, d(limit) / 1e9);
+    return {false, buf};
+  }
+  return {true, ""};
+}
+
+double fragmentation_ratio(std::uint64_t largest_free_handle, std::uint64_t free_bytes) {
+  if (free_bytes == 0) return 0.0;
+  const double r = 1.0 - d(std::min(largest_free_handle, free_bytes)) / d(free_bytes);
+  return std::clamp(r, 0.0, 1.0);
+}
+
+std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_ns, const BuildInfo& build) {
+  Families F;
+  const st::Header& h = s.header;
+  const st::Counters& c = s.counters;
+
+  set(F.gauge("vlake_build_info", "vlake build (always 1)"), {{"version", build.version}, {"revision", build.revision}},
+      1);
+  set(F.gauge("vlake_daemon_up", "1 if the daemon refreshed its state within 3 sample intervals"), {},
+      evaluate_health(s, now_ns).up ? 1 : 0);
+  set(F.gauge("vlake_daemon_starts", "daemon starts on this state segment"), {}, h.starts);
+  set(F.gauge("vlake_state_age_seconds", "seconds since the daemon last refreshed the state"), {},
+      now_ns > h.updated_unix_ns ? d(now_ns - h.updated_unix_ns) / 1e9 : 0.0);
+
+  // GPUs
+  std::vector<Gpu> gpus;
+  for (std::uint32_t i = 0; i < st::kMaxDevices; ++i) {
+    const st::DeviceRecord& r = s.devices[i];
+    if (r.in_use == 0) continue;
+    gpus.push_back(Gpu{i, {{"gpu", uuid_string(r.uuid)}, {"gpu_index", std::to_string(i)}}, &r});
+  }
+  auto per_gpu = [&](const std::string& name, const std::string& help, auto value) {
+    MetricFamily& f = F.gauge(name, help);
+    for (const Gpu& g : gpus) set(f, g.labels, value(*g.rec));
+  };
+  per_gpu("vlake_gpu_memory_total_bytes", "GPU capacity", [](const st::DeviceRecord& r) { return d(r.total); });
+  per_gpu("vlake_pool_reserved_bytes", "memory the pool holds as handles (free + granted)",
+          [](const st::DeviceRecord& r) { return d(r.pool_bytes); });
+  per_gpu("vlake_pool_free_bytes", "free in the pool", [](const st::DeviceRecord& r) { return d(r.free_bytes); });
+  per_gpu("vlake_pool_granted_bytes", "granted to tenants (with handles)",
+          [](const st::DeviceRecord& r) { return d(r.granted_bytes); });
+  per_gpu("vlake_pool_orphaned_bytes", "grants whose handle died with an earlier daemon",
+          [](const st::DeviceRecord& r) { return d(r.orphaned_bytes); });
+  per_gpu("vlake_pool_free_handles", "handles in the free pool",
+          [](const st::DeviceRecord& r) { return d(r.free_handles); });
+  per_gpu("vlake_pool_fragmentation_ratio",
+          "1 - (largest grant servable from the free pool without creating a handle / free bytes); 0 when empty",
+          [](const st::DeviceRecord& r) { return fragmentation_ratio(r.largest_free_handle, r.free_bytes); });
+  per_gpu("vlake_pool_guaranteed_bytes", "sum of namespace guarantees",
+          [](const st::DeviceRecord& r) { return d(r.guaranteed_bytes); });
+  per_gpu("vlake_pool_borrowed_bytes", "memory held above guarantees",
+          [](const st::DeviceRecord& r) { return d(r.borrowed_bytes); });
+
+  // Namespaces by id; tenants' sessions.
+  std::map<std::uint32_t, const st::NamespaceRecord*> namespaces;
+  for (const st::NamespaceRecord& n : s.namespaces) {
+    if (n.in_use != 0) namespaces[n.id] = &n;
+  }
+  std::map<std::uint32_t, std::uint64_t> tenant_sessions;
+  std::uint64_t connected = 0;
+  std::uint64_t detached = 0;
+  for (const st::SessionRecord& r : s.sessions) {
+    if (r.state == st::kSessionFree) continue;
+    ++tenant_sessions[r.tenant];
+    if (r.state == st::kSessionConnected) ++connected;
+    else if (r.state == st::kSessionDetached) ++detached;
+  }
+
+  // Tenants
+  MetricFamily& t_used = F.gauge("vlake_tenant_used_bytes", "what the quota counts: granted + non-pool");
+  MetricFamily& t_granted = F.gauge("vlake_tenant_granted_bytes", "pool memory granted");
+  MetricFamily& t_nonpool =
+      F.gauge("vlake_tenant_nonpool_bytes", "sampled device memory of its processes outside the pool");
+  MetricFamily& t_limit = F.gauge("vlake_tenant_limit_bytes", "its limit");
+  MetricFamily& t_over = F.gauge("vlake_tenant_over_limit", "1 when a lowered limit left it above (grants refused)");
+  MetricFamily& t_sessions = F.gauge("vlake_tenant_sessions", "connected or detached processes");
+  std::uint64_t tenants = 0;
+  for (const st::TenantRecord& r : s.tenants) {
+    if (r.in_use == 0) continue;
+    ++tenants;
+    const auto ns = namespaces.find(r.namespace_id);
+    const std::string ns_name = ns == namespaces.end() ? "default" : bounded(ns->second->name, sizeof ns->second->name);
+    const Labels tl{{"tenant", bounded(r.name, sizeof r.name)}, {"namespace", ns_name}, {"pod", ""}, {"container", ""}};
+    for (const Gpu& g : gpus) {
+      const Labels l = join(g.labels, tl);
+      set(t_used, l, d(r.granted[g.index] + r.nonpool[g.index]));
+      set(t_granted, l, d(r.granted[g.index]));
+      set(t_nonpool, l, d(r.nonpool[g.index]));
+      set(t_limit, l, d(r.limit[g.index]));
+      set(t_over, l, (r.over_limit & (1u << g.index)) != 0 ? 1 : 0);
+    }
+    const auto it = tenant_sessions.find(r.id);
+    set(t_sessions, tl, it == tenant_sessions.end() ? 0 : d(it->second));
+  }
+
+  // Namespaces
+  MetricFamily& n_used = F.gauge("vlake_namespace_used_bytes", "sum of its tenants' usage");
+  MetricFamily& n_limit = F.gauge("vlake_namespace_limit_bytes", "its limit (the GPU's size when it has none)");
+  MetricFamily& n_guar = F.gauge("vlake_namespace_guaranteed_bytes", "its guarantee");
+  MetricFamily& n_over = F.gauge("vlake_namespace_over_limit", "1 when above a lowered limit");
+  for (const auto& [id, n] : namespaces) {
+    const Labels nl{{"namespace", bounded(n->name, sizeof n->name)}};
+    for (const Gpu& g : gpus) {
+      const Labels l = join(g.labels, nl);
+      set(n_used, l, d(n->used[g.index]));
+      set(n_limit, l, d(n->limit[g.index]));
+      set(n_guar, l, d(n->guaranteed[g.index]));
+      set(n_over, l, (n->over_limit & (1u << g.index)) != 0 ? 1 : 0);
+    }
+  }
+
+  set(F.gauge("vlake_tenants", "tenants known to the daemon"), {}, d(tenants));
+  MetricFamily& sessions = F.gauge("vlake_sessions", "tenant processes");
+  set(sessions, {{"state", "connected"}}, d(connected));
+  set(sessions, {{"state", "detached"}}, d(detached));
+
+  // Counters
+  set(F.counter("vlake_grants_total", "successful grants"), {}, d(c.grants));
+  MetricFamily& denials = F.counter("vlake_grant_denials_total", "refused grants");
+  set(denials, {{"reason", "tenant_limit"}}, d(c.denials_tenant_limit));
+  set(denials, {{"reason", "namespace_limit"}}, d(c.denials_namespace_limit));
+  set(denials, {{"reason", "guarantee"}}, d(c.denials_guarantee));
+  set(denials, {{"reason", "out_of_memory"}}, d(c.denials_out_of_memory));
+  set(denials, {{"reason", "unknown_device"}}, d(c.denials_unknown_device));
+  set(denials, {{"reason", "other"}}, d(c.denials_other));
+  set(F.counter("vlake_releases_total", "grants returned"), {}, d(c.releases));
+  set(F.counter("vlake_process_exits_total", "sessions ended by their process dying"), {}, d(c.process_exits));
+  set(F.counter("vlake_scrubs_total", "handles zeroed before changing tenant"), {}, d(c.scrubs));
+  set(F.counter("vlake_pool_reuses_total", "grants served from the free pool"), {}, d(c.reuses));
+  set(F.counter("vlake_pool_handles_created_total", "pool handles created"), {}, d(c.handles_created));
+  set(F.counter("vlake_pool_handles_released_total", "pool handles released"), {}, d(c.handles_released));
+  set(F.counter("vlake_malformed_messages_total", "connections dropped for malformed messages"), {}, d(c.malformed));
+
+  {
+    MetricFamily& f = F.add("vlake_grant_duration_seconds", MetricType::Histogram,
+                            "daemon time to serve a grant (receive -> reply sent)");
+    ClientMetric m;
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < st::kGrantLatencyBuckets; ++i) {
+      cumulative += c.grant_latency_bucket[i];
+      ClientMetric::Bucket b;
+      b.cumulative_count = cumulative;
+      b.upper_bound = d(st::kGrantLatencyBoundsNs[i]) / 1e9;
+      m.histogram.bucket.push_back(b);
+    }
+    m.histogram.sample_count = std::max(c.grant_latency_count, cumulative);
+    m.histogram.sample_sum = d(c.grant_latency_sum_ns) / 1e9;
+    f.metric.push_back(std::move(m));
+  }
+
+  set(F.counter("vlake_config_reloads_total", "applied reloads of the quota file"), {}, d(c.config_reloads));
+  set(F.counter("vlake_config_reload_errors_total", "rejected quota files"), {}, d(c.config_reload_errors));
+  set(F.gauge("vlake_config_rejected", "1 while the file on disk is rejected (old config in force)"), {},
+      s.config.rejected != 0 ? 1 : 0);
+  per_gpu("vlake_dedup_logical_bytes", "bytes tenants see as shared read-only weights (0 until dedup lands)",
+          [](const st::DeviceRecord& r) { return d(r.dedup_logical_bytes); });
+  per_gpu("vlake_dedup_physical_bytes", "bytes those take on the GPU (0 until dedup lands)",
+          [](const st::DeviceRecord& r) { return d(r.dedup_physical_bytes); });
+  MetricFamily& guard = F.counter("vlake_guard_violations_total", "out-of-bounds alarms (0 until guards land)");
+  set(guard, {{"kind", "fault"}}, d(c.guard_violations_fault));
+  set(guard, {{"kind", "canary"}}, d(c.guard_violations_canary));
+  set(guard, {{"kind", "readonly"}}, d(c.guard_violations_readonly));
+  return F.take();
+}
+
+StateCollector::StateCollector(SnapshotSource source, Clock clock, BuildInfo build)
+    : source_(std::move(source)), clock_(std::move(clock)), build_(std::move(build)) {}
+
+std::shared_ptr<StateCollector> StateCollector::for_segment(const std::string& name) {
+  auto reader = std::make_shared<st::StateReader>(name);
+  return std::make_shared<StateCollector>([reader] { return reader->snapshot(); });
+}
+
+std::vector<MetricFamily> StateCollector::Collect() const {
+  std::unique_ptr<st::State> s;
+  try {
+    s = source_();
+  } catch (...) {
+    s.reset();
+  }
+  if (s) {
+    try {
+      return build_families(*s, clock_(), build_);
+    } catch (...) {
+      // fall through: allocation failure; answer the minimal set
+    }
+  }
+  std::vector<MetricFamily> out;
+  try {
+    MetricFamily info;
+    info.name = "vlake_build_info";
+    info.type = MetricType::Gauge;
+    info.help = "vlake build (always 1)";
+    set(info, {{"version", build_.version}, {"revision", build_.revision}}, 1);
+    out.push_back(std::move(info));
+    MetricFamily up;
+    up.name = "vlake_daemon_up";
+    up.type = MetricType::Gauge;
+    up.help = "1 if the daemon refreshed its state within 3 sample intervals";
+    set(up, {}, 0);
+    out.push_back(std::move(up));
+  } catch (...) {
+  }
+  return out;
+}
+
+Health StateCollector::health() const {
+  try {
+    const std::unique_ptr<st::State> s = source_();
+    if (!s) return {false, "no state snapshot"};
+    return evaluate_health(*s, clock_());
+  } catch (const std::exception& e) {
+    return {false, std::string("cannot read the state segment: ") + e.what()};
+  } catch (...) {
+    return {false, "cannot read the state segment"};
+  }
+}
+
+}  // namespace vlake::exporter

@@ -1,0 +1,426 @@
+// The exporter's Collectable over a synthetic State (no daemon), the text format it produces,
+// health, listen addresses, and the HTTP server in-process with a fake snapshot source.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include <prometheus/text_serializer.h>
+
+#include "http_get.hpp"
+#include "vlake/exporter/collector.hpp"
+#include "vlake/exporter/server.hpp"
+
+using namespace vlake;
+namespace st = vlake::pool::state;
+using exptest::Exposition;
+using exptest::http_get;
+using exptest::parse_prometheus;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ULL << 20;
+constexpr std::uint64_t kGiB = 1ULL << 30;
+constexpr std::uint64_t kNow = 1'700'000'000'000'000'000ULL;
+const char* const kGpu0 = "GPU-00112233-4455-6677-8899-aabbccddeeff";
+const exporter::BuildInfo kBuild{"1.2.3", "abc123"};
+
+void name(char* dst, std::size_t n, const std::string& s) {
+  std::memset(dst, 0, n);
+  std::memcpy(dst, s.data(), std::min(s.size(), n - 1));
+}
+
+// Two GPUs, namespaces "default" (implicit) and "research", three tenants, sessions, counters.
+std::unique_ptr<st::State> synthetic() {
+  auto s = std::make_unique<st::State>();
+  std::memset(static_cast<void*>(s.get()), 0, sizeof(st::State));
+  st::Header& h = s->header;
+  h.magic = st::kMagic;
+  h.layout_version = st::kLayoutVersion;
+  h.daemon_pid = 1234;
+  h.starts = 2;
+  h.device_count = 2;
+  h.sample_interval_ms = 1000;
+  h.updated_unix_ns = kNow - 500'000'000ULL;  // 0.5 s old
+  for (std::uint32_t d = 0; d < 2; ++d) {
+    st::DeviceRecord& r = s->devices[d];
+    r.in_use = 1;
+    r.ordinal = d;
+    for (std::uint8_t i = 0; i < 16; ++i) r.uuid[i] = static_cast<std::uint8_t>(i * 0x11 + d);
+    r.total = 80 * kGiB;
+    r.granularity = 2 * kMiB;
+  }
+  st::DeviceRecord& g0 = s->devices[0];
+  g0.pool_bytes = 100 * kMiB;
+  g0.free_bytes = 40 * kMiB;
+  g0.free_handles = 3;
+  g0.largest_free_handle = 10 * kMiB;  // fragmentation 1 - 10/40 = 0.75
+  g0.granted_bytes = 60 * kMiB;
+  g0.orphaned_bytes = 4 * kMiB;
+  g0.guaranteed_bytes = 8 * kGiB;
+  g0.borrowed_bytes = 2 * kMiB;
+  g0.dedup_logical_bytes = 7;
+  g0.dedup_physical_bytes = 5;
+  st::DeviceRecord& g1 = s->devices[1];
+  g1.free_bytes = 0;  // empty pool: fragmentation 0
+  g1.largest_free_handle = 0;
+
+  st::NamespaceRecord& nd = s->namespaces[0];
+  nd.in_use = 1;
+  nd.id = 1;
+  name(nd.name, sizeof nd.name, "default");
+  nd.flags = st::kNamespaceImplicit;
+  st::NamespaceRecord& nr = s->namespaces[1];
+  nr.in_use = 1;
+  nr.id = 2;
+  name(nr.name, sizeof nr.name, "research");
+  nr.flags = st::kNamespaceHasLimit;
+  for (int d = 0; d < 2; ++d) {
+    nd.limit[d] = 80 * kGiB;
+    nr.limit[d] = 16 * kGiB;
+  }
+  nr.guaranteed[0] = 8 * kGiB;
+  nr.used[0] = 50 * kMiB;
+  nd.used[0] = 10 * kMiB;
+  nr.over_limit = 2;  // GPU 1
+
+  st::TenantRecord& a = s->tenants[0];
+  a.in_use = 1;
+  a.id = 1;
+  name(a.name, sizeof a.name, "research/user:alice");
+  a.namespace_id = 2;
+  a.limit[0] = 1 * kGiB;
+  a.limit[1] = 2 * kGiB;
+  a.granted[0] = 48 * kMiB;
+  a.nonpool[0] = 2 * kMiB;
+  a.over_limit = 1;  // GPU 0
+  st::TenantRecord& b = s->tenants[3];
+  b.in_use = 1;
+  b.id = 4;
+  name(b.name, sizeof b.name, "uid:1000");
+  b.namespace_id = 1;
+  b.limit[0] = b.limit[1] = 80 * kGiB;
+  b.granted[0] = 10 * kMiB;
+  b.granted[1] = 6 * kMiB;
+  st::TenantRecord& c = s->tenants[5];  // namespace id unknown: "default"
+  c.in_use = 1;
+  c.id = 6;
+  name(c.name, sizeof c.name, "uid:2000");
+  c.namespace_id = 99;
+
+  s->sessions[0] = st::SessionRecord{1, 0, 100, 0, 0, 1, st::kSessionConnected, 1};
+  s->sessions[1] = st::SessionRecord{2, 0, 101, 0, 0, 1, st::kSessionDetached, 0};
+  s->sessions[7] = st::SessionRecord{3, 0, 102, 0, 0, 4, st::kSessionConnected, 2};
+
+  st::Counters& k = s->counters;
+  k.grants = 11;
+  k.denials_tenant_limit = 1;
+  k.denials_namespace_limit = 2;
+  k.denials_guarantee = 3;
+  k.denials_out_of_memory = 4;
+  k.denials_unknown_device = 5;
+  k.denials_other = 6;
+  k.denials_over_limit = 6;
+  k.releases = 7;
+  k.process_exits = 8;
+  k.scrubs = 9;
+  k.reuses = 10;
+  k.handles_created = 12;
+  k.handles_released = 13;
+  k.malformed = 14;
+  k.config_reloads = 15;
+  k.config_reload_errors = 16;
+  k.guard_violations_canary = 17;
+  // 3 grants <= 50us, 2 in (100us, 250us], 1 in (0.25 s, 1 s], 1 above 1 s.
+  k.grant_latency_bucket[0] = 3;
+  k.grant_latency_bucket[2] = 2;
+  k.grant_latency_bucket[12] = 1;
+  k.grant_latency_count = 7;
+  k.grant_latency_sum_ns = 2'500'000'000ULL;
+  s->config.rejected = 1;
+  return s;
+}
+
+Exposition scrape_text(const st::State& s, std::uint64_t now = kNow) {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, exporter::build_families(s, now, kBuild));
+  return parse_prometheus(out.str());
+}
+
+const MetricFamily& family(const std::vector<MetricFamily>& fs, const std::string& n) {
+  for (const auto& f : fs) {
+    if (f.name == n) return f;
+  }
+  FAIL("no family " << n);
+  throw std::logic_error("unreachable");
+}
+
+std::set<std::string> label_names(const prometheus::ClientMetric& m) {
+  std::set<std::string> out;
+  for (const auto& l : m.label) out.insert(l.name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("collector: every family of docs/metrics.md, with its type and label names", "[unit]") {
+  const auto s = synthetic();
+  const auto fs = exporter::build_families(*s, kNow, kBuild);
+  using T = MetricType;
+  const std::set<std::string> none;
+  const std::set<std::string> gpu{"gpu", "gpu_index"};
+  const std::set<std::string> tenant{"gpu", "gpu_index", "tenant", "namespace", "pod", "container"};
+  const std::set<std::string> tenant_only{"tenant", "namespace", "pod", "container"};
+  const std::set<std::string> ns{"gpu", "gpu_index", "namespace"};
+  struct Want {
+    const char* name;
+    T type;
+    std::set<std::string> labels;
+  };
+  const std::vector<Want> want = {
+      {"vlake_build_info", T::Gauge, {"version", "revision"}},
+      {"vlake_daemon_up", T::Gauge, none},
+      {"vlake_daemon_starts", T::Gauge, none},
+      {"vlake_state_age_seconds", T::Gauge, none},
+      {"vlake_gpu_memory_total_bytes", T::Gauge, gpu},
+      {"vlake_pool_reserved_bytes", T::Gauge, gpu},
+      {"vlake_pool_free_bytes", T::Gauge, gpu},
+      {"vlake_pool_granted_bytes", T::Gauge, gpu},
+      {"vlake_pool_orphaned_bytes", T::Gauge, gpu},
+      {"vlake_pool_free_handles", T::Gauge, gpu},
+      {"vlake_pool_fragmentation_ratio", T::Gauge, gpu},
+      {"vlake_pool_guaranteed_bytes", T::Gauge, gpu},
+      {"vlake_pool_borrowed_bytes", T::Gauge, gpu},
+      {"vlake_tenant_used_bytes", T::Gauge, tenant},
+      {"vlake_tenant_granted_bytes", T::Gauge, tenant},
+      {"vlake_tenant_nonpool_bytes", T::Gauge, tenant},
+      {"vlake_tenant_limit_bytes", T::Gauge, tenant},
+      {"vlake_tenant_over_limit", T::Gauge, tenant},
+      {"vlake_tenant_sessions", T::Gauge, tenant_only},
+      {"vlake_namespace_used_bytes", T::Gauge, ns},
+      {"vlake_namespace_limit_bytes", T::Gauge, ns},
+      {"vlake_namespace_guaranteed_bytes", T::Gauge, ns},
+      {"vlake_namespace_over_limit", T::Gauge, ns},
+      {"vlake_tenants", T::Gauge, none},
+      {"vlake_sessions", T::Gauge, {"state"}},
+      {"vlake_grants_total", T::Counter, none},
+      {"vlake_grant_denials_total", T::Counter, {"reason"}},
+      {"vlake_releases_total", T::Counter, none},
+      {"vlake_process_exits_total", T::Counter, none},
+      {"vlake_scrubs_total", T::Counter, none},
+      {"vlake_pool_reuses_total", T::Counter, none},
+      {"vlake_pool_handles_created_total", T::Counter, none},
+      {"vlake_pool_handles_released_total", T::Counter, none},
+      {"vlake_malformed_messages_total", T::Counter, none},
+      {"vlake_grant_duration_seconds", T::Histogram, none},
+      {"vlake_config_reloads_total", T::Counter, none},
+      {"vlake_config_reload_errors_total", T::Counter, none},
+      {"vlake_config_rejected", T::Gauge, none},
+      {"vlake_dedup_logical_bytes", T::Gauge, gpu},
+      {"vlake_dedup_physical_bytes", T::Gauge, gpu},
+      {"vlake_guard_violations_total", T::Counter, {"kind"}},
+  };
+  CHECK(fs.size() == want.size());
+  for (const Want& w : want) {
+    INFO(w.name);
+    const MetricFamily& f = family(fs, w.name);
+    CHECK(f.type == w.type);
+    CHECK(!f.help.empty());
+    REQUIRE(!f.metric.empty());
+    for (const auto& m : f.metric) CHECK(label_names(m) == w.labels);
+  }
+  // Series counts: 2 GPUs; 3 tenants x 2 GPUs; 2 namespaces x 2 GPUs.
+  CHECK(family(fs, "vlake_pool_free_bytes").metric.size() == 2);
+  CHECK(family(fs, "vlake_tenant_used_bytes").metric.size() == 6);
+  CHECK(family(fs, "vlake_tenant_sessions").metric.size() == 3);
+  CHECK(family(fs, "vlake_namespace_used_bytes").metric.size() == 4);
+  CHECK(family(fs, "vlake_grant_denials_total").metric.size() == 6);
+  CHECK(family(fs, "vlake_guard_violations_total").metric.size() == 3);
+  CHECK(family(fs, "vlake_sessions").metric.size() == 2);
+}
+
+TEST_CASE("collector: values from the state", "[unit]") {
+  const auto s = synthetic();
+  const Exposition e = scrape_text(*s);
+  CHECK(e.value("vlake_build_info", {{"version", "1.2.3"}, {"revision", "abc123"}}) == 1);
+  CHECK(e.value("vlake_daemon_up") == 1);
+  CHECK(e.value("vlake_daemon_starts") == 2);
+  CHECK(e.value("vlake_state_age_seconds") == Approx(0.5));
+  const std::map<std::string, std::string> g0{{"gpu", kGpu0}, {"gpu_index", "0"}};
+  const std::map<std::string, std::string> g1{{"gpu_index", "1"}};
+  CHECK(e.value("vlake_gpu_memory_total_bytes", g0) == 80.0 * kGiB);
+  CHECK(e.value("vlake_pool_reserved_bytes", g0) == 100.0 * kMiB);
+  CHECK(e.value("vlake_pool_free_bytes", g0) == 40.0 * kMiB);
+  CHECK(e.value("vlake_pool_granted_bytes", g0) == 60.0 * kMiB);
+  CHECK(e.value("vlake_pool_orphaned_bytes", g0) == 4.0 * kMiB);
+  CHECK(e.value("vlake_pool_free_handles", g0) == 3);
+  CHECK(e.value("vlake_pool_fragmentation_ratio", g0) == Approx(0.75));
+  CHECK(e.value("vlake_pool_fragmentation_ratio", g1) == 0);
+  CHECK(e.value("vlake_pool_guaranteed_bytes", g0) == 8.0 * kGiB);
+  CHECK(e.value("vlake_pool_borrowed_bytes", g0) == 2.0 * kMiB);
+  CHECK(e.value("vlake_dedup_logical_bytes", g0) == 7);
+  CHECK(e.value("vlake_dedup_physical_bytes", g0) == 5);
+
+  const std::map<std::string, std::string> alice0{
+      {"tenant", "research/user:alice"}, {"namespace", "research"}, {"pod", ""}, {"container", ""}, {"gpu_index", "0"}};
+  CHECK(e.value("vlake_tenant_used_bytes", alice0) == 50.0 * kMiB);
+  CHECK(e.value("vlake_tenant_granted_bytes", alice0) == 48.0 * kMiB);
+  CHECK(e.value("vlake_tenant_nonpool_bytes", alice0) == 2.0 * kMiB);
+  CHECK(e.value("vlake_tenant_limit_bytes", alice0) == 1.0 * kGiB);
+  CHECK(e.value("vlake_tenant_over_limit", alice0) == 1);
+  CHECK(e.value("vlake_tenant_over_limit", {{"tenant", "research/user:alice"}, {"gpu_index", "1"}}) == 0);
+  CHECK(e.value("vlake_tenant_limit_bytes", {{"tenant", "research/user:alice"}, {"gpu_index", "1"}}) == 2.0 * kGiB);
+  CHECK(e.value("vlake_tenant_used_bytes", {{"tenant", "uid:1000"}, {"namespace", "default"}, {"gpu_index", "1"}}) ==
+        6.0 * kMiB);
+  CHECK(e.value("vlake_tenant_used_bytes", {{"tenant", "uid:2000"}, {"namespace", "default"}, {"gpu_index", "0"}}) == 0);
+  CHECK(e.value("vlake_tenant_sessions", {{"tenant", "research/user:alice"}}) == 2);
+  CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:1000"}}) == 1);
+  CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:2000"}}) == 0);
+
+  CHECK(e.value("vlake_namespace_used_bytes", {{"namespace", "research"}, {"gpu_index", "0"}}) == 50.0 * kMiB);
+  CHECK(e.value("vlake_namespace_limit_bytes", {{"namespace", "research"}, {"gpu_index", "1"}}) == 16.0 * kGiB);
+  CHECK(e.value("vlake_namespace_limit_bytes", {{"namespace", "default"}, {"gpu_index", "1"}}) == 80.0 * kGiB);
+  CHECK(e.value("vlake_namespace_guaranteed_bytes", {{"namespace", "research"}, {"gpu_index", "0"}}) == 8.0 * kGiB);
+  CHECK(e.value("vlake_namespace_over_limit", {{"namespace", "research"}, {"gpu_index", "1"}}) == 1);
+  CHECK(e.value("vlake_namespace_over_limit", {{"namespace", "research"}, {"gpu_index", "0"}}) == 0);
+
+  CHECK(e.value("vlake_tenants") == 3);
+  CHECK(e.value("vlake_sessions", {{"state", "connected"}}) == 2);
+  CHECK(e.value("vlake_sessions", {{"state", "detached"}}) == 1);
+  CHECK(e.value("vlake_grants_total") == 11);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "tenant_limit"}}) == 1);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "namespace_limit"}}) == 2);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "guarantee"}}) == 3);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "out_of_memory"}}) == 4);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "unknown_device"}}) == 5);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "other"}}) == 6);
+  CHECK(e.value("vlake_releases_total") == 7);
+  CHECK(e.value("vlake_process_exits_total") == 8);
+  CHECK(e.value("vlake_scrubs_total") == 9);
+  CHECK(e.value("vlake_pool_reuses_total") == 10);
+  CHECK(e.value("vlake_pool_handles_created_total") == 12);
+  CHECK(e.value("vlake_pool_handles_released_total") == 13);
+  CHECK(e.value("vlake_malformed_messages_total") == 14);
+  CHECK(e.value("vlake_config_reloads_total") == 15);
+  CHECK(e.value("vlake_config_reload_errors_total") == 16);
+  CHECK(e.value("vlake_config_rejected") == 1);
+  CHECK(e.value("vlake_guard_violations_total", {{"kind", "fault"}}) == 0);
+  CHECK(e.value("vlake_guard_violations_total", {{"kind", "canary"}}) == 17);
+  CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly"}}) == 0);
+  CHECK(e.types.at("vlake_grant_duration_seconds") == "histogram");
+  CHECK(e.types.at("vlake_grants_total") == "counter");
+}
+
+TEST_CASE("collector: the grant latency histogram is cumulative with the contract's buckets", "[unit]") {
+  const auto s = synthetic();
+  const Exposition e = scrape_text(*s);
+  const std::vector<std::pair<std::string, double>> want = {
+      {"5e-05", 3},  {"0.0001", 3}, {"0.00025", 5}, {"0.0005", 5}, {"0.001", 5}, {"0.0025", 5}, {"0.005", 5},
+      {"0.01", 5},   {"0.025", 5},  {"0.05", 5},    {"0.1", 5},    {"0.25", 5},  {"1", 6},      {"+Inf", 7}};
+  const auto buckets = e.find("vlake_grant_duration_seconds_bucket");
+  REQUIRE(buckets.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("bucket " << i);
+    const double le = buckets[i].labels.at("le") == "+Inf" ? -1 : std::stod(buckets[i].labels.at("le"));
+    const double want_le = want[i].first == "+Inf" ? -1 : std::stod(want[i].first);
+    CHECK(le == Approx(want_le));
+    CHECK(buckets[i].value == want[i].second);
+  }
+  CHECK(e.value("vlake_grant_duration_seconds_count") == 7);
+  CHECK(e.value("vlake_grant_duration_seconds_sum") == Approx(2.5));
+}
+
+TEST_CASE("collector: fragmentation ratio cases", "[unit]") {
+  CHECK(exporter::fragmentation_ratio(0, 0) == 0);                 // empty pool
+  CHECK(exporter::fragmentation_ratio(8 * kMiB, 8 * kMiB) == 0);   // one handle: all servable
+  CHECK(exporter::fragmentation_ratio(2 * kMiB, 8 * kMiB) == Approx(0.75));
+  CHECK(exporter::fragmentation_ratio(1, 3) == Approx(2.0 / 3.0));
+  CHECK(exporter::fragmentation_ratio(9, 8) == 0);                 // inconsistent input: clamped
+}
+
+TEST_CASE("collector: daemon_up and health follow the refresh age and a clean stop", "[unit]") {
+  auto s = synthetic();
+  // 3 sample intervals of 1 s.
+  CHECK(exporter::evaluate_health(*s, s->header.updated_unix_ns + 2'900'000'000ULL).up);
+  const auto stale = exporter::evaluate_health(*s, s->header.updated_unix_ns + 3'100'000'000ULL);
+  CHECK_FALSE(stale.up);
+  CHECK_THAT(stale.reason, Catch::Contains("has not refreshed its state for 3.100 s (limit 3.000 s)"));
+  CHECK(scrape_text(*s, s->header.updated_unix_ns + 3'100'000'000ULL).value("vlake_daemon_up") == 0);
+  CHECK(scrape_text(*s, s->header.updated_unix_ns + 3'100'000'000ULL).value("vlake_state_age_seconds") ==
+        Approx(3.1));
+  s->header.sample_interval_ms = 50;
+  CHECK_FALSE(exporter::evaluate_health(*s, s->header.updated_unix_ns + 200'000'000ULL).up);
+  CHECK(exporter::evaluate_health(*s, s->header.updated_unix_ns + 100'000'000ULL).up);
+  s->header.clean = 1;
+  const auto stopped = exporter::evaluate_health(*s, s->header.updated_unix_ns);
+  CHECK_FALSE(stopped.up);
+  CHECK_THAT(stopped.reason, Catch::Contains("stopped"));
+}
+
+TEST_CASE("collector: Collect() without a snapshot answers build_info and daemon_up 0", "[unit]") {
+  exporter::StateCollector c([]() -> std::unique_ptr<st::State> { throw st::StateError("no such segment"); },
+                             [] { return kNow; }, kBuild);
+  const auto fs = c.Collect();
+  REQUIRE(fs.size() == 2);
+  CHECK(fs[0].name == "vlake_build_info");
+  CHECK(fs[1].name == "vlake_daemon_up");
+  CHECK(fs[1].metric.at(0).gauge.value == 0);
+  const auto h = c.health();
+  CHECK_FALSE(h.up);
+  CHECK(h.reason == "cannot read the state segment: no such segment");
+}
+
+TEST_CASE("exporter: listen addresses", "[unit]") {
+  CHECK(exporter::parse_listen_address(":9400") == "9400");
+  CHECK(exporter::parse_listen_address("127.0.0.1:9400") == "127.0.0.1:9400");
+  CHECK(exporter::parse_listen_address("0.0.0.0:1") == "0.0.0.0:1");
+  for (const char* bad : {"9400", "127.0.0.1:0", ":65536", ":x", "host:", "local host:80", "[::1:80"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(exporter::parse_listen_address(bad), std::invalid_argument);
+  }
+}
+
+TEST_CASE("exporter: HTTP server over a fake snapshot source", "[unit]") {
+  auto state = synthetic();
+  std::shared_ptr<const st::State> shared(std::move(state));
+  std::uint64_t now = kNow;
+  auto collector = std::make_shared<exporter::StateCollector>(
+      [shared] { return std::make_unique<st::State>(*shared); }, [&now] { return now; }, kBuild);
+  const int port = exptest::free_port();
+  exporter::MetricsServer server("127.0.0.1:" + std::to_string(port), collector);
+
+  const auto m = http_get(port, "/metrics");
+  CHECK(m.status == 200);
+  CHECK_THAT(m.headers.at("content-type"), Catch::StartsWith("text/plain; version=0.0.4"));
+  const Exposition e = parse_prometheus(m.body);
+  CHECK(e.value("vlake_tenants") == 3);
+  CHECK(e.value("vlake_pool_fragmentation_ratio", {{"gpu_index", "0"}}) == Approx(0.75));
+
+  auto h = http_get(port, "/healthz");
+  CHECK(h.status == 200);
+  CHECK(h.body == "ok\n");
+  now = kNow + 10'000'000'000ULL;  // 10 s without a refresh
+  h = http_get(port, "/healthz");
+  CHECK(h.status == 503);
+  CHECK_THAT(h.body, Catch::Contains("has not refreshed its state"));
+  CHECK(parse_prometheus(http_get(port, "/metrics").body).value("vlake_daemon_up") == 0);
+
+  CHECK(http_get(port, "/").status == 404);
+  CHECK(http_get(port, "/metricsx").status == 404);
+  CHECK(http_get(port, "/metrics/x").status == 404);
+  CHECK(http_get(port, "/other").status == 404);
+  CHECK(http_get(port, "/metrics", "POST").status == 405);
+
+  // The same port again: a clear error.
+  try {
+    exporter::MetricsServer second("127.0.0.1:" + std::to_string(port), collector);
+    FAIL("a second server on the same port started");
+  } catch (const std::runtime_error& err) {
+    CHECK_THAT(err.what(), Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(port)));
+  }
+}

@@ -1,0 +1,208 @@
+// vlaked --metrics-address on the simulator with two tenant helper processes: /metrics over
+// HTTP, the per-tenant series compared with vlakectl's numbers, /healthz across SIGSTOP, a port
+// in use, promtool's check of a real scrape.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <thread>
+
+#include "ctl_process.hpp"
+#include "harness.hpp"
+#include "http_get.hpp"
+#include "json_parse.hpp"
+#include "vlake/exporter/server.hpp"
+#include "vlake/pool/options.hpp"
+
+using namespace vlake;
+using exptest::Exposition;
+using exptest::http_get;
+using exptest::parse_prometheus;
+using vlake::pooltest::DaemonProcess;
+using vlake::pooltest::Helper;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ULL << 20;
+
+const char* const kConfig =
+    "version: 1\n"
+    "default:\n"
+    "  limit: 256MiB\n"
+    "users:\n"
+    "  - uid: 4401\n"
+    "    limit: 64MiB\n";
+
+std::string addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+}  // namespace
+
+TEST_CASE("exporter: per-tenant series of a running vlaked match vlakectl", "[process]") {
+  const int port = exptest::free_port();
+  DaemonProcess d("exp", kConfig);
+  REQUIRE(d.start({"--metrics-address", addr(port)}));
+  CHECK_THAT(d.log(), Catch::Contains("metrics on http://" + addr(port) + "/metrics"));
+  Helper a(d.node, 4401, 0);
+  Helper b(d.node, 4402, 0);
+  REQUIRE(a.ok("connect " + d.socket).at("name") == "user:4401");
+  REQUIRE(b.ok("connect " + d.socket).at("name") == "uid:4402");
+  const std::string ok = std::to_string(static_cast<int>(proto::Status::ok));
+  const auto g8 = a.ok("grant " + std::to_string(8 * kMiB));
+  REQUIRE(g8.at("status") == ok);
+  const auto g4 = a.ok("grant " + std::to_string(4 * kMiB));
+  REQUIRE(g4.at("status") == ok);
+  REQUIRE(b.ok("grant " + std::to_string(6 * kMiB)).at("status") == ok);
+  CHECK(a.ok("grant " + std::to_string(64 * kMiB)).at("status") ==
+        std::to_string(static_cast<int>(proto::Status::over_limit)));  // over its 64 MiB limit
+
+  const auto r = http_get(port, "/metrics");
+  REQUIRE(r.status == 200);
+  CHECK_THAT(r.headers.at("content-type"), Catch::StartsWith("text/plain; version=0.0.4"));
+  const Exposition e = parse_prometheus(r.body);
+  CHECK(e.value("vlake_daemon_up") == 1);
+  CHECK(e.value("vlake_tenants") == 2);
+  CHECK(e.value("vlake_sessions", {{"state", "connected"}}) == 2);
+  CHECK(e.value("vlake_grants_total") == 3);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "tenant_limit"}}) == 1);
+  CHECK(e.value("vlake_grant_duration_seconds_count") == 3);
+  CHECK(e.value("vlake_grant_duration_seconds_bucket", {{"le", "+Inf"}}) == 3);
+  CHECK(e.value("vlake_grant_duration_seconds_sum") > 0);
+  CHECK(e.value("vlake_tenant_granted_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 12.0 * kMiB);
+  CHECK(e.value("vlake_tenant_limit_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 64.0 * kMiB);
+  CHECK(e.value("vlake_tenant_granted_bytes", {{"tenant", "uid:4402"}, {"gpu_index", "0"}}) == 6.0 * kMiB);
+  CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:4402"}, {"namespace", "default"}}) == 1);
+  CHECK(e.value("vlake_pool_granted_bytes", {{"gpu_index", "0"}}) == 18.0 * kMiB);
+  CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly"}}) == 0);
+
+  // vlakectl's numbers for the same (unchanged) state.
+  const auto ctl = ctltest::run_ctl({"--state", d.state, "tenants", "--json"});
+  INFO("vlakectl stderr: " << ctl.err);
+  REQUIRE(ctl.exit_code == 0);
+  const ctltest::Json j = ctltest::parse_json(ctl.out);
+  const ctltest::Json& tenants = j.at("tenants");
+  REQUIRE(tenants.size() == 2);
+  std::size_t compared = 0;
+  for (const ctltest::Json& t : tenants.items) {
+    const std::string name = t.at("name").str();
+    for (const ctltest::Json& g : t.at("gpus").items) {
+      const std::map<std::string, std::string> l{{"tenant", name},
+                                                 {"namespace", t.at("namespace").str()},
+                                                 {"pod", ""},
+                                                 {"container", ""},
+                                                 {"gpu_index", std::to_string(g.at("index").u64())}};
+      INFO(name << " on GPU " << g.at("index").u64());
+      CHECK(e.value("vlake_tenant_used_bytes", l) == static_cast<double>(g.at("used").u64()));
+      CHECK(e.value("vlake_tenant_granted_bytes", l) == static_cast<double>(g.at("granted").u64()));
+      CHECK(e.value("vlake_tenant_limit_bytes", l) == static_cast<double>(g.at("limit").u64()));
+      CHECK(e.value("vlake_tenant_nonpool_bytes", l) == static_cast<double>(g.at("nonpool").u64()));
+      CHECK(e.value("vlake_tenant_over_limit", l) == (g.at("over_limit").boolean() ? 1 : 0));
+      ++compared;
+    }
+    CHECK(e.find("vlake_tenant_used_bytes", {{"tenant", name}}).size() == t.at("gpus").size());
+  }
+  CHECK(compared == 2);
+
+  // promtool's linter over the real scrape (CI installs Debian's prometheus package).
+  const std::string promtool = VLAKE_PROMTOOL;
+  if (promtool.empty() || ::access(promtool.c_str(), X_OK) != 0) {
+    WARN("promtool not installed: skipping `promtool check metrics`");
+  } else {
+    const std::string file = d.dir + "/scrape.txt";
+    std::ofstream(file) << r.body;
+    const std::string cmd = promtool + " check metrics < " + file + " > " + d.dir + "/promtool.out 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::ostringstream out_buf;
+    out_buf << std::ifstream(d.dir + "/promtool.out").rdbuf();
+    const std::string out = out_buf.str();
+    INFO("promtool: " << out);
+    CHECK(rc == 0);
+  }
+
+  // Both of a's grants back to the free pool: handles of 8 and 4 MiB; the largest grant the
+  // pool serves without a new handle is 8 of 12 MiB -> fragmentation 1/3.
+  a.ok("release " + g8.at("id"));
+  a.ok("release " + g4.at("id"));
+  const Exposition e2 = parse_prometheus(http_get(port, "/metrics").body);
+  const std::map<std::string, std::string> gpu0{{"gpu_index", "0"}};
+  CHECK(e2.value("vlake_pool_free_handles", gpu0) == 2);
+  CHECK(e2.value("vlake_pool_free_bytes", gpu0) == 12.0 * kMiB);
+  CHECK(e2.value("vlake_pool_fragmentation_ratio", gpu0) == Approx(1.0 / 3.0));
+  CHECK(e2.value("vlake_releases_total") == 2);
+  CHECK(e2.value("vlake_tenant_granted_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 0);
+}
+
+TEST_CASE("exporter: /healthz is 200 while vlaked runs, 503 once it stops refreshing", "[process]") {
+  const int port = exptest::free_port();
+  DaemonProcess d("exph");
+  REQUIRE(d.start({"--metrics-address", addr(port)}));  // --sample-interval-ms 50 (harness)
+  CHECK(http_get(port, "/healthz").status == 200);
+  CHECK(http_get(port, "/nope").status == 404);
+
+  // A stopped daemon cannot answer its own endpoint (its server threads stop with it): watch
+  // its segment through a second server in this process, as a stuck daemon's threads would.
+  const int port2 = exptest::free_port();
+  exporter::MetricsServer watcher(addr(port2), d.state);
+  CHECK(http_get(port2, "/healthz").status == 200);
+  d.signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // > 3 x 50 ms
+  const auto h = http_get(port2, "/healthz");
+  CHECK(h.status == 503);
+  CHECK_THAT(h.body, Catch::Contains("has not refreshed its state"));
+  CHECK(parse_prometheus(http_get(port2, "/metrics").body).value("vlake_daemon_up") == 0);
+  d.signal(SIGCONT);
+  CHECK(pooltest::eventually([&] { return http_get(port2, "/healthz").status == 200; }, 3000));
+  CHECK(http_get(port, "/healthz").status == 200);
+
+  // A graceful stop: the segment says so.
+  d.signal(SIGTERM);
+  CHECK(d.wait_exit() == 0);
+  const auto after = http_get(port2, "/healthz");
+  CHECK(after.status == 503);
+}
+
+TEST_CASE("exporter: vlaked refuses to start when its metrics port is in use", "[process]") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  DaemonProcess d("expu");
+  CHECK_FALSE(d.start({"--metrics-address", addr(port)}));
+  ::close(fd);
+  CHECK_THAT(d.log(), Catch::Contains("metrics exporter: cannot listen on " + addr(port)));
+}
+
+TEST_CASE("exporter: --metrics-address option", "[unit]") {
+  using pool::DaemonOptions;
+  auto parse = [](std::initializer_list<const char*> rest) {
+    std::vector<std::string> owned{"vlaked"};
+    owned.insert(owned.end(), rest.begin(), rest.end());
+    std::vector<const char*> argv;
+    argv.reserve(owned.size());
+    for (const std::string& x : owned) argv.push_back(x.c_str());
+    return DaemonOptions::parse(static_cast<int>(argv.size()), argv.data());
+  };
+  CHECK(parse({}).metrics_address == ":9400");
+  CHECK_FALSE(parse({}).metrics_address_given);
+  CHECK(parse({"--metrics-address", "none"}).metrics_address.empty());
+  CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address == "127.0.0.1:9500");
+  CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address_given);
+  CHECK_THROWS_WITH(parse({"--metrics-address", "9400"}), Catch::StartsWith("--metrics-address: "));
+  CHECK_THROWS_AS(parse({"--metrics-address", ":0"}), pool::OptionsError);
+  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--metrics-address ADDR"));
+}
