@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(catch2 libboost1.74-dev libyaml-cpp-dev libyaml-cpp0.7)
+packages=(catch2 libboost1.74-dev libyaml-cpp-dev libyaml-cpp0.7 prometheus-cpp-dev libprometheus-cpp-core1.0 libcivetweb-dev libcivetweb1)
 mkdir -p .deps/debs
 cd .deps/debs
 for p in "${packages[@]}"; do

@@ -16,7 +16,8 @@ cuda_root="${VLAKE_CUDA_ROOT:-/usr/local/cuda}"
 packages=(
   g++ cmake ninja-build pkg-config          # toolchain
   libboost-dev libyaml-cpp-dev              # Boost.Interprocess, yaml-cpp
-  prometheus-cpp-dev prometheus             # exporter library; promtool + a real server in tests
+  prometheus-cpp-dev libcivetweb-dev prometheus  # exporter; promtool + a real server in tests
+  python3                                   # test scripts (Prometheus queries, GPU checks)
   catch2                                    # test framework
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # kubelet API
 )

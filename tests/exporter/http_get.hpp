@@ -5,6 +5,7 @@
 // parse_prometheus() throws std::runtime_error on a line it cannot read. Not thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
