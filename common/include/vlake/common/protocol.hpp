@@ -44,6 +44,7 @@ enum class MsgType : std::uint16_t {
   usage_query = 7,
   usage_reply = 8,
   error = 9,
+  guard_event = 10,  // client -> daemon, no reply: an out-of-bounds access the hook saw
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -88,6 +89,13 @@ struct DeviceQuota {
   std::uint64_t used;   // the tenant's usage on this GPU, all its processes
 };
 
+// Out-of-bounds protection of a tenant's allocations (docs/guard.md), from the quota file.
+enum class GuardMode : std::uint32_t {
+  off = 0,
+  canary = 1,  // the slack after each allocation holds a pattern the daemon checks
+  fault = 2,   // each allocation ends at its last chunk's end, followed by unmapped guard VA
+};
+
 // daemon -> client.
 struct HelloAck {
   Header h;
@@ -96,7 +104,7 @@ struct HelloAck {
   std::uint64_t session_id;
   std::uint64_t granularity;
   std::uint32_t device_count;
-  std::uint32_t reserved;
+  GuardMode guard_mode;  // out-of-bounds protection for this tenant's allocations
   char tenant_name[64];
   DeviceQuota devices[kMaxDevices];
 };
@@ -165,6 +173,28 @@ struct UsageReply {
   std::uint64_t used;
 };
 
+enum class GuardKind : std::uint32_t { fault = 1, canary = 2, readonly = 3 };
+
+// What the hook knows when a kernel of this process faulted (CUDA_ERROR_ILLEGAL_ADDRESS seen on
+// a synchronizing call): the driver does not say which address. The hook sends its most
+// recently allocated live allocations on that GPU (newest first) as the likely suspects.
+struct GuardSuspect {
+  std::uint64_t address;   // the pointer the application got
+  std::uint64_t bytes;     // requested size
+  std::uint64_t age_ns;    // time since it was allocated
+};
+inline constexpr std::uint32_t kMaxGuardSuspects = 8;
+struct GuardEvent {
+  Header h;
+  GuardKind kind;
+  std::uint32_t suspect_count;
+  std::uint8_t device_uuid[16];
+  std::int32_t cuda_status;  // the CUresult the application is about to see
+  std::uint32_t live_allocations;
+  char call[32];  // the driver call that reported it, e.g. "cuStreamSynchronize"
+  GuardSuspect suspects[kMaxGuardSuspects];
+};
+
 struct Error {
   Header h;
   Status status;
@@ -188,6 +218,7 @@ VLAKE_PROTO_CHECK(ReleaseAck, 40);
 VLAKE_PROTO_CHECK(UsageQuery, 40);
 VLAKE_PROTO_CHECK(UsageReply, 56);
 VLAKE_PROTO_CHECK(Error, 160);
+VLAKE_PROTO_CHECK(GuardEvent, 280);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -202,6 +233,7 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::usage_query: return sizeof(UsageQuery);
     case MsgType::usage_reply: return sizeof(UsageReply);
     case MsgType::error: return sizeof(Error);
+    case MsgType::guard_event: return sizeof(GuardEvent);
   }
   return 0;
 }
