@@ -36,6 +36,8 @@ std::string render(const CtlOptions& o, const NodeView& v, const std::string& st
       return o.json ? render_tenants_json(v, o.state) : render_tenants_text(v, o.state);
     case Command::pool:
       return o.json ? render_pool_json(v, o.state) : render_pool_text(v, o.state);
+    case Command::events:
+      return o.json ? render_events_json(v, o.state) : render_events_text(v, o.state);
     default:
       return "";
   }

@@ -94,7 +94,7 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
       words.push_back(a);
     }
   }
-  if (words.empty()) throw UsageError("no command given (top, tenants, pool or quota check FILE)");
+  if (words.empty()) throw UsageError("no command given (top, tenants, pool, events or quota check FILE)");
   const std::string& cmd = words[0];
   std::size_t used = 1;
   if (cmd == "top") {
@@ -103,6 +103,8 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
     o.command = Command::tenants;
   } else if (cmd == "pool") {
     o.command = Command::pool;
+  } else if (cmd == "events") {
+    o.command = Command::events;
   } else if (cmd == "quota") {
     if (words.size() < 2 || words[1] != "check") {
       throw UsageError(words.size() < 2 ? "quota: missing subcommand (quota check FILE)"
@@ -113,7 +115,7 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
     o.quota_file = words[2];
     used = 3;
   } else {
-    throw UsageError("unknown command '" + cmd + "' (top, tenants, pool or quota check FILE)");
+    throw UsageError("unknown command '" + cmd + "' (top, tenants, pool, events or quota check FILE)");
   }
   if (words.size() > used) throw UsageError("unexpected argument '" + words[used] + "' after '" + cmd + "'");
   if (o.watch_seconds && o.command != Command::top) throw UsageError("--watch only applies to 'top'");
@@ -136,6 +138,7 @@ std::string CtlOptions::usage() {
          "                           (pids), grant count\n"
          "  pool                     per GPU pool bytes, granted, free, handles, orphaned,\n"
          "                           non-pool; the daemon and its counters\n"
+         "  events                   out-of-bounds guard alarms, oldest first (docs/guard.md)\n"
          "  quota check FILE [--gpu-memory SIZE]\n"
          "                           validate a quota file (guarantee sums against SIZE if given);\n"
          "                           prints 'FILE: ok' and a summary, or\n"

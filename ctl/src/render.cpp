@@ -1,5 +1,8 @@
 #include "vlake/ctl/render.hpp"
 
+#include <cstdio>
+#include <ctime>
+
 #include "vlake/ctl/format.hpp"
 #include "vlake/ctl/json.hpp"
 
@@ -286,6 +289,98 @@ std::string render_pool_json(const NodeView& v, const std::string& state) {
   j.key("counters").begin_object();
   for (const auto& [name, value] : v.counters) j.field_uint(name, value);
   j.end_object();
+  j.end_object();
+  return j.str();
+}
+
+namespace {
+std::string utc(std::uint64_t unix_ns) {
+  if (unix_ns == 0) return "-";
+  const std::time_t t = static_cast<std::time_t>(unix_ns / 1'000'000'000ull);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string hex_address(std::uint64_t a) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+}  // namespace
+
+std::string render_events_text(const NodeView& v, const std::string& state) {
+  std::string out = heading(v, state, "");
+  if (v.events.empty()) return out + "\nno guard alarms\n";
+  Table t({{"SEQ", Table::Align::right},
+           {"TIME (UTC)"},
+           {"KIND"},
+           {"TENANT"},
+           {"GPU", Table::Align::right},
+           {"PID", Table::Align::right},
+           {"SIZE", Table::Align::right},
+           {"FIRST BAD", Table::Align::right},
+           {"ALLOCATED (UTC)"},
+           {"WHERE"}});
+  for (const GuardEventView& e : v.events) {
+    std::string where = e.call;
+    if (e.kind == "fault" && !e.suspects.empty()) {
+      where += " (newest allocations:";
+      for (const auto& [addr, bytes] : e.suspects) where += " " + hex_address(addr) + "+" + sz(bytes);
+      where += ")";
+    } else if (e.grant_id != 0) {
+      where += " grant " + std::to_string(e.grant_id);
+    }
+    t.add_row({std::to_string(e.seq), utc(e.time_unix_ns), e.kind, e.tenant,
+               e.gpu ? std::to_string(*e.gpu) : "?", std::to_string(e.pid),
+               e.requested_bytes != 0 ? sz(e.requested_bytes) : "-",
+               e.kind == "canary" ? std::to_string(e.first_bad_offset) : "-", utc(e.allocated_unix_ns),
+               where});
+  }
+  return out + "\n" + t.render();
+}
+
+std::string render_events_json(const NodeView& v, const std::string& state) {
+  JsonWriter j;
+  j.begin_object();
+  j.field("state", state);
+  daemon_json(j, v.daemon);
+  j.key("events").begin_array();
+  for (const GuardEventView& e : v.events) {
+    j.begin_object();
+    j.field_uint("seq", e.seq);
+    j.field_uint("time_unix_ns", e.time_unix_ns);
+    j.field("kind", e.kind);
+    j.field_uint("tenant_id", e.tenant_id);
+    j.field("tenant", e.tenant);
+    j.key("gpu");
+    if (e.gpu) {
+      j.uint(*e.gpu);
+    } else {
+      j.null();
+    }
+    j.field_uint("pid", e.pid);
+    j.field_uint("grant_id", e.grant_id);
+    j.field_uint("address", e.address);
+    j.field_uint("requested_bytes", e.requested_bytes);
+    j.field_uint("first_bad_offset", e.first_bad_offset);
+    j.field_uint("allocated_unix_ns", e.allocated_unix_ns);
+    j.key("cuda_status").number(e.cuda_status, 0);
+    j.field_uint("live_allocations", e.live_allocations);
+    j.field("call", e.call);
+    j.key("suspects").begin_array();
+    for (const auto& [addr, bytes] : e.suspects) {
+      j.begin_object();
+      j.field_uint("address", addr);
+      j.field_uint("bytes", bytes);
+      j.end_object();
+    }
+    j.end_array();
+    j.end_object();
+  }
+  j.end_array();
   j.end_object();
   return j.str();
 }

@@ -107,6 +107,34 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
   }
   std::sort(v.tenants.begin(), v.tenants.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
 
+  // The guard ring: events[(seq - 1) % kGuardEvents], the newest is next_seq - 1.
+  const std::uint64_t next = s.guard.next_seq;
+  const std::uint64_t first = next > st::kGuardEvents ? next - st::kGuardEvents : 1;
+  for (std::uint64_t seq = first; seq < next; ++seq) {
+    const st::GuardEventRecord& e = s.guard.events[(seq - 1) % st::kGuardEvents];
+    if (e.seq != seq) continue;  // not written (or overwritten while we copied: skip)
+    GuardEventView x;
+    x.seq = e.seq;
+    x.time_unix_ns = e.time_unix_ns;
+    x.kind = e.kind == 1 ? "fault" : e.kind == 2 ? "canary" : e.kind == 3 ? "readonly" : "unknown";
+    x.tenant_id = e.tenant;
+    x.tenant = bounded(e.tenant_name, sizeof e.tenant_name);
+    if (e.device != st::kGuardNoDevice) x.gpu = e.device;
+    x.pid = e.pid;
+    x.grant_id = e.grant_id;
+    x.address = e.address;
+    x.requested_bytes = e.requested_bytes;
+    x.first_bad_offset = e.first_bad_offset;
+    x.allocated_unix_ns = e.allocated_unix_ns;
+    x.cuda_status = e.cuda_status;
+    x.live_allocations = e.live_allocations;
+    x.call = bounded(e.call, sizeof e.call);
+    for (std::uint32_t i = 0; i < std::min(e.suspect_count, st::kGuardEventSuspects); ++i) {
+      x.suspects.emplace_back(e.suspects[i].address, e.suspects[i].bytes);
+    }
+    v.events.push_back(std::move(x));
+  }
+
   const st::Counters& c = s.counters;
   v.counters = {
       {"grants", c.grants},

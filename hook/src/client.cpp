@@ -49,6 +49,34 @@ std::string DaemonClient::tenant_name() const {
   return tenant_name_;
 }
 
+proto::GuardMode DaemonClient::guard_mode() const {
+  std::lock_guard lock(mu_);
+  return guard_mode_;
+}
+
+std::uint64_t DaemonClient::granularity() const {
+  std::lock_guard lock(mu_);
+  return granularity_;
+}
+
+bool DaemonClient::send_guard_event(proto::GuardEvent event) {
+  std::lock_guard lock(mu_);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!fd_ && !connect_locked()) return false;
+    event.h = proto::make_header<proto::GuardEvent>(proto::MsgType::guard_event, next_request_++);
+    try {
+      send_with_fds(fd_.get(), bytes_of(event), {});
+      return true;
+    } catch (const std::system_error& e) {
+      const int err = e.code().value();
+      last_error_ = std::string("send: ") + std::strerror(err);
+      fd_.reset();
+      if (!is_broken_errno(err)) return false;
+    }
+  }
+  return false;
+}
+
 std::string DaemonClient::last_error() const {
   std::lock_guard lock(mu_);
   return last_error_;
@@ -109,6 +137,8 @@ bool DaemonClient::connect_locked() {
   }
   session_ = ack.session_id;
   tenant_name_.assign(ack.tenant_name, strnlen(ack.tenant_name, sizeof ack.tenant_name));
+  guard_mode_ = ack.guard_mode;
+  granularity_ = ack.granularity;
   log(LogLevel::debug, "connected to %s as tenant %s (session %llu)", path_.c_str(),
       tenant_name_.c_str(), static_cast<unsigned long long>(session_));
   flush_pending_locked();
@@ -283,6 +313,8 @@ void DaemonClient::child_after_fork() noexcept {
   fd_.reset();
   session_ = 0;
   tenant_name_.clear();
+  guard_mode_ = proto::GuardMode::off;
+  granularity_ = 0;
   pending_releases_.clear();
   retry_after_ = {};
   mu_.unlock();

@@ -14,6 +14,10 @@
 //   the connection and counts as unreachable for that call.
 // - release() that cannot reach the daemon is queued and sent after the next successful
 //   (re)connection.
+// - guard_mode()/granularity() are those of the last HelloAck (off / 0 before any connection).
+// - send_guard_event() sends one GuardEvent (no reply expected), connecting first if needed
+//   (ignoring the reconnect hold-off: it is sent once per process, just before an error
+//   reaches the application). False (last_error() says why) if it could not be sent.
 // - Fork: prepare_fork()/parent_after_fork() hold the mutex across fork(); child_after_fork()
 //   forgets the inherited connection and session without telling the daemon (the parent still
 //   owns them).
@@ -66,6 +70,10 @@ class DaemonClient {
   std::optional<proto::Status> release(std::uint64_t grant_id, std::uint32_t flags);
   [[nodiscard]] std::optional<UsageResult> usage(const Uuid& device);
 
+  bool send_guard_event(proto::GuardEvent event);
+
+  [[nodiscard]] proto::GuardMode guard_mode() const;
+  [[nodiscard]] std::uint64_t granularity() const;
   [[nodiscard]] std::string tenant_name() const;
   [[nodiscard]] std::string last_error() const;
   [[nodiscard]] const std::string& socket_path() const noexcept { return path_; }
@@ -95,6 +103,8 @@ class DaemonClient {
   std::uint64_t session_ = 0;
   std::uint64_t next_request_ = 1;
   std::string tenant_name_;
+  proto::GuardMode guard_mode_ = proto::GuardMode::off;
+  std::uint64_t granularity_ = 0;
   std::string last_error_;
   std::chrono::steady_clock::time_point retry_after_{};
   std::vector<std::pair<std::uint64_t, std::uint32_t>> pending_releases_;

@@ -169,11 +169,11 @@ const Interposed* find_interposed(const char* name) noexcept {
   extern "C" __attribute__((visibility("default"))) std::remove_pointer_t<PFN_##base##_v##version> \
       symbol __attribute__((ifunc("vlake_resolve_" #symbol)));                                     \
   static_assert(std::is_same_v<decltype(&::symbol), PFN_##base##_v##version>);
-#define VLAKE_HOOK_PTSZ(base, symbol, ptsz_symbol, version)                 \
-  extern "C" PFN_##base##_v##version##_ptsz vlake_resolve_##ptsz_symbol() { \
-    return &vlake::hook::Tramp<vlake::hook::Row::symbol, true>::call;       \
-  }                                                                         \
-  extern "C" __attribute__((visibility("default")))                         \
-  std::remove_pointer_t<PFN_##base##_v##version##_ptsz>                     \
+#define VLAKE_HOOK_PTSZ(base, symbol, ptsz_symbol, version)                                     \
+  extern "C" vlake::hook::RowInfo<vlake::hook::Row::symbol>::Pfn vlake_resolve_##ptsz_symbol() { \
+    return &vlake::hook::Tramp<vlake::hook::Row::symbol, true>::call;                            \
+  }                                                                                              \
+  extern "C" __attribute__((visibility("default")))                                              \
+  std::remove_pointer_t<vlake::hook::RowInfo<vlake::hook::Row::symbol>::Pfn>                     \
       ptsz_symbol __attribute__((ifunc("vlake_resolve_" #ptsz_symbol)));
 #include "hooked.def"

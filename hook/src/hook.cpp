@@ -59,6 +59,7 @@ void fork_child() {
   s->refusals.reset();
   s->unreachable.reset();
   s->passthrough_warned.store(false);
+  s->fault_reported.store(false);
 }
 
 void create_state() {
@@ -98,6 +99,24 @@ std::uint64_t addr(CUdeviceptr p) {
   return static_cast<std::uint64_t>(p);
 }
 
+// Records ctx -> device in the state's small table (first free or matching slot).
+void remember_context(CUcontext ctx, int dev) noexcept {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr || ctx == nullptr) return;
+  for (std::size_t i = 0; i < State::kContextSlots; ++i) {
+    CUcontext seen = s->ctx_seen[i].load(std::memory_order_acquire);
+    if (seen == ctx) return;
+    if (seen == nullptr) {
+      s->ctx_device[i].store(dev, std::memory_order_relaxed);
+      CUcontext expected = nullptr;
+      if (s->ctx_seen[i].compare_exchange_strong(expected, ctx, std::memory_order_acq_rel) ||
+          expected == ctx) {
+        return;
+      }
+    }
+  }
+}
+
 CUresult current_device(int& dev) {
   const UsedApi& api = used();
   if (api.cuCtxGetCurrent == nullptr || api.cuCtxGetDevice == nullptr) {
@@ -109,6 +128,7 @@ CUresult current_device(int& dev) {
   CUdevice d = 0;
   if (CUresult rc = api.cuCtxGetDevice(&d); rc != CUDA_SUCCESS) return rc;
   dev = d;
+  remember_context(ctx, d);
   return CUDA_SUCCESS;
 }
 
@@ -224,8 +244,8 @@ CUresult unmap_logical(const LogicalAlloc& a) {
   auto note = [&first](CUresult rc) {
     if (first == CUDA_SUCCESS) first = rc;
   };
-  if (a.base != 0 && a.reserved != 0) {
-    note(pass<Row::cuMemUnmap>(false, static_cast<CUdeviceptr>(a.base), a.reserved));
+  if (a.base != 0 && a.mapped != 0) {
+    note(pass<Row::cuMemUnmap>(false, static_cast<CUdeviceptr>(a.base), a.mapped));
   }
   for (std::uint64_t h : a.handles) note(pass<Row::cuMemRelease>(false, h));
   if (a.base != 0 && a.reserved != 0) {
@@ -236,7 +256,21 @@ CUresult unmap_logical(const LogicalAlloc& a) {
   return first;
 }
 
+// Alignment of a right-aligned (guard fault mode) pointer: what cuMemAlloc guarantees.
+constexpr std::uint64_t kGuardAlign = 256;
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+// True if `p` lies in the mapped part of `a` (the guard chunk is VA the driver knows nothing of).
+bool in_mapping(const LogicalAlloc& a, std::uint64_t p) {
+  return p - a.base < a.mapped;
+}
+
 // Imports, reserves, maps and enables the handles of an alloc grant; records the allocation.
+// In guard fault mode the reservation has one more granularity-sized chunk, left unmapped, and
+// the returned pointer is right-aligned (256 B) so that the allocation ends at the grant's end.
 CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, CUdeviceptr* dptr) {
   const UsedApi& api = used();
   if (api.cuMemAddressReserve == nullptr || api.cuMemSetAccess == nullptr) {
@@ -253,6 +287,14 @@ CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, C
         g.handles.size(), g.fds.size());
     return CUDA_ERROR_UNKNOWN;
   }
+  // Guard fault mode: one unmapped granularity-sized chunk after the grant, and the pointer
+  // right-aligned so that the allocation ends where the mapping ends.
+  const bool guard = s.client.guard_mode() == proto::GuardMode::fault;
+  std::uint64_t guard_bytes = 0;
+  if (guard) {
+    guard_bytes = s.client.granularity();
+    if (guard_bytes == 0) guard_bytes = g.handles.back().size;
+  }
   LogicalAlloc a;
   a.requested = requested;
   a.grant_id = g.grant_id;
@@ -267,12 +309,13 @@ CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, C
     fd.reset();
   }
   CUdeviceptr base = 0;
-  if (CUresult rc = api.cuMemAddressReserve(&base, g.bytes, 0, 0, 0); rc != CUDA_SUCCESS) {
+  if (CUresult rc = api.cuMemAddressReserve(&base, g.bytes + guard_bytes, 0, 0, 0);
+      rc != CUDA_SUCCESS) {
     unmap_logical(a);
     return rc;
   }
   a.base = addr(base);
-  a.reserved = g.bytes;
+  a.reserved = g.bytes + guard_bytes;
   for (std::size_t i = 0; i < a.handles.size(); ++i) {
     if (CUresult rc = pass<Row::cuMemMap>(false, base + g.handles[i].offset, g.handles[i].size,
                                           std::size_t{0}, a.handles[i], 0ULL);
@@ -280,6 +323,7 @@ CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, C
       unmap_logical(a);
       return rc;
     }
+    a.mapped = g.handles[i].offset + g.handles[i].size;
   }
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -289,7 +333,9 @@ CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, C
     unmap_logical(a);
     return rc;
   }
-  *dptr = base;
+  a.ptr = guard ? a.base + g.bytes - round_up(requested, kGuardAlign) : a.base;
+  a.created = std::chrono::steady_clock::now();
+  *dptr = static_cast<CUdeviceptr>(a.ptr);
   s.allocs.insert(std::move(a));
   return CUDA_SUCCESS;
 }
@@ -314,7 +360,7 @@ CUresult free_logical(State& s, const LogicalAlloc& a) {
   const CUresult rc = unmap_logical(a);
   if (rc != CUDA_SUCCESS) {
     log(LogLevel::warn, "unmapping pool allocation 0x%llx failed (CUresult %d)",
-        static_cast<unsigned long long>(a.base), static_cast<int>(rc));
+        static_cast<unsigned long long>(a.ptr), static_cast<int>(rc));
   }
   give_back(s, a.grant_id, 0);
   return CUDA_SUCCESS;
@@ -432,7 +478,7 @@ CUresult on_cuMemFree_v2(bool ptds, CUdeviceptr dptr) {
   State* s = active();
   if (s == nullptr) return pass<Row::cuMemFree_v2>(ptds, dptr);
   if (auto a = s->allocs.take(addr(dptr))) return free_logical(*s, *a);
-  if (s->allocs.find(addr(dptr))) return CUDA_ERROR_INVALID_VALUE;  // inside, not the base
+  if (s->allocs.find(addr(dptr))) return CUDA_ERROR_INVALID_VALUE;  // inside, not the pointer
   if (auto grant = s->managed.take(addr(dptr))) {
     const CUresult rc = pass<Row::cuMemFree_v2>(ptds, dptr);
     if (rc == CUDA_SUCCESS) {
@@ -469,7 +515,7 @@ CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
   // Work queued on the stream may still use the memory: wait for it, then unmap.
   if (CUresult rc = api.cuStreamSynchronize(stream); rc != CUDA_SUCCESS) return rc;
   auto a = s->allocs.take(addr(dptr));
-  if (!a) return CUDA_ERROR_INVALID_VALUE;  // not a base, or freed meanwhile
+  if (!a) return CUDA_ERROR_INVALID_VALUE;  // not the pointer, or freed meanwhile
   return free_logical(*s, *a);
 }
 
@@ -662,8 +708,8 @@ CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize
                                     CUdeviceptr dptr) {
   State* s = active();
   if (s != nullptr) {
-    if (auto a = s->allocs.find(addr(dptr))) {
-      if (pbase != nullptr) *pbase = static_cast<CUdeviceptr>(a->base);
+    if (auto a = s->allocs.find(addr(dptr)); a && in_mapping(*a, addr(dptr))) {
+      if (pbase != nullptr) *pbase = static_cast<CUdeviceptr>(a->ptr);
       if (psize != nullptr) *psize = static_cast<size_t>(a->requested);
       return CUDA_SUCCESS;
     }
@@ -677,9 +723,9 @@ CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute att
   if (s != nullptr && data != nullptr &&
       (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
        attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
-    if (auto a = s->allocs.find(addr(ptr))) {
+    if (auto a = s->allocs.find(addr(ptr)); a && in_mapping(*a, addr(ptr))) {
       if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
-        const auto v = static_cast<CUdeviceptr>(a->base);
+        const auto v = static_cast<CUdeviceptr>(a->ptr);
         std::memcpy(data, &v, sizeof v);
       } else {
         const auto v = static_cast<size_t>(a->requested);
@@ -697,16 +743,153 @@ CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes,
   State* s = active();
   if (rc != CUDA_SUCCESS || s == nullptr) return rc;
   auto a = s->allocs.find(addr(ptr));
-  if (!a) return rc;
+  if (!a || !in_mapping(*a, addr(ptr))) return rc;
   for (unsigned i = 0; i < numAttributes; ++i) {
     if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
-      const auto v = static_cast<CUdeviceptr>(a->base);
+      const auto v = static_cast<CUdeviceptr>(a->ptr);
       std::memcpy(data[i], &v, sizeof v);
     } else if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
       const auto v = static_cast<size_t>(a->requested);
       std::memcpy(data[i], &v, sizeof v);
     }
   }
+  return rc;
+}
+
+// ---- Fault reporting ----------------------------------------------------------------------------
+
+namespace {
+
+// The device of the calling thread's current context, even when the context carries a sticky
+// fault (then cuCtxGetDevice fails and the table of contexts seen earlier answers). -1 if
+// unknown.
+int faulting_device(State& s) {
+  const UsedApi& api = used();
+  CUcontext ctx = nullptr;
+  if (api.cuCtxGetCurrent == nullptr || api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+      ctx == nullptr) {
+    return -1;
+  }
+  CUdevice d = 0;
+  if (api.cuCtxGetDevice != nullptr && api.cuCtxGetDevice(&d) == CUDA_SUCCESS) return d;
+  for (std::size_t i = 0; i < State::kContextSlots; ++i) {
+    if (s.ctx_seen[i].load(std::memory_order_acquire) == ctx) {
+      return s.ctx_device[i].load(std::memory_order_relaxed);
+    }
+  }
+  return -1;
+}
+
+std::string format_age(std::chrono::nanoseconds age) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(age).count();
+  if (ms < 10000) return std::to_string(ms) + " ms";
+  return std::to_string(ms / 1000) + " s";
+}
+
+void report_fault_impl(State& s, const char* call, CUresult rc) {
+  int dev = faulting_device(s);
+  if (dev < 0) {
+    // No context to ask: the device of this process's newest allocation, else GPU 0.
+    dev = 0;
+    for (int d = 0; d < static_cast<int>(proto::kMaxDevices); ++d) {
+      if (s.allocs.count(d) != 0) {
+        dev = d;
+        break;
+      }
+    }
+  }
+  proto::GuardEvent ev{};
+  ev.kind = proto::GuardKind::fault;
+  ev.cuda_status = static_cast<std::int32_t>(rc);
+  std::snprintf(ev.call, sizeof ev.call, "%s", call);
+  Uuid uuid{};
+  const bool have_uuid = device_uuid(s, dev, uuid) == CUDA_SUCCESS;
+  if (have_uuid) std::memcpy(ev.device_uuid, uuid.data(), uuid.size());
+  ev.live_allocations = static_cast<std::uint32_t>(s.allocs.count(dev));
+  const auto now = std::chrono::steady_clock::now();
+  const auto suspects = s.allocs.newest(dev, proto::kMaxGuardSuspects);
+  std::string list;
+  for (const LogicalAlloc& a : suspects) {
+    const auto age = std::chrono::duration_cast<std::chrono::nanoseconds>(now - a.created);
+    proto::GuardSuspect& g = ev.suspects[ev.suspect_count++];
+    g.address = a.ptr;
+    g.bytes = a.requested;
+    g.age_ns = static_cast<std::uint64_t>(std::max<std::int64_t>(0, age.count()));
+    char item[96];
+    std::snprintf(item, sizeof item, "%s0x%llx (%s, %s ago)", list.empty() ? "" : ", ",
+                  static_cast<unsigned long long>(a.ptr), format_bytes(a.requested).c_str(),
+                  format_age(age).c_str());
+    list += item;
+  }
+  if (list.empty()) list = "none (no live allocation served by vlake on this GPU)";
+  std::string outcome;
+  if (!have_uuid) {
+    outcome = "not reported to vlaked (the GPU's UUID is unknown)";
+  } else if (s.client.send_guard_event(ev)) {
+    outcome = "reported to vlaked as a guard event";
+  } else {
+    outcome = "could not be reported to vlaked (" + s.client.last_error() + ")";
+  }
+  log(LogLevel::error, "GPU fault (%s) on GPU %d in %s; %s; the newest allocations were: %s",
+      rc == CUDA_ERROR_ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : "error", dev, call,
+      outcome.c_str(), list.c_str());
+}
+
+}  // namespace
+
+__attribute__((cold, noinline)) void report_fault(const char* call, CUresult rc) noexcept {
+  try {
+    State* s = active();
+    if (s == nullptr || s->fault_reported.exchange(true)) return;
+    report_fault_impl(*s, call, rc);
+  } catch (...) {
+  }
+}
+
+// ---- Synchronizing calls ------------------------------------------------------------------------
+// On success (and any other error) the cost is one compare.
+
+CUresult on_cuCtxSynchronize(bool ptds) {
+  const CUresult rc = pass<Row::cuCtxSynchronize>(ptds);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuCtxSynchronize", rc);
+  return rc;
+}
+
+CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream) {
+  const CUresult rc = pass<Row::cuStreamSynchronize>(ptds, hStream);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuStreamSynchronize", rc);
+  return rc;
+}
+
+CUresult on_cuStreamQuery(bool ptds, CUstream hStream) {
+  const CUresult rc = pass<Row::cuStreamQuery>(ptds, hStream);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuStreamQuery", rc);
+  return rc;
+}
+
+CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent) {
+  const CUresult rc = pass<Row::cuEventSynchronize>(ptds, hEvent);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuEventSynchronize", rc);
+  return rc;
+}
+
+CUresult on_cuEventQuery(bool ptds, CUevent hEvent) {
+  const CUresult rc = pass<Row::cuEventQuery>(ptds, hEvent);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuEventQuery", rc);
+  return rc;
+}
+
+CUresult on_cuMemcpyDtoH_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  const CUresult rc = pass<Row::cuMemcpyDtoH_v2>(ptds, dstHost, srcDevice, ByteCount);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyDtoH", rc);
+  return rc;
+}
+
+CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice,
+                                 size_t ByteCount, CUstream hStream) {
+  const CUresult rc =
+      pass<Row::cuMemcpyDtoHAsync_v2>(ptds, dstHost, srcDevice, ByteCount, hStream);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyDtoHAsync", rc);
   return rc;
 }
 

@@ -36,6 +36,13 @@ struct State {
   RateLimiter refusals{std::chrono::seconds(1)};
   RateLimiter unreachable{std::chrono::seconds(1)};
   std::atomic<bool> passthrough_warned{false};
+  std::atomic<bool> fault_reported{false};  // a guard event was sent (once per process)
+
+  // Context -> device ordinal of contexts seen by current_device(): after a kernel fault the
+  // context's cuCtxGetDevice fails (sticky error), but the fault report still names the device.
+  static constexpr std::size_t kContextSlots = 64;
+  std::array<std::atomic<CUcontext>, kContextSlots> ctx_seen{};
+  std::array<std::atomic<int>, kContextSlots> ctx_device{};
 
   std::mutex uuid_mu;
   std::array<std::optional<Uuid>, proto::kMaxDevices> uuids;
@@ -48,6 +55,11 @@ CUresult device_uuid(State& s, int dev, Uuid& out);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's text form) -> 16 bytes; false if malformed.
 bool parse_gpu_uuid(const char* text, Uuid& out);
+
+// Called by the synchronizing wrappers when the driver returned CUDA_ERROR_ILLEGAL_ADDRESS
+// (cold path): the first time in this process, sends a GuardEvent (kind fault, the suspects) to
+// vlaked and prints one stderr line. Never throws.
+void report_fault(const char* call, CUresult rc) noexcept;
 
 // Applies the daemon's usage answer to a (free, total) pair the driver reported.
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
@@ -82,6 +94,15 @@ CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute att
                                   CUdeviceptr ptr);
 CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes,
                                    CUpointer_attribute* attributes, void** data, CUdeviceptr ptr);
+// Synchronizing calls: passed through; see report_fault().
+CUresult on_cuCtxSynchronize(bool ptds);
+CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream);
+CUresult on_cuStreamQuery(bool ptds, CUstream hStream);
+CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent);
+CUresult on_cuEventQuery(bool ptds, CUevent hEvent);
+CUresult on_cuMemcpyDtoH_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice,
+                                 size_t ByteCount, CUstream hStream);
 // Defined in exports.cpp (they need the cuGetProcAddress table).
 CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion,
                              cuuint64_t flags);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace vlake::hook {
@@ -14,34 +15,73 @@ void AllocTable::insert(LogicalAlloc a) {
   by_base_.insert_or_assign(base, std::move(a));
 }
 
-std::optional<LogicalAlloc> AllocTable::take(std::uint64_t base) {
+namespace {
+
+LogicalAlloc without_handles(const LogicalAlloc& a) {
+  LogicalAlloc out;
+  out.base = a.base;
+  out.reserved = a.reserved;
+  out.mapped = a.mapped;
+  out.ptr = a.ptr;
+  out.requested = a.requested;
+  out.grant_id = a.grant_id;
+  out.device = a.device;
+  out.created = a.created;
+  return out;
+}
+
+template <class Map>
+auto containing(Map& m, std::uint64_t addr) -> decltype(m.begin()) {
+  auto it = m.upper_bound(addr);
+  if (it == m.begin()) return m.end();
+  --it;
+  if (addr - it->second.base >= it->second.reserved) return m.end();
+  return it;
+}
+
+}  // namespace
+
+std::optional<LogicalAlloc> AllocTable::take(std::uint64_t ptr) {
   std::lock_guard lock(mu_);
-  auto it = by_base_.find(base);
-  if (it == by_base_.end()) return std::nullopt;
+  auto it = containing(by_base_, ptr);
+  if (it == by_base_.end() || it->second.ptr != ptr) return std::nullopt;
   LogicalAlloc a = std::move(it->second);
   by_base_.erase(it);
   return a;
 }
 
-std::optional<LogicalAlloc> AllocTable::find(std::uint64_t ptr) const {
+std::optional<LogicalAlloc> AllocTable::find(std::uint64_t addr) const {
   std::lock_guard lock(mu_);
-  auto it = by_base_.upper_bound(ptr);
-  if (it == by_base_.begin()) return std::nullopt;
-  --it;
-  const LogicalAlloc& a = it->second;
-  if (ptr - a.base >= a.reserved) return std::nullopt;
-  LogicalAlloc out;
-  out.base = a.base;
-  out.requested = a.requested;
-  out.reserved = a.reserved;
-  out.grant_id = a.grant_id;
-  out.device = a.device;
-  return out;
+  auto it = containing(by_base_, addr);
+  if (it == by_base_.end()) return std::nullopt;
+  return without_handles(it->second);
 }
 
 std::size_t AllocTable::size() const {
   std::lock_guard lock(mu_);
   return by_base_.size();
+}
+
+std::size_t AllocTable::count(int device) const {
+  std::lock_guard lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [base, a] : by_base_) n += a.device == device ? 1 : 0;
+  return n;
+}
+
+std::vector<LogicalAlloc> AllocTable::newest(int device, std::size_t n) const {
+  std::vector<LogicalAlloc> out;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [base, a] : by_base_) {
+      if (a.device == device) out.push_back(without_handles(a));
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const LogicalAlloc& x, const LogicalAlloc& y) {
+    return x.created > y.created;
+  });
+  if (out.size() > n) out.resize(n);
+  return out;
 }
 
 void AllocTable::clear_after_fork() noexcept {

@@ -2,8 +2,10 @@
 // daemon calls), each guarded by its own mutex; every method is thread-safe.
 //
 // AllocTable: logical allocations of the alloc path (cuMemAlloc/Pitch/Async): one entry per
-//   pointer handed to the application: base, requested size, reserved VA size, grant id, device
-//   and the imported handles mapped inside it.
+//   pointer handed to the application: its VA reservation (base, reserved size, mapped size),
+//   the returned pointer and requested size, grant id, device, creation time and the imported
+//   handles mapped inside it. Indexed by reservation base; the application's pointer may lie
+//   inside the reservation (guard fault mode right-aligns it), so removal is by that pointer.
 // CreateTable: grants handed to the application as handles (cuMemCreate). Tracks the
 //   application's references to each handle (creation + cuMemRetainAllocationHandle, minus
 //   cuMemRelease) and its mappings of it (cuMemMap/cuMemUnmap, a VA range -> grant). A grant is
@@ -18,6 +20,7 @@
 
 #include <cuda.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -30,22 +33,30 @@
 namespace vlake::hook {
 
 struct LogicalAlloc {
-  std::uint64_t base = 0;
-  std::uint64_t requested = 0;
-  std::uint64_t reserved = 0;
+  std::uint64_t base = 0;       // start of the VA reservation
+  std::uint64_t reserved = 0;   // reserved VA bytes: the mapped grant plus any guard chunk
+  std::uint64_t mapped = 0;     // bytes mapped from `base` (the grant)
+  std::uint64_t ptr = 0;        // the pointer handed to the application (base, or right-aligned)
+  std::uint64_t requested = 0;  // the application's size: it owns [ptr, ptr + requested)
   std::uint64_t grant_id = 0;
   int device = 0;
+  std::chrono::steady_clock::time_point created{};
   std::vector<std::uint64_t> handles;
 };
 
 class AllocTable {
  public:
   void insert(LogicalAlloc a);
-  // Removes and returns the allocation whose base is exactly `base`.
-  std::optional<LogicalAlloc> take(std::uint64_t base);
-  // The allocation whose reserved range contains `ptr` (handles omitted).
-  [[nodiscard]] std::optional<LogicalAlloc> find(std::uint64_t ptr) const;
+  // Removes and returns the allocation whose returned pointer is exactly `ptr`.
+  std::optional<LogicalAlloc> take(std::uint64_t ptr);
+  // The allocation whose reserved VA range (guard chunk included) contains `addr` (handles
+  // omitted).
+  [[nodiscard]] std::optional<LogicalAlloc> find(std::uint64_t addr) const;
   [[nodiscard]] std::size_t size() const;
+  // Live allocations on `device`, and the `n` most recently created of them (newest first,
+  // handles omitted).
+  [[nodiscard]] std::size_t count(int device) const;
+  [[nodiscard]] std::vector<LogicalAlloc> newest(int device, std::size_t n) const;
 
   void lock_all() noexcept { mu_.lock(); }
   void unlock_all() noexcept { mu_.unlock(); }
@@ -53,7 +64,7 @@ class AllocTable {
 
  private:
   mutable std::mutex mu_;
-  std::map<std::uint64_t, LogicalAlloc> by_base_;
+  std::map<std::uint64_t, LogicalAlloc> by_base_;  // reservation base -> allocation
 };
 
 struct FinishedGrant {

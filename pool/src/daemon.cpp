@@ -207,6 +207,7 @@ class Daemon::Impl {
     std::uint32_t gid = 0;
     std::chrono::steady_clock::time_point last_refusal_log{};
     std::uint64_t refusals_unlogged = 0;
+    proto::GuardMode guard = proto::GuardMode::off;
   };
   struct Namespace {
     NamespaceId id;
@@ -243,6 +244,9 @@ class Daemon::Impl {
     proto::GrantPurpose purpose;
     bool orphaned = false;  // its handles died with a previous daemon
     std::vector<std::unique_ptr<PoolHandle>> handles;
+    std::uint64_t requested = 0;        // GrantRequest::bytes
+    std::uint64_t created_unix_ns = 0;
+    bool canary = false;                // its slack holds the canary pattern (docs/guard.md)
   };
   struct DeviceInfo {
     DeviceOrdinal ordinal;
@@ -295,6 +299,17 @@ class Daemon::Impl {
   void on_grant(Connection& c, Session& s, const proto::GrantRequest& m);
   void on_release(Connection& c, Session& s, const proto::Release& m);
   void on_usage(Connection& c, Session& s, const proto::UsageQuery& m);
+  void on_guard_event(Connection& c, Session& s, const proto::GuardEvent& m);
+
+  // guards (docs/guard.md)
+  // Fills grant g's slack [requested, bytes) with the canary pattern (throws DriverError).
+  void canary_fill(const Grant& g);
+  // Checks g's slack; on a changed byte records a canary alarm and re-arms the pattern.
+  // Returns false when a changed byte was found. Never throws (driver failures are logged).
+  bool canary_check(const Grant& g, const char* when);
+  // Checks up to a bounded amount of canary slack, resuming where the last sweep stopped.
+  void canary_sweep();
+  void record_guard_event(const st::GuardEventRecord& e);
   void malformed(Connection& c, const std::string& reason);
   template <class T>
   bool send(Connection& c, const T& msg, std::span<const int> fds = {});
@@ -357,7 +372,24 @@ class Daemon::Impl {
   std::uint64_t handles_created_base_ = 0;
   std::uint64_t handles_released_base_ = 0;
   std::unique_ptr<exporter::MetricsServer> metrics_;  // its own threads; reads the segment
+  std::chrono::steady_clock::time_point last_canary_sweep_ = std::chrono::steady_clock::now();
+  std::uint64_t canary_cursor_ = 0;  // the sweep resumes after this grant id
 };
+
+namespace {
+// The canary pattern: every slack byte holds kCanaryByte (docs/guard.md).
+constexpr std::uint8_t kCanaryByte = 0xCB;
+// A sweep checks at most this much slack (then resumes there on the next tick).
+constexpr std::uint64_t kCanarySweepBytes = 64ull << 20;
+const char* guard_kind_name(std::uint32_t k) {
+  switch (static_cast<proto::GuardKind>(k)) {
+    case proto::GuardKind::fault: return "fault";
+    case proto::GuardKind::canary: return "canary";
+    case proto::GuardKind::readonly: return "readonly";
+  }
+  return "unknown";
+}
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // start-up
@@ -622,7 +654,8 @@ void Daemon::Impl::resume_state() {
     }
     Session& sess = sit->second;
     const auto purpose = static_cast<proto::GrantPurpose>(r.purpose);
-    Grant g{r.id, i, sess.id, sess.tenant, dev->ordinal, Bytes{r.bytes}, purpose, false, {}};
+    Grant g{r.id, i, sess.id, sess.tenant, dev->ordinal, Bytes{r.bytes}, purpose, false, {}, r.requested,
+            r.created_unix_ns, false};
     if (purpose == proto::GrantPurpose::counted) {
       dev->counted += g.bytes;
       r.state = st::kGrantLive;
@@ -829,6 +862,11 @@ void Daemon::Impl::on_timer() {
   for (const auto& [name, n] : namespaces_) publish_namespace(n);
   for (const DeviceInfo& d : devices_) publish_device(d);
   seg_->state().header.updated_unix_ns = now_unix_ns();
+  if (opts_.canary_interval.count() > 0 &&
+      std::chrono::steady_clock::now() - last_canary_sweep_ >= opts_.canary_interval) {
+    last_canary_sweep_ = std::chrono::steady_clock::now();
+    canary_sweep();
+  }
 }
 
 void Daemon::Impl::on_readable(std::uint64_t serial) {
@@ -933,7 +971,7 @@ void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
     return;
   }
   if (h.type != proto::MsgType::grant_request && h.type != proto::MsgType::release &&
-      h.type != proto::MsgType::usage_query) {
+      h.type != proto::MsgType::usage_query && h.type != proto::MsgType::guard_event) {
     return malformed(c, "message type " + std::to_string(static_cast<unsigned>(h.type)) +
                             " is not a client request");
   }
@@ -952,6 +990,12 @@ void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
       proto::Release m{};
       std::memcpy(&m, data, sizeof m);
       on_release(c, s, m);
+      break;
+    }
+    case proto::MsgType::guard_event: {
+      proto::GuardEvent m{};
+      std::memcpy(&m, data, sizeof m);
+      on_guard_event(c, s, m);
       break;
     }
     default: {
@@ -1036,6 +1080,7 @@ void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
   ack.session_id = sess->id;
   ack.granularity = devices_.front().granularity.value();
   ack.device_count = static_cast<std::uint32_t>(devices_.size());
+  ack.guard_mode = t.guard;
   copy_name(ack.tenant_name, t.name);
   for (const DeviceInfo& d : devices_) ack.devices[d.ordinal.value()] = device_quota(t, d);
   if (!send(c, ack)) close_connection(c.serial);
@@ -1144,7 +1189,8 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
   }
 
   Grant g{state.header.next_grant_id, static_cast<std::uint32_t>(slot), s.id, t.id, dev->ordinal, bytes,
-          m.purpose, false, {}};
+          m.purpose, false, {}, m.bytes, now_unix_ns(),
+          m.purpose == proto::GrantPurpose::alloc && t.guard == proto::GuardMode::canary};
   std::vector<int> fds;
   if (m.purpose != proto::GrantPurpose::counted) {
     try {
@@ -1152,6 +1198,14 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
       if (a.scrubbed) count(&st::Counters::scrubs);
       if (a.reused) count(&st::Counters::reuses);
       g.handles.push_back(std::move(a.handle));
+      if (g.canary) {
+        try {
+          canary_fill(g);
+        } catch (...) {
+          dev->pool->put_back(std::move(g.handles.front()), t.id);
+          throw;
+        }
+      }
     } catch (const PoolOutOfMemory& e) {
       count(&st::Counters::denials_out_of_memory);
       reply.status = proto::Status::out_of_memory;
@@ -1186,7 +1240,8 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
   st::GrantRecord& rec = state.grants[g.slot];
   rec = st::GrantRecord{g.id, s.id, bytes.value(), t.id.value(), static_cast<std::uint32_t>(dev->ordinal.value()),
                         static_cast<std::uint32_t>(m.purpose), static_cast<std::uint32_t>(g.handles.size()),
-                        st::kGrantLive, 0};
+                        st::kGrantLive, static_cast<std::uint32_t>(g.canary ? proto::GuardMode::canary : t.guard),
+                        g.requested, g.created_unix_ns};
   s.grants.push_back(g.id);
   const std::uint64_t gid = g.id;
   grants_.emplace(gid, std::move(g));
@@ -1241,6 +1296,151 @@ void Daemon::Impl::on_release(Connection& c, Session& s, const proto::Release& m
   ack.status = proto::Status::ok;
   ack.used = acct_.usage(s.tenant, d).used().value();
   if (!send(c, ack)) close_connection(c.serial);
+}
+
+void Daemon::Impl::on_guard_event(Connection& c, Session& s, const proto::GuardEvent& m) {
+  // Validate everything before recording: a client can only report on itself.
+  if (m.kind != proto::GuardKind::fault && m.kind != proto::GuardKind::readonly) {
+    return malformed(c, "GuardEvent kind " + std::to_string(static_cast<unsigned>(m.kind)) + " out of range");
+  }
+  if (m.suspect_count > proto::kMaxGuardSuspects) {
+    return malformed(c, "GuardEvent suspect_count " + std::to_string(m.suspect_count) + " out of range");
+  }
+  if (std::memchr(m.call, 0, sizeof m.call) == nullptr) return malformed(c, "GuardEvent call name not terminated");
+  const Tenant& t = tenants_.at(s.tenant.value());
+  const DeviceInfo* dev = device_by_uuid(m.device_uuid);
+  st::GuardEventRecord e{};
+  e.kind = static_cast<std::uint32_t>(m.kind);
+  e.tenant = t.id.value();
+  e.device = dev != nullptr ? static_cast<std::uint32_t>(dev->ordinal.value()) : st::kGuardNoDevice;
+  e.pid = s.pid;
+  copy_name(e.tenant_name, t.name);
+  e.cuda_status = m.cuda_status;
+  e.suspect_count = m.suspect_count;
+  e.live_allocations = m.live_allocations;
+  std::memcpy(e.call, m.call, sizeof e.call);
+  const std::uint64_t now = now_unix_ns();
+  for (std::uint32_t i = 0; i < m.suspect_count && i < st::kGuardEventSuspects; ++i) e.suspects[i] = m.suspects[i];
+  if (m.suspect_count > 0) {
+    e.address = m.suspects[0].address;
+    e.requested_bytes = m.suspects[0].bytes;
+    e.allocated_unix_ns = m.suspects[0].age_ns < now ? now - m.suspects[0].age_ns : 0;
+  }
+  record_guard_event(e);
+}
+
+void Daemon::Impl::canary_fill(const Grant& g) {
+  std::uint64_t base = 0;
+  for (const auto& h : g.handles) {
+    const std::uint64_t end = base + h->size.value();
+    const std::uint64_t from = std::max(base, g.requested);
+    if (from < end) driver_->fill_u8(DevicePtr{h->va.value() + (from - base)}, kCanaryByte, Bytes{end - from});
+    base = end;
+  }
+  driver_->synchronize();
+}
+
+bool Daemon::Impl::canary_check(const Grant& g, const char* when) {
+  std::uint64_t bad = UINT64_MAX;
+  try {
+    std::vector<std::uint8_t> buf;
+    std::uint64_t base = 0;
+    for (const auto& h : g.handles) {
+      const std::uint64_t end = base + h->size.value();
+      std::uint64_t from = std::max(base, g.requested);
+      while (from < end && bad == UINT64_MAX) {
+        const std::uint64_t n = std::min<std::uint64_t>(end - from, 4ull << 20);
+        buf.resize(n);
+        driver_->copy_to_host(buf.data(), DevicePtr{h->va.value() + (from - base)}, Bytes{n});
+        for (std::uint64_t i = 0; i < n; ++i) {
+          if (buf[i] != kCanaryByte) {
+            bad = from + i;
+            break;
+          }
+        }
+        from += n;
+      }
+      base = end;
+    }
+  } catch (const std::exception& e) {
+    log_.warn("grant " + std::to_string(g.id) + ": canary check failed: " + e.what());
+    return true;
+  }
+  if (bad == UINT64_MAX) return true;
+  st::GuardEventRecord e{};
+  e.kind = static_cast<std::uint32_t>(proto::GuardKind::canary);
+  e.tenant = g.tenant.value();
+  e.device = static_cast<std::uint32_t>(g.device.value());
+  auto sit = sessions_.find(g.session);
+  e.pid = sit != sessions_.end() ? sit->second.pid : 0;
+  if (const Tenant* t = tenant_by_id(g.tenant)) copy_name(e.tenant_name, t->name);
+  e.grant_id = g.id;
+  e.requested_bytes = g.requested;
+  e.first_bad_offset = bad;
+  e.allocated_unix_ns = g.created_unix_ns;
+  copy_name(e.call, when);
+  record_guard_event(e);
+  // Re-arm, so a later overrun of the same allocation is seen again (and this one only once).
+  try {
+    canary_fill(g);
+  } catch (const std::exception& ex) {
+    log_.warn("grant " + std::to_string(g.id) + ": canary re-arm failed: " + ex.what());
+  }
+  return false;
+}
+
+void Daemon::Impl::canary_sweep() {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, g] : grants_) {
+    if (g.canary && !g.orphaned && !g.handles.empty()) ids.push_back(id);
+  }
+  if (ids.empty()) return;
+  std::sort(ids.begin(), ids.end());
+  auto start = std::upper_bound(ids.begin(), ids.end(), canary_cursor_);
+  if (start == ids.end()) start = ids.begin();
+  std::uint64_t budget = 0;
+  for (std::size_t k = 0; k < ids.size() && budget < kCanarySweepBytes; ++k) {
+    const std::size_t idx = (static_cast<std::size_t>(start - ids.begin()) + k) % ids.size();
+    const Grant& g = grants_.at(ids[idx]);
+    budget += g.bytes.value() > g.requested ? g.bytes.value() - g.requested : 0;
+    (void)canary_check(g, "sweep");
+    canary_cursor_ = g.id;
+  }
+}
+
+void Daemon::Impl::record_guard_event(const st::GuardEventRecord& in) {
+  st::GuardEventRecord e = in;
+  e.time_unix_ns = now_unix_ns();
+  {
+    st::StateSegment::Write w(*seg_);
+    st::State& state = seg_->state();
+    st::GuardLog& gl = state.guard;
+    if (gl.next_seq == 0) gl.next_seq = 1;
+    e.seq = gl.next_seq++;
+    gl.events[(e.seq - 1) % st::kGuardEvents] = e;
+    switch (static_cast<proto::GuardKind>(e.kind)) {
+      case proto::GuardKind::fault: ++state.counters.guard_violations_fault; break;
+      case proto::GuardKind::canary: ++state.counters.guard_violations_canary; break;
+      case proto::GuardKind::readonly: ++state.counters.guard_violations_readonly; break;
+    }
+  }
+  std::ostringstream l;
+  l << "guard event kind=" << guard_kind_name(e.kind) << " tenant=" << e.tenant_name << " gpu=";
+  if (e.device == st::kGuardNoDevice) l << "?";
+  else l << e.device;
+  if (static_cast<proto::GuardKind>(e.kind) == proto::GuardKind::canary) {
+    l << " grant=" << e.grant_id << " size=" << e.requested_bytes << " first_bad_offset=" << e.first_bad_offset
+      << " allocated_at=" << e.allocated_unix_ns << " check=" << e.call;
+  } else {
+    l << " call=" << e.call << " cuda_status=" << e.cuda_status << " live_allocations=" << e.live_allocations
+      << " suspects=" << e.suspect_count;
+    for (std::uint32_t i = 0; i < e.suspect_count && i < st::kGuardEventSuspects; ++i) {
+      l << (i == 0 ? " suspect_list=" : ",") << "0x" << std::hex << e.suspects[i].address << std::dec << ":"
+        << e.suspects[i].bytes;
+    }
+  }
+  l << " pid=" << e.pid << " seq=" << e.seq;
+  log_.warn(l.str());
 }
 
 void Daemon::Impl::on_usage(Connection& c, Session& s, const proto::UsageQuery& m) {
@@ -1305,6 +1505,7 @@ Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec, st
     t = &tenants_.emplace(id.value(), Tenant{id, static_cast<std::uint32_t>(slot), name}).first->second;
   }
   t->limit = spec.limit;
+  t->guard = spec.guard;
   t->have_ids = true;
   t->uid = uid;
   t->gid = gid;
@@ -1330,6 +1531,7 @@ Daemon::Impl::DeviceInfo* Daemon::Impl::device_by_uuid(const std::uint8_t* uuid)
 }
 
 void Daemon::Impl::finish_grant(Grant& g, TenantId releaser, bool exported) {
+  if (g.canary && !g.orphaned && !g.handles.empty()) (void)canary_check(g, "release");
   st::StateSegment::Write w(*seg_);
   st::State& state = seg_->state();
   DeviceInfo& dev = devices_.at(static_cast<std::size_t>(g.device.value()));

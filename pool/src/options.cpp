@@ -20,6 +20,8 @@ std::string DaemonOptions::usage() {
          "                           non-pool usage then counts as 0)\n"
          "  --log-level LEVEL        debug, info, warn or error (default info)\n"
          "  --sample-interval-ms N   usage sampling period, 10..3600000 (default 1000)\n"
+         "  --canary-interval-ms N   canary sweep period (guard: canary), 0..86400000; 0: check only\n"
+         "                           at release (default 10000; runs on the sampling tick)\n"
          "  --state-mode MODE        permissions of the state segment, octal (default 0644;\n"
          "                           0640 with --state-group limits vlakectl to that group)\n"
          "  --state-group GROUP      group owning the state segment (name or gid)\n"
@@ -47,7 +49,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
     static constexpr std::string_view kKnown[] = {"--config",    "--socket",    "--state",
                                                   "--driver",    "--nvml",      "--log-level",
                                                   "--sample-interval-ms", "--state-mode", "--state-group",
-                                                  "--metrics-address"};
+                                                  "--metrics-address", "--canary-interval-ms"};
     bool known = false;
     for (auto k : kKnown) known = known || arg == k;
     if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
@@ -82,6 +84,14 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         throw OptionsError("--sample-interval-ms must be a number 10..3600000, got '" + value + "'");
       }
       o.sample_interval = std::chrono::milliseconds(ms);
+    } else if (arg == "--canary-interval-ms") {
+      bool digits = !value.empty() && value.size() <= 9;
+      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
+      const long long ms = digits ? std::stoll(value) : -1;
+      if (ms < 0 || ms > 86'400'000) {
+        throw OptionsError("--canary-interval-ms must be a number 0..86400000, got '" + value + "'");
+      }
+      o.canary_interval = std::chrono::milliseconds(ms);
     } else if (arg == "--state-mode") {
       bool octal = !value.empty() && value.size() <= 4;
       for (char c : value) octal = octal && c >= '0' && c <= '7';

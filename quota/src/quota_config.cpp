@@ -31,6 +31,15 @@ std::string format_position(const std::string& file, int line, int column, const
 
 }  // namespace
 
+const char* guard_mode_name(proto::GuardMode m) noexcept {
+  switch (m) {
+    case proto::GuardMode::off: return "off";
+    case proto::GuardMode::canary: return "canary";
+    case proto::GuardMode::fault: return "fault";
+  }
+  return "unknown";
+}
+
 ConfigError::ConfigError(const std::string& file, int line, int column, const std::string& what)
     : std::runtime_error(format_position(file, line, column, what)), line_(line), column_(column) {}
 
@@ -231,6 +240,19 @@ class Parser {
     return static_cast<std::int32_t>(n);
   }
 
+  // The guard mode under `guard` of `entry`, if present.
+  std::optional<proto::GuardMode> guard(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["guard"];
+    if (!v) return std::nullopt;
+    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
+    if (v.IsScalar()) {
+      if (s == "off") return proto::GuardMode::off;
+      if (s == "canary") return proto::GuardMode::canary;
+      if (s == "fault") return proto::GuardMode::fault;
+    }
+    fail(v.Mark(), "bad guard mode '" + s + "' in " + where + " (use off, canary or fault)");
+  }
+
   static int line(const YAML::Mark& m) { return m.is_null() ? 0 : m.line + 1; }
   static int column(const YAML::Mark& m) { return m.is_null() ? 0 : m.column + 1; }
 
@@ -310,11 +332,14 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(def, {"limit"}, "'default'");
+    p.check_keys(def, {"limit", "guard"}, "'default'");
     const auto l = p.size(def, "limit", "'default'");
-    if (!l) p.fail(def.Mark(), "missing 'limit' in 'default'");
-    cfg.default_ = *l;
-    cfg.default_given_ = true;
+    cfg.default_guard_ = p.guard(def, "'default'");
+    if (!l && !cfg.default_guard_) p.fail(def.Mark(), "missing 'limit' in 'default'");
+    if (l) {
+      cfg.default_ = *l;
+      cfg.default_given_ = true;
+    }
   }
 
   // Namespaces first: users and groups entries refer to them.
@@ -325,7 +350,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
     std::uint64_t percent_sum = 0;
     for (const YAML::Node& n : nss) {
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
-      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups"},
+      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -346,6 +371,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.limit = p.size(n, "limit", where);
       ns.guaranteed = p.size(n, "guaranteed", where);
       ns.pod_limit = p.size(n, "pod_limit", where);
+      ns.guard = p.guard(n, where);
       if (ns.limit) {
         ns.limit_line = Parser::line(n["limit"].Mark());
         ns.limit_column = Parser::column(n["limit"].Mark());
@@ -431,13 +457,16 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       if (!list.IsSequence()) p.fail(list.Mark(), "'" + std::string(key) + "' must be a list");
       for (const YAML::Node& u : list) {
         if (!u.IsMap()) p.fail(u.Mark(), entry_what + " must be a mapping (" + id_key + " or name, limit)");
-        p.check_keys(u, {id_key, "name", "limit", "namespace"}, entry_what);
+        p.check_keys(u, {id_key, "name", "limit", "namespace", "guard"}, entry_what);
         const YAML::Node idn = u[id_key];
         const YAML::Node nm = u["name"];
         if (idn && nm) p.fail(u.Mark(), entry_what + " has both '" + id_key + "' and 'name' (give one)");
         if (!idn && !nm) p.fail(u.Mark(), entry_what + " needs '" + id_key + "' or 'name'");
         const std::optional<Limit> limit = p.size(u, "limit", entry_what);
-        if (!limit && !u["namespace"]) p.fail(u.Mark(), "missing 'limit' in " + entry_what + " (give 'limit' or 'namespace')");
+        const std::optional<proto::GuardMode> guard = p.guard(u, entry_what);
+        if (!limit && !u["namespace"] && !guard) {
+          p.fail(u.Mark(), "missing 'limit' in " + entry_what + " (give 'limit', 'namespace' or 'guard')");
+        }
         std::uint32_t id = 0;
         std::string label;
         YAML::Mark at;
@@ -458,15 +487,15 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
         }
         const std::string what = std::string(group ? "group '" : "user '") + label + "'";
         const std::size_t ns = namespace_of(u, group ? listed_groups : listed_users, id, what);
-        if (group) cfg.groups_.push_back(GroupEntry{id, label, limit, ns});
-        else cfg.users_.push_back(UserEntry{id, label, limit, ns});
+        if (group) cfg.groups_.push_back(GroupEntry{id, label, limit, ns, guard});
+        else cfg.users_.push_back(UserEntry{id, label, limit, ns, guard});
       }
     }
     // Listed in a namespace without an entry of its own: a tenant with the pod limit.
     for (const Listed& l : group ? listed_groups : listed_users) {
       if (seen.count(l.id) != 0) continue;
-      if (group) cfg.groups_.push_back(GroupEntry{l.id, l.label, std::nullopt, l.ns});
-      else cfg.users_.push_back(UserEntry{l.id, l.label, std::nullopt, l.ns});
+      if (group) cfg.groups_.push_back(GroupEntry{l.id, l.label, std::nullopt, l.ns, std::nullopt});
+      else cfg.users_.push_back(UserEntry{l.id, l.label, std::nullopt, l.ns, std::nullopt});
     }
   }
   return cfg;
@@ -492,27 +521,28 @@ void QuotaConfig::check_device(Bytes total) const {
 }
 
 TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& label, const std::optional<Limit>& own,
-                                  std::size_t ns) const {
+                                  std::size_t ns, const std::optional<proto::GuardMode>& guard) const {
   const NamespaceSpec& n = namespaces_.at(ns);
   Limit limit = Limit::percent_ppm(1'000'000);
   if (own) limit = *own;
   else if (n.name == kDefaultNamespace && default_given_) limit = default_;
   else if (n.pod_limit) limit = *n.pod_limit;
   else if (n.limit) limit = *n.limit;
-  TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label, limit, n.name};
+  TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label, limit, n.name,
+               guard.value_or(n.guard.value_or(default_guard()))};
   return t;
 }
 
 TenantSpec QuotaConfig::resolve(uid_t uid, gid_t gid, std::span<const gid_t> groups) const {
   for (const UserEntry& u : users_) {
-    if (u.uid == uid) return make_spec("user", u.label, u.limit, u.ns);
+    if (u.uid == uid) return make_spec("user", u.label, u.limit, u.ns, u.guard);
   }
   for (const GroupEntry& g : groups_) {
     if (g.gid == gid || std::find(groups.begin(), groups.end(), g.gid) != groups.end()) {
-      return make_spec("group", g.label, g.limit, g.ns);
+      return make_spec("group", g.label, g.limit, g.ns, g.guard);
     }
   }
-  return make_spec("uid", std::to_string(uid), std::nullopt, default_index());
+  return make_spec("uid", std::to_string(uid), std::nullopt, default_index(), std::nullopt);
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

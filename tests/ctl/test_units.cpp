@@ -20,6 +20,7 @@
 #include "vlake/ctl/render.hpp"
 #include "vlake/ctl/state_source.hpp"
 #include "vlake/ctl/view.hpp"
+#include "vlake/pool/state.hpp"
 
 using namespace vlake;
 using namespace vlake::ctl;
@@ -116,10 +117,10 @@ std::unique_ptr<st::State> synthetic_state() {
   s->sessions[0] = {11, 100, 5001, 1000, 1000, 1, st::kSessionConnected, 2};
   s->sessions[3] = {12, 101, 5002, 1000, 1000, 1, st::kSessionDetached, 1};
   s->sessions[4] = {13, 102, 6001, 2000, 2000, 2, st::kSessionConnected, 1};
-  s->grants[0] = {1, 11, 30 * kMiB, 1, 0, 0, 1, st::kGrantLive, 0};
-  s->grants[1] = {2, 11, 6 * kMiB, 1, 0, 2, 0, st::kGrantLive, 0};
-  s->grants[7] = {3, 12, 4 * kMiB, 1, 0, 0, 1, st::kGrantOrphaned, 0};
-  s->grants[8] = {4, 13, 8 * kGiB, 2, 1, 0, 1, st::kGrantLive, 0};
+  s->grants[0] = {1, 11, 30 * kMiB, 1, 0, 0, 1, st::kGrantLive, 0, 0, 0};
+  s->grants[1] = {2, 11, 6 * kMiB, 1, 0, 2, 0, st::kGrantLive, 0, 0, 0};
+  s->grants[7] = {3, 12, 4 * kMiB, 1, 0, 0, 1, st::kGrantOrphaned, 0, 0, 0};
+  s->grants[8] = {4, 13, 8 * kGiB, 2, 1, 0, 1, st::kGrantLive, 0, 0, 0};
   s->counters.grants = 17;
   s->counters.denials_over_limit = 2;
   s->counters.scrubs = 5;
@@ -167,8 +168,8 @@ TEST_CASE("options: commands and global options", "[units]") {
 }
 
 TEST_CASE("options: bad command lines say what is wrong", "[units]") {
-  CHECK(parse_error({}) == "no command given (top, tenants, pool or quota check FILE)");
-  CHECK(parse_error({"frob"}) == "unknown command 'frob' (top, tenants, pool or quota check FILE)");
+  CHECK(parse_error({}) == "no command given (top, tenants, pool, events or quota check FILE)");
+  CHECK(parse_error({"frob"}) == "unknown command 'frob' (top, tenants, pool, events or quota check FILE)");
   CHECK(parse_error({"top", "--frob"}) == "unknown option '--frob'");
   CHECK(parse_error({"top", "-x"}) == "unknown option '-x'");
   CHECK(parse_error({"top", "--state"}) == "--state needs a value (a segment name)");
@@ -547,4 +548,62 @@ TEST_CASE("quota check: good and bad files in process", "[units]") {
   ::unlink(good.c_str());
   ::unlink(bad.c_str());
   ::rmdir(dir.c_str());
+}
+
+TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {
+  namespace gst = vlake::pool::state;
+  auto s = std::make_unique<gst::State>();
+  std::memset(static_cast<void*>(s.get()), 0, sizeof(gst::State));
+  CHECK(build_view(*s, true).events.empty());
+  CHECK_THAT(render_events_text(build_view(*s, true), "st"), Catch::Contains("no guard alarms"));
+
+  // Three events recorded, the ring then wrapped: only the last kGuardEvents remain.
+  const std::uint64_t total = gst::kGuardEvents + 2;
+  for (std::uint64_t seq = 1; seq <= total; ++seq) {
+    gst::GuardEventRecord& e = s->guard.events[(seq - 1) % gst::kGuardEvents];
+    e = gst::GuardEventRecord{};
+    e.seq = seq;
+    e.kind = seq == total ? 1u : 2u;  // the newest is a fault, the others canaries
+    e.tenant = 3;
+    std::strcpy(e.tenant_name, "team/user:4242");
+    e.device = seq == total ? gst::kGuardNoDevice : 0;
+    e.pid = 777;
+    e.grant_id = seq;
+    e.requested_bytes = (1u << 20) + 100;
+    e.first_bad_offset = (1u << 20) + 104;
+    std::strcpy(e.call, seq == total ? "cuStreamSynchronize" : "release");
+    if (seq == total) {
+      e.cuda_status = 700;
+      e.suspect_count = 2;
+      e.suspects[0] = vlake::proto::GuardSuspect{0x7000, 4096, 10};
+      e.suspects[1] = vlake::proto::GuardSuspect{0x9000, 256, 20};
+    }
+  }
+  s->guard.next_seq = total + 1;
+  const NodeView v = build_view(*s, true);
+  REQUIRE(v.events.size() == gst::kGuardEvents);
+  CHECK(v.events.front().seq == 3);
+  CHECK(v.events.back().seq == total);
+  CHECK(v.events.back().kind == "fault");
+  CHECK_FALSE(v.events.back().gpu.has_value());
+  CHECK(v.events.front().kind == "canary");
+  CHECK(*v.events.front().gpu == 0);
+
+  const Json j = parse_json(render_events_json(v, "st"));
+  REQUIRE(j.at("events").size() == gst::kGuardEvents);
+  const Json& last = j.at("events").at(gst::kGuardEvents - 1);
+  CHECK(last.at("kind").str() == "fault");
+  CHECK(last.at("gpu").is_null());
+  CHECK(last.at("call").str() == "cuStreamSynchronize");
+  CHECK(last.at("suspects").size() == 2);
+  CHECK(last.at("suspects").at(1).at("bytes").u64() == 256);
+  const Json& first = j.at("events").at(0);
+  CHECK(first.at("kind").str() == "canary");
+  CHECK(first.at("first_bad_offset").u64() == (1u << 20) + 104);
+  CHECK(first.at("tenant").str() == "team/user:4242");
+
+  const std::string text = render_events_text(v, "st");
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("canary  team/user:4242"));
+  CHECK_THAT(text, Catch::Contains("cuStreamSynchronize (newest allocations: 0x7000+4.0 KiB 0x9000+256 B)"));
 }

@@ -188,9 +188,22 @@ void FakeDaemon::handle(int fd, const std::byte* data, std::size_t n) {
       on_usage(fd, m);
       break;
     }
+    case MsgType::guard_event: {
+      GuardEvent m;
+      std::memcpy(&m, data, sizeof m);
+      on_guard_event(m);
+      break;
+    }
     default:
       close_client(fd, true);
   }
+}
+
+void FakeDaemon::on_guard_event(const GuardEvent& m) {
+  const int dev = device_of(m.device_uuid);
+  std::lock_guard lock(mu_);
+  counters_.guard_events.push_back(m);
+  counters_.guard_event_devices.push_back(dev);
 }
 
 int FakeDaemon::device_of(const std::uint8_t* uuid) const {
@@ -227,6 +240,7 @@ void FakeDaemon::on_hello(int fd, const Hello& m) {
   ack.tenant_id = 1;
   ack.session_id = session;
   ack.granularity = granularity_;
+  ack.guard_mode = options_.guard_mode;
   ack.device_count = static_cast<std::uint32_t>(uuids_.size());
   std::snprintf(ack.tenant_name, sizeof ack.tenant_name, "%s", options_.tenant.c_str());
   for (std::size_t i = 0; i < uuids_.size() && i < kMaxDevices; ++i) {

@@ -7,6 +7,8 @@
 //            (alloc grants above `split_above` come as two handles, to exercise stitching),
 //            exports them and replies with the descriptors
 //   Release -> releases the daemon's handles and uncharges; UsageQuery -> usage/limit.
+//   GuardEvent -> recorded (no reply), with the device it names (-1: unknown UUID).
+// HelloAck carries `guard_mode` from the options.
 // A connection closed by the client (process exit) gives back its session's grants. Counters
 // record what reached the daemon.
 //
@@ -44,6 +46,7 @@ struct FakeDaemonOptions {
   std::uint64_t split_above = std::uint64_t{4} << 20;  // alloc grants larger: two handles
   vlake::proto::Status grant_status = vlake::proto::Status::ok;
   bool stall = false;  // never answer requests (after Hello)
+  vlake::proto::GuardMode guard_mode = vlake::proto::GuardMode::off;
 };
 
 struct Counters {
@@ -63,6 +66,8 @@ struct Counters {
   std::uint64_t used = 0;       // device 0
   std::size_t outstanding = 0;  // grants not released
   std::set<int> hello_pids;
+  std::vector<vlake::proto::GuardEvent> guard_events;
+  std::vector<int> guard_event_devices;  // device of each event's UUID, -1 if unknown
 };
 
 class FakeDaemon {
@@ -96,6 +101,7 @@ class FakeDaemon {
   void on_grant(int fd, const vlake::proto::GrantRequest& m);
   void on_release(int fd, const vlake::proto::Release& m);
   void on_usage(int fd, const vlake::proto::UsageQuery& m);
+  void on_guard_event(const vlake::proto::GuardEvent& m);
   int device_of(const std::uint8_t* uuid) const;
   void release_grant_locked(std::map<std::uint64_t, Grant>::iterator it);
   void close_client(int fd, bool process_gone);

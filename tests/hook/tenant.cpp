@@ -16,6 +16,16 @@
 //   retain:H2:V:OFF  release:H  props:H  export:H:V:OFF
 //   nvml  threads:T:ITERS:SIZE  stress:T:ITERS:MAXSIZE  fork ... endfork  sleep:MS
 //   where:BASE:VERSION[:ptds]  dlsym:SYMBOL  dlsym-next:SYMBOL
+//   kfill:N:OFF:COUNT[:VALUE]  launches vlake_fill_u32 on COUNT u32 elements at N's pointer + OFF
+//                              (OFF may be negative); the launch's rc only (faults are async)
+//   kfillstream:N:OFF:COUNT[:VALUE]  the same on the tenant's stream (see streamsync)
+//   sync  cuCtxSynchronize     streamsync  cuStreamSynchronize on the tenant's stream
+//   memset:N:OFF:SIZE:BYTE     cuMemsetD8 at N's pointer + OFF (OFF may be negative)
+//   layout:N                   the returned pointer's 256 B alignment and its distance to the
+//                              end of its 2 MiB chunk (tail=), and cuMemGetAddressRange on it
+//   kstress:ITERS:MAXSIZE      random sizes (256 B .. MAXSIZE, not multiples of 256), each
+//                              allocation filled by the kernel exactly to its end, read back,
+//                              freed; then cuCtxSynchronize
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -36,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../common/src/kernels_ptx.hpp"
 #include "vlake/common/nvml_api.hpp"
 
 namespace {
@@ -71,7 +82,11 @@ namespace {
   X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, 10020)                 \
   X(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle, 10020, 10020) \
   X(cuStreamCreate, cuStreamCreate, 2000, 2000)                                                   \
-  X(cuStreamSynchronize, cuStreamSynchronize, 2000, 2000)
+  X(cuStreamSynchronize, cuStreamSynchronize, 2000, 2000)                                         \
+  X(cuCtxSynchronize, cuCtxSynchronize, 2000, 2000)                                               \
+  X(cuModuleLoadData, cuModuleLoadData, 2000, 2000)                                               \
+  X(cuModuleGetFunction, cuModuleGetFunction, 2000, 2000)                                         \
+  X(cuLaunchKernel, cuLaunchKernel, 4000, 4000)
 
 struct Api {
 #define X(base, symbol, abi, req) PFN_##base##_v##abi base = nullptr;
@@ -187,6 +202,70 @@ std::uint64_t var(const std::string& n) {
 CUstream stream() {
   if (g_stream == nullptr) CALL(cuStreamCreate, &g_stream, 0);
   return g_stream;
+}
+
+std::int64_t offset_of(const std::string& s) {
+  if (!s.empty() && s[0] == '-') return -static_cast<std::int64_t>(size_of(s.substr(1)));
+  return static_cast<std::int64_t>(size_of(s));
+}
+
+CUfunction g_fill = nullptr;
+
+CUresult fill_kernel(CUfunction& f) {
+  if (g_fill == nullptr) {
+    CUmodule m = nullptr;
+    CUresult rc = CALL(cuModuleLoadData, &m, vlake::detail::kKernelsPtx);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = CALL(cuModuleGetFunction, &g_fill, m, "vlake_fill_u32");
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  f = g_fill;
+  return CUDA_SUCCESS;
+}
+
+CUresult launch_fill(CUdeviceptr p, unsigned long long count, unsigned value,
+                     CUstream on = nullptr) {
+  CUfunction f = nullptr;
+  if (CUresult rc = fill_kernel(f); rc != CUDA_SUCCESS) return rc;
+  void* params[] = {&p, &count, &value};
+  return CALL(cuLaunchKernel, f, 64, 1, 1, 128, 1, 1, 0, on, params, nullptr);
+}
+
+void step_kstress(const std::string& s, const std::vector<std::string>& a) {
+  const int iters = std::atoi(a.at(1).c_str());
+  const std::uint64_t max = std::max<std::uint64_t>(512, size_of(a.at(2)));
+  unsigned seed = static_cast<unsigned>(::getpid()) * 7919u + 17u;
+  int errors = 0;
+  int mismatches = 0;
+  std::vector<std::pair<CUdeviceptr, std::uint64_t>> live;
+  for (int i = 0; i < iters; ++i) {
+    seed = seed * 1103515245u + 12345u;
+    std::uint64_t size = 256 + (seed >> 4) % (max - 256);
+    size = size / 4 * 4;
+    if (size % 256 == 0) size += 4;
+    CUdeviceptr p = 0;
+    if (CALL(cuMemAlloc, &p, size) != CUDA_SUCCESS) {
+      ++errors;
+      continue;
+    }
+    const auto value = static_cast<unsigned>(i + 1);
+    if (launch_fill(p, size / 4, value) != CUDA_SUCCESS) ++errors;
+    unsigned tail[4] = {};
+    if (CALL(cuMemcpyDtoH, tail, p + size - sizeof tail, sizeof tail) != CUDA_SUCCESS) ++errors;
+    for (unsigned v : tail) mismatches += v != value ? 1 : 0;
+    live.emplace_back(p, size);
+    // Keep a few allocations alive so neighbours exist; free the oldest one.
+    if (live.size() > 4 || (seed >> 20) % 3 == 0) {
+      if (CALL(cuMemFree, live.front().first) != CUDA_SUCCESS) ++errors;
+      live.erase(live.begin());
+    }
+  }
+  for (const auto& [p, size] : live) {
+    if (CALL(cuMemFree, p) != CUDA_SUCCESS) ++errors;
+  }
+  const CUresult sync = CALL(cuCtxSynchronize);
+  out("%s rc=%d errors=%d mismatches=%d sync=%d", s.c_str(),
+      errors == 0 && mismatches == 0 && sync == CUDA_SUCCESS ? 0 : 1, errors, mismatches, sync);
 }
 
 void step_nvml(const std::string& s) {
@@ -483,6 +562,34 @@ void run_step(const std::string& s) {
     if (fd >= 0) close(fd);
     out("%s rc=%d fd_ok=%d same_memory=%d import_rc=%d", s.c_str(), rc, fd >= 0 ? 1 : 0, same,
         import_rc);
+  } else if (op == "kfill" || op == "kfillstream") {
+    const CUdeviceptr p = var(a.at(1)) + static_cast<std::uint64_t>(offset_of(a.at(2)));
+    const unsigned value =
+        a.size() > 4 ? static_cast<unsigned>(std::strtoul(a[4].c_str(), nullptr, 0)) : 0xabcdu;
+    out("%s rc=%d", s.c_str(),
+        launch_fill(p, size_of(a.at(3)), value, op == "kfillstream" ? stream() : nullptr));
+  } else if (op == "sync") {
+    out("%s rc=%d", s.c_str(), CALL(cuCtxSynchronize));
+  } else if (op == "streamsync") {
+    out("%s rc=%d", s.c_str(), CALL(cuStreamSynchronize, stream()));
+  } else if (op == "memset") {
+    const CUdeviceptr p = var(a.at(1)) + static_cast<std::uint64_t>(offset_of(a.at(2)));
+    out("%s rc=%d", s.c_str(),
+        CALL(cuMemsetD8, p, static_cast<unsigned char>(std::atoi(a.at(4).c_str())),
+             size_of(a.at(3))));
+  } else if (op == "layout") {
+    const std::uint64_t p = var(a.at(1));
+    const std::uint64_t chunk = std::uint64_t{2} << 20;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const CUresult rc = CALL(cuMemGetAddressRange, &base, &size, p);
+    out("%s rc=%d align=%llu tail=%llu end=%llu range_base_off=%lld range_size=%zu", s.c_str(), rc,
+        static_cast<unsigned long long>(p % 256),
+        static_cast<unsigned long long>((chunk - (p + vars[a.at(1)].size) % chunk) % chunk),
+        static_cast<unsigned long long>(p + vars[a.at(1)].size),
+        static_cast<long long>(base) - static_cast<long long>(p), size);
+  } else if (op == "kstress") {
+    step_kstress(s, a);
   } else if (op == "nvml") {
     step_nvml(s);
   } else if (op == "threads") {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <map>
 #include <thread>
 
@@ -113,9 +114,29 @@ TEST_CASE("rate limiter: one per interval, counting the rest") {
   CHECK(suppressed == 2);
 }
 
+namespace {
+
+LogicalAlloc logical(std::uint64_t base, std::uint64_t reserved, std::uint64_t mapped,
+                     std::uint64_t ptr, std::uint64_t requested, std::uint64_t grant, int device,
+                     std::chrono::steady_clock::time_point created = {}) {
+  LogicalAlloc a;
+  a.base = base;
+  a.reserved = reserved;
+  a.mapped = mapped;
+  a.ptr = ptr;
+  a.requested = requested;
+  a.grant_id = grant;
+  a.device = device;
+  a.created = created;
+  a.handles = {1, 2};
+  return a;
+}
+
+}  // namespace
+
 TEST_CASE("alloc table: lookups inside the reserved range") {
   AllocTable t;
-  t.insert(LogicalAlloc{0x10000000, 3 << 20, 4 << 20, 7, 0, {1, 2}});
+  t.insert(logical(0x10000000, 4 << 20, 4 << 20, 0x10000000, 3 << 20, 7, 0));
   CHECK(t.find(0x10000000)->grant_id == 7);
   CHECK(t.find(0x10000000 + (4 << 20) - 1)->requested == (3u << 20));
   CHECK_FALSE(t.find(0x10000000 + (4 << 20)));
@@ -125,6 +146,42 @@ TEST_CASE("alloc table: lookups inside the reserved range") {
   REQUIRE(a);
   CHECK(a->handles == std::vector<std::uint64_t>{1, 2});
   CHECK(t.size() == 0);
+}
+
+TEST_CASE("alloc table: right-aligned pointers are found and taken by the returned pointer") {
+  AllocTable t;
+  // Fault-mode layout: 4 MiB mapped + 2 MiB guard; 3 MiB + 100 B requested, right-aligned.
+  const std::uint64_t base = 0x20000000;
+  const std::uint64_t req = (3u << 20) + 100;
+  const std::uint64_t ptr = base + (4u << 20) - ((req + 255) / 256 * 256);
+  t.insert(logical(base, 6 << 20, 4 << 20, ptr, req, 9, 0));
+  REQUIRE(t.find(ptr));
+  CHECK(t.find(ptr)->ptr == ptr);
+  CHECK(t.find(base + (6 << 20) - 1)->grant_id == 9);  // the guard chunk belongs to it
+  CHECK_FALSE(t.find(base + (6 << 20)));
+  CHECK_FALSE(t.take(base));  // the reservation base is not the application's pointer
+  CHECK_FALSE(t.take(ptr + 256));
+  CHECK(t.size() == 1);
+  REQUIRE(t.take(ptr));
+  CHECK(t.size() == 0);
+}
+
+TEST_CASE("alloc table: newest allocations of a device, newest first") {
+  AllocTable t;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::uint64_t i = 0; i < 12; ++i) {
+    t.insert(logical(0x10000000 + i * (8 << 20), 4 << 20, 4 << 20, 0x10000000 + i * (8 << 20),
+                     1 << 20, 100 + i, i % 2 == 0 ? 0 : 1, t0 + std::chrono::milliseconds(i)));
+  }
+  CHECK(t.count(0) == 6);
+  CHECK(t.count(1) == 6);
+  CHECK(t.count(2) == 0);
+  auto n = t.newest(0, 4);
+  REQUIRE(n.size() == 4);
+  CHECK(n[0].grant_id == 110);
+  CHECK(n[1].grant_id == 108);
+  CHECK(n[3].grant_id == 104);
+  CHECK(t.newest(1, 8).size() == 6);
 }
 
 TEST_CASE("create table: finished only without references and mappings") {

@@ -7,6 +7,7 @@
 //   connect SOCKET [OLD_SESSION]   Hello; prints session, tenant, name, gran, total, limit, used
 //   grant BYTES [alloc|create|counted]   prints status, id, bytes, used, limit, handles
 //   fill ID BYTE                   fills the grant's mapping (copy engine)
+//   poke ID OFFSET LEN BYTE        fills LEN bytes at OFFSET of the grant's mapping (may hit the slack)
 //   check ID BYTE                  match=1 if every byte equals BYTE, else match=0 offset= value=
 //   release ID [FLAGS]             unmaps, releases the imported handles, sends Release
 //   usage                          UsageQuery for device 0
@@ -72,7 +73,8 @@ class Tool {
       std::ostringstream o;
       o << "ok session=" << ack_.session_id << " tenant=" << ack_.tenant_id << " name=" << ack_.tenant_name
         << " gran=" << ack_.granularity << " total=" << ack_.devices[0].total << " limit=" << ack_.devices[0].limit
-        << " used=" << ack_.devices[0].used << " count=" << ack_.device_count;
+        << " used=" << ack_.devices[0].used << " count=" << ack_.device_count
+        << " guard=" << static_cast<unsigned>(ack_.guard_mode);
       return o.str();
     }
     if (cmd == "grant") {
@@ -104,6 +106,17 @@ class Tool {
         held_[g.reply.grant_id] = std::move(h);
       }
       return o.str();
+    }
+    if (cmd == "poke") {
+      std::uint64_t id = 0, offset = 0, len = 0;
+      unsigned value = 0;
+      in >> id >> offset >> len >> value;
+      Held& h = held_.at(id);
+      if (!h.mapped) return "err not mapped";
+      if (offset + len > h.bytes) return "err out of the grant";
+      driver().fill_u8(h.va + Bytes{offset}, static_cast<std::uint8_t>(value), Bytes{len});
+      driver().synchronize();
+      return "ok";
     }
     if (cmd == "fill" || cmd == "check") {
       std::uint64_t id = 0;

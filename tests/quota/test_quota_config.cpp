@@ -154,6 +154,12 @@ TEST_CASE("bad files name file, line, column and the problem", "[quota]") {
       {"version: 1\ndefault: [1\n", "bad.yaml:3:1: YAML syntax"},
       {"", "bad.yaml:0:0: empty configuration"},
       {"- 1\n", "bad.yaml:1:1: the configuration must be a mapping"},
+      {"version: 1\ndefault:\n  guard: on\n", "bad.yaml:3:10: bad guard mode 'on' in 'default'"},
+      {"version: 1\ndefault:\n  guard: [canary]\n", "bad.yaml:3:10: bad guard mode '?' in 'default'"},
+      {"version: 1\nnamespaces:\n  - name: a\n    guard: Canary\n",
+       "bad.yaml:4:12: bad guard mode 'Canary' in namespace 'a'"},
+      {"version: 1\nusers:\n  - uid: 5\n    guard: faults\n", "bad.yaml:4:12: bad guard mode 'faults' in a 'users' entry"},
+      {"version: 1\ngroups:\n  - gid: 5\n    guard: 1\n", "bad.yaml:4:12: bad guard mode '1' in a 'groups' entry"},
   };
   for (const Case& c : cases) {
     INFO(c.text);
@@ -183,4 +189,38 @@ TEST_CASE("load reads a file and reports a missing one", "[quota]") {
   } catch (const ConfigError& e) {
     CHECK_THAT(e.what(), Catch::Contains("cannot read the file"));
   }
+}
+
+TEST_CASE("guard modes: user/group entry, then namespace, then default, else off", "[quota]") {
+  using vlake::proto::GuardMode;
+  const QuotaConfig builtin;
+  CHECK(builtin.resolve(1000, 1000, none).guard == GuardMode::off);
+
+  const QuotaConfig no_guard = QuotaConfig::parse("version: 1\ndefault: {limit: 1GiB}\n", "g.yaml");
+  CHECK(no_guard.resolve(1000, 1000, none).guard == GuardMode::off);
+
+  const QuotaConfig cfg = QuotaConfig::parse(
+      "version: 1\n"
+      "default: {guard: canary}\n"
+      "namespaces:\n"
+      "  - {name: research, guard: fault, users: [7001, 7002], groups: [7100]}\n"
+      "  - {name: plain, users: [7003]}\n"
+      "users:\n"
+      "  - {uid: 7002, guard: off}\n"
+      "  - {uid: 7004, guard: fault}\n"
+      "groups:\n"
+      "  - {gid: 7200, guard: off, limit: 1GiB}\n",
+      "g.yaml");
+  // The default gave only a guard: the limit stays 100%.
+  CHECK(cfg.default_limit() == Limit::percent_ppm(1'000'000));
+  CHECK(cfg.default_guard() == GuardMode::canary);
+  CHECK(cfg.resolve(7001, 1, none).guard == GuardMode::fault);   // namespace
+  CHECK(cfg.resolve(7002, 1, none).guard == GuardMode::off);     // own entry beats namespace
+  CHECK(cfg.resolve(7003, 1, none).guard == GuardMode::canary);  // namespace without: default
+  CHECK(cfg.resolve(7004, 1, none).guard == GuardMode::fault);   // own entry beats default
+  CHECK(cfg.resolve(7004, 1, none).limit == Limit::percent_ppm(1'000'000));
+  CHECK(cfg.resolve(9999, 7100, none).guard == GuardMode::fault);  // namespace group list
+  CHECK(cfg.resolve(9999, 7200, none).guard == GuardMode::off);    // group entry
+  CHECK(cfg.resolve(9999, 1, none).guard == GuardMode::canary);    // uid tenant: default
+  CHECK(std::string(vlake::quota::guard_mode_name(GuardMode::canary)) == "canary");
 }

@@ -31,5 +31,8 @@ std::string render_tenants_text(const NodeView& v, const std::string& state);
 std::string render_tenants_json(const NodeView& v, const std::string& state);
 std::string render_pool_text(const NodeView& v, const std::string& state);
 std::string render_pool_json(const NodeView& v, const std::string& state);
+// The guard alarms, oldest first: a table, or {"state", "daemon", "events": [...]}.
+std::string render_events_text(const NodeView& v, const std::string& state);
+std::string render_events_json(const NodeView& v, const std::string& state);
 
 }  // namespace vlake::ctl

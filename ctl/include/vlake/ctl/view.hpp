@@ -87,6 +87,26 @@ struct DaemonView {
   std::uint64_t updated_unix_ns = 0;
 };
 
+// One out-of-bounds alarm from the daemon's guard ring (pool/state.hpp GuardEventRecord).
+struct GuardEventView {
+  std::uint64_t seq = 0;
+  std::uint64_t time_unix_ns = 0;
+  std::string kind;          // "fault", "canary", "readonly"
+  std::uint32_t tenant_id = 0;
+  std::string tenant;
+  std::optional<std::uint32_t> gpu;  // none: the hook named a GPU the daemon does not know
+  std::uint32_t pid = 0;
+  std::uint64_t grant_id = 0;
+  std::uint64_t address = 0;
+  std::uint64_t requested_bytes = 0;
+  std::uint64_t first_bad_offset = 0;
+  std::uint64_t allocated_unix_ns = 0;
+  std::int32_t cuda_status = 0;
+  std::uint32_t live_allocations = 0;
+  std::string call;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> suspects;  // (address, bytes)
+};
+
 struct NodeView {
   DaemonView daemon;
   std::vector<GpuView> gpus;                                // by index
@@ -94,6 +114,7 @@ struct NodeView {
   std::vector<std::pair<std::string, std::uint64_t>> counters;  // stable order, stable names
   std::uint64_t sessions = 0;     // sessions in the table
   std::uint64_t grants = 0;       // grants in the table
+  std::vector<GuardEventView> events;  // the guard ring, oldest first
 };
 
 NodeView build_view(const pool::state::State& s, bool daemon_alive);

@@ -35,7 +35,7 @@ class mapped_region;
 namespace vlake::pool::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 3;
+inline constexpr std::uint32_t kLayoutVersion = 4;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -198,7 +198,43 @@ struct GrantRecord {
   std::uint32_t purpose;      // proto::GrantPurpose
   std::uint32_t handle_count;
   std::uint32_t state;        // GrantState
+  std::uint32_t guard;        // layout 4: proto::GuardMode in force for this grant
+  // Layout 4.
+  std::uint64_t requested;        // the bytes the client asked for (GrantRequest::bytes)
+  std::uint64_t created_unix_ns;  // when it was granted (CLOCK_REALTIME)
+};
+
+// Layout 4: out-of-bounds guard alarms (docs/guard.md), a ring of the last kGuardEvents.
+inline constexpr std::uint32_t kGuardEvents = 256;
+inline constexpr std::uint32_t kGuardEventSuspects = 4;  // the hook's first suspects kept
+inline constexpr std::uint32_t kGuardNoDevice = 0xffffffffu;
+
+struct GuardEventRecord {
+  std::uint64_t seq;               // 1-based event number; 0: slot never written
+  std::uint64_t time_unix_ns;      // when the daemon recorded it
+  std::uint32_t kind;              // proto::GuardKind
+  std::uint32_t tenant;            // TenantId
+  std::uint32_t device;            // ordinal; kGuardNoDevice: the hook named an unknown GPU
+  std::uint32_t pid;               // the tenant process (canary: the grant's session's pid)
+  char tenant_name[kTenantNameBytes];
+  std::uint64_t grant_id;          // canary: the grant; fault: 0
+  std::uint64_t address;           // fault: the first suspect's pointer; canary: 0 (unknown)
+  std::uint64_t requested_bytes;   // canary: the allocation's size; fault: the first suspect's
+  std::uint64_t first_bad_offset;  // canary: offset of the first changed byte from the grant's start
+  std::uint64_t allocated_unix_ns; // canary: the grant's creation time; fault: now - suspect age
+  std::int32_t cuda_status;        // fault: the CUresult the application sees; else 0
+  std::uint32_t suspect_count;     // fault: suspects the hook sent (<= proto::kMaxGuardSuspects)
+  std::uint32_t live_allocations;  // fault: the process's live allocations
   std::uint32_t reserved;
+  char call[32];                   // fault: the driver call; canary: "release" or "sweep"
+  proto::GuardSuspect suspects[kGuardEventSuspects];
+};
+
+// Slot of event `seq` (>= 1): events[(seq - 1) % kGuardEvents]; the newest is `next_seq - 1`.
+struct GuardLog {
+  std::uint64_t next_seq;  // 1 + events recorded so far (0 or 1: none)
+  std::uint64_t reserved;
+  GuardEventRecord events[kGuardEvents];
 };
 
 struct State {
@@ -210,6 +246,7 @@ struct State {
   TenantRecord tenants[kMaxTenants];
   SessionRecord sessions[kMaxSessions];
   GrantRecord grants[kMaxGrants];
+  GuardLog guard;  // layout 4
 };
 
 #define VLAKE_STATE_CHECK(T, bytes)                                      \
@@ -223,8 +260,11 @@ VLAKE_STATE_CHECK(DeviceRecord, 136);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
 VLAKE_STATE_CHECK(TenantRecord, 528);
 VLAKE_STATE_CHECK(SessionRecord, 40);
-VLAKE_STATE_CHECK(GrantRecord, 48);
-VLAKE_STATE_CHECK(State, 104 + 312 + 808 + 136 * 16 + 472 * 256 + 528 * 256 + 40 * 1024 + 48 * 16384);
+VLAKE_STATE_CHECK(GrantRecord, 64);
+VLAKE_STATE_CHECK(GuardEventRecord, 344);
+VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
+VLAKE_STATE_CHECK(State, 104 + 312 + 808 + 136 * 16 + 472 * 256 + 528 * 256 + 40 * 1024 + 64 * 16384 +
+                             16 + 344 * 256);
 #undef VLAKE_STATE_CHECK
 
 class StateError : public std::runtime_error {

@@ -15,6 +15,10 @@
 //       groups: [ml]                  # host mode: processes in these groups are tenants of it
 //   users:  [{uid: 1000, limit: 4GiB}, {name: alice, limit: 50%, namespace: research}]
 //   groups: [{gid: 2000, limit: 16GiB}, {name: ml, limit: 16GiB}]
+// Out-of-bounds guards (docs/guard.md): `guard: off|canary|fault` may appear in `default`, in a
+// namespace, and in a users/groups entry. A tenant's mode: its own users/groups entry's
+// `guard`, else its namespace's, else (any namespace) the top-level `default.guard`, else off.
+// A users/groups entry or `default` may give only `guard` (the limit then comes as usual).
 // Sizes: a byte count, or a whole number with B, KiB, MiB, GiB, TiB (binary units), or a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
 // GPU: each GPU is enforced on its own.
@@ -51,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "vlake/common/protocol.hpp"
 #include "vlake/common/strong_types.hpp"
 
 namespace vlake::quota {
@@ -96,7 +101,11 @@ struct TenantSpec {
   std::string name;                          // e.g. "research/user:alice", "uid:1000"
   Limit limit;                               // per GPU
   std::string ns = kDefaultNamespace;        // its namespace
+  proto::GuardMode guard = proto::GuardMode::off;  // out-of-bounds guard mode (docs/guard.md)
 };
+
+// "off" / "canary" / "fault" (for logs and messages).
+const char* guard_mode_name(proto::GuardMode m) noexcept;
 
 struct NamespaceSpec {
   std::string name;
@@ -105,6 +114,7 @@ struct NamespaceSpec {
   std::int32_t priority = 0;
   std::optional<Limit> pod_limit;   // nullopt: `limit` (or 100%)
   bool declared = true;             // false: the implicit "default" namespace
+  std::optional<proto::GuardMode> guard;  // nullopt: the top-level default's (or off)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
   int limit_line = 0, limit_column = 0;
@@ -139,6 +149,8 @@ class QuotaConfig {
   [[nodiscard]] TenantSpec resolve(uid_t uid, gid_t gid, std::span<const gid_t> groups) const;
 
   [[nodiscard]] const Limit& default_limit() const noexcept { return default_; }
+  // The top-level `default.guard` (off when absent).
+  [[nodiscard]] proto::GuardMode default_guard() const noexcept { return default_guard_.value_or(proto::GuardMode::off); }
   // Every namespace: the declared ones in file order; the implicit "default" (declared ==
   // false) last unless the file declares it.
   [[nodiscard]] const std::vector<NamespaceSpec>& namespaces() const noexcept { return namespaces_; }
@@ -151,20 +163,24 @@ class QuotaConfig {
     std::string label;  // name or uid as written
     std::optional<Limit> limit;
     std::size_t ns;     // index into namespaces_
+    std::optional<proto::GuardMode> guard;
   };
   struct GroupEntry {
     gid_t gid;
     std::string label;
     std::optional<Limit> limit;
     std::size_t ns;
+    std::optional<proto::GuardMode> guard;
   };
   [[nodiscard]] std::size_t default_index() const noexcept;
   [[nodiscard]] TenantSpec make_spec(const std::string& kind, const std::string& label,
-                                     const std::optional<Limit>& own, std::size_t ns) const;
+                                     const std::optional<Limit>& own, std::size_t ns,
+                                     const std::optional<proto::GuardMode>& guard) const;
 
   std::string file_ = "<built-in>";
   Limit default_;
   bool default_given_ = false;
+  std::optional<proto::GuardMode> default_guard_;
   std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
   std::vector<GroupEntry> groups_;
