@@ -855,6 +855,12 @@ CUresult on_cuCtxSynchronize(bool ptds) {
   return rc;
 }
 
+CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
+  const CUresult rc = pass<Row::cuCtxSynchronize_v2>(ptds, ctx);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuCtxSynchronize_v2", rc);
+  return rc;
+}
+
 CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream) {
   const CUresult rc = pass<Row::cuStreamSynchronize>(ptds, hStream);
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuStreamSynchronize", rc);

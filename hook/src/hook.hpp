@@ -96,6 +96,7 @@ CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes,
                                    CUpointer_attribute* attributes, void** data, CUdeviceptr ptr);
 // Synchronizing calls: passed through; see report_fault().
 CUresult on_cuCtxSynchronize(bool ptds);
+CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx);
 CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream);
 CUresult on_cuStreamQuery(bool ptds, CUstream hStream);
 CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent);

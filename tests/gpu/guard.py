@@ -109,6 +109,15 @@ def main():
         time.sleep(1)
         faults = metric(daemon.metrics, "vlake_guard_violations_total", 'kind="fault"')
         ns.check("fault alarm visible through the exporter", faults == 1, "vlake_guard_violations_total{kind=fault} = %s" % faults)
+        # The same overrun found by torch.cuda.synchronize() (cudaDeviceSynchronize).
+        rc, got, err = ns.run_json([sys.executable, poke, str(ELEMENTS), "--device-sync"],
+                                   user_env(nocache, FAULT_UID, work), user=FAULT_UID)
+        vl = [l for l in err.splitlines() if l.startswith("vlake:")]
+        ns.check("fault mode, device synchronize: reported too", any("cuCtxSynchronize" in l for l in vl),
+                 " | ".join(vl)[:400] or err[-300:])
+        time.sleep(1)
+        faults = metric(daemon.metrics, "vlake_guard_violations_total", 'kind="fault"')
+        ns.check("two fault alarms counted", faults == 2, "vlake_guard_violations_total{kind=fault} = %s" % faults)
 
         # Canary mode.
         rc, got, err = ns.run_json([sys.executable, poke, str(ELEMENTS)], user_env(nocache, CANARY_UID, work),
