@@ -67,6 +67,8 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon,
   env.push_back("LD_LIBRARY_PATH=" + sim_dir());
   env.push_back("VLAKE_SOCKET=" + daemon.socket);
   env.push_back("VLAKE_RECONNECT_TIMEOUT=10");
+  // Sanitizer builds: the preloaded hook comes before the sanitizer runtime in the tenant.
+  env.push_back("ASAN_OPTIONS=verify_asan_link_order=0");
   std::vector<std::string> args{VLAKE_TENANT_PATH};
   args.insert(args.end(), steps.begin(), steps.end());
 
