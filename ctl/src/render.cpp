@@ -53,17 +53,23 @@ void pids_json(JsonWriter& j, const std::vector<std::uint32_t>& pids) {
   j.end_array();
 }
 
+// `key`: the value, or null when there is none.
+template <class T>
+void uint_or_null(JsonWriter& j, std::string_view key, const std::optional<T>& v) {
+  j.key(key);
+  if (v) {
+    j.uint(*v);
+  } else {
+    j.null();
+  }
+}
+
 void usage_json(JsonWriter& j, const TenantGpuView& u) {
   j.field_uint("used", u.used);
   j.field_uint("granted", u.granted);
   j.field_uint("nonpool", u.nonpool);
   j.field_uint("limit", u.limit);
-  j.key("guaranteed");
-  if (u.guaranteed) {
-    j.uint(*u.guaranteed);
-  } else {
-    j.null();
-  }
+  uint_or_null(j, "guaranteed", u.guaranteed);
   j.key("share_percent").number(u.share_percent, 2);
   j.key("over_limit").boolean(u.over_limit);
 }
@@ -355,12 +361,7 @@ std::string render_events_json(const NodeView& v, const std::string& state) {
     j.field("kind", e.kind);
     j.field_uint("tenant_id", e.tenant_id);
     j.field("tenant", e.tenant);
-    j.key("gpu");
-    if (e.gpu) {
-      j.uint(*e.gpu);
-    } else {
-      j.null();
-    }
+    uint_or_null(j, "gpu", e.gpu);
     j.field_uint("pid", e.pid);
     j.field_uint("grant_id", e.grant_id);
     j.field_uint("address", e.address);
