@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds vlake on a GPU machine and runs everything that needs the real GPU — the `gpu`-labelled
-# tests (and, as they land, the GPU benchmarks) — in one go, then prints a summary table.
+# tests and the benchmarks (bench/run.sh) — in one go, then prints a summary table and the
+# benchmark table.
 #
 #   ./scripts/gpu-check.sh [--all]     # --all also runs the simulator-backed tests
 #
@@ -9,12 +10,19 @@
 # .deps/root without installing anything. Warnings are not fatal here (the machine's compiler
 # may be newer than CI's, which enforces -Werror). Build and ctest output:
 # build/gpu/gpu-check.log; every test's full output: build/gpu/gpu-tests-full.log; per-test
-# results: build/gpu/results.xml (JUnit).
+# results: build/gpu/results.xml (JUnit); benchmark results: build/gpu/bench-results.json
+# (raw outputs and table, docs/benchmarks.md). --no-bench skips the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 run_all=0
-[[ "${1:-}" == "--all" ]] && run_all=1
+run_bench=1
+for arg in "$@"; do
+  case "$arg" in
+    --all) run_all=1 ;;
+    --no-bench) run_bench=0 ;;
+  esac
+done
 build=build/gpu
 mkdir -p "$build"
 log="$build/gpu-check.log"
@@ -32,7 +40,7 @@ echo "== GPU"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$log"
 
 echo "== build"
-if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVLAKE_WERROR=OFF \
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVLAKE_WERROR=OFF -DVLAKE_BUILD_SCHEDULER=OFF \
          -DPython3_EXECUTABLE="$(command -v python3)" "${prefix[@]}" && cmake --build "$build" -j "$(nproc)"; } >>"$log" 2>&1; then
   tail -n 40 "$log"
   echo "gpu-check: build failed (full log: $log)"
@@ -67,4 +75,14 @@ for name, result, t in rows:
 counts = {k: sum(1 for r in rows if r[1] == k) for k in ("passed", "FAILED", "skipped")}
 print(f"{counts['passed']} passed, {counts['FAILED']} failed, {counts['skipped']} skipped")
 PY
+
+if ((run_bench)); then
+  echo
+  echo "== benchmarks (bench/run.sh; table also in $build/bench-table.txt)"
+  bench/run.sh --build "$build" --results "$build/bench-results.json" >"$build/bench-table.txt" \
+    2>"$build/bench.log"
+  brc=$?
+  cat "$build/bench-table.txt"
+  ((brc == 0)) || { echo "gpu-check: bench/run.sh exited $brc (log: $build/bench.log)"; tail -n 20 "$build/bench.log"; }
+fi
 exit "$rc"

@@ -18,6 +18,17 @@ DriverError::DriverError(DriverStatus code, const std::string& call, const std::
                          (detail.empty() ? std::string() : " " + detail)),
       code_(code) {}
 
+void Driver::copy_device(DevicePtr dst, DevicePtr src, Bytes n) {
+  constexpr std::uint64_t kPiece = 2ull << 20;
+  std::vector<std::uint8_t> buf(static_cast<std::size_t>(std::min<std::uint64_t>(n.value(), kPiece)));
+  for (std::uint64_t done = 0; done < n.value();) {
+    const std::uint64_t k = std::min<std::uint64_t>(kPiece, n.value() - done);
+    copy_to_host(buf.data(), DevicePtr{src.value() + done}, Bytes{k});
+    copy_to_device(DevicePtr{dst.value() + done}, buf.data(), Bytes{k});
+    done += k;
+  }
+}
+
 namespace {
 
 using cuda::CudaApi;
@@ -203,6 +214,11 @@ class CudaDriver final : public Driver {
   void copy_to_host(void* dst, DevicePtr src, Bytes n) override {
     bind_default();
     check(api_.cuMemcpyDtoH_v2(dst, src.value(), n.value()), "cuMemcpyDtoH_v2");
+  }
+
+  void copy_device(DevicePtr dst, DevicePtr src, Bytes n) override {
+    bind_default();
+    check(api_.cuMemcpyDtoD_v2(dst.value(), src.value(), n.value()), "cuMemcpyDtoD_v2");
   }
 
   void fill_u8(DevicePtr dst, std::uint8_t value, Bytes n) override {

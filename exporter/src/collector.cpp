@@ -154,6 +154,20 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
           [](const st::DeviceRecord& r) { return d(r.guaranteed_bytes); });
   per_gpu("vlake_pool_borrowed_bytes", "memory held above guarantees",
           [](const st::DeviceRecord& r) { return d(r.borrowed_bytes); });
+  per_gpu("vlake_pool_peak_bytes", "highest vlake_pool_reserved_bytes since the daemon started",
+          [](const st::DeviceRecord& r) { return d(r.pool_peak_bytes); });
+  {
+    MetricFamily& f = F.gauge("vlake_pool_free_handles_by_class", "free handles by size class (small: the "
+                                                                  "granularity, bulk: --bulk-size)");
+    for (const Gpu& g : gpus) {
+      set(f, join(g.labels, {{"class", "small"}}), d(g.rec->free_small_handles));
+      set(f, join(g.labels, {{"class", "bulk"}}), d(g.rec->free_bulk_handles));
+    }
+  }
+  per_gpu("vlake_pool_warm_target_bytes", "warm reserve target (--warm-reserve)",
+          [](const st::DeviceRecord& r) { return d(r.warm_target_bytes); });
+  per_gpu("vlake_hook_reserve_bytes", "granted memory the hooks keep unused in their local reserves",
+          [](const st::DeviceRecord& r) { return d(r.hook_reserve_bytes); });
 
   // Namespaces by id; tenants' sessions.
   std::map<std::uint32_t, const st::NamespaceRecord*> namespaces;
@@ -178,19 +192,34 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   MetricFamily& t_limit = F.gauge("vlake_tenant_limit_bytes", "its limit");
   MetricFamily& t_over = F.gauge("vlake_tenant_over_limit", "1 when a lowered limit left it above (grants refused)");
   MetricFamily& t_sessions = F.gauge("vlake_tenant_sessions", "connected or detached processes");
+  MetricFamily& t_reserve =
+      F.gauge("vlake_tenant_reserve_bytes", "of its granted memory, what its processes keep unused in local reserves");
   std::uint64_t tenants = 0;
   for (const st::TenantRecord& r : s.tenants) {
     if (r.in_use == 0) continue;
     ++tenants;
     const auto ns = namespaces.find(r.namespace_id);
     const std::string ns_name = ns == namespaces.end() ? "default" : bounded(ns->second->name, sizeof ns->second->name);
-    const Labels tl{{"tenant", bounded(r.name, sizeof r.name)}, {"namespace", ns_name}, {"pod", ""}, {"container", ""}};
+    // Kubernetes tenants ("pod:<namespace>/<pod>/<container>", docs/device-plugin.md) carry
+    // their pod and container; every other tenant has them empty.
+    const std::string tname = bounded(r.name, sizeof r.name);
+    std::string pod, container;
+    if (tname.rfind("pod:", 0) == 0) {
+      const auto a = tname.find('/', 4);
+      const auto b = a == std::string::npos ? a : tname.find('/', a + 1);
+      if (b != std::string::npos) {
+        pod = tname.substr(a + 1, b - a - 1);
+        container = tname.substr(b + 1);
+      }
+    }
+    const Labels tl{{"tenant", tname}, {"namespace", ns_name}, {"pod", pod}, {"container", container}};
     for (const Gpu& g : gpus) {
       const Labels l = join(g.labels, tl);
       set(t_used, l, d(r.granted[g.index] + r.nonpool[g.index]));
       set(t_granted, l, d(r.granted[g.index]));
       set(t_nonpool, l, d(r.nonpool[g.index]));
       set(t_limit, l, d(r.limit[g.index]));
+      set(t_reserve, l, d(r.reserve[g.index]));
       set(t_over, l, (r.over_limit & (1u << g.index)) != 0 ? 1 : 0);
     }
     const auto it = tenant_sessions.find(r.id);
@@ -234,6 +263,23 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   set(F.counter("vlake_pool_handles_created_total", "pool handles created"), {}, d(c.handles_created));
   set(F.counter("vlake_pool_handles_released_total", "pool handles released"), {}, d(c.handles_released));
   set(F.counter("vlake_malformed_messages_total", "connections dropped for malformed messages"), {}, d(c.malformed));
+  set(F.counter("vlake_requests_total", "well-formed client messages handled"), {}, d(c.requests));
+  set(F.counter("vlake_usage_queries_total", "UsageQuery messages"), {}, d(c.usage_queries));
+  {
+    MetricFamily& f = F.counter("vlake_pool_grants_total", "grants with handles, by how the pool served them");
+    set(f, {{"path", "exact"}}, d(c.grants_exact));
+    set(f, {{"path", "stitched"}}, d(c.grants_stitched));
+    set(f, {{"path", "new"}}, d(c.grants_new));
+  }
+  set(F.counter("vlake_pool_stitched_handles_total", "handles in stitched grants"), {}, d(c.handles_stitched));
+  set(F.counter("vlake_pool_stitched_cross_tenant_total", "stitched grants using a handle another tenant freed"), {},
+      d(c.stitched_cross_tenant));
+  set(F.counter("vlake_pool_pressure_messages_total", "Pressure messages sent to hooks"), {}, d(c.pressure_sent));
+  set(F.counter("vlake_pool_parked_grants_total", "grants that waited for reserves to be returned"), {},
+      d(c.grants_parked));
+  set(F.counter("vlake_pool_parked_timeouts_total", "parked grants refused when the wait ended"), {},
+      d(c.parked_timeouts));
+  set(F.counter("vlake_reserve_reports_total", "ReserveReport messages"), {}, d(c.reserve_reports));
 
   {
     MetricFamily& f = F.add("vlake_grant_duration_seconds", MetricType::Histogram,
@@ -256,9 +302,9 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   set(F.counter("vlake_config_reload_errors_total", "rejected quota files"), {}, d(c.config_reload_errors));
   set(F.gauge("vlake_config_rejected", "1 while the file on disk is rejected (old config in force)"), {},
       s.config.rejected != 0 ? 1 : 0);
-  per_gpu("vlake_dedup_logical_bytes", "bytes tenants see as shared read-only weights (0 until dedup lands)",
+  per_gpu("vlake_dedup_logical_bytes", "bytes tenants see as shared read-only chunks (docs/dedup.md)",
           [](const st::DeviceRecord& r) { return d(r.dedup_logical_bytes); });
-  per_gpu("vlake_dedup_physical_bytes", "bytes those take on the GPU (0 until dedup lands)",
+  per_gpu("vlake_dedup_physical_bytes", "bytes the shared chunks take on the GPU (stored once)",
           [](const st::DeviceRecord& r) { return d(r.dedup_physical_bytes); });
   MetricFamily& guard = F.counter("vlake_guard_violations_total", "out-of-bounds alarms (0 until guards land)");
   set(guard, {{"kind", "fault"}}, d(c.guard_violations_fault));

@@ -1,5 +1,6 @@
 #include "client.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -39,10 +40,83 @@ std::span<const std::byte> bytes_of(const T& v) {
 
 }  // namespace
 
-DaemonClient::DaemonClient(const Config& config)
+DaemonClient::DaemonClient(const Config& config, bool pressure)
     : path_(config.socket_path),
       timeout_(config.timeout),
-      reconnect_timeout_(config.reconnect_timeout) {}
+      reconnect_timeout_(config.reconnect_timeout),
+      pressure_(pressure) {}
+
+bool DaemonClient::connected() const {
+  std::lock_guard lock(mu_);
+  return fd_.valid();
+}
+
+bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes,
+                                       std::uint64_t blocks) {
+  std::lock_guard lock(mu_);
+  if (!fd_) return false;
+  proto::ReserveReport r{};
+  r.h = proto::make_header<proto::ReserveReport>(proto::MsgType::reserve_report, next_request_++);
+  std::memcpy(r.device_uuid, device.data(), device.size());
+  r.bytes = bytes;
+  r.blocks = blocks;
+  try {
+    send_with_fds(fd_.get(), bytes_of(r), {});
+    return true;
+  } catch (const std::system_error& e) {
+    last_error_ = std::string("send: ") + std::strerror(e.code().value());
+    fd_.reset();
+    return false;
+  }
+}
+
+void DaemonClient::keep_pressure_locked(const std::byte* buf) {
+  proto::Pressure p;
+  std::memcpy(&p, buf, sizeof p);
+  PressureNote n;
+  std::memcpy(n.device.data(), p.device_uuid, n.device.size());
+  n.bytes = p.bytes;
+  std::lock_guard lock(pressure_mu_);
+  pressure_notes_.push_back(n);
+}
+
+void DaemonClient::poll_pressure() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || !fd_) return;
+  for (;;) {
+    pollfd p{fd_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) return;
+    alignas(8) std::byte buf[proto::kMaxMessageBytes];
+    Received got;
+    try {
+      got = recv_with_fds(fd_.get(), std::span<std::byte>(buf, sizeof buf));
+    } catch (const std::exception& e) {
+      last_error_ = e.what();
+      fd_.reset();
+      return;
+    }
+    if (got.bytes == 0) {  // the daemon went away: the next request reconnects
+      fd_.reset();
+      return;
+    }
+    proto::Header h{};
+    if (proto::check_frame(buf, got.bytes) != nullptr || !got.fds.empty() ||
+        (std::memcpy(&h, buf, sizeof h), h.type != proto::MsgType::pressure)) {
+      last_error_ = "unexpected message from the daemon on an idle connection";
+      log(LogLevel::warn, "%s; reconnecting", last_error_.c_str());
+      fd_.reset();
+      return;
+    }
+    keep_pressure_locked(buf);
+  }
+}
+
+std::vector<PressureNote> DaemonClient::take_pressure() {
+  std::lock_guard lock(pressure_mu_);
+  std::vector<PressureNote> out;
+  out.swap(pressure_notes_);
+  return out;
+}
 
 std::string DaemonClient::tenant_name() const {
   std::lock_guard lock(mu_);
@@ -114,6 +188,7 @@ bool DaemonClient::connect_locked() {
   hello.h = proto::make_header<proto::Hello>(proto::MsgType::hello, next_request_++);
   hello.pid = static_cast<std::uint32_t>(::getpid());
   hello.old_session = session_;
+  hello.flags = pressure_ ? proto::kHelloPressure : 0u;
   std::snprintf(hello.client, sizeof hello.client, "vlake-hook 0.1.0");
   proto::HelloAck ack{};
   const Io io = roundtrip_locked(hello, proto::MsgType::hello_ack, ack, nullptr);
@@ -157,30 +232,35 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, proto::MsgType rep
   }
   alignas(8) std::byte buf[proto::kMaxMessageBytes];
   Received got;
-  try {
-    got = recv_with_fds(fd_.get(), std::span<std::byte>(buf, sizeof buf));
-  } catch (const std::system_error& e) {
-    const int err = e.code().value();
-    if (err == EAGAIN || err == EWOULDBLOCK) {
-      last_error_ = "no reply within VLAKE_TIMEOUT";
+  proto::Header h{};
+  // Pressure messages may precede the reply: keep them and read on.
+  for (;;) {
+    try {
+      got = recv_with_fds(fd_.get(), std::span<std::byte>(buf, sizeof buf));
+    } catch (const std::system_error& e) {
+      const int err = e.code().value();
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        last_error_ = "no reply within VLAKE_TIMEOUT";
+        return Io::failed;
+      }
+      last_error_ = std::string("recv: ") + std::strerror(err);
+      return is_broken_errno(err) ? Io::broken : Io::failed;
+    } catch (const std::exception& e) {
+      last_error_ = e.what();
       return Io::failed;
     }
-    last_error_ = std::string("recv: ") + std::strerror(err);
-    return is_broken_errno(err) ? Io::broken : Io::failed;
-  } catch (const std::exception& e) {
-    last_error_ = e.what();
-    return Io::failed;
+    if (got.bytes == 0) {
+      last_error_ = "the daemon closed the connection";
+      return Io::broken;
+    }
+    if (const char* why = proto::check_frame(buf, got.bytes); why != nullptr) {
+      last_error_ = std::string("malformed reply: ") + why;
+      return Io::failed;
+    }
+    std::memcpy(&h, buf, sizeof h);
+    if (h.type != proto::MsgType::pressure || !got.fds.empty()) break;
+    keep_pressure_locked(buf);
   }
-  if (got.bytes == 0) {
-    last_error_ = "the daemon closed the connection";
-    return Io::broken;
-  }
-  if (const char* why = proto::check_frame(buf, got.bytes); why != nullptr) {
-    last_error_ = std::string("malformed reply: ") + why;
-    return Io::failed;
-  }
-  proto::Header h;
-  std::memcpy(&h, buf, sizeof h);
   if (h.type == proto::MsgType::error) {
     proto::Error err;
     std::memcpy(&err, buf, sizeof err);
@@ -300,11 +380,26 @@ std::optional<UsageResult> DaemonClient::usage(const Uuid& device) {
   return UsageResult{rep->status, rep->total, rep->limit, rep->used};
 }
 
+std::optional<proto::ShareReply> DaemonClient::share(const proto::ShareRequest& request,
+                                                     std::vector<UniqueFd>& fds) {
+  std::lock_guard lock(mu_);
+  return exchange_locked<proto::ShareRequest, proto::ShareReply>(request,
+                                                                 proto::MsgType::share_reply, &fds);
+}
+
+std::optional<proto::ShareAck> DaemonClient::share_commit(const proto::ShareCommit& request) {
+  std::lock_guard lock(mu_);
+  return exchange_locked<proto::ShareCommit, proto::ShareAck>(request, proto::MsgType::share_ack,
+                                                              nullptr);
+}
+
 void DaemonClient::prepare_fork() noexcept {
   mu_.lock();
+  pressure_mu_.lock();
 }
 
 void DaemonClient::parent_after_fork() noexcept {
+  pressure_mu_.unlock();
   mu_.unlock();
 }
 
@@ -317,6 +412,8 @@ void DaemonClient::child_after_fork() noexcept {
   granularity_ = 0;
   pending_releases_.clear();
   retry_after_ = {};
+  pressure_notes_.clear();
+  pressure_mu_.unlock();
   mu_.unlock();
 }
 

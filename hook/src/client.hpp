@@ -21,6 +21,12 @@
 // - Fork: prepare_fork()/parent_after_fork() hold the mutex across fork(); child_after_fork()
 //   forgets the inherited connection and session without telling the daemon (the parent still
 //   owns them).
+// - Pressure (docs/pool.md): when the process keeps a local reserve, Hello says kHelloPressure
+//   and the daemon may send unsolicited Pressure messages. Any that arrive while a reply is
+//   awaited are kept (the reply is still read); poll_pressure() reads those waiting on an idle
+//   connection without blocking (it gives up at once if another thread holds the connection)
+//   and take_pressure() hands over everything kept so far.
+// - send_reserve_report() sends one ReserveReport if a connection is open (never connects).
 // - Thread-safety: every public method may be called from any thread.
 #pragma once
 
@@ -51,6 +57,11 @@ struct GrantResult {
   std::vector<UniqueFd> fds;
 };
 
+struct PressureNote {
+  Uuid device{};
+  std::uint64_t bytes = 0;  // 0: all of it
+};
+
 struct UsageResult {
   proto::Status status = proto::Status::internal;
   std::uint64_t total = 0;
@@ -60,7 +71,8 @@ struct UsageResult {
 
 class DaemonClient {
  public:
-  explicit DaemonClient(const Config& config);
+  // `pressure`: say kHelloPressure in Hello (the process keeps a local reserve).
+  DaemonClient(const Config& config, bool pressure);
   DaemonClient(const DaemonClient&) = delete;
   DaemonClient& operator=(const DaemonClient&) = delete;
 
@@ -69,8 +81,17 @@ class DaemonClient {
   // Status of the release, or nullopt when it was queued (daemon unreachable).
   std::optional<proto::Status> release(std::uint64_t grant_id, std::uint32_t flags);
   [[nodiscard]] std::optional<UsageResult> usage(const Uuid& device);
+  // Dedup (docs/dedup.md, share.cpp): one ShareRequest -> ShareReply (descriptors in `fds`), one
+  // ShareCommit -> ShareAck. nullopt when the daemon is unreachable or answered an Error.
+  [[nodiscard]] std::optional<proto::ShareReply> share(const proto::ShareRequest& request,
+                                                       std::vector<UniqueFd>& fds);
+  [[nodiscard]] std::optional<proto::ShareAck> share_commit(const proto::ShareCommit& request);
 
   bool send_guard_event(proto::GuardEvent event);
+  bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks);
+  void poll_pressure();
+  [[nodiscard]] std::vector<PressureNote> take_pressure();
+  [[nodiscard]] bool connected() const;
 
   [[nodiscard]] proto::GuardMode guard_mode() const;
   [[nodiscard]] std::uint64_t granularity() const;
@@ -93,10 +114,12 @@ class DaemonClient {
                       std::vector<UniqueFd>* fds);
   bool connect_locked();
   void flush_pending_locked();
+  void keep_pressure_locked(const std::byte* buf);
 
   const std::string path_;
   const std::chrono::milliseconds timeout_;
   const std::chrono::milliseconds reconnect_timeout_;
+  const bool pressure_;
 
   mutable std::mutex mu_;
   UniqueFd fd_;
@@ -108,6 +131,8 @@ class DaemonClient {
   std::string last_error_;
   std::chrono::steady_clock::time_point retry_after_{};
   std::vector<std::pair<std::uint64_t, std::uint32_t>> pending_releases_;
+  std::mutex pressure_mu_;  // after mu_ when both are held
+  std::vector<PressureNote> pressure_notes_;
 };
 
 }  // namespace vlake::hook

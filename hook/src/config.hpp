@@ -11,11 +11,16 @@
 //     VLAKE_TIMEOUT            duration (per socket op)  default 10 s
 //     VLAKE_LOG                error|warn|info|debug     default warn
 //     VLAKE_DISABLE            1/true/yes/on = pass everything through
+//     VLAKE_RESERVE            local reserve cap (size)  default 2GiB; 0 = no reserve
+//     VLAKE_RESERVE_AGE        idle time before a reserved block goes back   default 30 s
+//   A size is a whole number of bytes with an optional unit K, Ki, KiB, M, Mi, MiB, G, Gi,
+//   GiB, T, Ti, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000).
 //   A duration is a decimal number of seconds ("5", "0.25"), or a number with "ms" or "s".
 // - Plain value type; thread-safe as any value once built.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -34,12 +39,17 @@ struct Config {
   std::chrono::milliseconds timeout{10000};
   LogLevel log_level = LogLevel::warn;
   bool disabled = false;
+  std::uint64_t reserve_bytes = 2ULL << 30;
+  std::chrono::milliseconds reserve_age{30000};
   std::vector<std::string> problems;
 
   using Lookup = std::function<const char*(const char*)>;
   [[nodiscard]] static Config parse(const Lookup& lookup);
   [[nodiscard]] static Config from_environment();
 };
+
+// "0", "4096", "512MiB", "2GiB", "1GB" -> bytes; nullopt when malformed or out of range.
+[[nodiscard]] std::optional<std::uint64_t> parse_size(std::string_view text);
 
 // "5", "0.5", "250ms", "2s" -> milliseconds; nullopt when malformed or negative.
 [[nodiscard]] std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);

@@ -1,7 +1,9 @@
 // Implementations of the intercepted entry points (see hook.hpp and docs/hook.md).
 #include "hook.hpp"
+#include "share.hpp"
 
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 
 namespace vlake::hook {
 
@@ -18,7 +21,10 @@ using proto::Status;
 
 // ---- Process state ------------------------------------------------------------------------------
 
-State::State(Config c) : config(std::move(c)), client(config) {}
+State::State(Config c)
+    : config(std::move(c)),
+      client(config, config.reserve_bytes > 0),
+      reserve(config.reserve_bytes, config.reserve_age) {}
 
 namespace {
 
@@ -29,10 +35,13 @@ thread_local bool t_creating = false;
 void fork_prepare() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
+  s->busy_mu.lock();
+  s->work_mu.lock();
   s->client.prepare_fork();
   s->allocs.lock_all();
   s->creates.lock_all();
   s->managed.lock_all();
+  s->reserve.lock_all();
   s->uuid_mu.lock();
 }
 
@@ -40,10 +49,13 @@ void fork_parent() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
   s->uuid_mu.unlock();
+  s->reserve.unlock_all();
   s->managed.unlock_all();
   s->creates.unlock_all();
   s->allocs.unlock_all();
   s->client.parent_after_fork();
+  s->work_mu.unlock();
+  s->busy_mu.unlock();
 }
 
 // The child owns none of the parent's grants and must not talk on its connection: it forgets
@@ -52,10 +64,17 @@ void fork_child() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
   s->uuid_mu.unlock();
+  s->reserve.clear_after_fork();
   s->managed.clear_after_fork();
   s->creates.clear_after_fork();
   s->allocs.clear_after_fork();
   s->client.child_after_fork();
+  // The worker thread does not exist in the child; its queue holds the parent's grants.
+  s->retire_queue.clear();
+  s->worker_started = false;
+  s->stopping = false;
+  s->work_mu.unlock();
+  s->busy_mu.unlock();
   s->refusals.reset();
   s->unreachable.reset();
   s->passthrough_warned.store(false);
@@ -117,7 +136,7 @@ void remember_context(CUcontext ctx, int dev) noexcept {
   }
 }
 
-CUresult current_device(int& dev) {
+CUresult current_device(int& dev, CUcontext* ctx_out = nullptr) {
   const UsedApi& api = used();
   if (api.cuCtxGetCurrent == nullptr || api.cuCtxGetDevice == nullptr) {
     return CUDA_ERROR_NOT_INITIALIZED;
@@ -128,6 +147,7 @@ CUresult current_device(int& dev) {
   CUdevice d = 0;
   if (CUresult rc = api.cuCtxGetDevice(&d); rc != CUDA_SUCCESS) return rc;
   dev = d;
+  if (ctx_out != nullptr) *ctx_out = ctx;
   remember_context(ctx, d);
   return CUDA_SUCCESS;
 }
@@ -179,8 +199,9 @@ struct Obtained {
   GrantResult grant;
 };
 
-// Asks the daemon for `bytes` on device `dev`, applying the refusal and unreachable policies.
-Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose) {
+// Asks the daemon for `bytes` on device `dev`, applying the refusal and unreachable policies;
+// a refusal is logged only if `report`.
+Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bool report = true) {
   Obtained out;
   Uuid uuid{};
   if (CUresult rc = device_uuid(s, dev, uuid); rc != CUDA_SUCCESS) {
@@ -213,10 +234,15 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose) {
     return out;
   }
   if (g->status != Status::ok) {
-    report_refusal(s, *g, dev, bytes);
+    if (report) report_refusal(s, *g, dev, bytes);
     out.rc = CUDA_ERROR_OUT_OF_MEMORY;
+    out.grant = std::move(*g);
     return out;
   }
+  s.granularity.store(s.client.granularity(), std::memory_order_relaxed);
+  const proto::GuardMode gm = s.client.guard_mode();
+  s.canary.store(gm == proto::GuardMode::canary, std::memory_order_relaxed);
+  s.fault_guard.store(gm == proto::GuardMode::fault, std::memory_order_relaxed);
   out.decision = Decision::granted;
   out.rc = CUDA_SUCCESS;
   out.grant = std::move(*g);
@@ -271,7 +297,8 @@ bool in_mapping(const LogicalAlloc& a, std::uint64_t p) {
 // Imports, reserves, maps and enables the handles of an alloc grant; records the allocation.
 // In guard fault mode the reservation has one more granularity-sized chunk, left unmapped, and
 // the returned pointer is right-aligned (256 B) so that the allocation ends at the grant's end.
-CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, CUdeviceptr* dptr) {
+CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64_t requested,
+                   CUdeviceptr* dptr) {
   const UsedApi& api = used();
   if (api.cuMemAddressReserve == nullptr || api.cuMemSetAccess == nullptr) {
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -299,6 +326,7 @@ CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, C
   a.requested = requested;
   a.grant_id = g.grant_id;
   a.device = dev;
+  a.ctx = ctx;
   for (auto& fd : g.fds) {
     CUmemGenericAllocationHandle h = 0;
     if (CUresult rc = import_fd(fd.get(), h); rc != CUDA_SUCCESS) {
@@ -340,23 +368,229 @@ CUresult map_grant(State& s, GrantResult& g, int dev, std::uint64_t requested, C
   return CUDA_SUCCESS;
 }
 
+// ---- Local reserve ------------------------------------------------------------------------------
+
+bool reserve_usable(const State& s) {
+  return s.reserve.enabled() && !s.canary.load(std::memory_order_relaxed);
+}
+
+// Unmaps and releases blocks that leave the reserve for good.
+void retire_blocks(State& s, std::vector<ReserveBlock>& blocks) {
+  for (ReserveBlock& b : blocks) {
+    if (CUresult rc = unmap_logical(b.alloc); rc != CUDA_SUCCESS) {
+      log(LogLevel::warn, "unmapping a reserved block of %s failed (CUresult %d)",
+          format_bytes(b.alloc.mapped).c_str(), static_cast<int>(rc));
+    }
+    give_back(s, b.alloc.grant_id, 0);
+  }
+  blocks.clear();
+}
+
+int device_of_uuid(State& s, const Uuid& u) {
+  std::lock_guard lock(s.uuid_mu);
+  for (std::size_t i = 0; i < s.uuids.size(); ++i) {
+    if (s.uuids[i] && *s.uuids[i] == u) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// The worker's periodic duties; runs with busy_mu held.
+void worker_tick(State& s, std::vector<ReserveBlock>& work,
+                 std::array<std::uint64_t, proto::kMaxDevices>& reported,
+                 std::chrono::steady_clock::time_point& last_report) {
+  retire_blocks(s, work);
+  auto old = s.reserve.expire(std::chrono::steady_clock::now());
+  bool urgent = !old.empty();
+  retire_blocks(s, old);
+  s.client.poll_pressure();
+  for (const PressureNote& n : s.client.take_pressure()) {
+    const int dev = device_of_uuid(s, n.device);
+    if (dev < 0) continue;
+    auto out = s.reserve.drain(dev, n.bytes);
+    log(LogLevel::info, "vlaked asked for memory on GPU %d: returning %zu reserved block(s)", dev,
+        out.size());
+    urgent = true;
+    retire_blocks(s, out);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (!urgent && now - last_report < std::chrono::milliseconds(250)) return;
+  last_report = now;
+  for (std::size_t d = 0; d < proto::kMaxDevices; ++d) {
+    std::optional<Uuid> u;
+    {
+      std::lock_guard lock(s.uuid_mu);
+      u = s.uuids[d];
+    }
+    if (!u) continue;
+    const std::uint64_t bytes = s.reserve.bytes(static_cast<int>(d));
+    if (bytes == reported[d]) continue;
+    if (s.client.send_reserve_report(*u, bytes, s.reserve.blocks(static_cast<int>(d)))) {
+      reported[d] = bytes;
+    }
+  }
+}
+
+void worker_main(State* s) {
+  sigset_t all;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, nullptr);  // the application's handlers never run here
+  ::pthread_setname_np(::pthread_self(), "vlake-reserve");
+  std::array<std::uint64_t, proto::kMaxDevices> reported{};
+  auto last_report = std::chrono::steady_clock::time_point{};
+  for (;;) {
+    std::vector<ReserveBlock> work;
+    {
+      std::unique_lock lock(s->work_mu);
+      s->work_cv.wait_for(lock, std::chrono::milliseconds(50),
+                          [s] { return !s->retire_queue.empty() || s->stopping; });
+      if (s->stopping) return;
+      work.swap(s->retire_queue);
+    }
+    std::lock_guard busy(s->busy_mu);
+    {
+      std::lock_guard lock(s->work_mu);
+      if (s->stopping) return;
+    }
+    try {
+      worker_tick(*s, work, reported, last_report);
+    } catch (...) {
+    }
+  }
+}
+
+// At exit (before the driver's own exit handlers, which were registered earlier): stop the
+// worker and keep it off the driver for good.
+void stop_worker() {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr) return;
+  {
+    std::lock_guard lock(s->work_mu);
+    if (!s->worker_started) return;
+    s->stopping = true;
+  }
+  s->work_cv.notify_all();
+  s->busy_mu.lock();  // waits for a tick in progress; never unlocked
+}
+
+void ensure_worker(State& s) {
+  std::lock_guard lock(s.work_mu);
+  if (s.worker_started || s.stopping) return;
+  try {
+    std::thread(worker_main, &s).detach();
+  } catch (...) {
+    return;  // no thread: blocks leave the reserve only on refusals (retired inline)
+  }
+  s.worker_started = true;
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(stop_worker); });
+}
+
+// Blocks to unmap and release off the caller's thread (inline if there is no worker).
+void retire_later(State& s, std::vector<ReserveBlock> blocks) {
+  if (blocks.empty()) return;
+  ensure_worker(s);
+  {
+    std::lock_guard lock(s.work_mu);
+    if (s.worker_started && !s.stopping) {
+      for (auto& b : blocks) s.retire_queue.push_back(std::move(b));
+      blocks.clear();
+    }
+  }
+  if (blocks.empty()) {
+    s.work_cv.notify_one();
+    return;
+  }
+  retire_blocks(s, blocks);
+}
+
+// Hands a reserved block to the application as a new allocation of `requested` bytes.
+void place(State& s, LogicalAlloc a, CUcontext ctx, std::uint64_t requested, CUdeviceptr* dptr) {
+  const bool guard = s.fault_guard.load(std::memory_order_relaxed);
+  a.ptr = guard ? a.base + a.mapped - round_up(requested, kGuardAlign) : a.base;
+  a.requested = requested;
+  a.ctx = ctx;
+  a.created = std::chrono::steady_clock::now();
+  *dptr = static_cast<CUdeviceptr>(a.ptr);
+  s.allocs.insert(std::move(a));
+}
+
+// Waits for work that may still use an allocation being freed, as cuMemFree does: a
+// synchronize of the context it was allocated in.
+CUresult fence(const LogicalAlloc& a) {
+  const UsedApi& api = used();
+  if (a.ctx == nullptr || api.cuCtxGetCurrent == nullptr) return CUDA_SUCCESS;
+  CUcontext cur = nullptr;
+  if (api.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == a.ctx) {
+    return pass<Row::cuCtxSynchronize>(false);
+  }
+  if (api.cuCtxPushCurrent_v2 == nullptr || api.cuCtxPopCurrent_v2 == nullptr) {
+    return pass<Row::cuCtxSynchronize>(false);
+  }
+  if (CUresult rc = api.cuCtxPushCurrent_v2(a.ctx); rc != CUDA_SUCCESS) return rc;
+  const CUresult rc = pass<Row::cuCtxSynchronize>(false);
+  CUcontext popped = nullptr;
+  api.cuCtxPopCurrent_v2(&popped);
+  return rc;
+}
+
+bool quota_or_memory(Status st) {
+  return st == Status::over_limit || st == Status::namespace_over_limit ||
+         st == Status::guarantee || st == Status::out_of_memory;
+}
+
 // The alloc path shared by cuMemAlloc, cuMemAllocPitch and cuMemAllocAsync. `direct` performs
-// the call on the driver (passthrough policy).
+// the call on the driver (passthrough policy). A warm request is served from the local reserve
+// (no driver VMM call, no daemon message); a refusal empties this process's reserve on that GPU
+// and asks once more.
 template <class Direct>
 CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct direct) {
   int dev = 0;
-  if (CUresult rc = current_device(dev); rc != CUDA_SUCCESS) return rc;
-  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc);
+  CUcontext ctx = nullptr;
+  if (CUresult rc = current_device(dev, &ctx); rc != CUDA_SUCCESS) return rc;
+  const bool reserve = reserve_usable(s);
+  if (reserve) {
+    const std::uint64_t gran = s.granularity.load(std::memory_order_relaxed);
+    ReserveBlock b;
+    if (gran != 0 && s.reserve.take(dev, round_up(bytes, gran), gran, b)) {
+      place(s, std::move(b.alloc), ctx, bytes, dptr);
+      return CUDA_SUCCESS;
+    }
+  }
+  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, /*report=*/!reserve);
+  if (reserve && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {
+    auto mine = s.reserve.drain(dev, 0);
+    if (!mine.empty()) {
+      retire_blocks(s, mine);
+      o = obtain(s, dev, bytes, GrantPurpose::alloc);
+    } else {
+      report_refusal(s, o.grant, dev, bytes);
+    }
+  }
   if (o.decision == Decision::passthrough) return direct();
   if (o.decision == Decision::refused) return o.rc;
   const std::uint64_t grant_id = o.grant.grant_id;
-  const CUresult rc = map_grant(s, o.grant, dev, bytes, dptr);
+  const CUresult rc = map_grant(s, o.grant, dev, ctx, bytes, dptr);
   if (rc != CUDA_SUCCESS) give_back(s, grant_id, 0);
   return rc;
 }
 
-// Frees a logical allocation of the alloc path and releases its grant.
-CUresult free_logical(State& s, const LogicalAlloc& a) {
+// Frees a logical allocation of the alloc path: into the local reserve (after the fence that
+// cuMemFree implies, unless the caller already fenced), or unmapped and its grant released.
+CUresult free_logical(State& s, LogicalAlloc a, bool fenced = false) {
+  // Memory with shared read-only chunks (docs/dedup.md) is never reused: it goes back at once.
+  const bool shared = share::is_shared(a.grant_id);
+  if (shared) share::forget(a.grant_id);
+  if (reserve_usable(s) && !shared) {
+    CUresult rc = fenced ? CUDA_SUCCESS : fence(a);
+    if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault("cuMemFree", rc);
+    ReserveBlock b;
+    b.alloc = std::move(a);
+    b.freed = std::chrono::steady_clock::now();
+    auto out = s.reserve.put(std::move(b));
+    ensure_worker(s);
+    retire_later(s, std::move(out));
+    return rc;
+  }
   const CUresult rc = unmap_logical(a);
   if (rc != CUDA_SUCCESS) {
     log(LogLevel::warn, "unmapping pool allocation 0x%llx failed (CUresult %d)",
@@ -477,7 +711,7 @@ CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, siz
 CUresult on_cuMemFree_v2(bool ptds, CUdeviceptr dptr) {
   State* s = active();
   if (s == nullptr) return pass<Row::cuMemFree_v2>(ptds, dptr);
-  if (auto a = s->allocs.take(addr(dptr))) return free_logical(*s, *a);
+  if (auto a = s->allocs.take(addr(dptr))) return free_logical(*s, std::move(*a));
   if (s->allocs.find(addr(dptr))) return CUDA_ERROR_INVALID_VALUE;  // inside, not the pointer
   if (auto grant = s->managed.take(addr(dptr))) {
     const CUresult rc = pass<Row::cuMemFree_v2>(ptds, dptr);
@@ -516,7 +750,7 @@ CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
   if (CUresult rc = api.cuStreamSynchronize(stream); rc != CUDA_SUCCESS) return rc;
   auto a = s->allocs.take(addr(dptr));
   if (!a) return CUDA_ERROR_INVALID_VALUE;  // not the pointer, or freed meanwhile
-  return free_logical(*s, *a);
+  return free_logical(*s, std::move(*a), /*fenced=*/true);
 }
 
 // ---- Create path --------------------------------------------------------------------------------
@@ -687,6 +921,10 @@ CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total) {
     return rc;
   }
   if (auto u = s->client.usage(uuid); u && u->status == Status::ok) {
+    // Memory in this process's reserve is free to it: the next allocations reuse it.
+    const std::uint64_t mine = s->reserve.bytes(dev);
+    u->used = saturating_sub(u->used, mine);
+    *free += static_cast<std::size_t>(mine);
     virtualize_memory_info(*u, *free, *total);
   }
   return rc;
@@ -799,7 +1037,9 @@ void report_fault_impl(State& s, const char* call, CUresult rc) {
     }
   }
   proto::GuardEvent ev{};
-  ev.kind = proto::GuardKind::fault;
+  // A process holding shared read-only chunks on that GPU most likely wrote into one
+  // (docs/dedup.md: the driver does not give the address).
+  ev.kind = share::holds_shared(dev) ? proto::GuardKind::readonly : proto::GuardKind::fault;
   ev.cuda_status = static_cast<std::int32_t>(rc);
   std::snprintf(ev.call, sizeof ev.call, "%s", call);
   Uuid uuid{};

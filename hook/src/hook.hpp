@@ -14,13 +14,16 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "client.hpp"
 #include "config.hpp"
 #include "log.hpp"
 #include "real.hpp"
+#include "reserve.hpp"
 #include "tables.hpp"
 
 namespace vlake::hook {
@@ -46,6 +49,23 @@ struct State {
 
   std::mutex uuid_mu;
   std::array<std::optional<Uuid>, proto::kMaxDevices> uuids;
+
+  // Local reserve (docs/hook.md): freed alloc-path memory kept mapped for reuse.
+  LocalReserve reserve;
+  // From the last grant: read on the hot path without the connection's mutex.
+  std::atomic<std::uint64_t> granularity{0};
+  std::atomic<bool> canary{false};       // guard canary mode: the reserve is not used
+  std::atomic<bool> fault_guard{false};  // guard fault mode: pointers are right-aligned
+
+  // The background worker (started with the first block put in the reserve): unmaps and
+  // releases blocks that leave the reserve, expires idle blocks, answers Pressure and sends
+  // ReserveReports. Lock order: busy_mu, work_mu, then the connection and the tables.
+  std::mutex busy_mu;  // held by the worker while it calls the driver or the daemon
+  std::mutex work_mu;
+  std::condition_variable work_cv;
+  std::vector<ReserveBlock> retire_queue;  // guarded by work_mu
+  bool worker_started = false;             // guarded by work_mu
+  bool stopping = false;                   // guarded by work_mu: the process is exiting
 };
 
 [[nodiscard]] State* state() noexcept;

@@ -40,6 +40,7 @@ struct LogicalAlloc {
   std::uint64_t requested = 0;  // the application's size: it owns [ptr, ptr + requested)
   std::uint64_t grant_id = 0;
   int device = 0;
+  CUcontext ctx = nullptr;  // the context current when it was allocated (free fences it)
   std::chrono::steady_clock::time_point created{};
   std::vector<std::uint64_t> handles;
 };

@@ -1,5 +1,6 @@
 #include "vlake/pool/daemon.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -25,6 +26,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <sstream>
@@ -33,11 +35,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "vlake/allocation/allocation.hpp"
 #include "vlake/common/driver.hpp"
 #include "vlake/common/protocol.hpp"
 #include "vlake/common/unix_socket.hpp"
 #include "vlake/exporter/server.hpp"
 #include "vlake/pool/accounting.hpp"
+#include "dedup.hpp"
 #include "vlake/pool/device_pool.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/state.hpp"
@@ -182,7 +186,9 @@ void copy_name(char (&dst)[N], const std::string& src) {
 }
 
 // epoll tokens: kind in the top byte, a never-reused serial below.
-enum class Kind : std::uint64_t { listen = 1, signal = 2, timer = 3, conn = 4, pidfd = 5, inotify = 6, reload = 7 };
+enum class Kind : std::uint64_t { listen = 1, signal = 2, timer = 3, conn = 4, pidfd = 5, inotify = 6, reload = 7, park = 8,
+                                  // Kubernetes allocations (--alloc-root): their sockets, the directory watch, the rescan
+                                  alloc_listen = 20, alloc_watch = 21, alloc_timer = 22 };
 std::uint64_t token(Kind k, std::uint64_t serial) { return (static_cast<std::uint64_t>(k) << 56) | serial; }
 Kind kind_of(std::uint64_t t) { return static_cast<Kind>(t >> 56); }
 std::uint64_t serial_of(std::uint64_t t) { return t & ((1ULL << 56) - 1); }
@@ -208,6 +214,7 @@ class Daemon::Impl {
     std::chrono::steady_clock::time_point last_refusal_log{};
     std::uint64_t refusals_unlogged = 0;
     proto::GuardMode guard = proto::GuardMode::off;
+    std::string alloc_id{};  // a Kubernetes allocation's tenant (docs/device-plugin.md); "": uid/gid tenant
   };
   struct Namespace {
     NamespaceId id;
@@ -221,6 +228,7 @@ class Daemon::Impl {
     std::uint32_t uid;
     std::uint32_t gid;
     std::uint64_t session = 0;
+    std::string alloc_id{};  // accepted on that allocation's socket: its identity
   };
   struct Session {
     std::uint64_t id;
@@ -233,6 +241,7 @@ class Daemon::Impl {
     std::uint64_t conn = 0;  // 0: detached
     UniqueFd pidfd;
     std::vector<std::uint64_t> grants;
+    std::string alloc_id{};  // opened through that allocation's socket
   };
   struct Grant {
     std::uint64_t id;
@@ -276,6 +285,8 @@ class Daemon::Impl {
   // loop
   void add_epoll(int fd, Kind k, std::uint64_t serial);
   void on_accept();
+  // Accepts on `listen_fd`; connections get `alloc_id` as identity ("": SO_PEERCRED's uid/gid).
+  void accept_on(int listen_fd, const std::string& alloc_id);
   void on_signal();
   void on_timer();
   void on_readable(std::uint64_t conn_serial);
@@ -300,6 +311,11 @@ class Daemon::Impl {
   void on_release(Connection& c, Session& s, const proto::Release& m);
   void on_usage(Connection& c, Session& s, const proto::UsageQuery& m);
   void on_guard_event(Connection& c, Session& s, const proto::GuardEvent& m);
+  // Dedup of read-only chunks (docs/dedup.md; the table is dedup.hpp).
+  void on_share_request(Connection& c, Session& s, const proto::ShareRequest& m);
+  void on_share_commit(Connection& c, Session& s, const proto::ShareCommit& m);
+  Dedup& dedup();
+  std::unique_ptr<Dedup> dedup_;  // created on first use
 
   // guards (docs/guard.md)
   // Fills grant g's slack [requested, bytes) with the canary pattern (throws DriverError).
@@ -318,6 +334,36 @@ class Daemon::Impl {
 
   // model
   Tenant& tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid);
+
+  // Kubernetes allocations (--alloc-root; docs/device-plugin.md): one listening socket per
+  // allocation directory; a connection on it is that allocation's tenant.
+  struct Allocation {
+    std::string id;
+    std::string dir;
+    std::uint64_t serial = 0;  // epoll serial of its socket
+    UniqueFd fd;               // listening socket <dir>/vlaked.sock
+    DeviceOrdinal device{0};
+    Bytes bytes{0};
+    std::optional<alloc::Owner> owner;
+  };
+  Tenant& tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid, const Allocation* alloc);
+  void setup_allocs();
+  // Brings allocs_ in line with the directories: binds new ones, closes gone ones, applies
+  // changed owners (sessions move to the renamed tenant). Never throws.
+  void rescan_allocs();
+  void on_alloc_watch();
+  void on_alloc_timer();
+  void close_alloc(Allocation& a);
+  // The tenant of allocation `a` (created or updated: name, namespace, per-GPU limits).
+  Tenant& tenant_for_alloc(const Allocation& a);
+  void reattribute(const Allocation& a);
+  std::map<std::string, Allocation> allocs_;  // by allocation id
+  std::unordered_map<std::uint64_t, std::string> alloc_serials_;  // socket serial -> id
+  std::uint64_t next_alloc_serial_ = 1;
+  UniqueFd alloc_inotify_fd_;
+  UniqueFd alloc_timer_fd_;
+  std::map<int, std::string> alloc_watches_;  // inotify wd -> allocation id ("" for the root)
+  bool alloc_root_warned_ = false;
   Tenant* tenant_by_id(TenantId id);
   DeviceInfo* device_by_uuid(const std::uint8_t* uuid);
   void end_session(Session& s, const char* why);
@@ -374,6 +420,37 @@ class Daemon::Impl {
   std::unique_ptr<exporter::MetricsServer> metrics_;  // its own threads; reads the segment
   std::chrono::steady_clock::time_point last_canary_sweep_ = std::chrono::steady_clock::now();
   std::uint64_t canary_cursor_ = 0;  // the sweep resumes after this grant id
+
+  // Pool performance (docs/pool.md): pressure protocol, reserve reports, warm reserve.
+  struct SessionPool {
+    bool pressure = false;                          // Hello set kHelloPressure
+    std::uint64_t reserve[st::kMaxDevices] = {};    // last ReserveReport per GPU
+  };
+  struct Parked {
+    std::uint64_t conn;
+    std::uint64_t session;
+    proto::GrantRequest req;
+    std::chrono::steady_clock::time_point received;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  const Parked* grant_retry_ = nullptr;  // set while retry_parked() re-runs a parked request
+  bool grant_parked_ = false;            // on_grant() parked (or kept parked) its request
+  // The pool could not serve `m`: parks it (pressure sent) or keeps a retried one parked until
+  // its deadline. False: the caller answers out_of_memory.
+  bool park_grant(Connection& c, Session& s, const proto::GrantRequest& m, const DeviceInfo& dev, Bytes bytes,
+                  std::chrono::steady_clock::time_point received);
+  void on_reserve_report(Connection& c, Session& s, const proto::ReserveReport& m);
+  // Sends Pressure to the other flagged sessions holding reserve on `dev`; false if there is none.
+  bool send_pressure(const Session& requester, const DeviceInfo& dev, Bytes shortfall);
+  void retry_parked();
+  void on_park_timer();
+  void arm_park_timer();
+  void forget_session_pool(std::uint64_t session_id);
+  void refill_warm(std::uint64_t max_handles_per_gpu);
+  std::unordered_map<std::uint64_t, SessionPool> session_pool_;  // by session id
+  std::vector<Parked> parked_;  // FIFO
+  bool retry_parked_ = false;   // a release happened since the last retry
+  UniqueFd park_timer_fd_;
 };
 
 namespace {
@@ -419,6 +496,19 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log) {
       d.pool->warm();
     } catch (const std::exception& e) {
       throw StartupError("cannot create pool memory on GPU " + std::to_string(d.ordinal.value()) + ": " + e.what());
+    }
+  }
+  if (opts_.warm_reserve > 0) {
+    try {
+      refill_warm(UINT64_MAX);
+    } catch (const std::exception& e) {
+      throw StartupError(std::string("cannot create the warm reserve: ") + e.what());
+    }
+    for (const DeviceInfo& d : devices_) {
+      log_.info("GPU " + std::to_string(d.ordinal.value()) + ": warm reserve " +
+                std::to_string(d.pool->free_bytes().value() >> 20) + " MiB of " +
+                std::to_string(opts_.warm_reserve >> 20) + " MiB (" + std::to_string(d.pool->free_bulk_handles()) +
+                " bulk, " + std::to_string(d.pool->free_small_handles()) + " small handles)");
     }
   }
   if (!opts_.metrics_address.empty()) {
@@ -517,7 +607,7 @@ void Daemon::Impl::open_driver_and_devices() {
     d.uuid = driver_->device_uuid(d.ordinal);
     d.total = driver_->total_memory(d.ordinal);
     d.granularity = driver_->granularity(d.ordinal);
-    d.pool = std::make_unique<DevicePool>(*driver_, d.ordinal, log_);
+    d.pool = std::make_unique<DevicePool>(*driver_, d.ordinal, log_, Bytes{opts_.bulk_size});
     acct_.set_capacity(d.ordinal, d.total);
     log_.info("GPU " + std::to_string(i) + ": " + uuid_to_string(d.uuid) + ", " +
               std::to_string(d.total.value() >> 20) + " MiB, granularity " +
@@ -627,7 +717,12 @@ void Daemon::Impl::resume_state() {
       continue;
     }
     const std::vector<gid_t> groups = supplementary_groups(r.uid, r.gid);
-    Tenant& t = tenant_for(config_.resolve(r.uid, r.gid, groups), r.uid, r.gid);
+    // A Kubernetes allocation's session keeps its tenant; rescan_allocs() binds it to its
+    // allocation again (by tenant name) once the allocation directories are read.
+    auto old = tenants_.find(r.tenant);
+    const bool pod_tenant = old != tenants_.end() &&
+                            (old->second.name.rfind("pod:", 0) == 0 || old->second.name.rfind("alloc:", 0) == 0);
+    Tenant& t = pod_tenant ? old->second : tenant_for(config_.resolve(r.uid, r.gid, groups), r.uid, r.gid);
     Session sess{r.id, i, r.pid, r.start_time, r.uid, r.gid, t.id, 0, std::move(pidfd), {}};
     r.tenant = t.id.value();
     r.state = st::kSessionDetached;
@@ -728,6 +823,7 @@ void Daemon::Impl::setup_loop() {
   add_epoll(signal_fd_.get(), Kind::signal, 0);
   add_epoll(timer_fd_.get(), Kind::timer, 0);
   setup_watch();
+  setup_allocs();
   // Sessions resumed from the state segment (open_state() ran before the epoll existed).
   for (auto& [id, sess] : sessions_) add_epoll(sess.pidfd.get(), Kind::pidfd, sess.id);
 }
@@ -762,7 +858,16 @@ int Daemon::Impl::run() {
           case Kind::pidfd: on_process_exit(serial_of(t)); break;
           case Kind::inotify: on_inotify(); break;
           case Kind::reload: on_reload_timer(); break;
+          case Kind::alloc_listen: {
+            auto a = alloc_serials_.find(serial_of(t));
+            if (a != alloc_serials_.end()) accept_on(allocs_.at(a->second).fd.get(), a->second);
+            break;
+          }
+          case Kind::alloc_watch: on_alloc_watch(); break;
+          case Kind::alloc_timer: on_alloc_timer(); break;
+          case Kind::park: on_park_timer(); break;
         }
+        if (retry_parked_) retry_parked();
       } catch (const std::exception& e) {
         log_.error(std::string("event handling failed: ") + e.what());
       }
@@ -772,9 +877,11 @@ int Daemon::Impl::run() {
   return 0;
 }
 
-void Daemon::Impl::on_accept() {
+void Daemon::Impl::on_accept() { accept_on(listen_fd_.get(), std::string()); }
+
+void Daemon::Impl::accept_on(int listen_fd, const std::string& alloc_id) {
   for (;;) {
-    UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -788,10 +895,10 @@ void Daemon::Impl::on_accept() {
       continue;
     }
     const std::uint64_t serial = next_conn_serial_++;
-    Connection c{serial, std::move(fd), static_cast<std::uint32_t>(cred.pid), cred.uid, cred.gid, 0};
+    Connection c{serial, std::move(fd), static_cast<std::uint32_t>(cred.pid), cred.uid, cred.gid, 0, alloc_id};
     add_epoll(c.fd.get(), Kind::conn, serial);
     log_.debug("connection " + std::to_string(serial) + " from pid " + std::to_string(cred.pid) + " uid " +
-               std::to_string(cred.uid));
+               std::to_string(cred.uid) + (alloc_id.empty() ? std::string() : " on allocation " + alloc_id));
     conns_.emplace(serial, std::move(c));
   }
 }
@@ -828,6 +935,15 @@ void Daemon::Impl::on_timer() {
       reload("file changed", false);
     } else {
       pending_fp_ = now;
+    }
+  }
+
+  // Warm reserve: back to the target, off the request path, a bounded step per tick.
+  if (opts_.warm_reserve > 0 && parked_.empty()) {
+    try {
+      refill_warm(16);
+    } catch (const std::exception& e) {
+      log_.warn(std::string("warm reserve refill failed: ") + e.what());
     }
   }
 
@@ -963,15 +1079,27 @@ void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
   }
   proto::Header h{};
   std::memcpy(&h, data, sizeof h);
+  {
+    st::StateSegment::Write w(*seg_);
+    ++seg_->state().counters.requests;
+  }
   if (h.type == proto::MsgType::hello) {
     if (c.session != 0) return malformed(c, "second Hello on a connection");
     proto::Hello m{};
     std::memcpy(&m, data, sizeof m);
+    const std::uint64_t serial = c.serial;
     on_hello(c, m);
+    // Pressure is sent only to sessions whose (latest) Hello asked for it.
+    auto cit = conns_.find(serial);
+    if (cit != conns_.end() && cit->second.session != 0) {
+      session_pool_[cit->second.session].pressure = (m.flags & proto::kHelloPressure) != 0;
+    }
     return;
   }
   if (h.type != proto::MsgType::grant_request && h.type != proto::MsgType::release &&
-      h.type != proto::MsgType::usage_query && h.type != proto::MsgType::guard_event) {
+      h.type != proto::MsgType::usage_query && h.type != proto::MsgType::guard_event &&
+      h.type != proto::MsgType::reserve_report && h.type != proto::MsgType::share_request &&
+      h.type != proto::MsgType::share_commit) {
     return malformed(c, "message type " + std::to_string(static_cast<unsigned>(h.type)) +
                             " is not a client request");
   }
@@ -998,9 +1126,31 @@ void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
       on_guard_event(c, s, m);
       break;
     }
+    case proto::MsgType::share_request: {
+      proto::ShareRequest m{};
+      std::memcpy(&m, data, sizeof m);
+      on_share_request(c, s, m);
+      break;
+    }
+    case proto::MsgType::share_commit: {
+      proto::ShareCommit m{};
+      std::memcpy(&m, data, sizeof m);
+      on_share_commit(c, s, m);
+      break;
+    }
+    case proto::MsgType::reserve_report: {
+      proto::ReserveReport m{};
+      std::memcpy(&m, data, sizeof m);
+      on_reserve_report(c, s, m);
+      break;
+    }
     default: {
       proto::UsageQuery m{};
       std::memcpy(&m, data, sizeof m);
+      {
+        st::StateSegment::Write w(*seg_);
+        ++seg_->state().counters.usage_queries;
+      }
       on_usage(c, s, m);
       break;
     }
@@ -1008,7 +1158,7 @@ void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
 }
 
 void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
-  if (m.flags != 0) return malformed(c, "Hello flags must be 0");
+  if ((m.flags & ~proto::kHelloKnownFlags) != 0) return malformed(c, "Hello has unknown flags");
   if (std::memchr(m.client, 0, sizeof m.client) == nullptr) return malformed(c, "Hello client name not terminated");
   const std::uint64_t start = process_start_time(c.pid);
   if (start == 0) return malformed(c, "peer process is gone");
@@ -1016,7 +1166,8 @@ void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
   Session* sess = nullptr;
   if (m.old_session != 0) {
     auto it = sessions_.find(m.old_session);
-    if (it != sessions_.end() && it->second.pid == c.pid && it->second.start_time == start) {
+    if (it != sessions_.end() && it->second.pid == c.pid && it->second.start_time == start &&
+        it->second.alloc_id == c.alloc_id) {
       sess = &it->second;
       if (sess->conn != 0 && sess->conn != c.serial) {
         // The process reconnected before we saw its old connection close.
@@ -1036,11 +1187,17 @@ void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
   st::StateSegment::Write w(*seg_);
   st::State& state = seg_->state();
   if (sess == nullptr) {
-    const std::vector<gid_t> groups = supplementary_groups(c.uid, c.gid);
-    const quota::TenantSpec spec = config_.resolve(c.uid, c.gid, groups);
     Tenant* t = nullptr;
     try {
-      t = &tenant_for(spec, c.uid, c.gid);
+      if (!c.alloc_id.empty()) {
+        // Kubernetes: the allocation whose socket it came through is its identity.
+        auto a = allocs_.find(c.alloc_id);
+        if (a == allocs_.end()) throw std::runtime_error("allocation " + c.alloc_id + " is gone");
+        t = &tenant_for_alloc(a->second);
+      } else {
+        const std::vector<gid_t> groups = supplementary_groups(c.uid, c.gid);
+        t = &tenant_for(config_.resolve(c.uid, c.gid, groups), c.uid, c.gid);
+      }
     } catch (const std::exception& e) {
       log_.error(e.what());
       send_error(c, m.h.request_id, proto::Status::internal, e.what());
@@ -1057,7 +1214,7 @@ void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
       return;
     }
     const std::uint64_t id = state.header.next_session_id++;
-    Session ns{id, static_cast<std::uint32_t>(slot), c.pid, start, c.uid, c.gid, t->id, 0, std::move(pidfd), {}};
+    Session ns{id, static_cast<std::uint32_t>(slot), c.pid, start, c.uid, c.gid, t->id, 0, std::move(pidfd), {}, c.alloc_id};
     add_epoll(ns.pidfd.get(), Kind::pidfd, id);
     sess = &sessions_.emplace(id, std::move(ns)).first->second;
     ++state.counters.sessions_opened;
@@ -1103,7 +1260,7 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
     return malformed(c, "GrantRequest purpose " + std::to_string(static_cast<unsigned>(m.purpose)) + " out of range");
   }
   if (m.bytes == 0) return malformed(c, "GrantRequest for 0 bytes");
-  const auto received = std::chrono::steady_clock::now();
+  const auto received = grant_retry_ != nullptr ? grant_retry_->received : std::chrono::steady_clock::now();
 
   proto::GrantReply reply{};
   reply.h = proto::make_header<proto::GrantReply>(proto::MsgType::grant_reply, m.h.request_id);
@@ -1194,19 +1351,37 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
   std::vector<int> fds;
   if (m.purpose != proto::GrantPurpose::counted) {
     try {
-      DevicePool::Acquired a = dev->pool->acquire(bytes, t.id);
-      if (a.scrubbed) count(&st::Counters::scrubs);
-      if (a.reused) count(&st::Counters::reuses);
-      g.handles.push_back(std::move(a.handle));
+      DevicePool::Served a = dev->pool->serve(
+          bytes, t.id, m.purpose == proto::GrantPurpose::create ? 1u : proto::kMaxHandlesPerGrant);
+      {
+        st::StateSegment::Write pw(*seg_);
+        st::Counters& k = state.counters;
+        k.scrubs += a.scrubbed;
+        if (a.reused > 0) ++k.reuses;
+        switch (a.kind) {
+          case PlanKind::exact: ++k.grants_exact; break;
+          case PlanKind::stitch:
+            ++k.grants_stitched;
+            k.handles_stitched += a.handles.size();
+            if (a.cross_tenant) ++k.stitched_cross_tenant;
+            break;
+          default: ++k.grants_new; break;
+        }
+      }
+      g.handles = std::move(a.handles);
       if (g.canary) {
         try {
           canary_fill(g);
         } catch (...) {
-          dev->pool->put_back(std::move(g.handles.front()), t.id);
+          for (auto& h : g.handles) dev->pool->put_back(std::move(h), t.id);
           throw;
         }
       }
     } catch (const PoolOutOfMemory& e) {
+      if (park_grant(c, s, m, *dev, bytes, received)) {
+        publish_device(*dev);
+        return;  // the reply waits (docs/pool.md, "Pressure protocol")
+      }
       count(&st::Counters::denials_out_of_memory);
       reply.status = proto::Status::out_of_memory;
       log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " + std::to_string(bytes.value()) +
@@ -1485,6 +1660,13 @@ void Daemon::Impl::close_connection(std::uint64_t serial) {
 // model
 
 Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid) {
+  return tenant_for(spec, uid, gid, nullptr);
+}
+
+// `alloc`: a Kubernetes allocation's tenant: spec.limit applies on the allocation's GPU only
+// (0 on the others), and the tenant has no uid/gid of its own.
+Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid,
+                                               const Allocation* alloc) {
   std::string name = spec.name.substr(0, st::kTenantNameBytes - 1);
   auto it = tenant_ids_.find(name);
   Tenant* t = nullptr;
@@ -1506,13 +1688,17 @@ Daemon::Impl::Tenant& Daemon::Impl::tenant_for(const quota::TenantSpec& spec, st
   }
   t->limit = spec.limit;
   t->guard = spec.guard;
-  t->have_ids = true;
+  t->have_ids = alloc == nullptr;
   t->uid = uid;
   t->gid = gid;
+  t->alloc_id = alloc != nullptr ? alloc->id : std::string();
   const NamespaceId old_ns = t->ns;
   t->ns = namespace_id(spec.ns);
   acct_.assign(t->id, t->ns);
-  for (const DeviceInfo& d : devices_) acct_.set_limit(t->id, d.ordinal, spec.limit.on_device(d.total));
+  for (const DeviceInfo& d : devices_) {
+    const bool here = alloc == nullptr || alloc->device == d.ordinal;
+    acct_.set_limit(t->id, d.ordinal, here ? spec.limit.on_device(d.total) : Bytes{0});
+  }
   st::StateSegment::Write w(*seg_);
   publish_tenant(*t);
   if (old_ns != t->ns) {
@@ -1535,6 +1721,7 @@ void Daemon::Impl::finish_grant(Grant& g, TenantId releaser, bool exported) {
   st::StateSegment::Write w(*seg_);
   st::State& state = seg_->state();
   DeviceInfo& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  if (dedup_) dedup_->release_grant(g.id, *dev.pool);  // shared chunks: drop its references
   for (auto& h : g.handles) {
     if (exported) dev.pool->retire(std::move(h));
     else dev.pool->put_back(std::move(h), releaser);
@@ -1557,6 +1744,7 @@ void Daemon::Impl::finish_grant(Grant& g, TenantId releaser, bool exported) {
   }
   if (Tenant* t = tenant_by_id(g.tenant)) publish_tenant(*t);
   publish_device(dev);
+  if (!parked_.empty()) retry_parked_ = true;  // run() retries them after this event
   grants_.erase(g.id);  // g is gone from here on
 }
 
@@ -1584,6 +1772,7 @@ void Daemon::Impl::end_session(Session& s, const char* why) {
   }
   if (s.pidfd) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, s.pidfd.get(), nullptr);
   std::memset(&state.sessions[s.slot], 0, sizeof(st::SessionRecord));
+  forget_session_pool(id);
   ++state.counters.process_exits;
   log_.info("session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
             std::to_string(n) + " grant(s) returned");
@@ -1623,6 +1812,12 @@ void Daemon::Impl::publish_tenant(const Tenant& t) {
     r.granted[i] = u.granted.value();
     r.nonpool[i] = u.nonpool.value();
     if (u.used() > u.limit) over |= 1u << i;
+    std::uint64_t reserve = 0;
+    for (const auto& [sid, sp] : session_pool_) {
+      auto sit = sessions_.find(sid);
+      if (sit != sessions_.end() && sit->second.tenant == t.id) reserve += sp.reserve[i];
+    }
+    r.reserve[i] = reserve;
   }
   r.namespace_id = t.ns.value();
   r.over_limit = over;
@@ -1673,6 +1868,17 @@ void Daemon::Impl::publish_device(const DeviceInfo& d) {
   r.free_handles = d.pool->free_handles();
   r.largest_free_handle = d.pool->largest_free_handle().value();
   r.granted_bytes = d.granted.value();
+  r.free_small_handles = d.pool->free_small_handles();
+  r.free_bulk_handles = d.pool->free_bulk_handles();
+  r.warm_target_bytes = opts_.warm_reserve;
+  r.pool_peak_bytes = std::max(r.pool_peak_bytes, d.pool->peak_bytes().value());
+  r.dedup_logical_bytes = dedup_ ? dedup_->logical_bytes(d.ordinal).value() : 0;
+  r.dedup_physical_bytes = dedup_ ? dedup_->physical_bytes(d.ordinal).value() : 0;
+  {
+    std::uint64_t hook_reserve = 0;
+    for (const auto& [sid, sp] : session_pool_) hook_reserve += sp.reserve[d.ordinal.value()];
+    r.hook_reserve_bytes = hook_reserve;
+  }
   r.orphaned_bytes = d.orphaned.value();
   r.counted_bytes = d.counted.value();
   std::uint64_t nonpool = 0;
@@ -1730,6 +1936,11 @@ void Daemon::Impl::shutdown() {
     for (auto& h : g.handles) dev.pool->retire(std::move(h));
     g.handles.clear();
   }
+  if (dedup_) {
+    std::map<int, DevicePool*> pools;
+    for (DeviceInfo& d : devices_) pools[d.ordinal.value()] = d.pool.get();
+    dedup_->retire_all(pools);
+  }
   for (DeviceInfo& d : devices_) {
     d.pool->release_free();
     publish_device(d);
@@ -1744,6 +1955,292 @@ void Daemon::Impl::shutdown() {
               " live session(s) still held: keeping " + st::segment_path(opts_.state) + " for the next vlaked");
   }
   grants_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// dedup of read-only chunks (docs/dedup.md; the table and the planning are in dedup.cpp)
+
+Dedup& Daemon::Impl::dedup() {
+  if (!dedup_) dedup_ = std::make_unique<Dedup>(*driver_, log_);
+  return *dedup_;
+}
+
+void Daemon::Impl::on_share_request(Connection& c, Session& s, const proto::ShareRequest& m) {
+  if (m.reserved != 0) return malformed(c, "ShareRequest reserved field is not zero");
+  proto::ShareReply reply{};
+  reply.h = proto::make_header<proto::ShareReply>(proto::MsgType::share_reply, m.h.request_id);
+  reply.grant_id = m.grant_id;
+  auto answer = [&](proto::Status st) {
+    reply.status = st;
+    if (!send(c, reply)) close_connection(c.serial);
+  };
+  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
+    return answer(proto::Status::unknown_grant);
+  }
+  Grant& g = grants_.at(m.grant_id);
+  DeviceInfo& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  const std::uint64_t gran = dev.granularity.value();
+  if (m.bytes == 0 || m.offset % gran != 0 || m.bytes % gran != 0 || m.offset > g.bytes.value() ||
+      m.bytes > g.bytes.value() - m.offset) {
+    return malformed(c, "ShareRequest range is not chunk-aligned inside grant " + std::to_string(g.id));
+  }
+  const Tenant& t = tenants_.at(s.tenant.value());
+  const Dedup::Plan* plan = nullptr;
+  if (m.first_piece == 0) {
+    if (g.purpose != proto::GrantPurpose::alloc || g.orphaned || g.canary || g.handles.empty() ||
+        dedup().is_shared(g.id)) {
+      log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) +
+                " cannot be shared (not a live alloc grant, canary guard, or shared already)");
+      return answer(proto::Status::bad_request);
+    }
+    try {
+      plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, g.handles, Bytes{m.offset}, Bytes{m.bytes});
+    } catch (const PoolOutOfMemory& e) {
+      log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies");
+      publish_device(dev);
+      return answer(proto::Status::out_of_memory);
+    } catch (const std::exception& e) {
+      log_.error("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " failed: " + e.what());
+      publish_device(dev);
+      return answer(proto::Status::internal);
+    }
+    publish_device(dev);
+  } else {
+    plan = dedup().pending(s.id);
+    if (plan == nullptr || plan->grant_id != g.id || m.first_piece >= plan->pieces.size()) {
+      return malformed(c, "ShareRequest for a batch of no pending share");
+    }
+  }
+  const auto total = static_cast<std::uint32_t>(plan->pieces.size());
+  reply.first_piece = m.first_piece;
+  reply.total_pieces = total;
+  reply.shared_bytes = plan->shared.value();
+  reply.merged_bytes = plan->merged.value();
+  reply.copied_bytes = plan->copied.value();
+  std::vector<int> fds;
+  for (std::uint32_t i = m.first_piece; i < total && reply.piece_count < proto::kMaxHandlesPerGrant; ++i) {
+    const Dedup::Piece& p = plan->pieces[i];
+    proto::SharePiece& out = reply.pieces[reply.piece_count++];
+    out.size = p.size.value();
+    out.offset = p.offset.value();
+    if (p.kind == Dedup::PieceKind::keep) {
+      out.flags = proto::kShareKeep;
+      out.keep_index = p.keep_index;
+    } else if (p.kind == Dedup::PieceKind::shared) {
+      out.flags = proto::kShareReadOnly;
+      fds.push_back(-1);  // filled below
+    } else {
+      fds.push_back(p.fd());
+    }
+  }
+  // Shared chunks' descriptors live in the table: resolve them after the loop (same order).
+  {
+    std::size_t k = 0;
+    for (std::uint32_t i = m.first_piece; i < m.first_piece + reply.piece_count; ++i) {
+      const Dedup::Piece& p = plan->pieces[i];
+      if (p.kind == Dedup::PieceKind::keep) continue;
+      if (p.kind == Dedup::PieceKind::shared) fds[k] = dedup_->chunk_fd(p.chunk);
+      ++k;
+    }
+  }
+  reply.status = proto::Status::ok;
+  if (!send(c, reply, fds)) {
+    dedup().abort(s.id, *dev.pool, s.tenant);
+    publish_device(dev);
+    close_connection(c.serial);
+  }
+}
+
+void Daemon::Impl::on_share_commit(Connection& c, Session& s, const proto::ShareCommit& m) {
+  if (m.reserved != 0) return malformed(c, "ShareCommit reserved field is not zero");
+  if (m.commit > 1) return malformed(c, "ShareCommit commit out of range");
+  proto::ShareAck ack{};
+  ack.h = proto::make_header<proto::ShareAck>(proto::MsgType::share_ack, m.h.request_id);
+  const Dedup::Plan* plan = dedup().pending(s.id);
+  if (plan == nullptr || plan->grant_id != m.grant_id ||
+      std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
+    ack.status = proto::Status::unknown_grant;
+    if (!send(c, ack)) close_connection(c.serial);
+    return;
+  }
+  Grant& g = grants_.at(m.grant_id);
+  DeviceInfo& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  const Tenant& t = tenants_.at(s.tenant.value());
+  const std::uint64_t shared = plan->shared.value();
+  const std::uint64_t merged = plan->merged.value();
+  const std::uint64_t copied = plan->copied.value();
+  if (m.commit == 1) {
+    dedup().commit(s.id, g.handles, *dev.pool, s.tenant);
+    ack.shared_bytes = shared;
+    log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) + " shares " + std::to_string(shared) +
+              " bytes read-only on GPU " + std::to_string(dev.ordinal.value()) + " (" + std::to_string(merged) +
+              " merged with existing chunks, " + std::to_string(copied) + " copied privately)");
+  } else {
+    dedup().abort(s.id, *dev.pool, s.tenant);
+    log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook");
+  }
+  {
+    st::StateSegment::Write w(*seg_);
+    seg_->state().grants[g.slot].handle_count = static_cast<std::uint32_t>(g.handles.size());
+    publish_device(dev);
+  }
+  ack.status = proto::Status::ok;
+  if (!send(c, ack)) close_connection(c.serial);
+}
+
+// ---------------------------------------------------------------------------------------------
+// pool performance: reserve reports, pressure, parked grants, warm reserve (docs/pool.md)
+
+void Daemon::Impl::on_reserve_report(Connection& c, Session& s, const proto::ReserveReport& m) {
+  DeviceInfo* dev = device_by_uuid(m.device_uuid);
+  if (dev == nullptr) return malformed(c, "ReserveReport for a GPU this node does not have");
+  if (m.bytes > dev->total.value()) return malformed(c, "ReserveReport bytes exceed the GPU's memory");
+  if (m.blocks > m.bytes) return malformed(c, "ReserveReport has more blocks than bytes");
+  // A reserve is part of what the session holds on that GPU: clamp (a Release may be in flight).
+  std::uint64_t held = 0;
+  for (std::uint64_t gid : s.grants) {
+    const Grant& g = grants_.at(gid);
+    if (g.device == dev->ordinal) held += g.bytes.value();
+  }
+  session_pool_[s.id].reserve[dev->ordinal.value()] = std::min(m.bytes, held);
+  st::StateSegment::Write w(*seg_);
+  ++seg_->state().counters.reserve_reports;
+  if (Tenant* t = tenant_by_id(s.tenant)) publish_tenant(*t);
+  publish_device(*dev);
+}
+
+bool Daemon::Impl::send_pressure(const Session& requester, const DeviceInfo& dev, Bytes shortfall) {
+  const auto d = static_cast<std::size_t>(dev.ordinal.value());
+  std::uint64_t sent = 0;
+  for (const auto& [sid, sp] : session_pool_) {
+    if (sid == requester.id || !sp.pressure || sp.reserve[d] == 0) continue;
+    auto sit = sessions_.find(sid);
+    if (sit == sessions_.end() || sit->second.conn == 0) continue;
+    auto cit = conns_.find(sit->second.conn);
+    if (cit == conns_.end()) continue;
+    proto::Pressure p{};
+    p.h = proto::make_header<proto::Pressure>(proto::MsgType::pressure, 0);
+    std::memcpy(p.device_uuid, dev.uuid.data(), sizeof p.device_uuid);
+    p.bytes = shortfall.value();
+    p.reason = proto::PressureReason::pool_exhausted;
+    try {
+      send_with_fds(cit->second.fd.get(), std::as_bytes(std::span<const proto::Pressure>(&p, 1)), {});
+      ++sent;
+      log_.info("GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
+                std::to_string(sit->second.pid) + ", reserve " + std::to_string(sp.reserve[d]) + " bytes) for " +
+                std::to_string(shortfall.value()) + " bytes");
+    } catch (const std::exception& e) {
+      // A client that does not read its socket gets no more; its connection stays.
+      log_.warn("session " + std::to_string(sid) + ": cannot send Pressure: " + e.what());
+    }
+  }
+  if (sent > 0) {
+    st::StateSegment::Write w(*seg_);
+    seg_->state().counters.pressure_sent += sent;
+  }
+  return sent > 0;
+}
+
+bool Daemon::Impl::park_grant(Connection& c, Session& s, const proto::GrantRequest& m, const DeviceInfo& dev,
+                              Bytes bytes, std::chrono::steady_clock::time_point received) {
+  const auto now = std::chrono::steady_clock::now();
+  if (grant_retry_ != nullptr) {
+    if (now < grant_retry_->deadline) {
+      grant_parked_ = true;
+      return true;
+    }
+    st::StateSegment::Write w(*seg_);
+    ++seg_->state().counters.parked_timeouts;
+    log_.info("GPU " + std::to_string(dev.ordinal.value()) + ": parked grant of " + std::to_string(bytes.value()) +
+              " bytes (session " + std::to_string(s.id) + ") waited " +
+              std::to_string(opts_.pressure_wait.count()) + " ms; no memory came back: out of memory");
+    return false;
+  }
+  if (opts_.pressure_wait.count() == 0) return false;
+  const Bytes shortfall = std::max(dev.pool->shortfall(bytes), dev.granularity);
+  if (!send_pressure(s, dev, shortfall)) return false;
+  parked_.push_back(Parked{c.serial, s.id, m, received, now + opts_.pressure_wait});
+  {
+    st::StateSegment::Write w(*seg_);
+    ++seg_->state().counters.grants_parked;
+  }
+  log_.info("GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
+            " bytes (session " + std::to_string(s.id) + ") parked for up to " +
+            std::to_string(opts_.pressure_wait.count()) + " ms while reserves are returned");
+  arm_park_timer();
+  grant_parked_ = true;
+  return true;
+}
+
+void Daemon::Impl::retry_parked() {
+  retry_parked_ = false;
+  std::vector<Parked> todo;
+  todo.swap(parked_);
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    const Parked& p = todo[i];
+    auto cit = conns_.find(p.conn);
+    auto sit = sessions_.find(p.session);
+    if (cit == conns_.end() || sit == sessions_.end() || cit->second.session != p.session) continue;  // gone
+    grant_retry_ = &p;
+    grant_parked_ = false;
+    try {
+      on_grant(cit->second, sit->second, p.req);
+    } catch (...) {
+      grant_retry_ = nullptr;
+      for (std::size_t j = i + 1; j < todo.size(); ++j) parked_.push_back(todo[j]);
+      arm_park_timer();
+      throw;
+    }
+    grant_retry_ = nullptr;
+    if (grant_parked_) parked_.push_back(p);
+  }
+  grant_parked_ = false;
+  arm_park_timer();
+}
+
+void Daemon::Impl::on_park_timer() {
+  std::uint64_t expirations = 0;
+  (void)!::read(park_timer_fd_.get(), &expirations, sizeof expirations);
+  retry_parked();  // one last try for the expired ones, then out_of_memory
+}
+
+void Daemon::Impl::arm_park_timer() {
+  if (!park_timer_fd_) {
+    if (parked_.empty()) return;
+    park_timer_fd_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    if (!park_timer_fd_) throw_errno("timerfd_create");
+    add_epoll(park_timer_fd_.get(), Kind::park, 0);
+  }
+  itimerspec its{};
+  if (!parked_.empty()) {
+    auto first = parked_.front().deadline;
+    for (const Parked& p : parked_) first = std::min(first, p.deadline);
+    const auto ns = std::max<std::int64_t>(
+        1'000'000, std::chrono::duration_cast<std::chrono::nanoseconds>(first - std::chrono::steady_clock::now()).count());
+    its.it_value.tv_sec = ns / 1'000'000'000;
+    its.it_value.tv_nsec = ns % 1'000'000'000;
+  }
+  ::timerfd_settime(park_timer_fd_.get(), 0, &its, nullptr);
+}
+
+void Daemon::Impl::forget_session_pool(std::uint64_t session_id) {
+  auto it = session_pool_.find(session_id);
+  if (it == session_pool_.end()) return;
+  session_pool_.erase(it);
+  for (const auto& [tid, t] : tenants_) publish_tenant(t);
+  for (const DeviceInfo& d : devices_) publish_device(d);
+}
+
+void Daemon::Impl::refill_warm(std::uint64_t max_handles_per_gpu) {
+  for (DeviceInfo& d : devices_) {
+    if (d.pool->free_bytes().value() >= opts_.warm_reserve) continue;
+    const std::uint64_t made = d.pool->refill(Bytes{opts_.warm_reserve}, max_handles_per_gpu);
+    if (made > 0) {
+      log_.debug("GPU " + std::to_string(d.ordinal.value()) + ": warm reserve: " + std::to_string(made) +
+                 " handle(s) created, " + std::to_string(d.pool->free_bytes().value()) + " bytes free in the pool");
+    }
+    publish_device(d);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1813,6 +2310,19 @@ void Daemon::Impl::retarget_tenants() {
   std::set<std::uint32_t> resolved;
   for (std::uint64_t id : ids) {
     Session& sess = sessions_.at(id);
+    if (!sess.alloc_id.empty()) {
+      // A Kubernetes allocation's session: re-resolved from its allocation (namespace,
+      // pod_limit may have changed); an allocation already gone keeps its tenant.
+      auto a = allocs_.find(sess.alloc_id);
+      try {
+        Tenant& t = a != allocs_.end() ? tenant_for_alloc(a->second) : tenants_.at(sess.tenant.value());
+        resolved.insert(t.id.value());
+        if (t.id != sess.tenant) move_session(sess, t);
+      } catch (const std::exception& e) {
+        log_.error("session " + std::to_string(id) + ": keeps its tenant: " + e.what());
+      }
+      continue;
+    }
     const std::vector<gid_t> groups = supplementary_groups(sess.uid, sess.gid);
     try {
       Tenant& t = tenant_for(config_.resolve(sess.uid, sess.gid, groups), sess.uid, sess.gid);
@@ -1832,6 +2342,13 @@ void Daemon::Impl::retarget_tenants() {
       const quota::TenantSpec spec = config_.resolve(t.uid, t.gid, supplementary_groups(t.uid, t.gid));
       if (spec.name.substr(0, st::kTenantNameBytes - 1) == t.name) {
         tenant_for(spec, t.uid, t.gid);
+        continue;
+      }
+    }
+    if (!t.alloc_id.empty()) {
+      auto a = allocs_.find(t.alloc_id);
+      if (a != allocs_.end() && alloc::tenant_name(a->first, a->second.owner) == t.name) {
+        tenant_for_alloc(a->second);
         continue;
       }
     }
@@ -1976,6 +2493,172 @@ void Daemon::Impl::on_reload_timer() {
   (void)!::read(reload_timer_fd_.get(), &expirations, sizeof expirations);
   reload("file changed", false);
   add_watches();  // the symlink target may now live in another directory
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes allocations (--alloc-root; docs/device-plugin.md)
+
+void Daemon::Impl::setup_allocs() {
+  if (opts_.alloc_root.empty()) return;
+  mkdir_p(opts_.alloc_root);
+  alloc_inotify_fd_.reset(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  if (!alloc_inotify_fd_) throw StartupError(std::string("inotify_init1: ") + std::strerror(errno));
+  const int wd = ::inotify_add_watch(alloc_inotify_fd_.get(), opts_.alloc_root.c_str(),
+                                     IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE_SELF);
+  if (wd < 0) throw StartupError("inotify on " + opts_.alloc_root + ": " + std::strerror(errno));
+  alloc_watches_[wd] = std::string();
+  add_epoll(alloc_inotify_fd_.get(), Kind::alloc_watch, 0);
+  alloc_timer_fd_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!alloc_timer_fd_) throw StartupError(std::string("timerfd_create: ") + std::strerror(errno));
+  itimerspec its{};
+  const auto ms = opts_.sample_interval.count();
+  its.it_interval.tv_sec = ms / 1000;
+  its.it_interval.tv_nsec = (ms % 1000) * 1'000'000;
+  its.it_value = its.it_interval;
+  ::timerfd_settime(alloc_timer_fd_.get(), 0, &its, nullptr);
+  add_epoll(alloc_timer_fd_.get(), Kind::alloc_timer, 0);
+  log_.info("serving Kubernetes allocations under " + opts_.alloc_root);
+  rescan_allocs();
+}
+
+void Daemon::Impl::on_alloc_watch() {
+  alignas(inotify_event) char buf[8192];
+  while (::read(alloc_inotify_fd_.get(), buf, sizeof buf) > 0) {
+  }
+  rescan_allocs();
+}
+
+void Daemon::Impl::on_alloc_timer() {
+  std::uint64_t expirations = 0;
+  (void)!::read(alloc_timer_fd_.get(), &expirations, sizeof expirations);
+  rescan_allocs();
+}
+
+void Daemon::Impl::close_alloc(Allocation& a) {
+  if (a.fd) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, a.fd.get(), nullptr);
+    a.fd.reset();
+  }
+  alloc_serials_.erase(a.serial);
+  for (auto it = alloc_watches_.begin(); it != alloc_watches_.end();) {
+    if (it->second == a.id) {
+      ::inotify_rm_watch(alloc_inotify_fd_.get(), it->first);
+      it = alloc_watches_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Daemon::Impl::rescan_allocs() {
+  if (opts_.alloc_root.empty()) return;
+  std::set<std::string> seen;
+  DIR* d = ::opendir(opts_.alloc_root.c_str());
+  if (d == nullptr) {
+    if (!alloc_root_warned_) log_.warn("cannot read " + opts_.alloc_root + ": " + std::strerror(errno));
+    alloc_root_warned_ = true;
+  } else {
+    alloc_root_warned_ = false;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string id = e->d_name;
+      if (alloc::valid_id(id)) seen.insert(id);
+    }
+    ::closedir(d);
+  }
+  // Gone: close the socket. Sessions opened through it keep their tenant until they end.
+  for (auto it = allocs_.begin(); it != allocs_.end();) {
+    if (seen.count(it->first) == 0) {
+      log_.info("allocation " + it->first + " removed: its socket is closed");
+      close_alloc(it->second);
+      it = allocs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const std::string& id : seen) {
+    const std::string dir = opts_.alloc_root + "/" + id;
+    try {
+      auto known = allocs_.find(id);
+      if (known != allocs_.end()) {
+        std::optional<alloc::Owner> owner = alloc::read_owner(dir);
+        if (owner && owner != known->second.owner) {
+          known->second.owner = owner;
+          reattribute(known->second);
+        }
+        continue;
+      }
+      const std::optional<alloc::Allocation> info = alloc::read_allocation(dir);
+      if (!info) continue;  // being written: the rename brings another event
+      const auto uuid = alloc::parse_uuid(info->gpu_uuid);
+      const DeviceInfo* dev = uuid ? device_by_uuid(uuid->data()) : nullptr;
+      if (dev == nullptr) {
+        if (allocs_.count(id) == 0) log_.warn("allocation " + id + ": GPU " + info->gpu_uuid + " is not on this node");
+        continue;
+      }
+      Allocation a;
+      a.id = id;
+      a.dir = dir;
+      a.device = dev->ordinal;
+      a.bytes = info->bytes;
+      a.owner = alloc::read_owner(dir);
+      const std::string path = dir + "/" + alloc::kSocketFile;
+      a.fd.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (!a.fd) throw_errno("socket");
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      if (path.size() >= sizeof addr.sun_path) throw std::runtime_error("socket path too long: " + path);
+      std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+      ::unlink(path.c_str());  // left by an earlier vlaked
+      if (::bind(a.fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw_errno("bind " + path);
+      ::chmod(path.c_str(), 0666);  // the directory mount is the access control
+      if (::listen(a.fd.get(), 128) != 0) throw_errno("listen " + path);
+      a.serial = next_alloc_serial_++;
+      add_epoll(a.fd.get(), Kind::alloc_listen, a.serial);
+      const int wd = ::inotify_add_watch(alloc_inotify_fd_.get(), dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE);
+      if (wd >= 0) alloc_watches_[wd] = id;
+      alloc_serials_[a.serial] = id;
+      // Sessions resumed from a previous vlaked that came through this allocation.
+      const std::string tname = alloc::tenant_name(id, a.owner);
+      const std::string aname = alloc::tenant_name(id, std::nullopt);
+      for (auto& [sid, sess] : sessions_) {
+        const Tenant* st_old = tenant_by_id(sess.tenant);
+        if (sess.alloc_id.empty() && st_old != nullptr && (st_old->name == tname || st_old->name == aname)) {
+          sess.alloc_id = id;
+        }
+      }
+      log_.info("allocation " + id + ": " + alloc::tenant_name(id, a.owner) + ", " + std::to_string(a.bytes.value()) +
+                " bytes on GPU " + std::to_string(a.device.value()) + ", socket " + path);
+      const Allocation& added = allocs_.emplace(id, std::move(a)).first->second;
+      bool resumed = false;
+      for (const auto& [sid, sess] : sessions_) resumed = resumed || sess.alloc_id == id;
+      if (resumed) reattribute(added);
+    } catch (const std::exception& e) {
+      log_.warn("allocation " + id + ": " + e.what());
+    }
+  }
+}
+
+Daemon::Impl::Tenant& Daemon::Impl::tenant_for_alloc(const Allocation& a) {
+  const quota::NamespaceSpec* ns = a.owner ? config_.find_namespace(a.owner->ns) : nullptr;
+  if (ns == nullptr) ns = config_.find_namespace(quota::kDefaultNamespace);
+  Bytes limit = a.bytes;
+  for (const DeviceInfo& d : devices_) {
+    if (d.ordinal == a.device && ns != nullptr && ns->pod_limit) limit = std::min(limit, ns->pod_limit->on_device(d.total));
+  }
+  const quota::TenantSpec spec{alloc::tenant_name(a.id, a.owner), quota::Limit::bytes(limit),
+                               ns != nullptr ? ns->name : std::string(quota::kDefaultNamespace),
+                               ns != nullptr && ns->guard ? *ns->guard : config_.default_guard()};
+  return tenant_for(spec, 0, 0, &a);
+}
+
+void Daemon::Impl::reattribute(const Allocation& a) {
+  Tenant& t = tenant_for_alloc(a);
+  log_.info("allocation " + a.id + " belongs to " + t.name);
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, s] : sessions_) {
+    if (s.alloc_id == a.id && s.tenant != t.id) ids.push_back(id);
+  }
+  for (std::uint64_t id : ids) move_session(sessions_.at(id), t);
 }
 
 // ---------------------------------------------------------------------------------------------

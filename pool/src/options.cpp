@@ -5,9 +5,34 @@
 #include <grp.h>
 
 #include <cctype>
+#include <cstdint>
 #include <string_view>
 
 namespace vlake::pool {
+
+namespace {
+// "123", "64MiB", "1GiB", "2M", "512K", "1T" (binary units); UINT64_MAX if malformed.
+std::uint64_t parse_size(const std::string& v) {
+  std::size_t i = 0;
+  std::uint64_t n = 0;
+  while (i < v.size() && std::isdigit(static_cast<unsigned char>(v[i])) != 0) {
+    if (n > (UINT64_MAX - 9) / 10) return UINT64_MAX;
+    n = n * 10 + static_cast<std::uint64_t>(v[i] - '0');
+    ++i;
+  }
+  if (i == 0) return UINT64_MAX;
+  const std::string unit = v.substr(i);
+  unsigned shift = 0;
+  if (unit.empty() || unit == "B") shift = 0;
+  else if (unit == "K" || unit == "KiB") shift = 10;
+  else if (unit == "M" || unit == "MiB") shift = 20;
+  else if (unit == "G" || unit == "GiB") shift = 30;
+  else if (unit == "T" || unit == "TiB") shift = 40;
+  else return UINT64_MAX;
+  if (shift > 0 && n > (UINT64_MAX >> shift)) return UINT64_MAX;
+  return n << shift;
+}
+}  // namespace
 
 std::string DaemonOptions::usage() {
   return "usage: vlaked [options]\n"
@@ -27,6 +52,14 @@ std::string DaemonOptions::usage() {
          "  --state-group GROUP      group owning the state segment (name or gid)\n"
          "  --metrics-address ADDR   Prometheus exporter [HOST]:PORT (default :9400, all\n"
          "                           interfaces; 'none' disables); serves /metrics and /healthz\n"
+         "  --bulk-size SIZE         bulk handle size class, e.g. 64MiB (default 64MiB; a multiple of\n"
+         "                           the granularity, 2MiB..1TiB)\n"
+         "  --warm-reserve SIZE      per GPU, free handles created (exported, zeroed) before serving\n"
+         "                           and refilled off the request path (default 0; e.g. 1GiB)\n"
+         "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
+         "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
+         "  --alloc-root DIR         Kubernetes allocation directories of vlake-device-plugin: one\n"
+         "                           socket per allocation, tenant = its pod (default: off)\n"
          "  --help                   this text\n";
 }
 
@@ -49,7 +82,9 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
     static constexpr std::string_view kKnown[] = {"--config",    "--socket",    "--state",
                                                   "--driver",    "--nvml",      "--log-level",
                                                   "--sample-interval-ms", "--state-mode", "--state-group",
-                                                  "--metrics-address", "--canary-interval-ms"};
+                                                  "--metrics-address", "--canary-interval-ms",
+                                                  "--bulk-size", "--warm-reserve", "--pressure-wait-ms",
+                                                  "--alloc-root"};
     bool known = false;
     for (auto k : kKnown) known = known || arg == k;
     if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
@@ -115,6 +150,25 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         }
         o.metrics_address = value;
       }
+    } else if (arg == "--bulk-size" || arg == "--warm-reserve") {
+      const std::uint64_t v = parse_size(value);
+      if (v == UINT64_MAX || (arg == "--bulk-size" && (v < (2ull << 20) || v > (1ull << 40))) ||
+          (arg == "--warm-reserve" && v > (1ull << 50))) {
+        throw OptionsError(arg + " must be a size like 64MiB or 1GiB" +
+                           (arg == "--bulk-size" ? std::string(" (2MiB..1TiB)") : std::string()) + ", got '" + value + "'");
+      }
+      (arg == "--bulk-size" ? o.bulk_size : o.warm_reserve) = v;
+    } else if (arg == "--pressure-wait-ms") {
+      bool digits = !value.empty() && value.size() <= 9;
+      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
+      const long long ms = digits ? std::stoll(value) : -1;
+      if (ms < 0 || ms > 60'000) throw OptionsError("--pressure-wait-ms must be a number 0..60000, got '" + value + "'");
+      o.pressure_wait = std::chrono::milliseconds(ms);
+    } else if (arg == "--alloc-root") {
+      o.alloc_root = value;
+      while (o.alloc_root.size() > 1 && o.alloc_root.back() == '/') o.alloc_root.pop_back();
+      // <alloc-root>/<16 hex digits>/vlaked.sock must fit a Unix socket address.
+      if (o.alloc_root.size() + 29 >= 108) throw OptionsError("--alloc-root is too long for the sockets in it");
     } else if (arg == "--state-group") {
       nonempty(value);
       bool digits = value.size() <= 9;

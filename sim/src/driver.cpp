@@ -2,6 +2,7 @@
 // See docs/simulator.md for the rules it follows and sim/src/rules.hpp for its error codes.
 #include "vlake/common/cuda_api.hpp"
 
+#include "call_counts.hpp"
 #include "node.hpp"
 #include "process.hpp"
 #include "rules.hpp"
@@ -734,6 +735,7 @@ __attribute__((destructor)) void detach_at_exit() {
 // =================================================================================================
 
 VLAKE_SIM_API CUresult cuInit(unsigned int Flags) {
+  VLAKE_SIM_COUNT(cuInit);
   return guarded([&]() -> CUresult {
     if (g_init.load() == 1) return check_init();
     std::lock_guard lock(g_init_mu);
@@ -754,12 +756,14 @@ VLAKE_SIM_API CUresult cuInit(unsigned int Flags) {
 }
 
 VLAKE_SIM_API CUresult cuDriverGetVersion(int* driverVersion) {
+  VLAKE_SIM_COUNT(cuDriverGetVersion);
   if (driverVersion == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *driverVersion = rules::kDriverVersion;
   return CUDA_SUCCESS;
 }
 
 VLAKE_SIM_API CUresult cuGetErrorString(CUresult error, const char** pStr) {
+  VLAKE_SIM_COUNT(cuGetErrorString);
   if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const ErrorRow* r = find_error(error);
   *pStr = r != nullptr ? r->text : nullptr;
@@ -767,6 +771,7 @@ VLAKE_SIM_API CUresult cuGetErrorString(CUresult error, const char** pStr) {
 }
 
 VLAKE_SIM_API CUresult cuGetErrorName(CUresult error, const char** pStr) {
+  VLAKE_SIM_COUNT(cuGetErrorName);
   if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const ErrorRow* r = find_error(error);
   *pStr = r != nullptr ? r->name : nullptr;
@@ -775,12 +780,14 @@ VLAKE_SIM_API CUresult cuGetErrorName(CUresult error, const char** pStr) {
 
 VLAKE_SIM_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                         cuuint64_t flags) {
+  VLAKE_SIM_COUNT(cuGetProcAddress);
   return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, nullptr, false); });
 }
 
 VLAKE_SIM_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                            cuuint64_t flags,
                                            CUdriverProcAddressQueryResult* symbolStatus) {
+  VLAKE_SIM_COUNT(cuGetProcAddress_v2);
   return guarded(
       [&] { return resolve_proc(symbol, pfn, cudaVersion, flags, symbolStatus, true); });
 }
@@ -790,6 +797,7 @@ VLAKE_SIM_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int c
 // =================================================================================================
 
 VLAKE_SIM_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  VLAKE_SIM_COUNT(cuDeviceGet);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
@@ -798,6 +806,7 @@ VLAKE_SIM_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetCount(int* count) {
+  VLAKE_SIM_COUNT(cuDeviceGetCount);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *count = g_proc->device_count;
@@ -805,6 +814,7 @@ VLAKE_SIM_API CUresult cuDeviceGetCount(int* count) {
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetName);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -824,13 +834,15 @@ CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
 }
 }  // namespace
 
-VLAKE_SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return get_uuid(uuid, dev); }
+VLAKE_SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { VLAKE_SIM_COUNT(cuDeviceGetUuid); return get_uuid(uuid, dev); }
 
 VLAKE_SIM_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetUuid_v2);
   return get_uuid(uuid, dev);
 }
 
 VLAKE_SIM_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceTotalMem_v2);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -839,6 +851,7 @@ VLAKE_SIM_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetAttribute);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -849,6 +862,7 @@ VLAKE_SIM_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, 
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetPCIBusId);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -862,6 +876,7 @@ VLAKE_SIM_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev
 // =================================================================================================
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxRetain);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -883,6 +898,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 }
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxRelease_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -899,6 +915,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
                                                   int* active) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxGetState);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -908,6 +925,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* fl
 }
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxReset_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -918,6 +936,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 }
 
 VLAKE_SIM_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  VLAKE_SIM_COUNT(cuCtxGetCurrent);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *pctx = current_ctx();
@@ -925,6 +944,7 @@ VLAKE_SIM_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
 }
 
 VLAKE_SIM_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  VLAKE_SIM_COUNT(cuCtxSetCurrent);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (ctx == nullptr) {
     if (t_depth > 0) --t_depth;
@@ -937,6 +957,7 @@ VLAKE_SIM_API CUresult cuCtxSetCurrent(CUcontext ctx) {
 }
 
 VLAKE_SIM_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  VLAKE_SIM_COUNT(cuCtxPushCurrent_v2);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (ctx == nullptr || ctx_of_handle(ctx) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (t_depth >= kMaxStack) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -945,6 +966,7 @@ VLAKE_SIM_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
 }
 
 VLAKE_SIM_API CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  VLAKE_SIM_COUNT(cuCtxPopCurrent_v2);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (t_depth == 0) return rules::kPopEmpty;
   CUctx_st* top = t_stack[--t_depth];
@@ -953,6 +975,7 @@ VLAKE_SIM_API CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
 }
 
 VLAKE_SIM_API CUresult cuCtxGetDevice(CUdevice* device) {
+  VLAKE_SIM_COUNT(cuCtxGetDevice);
   CUctx_st* ctx = nullptr;
   if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -961,6 +984,7 @@ VLAKE_SIM_API CUresult cuCtxGetDevice(CUdevice* device) {
 }
 
 VLAKE_SIM_API CUresult cuCtxSynchronize() {
+  VLAKE_SIM_COUNT(cuCtxSynchronize);
   CUctx_st* ctx = nullptr;
   return check_ctx(ctx);
 }
@@ -1050,6 +1074,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
 }  // namespace
 
 VLAKE_SIM_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  VLAKE_SIM_COUNT(cuMemAlloc_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1060,6 +1085,7 @@ VLAKE_SIM_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 
 VLAKE_SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
                                           size_t Height, unsigned int ElementSizeBytes) {
+  VLAKE_SIM_COUNT(cuMemAllocPitch_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1079,6 +1105,7 @@ VLAKE_SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, siz
 }
 
 VLAKE_SIM_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  VLAKE_SIM_COUNT(cuMemAllocManaged);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1091,22 +1118,27 @@ VLAKE_SIM_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, uns
 }
 
 VLAKE_SIM_API CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemAllocAsync);
   return alloc_async(dptr, bytesize, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemAllocAsync_ptsz);
   return alloc_async(dptr, bytesize, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemFreeAsync);
   return free_async(dptr, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemFreeAsync_ptsz);
   return free_async(dptr, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  VLAKE_SIM_COUNT(cuMemFree_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1115,6 +1147,7 @@ VLAKE_SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 VLAKE_SIM_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  VLAKE_SIM_COUNT(cuMemGetInfo_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1130,6 +1163,7 @@ VLAKE_SIM_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
 
 VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
                                                CUdeviceptr dptr) {
+  VLAKE_SIM_COUNT(cuMemGetAddressRange_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1144,6 +1178,7 @@ VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize
 
 VLAKE_SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
                                        size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyHtoD_v2);
   return guarded([&] {
     return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false,
                         ByteCount);
@@ -1151,6 +1186,7 @@ VLAKE_SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHos
 }
 
 VLAKE_SIM_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoH_v2);
   return guarded([&] {
     return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true,
                         ByteCount);
@@ -1159,6 +1195,7 @@ VLAKE_SIM_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, siz
 
 VLAKE_SIM_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                        size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoD_v2);
   return guarded([&] {
     return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount);
   });
@@ -1166,6 +1203,7 @@ VLAKE_SIM_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDev
 
 VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
                                             size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyHtoDAsync_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
     return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false,
@@ -1175,6 +1213,7 @@ VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* s
 
 VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                             CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoHAsync_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
     return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true,
@@ -1184,6 +1223,7 @@ VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice
 
 VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                             size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoDAsync_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
     return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount);
@@ -1191,15 +1231,18 @@ VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr s
 }
 
 VLAKE_SIM_API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  VLAKE_SIM_COUNT(cuMemsetD8_v2);
   return guarded([&] { return memset_checked(as_addr(dstDevice), 1, uc, N); });
 }
 
 VLAKE_SIM_API CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
+  VLAKE_SIM_COUNT(cuMemsetD32_v2);
   return guarded([&] { return memset_checked(as_addr(dstDevice), 4, ui, N); });
 }
 
 VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                        CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD8Async);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
     return memset_checked(as_addr(dstDevice), 1, uc, N);
@@ -1208,6 +1251,7 @@ VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, 
 
 VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                         CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD32Async);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
     return memset_checked(as_addr(dstDevice), 4, ui, N);
@@ -1216,6 +1260,7 @@ VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, 
 
 VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
                                              CUdeviceptr ptr) {
+  VLAKE_SIM_COUNT(cuPointerGetAttribute);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1231,6 +1276,7 @@ VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute att
 VLAKE_SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes,
                                               CUpointer_attribute* attributes, void** data,
                                               CUdeviceptr ptr) {
+  VLAKE_SIM_COUNT(cuPointerGetAttributes);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (numAttributes == 0 || attributes == nullptr || data == nullptr) {
@@ -1258,6 +1304,7 @@ VLAKE_SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes,
 // =================================================================================================
 
 VLAKE_SIM_API CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  VLAKE_SIM_COUNT(cuStreamCreate);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1275,6 +1322,7 @@ VLAKE_SIM_API CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
 }
 
 VLAKE_SIM_API CUresult cuStreamDestroy_v2(CUstream hStream) {
+  VLAKE_SIM_COUNT(cuStreamDestroy_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1296,11 +1344,12 @@ CUresult stream_sync(CUstream hStream) {
 }
 }  // namespace
 
-VLAKE_SIM_API CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream); }
+VLAKE_SIM_API CUresult cuStreamSynchronize(CUstream hStream) { VLAKE_SIM_COUNT(cuStreamSynchronize); return stream_sync(hStream); }
 
-VLAKE_SIM_API CUresult cuStreamQuery(CUstream hStream) { return stream_sync(hStream); }
+VLAKE_SIM_API CUresult cuStreamQuery(CUstream hStream) { VLAKE_SIM_COUNT(cuStreamQuery); return stream_sync(hStream); }
 
 VLAKE_SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  VLAKE_SIM_COUNT(cuStreamWaitEvent);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1316,6 +1365,7 @@ VLAKE_SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsig
 }
 
 VLAKE_SIM_API CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
+  VLAKE_SIM_COUNT(cuEventCreate);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1332,6 +1382,7 @@ VLAKE_SIM_API CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
 }
 
 VLAKE_SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuEventRecord);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1356,11 +1407,12 @@ CUresult event_query(CUevent hEvent) {
 }
 }  // namespace
 
-VLAKE_SIM_API CUresult cuEventQuery(CUevent hEvent) { return event_query(hEvent); }
+VLAKE_SIM_API CUresult cuEventQuery(CUevent hEvent) { VLAKE_SIM_COUNT(cuEventQuery); return event_query(hEvent); }
 
-VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) { return event_query(hEvent); }
+VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) { VLAKE_SIM_COUNT(cuEventSynchronize); return event_query(hEvent); }
 
 VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
+  VLAKE_SIM_COUNT(cuEventDestroy_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1372,6 +1424,7 @@ VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
 }
 
 VLAKE_SIM_API CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+  VLAKE_SIM_COUNT(cuEventElapsedTime_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1396,6 +1449,7 @@ VLAKE_SIM_API CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStar
 VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity,
                                                      const CUmemAllocationProp* prop,
                                                      CUmemAllocationGranularity_flags option) {
+  VLAKE_SIM_COUNT(cuMemGetAllocationGranularity);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
@@ -1408,6 +1462,7 @@ VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity,
 
 VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                    const CUmemAllocationProp* prop, unsigned long long flags) {
+  VLAKE_SIM_COUNT(cuMemCreate);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1427,6 +1482,7 @@ VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t 
 }
 
 VLAKE_SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  VLAKE_SIM_COUNT(cuMemRelease);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     std::unique_lock lock(g_proc->mu);
@@ -1440,6 +1496,7 @@ VLAKE_SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 VLAKE_SIM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
                                            CUdeviceptr addr, unsigned long long flags) {
+  VLAKE_SIM_COUNT(cuMemAddressReserve);
   return guarded([&]() -> CUresult {
     (void)addr;  // the hint is ignored, as the driver may
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1458,6 +1515,7 @@ VLAKE_SIM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t
 }
 
 VLAKE_SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  VLAKE_SIM_COUNT(cuMemAddressFree);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     std::unique_lock lock(g_proc->mu);
@@ -1475,6 +1533,7 @@ VLAKE_SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
 VLAKE_SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                 CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  VLAKE_SIM_COUNT(cuMemMap);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1512,6 +1571,7 @@ VLAKE_SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 }
 
 VLAKE_SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  VLAKE_SIM_COUNT(cuMemUnmap);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     std::unique_lock lock(g_proc->mu);
@@ -1530,6 +1590,7 @@ VLAKE_SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 
 VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
                                       size_t count) {
+  VLAKE_SIM_COUNT(cuMemSetAccess);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1562,6 +1623,7 @@ VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemA
 
 VLAKE_SIM_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
                                       CUdeviceptr ptr) {
+  VLAKE_SIM_COUNT(cuMemGetAccess);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1579,6 +1641,7 @@ VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle,
                                                     CUmemGenericAllocationHandle handle,
                                                     CUmemAllocationHandleType handleType,
                                                     unsigned long long flags) {
+  VLAKE_SIM_COUNT(cuMemExportToShareableHandle);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1600,6 +1663,7 @@ VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle,
 VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
                                                       void* osHandle,
                                                       CUmemAllocationHandleType shHandleType) {
+  VLAKE_SIM_COUNT(cuMemImportFromShareableHandle);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1649,6 +1713,7 @@ VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHand
 
 VLAKE_SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
                                                    void* addr) {
+  VLAKE_SIM_COUNT(cuMemRetainAllocationHandle);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1662,6 +1727,7 @@ VLAKE_SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle*
 
 VLAKE_SIM_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                               CUmemGenericAllocationHandle handle) {
+  VLAKE_SIM_COUNT(cuMemGetAllocationPropertiesFromHandle);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1716,6 +1782,7 @@ void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params) {
 }  // namespace
 
 VLAKE_SIM_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  VLAKE_SIM_COUNT(cuModuleLoadData);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1742,6 +1809,7 @@ VLAKE_SIM_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
 }
 
 VLAKE_SIM_API CUresult cuModuleUnload(CUmodule hmod) {
+  VLAKE_SIM_COUNT(cuModuleUnload);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     std::unique_lock lock(g_proc->mu);
@@ -1752,6 +1820,7 @@ VLAKE_SIM_API CUresult cuModuleUnload(CUmodule hmod) {
 }
 
 VLAKE_SIM_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  VLAKE_SIM_COUNT(cuModuleGetFunction);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
     if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1782,6 +1851,7 @@ VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsig
                                       unsigned int blockDimY, unsigned int blockDimZ,
                                       unsigned int sharedMemBytes, CUstream hStream,
                                       void** kernelParams, void** extra) {
+  VLAKE_SIM_COUNT(cuLaunchKernel);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1812,64 +1882,77 @@ VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsig
 
 VLAKE_SIM_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost,
                                             size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyHtoD_v2_ptds);
   return cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
 }
 
 VLAKE_SIM_API CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice,
                                             size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoH_v2_ptds);
   return cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount);
 }
 
 VLAKE_SIM_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                             size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoD_v2_ptds);
   return cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount);
 }
 
 VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost,
                                                  size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyHtoDAsync_v2_ptsz);
   return cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice,
                                                  size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoHAsync_v2_ptsz);
   return cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                                  size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyDtoDAsync_v2_ptsz);
   return cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  VLAKE_SIM_COUNT(cuMemsetD8_v2_ptds);
   return cuMemsetD8_v2(dstDevice, uc, N);
 }
 
 VLAKE_SIM_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
+  VLAKE_SIM_COUNT(cuMemsetD32_v2_ptds);
   return cuMemsetD32_v2(dstDevice, ui, N);
 }
 
 VLAKE_SIM_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                             CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD8Async_ptsz);
   return cuMemsetD8Async(dstDevice, uc, N, hStream);
 }
 
 VLAKE_SIM_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                              CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD32Async_ptsz);
   return cuMemsetD32Async(dstDevice, ui, N, hStream);
 }
 
 VLAKE_SIM_API CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+  VLAKE_SIM_COUNT(cuStreamSynchronize_ptsz);
   return cuStreamSynchronize(hStream);
 }
 
-VLAKE_SIM_API CUresult cuStreamQuery_ptsz(CUstream hStream) { return cuStreamQuery(hStream); }
+VLAKE_SIM_API CUresult cuStreamQuery_ptsz(CUstream hStream) { VLAKE_SIM_COUNT(cuStreamQuery_ptsz); return cuStreamQuery(hStream); }
 
 VLAKE_SIM_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent,
                                               unsigned int Flags) {
+  VLAKE_SIM_COUNT(cuStreamWaitEvent_ptsz);
   return cuStreamWaitEvent(hStream, hEvent, Flags);
 }
 
 VLAKE_SIM_API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuEventRecord_ptsz);
   return cuEventRecord(hEvent, hStream);
 }
 
@@ -1878,6 +1961,20 @@ VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
                                            unsigned int blockDimX, unsigned int blockDimY,
                                            unsigned int blockDimZ, unsigned int sharedMemBytes,
                                            CUstream hStream, void** kernelParams, void** extra) {
+  VLAKE_SIM_COUNT(cuLaunchKernel_ptsz);
   return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
                         sharedMemBytes, hStream, kernelParams, extra);
+}
+
+// =================================================================================================
+// Call counters (call_counts.hpp, docs/simulator.md "Call counters"): not part of the CUDA API.
+// =================================================================================================
+
+extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_call_count(
+    const char* entry) noexcept {
+  return vlake::sim::calls::count_of(entry);
+}
+
+extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_vmm_call_count() noexcept {
+  return vlake::sim::calls::vmm_total();
 }

@@ -45,7 +45,8 @@ std::string sim_dir() {
 }  // namespace
 
 TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon,
-                             const std::vector<std::string>& steps, long uid) {
+                             const std::vector<std::string>& steps, long uid, std::string reserve)
+    : reserve_(std::move(reserve)) {
   int out_pipe[2];
   int err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -67,6 +68,8 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon,
   env.push_back("LD_LIBRARY_PATH=" + sim_dir());
   env.push_back("VLAKE_SOCKET=" + daemon.socket);
   env.push_back("VLAKE_RECONNECT_TIMEOUT=10");
+  // These tests follow every alloc/free at the daemon; the reserve is tested on its own.
+  env.push_back("VLAKE_RESERVE=" + reserve_);
   // Sanitizer builds: the preloaded hook comes before the sanitizer runtime in the tenant.
   env.push_back("ASAN_OPTIONS=verify_asan_link_order=0");
   std::vector<std::string> args{VLAKE_TENANT_PATH};

@@ -15,9 +15,10 @@ namespace vlake::e2e {
 
 class TenantProcess {
  public:
-  // uid < 0: stay root. Steps are tenant.cpp's command-line steps.
+  // uid < 0: stay root. Steps are tenant.cpp's command-line steps. `reserve` is the tenant's
+  // VLAKE_RESERVE ("0": no local reserve, every alloc/free reaches the daemon).
   TenantProcess(const pooltest::DaemonProcess& daemon, const std::vector<std::string>& steps,
-                long uid = -1);
+                long uid = -1, std::string reserve = "0");
   ~TenantProcess();  // SIGKILLs and reaps a tenant still running
   TenantProcess(const TenantProcess&) = delete;
   TenantProcess& operator=(const TenantProcess&) = delete;
@@ -36,6 +37,7 @@ class TenantProcess {
 
  private:
   void pump(int timeout_ms);
+  std::string reserve_;
   pid_t pid_ = -1;
   int out_fd_ = -1;
   int err_fd_ = -1;

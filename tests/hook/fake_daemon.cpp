@@ -145,6 +145,12 @@ void FakeDaemon::handle(int fd, const std::byte* data, std::size_t n) {
   }
   Header h;
   std::memcpy(&h, data, sizeof h);
+  if (h.type == MsgType::reserve_report) {
+    ReserveReport m;
+    std::memcpy(&m, data, sizeof m);
+    on_reserve_report(fd, m);
+    return;
+  }
   if (h.type != MsgType::hello) {
     bool drop = false;
     {
@@ -199,6 +205,29 @@ void FakeDaemon::handle(int fd, const std::byte* data, std::size_t n) {
   }
 }
 
+void FakeDaemon::on_reserve_report(int fd, const ReserveReport& m) {
+  bool pressure = false;
+  {
+    std::lock_guard lock(mu_);
+    ++counters_.reserve_reports;
+    counters_.last_reserve_bytes = m.bytes;
+    counters_.last_reserve_blocks = m.blocks;
+    pressure = options_.pressure_on_report && m.bytes > 0;
+  }
+  if (pressure) send_pressure(fd, m.device_uuid);
+}
+
+void FakeDaemon::send_pressure(int fd, const std::uint8_t* uuid) {
+  Pressure p{};
+  p.h = make_header<Pressure>(MsgType::pressure, 0);
+  std::memcpy(p.device_uuid, uuid, sizeof p.device_uuid);
+  p.bytes = 0;
+  p.reason = PressureReason::pool_exhausted;
+  send_msg(fd, p);
+  std::lock_guard lock(mu_);
+  ++counters_.pressure_sent;
+}
+
 void FakeDaemon::on_guard_event(const GuardEvent& m) {
   const int dev = device_of(m.device_uuid);
   std::lock_guard lock(mu_);
@@ -221,6 +250,7 @@ void FakeDaemon::on_hello(int fd, const Hello& m) {
   ack.h = make_header<HelloAck>(MsgType::hello_ack, m.h.request_id);
   std::lock_guard lock(mu_);
   ++counters_.hellos;
+  counters_.hello_flags = m.flags;
   counters_.hello_pids.insert(cred.pid);
   std::uint64_t session = 0;
   if (m.old_session != 0) {
@@ -309,6 +339,13 @@ void FakeDaemon::on_grant(int fd, const GrantRequest& m) {
     rep.used = used_[static_cast<std::size_t>(dev)];
     grants_[rep.grant_id] = std::move(g);
   }
+  bool pressure = false;
+  {
+    std::lock_guard lock(mu_);
+    pressure = options_.pressure_before_grant != 0 && m.purpose == GrantPurpose::alloc &&
+               counters_.grants_alloc + counters_.refusals == options_.pressure_before_grant;
+  }
+  if (pressure) send_pressure(fd, m.device_uuid);
   std::vector<int> raw;
   for (auto& f : fds) raw.push_back(f.get());
   send_msg(fd, rep, raw);

@@ -8,6 +8,7 @@
 //            exports them and replies with the descriptors
 //   Release -> releases the daemon's handles and uncharges; UsageQuery -> usage/limit.
 //   GuardEvent -> recorded (no reply), with the device it names (-1: unknown UUID).
+//   ReserveReport -> recorded (no reply; not counted as a request for drop_on_request).
 // HelloAck carries `guard_mode` from the options.
 // A connection closed by the client (process exit) gives back its session's grants. Counters
 // record what reached the daemon.
@@ -47,6 +48,10 @@ struct FakeDaemonOptions {
   vlake::proto::Status grant_status = vlake::proto::Status::ok;
   bool stall = false;  // never answer requests (after Hello)
   vlake::proto::GuardMode guard_mode = vlake::proto::GuardMode::off;
+  // Pressure injection: answer every ReserveReport of a non-empty reserve with a Pressure
+  // (bytes 0 = all), and/or send a Pressure just before the reply to the Nth alloc grant.
+  bool pressure_on_report = false;
+  int pressure_before_grant = 0;  // 0 = never
 };
 
 struct Counters {
@@ -68,6 +73,11 @@ struct Counters {
   std::set<int> hello_pids;
   std::vector<vlake::proto::GuardEvent> guard_events;
   std::vector<int> guard_event_devices;  // device of each event's UUID, -1 if unknown
+  std::uint32_t hello_flags = 0;         // of the last Hello
+  int reserve_reports = 0;
+  std::uint64_t last_reserve_bytes = 0;
+  std::uint64_t last_reserve_blocks = 0;
+  int pressure_sent = 0;
 };
 
 class FakeDaemon {
@@ -102,6 +112,8 @@ class FakeDaemon {
   void on_release(int fd, const vlake::proto::Release& m);
   void on_usage(int fd, const vlake::proto::UsageQuery& m);
   void on_guard_event(const vlake::proto::GuardEvent& m);
+  void on_reserve_report(int fd, const vlake::proto::ReserveReport& m);
+  void send_pressure(int fd, const std::uint8_t* uuid);
   int device_of(const std::uint8_t* uuid) const;
   void release_grant_locked(std::map<std::uint64_t, Grant>::iterator it);
   void close_client(int fd, bool process_gone);

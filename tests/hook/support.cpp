@@ -30,7 +30,8 @@ struct EnvSetup {
     ::setenv("VLAKE_SIM_DEVICE_COUNT", "1", 1);
     // Nothing of the test process's own environment may change the hook's behaviour.
     for (const char* v : {"VLAKE_SOCKET", "VLAKE_ON_UNREACHABLE", "VLAKE_RECONNECT_TIMEOUT",
-                          "VLAKE_TIMEOUT", "VLAKE_LOG", "VLAKE_DISABLE", "LD_PRELOAD"}) {
+                          "VLAKE_TIMEOUT", "VLAKE_LOG", "VLAKE_DISABLE", "VLAKE_RESERVE",
+                          "VLAKE_RESERVE_AGE", "LD_PRELOAD"}) {
       ::unsetenv(v);
     }
   }
@@ -68,6 +69,8 @@ RunResult run_tenant(const std::vector<std::string>& args, const Env& env) {
     vars["LD_LIBRARY_PATH"] = dir_of(VLAKE_SIM_LIB);
   }
   vars["VLAKE_LOG"] = "warn";
+  // The daemon-path tests see every alloc/free at the daemon; reserve tests set their own.
+  vars["VLAKE_RESERVE"] = "0";
 #ifdef VLAKE_HOOK_SANITIZED
   // The preloaded hook comes before the sanitizer runtime in the load order.
   vars["ASAN_OPTIONS"] = "verify_asan_link_order=0";

@@ -26,6 +26,12 @@
 //   kstress:ITERS:MAXSIZE      random sizes (256 B .. MAXSIZE, not multiples of 256), each
 //                              allocation filled by the kernel exactly to its end, read back,
 //                              freed; then cuCtxSynchronize
+//   upload:N:SEED:SIZE[:OFF]   cuMemcpyHtoD of a pseudo-random pattern (SEED, by offset from N's
+//                              pointer) to N's pointer + OFF
+//   verify:N:SEED:SIZE[:OFF]   cuMemcpyDtoH and compare with that pattern (ok=, bad= bytes)
+//   poke:N:OFF                 flips the bits of one byte (cuMemcpyDtoH + cuMemcpyHtoD)
+//   share:N:OFF:SIZE           vlake_share_readonly_ex (looked up with dlsym) on N's pointer + OFF
+//                              (rc= its status, shared= merged= copied= chunk=)
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -70,6 +76,7 @@ namespace {
   X(cuPointerGetAttributes, cuPointerGetAttributes, 7000, 7000)                                   \
   X(cuMemsetD8, cuMemsetD8_v2, 3020, 3020)                                                        \
   X(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020, 3020)                                                    \
+  X(cuMemcpyHtoD, cuMemcpyHtoD_v2, 3020, 3020)                                                    \
   X(cuMemCreate, cuMemCreate, 10020, 12000)                                                       \
   X(cuMemRelease, cuMemRelease, 10020, 12000)                                                     \
   X(cuMemAddressReserve, cuMemAddressReserve, 10020, 10020)                                       \
@@ -389,6 +396,23 @@ void step_stress(const std::string& s, const std::vector<std::string>& a) {
       overlaps.load());
 }
 
+// Byte `i` (offset from an allocation's pointer) of the pattern of `seed`.
+std::vector<unsigned char> pattern(std::uint64_t seed, std::uint64_t off, std::uint64_t size) {
+  std::vector<unsigned char> v(size);
+  for (std::uint64_t i = 0; i < size; ++i) {
+    std::uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull + ((off + i) >> 3);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    v[i] = static_cast<unsigned char>(x >> (8 * ((off + i) & 7)));
+  }
+  return v;
+}
+
+struct ShareResult {
+  std::uint64_t chunk_bytes, shared_bytes, merged_bytes, copied_bytes;
+};
+
 void run_step(const std::string& s) {
   // "<step>#tag": the tag only makes repeated steps distinguishable in the output.
   const auto a = split(s.substr(0, s.find('#')));
@@ -588,6 +612,45 @@ void run_step(const std::string& s) {
         static_cast<unsigned long long>((chunk - (p + vars[a.at(1)].size) % chunk) % chunk),
         static_cast<unsigned long long>(p + vars[a.at(1)].size),
         static_cast<long long>(base) - static_cast<long long>(p), size);
+  } else if (op == "upload" || op == "verify") {
+    const std::uint64_t seed = std::strtoull(a.at(2).c_str(), nullptr, 0);
+    const std::uint64_t size = size_of(a.at(3));
+    const std::uint64_t off = a.size() > 4 ? size_of(a[4]) : 0;
+    const CUdeviceptr p = var(a.at(1)) + off;
+    const auto want = pattern(seed, off, size);
+    if (op == "upload") {
+      out("%s rc=%d", s.c_str(), CALL(cuMemcpyHtoD, p, want.data(), size));
+    } else {
+      std::vector<unsigned char> back(size);
+      const CUresult rc = CALL(cuMemcpyDtoH, back.data(), p, size);
+      std::uint64_t bad = 0;
+      for (std::uint64_t i = 0; i < size; ++i) bad += back[i] != want[i] ? 1 : 0;
+      out("%s rc=%d ok=%d bad=%llu", s.c_str(), rc, rc == CUDA_SUCCESS && bad == 0 ? 1 : 0,
+          static_cast<unsigned long long>(bad));
+    }
+  } else if (op == "poke") {
+    // Flips every bit of one byte (read, complement, write).
+    const CUdeviceptr p = var(a.at(1)) + size_of(a.at(2));
+    unsigned char byte = 0;
+    CUresult rc = CALL(cuMemcpyDtoH, &byte, p, 1);
+    byte = static_cast<unsigned char>(~byte);
+    if (rc == CUDA_SUCCESS) rc = CALL(cuMemcpyHtoD, p, &byte, 1);
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "share") {
+    using ShareFn = int (*)(const void*, size_t, ShareResult*);
+    auto fn = reinterpret_cast<ShareFn>(dlsym(RTLD_DEFAULT, "vlake_share_readonly_ex"));
+    if (fn == nullptr) {
+      out("%s rc=-1 error=no-vlake_share_readonly_ex", s.c_str());
+      return;
+    }
+    ShareResult r{};
+    const std::uint64_t p = var(a.at(1)) + size_of(a.at(2));
+    const int rc = fn(reinterpret_cast<const void*>(p), size_of(a.at(3)), &r);
+    out("%s rc=%d shared=%llu merged=%llu copied=%llu chunk=%llu", s.c_str(), rc,
+        static_cast<unsigned long long>(r.shared_bytes),
+        static_cast<unsigned long long>(r.merged_bytes),
+        static_cast<unsigned long long>(r.copied_bytes),
+        static_cast<unsigned long long>(r.chunk_bytes));
   } else if (op == "kstress") {
     step_kstress(s, a);
   } else if (op == "nvml") {

@@ -248,3 +248,106 @@ TEST_CASE("create table: finished only without references and mappings") {
     CHECK(t.released(42, ours));
   }
 }
+
+// ---- Local reserve and sizes ----------------------------------------------------------------
+
+#include "reserve.hpp"
+
+namespace {
+
+vlake::hook::ReserveBlock block(int device, std::uint64_t mapped, std::uint64_t base, int age_ms) {
+  vlake::hook::ReserveBlock b;
+  b.alloc.device = device;
+  b.alloc.mapped = mapped;
+  b.alloc.base = base;
+  b.alloc.grant_id = base;
+  b.freed = std::chrono::steady_clock::now() - std::chrono::milliseconds(age_ms);
+  return b;
+}
+
+constexpr std::uint64_t kMi = std::uint64_t{1} << 20;
+
+}  // namespace
+
+TEST_CASE("parse_size accepts bytes and binary/decimal units, rejects the rest") {
+  using vlake::hook::parse_size;
+  CHECK(parse_size("0") == std::uint64_t{0});
+  CHECK(parse_size("4096") == std::uint64_t{4096});
+  CHECK(parse_size("512MiB") == 512 * kMi);
+  CHECK(parse_size("2G") == std::uint64_t{2} << 30);
+  CHECK(parse_size("1GB") == std::uint64_t{1000000000});
+  CHECK(parse_size("3Ki") == std::uint64_t{3072});
+  CHECK_FALSE(parse_size(""));
+  CHECK_FALSE(parse_size("-1"));
+  CHECK_FALSE(parse_size("1.5GiB"));
+  CHECK_FALSE(parse_size("12XB"));
+  CHECK_FALSE(parse_size("99999999999999999999999"));
+  CHECK_FALSE(parse_size("20000000TiB"));
+}
+
+TEST_CASE("VLAKE_RESERVE and VLAKE_RESERVE_AGE are parsed, bad values keep the defaults") {
+  std::map<std::string, std::string> env{{"VLAKE_RESERVE", "256MiB"}, {"VLAKE_RESERVE_AGE", "500ms"}};
+  auto lookup = [&env](const char* n) -> const char* {
+    auto it = env.find(n);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  auto c = vlake::hook::Config::parse(lookup);
+  CHECK(c.reserve_bytes == 256 * kMi);
+  CHECK(c.reserve_age == std::chrono::milliseconds(500));
+  CHECK(c.problems.empty());
+  env = {{"VLAKE_RESERVE", "lots"}, {"VLAKE_RESERVE_AGE", "0"}};
+  c = vlake::hook::Config::parse(lookup);
+  CHECK(c.reserve_bytes == std::uint64_t{2} << 30);
+  CHECK(c.reserve_age == std::chrono::seconds(30));
+  CHECK(c.problems.size() == 2);
+}
+
+TEST_CASE("LocalReserve: fit within 1/8 slack, most recent of a size first, per device") {
+  vlake::hook::LocalReserve r(1024 * kMi, std::chrono::seconds(30));
+  const std::uint64_t g = 2 * kMi;
+  CHECK(vlake::hook::LocalReserve::fit_limit(2 * kMi, g) == 2 * kMi);
+  CHECK(vlake::hook::LocalReserve::fit_limit(20 * kMi, g) == 22 * kMi);
+  CHECK(vlake::hook::LocalReserve::fit_limit(256 * kMi, g) == 288 * kMi);
+  CHECK(r.put(block(0, 22 * kMi, 0x1000, 50)).empty());
+  CHECK(r.put(block(0, 4 * kMi, 0x2000, 40)).empty());
+  CHECK(r.put(block(0, 4 * kMi, 0x3000, 10)).empty());
+  CHECK(r.put(block(1, 2 * kMi, 0x4000, 10)).empty());
+  CHECK(r.bytes(0) == 30 * kMi);
+  CHECK(r.blocks(0) == 3);
+  vlake::hook::ReserveBlock out;
+  CHECK_FALSE(r.take(0, 2 * kMi, g, out));  // 4 MiB is too big for 2 MiB; device 1 has one
+  REQUIRE(r.take(0, 4 * kMi, g, out));
+  CHECK(out.alloc.base == 0x3000);  // the more recently freed
+  CHECK_FALSE(r.take(0, 18 * kMi, g, out));  // 22 MiB > 18 + 2
+  REQUIRE(r.take(0, 20 * kMi, g, out));
+  CHECK(out.alloc.base == 0x1000);
+  REQUIRE(r.take(1, 2 * kMi, g, out));
+  CHECK(r.total_bytes() == 4 * kMi);
+}
+
+TEST_CASE("LocalReserve: byte cap evicts the oldest; expire and drain") {
+  vlake::hook::LocalReserve r(10 * kMi, std::chrono::milliseconds(100));
+  CHECK(r.put(block(0, 4 * kMi, 0x1000, 30)).empty());
+  CHECK(r.put(block(0, 4 * kMi, 0x2000, 20)).empty());
+  auto out = r.put(block(0, 4 * kMi, 0x3000, 10));
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].alloc.base == 0x1000);
+  CHECK(r.total_bytes() == 8 * kMi);
+  out = r.put(block(0, 12 * kMi, 0x4000, 0));  // larger than the cap: straight back
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].alloc.base == 0x4000);
+  CHECK(r.put(block(1, 2 * kMi, 0x5000, 500)).empty());  // exactly at the cap
+  out = r.expire(std::chrono::steady_clock::now());
+  REQUIRE(out.size() == 1);  // 500 ms idle >= 100 ms
+  CHECK(out[0].alloc.base == 0x5000);
+  out = r.expire(std::chrono::steady_clock::now() + std::chrono::milliseconds(85));
+  REQUIRE(out.size() == 1);  // 0x2000: 20 + 85 >= 100; 0x3000: 10 + 85 < 100
+  CHECK(out[0].alloc.base == 0x2000);
+  CHECK(r.put(block(0, 2 * kMi, 0x6000, 5)).empty());
+  out = r.drain(0, 1);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].alloc.base == 0x3000);  // the least recently freed on device 0
+  out = r.drain(0, 0);
+  CHECK(out.size() == 1);
+  CHECK(r.total_bytes() == 0);
+}

@@ -16,6 +16,10 @@
 //   meminfo                        used=<total - free> of device 0 (the simulator's physical view)
 //   stress SOCKET THREADS ITERS MAX_UNITS SEED   threads × iterations of random grant/release,
 //                                  each thread on its own connection; prints grants, denied, errors
+//   connectp SOCKET                Hello with kHelloPressure (reads unsolicited Pressure)
+//   reserve BYTES BLOCKS           ReserveReport for device 0
+//   pressure TIMEOUT_MS            got=1 bytes= reason= if a Pressure came, else got=0
+//   sizes ID                       the grant's handle sizes, comma-separated (sizes=)
 //   exit
 #include <grp.h>
 #include <unistd.h>
@@ -63,12 +67,13 @@ class Tool {
     std::istringstream in(line);
     std::string cmd;
     in >> cmd;
-    if (cmd == "connect") {
+    if (cmd == "connect" || cmd == "connectp") {
       std::string path;
       std::uint64_t old = 0;
-      in >> path >> old;
+      in >> path;
+      if (cmd == "connect") in >> old;
       client_ = std::make_unique<PoolClient>(path);
-      ack_ = client_->hello(old);
+      ack_ = client_->hello(old, cmd == "connectp" ? proto::kHelloPressure : 0u);
       std::memcpy(uuid_.data(), ack_.devices[0].uuid, 16);
       std::ostringstream o;
       o << "ok session=" << ack_.session_id << " tenant=" << ack_.tenant_id << " name=" << ack_.tenant_name
@@ -147,6 +152,28 @@ class Tool {
       }
       const auto r = need_client().release(id, flags);
       return "ok status=" + std::to_string(static_cast<int>(r.status)) + " used=" + std::to_string(r.used);
+    }
+    if (cmd == "reserve") {
+      std::uint64_t bytes = 0, blocks = 0;
+      in >> bytes >> blocks;
+      need_client().reserve_report(uuid_, bytes, blocks);
+      return "ok";
+    }
+    if (cmd == "pressure") {
+      int timeout = 0;
+      in >> timeout;
+      const auto p = need_client().wait_pressure(timeout);
+      if (!p) return "ok got=0";
+      return "ok got=1 bytes=" + std::to_string(p->bytes) + " reason=" + std::to_string(static_cast<unsigned>(p->reason)) +
+             " request=" + std::to_string(p->h.request_id);
+    }
+    if (cmd == "sizes") {
+      std::uint64_t id = 0;
+      in >> id;
+      std::string out = "ok sizes=";
+      const Held& h = held_.at(id);
+      for (std::size_t i = 0; i < h.sizes.size(); ++i) out += (i ? "," : "") + std::to_string(h.sizes[i]);
+      return out;
     }
     if (cmd == "usage") {
       const auto r = need_client().usage(uuid_);

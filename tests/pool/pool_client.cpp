@@ -75,6 +75,11 @@ bool PoolClient::wait_closed(int timeout_ms) {
 template <class R>
 R PoolClient::expect(proto::MsgType type, std::uint64_t request_id, std::vector<UniqueFd>* fds) {
   auto m = recv(10000);
+  // Pressure arrives unsolicited (kHelloPressure): keep it for wait_pressure() and read on.
+  while (m && !m->closed && m->type() == proto::MsgType::pressure) {
+    pressures.push_back(m->as<proto::Pressure>());
+    m = recv(10000);
+  }
   if (!m) throw ProtocolError("no reply within 10 s");
   if (m->closed) throw ProtocolError("the daemon closed the connection");
   if (m->type() == proto::MsgType::error) {
@@ -91,12 +96,36 @@ R PoolClient::expect(proto::MsgType type, std::uint64_t request_id, std::vector<
   return r;
 }
 
-proto::HelloAck PoolClient::hello(std::uint64_t old_session) {
+std::optional<proto::Pressure> PoolClient::wait_pressure(int timeout_ms) {
+  if (pressures.empty()) {
+    auto m = recv(timeout_ms);
+    if (!m || m->closed) return std::nullopt;
+    if (m->type() != proto::MsgType::pressure) {
+      throw ProtocolError("unexpected message type " + std::to_string(static_cast<int>(m->type())));
+    }
+    pressures.push_back(m->as<proto::Pressure>());
+  }
+  const proto::Pressure p = pressures.front();
+  pressures.erase(pressures.begin());
+  return p;
+}
+
+void PoolClient::reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks) {
+  proto::ReserveReport m{};
+  m.h = proto::make_header<proto::ReserveReport>(proto::MsgType::reserve_report, next_request_id());
+  std::memcpy(m.device_uuid, device.data(), 16);
+  m.bytes = bytes;
+  m.blocks = blocks;
+  send(m);
+}
+
+proto::HelloAck PoolClient::hello(std::uint64_t old_session, std::uint32_t flags) {
   proto::Hello m{};
   const auto id = next_request_id();
   m.h = proto::make_header<proto::Hello>(proto::MsgType::hello, id);
   m.pid = static_cast<std::uint32_t>(::getpid());
   m.old_session = old_session;
+  m.flags = flags;
   std::strncpy(m.client, "vlake pool test", sizeof m.client - 1);
   send(m);
   return expect<proto::HelloAck>(proto::MsgType::hello_ack, id);

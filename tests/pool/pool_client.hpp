@@ -57,7 +57,13 @@ class PoolClient {
   // an Error, that comes before the close).
   bool wait_closed(int timeout_ms = 5000);
 
-  proto::HelloAck hello(std::uint64_t old_session = 0);
+  proto::HelloAck hello(std::uint64_t old_session = 0, std::uint32_t flags = 0);
+  // ReserveReport (no reply).
+  void reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks);
+  // The next Pressure message (one skipped while waiting for a reply, or one read now);
+  // nullopt if none comes within `timeout_ms`. Throws ProtocolError on another message.
+  std::optional<proto::Pressure> wait_pressure(int timeout_ms);
+  std::vector<proto::Pressure> pressures;  // received, not yet taken by wait_pressure()
   struct Granted {
     proto::GrantReply reply{};
     std::vector<UniqueFd> fds;

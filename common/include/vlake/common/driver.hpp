@@ -133,6 +133,10 @@ class Driver {
   virtual void copy_to_device(DevicePtr dst, const void* src, Bytes n) = 0;
   virtual void copy_to_host(void* dst, DevicePtr src, Bytes n) = 0;
   virtual void fill_u8(DevicePtr dst, std::uint8_t value, Bytes n) = 0;
+  // Device-to-device copy (the copy engines), synchronous. The default bounces through host
+  // memory in 2 MiB pieces (for drivers without cuMemcpyDtoD); the CUDA implementation copies on
+  // the device.
+  virtual void copy_device(DevicePtr dst, DevicePtr src, Bytes n);
   // Launches a kernel storing `value` into `count` 32-bit words at `dst` (4-byte aligned);
   // asynchronous like any launch: faults surface at synchronize().
   virtual void fill_u32_kernel(DevicePtr dst, std::uint32_t value, std::uint64_t count) = 0;

@@ -45,6 +45,12 @@ enum class MsgType : std::uint16_t {
   usage_reply = 8,
   error = 9,
   guard_event = 10,  // client -> daemon, no reply: an out-of-bounds access the hook saw
+  pressure = 11,        // daemon -> client, unsolicited, no reply: return reserve memory
+  reserve_report = 12,  // client -> daemon, no reply: the bytes the hook keeps in its reserve
+  share_request = 13,   // client -> daemon: share whole chunks of a grant read-only (docs/dedup.md)
+  share_reply = 14,     // daemon -> client: one batch of the grant's new layout, with descriptors
+  share_commit = 15,    // client -> daemon: the new layout is mapped (commit) or not (abort)
+  share_ack = 16,       // daemon -> client
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -62,6 +68,8 @@ enum class Status : std::int32_t {
                              // are the namespace's)
   guarantee = 9,        // the rest of the GPU is guaranteed to other namespaces (limit/used are
                         // the tenant's)
+  dedup_disabled = 10,  // a transparent ShareRequest (kShareTransparent) from a tenant whose
+                        // namespace is not in `dedup: transparent` mode (docs/dedup.md)
 };
 
 struct Header {
@@ -73,11 +81,20 @@ struct Header {
   std::uint64_t request_id;
 };
 
+// Hello::flags.
+enum HelloFlags : std::uint32_t {
+  // The client keeps a local reserve and reads unsolicited Pressure messages (it may receive
+  // one before any reply, and must skip it while waiting for that reply). The daemon sends
+  // Pressure only to clients that set this flag.
+  kHelloPressure = 1u << 0,
+};
+inline constexpr std::uint32_t kHelloKnownFlags = kHelloPressure;
+
 // client -> daemon, first message.
 struct Hello {
   Header h;
   std::uint32_t pid;          // informational: the daemon uses SO_PEERCRED
-  std::uint32_t flags;        // none defined
+  std::uint32_t flags;        // HelloFlags
   std::uint64_t old_session;  // 0, or the session this process held before its connection broke
   char client[32];            // e.g. "hook 0.1.0", NUL-terminated
 };
@@ -195,6 +212,92 @@ struct GuardEvent {
   GuardSuspect suspects[kMaxGuardSuspects];
 };
 
+// Memory pressure (docs/pool.md, "Pressure protocol"). daemon -> client, unsolicited
+// (request_id 0): the node is short of `bytes` on that GPU; the client should release memory
+// it holds unused in its local reserve (as ordinary Release messages), most idle first, up to
+// `bytes` (0: all of it). Sent only to clients whose Hello set kHelloPressure. No reply.
+enum class PressureReason : std::uint32_t {
+  pool_exhausted = 1,  // a grant could not be served from the free pool or new handles
+  low_memory = 2,      // the GPU's free memory fell below the daemon's low watermark
+};
+struct Pressure {
+  Header h;
+  std::uint8_t device_uuid[16];
+  std::uint64_t bytes;
+  PressureReason reason;
+  std::uint32_t reserved;
+};
+
+// client -> daemon, no reply: how much granted memory this process keeps mapped but unused in
+// its local reserve on one GPU (so operators see it, and pressure goes where memory is idle).
+// Sent off the allocation path, when the figure changed.
+struct ReserveReport {
+  Header h;
+  std::uint8_t device_uuid[16];
+  std::uint64_t bytes;   // reserve bytes (a subset of the session's granted bytes)
+  std::uint64_t blocks;  // blocks in the reserve
+};
+
+// Dedup of read-only data (docs/dedup.md). The hook asks the daemon to share the whole chunks
+// (granularity G) of bytes [offset, offset + bytes) of one of its alloc grants (offset and bytes
+// multiples of G). The daemon hashes each chunk, confirms candidates with a byte compare, and
+// plans the grant's new layout: shared chunks (mapped read-only, one physical copy per node and
+// GPU), private copies of the rest of changed handles, and handles kept as they are. The plan is
+// fetched in batches of at most kMaxHandlesPerGrant pieces: ShareRequest{first_piece 0} plans and
+// returns the first batch, ShareRequest{first_piece k} (same grant) the batch from piece k. Then
+// ShareCommit{commit 1} makes the new layout the grant's (the replaced handles return to the
+// pool) or ShareCommit{commit 0} drops it; either way the daemon answers ShareAck. A session has
+// at most one share in flight; a new ShareRequest{first_piece 0} aborts an unfinished one.
+enum SharePieceFlags : std::uint32_t {
+  kShareReadOnly = 1u << 0,  // a shared chunk: map it read-only
+  kShareKeep = 1u << 1,      // the grant's old handle number `keep_index`, no descriptor attached
+};
+struct SharePiece {
+  std::uint64_t size;
+  std::uint64_t offset;      // inside the grant's VA range
+  std::uint32_t flags;       // SharePieceFlags
+  std::uint32_t keep_index;  // with kShareKeep: index of the old handle (grant order)
+};
+// ShareRequest::flags.
+enum ShareRequestFlags : std::uint32_t {
+  // An upload the hook offers on its own (transparent mode, docs/dedup.md): refused with
+  // Status::dedup_disabled unless the tenant's namespace says `dedup: transparent`.
+  kShareTransparent = 1u << 0,
+};
+struct ShareRequest {
+  Header h;
+  std::uint64_t grant_id;
+  std::uint64_t offset;  // multiple of the granularity
+  std::uint64_t bytes;   // > 0, multiple of the granularity
+  std::uint32_t first_piece;
+  std::uint32_t flags;   // ShareRequestFlags (was `reserved`: 0 = an explicit share)
+};
+struct ShareReply {
+  Header h;
+  Status status;           // ok, unknown_grant, bad_request (the grant cannot be shared), internal,
+                           // out_of_memory (no room for the copies)
+  std::uint32_t piece_count;  // pieces in this batch; a descriptor per piece without kShareKeep
+  std::uint32_t first_piece;
+  std::uint32_t total_pieces;
+  std::uint64_t grant_id;
+  std::uint64_t shared_bytes;  // bytes of the range now shared (whole chunks)
+  std::uint64_t merged_bytes;  // of those, chunks that matched an existing shared chunk
+  std::uint64_t copied_bytes;  // bytes copied into private handles (the rest of changed handles)
+  SharePiece pieces[kMaxHandlesPerGrant];
+};
+struct ShareCommit {
+  Header h;
+  std::uint64_t grant_id;
+  std::uint32_t commit;  // 1: the hook mapped the new layout; 0: abort
+  std::uint32_t reserved;
+};
+struct ShareAck {
+  Header h;
+  Status status;
+  std::uint32_t reserved;
+  std::uint64_t shared_bytes;
+};
+
 struct Error {
   Header h;
   Status status;
@@ -219,6 +322,13 @@ VLAKE_PROTO_CHECK(UsageQuery, 40);
 VLAKE_PROTO_CHECK(UsageReply, 56);
 VLAKE_PROTO_CHECK(Error, 160);
 VLAKE_PROTO_CHECK(GuardEvent, 280);
+VLAKE_PROTO_CHECK(Pressure, 56);
+VLAKE_PROTO_CHECK(ReserveReport, 56);
+VLAKE_PROTO_CHECK(SharePiece, 24);
+VLAKE_PROTO_CHECK(ShareRequest, 56);
+VLAKE_PROTO_CHECK(ShareReply, 840);
+VLAKE_PROTO_CHECK(ShareCommit, 40);
+VLAKE_PROTO_CHECK(ShareAck, 40);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -234,6 +344,12 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::usage_reply: return sizeof(UsageReply);
     case MsgType::error: return sizeof(Error);
     case MsgType::guard_event: return sizeof(GuardEvent);
+    case MsgType::pressure: return sizeof(Pressure);
+    case MsgType::reserve_report: return sizeof(ReserveReport);
+    case MsgType::share_request: return sizeof(ShareRequest);
+    case MsgType::share_reply: return sizeof(ShareReply);
+    case MsgType::share_commit: return sizeof(ShareCommit);
+    case MsgType::share_ack: return sizeof(ShareAck);
   }
   return 0;
 }

@@ -6,14 +6,19 @@
 // (owned by a grant, outside the pool) — the caller moves it back with put_back() or retires
 // it with retire().
 //
-// acquire(size, tenant): a free handle of exactly `size` (preferring one last used by the same
-// tenant), else a new one; if creating fails with CUDA_ERROR_OUT_OF_MEMORY while free handles
-// of other sizes exist, those are released and creation is retried once. A handle is zeroed
-// (fill_u8 + synchronize) before it is handed out if it is new or its last tenant differs.
+// serve(size, tenant): the handles for one grant, chosen by the planner (planner.hpp): one free
+// handle of exactly `size`, several free handles stitched (sizes summing to `size`), a new handle,
+// or free handles released (least recently freed first) and then a new one. A handle is zeroed
+// (fill_u8 + synchronize) before it is handed out unless it is clean (warm reserve) or its last
+// tenant is the same. Every driver call the pool makes is timed into its CostModel.
 //
-// Errors: acquire() throws PoolOutOfMemory when no memory can be had, DriverError for other
-// driver failures (nothing leaks: a half-built handle is released). retire()/release_free()
-// never throw (failures are logged).
+// Size classes: the granularity G (tails, fragments), the bulk size B (warm reserve), and exact
+// handles (a new handle always has the grant's size).
+//
+// Errors: serve() throws PoolOutOfMemory when no plan is possible (no free handles that add up,
+// no room to create), DriverError for other driver failures (nothing leaks: a half-built handle
+// is released, handles taken for a failed grant go back). retire()/release_free() never throw
+// (failures are logged).
 //
 // Thread-safety: none; the daemon uses a pool from its event-loop thread only.
 #pragma once
@@ -29,6 +34,7 @@
 #include "vlake/common/strong_types.hpp"
 #include "vlake/common/unique_fd.hpp"
 #include "vlake/pool/log.hpp"
+#include "vlake/pool/planner.hpp"
 
 namespace vlake::pool {
 
@@ -38,6 +44,8 @@ struct PoolHandle {
   Bytes size;
   DevicePtr va;                         // the daemon's read-write mapping
   std::optional<TenantId> last_tenant;  // nullopt: never granted
+  bool clean = false;                   // known to hold zeros (warm reserve): no scrub needed
+  std::uint64_t freed_seq = 0;          // when it entered the free pool (LRU order)
 };
 
 class PoolOutOfMemory : public std::runtime_error {
@@ -47,7 +55,8 @@ class PoolOutOfMemory : public std::runtime_error {
 
 class DevicePool {
  public:
-  DevicePool(Driver& driver, DeviceOrdinal device, const Logger& log);
+  // bulk: the bulk size class (a multiple of the granularity; rounded up).
+  DevicePool(Driver& driver, DeviceOrdinal device, const Logger& log, Bytes bulk = Bytes{64ull << 20});
   ~DevicePool();  // releases the free handles
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
@@ -56,13 +65,24 @@ class DevicePool {
   // is slow on real drivers).
   void warm();
 
-  struct Acquired {
-    std::unique_ptr<PoolHandle> handle;
-    bool reused = false;    // came from the free pool
-    bool scrubbed = false;  // was zeroed for this grant
+  struct Served {
+    std::vector<std::unique_ptr<PoolHandle>> handles;  // in VA order; sizes sum to the grant
+    PlanKind kind = PlanKind::none;
+    std::uint32_t reused = 0;     // handles that came from the free pool
+    std::uint32_t scrubbed = 0;   // handles zeroed for this grant
+    bool cross_tenant = false;    // a handle another tenant freed
+    std::uint64_t released = 0;   // free handles released to make room
   };
-  // `size` must be a positive multiple of granularity().
-  Acquired acquire(Bytes size, TenantId tenant);
+  // `size` must be a positive multiple of granularity(); max_handles 1..32 (1: the handle goes
+  // to the application).
+  Served serve(Bytes size, TenantId tenant, std::uint32_t max_handles = 32);
+  // What serve(size) lacks: size minus (GPU free memory + free pool bytes), at least 0.
+  [[nodiscard]] Bytes shortfall(Bytes size);
+  // Warm reserve: creates clean (exported, mapped, zeroed) handles until the free pool holds
+  // `target` bytes or `max_handles` were created or the GPU has no room. Small (G) handles up
+  // to min(target / 8, 32 MiB), then bulk handles, then G handles for the rest. Returns the
+  // handles created. Throws DriverError on failures other than out-of-memory.
+  std::uint64_t refill(Bytes target, std::uint64_t max_handles);
   // Returns a granted handle to the free pool; `releaser` becomes its last tenant.
   void put_back(std::unique_ptr<PoolHandle> h, TenantId releaser);
   // Releases a granted handle for good (it may live on in processes that imported it).
@@ -75,7 +95,7 @@ class DevicePool {
   [[nodiscard]] Bytes pool_bytes() const noexcept { return pool_bytes_; }  // free + granted
   [[nodiscard]] Bytes free_bytes() const noexcept { return free_bytes_; }
   [[nodiscard]] std::uint64_t free_handles() const noexcept { return free_.size(); }
-  // The largest free handle (0: none): the largest grant acquire() can serve without creating
+  // The largest free handle (0: none): the largest grant serve() can serve in one handle without creating
   // a handle. O(free handles).
   [[nodiscard]] Bytes largest_free_handle() const noexcept {
     Bytes m{0};
@@ -83,12 +103,20 @@ class DevicePool {
     return m;
   }
   [[nodiscard]] std::uint64_t handles_created() const noexcept { return created_; }
+  [[nodiscard]] Bytes bulk_size() const noexcept { return bulk_; }
+  [[nodiscard]] std::uint64_t free_small_handles() const noexcept;
+  [[nodiscard]] std::uint64_t free_bulk_handles() const noexcept;
+  [[nodiscard]] Bytes peak_bytes() const noexcept { return peak_bytes_; }  // highest pool_bytes
+  [[nodiscard]] const CostModel& costs() const noexcept { return costs_; }
+  CostModel& costs() noexcept { return costs_; }
   [[nodiscard]] std::uint64_t handles_released() const noexcept { return released_; }
 
  private:
   std::unique_ptr<PoolHandle> create(Bytes size);
   void destroy(std::unique_ptr<PoolHandle> h) noexcept;
   void scrub(PoolHandle& h);
+  PlanInput plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes device_free) const;
+  Bytes device_free();
 
   Driver& driver_;
   DeviceOrdinal device_;
@@ -99,6 +127,10 @@ class DevicePool {
   Bytes free_bytes_{0};
   std::uint64_t created_ = 0;
   std::uint64_t released_ = 0;
+  Bytes bulk_;
+  Bytes peak_bytes_{0};
+  std::uint64_t freed_seq_ = 0;
+  CostModel costs_;
 };
 
 }  // namespace vlake::pool

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -32,6 +33,11 @@ struct DaemonOptions {
   std::string metrics_address = ":9400";         // exporter [HOST]:PORT; "" (--metrics-address none): off
   bool metrics_address_given = false;            // explicit --metrics-address: failing to listen is fatal
                                                  // (the default only warns: see docs/metrics.md)
+  // Pool performance (docs/pool.md).
+  std::uint64_t bulk_size = 64ull << 20;         // --bulk-size: bulk handle size class
+  std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up
+  std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms: parked grant's longest wait
+  std::string alloc_root;                        // Kubernetes allocation directories (docs/device-plugin.md); "": off
   bool help = false;
 
   static DaemonOptions parse(int argc, const char* const* argv);

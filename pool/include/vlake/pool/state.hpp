@@ -35,7 +35,7 @@ class mapped_region;
 namespace vlake::pool::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 4;
+inline constexpr std::uint32_t kLayoutVersion = 5;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -108,6 +108,19 @@ struct Counters {
   std::uint64_t guard_violations_fault;
   std::uint64_t guard_violations_canary;
   std::uint64_t guard_violations_readonly;
+  // Layout 5: pool performance (docs/pool.md).
+  std::uint64_t requests;             // well-formed messages handled (all types)
+  std::uint64_t usage_queries;
+  std::uint64_t grants_exact;         // served by one free handle of the grant's size
+  std::uint64_t grants_stitched;      // served by several free handles mapped as one range
+  std::uint64_t grants_new;           // served by creating a handle (maybe after releasing free ones)
+  std::uint64_t handles_stitched;     // handles in stitched grants
+  std::uint64_t stitched_cross_tenant;  // stitched grants using a handle another tenant freed
+  std::uint64_t pressure_sent;        // Pressure messages sent
+  std::uint64_t grants_parked;        // grants that waited for reserves to be returned
+  std::uint64_t parked_timeouts;      // of those, refused when the wait ended
+  std::uint64_t reserve_reports;
+  std::uint64_t reserved_counters[5];
 };
 
 // The quota configuration in force.
@@ -143,6 +156,13 @@ struct DeviceRecord {
                                        // largest grant servable without creating a handle
   std::uint64_t dedup_logical_bytes;   // shared read-only weights as tenants see them (0 until dedup)
   std::uint64_t dedup_physical_bytes;  // what those take on the GPU (0 until dedup)
+  // Layout 5.
+  std::uint64_t free_small_handles;    // free handles of the granularity (tails, fragments)
+  std::uint64_t free_bulk_handles;     // free handles of the bulk size
+  std::uint64_t warm_target_bytes;     // --warm-reserve on this GPU
+  std::uint64_t hook_reserve_bytes;    // sum of the hooks' reported local reserves
+  std::uint64_t pool_peak_bytes;       // highest pool_bytes since start
+  std::uint64_t reserved5[3];
 };
 
 enum NamespaceFlags : std::uint32_t {
@@ -172,6 +192,8 @@ struct TenantRecord {
   std::uint64_t nonpool[kMaxDevices];
   std::uint32_t namespace_id;  // NamespaceRecord id of its namespace
   std::uint32_t over_limit;    // bit d: granted[d] + nonpool[d] > limit[d] (a lowered limit)
+  // Layout 5: of granted[d], what its processes keep unused in their local reserves.
+  std::uint64_t reserve[kMaxDevices];
 };
 
 enum SessionState : std::uint32_t { kSessionFree = 0, kSessionConnected = 1, kSessionDetached = 2 };
@@ -254,16 +276,16 @@ struct State {
   static_assert(std::is_standard_layout_v<T>, #T " must be standard");  \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
 VLAKE_STATE_CHECK(Header, 104);
-VLAKE_STATE_CHECK(Counters, 312);
+VLAKE_STATE_CHECK(Counters, 440);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
-VLAKE_STATE_CHECK(DeviceRecord, 136);
+VLAKE_STATE_CHECK(DeviceRecord, 200);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
-VLAKE_STATE_CHECK(TenantRecord, 528);
+VLAKE_STATE_CHECK(TenantRecord, 656);
 VLAKE_STATE_CHECK(SessionRecord, 40);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
-VLAKE_STATE_CHECK(State, 104 + 312 + 808 + 136 * 16 + 472 * 256 + 528 * 256 + 40 * 1024 + 64 * 16384 +
+VLAKE_STATE_CHECK(State, 104 + 440 + 808 + 200 * 16 + 472 * 256 + 656 * 256 + 40 * 1024 + 64 * 16384 +
                              16 + 344 * 256);
 #undef VLAKE_STATE_CHECK
 

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Builds bench/run.sh's table and results JSON from the raw benchmark outputs (<raw>/*.json).
+
+Rows: metric, native/baseline, hook, ratio (hook / baseline), target (from the issue), result
+(PASS / FAIL for rows with a target, info otherwise; n/a when an input is missing). Writes
+--results as {"mode","quick","date","host","rows":[...],"raw":{name: json}} and prints the
+table. Exit 0, or 1 with --strict 1 when a targeted row FAILs or is n/a.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import socket
+import statistics
+import sys
+
+
+def load(raw):
+    out = {}
+    for p in sorted(glob.glob(os.path.join(raw, "*.json"))):
+        name = os.path.basename(p)[:-5]
+        try:
+            with open(p) as f:
+                text = f.read().strip()
+            out[name] = json.loads(text) if text else None
+        except (OSError, ValueError):
+            out[name] = None
+    return out
+
+
+def size_rows(data, name):
+    d = data.get(name)
+    if not d or "sizes" not in d:
+        return {}
+    return {s["size"]: s for s in d["sizes"]}
+
+
+def fmt(v, unit):
+    if v is None:
+        return "-"
+    if unit == "us":
+        return "%.1f us" % v
+    if unit == "ms":
+        return "%.2f ms" % v
+    if unit == "bytes":
+        return "%.1f MiB" % (v / 2**20)
+    if unit == "calls":
+        return "%.2f" % v
+    return "%g" % v
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--raw", required=True)
+    ap.add_argument("--mode", default="gpu")
+    ap.add_argument("--quick", type=int, default=0)
+    ap.add_argument("--tenants", type=int, default=4)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--strict", type=int, default=0)
+    args = ap.parse_args()
+    data = load(args.raw)
+    rows = []
+
+    def row(metric, base, hook, unit, target=None, info=False):
+        ratio = hook / base if (base not in (None, 0) and hook is not None) else None
+        if hook is not None and base == 0 and hook == 0:
+            ratio = 0.0
+        if target is None:
+            result = "info"
+        elif ratio is None:
+            result = "n/a"
+        else:
+            result = "PASS" if ratio <= target + 1e-9 else "FAIL"
+        rows.append({"metric": metric, "baseline": base, "hook": hook, "unit": unit,
+                     "ratio": ratio, "target": target, "result": result})
+
+    native, warm = size_rows(data, "alloc_native"), size_rows(data, "alloc_warm")
+    cold, multi = size_rows(data, "alloc_cold"), size_rows(data, "alloc_multi")
+    sizes = list(native) or list(warm)
+    g = lambda rows_, s, op, q: rows_.get(s, {}).get(op, {}).get(q) if rows_ else None
+    for s in sizes:
+        row("warm alloc+free p50 %s" % s, g(native, s, "pair", "p50_us"), g(warm, s, "pair", "p50_us"), "us", 0.25)
+    for s in sizes:
+        row("warm alloc+free p99 %s" % s, g(native, s, "pair", "p99_us"), g(warm, s, "pair", "p99_us"), "us", 1.0)
+    for s in sizes:
+        row("cold alloc p50 %s" % s, g(native, s, "alloc", "p50_us"), g(cold, s, "alloc", "p50_us"), "us", 1.5)
+    for s in sizes:
+        row("%d-tenant warm alloc p99 %s (baseline: 1 tenant)" % (args.tenants, s),
+            g(warm, s, "alloc", "p99_us"), g(multi, s, "alloc", "p99_us"), "us", 2.0)
+    # Simulator only: the driver calls per pair (native: 1 alloc + 1 free; warm hook: 0).
+    if warm and any(v.get("vmm_calls_per_pair") is not None for v in warm.values()):
+        for s in sizes:
+            b = native.get(s, {}).get("vmm_calls_per_pair") if native else None
+            h = warm.get(s, {}).get("vmm_calls_per_pair")
+            r = {"metric": "warm driver VMM calls per pair %s" % s, "baseline": b, "hook": h,
+                 "unit": "calls", "ratio": None, "target": 0,
+                 "result": "n/a" if h is None else ("PASS" if h == 0 else "FAIL")}
+            rows.append(r)
+
+    for alloc in ("default", "expandable"):
+        nat = [data.get("train_%s_native_%d" % (alloc, i)) for i in (1, 2)]
+        hk = [data.get("train_%s_hook_%d" % (alloc, i)) for i in (1, 2)]
+        nat = [d["median_ms"] for d in nat if d and "median_ms" in d]
+        hk = [d["median_ms"] for d in hk if d and "median_ms" in d]
+        if args.mode == "sim" and not nat and not hk:
+            continue
+        row("train step median (%s allocator)" % alloc, statistics.median(nat) if nat else None,
+            statistics.median(hk) if hk else None, "ms", 1.01)
+
+    traces = sorted(k[len("replay_native_"):] for k in data if k.startswith("replay_native_"))
+    peak_sum, hook_p50, hook_p99, nat_p50, nat_p99 = 0, [], [], [], []
+    for t in traces:
+        n, h = data.get("replay_native_" + t) or {}, data.get("replay_hook_" + t) or {}
+        if "alloc" in n:
+            nat_p50.append(n["alloc"]["p50_us"]); nat_p99.append(n["alloc"]["p99_us"])
+        if "alloc" in h:
+            hook_p50.append(h["alloc"]["p50_us"]); hook_p99.append(h["alloc"]["p99_us"])
+            peak_sum += h.get("peak_granted_bytes", 0)
+        row("replay %s alloc p50" % t, n.get("alloc", {}).get("p50_us"), h.get("alloc", {}).get("p50_us"), "us")
+        row("replay %s alloc p99" % t, n.get("alloc", {}).get("p99_us"), h.get("alloc", {}).get("p99_us"), "us")
+    w = data.get("poolwatch") or {}
+    devs = w.get("devices") or []
+    if traces:
+        pool_peak = None
+        if devs:
+            d0 = devs[0]
+            pool_peak = d0.get("pool_peak_bytes") or d0.get("pool_bytes_max")
+        row("replay %d tenants: pool peak vs sum of tenant peaks" % len(traces), peak_sum or None, pool_peak, "bytes")
+        if devs:
+            row("replay %d tenants: granted peak vs sum of tenant peaks" % len(traces), peak_sum or None,
+                devs[0].get("granted_bytes_max"), "bytes")
+
+    out = {
+        "mode": args.mode,
+        "quick": bool(args.quick),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "rows": rows,
+        "raw": data,
+    }
+    with open(args.results, "w") as f:
+        json.dump(out, f, indent=1)
+
+    w_metric = max([len(r["metric"]) for r in rows] + [6])
+    print("== vlake bench (%s%s)%s" % (args.mode, ", quick" if args.quick else "",
+                                       "  [simulator: timings are not GPU timings]" if args.mode == "sim" else ""))
+    print("%-*s  %16s  %16s  %8s  %8s  %s" % (w_metric, "metric", "native/baseline", "hook", "ratio", "target", "result"))
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else "%.2fx" % r["ratio"]
+        target = "-" if r["target"] is None else ("<=%gx" % r["target"] if r["unit"] != "calls" else "0")
+        print("%-*s  %16s  %16s  %8s  %8s  %s" % (w_metric, r["metric"], fmt(r["baseline"], r["unit"]),
+                                               fmt(r["hook"], r["unit"]), ratio, target, r["result"]))
+    counts = {k: sum(1 for r in rows if r["result"] == k) for k in ("PASS", "FAIL", "n/a", "info")}
+    print("%d PASS, %d FAIL, %d n/a, %d info; results: %s" % (counts["PASS"], counts["FAIL"], counts["n/a"],
+                                                              counts["info"], args.results))
+    if args.strict and (counts["FAIL"] or counts["n/a"]):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# vlake benchmarks: runs every benchmark against native CUDA and under libvlake-hook.so with
+# its own vlaked, then prints one table (metric, native/baseline, hook, ratio, target, result)
+# and writes the same as JSON. Builds nothing. See docs/benchmarks.md.
+#
+#   bench/run.sh [--sim] [--quick] [--build DIR] [--results FILE] [--tenants K] [--strict]
+#
+#   --sim      run the C++ benchmarks against the simulated driver (no GPU, no PyTorch): a
+#              smoke test of the machinery; the timings are not GPU timings
+#   --quick    fewer iterations and shorter traces
+#   --build    build directory (default: build/gpu, else build/release)
+#   --results  JSON results file (default: <build>/bench-results.json)
+#   --tenants  processes in the multi-tenant alloc run (default 4)
+#   --strict   exit 1 if a row with a target fails (default: exit 0 once the table is out)
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+
+sim=0 quick=0 strict=0 tenants=4 build="" results=""
+while (($#)); do
+  case "$1" in
+    --sim) sim=1 ;;
+    --quick) quick=1 ;;
+    --strict) strict=1 ;;
+    --build) build="$2"; shift ;;
+    --results) results="$2"; shift ;;
+    --tenants) tenants="$2"; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [[ -z "$build" ]]; then
+  for b in "$root/build/gpu" "$root/build/release"; do [[ -d "$b" ]] && { build="$b"; break; }; done
+fi
+[[ -n "$build" && -d "$build" ]] || { echo "run.sh: no build directory (use --build DIR)" >&2; exit 2; }
+build="$(cd "$build" && pwd)"
+results="${results:-$build/bench-results.json}"
+
+alloc_bin="$build/bench/vlake_bench_alloc"
+replay_bin="$build/bench/vlake_bench_replay"
+watch_bin="$build/bench/vlake_bench_poolwatch"
+vlaked="$build/pool/vlaked"
+hook="$build/hook/libvlake-hook.so"
+for f in "$alloc_bin" "$replay_bin" "$watch_bin" "$vlaked" "$hook"; do
+  [[ -x "$f" || -f "$f" ]] || { echo "run.sh: missing $f (build targets vlake_bench vlaked vlake_hook)" >&2; exit 2; }
+done
+
+work="$(mktemp -d /tmp/vlake-bench-XXXXXX)"
+chmod 755 "$work"
+raw="$work/raw"
+mkdir -p "$raw"
+daemon_pid=""
+cleanup() {
+  [[ -n "$daemon_pid" ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -f "/dev/shm/vlake-bench-$$-"* "/dev/shm/vlake-sim-bench-$$" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if ((sim)); then
+  export VLAKE_SIM_NODE="bench-$$"
+  export VLAKE_SIM_DEVICE_MEMORY=32GiB  # memfd-backed: only touched pages cost host memory
+  export VLAKE_SIM_DEVICE_COUNT=1
+  export LD_LIBRARY_PATH="$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  limit=30GiB
+  daemon_driver=(--driver "$build/sim/libcuda.so.1" --nvml none)
+else
+  limit=64GiB
+  daemon_driver=()
+fi
+if ((quick)); then
+  iters=20; sizes=2MiB,20MiB,256MiB,1GiB; steps=20; replay_args=(--max-events 3000)
+else
+  iters=200; sizes=2MiB,20MiB,256MiB,1GiB; steps=50; replay_args=()
+fi
+((sim)) && replay_args+=(--scale-div 4)
+printf 'version: 1\ndefault:\n  limit: %s\n' "$limit" >"$work/vlake.yaml"
+sock="$work/vlaked.sock"
+hooked=(env LD_PRELOAD="$hook" VLAKE_SOCKET="$sock" ASAN_OPTIONS=verify_asan_link_order=0)
+
+start_daemon() {  # $1: state name
+  state="$1"
+  "$vlaked" --config "$work/vlake.yaml" --socket "$sock" --state "$state" --metrics-address none \
+    "${daemon_driver[@]}" >>"$work/vlaked.log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 1 300); do
+    [[ -S "$sock" ]] && return 0
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "run.sh: vlaked did not start:" >&2; tail -n 20 "$work/vlaked.log" >&2; exit 1
+}
+stop_daemon() {
+  kill "$daemon_pid" 2>/dev/null; wait "$daemon_pid" 2>/dev/null; daemon_pid=""
+  rm -f "$sock" "/dev/shm/$state" 2>/dev/null
+}
+step() { echo "-- $*" >&2; }
+run_json() {  # $1: output name, rest: command; keeps the last JSON line
+  local name="$1"; shift
+  if ! "$@" >"$raw/$name.out" 2>"$raw/$name.err"; then
+    echo "run.sh: $name failed:" >&2; tail -n 5 "$raw/$name.err" >&2
+    echo '{"error":"failed"}' >"$raw/$name.json"; return 1
+  fi
+  grep '^{' "$raw/$name.out" | tail -n 1 >"$raw/$name.json"
+}
+
+start_daemon "vlake-bench-$$-a"
+step "alloc/free latency: native, hook warm, hook cold, $tenants tenants"
+run_json alloc_native "$alloc_bin" --sizes "$sizes" --iterations "$iters" --label native
+run_json alloc_warm "${hooked[@]}" VLAKE_RESERVE=4GiB "$alloc_bin" --sizes "$sizes" --iterations "$iters" --label hook_warm
+run_json alloc_cold "${hooked[@]}" VLAKE_RESERVE=0 "$alloc_bin" --sizes "$sizes" --iterations "$iters" --label hook_cold
+run_json alloc_multi "${hooked[@]}" VLAKE_RESERVE=4GiB "$alloc_bin" --sizes "$sizes" --iterations "$iters" \
+  --tenants "$tenants" --label "hook_warm_x$tenants"
+stop_daemon
+
+if ((!sim)); then
+  start_daemon "vlake-bench-$$-t"
+  step "training step time: A (native) B (hook), A B A B, default and expandable segments"
+  for alloc in default expandable; do
+    conf=""; [[ $alloc == expandable ]] && conf="expandable_segments:True"
+    for rep in 1 2; do
+      run_json "train_${alloc}_native_$rep" env PYTORCH_CUDA_ALLOC_CONF="$conf" \
+        python3 "$here/torch/train_step.py" --steps "$steps"
+      run_json "train_${alloc}_hook_$rep" "${hooked[@]}" PYTORCH_CUDA_ALLOC_CONF="$conf" \
+        python3 "$here/torch/train_step.py" --steps "$steps"
+    done
+  done
+  stop_daemon
+fi
+
+step "trace replay: each trace native, then all at once under the hook"
+traces=(train_ckpt lora infer_kv)
+for t in "${traces[@]}"; do
+  run_json "replay_native_$t" "$replay_bin" --trace "$here/traces/$t.trace" "${replay_args[@]}" --label native
+done
+start_daemon "vlake-bench-$$-r"
+pace=1; ((sim)) && pace=0
+"$watch_bin" --state "$state" --interval-ms 20 >"$raw/poolwatch.json" 2>"$raw/poolwatch.err" &
+watch_pid=$!
+start_at=$(( $(date +%s%3N) + 1500 ))
+pids=()
+for t in "${traces[@]}"; do
+  run_json "replay_hook_$t" "${hooked[@]}" "$replay_bin" --trace "$here/traces/$t.trace" "${replay_args[@]}" \
+    --pace "$pace" --start-at "$start_at" --label hook &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null
+stop_daemon
+
+mode=gpu; ((sim)) && mode=sim
+python3 "$here/report.py" --raw "$raw" --mode "$mode" --quick "$quick" --tenants "$tenants" \
+  --results "$results" --strict "$strict"

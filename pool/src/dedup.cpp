@@ -1,0 +1,299 @@
+#include "dedup.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace vlake::pool {
+
+std::uint64_t chunk_hash(const void* data, std::size_t n) noexcept {
+  // Four independent lanes (so the loop pipelines), each a multiply-xorshift over 64-bit words.
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  std::uint64_t lane[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull,
+                           0x27d4eb2f165667c5ull};
+  constexpr std::uint64_t kMul = 0xff51afd7ed558ccdull;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i + 8 * static_cast<std::size_t>(k), 8);
+      lane[k] = (lane[k] ^ w) * kMul;
+      lane[k] ^= lane[k] >> 29;
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    lane[0] = (lane[0] ^ w) * kMul;
+    lane[0] ^= lane[0] >> 29;
+  }
+  std::uint64_t h = n;
+  for (std::uint64_t l : lane) {
+    h = (h ^ l) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+int Dedup::Piece::fd() const noexcept {
+  if (kind == PieceKind::copy && handle) return handle->fd.get();
+  return -1;
+}
+
+int Dedup::chunk_fd(std::uint64_t chunk) const {
+  auto it = chunks_.find(chunk);
+  return it == chunks_.end() || !it->second->handle ? -1 : it->second->handle->fd.get();
+}
+
+const Dedup::Plan* Dedup::pending(std::uint64_t session) const {
+  auto it = pending_.find(session);
+  return it == pending_.end() ? nullptr : &it->second;
+}
+
+bool Dedup::has_pending_grant(std::uint64_t grant_id) const {
+  for (const auto& [s, p] : pending_) {
+    if (p.grant_id == grant_id) return true;
+  }
+  return false;
+}
+
+std::uint64_t Dedup::find_or_add(DevicePool& pool, const std::vector<std::uint8_t>& data, Bytes size,
+                                 PoolHandle& src, Bytes src_offset, bool& merged) {
+  const std::uint64_t h = chunk_hash(data.data(), data.size());
+  const Key key{pool.device().value(), size.value(), h};
+  auto [lo, hi] = index_.equal_range(key);
+  for (auto it = lo; it != hi; ++it) {
+    Chunk& c = *chunks_.at(it->second);
+    scratch_.resize(data.size());
+    driver_.copy_to_host(scratch_.data(), c.handle->va, size);
+    if (std::memcmp(scratch_.data(), data.data(), data.size()) == 0) {
+      ++c.refs;
+      merged = true;
+      return c.id;
+    }
+  }
+  // A new shared chunk: a G handle from the pool, filled on the device from the tenant's chunk.
+  DevicePool::Served s = pool.serve(size, TenantId{0}, 1);
+  auto c = std::make_unique<Chunk>();
+  c->handle = std::move(s.handles.at(0));
+  try {
+    driver_.copy_device(c->handle->va, DevicePtr{src.va.value() + src_offset.value()}, size);
+  } catch (...) {
+    pool.put_back(std::move(c->handle), TenantId{0});
+    throw;
+  }
+  c->id = next_chunk_++;
+  c->device = pool.device();
+  c->hash = h;
+  c->refs = 1;
+  const std::uint64_t id = c->id;
+  index_.emplace(key, id);
+  chunks_.emplace(id, std::move(c));
+  merged = false;
+  return id;
+}
+
+void Dedup::unref(std::uint64_t chunk, DevicePool& pool) noexcept {
+  auto it = chunks_.find(chunk);
+  if (it == chunks_.end()) return;
+  Chunk& c = *it->second;
+  if (c.refs > 1) {
+    --c.refs;
+    return;
+  }
+  const Key key{c.device.value(), c.handle->size.value(), c.hash};
+  auto [lo, hi] = index_.equal_range(key);
+  for (auto x = lo; x != hi; ++x) {
+    if (x->second == chunk) {
+      index_.erase(x);
+      break;
+    }
+  }
+  // No tenant: the next grant of this handle scrubs it (it held another tenant's data).
+  try {
+    pool.put_back(std::move(c.handle), TenantId{0});
+  } catch (...) {
+    log_.error("dedup: returning a shared chunk to the pool failed");
+  }
+  chunks_.erase(it);
+}
+
+void Dedup::drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept {
+  for (Piece& piece : p.pieces) {
+    if (piece.kind == PieceKind::copy && piece.handle) {
+      try {
+        pool.put_back(std::move(piece.handle), tenant);
+      } catch (...) {
+      }
+    } else if (piece.kind == PieceKind::shared) {
+      unref(piece.chunk, pool);
+    }
+  }
+  p.pieces.clear();
+}
+
+const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, DevicePool& pool, TenantId tenant,
+                               const std::vector<std::unique_ptr<PoolHandle>>& handles, Bytes offset,
+                               Bytes bytes) {
+  abort(session, pool, tenant);
+  const std::uint64_t g = pool.granularity().value();
+  std::uint64_t total = 0;
+  for (const auto& h : handles) total += h->size.value();
+  const std::uint64_t a = offset.value();
+  const std::uint64_t b = a + bytes.value();
+  if (bytes.value() == 0 || a % g != 0 || b % g != 0 || b > total || b < a) {
+    throw std::invalid_argument("range [" + std::to_string(a) + ", " + std::to_string(b) +
+                                ") is not chunk-aligned inside the grant of " + std::to_string(total) + " bytes");
+  }
+  Plan p;
+  p.grant_id = grant_id;
+  p.device = pool.device();
+  std::vector<std::uint8_t> buf(static_cast<std::size_t>(g));
+  try {
+    std::uint64_t o = 0;
+    for (std::uint32_t i = 0; i < handles.size(); ++i) {
+      PoolHandle& h = *handles[i];
+      const std::uint64_t end = o + h.size.value();
+      if (end <= a || o >= b) {
+        Piece k;
+        k.offset = Bytes{o};
+        k.size = h.size;
+        k.kind = PieceKind::keep;
+        k.keep_index = i;
+        p.pieces.push_back(std::move(k));
+        o = end;
+        continue;
+      }
+      auto copy_part = [&](std::uint64_t from, std::uint64_t to) {
+        if (from >= to) return;
+        DevicePool::Served s = pool.serve(Bytes{to - from}, tenant, 1);
+        Piece c;
+        c.offset = Bytes{from};
+        c.size = Bytes{to - from};
+        c.kind = PieceKind::copy;
+        c.handle = std::move(s.handles.at(0));
+        driver_.copy_device(c.handle->va, DevicePtr{h.va.value() + (from - o)}, Bytes{to - from});
+        p.copied += c.size;
+        p.pieces.push_back(std::move(c));
+      };
+      const std::uint64_t in_from = std::max(o, a);
+      const std::uint64_t in_to = std::min(end, b);
+      copy_part(o, in_from);
+      for (std::uint64_t c = in_from; c < in_to; c += g) {
+        driver_.copy_to_host(buf.data(), DevicePtr{h.va.value() + (c - o)}, Bytes{g});
+        bool merged = false;
+        Piece s;
+        s.offset = Bytes{c};
+        s.size = Bytes{g};
+        s.kind = PieceKind::shared;
+        s.chunk = find_or_add(pool, buf, Bytes{g}, h, Bytes{c - o}, merged);
+        p.shared += Bytes{g};
+        if (merged) p.merged += Bytes{g};
+        p.pieces.push_back(std::move(s));
+      }
+      copy_part(in_to, end);
+      o = end;
+    }
+  } catch (...) {
+    drop_plan(p, pool, tenant);
+    throw;
+  }
+  auto [it, inserted] = pending_.insert_or_assign(session, std::move(p));
+  (void)inserted;
+  return it->second;
+}
+
+bool Dedup::commit(std::uint64_t session, std::vector<std::unique_ptr<PoolHandle>>& handles, DevicePool& pool,
+                   TenantId tenant) noexcept {
+  auto it = pending_.find(session);
+  if (it == pending_.end()) return false;
+  Plan& p = it->second;
+  std::vector<std::unique_ptr<PoolHandle>> next;
+  std::vector<std::uint64_t> refs;
+  std::vector<bool> kept(handles.size(), false);
+  for (Piece& piece : p.pieces) {
+    switch (piece.kind) {
+      case PieceKind::keep:
+        kept[piece.keep_index] = true;
+        next.push_back(std::move(handles[piece.keep_index]));
+        break;
+      case PieceKind::copy: next.push_back(std::move(piece.handle)); break;
+      case PieceKind::shared: refs.push_back(piece.chunk); break;
+    }
+  }
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    if (!kept[i] && handles[i]) {
+      try {
+        pool.put_back(std::move(handles[i]), tenant);
+      } catch (...) {
+        log_.error("dedup: returning a replaced handle to the pool failed");
+      }
+    }
+  }
+  handles = std::move(next);
+  auto& v = grant_refs_[p.grant_id];
+  v.insert(v.end(), refs.begin(), refs.end());
+  pending_.erase(it);
+  return true;
+}
+
+void Dedup::abort(std::uint64_t session, DevicePool& pool, TenantId tenant) noexcept {
+  auto it = pending_.find(session);
+  if (it == pending_.end()) return;
+  drop_plan(it->second, pool, tenant);
+  pending_.erase(it);
+}
+
+void Dedup::release_grant(std::uint64_t grant_id, DevicePool& pool) noexcept {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.grant_id == grant_id) {
+      drop_plan(it->second, pool, TenantId{0});
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto it = grant_refs_.find(grant_id);
+  if (it == grant_refs_.end()) return;
+  for (std::uint64_t c : it->second) unref(c, pool);
+  grant_refs_.erase(it);
+}
+
+void Dedup::retire_all(std::map<int, DevicePool*> pools) noexcept {
+  for (auto& [s, p] : pending_) {
+    auto pit = pools.find(p.device.value());
+    for (Piece& piece : p.pieces) {
+      if (piece.kind == PieceKind::copy && piece.handle && pit != pools.end()) pit->second->retire(std::move(piece.handle));
+    }
+  }
+  pending_.clear();
+  for (auto& [id, c] : chunks_) {
+    auto pit = pools.find(c->device.value());
+    if (pit != pools.end() && c->handle) pit->second->retire(std::move(c->handle));
+  }
+  chunks_.clear();
+  index_.clear();
+  grant_refs_.clear();
+}
+
+Bytes Dedup::logical_bytes(DeviceOrdinal d) const {
+  std::uint64_t sum = 0;
+  for (const auto& [gid, refs] : grant_refs_) {
+    for (std::uint64_t id : refs) {
+      auto it = chunks_.find(id);
+      if (it != chunks_.end() && it->second->device == d) sum += it->second->handle->size.value();
+    }
+  }
+  return Bytes{sum};
+}
+
+Bytes Dedup::physical_bytes(DeviceOrdinal d) const {
+  std::uint64_t sum = 0;
+  for (const auto& [id, c] : chunks_) {
+    if (c->device == d && c->handle) sum += c->handle->size.value();
+  }
+  return Bytes{sum};
+}
+
+}  // namespace vlake::pool

@@ -1,0 +1,55 @@
+// vlake::scheduler::PluginOptions — vlake-device-plugin's command line (docs/device-plugin.md).
+//
+// Contract: parse() returns the options or throws OptionsError with a one-line message naming
+// the offending option; `--help` sets `help`. Every option takes one value, as `--opt VALUE`
+// or `--opt=VALUE`. Pure; thread-safe.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "vlake/common/strong_types.hpp"
+
+namespace vlake::scheduler {
+
+class OptionsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class GpuVisibility { env, cdi, both };
+enum class LogLevel { debug = 0, info = 1, warn = 2, error = 3 };
+
+struct PluginOptions {
+  std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
+  std::string endpoint = "vlake.sock";
+  std::string resource = "vlake.io/gpu-memory";
+  Bytes unit{1ull << 30};
+  std::string alloc_root = "/run/vlake/alloc";
+  std::string hook_path = "/usr/lib/vlake/libvlake-hook.so";
+  bool preload = true;
+  GpuVisibility gpu_visibility = GpuVisibility::both;
+  std::string cdi_kind = "nvidia.com/gpu";
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::chrono::milliseconds attribution_interval{2000};
+  std::chrono::milliseconds gc_grace{30000};
+  std::string driver = "libcuda.so.1";
+  std::string vlaked_socket = "/run/vlake/vlaked.sock";  // "" (--vlaked-socket none): not checked
+  std::string state = "vlake-state";
+  std::chrono::milliseconds health_interval{5000};
+  LogLevel log_level = LogLevel::info;
+  bool help = false;
+
+  static PluginOptions parse(int argc, const char* const* argv);
+  static std::string usage();
+  [[nodiscard]] std::string kubelet_socket() const { return kubelet_dir + "/kubelet.sock"; }
+  [[nodiscard]] std::string plugin_socket() const { return kubelet_dir + "/" + endpoint; }
+};
+
+// "1GiB", "256MiB", "4096" (bytes) -> bytes; throws std::invalid_argument.
+Bytes parse_size(const std::string& text);
+// "500ms", "2s", "1m", "1500" (ms) -> milliseconds; throws std::invalid_argument.
+std::chrono::milliseconds parse_duration(const std::string& text);
+
+}  // namespace vlake::scheduler

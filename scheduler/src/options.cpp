@@ -1,0 +1,159 @@
+#include "vlake/scheduler/options.hpp"
+
+#include <cctype>
+#include <string_view>
+
+namespace vlake::scheduler {
+namespace {
+
+bool digits_only(std::string_view s) {
+  if (s.empty() || s.size() > 15) return false;
+  for (char c : s) {
+    if (std::isdigit(static_cast<unsigned char>(c)) == 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Bytes parse_size(const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
+  const std::string num = text.substr(0, i);
+  const std::string unit = text.substr(i);
+  if (!digits_only(num)) throw std::invalid_argument("bad size '" + text + "' (e.g. 1GiB, 512MiB)");
+  std::uint64_t mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KiB") mult = 1ull << 10;
+  else if (unit == "MiB") mult = 1ull << 20;
+  else if (unit == "GiB") mult = 1ull << 30;
+  else if (unit == "TiB") mult = 1ull << 40;
+  else throw std::invalid_argument("bad size '" + text + "': unknown unit '" + unit + "' (use B, KiB, MiB, GiB, TiB)");
+  const std::uint64_t n = std::stoull(num);
+  if (n == 0) throw std::invalid_argument("bad size '" + text + "': must be more than 0");
+  if (n > (~0ull) / mult) throw std::invalid_argument("bad size '" + text + "': too large");
+  return Bytes{n * mult};
+}
+
+std::chrono::milliseconds parse_duration(const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
+  const std::string num = text.substr(0, i);
+  const std::string unit = text.substr(i);
+  if (!digits_only(num) || num.size() > 9) throw std::invalid_argument("bad duration '" + text + "' (e.g. 500ms, 2s, 1m)");
+  const long long n = std::stoll(num);
+  long long ms;
+  if (unit.empty() || unit == "ms") ms = n;
+  else if (unit == "s") ms = n * 1000;
+  else if (unit == "m") ms = n * 60'000;
+  else throw std::invalid_argument("bad duration '" + text + "': unknown unit '" + unit + "' (use ms, s, m)");
+  if (ms <= 0) throw std::invalid_argument("bad duration '" + text + "': must be more than 0");
+  return std::chrono::milliseconds(ms);
+}
+
+std::string PluginOptions::usage() {
+  return "usage: vlake-device-plugin [options]\n"
+         "  --kubelet-dir DIR               kubelet device-plugin directory (default /var/lib/kubelet/device-plugins)\n"
+         "  --endpoint NAME                 our socket's file name there (default vlake.sock)\n"
+         "  --resource NAME                 extended resource (default vlake.io/gpu-memory)\n"
+         "  --unit SIZE                     memory per device id (default 1GiB)\n"
+         "  --alloc-root DIR                allocation directories, shared with vlaked (default /run/vlake/alloc)\n"
+         "  --hook-path PATH                hook library on the host (default /usr/lib/vlake/libvlake-hook.so)\n"
+         "  --preload BOOL                  mount ld.so.preload into containers (default true)\n"
+         "  --gpu-visibility MODE           env, cdi or both (default both)\n"
+         "  --cdi-kind KIND                 CDI kind for cdi naming (default nvidia.com/gpu)\n"
+         "  --pod-resources-socket PATH     kubelet PodResources API (default /var/lib/kubelet/pod-resources/kubelet.sock)\n"
+         "  --attribution-interval DUR      PodResources polling period (default 2s)\n"
+         "  --gc-grace DUR                  how long an allocation may be unlisted before removal (default 30s)\n"
+         "  --driver LIB                    CUDA driver used to enumerate GPUs (default libcuda.so.1)\n"
+         "  --vlaked-socket PATH            vlaked's socket, checked for health; 'none' disables (default /run/vlake/vlaked.sock)\n"
+         "  --state NAME                    vlaked's state segment (default vlake-state)\n"
+         "  --health-interval DUR           health check period (default 5s)\n"
+         "  --log-level LEVEL               debug, info, warn or error (default info)\n"
+         "  --help                          this text\n";
+}
+
+PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
+  PluginOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0) throw OptionsError("unexpected argument '" + arg + "' (see --help)");
+    std::string value;
+    bool have_value = false;
+    if (const auto eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      have_value = true;
+    }
+    static constexpr std::string_view kKnown[] = {
+        "--kubelet-dir", "--endpoint", "--resource", "--unit", "--alloc-root", "--hook-path", "--preload",
+        "--gpu-visibility", "--cdi-kind", "--pod-resources-socket", "--attribution-interval", "--gc-grace",
+        "--driver", "--vlaked-socket", "--state", "--health-interval", "--log-level"};
+    bool known = false;
+    for (auto k : kKnown) known = known || arg == k;
+    if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
+    if (!have_value) {
+      if (i + 1 >= argc) throw OptionsError("option " + arg + " needs a value");
+      value = argv[++i];
+    }
+    if (value.empty()) throw OptionsError("option " + arg + " needs a non-empty value");
+    auto duration = [&]() {
+      try {
+        return parse_duration(value);
+      } catch (const std::invalid_argument& e) {
+        throw OptionsError(arg + ": " + e.what());
+      }
+    };
+    if (arg == "--kubelet-dir") o.kubelet_dir = value;
+    else if (arg == "--endpoint") {
+      if (value.find('/') != std::string::npos) throw OptionsError("--endpoint must be a file name, got '" + value + "'");
+      o.endpoint = value;
+    } else if (arg == "--resource") {
+      if (value.find('/') == std::string::npos) throw OptionsError("--resource must be <domain>/<name>, got '" + value + "'");
+      o.resource = value;
+    } else if (arg == "--unit") {
+      try {
+        o.unit = parse_size(value);
+      } catch (const std::invalid_argument& e) {
+        throw OptionsError(std::string("--unit: ") + e.what());
+      }
+    } else if (arg == "--alloc-root") o.alloc_root = value;
+    else if (arg == "--hook-path") o.hook_path = value;
+    else if (arg == "--preload") {
+      if (value == "true" || value == "1" || value == "yes") o.preload = true;
+      else if (value == "false" || value == "0" || value == "no") o.preload = false;
+      else throw OptionsError("--preload must be true or false, got '" + value + "'");
+    } else if (arg == "--gpu-visibility") {
+      if (value == "env") o.gpu_visibility = GpuVisibility::env;
+      else if (value == "cdi") o.gpu_visibility = GpuVisibility::cdi;
+      else if (value == "both") o.gpu_visibility = GpuVisibility::both;
+      else throw OptionsError("--gpu-visibility must be env, cdi or both, got '" + value + "'");
+    } else if (arg == "--cdi-kind") o.cdi_kind = value;
+    else if (arg == "--pod-resources-socket") o.pod_resources_socket = value;
+    else if (arg == "--attribution-interval") o.attribution_interval = duration();
+    else if (arg == "--gc-grace") o.gc_grace = duration();
+    else if (arg == "--health-interval") o.health_interval = duration();
+    else if (arg == "--driver") o.driver = value;
+    else if (arg == "--vlaked-socket") o.vlaked_socket = value == "none" ? std::string() : value;
+    else if (arg == "--state") o.state = value;
+    else if (arg == "--log-level") {
+      if (value == "debug") o.log_level = LogLevel::debug;
+      else if (value == "info") o.log_level = LogLevel::info;
+      else if (value == "warn") o.log_level = LogLevel::warn;
+      else if (value == "error") o.log_level = LogLevel::error;
+      else throw OptionsError("--log-level must be debug, info, warn or error, got '" + value + "'");
+    }
+  }
+  while (o.kubelet_dir.size() > 1 && o.kubelet_dir.back() == '/') o.kubelet_dir.pop_back();
+  while (o.alloc_root.size() > 1 && o.alloc_root.back() == '/') o.alloc_root.pop_back();
+  if (o.plugin_socket().size() >= 108) throw OptionsError("--kubelet-dir/--endpoint: socket path too long (max 107)");
+  // <alloc-root>/<16 hex>/vlaked.sock must fit a Unix socket address.
+  if (o.alloc_root.size() + 1 + 16 + 1 + 11 >= 108) throw OptionsError("--alloc-root is too long for socket paths in it");
+  return o;
+}
+
+}  // namespace vlake::scheduler

@@ -1,0 +1,220 @@
+// Unit tests of the benchmark pieces (bench/), the simulator's call counters (sim/) and the
+// committed traces (bench/traces/*.trace).
+#include <catch2/catch.hpp>
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "alloc_bench.hpp"
+#include "bench_support.hpp"
+#include "replay_bench.hpp"
+
+using namespace vlake;
+using namespace vlake::bench;
+
+TEST_CASE("sizes parse in binary units and print back", "[bench]") {
+  CHECK(parse_size("2MiB").value() == (2ULL << 20));
+  CHECK(parse_size("20M").value() == (20ULL << 20));
+  CHECK(parse_size("1GiB").value() == (1ULL << 30));
+  CHECK(parse_size("4096").value() == 4096);
+  CHECK(parse_size("3KiB").value() == 3072);
+  CHECK_THROWS(parse_size("2 MiB"));
+  CHECK_THROWS(parse_size("MiB"));
+  CHECK_THROWS(parse_size("2XB"));
+  CHECK_THROWS(parse_size("99999999999999999999"));
+  CHECK(parse_sizes("2MiB,1GiB").size() == 2);
+  CHECK(size_label(Bytes{2ULL << 20}) == "2MiB");
+  CHECK(size_label(Bytes{1ULL << 30}) == "1GiB");
+  CHECK(size_label(Bytes{3ULL << 20}) == "3MiB");
+  CHECK(size_label(Bytes{1536}) == "1536B");
+}
+
+TEST_CASE("summaries use nearest-rank percentiles", "[bench]") {
+  std::vector<double> v;
+  for (int i = 100; i >= 1; --i) v.push_back(i);
+  const Summary s = summarize(v);
+  CHECK(s.n == 100);
+  CHECK(s.p50 == 50);
+  CHECK(s.p99 == 99);
+  CHECK(s.min == 1);
+  CHECK(s.max == 100);
+  CHECK(s.mean == Approx(50.5));
+  CHECK(summarize({7}).p99 == 7);
+  CHECK(summarize({}).n == 0);
+}
+
+TEST_CASE("the JSON builder places commas and escapes strings", "[bench]") {
+  Json j;
+  j.begin_object();
+  j.key("a").value(std::uint64_t{1});
+  j.key("b").begin_array().value("x\"y").value(true).null().end_array();
+  j.key("c").begin_object().key("d").value(1.5).end_object();
+  j.end_object();
+  CHECK(j.str() == R"({"a":1,"b":["x\"y",true,null],"c":{"d":1.500}})");
+}
+
+TEST_CASE("bench options are checked", "[bench]") {
+  const AllocOptions o = AllocBench::parse({"--sizes", "2MiB,20MiB", "--iterations", "5", "--tenants", "4"});
+  CHECK(o.sizes.size() == 2);
+  CHECK(o.iterations == 5);
+  CHECK(o.tenants == 4);
+  CHECK(AllocBench::parse({}).sizes.size() == 4);
+  CHECK_THROWS_AS(AllocBench::parse({"--iterations", "0"}), std::invalid_argument);
+  CHECK_THROWS_AS(AllocBench::parse({"--tenants", "65"}), std::invalid_argument);
+  CHECK_THROWS_AS(AllocBench::parse({"--sizes", "2QiB"}), std::invalid_argument);
+  CHECK_THROWS_AS(AllocBench::parse({"--bogus", "1"}), std::invalid_argument);
+  CHECK_THROWS_AS(AllocBench::parse({"--sizes"}), std::invalid_argument);
+  CHECK_THROWS_AS(ReplayBench::parse({}), std::invalid_argument);
+  CHECK_THROWS_AS(ReplayBench::parse({"--trace", "x", "--pace", "-1"}), std::invalid_argument);
+  CHECK_THROWS_AS(ReplayBench::parse({"--trace", "x", "--scale-div", "0"}), std::invalid_argument);
+  CHECK(ReplayBench::parse({"--trace", "x", "--pace", "0.5"}).pace == 0.5);
+}
+
+namespace {
+std::string write_temp(const std::string& text) {
+  char path[] = "/tmp/vlake-bench-trace-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  return path;
+}
+}  // namespace
+
+TEST_CASE("traces parse, and malformed lines are reported with their line", "[bench]") {
+  const std::string ok = write_temp("# header\n0 alloc 0 512\n5 alloc 1 2097152\n3 free 0\n\n1 free 1\n");
+  const auto ev = read_trace(ok);
+  REQUIRE(ev.size() == 4);
+  CHECK(ev[1].alloc);
+  CHECK(ev[1].bytes == 2097152);
+  CHECK(ev[1].dt_us == 5);
+  CHECK_FALSE(ev[2].alloc);
+  CHECK(ev[2].id == 0);
+  ::unlink(ok.c_str());
+  for (const std::string bad : {"0 alloc 1\n", "0 grow 1 5\n", "x alloc 1 5\n", "0 free 1 2\n", "0 alloc 1 0\n"}) {
+    const std::string p = write_temp("# h\n" + bad);
+    INFO(bad);
+    try {
+      read_trace(p);
+      FAIL("accepted a malformed trace");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()).find(":2:") != std::string::npos);
+    }
+    ::unlink(p.c_str());
+  }
+  CHECK_THROWS(read_trace("/nonexistent/trace"));
+}
+
+TEST_CASE("the committed traces are well-formed, small and balanced", "[bench]") {
+  for (const std::string name : {"train_ckpt", "lora", "infer_kv"}) {
+    INFO(name);
+    const std::string path = std::string(VLAKE_TRACE_DIR) + "/" + name + ".trace";
+    struct stat st{};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK(st.st_size < 2'000'000);
+    const auto ev = read_trace(path);
+    CHECK(ev.size() > 1000);
+    std::set<std::uint64_t> live;
+    std::uint64_t allocs = 0;
+    bool ok = true;
+    for (const auto& e : ev) {
+      if (e.alloc) {
+        ok = ok && live.insert(e.id).second;
+        ++allocs;
+      } else {
+        ok = ok && live.erase(e.id) == 1;
+      }
+    }
+    CHECK(ok);
+    CHECK(allocs > 500);
+  }
+}
+
+namespace {
+using CountFn = unsigned long long (*)(const char*);
+using VmmFn = unsigned long long (*)();
+}  // namespace
+
+TEST_CASE("the simulator counts driver calls per entry point and process", "[bench][sim]") {
+  const std::string node = "bu" + std::to_string(::getpid()) + "-counts";
+  ::setenv("VLAKE_SIM_NODE", node.c_str(), 1);
+  ::setenv("VLAKE_SIM_DEVICE_MEMORY", "256MiB", 1);
+  CudaApi api(VLAKE_SIM_LIB);
+  REQUIRE(api.has_call_counts());
+  void* h = ::dlopen(VLAKE_SIM_LIB, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(h != nullptr);
+  auto count = reinterpret_cast<CountFn>(::dlsym(h, "vlake_sim_call_count"));
+  auto vmm = reinterpret_cast<VmmFn>(::dlsym(h, "vlake_sim_vmm_call_count"));
+  REQUIRE(count != nullptr);
+  REQUIRE(vmm != nullptr);
+  CHECK(count(nullptr) == 0);
+  CHECK(count("cuNoSuchEntry") == 0);
+
+  api.init_context(DeviceOrdinal{0});
+  CHECK(count("cuInit") >= 1);
+  const auto alloc0 = count("cuMemAlloc_v2");
+  const auto free0 = count("cuMemFree_v2");
+  const auto vmm0 = vmm();
+  for (int i = 0; i < 3; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(api.mem_alloc(&p, 1 << 20) == CUDA_SUCCESS);
+    REQUIRE(api.mem_free(p) == CUDA_SUCCESS);
+  }
+  CHECK(count("cuMemAlloc_v2") - alloc0 == 3);
+  CHECK(count("cuMemFree_v2") - free0 == 3);
+  CHECK(vmm() - vmm0 == 6);
+
+  // VMM calls count, other calls do not add to the VMM sum; failed calls count too.
+  using ReserveFn = CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  using AddrFreeFn = CUresult (*)(CUdeviceptr, size_t);
+  using InfoFn = CUresult (*)(size_t*, size_t*);
+  auto reserve = reinterpret_cast<ReserveFn>(::dlsym(h, "cuMemAddressReserve"));
+  auto addr_free = reinterpret_cast<AddrFreeFn>(::dlsym(h, "cuMemAddressFree"));
+  auto info = reinterpret_cast<InfoFn>(::dlsym(h, "cuMemGetInfo_v2"));
+  const auto vmm1 = vmm();
+  CUdeviceptr va = 0;
+  REQUIRE(reserve(&va, 2 << 20, 0, 0, 0) == CUDA_SUCCESS);
+  REQUIRE(addr_free(va, 2 << 20) == CUDA_SUCCESS);
+  CHECK(addr_free(va, 2 << 20) != CUDA_SUCCESS);
+  size_t f = 0, t = 0;
+  const auto info0 = count("cuMemGetInfo_v2");
+  REQUIRE(info(&f, &t) == CUDA_SUCCESS);
+  CHECK(count("cuMemGetInfo_v2") - info0 == 1);
+  CHECK(vmm() - vmm1 == 3);
+  CHECK(count("cuMemAddressFree") >= 2);
+
+  // A per-thread variant forwarding to its legacy function counts once, under its own name.
+  using HtoDFn = CUresult (*)(CUdeviceptr, const void*, size_t);
+  auto htod_ptds = reinterpret_cast<HtoDFn>(::dlsym(h, "cuMemcpyHtoD_v2_ptds"));
+  REQUIRE(htod_ptds != nullptr);
+  CUdeviceptr p = 0;
+  REQUIRE(api.mem_alloc(&p, 4096) == CUDA_SUCCESS);
+  const auto legacy0 = count("cuMemcpyHtoD_v2");
+  const auto ptds0 = count("cuMemcpyHtoD_v2_ptds");
+  const char data[16] = {};
+  REQUIRE(htod_ptds(p, data, sizeof data) == CUDA_SUCCESS);
+  CHECK(count("cuMemcpyHtoD_v2_ptds") - ptds0 == 1);
+  CHECK(count("cuMemcpyHtoD_v2") - legacy0 == 0);
+  REQUIRE(api.mem_free(p) == CUDA_SUCCESS);
+
+  // Many threads at once: no increment is lost.
+  using VersionFn = CUresult (*)(int*);
+  auto version = reinterpret_cast<VersionFn>(::dlsym(h, "cuDriverGetVersion"));
+  const auto v0 = count("cuDriverGetVersion");
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([version] {
+      int v = 0;
+      for (int k = 0; k < 2000; ++k) (void)version(&v);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(count("cuDriverGetVersion") - v0 == 8000);
+}

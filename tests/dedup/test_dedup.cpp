@@ -1,0 +1,269 @@
+// Dedup of read-only chunks (docs/dedup.md) end to end on the simulated driver: a real vlaked,
+// tenant programs (tests/hook/tenant.cpp) under LD_PRELOAD=libvlake-hook.so as separate uids,
+// each uploading "weights" and calling vlake_share_readonly through the hook.
+//
+// Layout used throughout (G = 2 MiB): an allocation of 20 MiB, shared range [1 MiB, 19 MiB):
+// whole chunks [2 MiB, 18 MiB) = 8 chunks are shared; the partial edge chunks [0, 2 MiB) and
+// [18 MiB, 20 MiB) stay private (4 MiB copied into private handles).
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dedup.hpp"
+#include "harness.hpp"
+#include "tenant_process.hpp"
+#include "vlake/common/protocol.hpp"
+#include "vlake/pool/state.hpp"
+#include "vlake/share.h"
+
+using namespace vlake;
+using namespace std::chrono_literals;
+using e2e::TenantProcess;
+using pooltest::DaemonProcess;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+constexpr std::uint64_t kAlloc = 20 * kMiB;
+constexpr std::uint64_t kShared = 16 * kMiB;  // whole chunks of [1 MiB, 19 MiB)
+constexpr std::uint64_t kEdges = 4 * kMiB;    // private: [0, 2 MiB) and [18 MiB, 20 MiB)
+constexpr int kIllegalAddress = 700;
+constexpr int kInvalidValue = 1;
+
+bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::unique_ptr<pool::state::State> snapshot(const DaemonProcess& d) {
+  return pool::state::StateReader(d.state).snapshot();
+}
+
+std::unique_ptr<pool::state::State> wait_state(const DaemonProcess& d,
+                                               const std::function<bool(const pool::state::State&)>& done) {
+  auto s = snapshot(d);
+  for (int i = 0; i < 100 && !done(*s); ++i) {
+    std::this_thread::sleep_for(50ms);
+    s = snapshot(d);
+  }
+  return s;
+}
+
+// Physical bytes the pool has out of its free list (grants' private handles + shared chunks).
+std::uint64_t physical(const pool::state::State& s) {
+  return s.devices[0].pool_bytes - s.devices[0].free_bytes;
+}
+
+std::string quota() { return "version: 1\ndefault:\n  limit: 256MiB\n"; }
+
+std::vector<std::string> load_and_share(std::uint64_t seed) {
+  return {"init", "alloc:w:20M", "upload:w:" + std::to_string(seed) + ":20M", "share:w:1M:18M",
+          "verify:w:" + std::to_string(seed) + ":20M"};
+}
+
+std::uint64_t field(const std::map<std::string, std::string>& kv, const std::string& k) {
+  auto it = kv.find(k);
+  return it == kv.end() ? ~0ull : std::strtoull(it->second.c_str(), nullptr, 10);
+}
+
+}  // namespace
+
+TEST_CASE("dedup: K tenants upload identical weights and share them", "[dedup]") {
+  const int k = GENERATE(2, 4);
+  INFO("tenants: " << k);
+  DaemonProcess d("dedup-k" + std::to_string(k), quota());
+  REQUIRE(d.start());
+  std::vector<std::unique_ptr<TenantProcess>> ts;
+  for (int i = 0; i < k; ++i) {
+    auto steps = load_and_share(7);
+    // Hold the memory until every tenant has shared and the test has looked, then check again.
+    steps.push_back("sleep:2500");
+    steps.push_back("verify:w:7:20M#after");
+    ts.push_back(std::make_unique<TenantProcess>(d, steps, 4400 + i));
+  }
+  std::uint64_t merged = 0;
+  for (auto& t : ts) {
+    const auto kv = t->wait_line("verify:w:7:20M ");
+    INFO(t->out() << t->err() << "\ndaemon log:\n" << d.log());
+    const auto sh = t->wait_line("share:w:1M:18M");
+    CHECK(sh.at("rc") == "0");
+    CHECK(field(sh, "shared") == kShared);
+    CHECK(field(sh, "copied") == kEdges);
+    CHECK(field(sh, "chunk") == 2 * kMiB);
+    merged += field(sh, "merged");
+    CHECK(kv.at("ok") == "1");
+  }
+  // The first tenant's chunks became the shared ones; every other tenant merged all of its.
+  CHECK(merged == static_cast<std::uint64_t>(k - 1) * kShared);
+  const auto s = snapshot(d);
+  INFO("daemon log:\n" << d.log());
+  const std::uint64_t kk = static_cast<std::uint64_t>(k);
+  CHECK(s->devices[0].dedup_physical_bytes == kShared);
+  CHECK(s->devices[0].dedup_logical_bytes == kk * kShared);
+  // Physical use: K private edge pairs + one copy of the shared chunks, i.e. (K-1) x 16 MiB less
+  // than K unshared replicas.
+  CHECK(physical(*s) == kk * kEdges + kShared);
+  CHECK(kk * kAlloc - physical(*s) == (kk - 1) * kShared);
+  // Each tenant is still charged its logical bytes.
+  CHECK(s->devices[0].granted_bytes == kk * kAlloc);
+  for (int i = 0; i < k; ++i) {
+    const auto* t = pooltest::tenant(*s, "uid:" + std::to_string(4400 + i));
+    REQUIRE(t != nullptr);
+    CHECK(t->granted[0] == kAlloc);
+  }
+  for (auto& t : ts) {
+    REQUIRE(exited_ok(t->finish()));
+    CHECK(t->line("verify:w:7:20M#after").at("ok") == "1");
+  }
+  // Every tenant exited: every chunk is back in the pool.
+  const auto after = wait_state(d, [](const pool::state::State& x) {
+    return x.devices[0].dedup_physical_bytes == 0 && physical(x) == 0;
+  });
+  CHECK(after->devices[0].dedup_physical_bytes == 0);
+  CHECK(after->devices[0].dedup_logical_bytes == 0);
+  CHECK(physical(*after) == 0);
+  CHECK(after->devices[0].granted_bytes == 0);
+}
+
+TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges stay writable",
+          "[dedup]") {
+  DaemonProcess d("dedup-write", quota());
+  REQUIRE(d.start());
+  auto steps = load_and_share(11);
+  steps.insert(steps.end(), {"sleep:2500", "verify:w:11:20M#after", "kfill:w:0:16", "sync"});
+  TenantProcess keeper(d, steps, 4410);
+  REQUIRE_FALSE(keeper.wait_line("share:w:1M:18M").empty());
+  auto wsteps = load_and_share(11);
+  wsteps.insert(wsteps.end(), {
+                                  "memset:w:0:16:1",          // private edge chunk: fine
+                                  "memset:w:19922944:16:1",   // 19 MiB: private edge chunk
+                                  "memset:w:4194304:16:1",    // 4 MiB: shared, copy engine refuses
+                                  "kfill:w:4194304:16",       // 4 MiB: shared, the kernel faults
+                                  "sync",
+                              });
+  TenantProcess writer(d, wsteps, 4411);
+  REQUIRE(exited_ok(writer.finish()));
+  REQUIRE(exited_ok(keeper.finish()));
+  INFO("writer:\n" << writer.out() << writer.err() << "\nkeeper:\n" << keeper.out() << keeper.err()
+                   << "\ndaemon log:\n" << d.log());
+  CHECK(writer.line("share:w:1M:18M").at("rc") == "0");
+  CHECK(writer.line("memset:w:0:16:1").at("rc") == "0");
+  CHECK(writer.line("memset:w:19922944:16:1").at("rc") == "0");
+  CHECK(writer.line("memset:w:4194304:16:1").at("rc") == std::to_string(kInvalidValue));
+  CHECK(writer.line("sync").at("rc") == std::to_string(kIllegalAddress));
+  // The keeper's data and context are intact.
+  CHECK(keeper.line("verify:w:11:20M#after").at("ok") == "1");
+  CHECK(keeper.line("sync").at("rc") == "0");
+  CHECK(keeper.err().find("GPU fault") == std::string::npos);
+  const auto s = wait_state(d, [](const pool::state::State& x) { return x.counters.guard_violations_readonly >= 1; });
+  CHECK(s->counters.guard_violations_readonly == 1);
+  CHECK(s->counters.guard_violations_fault == 0);
+  bool found = false;
+  for (std::uint64_t seq = 1; seq < s->guard.next_seq; ++seq) {
+    const auto& e = s->guard.events[(seq - 1) % pool::state::kGuardEvents];
+    if (e.kind == static_cast<std::uint32_t>(proto::GuardKind::readonly)) {
+      found = true;
+      CHECK(std::string(e.tenant_name) == "uid:4411");
+      CHECK(e.cuda_status == kIllegalAddress);
+    }
+  }
+  CHECK(found);
+}
+
+TEST_CASE("dedup: chunks return to the pool after the last user frees (local reserve on)", "[dedup]") {
+  DaemonProcess d("dedup-free", quota());
+  REQUIRE(d.start());
+  auto a_steps = load_and_share(5);
+  a_steps.insert(a_steps.end(), {"sleep:1000", "free:w", "sleep:1500"});
+  auto b_steps = load_and_share(5);
+  b_steps.insert(b_steps.end(), {"sleep:2500", "verify:w:5:20M#after", "free:w", "sleep:1500"});
+  TenantProcess a(d, a_steps, 4420, "64MiB");
+  REQUIRE_FALSE(a.wait_line("share:w:1M:18M").empty());
+  TenantProcess b(d, b_steps, 4421, "64MiB");
+  REQUIRE_FALSE(b.wait_line("share:w:1M:18M").empty());
+  {
+    const auto s = snapshot(d);
+    CHECK(s->devices[0].dedup_physical_bytes == kShared);
+    CHECK(s->devices[0].dedup_logical_bytes == 2 * kShared);
+  }
+  // A freed: its references are gone (its memory did not go into its local reserve); B still
+  // holds the chunks.
+  REQUIRE(a.wait_line("free:w").at("rc") == "0");
+  {
+    const auto s = wait_state(d, [](const pool::state::State& x) { return x.devices[0].dedup_logical_bytes == kShared; });
+    INFO("daemon log:\n" << d.log());
+    CHECK(s->devices[0].dedup_logical_bytes == kShared);
+    CHECK(s->devices[0].dedup_physical_bytes == kShared);
+    CHECK(physical(*s) == kEdges + kShared);
+  }
+  REQUIRE(b.wait_line("free:w").at("rc") == "0");
+  CHECK(b.line("verify:w:5:20M#after").at("ok") == "1");
+  const auto s = wait_state(d, [](const pool::state::State& x) { return physical(x) == 0; });
+  CHECK(s->devices[0].dedup_physical_bytes == 0);
+  CHECK(s->devices[0].dedup_logical_bytes == 0);
+  CHECK(physical(*s) == 0);
+  REQUIRE(exited_ok(a.finish()));
+  REQUIRE(exited_ok(b.finish()));
+}
+
+TEST_CASE("dedup: one differing byte keeps that chunk apart", "[dedup]") {
+  DaemonProcess d("dedup-near", quota());
+  REQUIRE(d.start());
+  auto a_steps = load_and_share(9);
+  a_steps.push_back("sleep:2000");
+  a_steps.push_back("verify:w:9:20M#after");
+  TenantProcess a(d, a_steps, 4430);
+  REQUIRE_FALSE(a.wait_line("share:w:1M:18M").empty());
+  // B's copy differs in one byte of the chunk [4 MiB, 6 MiB).
+  TenantProcess b(d, {"init", "alloc:w:20M", "upload:w:9:20M", "poke:w:5000000", "share:w:1M:18M",
+                      "verify:w:9:20M", "sleep:1000"},
+                  4431);
+  REQUIRE(exited_ok(b.finish()));
+  REQUIRE(exited_ok(a.finish()));
+  INFO("a:\n" << a.out() << a.err() << "\nb:\n" << b.out() << b.err() << "\ndaemon log:\n" << d.log());
+  const auto sh = b.line("share:w:1M:18M");
+  CHECK(sh.at("rc") == "0");
+  CHECK(field(sh, "shared") == kShared);
+  CHECK(field(sh, "merged") == kShared - 2 * kMiB);  // 7 of 8 chunks
+  // B sees its own data (exactly the poked byte differs from the pattern); A sees A's.
+  CHECK(b.line("verify:w:9:20M").at("bad") == "1");
+  CHECK(a.line("verify:w:9:20M#after").at("ok") == "1");
+}
+
+TEST_CASE("dedup: a range without a whole chunk shares nothing, a second share is refused", "[dedup]") {
+  DaemonProcess d("dedup-edge", quota());
+  REQUIRE(d.start());
+  TenantProcess t(d, {"init", "alloc:w:20M", "upload:w:3:20M", "share:w:1M:2M#small", "share:w:0:20M",
+                      "share:w:0:20M#again", "verify:w:3:20M", "alloc:x:3M", "share:x:0:3M"},
+                  4440);
+  REQUIRE(exited_ok(t.finish()));
+  INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
+  const auto small = t.line("share:w:1M:2M#small");
+  CHECK(small.at("rc") == "0");
+  CHECK(small.at("shared") == "0");
+  const auto all = t.line("share:w:0:20M");
+  CHECK(all.at("rc") == "0");
+  CHECK(field(all, "shared") == kAlloc);
+  CHECK(field(all, "copied") == 0);
+  CHECK(t.line("share:w:0:20M#again").at("rc") == std::to_string(VLAKE_SHARE_REFUSED));
+  CHECK(t.line("verify:w:3:20M").at("ok") == "1");
+  // A 3 MiB allocation (grant of 4 MiB): its first chunk is shared, the rest is private.
+  const auto x = t.line("share:x:0:3M");
+  CHECK(x.at("rc") == "0");
+  CHECK(field(x, "shared") == 2 * kMiB);
+}
+
+TEST_CASE("dedup: chunk hash", "[dedup][unit]") {
+  std::vector<std::uint8_t> a(2 * kMiB, 0x5a);
+  std::vector<std::uint8_t> b = a;
+  CHECK(pool::chunk_hash(a.data(), a.size()) == pool::chunk_hash(b.data(), b.size()));
+  b[12345] ^= 1;
+  CHECK(pool::chunk_hash(a.data(), a.size()) != pool::chunk_hash(b.data(), b.size()));
+  std::vector<std::uint8_t> z(2 * kMiB, 0);
+  CHECK(pool::chunk_hash(z.data(), z.size()) != pool::chunk_hash(z.data(), z.size() - 8));
+}

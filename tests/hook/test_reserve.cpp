@@ -1,0 +1,160 @@
+// The hook's local reserve against the fake daemon: warm reuse without daemon messages, the byte
+// cap, the age limit, a refusal that empties the reserve, and the pressure protocol.
+#include <catch2/catch.hpp>
+
+#include "fake_daemon.hpp"
+#include "support.hpp"
+
+using namespace hooktest;
+
+namespace {
+
+constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+
+FakeDaemonOptions limit_of(std::uint64_t limit) {
+  FakeDaemonOptions o;
+  o.limit = limit;
+  return o;
+}
+
+Env reserve(const std::string& cap, const std::string& age = "30") {
+  return {{"VLAKE_RESERVE", cap}, {"VLAKE_RESERVE_AGE", age}};
+}
+
+}  // namespace
+
+TEST_CASE("reserve: a freed allocation is reused with no daemon message, contents kept private") {
+  Fixture f(limit_of(256 * MiB));
+  const auto r = f.run({"init", "alloc:a:6M", "fill:a:6M:7", "free:a", "alloc:b:6M", "check:b:6M:7",
+                        "free:b", "alloc:c:5M", "free:c", "info", "sleep:400"},
+                       reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(line_of(r.out, "alloc:a:6M")["rc"] == "0");
+  REQUIRE(line_of(r.out, "alloc:b:6M")["rc"] == "0");
+  // Same process, same memory: reuse inside one tenant needs no scrub.
+  CHECK(line_of(r.out, "alloc:b:6M")["ptr"] == line_of(r.out, "alloc:a:6M")["ptr"]);
+  CHECK(line_of(r.out, "check:b:6M:7")["ok"] == "1");
+  // 5 MiB rounds to 6 MiB: the same block fits.
+  CHECK(line_of(r.out, "alloc:c:5M")["ptr"] == line_of(r.out, "alloc:a:6M")["ptr"]);
+  // The reserve is this process's free memory.
+  CHECK(line_of(r.out, "info")["free"] == std::to_string(256 * MiB));
+  const Counters c = f.daemon->counters();
+  CHECK(c.grants_alloc == 1);
+  CHECK(c.releases == 0);
+  CHECK(c.outstanding == 0);  // process exit returned it
+  CHECK((c.hello_flags & vlake::proto::kHelloPressure) != 0);
+  CHECK(c.reserve_reports >= 1);
+  CHECK(c.last_reserve_bytes == 6 * MiB);
+  CHECK(c.last_reserve_blocks == 1);
+}
+
+TEST_CASE("reserve: a much larger block is not used for a small request") {
+  Fixture f(limit_of(256 * MiB));
+  const auto r =
+      f.run({"init", "alloc:a:20M", "free:a", "alloc:b:2M", "free:b"}, reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:b:2M")["rc"] == "0");
+  CHECK(line_of(r.out, "alloc:b:2M")["ptr"] != line_of(r.out, "alloc:a:20M")["ptr"]);
+  CHECK(f.daemon->counters().grants_alloc == 2);
+}
+
+TEST_CASE("reserve: VLAKE_RESERVE=0 sends every alloc and free to the daemon") {
+  Fixture f(limit_of(256 * MiB));
+  const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:6M", "free:b"}, reserve("0"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  const Counters c = f.daemon->counters();
+  CHECK(c.grants_alloc == 2);
+  CHECK(c.releases == 2);
+  CHECK((c.hello_flags & vlake::proto::kHelloPressure) == 0);
+  CHECK(c.reserve_reports == 0);
+}
+
+TEST_CASE("reserve: the byte cap returns the least recently freed blocks") {
+  Fixture f(limit_of(256 * MiB));
+  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:6M", "free:a", "free:b", "sleep:300",
+                        "alloc:c:6M", "free:c"},
+                       reserve("8MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  // a left (oldest), b stayed: c reuses b.
+  CHECK(line_of(r.out, "alloc:c:6M")["ptr"] == line_of(r.out, "alloc:b:6M")["ptr"]);
+  const Counters c = f.daemon->counters();
+  CHECK(c.grants_alloc == 2);
+  CHECK(c.releases == 1);
+}
+
+TEST_CASE("reserve: idle blocks go back after VLAKE_RESERVE_AGE") {
+  Fixture f(limit_of(256 * MiB));
+  const auto r = f.run({"init", "alloc:a:6M", "free:a", "sleep:600", "alloc:b:6M", "free:b"},
+                       reserve("64MiB", "200ms"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  const Counters c = f.daemon->counters();
+  CHECK(c.grants_alloc == 2);
+  CHECK(c.releases >= 1);
+  CHECK(c.last_reserve_bytes == 0);
+}
+
+TEST_CASE("reserve: a refusal empties the reserve and the request is granted on the second try") {
+  Fixture f(limit_of(10 * MiB));
+  const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:8M", "free:b"}, reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:b:8M")["rc"] == "0");
+  CHECK(r.err.find("out of memory") == std::string::npos);  // no refusal line: it was served
+  const Counters c = f.daemon->counters();
+  CHECK(c.refusals == 1);
+  CHECK(c.grants_alloc == 2);
+  CHECK(c.releases >= 1);
+}
+
+TEST_CASE("reserve: a refusal that stands after emptying the reserve is reported once") {
+  Fixture f(limit_of(10 * MiB));
+  const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:12M"}, reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:b:12M")["rc"] == "2");  // CUDA_ERROR_OUT_OF_MEMORY
+  CHECK(r.err.find("out of memory on GPU 0") != std::string::npos);
+  const Counters c = f.daemon->counters();
+  CHECK(c.refusals == 2);
+  CHECK(c.releases == 1);
+}
+
+TEST_CASE("reserve: Pressure from the daemon makes the hook return its reserve") {
+  FakeDaemonOptions o = limit_of(256 * MiB);
+  o.pressure_on_report = true;
+  Fixture f(o);
+  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:2M", "free:a", "free:b", "sleep:800"},
+                       reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  const Counters c = f.daemon->counters();
+  CHECK(c.pressure_sent >= 1);
+  CHECK(c.releases == 2);
+  CHECK(c.last_reserve_bytes == 0);
+}
+
+TEST_CASE("reserve: a Pressure message arriving before a grant reply is kept, the reply read") {
+  FakeDaemonOptions o = limit_of(256 * MiB);
+  o.pressure_before_grant = 1;  // just before the reply to the first alloc grant
+  Fixture f(o);
+  const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:10M", "fill:b:10M:3",
+                        "check:b:10M:3", "sleep:400", "free:b"},
+                       reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:b:10M")["rc"] == "0");
+  CHECK(line_of(r.out, "check:b:10M:3")["ok"] == "1");
+  const Counters c = f.daemon->counters();
+  CHECK(c.pressure_sent == 1);
+  CHECK(c.grants_alloc == 2);
+  CHECK(c.releases == 1);  // a's block went back on the pressure; b stayed in the reserve
+  CHECK(c.hellos == 1);    // no reconnection: the pressure was not taken for a bad reply
+}
+
+TEST_CASE("reserve: threads allocating and freeing concurrently never share a block") {
+  Fixture f(limit_of(512 * MiB));
+  const auto r = f.run({"init", "threads:8:50:3M", "info"}, reserve("256MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  auto t = line_of(r.out, "threads:8:50:3M");
+  CHECK(t["rc"] == "0");
+  CHECK(t["errors"] == "0");
+  CHECK(t["overlaps"] == "0");
+  const Counters c = f.daemon->counters();
+  CHECK(c.grants_alloc <= 16);  // at most 8 live at a time, plus reuse
+  CHECK(c.outstanding == 0);
+}
