@@ -109,27 +109,28 @@ def main():
             statistics.median(hk) if hk else None, "ms", 1.01)
 
     traces = sorted(k[len("replay_native_"):] for k in data if k.startswith("replay_native_"))
-    peak_sum, hook_p50, hook_p99, nat_p50, nat_p99 = 0, [], [], [], []
-    for t in traces:
-        n, h = data.get("replay_native_" + t) or {}, data.get("replay_hook_" + t) or {}
-        if "alloc" in n:
-            nat_p50.append(n["alloc"]["p50_us"]); nat_p99.append(n["alloc"]["p99_us"])
-        if "alloc" in h:
-            hook_p50.append(h["alloc"]["p50_us"]); hook_p99.append(h["alloc"]["p99_us"])
-            peak_sum += h.get("peak_granted_bytes", 0)
-        row("replay %s alloc p50" % t, n.get("alloc", {}).get("p50_us"), h.get("alloc", {}).get("p50_us"), "us")
-        row("replay %s alloc p99" % t, n.get("alloc", {}).get("p99_us"), h.get("alloc", {}).get("p99_us"), "us")
-    w = data.get("poolwatch") or {}
-    devs = w.get("devices") or []
-    if traces:
-        pool_peak = None
-        if devs:
-            d0 = devs[0]
-            pool_peak = d0.get("pool_peak_bytes") or d0.get("pool_bytes_max")
-        row("replay %d tenants: pool peak vs sum of tenant peaks" % len(traces), peak_sum or None, pool_peak, "bytes")
-        if devs:
-            row("replay %d tenants: granted peak vs sum of tenant peaks" % len(traces), peak_sum or None,
-                devs[0].get("granted_bytes_max"), "bytes")
+    for tag, what in (("", ""), ("_nores", ", reserve off")):
+        peak_sum = 0
+        for t in traces:
+            n, h = data.get("replay_native_" + t) or {}, data.get("replay_hook%s_%s" % (tag, t)) or {}
+            if "alloc" in h:
+                peak_sum += h.get("peak_granted_bytes", 0)
+            row("replay %s alloc p50%s" % (t, what), n.get("alloc", {}).get("p50_us"),
+                h.get("alloc", {}).get("p50_us"), "us")
+            row("replay %s alloc p99%s" % (t, what), n.get("alloc", {}).get("p99_us"),
+                h.get("alloc", {}).get("p99_us"), "us")
+        w = data.get("poolwatch" + tag) or {}
+        devs = w.get("devices") or []
+        if traces:
+            pool_peak = None
+            if devs:
+                d0 = devs[0]
+                pool_peak = d0.get("pool_peak_bytes") or d0.get("pool_bytes_max")
+            row("replay %d tenants%s: pool peak vs sum of tenant peaks" % (len(traces), what),
+                peak_sum or None, pool_peak, "bytes")
+            if devs:
+                row("replay %d tenants%s: granted peak vs sum of tenant peaks" % (len(traces), what),
+                    peak_sum or None, devs[0].get("granted_bytes_max"), "bytes")
 
     out = {
         "mode": args.mode,

@@ -72,7 +72,7 @@ fi
 if ((quick)); then
   iters=20; sizes=2MiB,20MiB,256MiB,1GiB; steps=20; replay_args=(--max-events 3000)
 else
-  iters=200; sizes=2MiB,20MiB,256MiB,1GiB; steps=50; replay_args=()
+  iters=200; sizes=2MiB,20MiB,256MiB,1GiB; steps=30; replay_args=()
 fi
 ((sim)) && replay_args+=(--scale-div 4)
 printf 'version: 1\ndefault:\n  limit: %s\n' "$limit" >"$work/vlake.yaml"
@@ -117,13 +117,18 @@ stop_daemon
 if ((!sim)); then
   start_daemon "vlake-bench-$$-t"
   step "training step time: A (native) B (hook), A B A B, default and expandable segments"
+  # A model large enough that a step is bound by the GPU, not by Python and kernel launches:
+  # smaller ones vary by tens of percent from run to run, which hides a 1 % difference.
+  model=(--layers 12 --d 1024 --heads 16 --seq 1024 --batch 8)
+  # One untimed run first: the first process on an idle GPU runs slower (clocks, caches).
+  run_json train_warmup python3 "$here/torch/train_step.py" --steps 5 "${model[@]}"
   for alloc in default expandable; do
     conf=""; [[ $alloc == expandable ]] && conf="expandable_segments:True"
     for rep in 1 2; do
       run_json "train_${alloc}_native_$rep" env PYTORCH_CUDA_ALLOC_CONF="$conf" \
-        python3 "$here/torch/train_step.py" --steps "$steps"
+        python3 "$here/torch/train_step.py" --steps "$steps" "${model[@]}"
       run_json "train_${alloc}_hook_$rep" "${hooked[@]}" PYTORCH_CUDA_ALLOC_CONF="$conf" \
-        python3 "$here/torch/train_step.py" --steps "$steps"
+        python3 "$here/torch/train_step.py" --steps "$steps" "${model[@]}"
     done
   done
   stop_daemon
@@ -134,20 +139,27 @@ traces=(train_ckpt lora infer_kv)
 for t in "${traces[@]}"; do
   run_json "replay_native_$t" "$replay_bin" --trace "$here/traces/$t.trace" "${replay_args[@]}" --label native
 done
-start_daemon "vlake-bench-$$-r"
-pace=1; ((sim)) && pace=0
-"$watch_bin" --state "$state" --interval-ms 20 >"$raw/poolwatch.json" 2>"$raw/poolwatch.err" &
-watch_pid=$!
-start_at=$(( $(date +%s%3N) + 1500 ))
-pids=()
-for t in "${traces[@]}"; do
-  run_json "replay_hook_$t" "${hooked[@]}" "$replay_bin" --trace "$here/traces/$t.trace" "${replay_args[@]}" \
-    --pace "$pace" --start-at "$start_at" --label hook &
-  pids+=($!)
-done
-for p in "${pids[@]}"; do wait "$p"; done
-kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null
-stop_daemon
+# All traces at once under the hook, each tenant its own process: with the local reserve (the
+# default) and with it off (every alloc/free reaches the pool: memory moves between tenants).
+replay_all() {
+  local tag="$1" reserve="$2"
+  start_daemon "vlake-bench-$$-r$tag"
+  local pace=1; ((sim)) && pace=0
+  "$watch_bin" --state "$state" --interval-ms 20 >"$raw/poolwatch$tag.json" 2>"$raw/poolwatch$tag.err" &
+  local watch_pid=$!
+  local start_at=$(( $(date +%s%3N) + 1500 ))
+  local pids=() t p
+  for t in "${traces[@]}"; do
+    run_json "replay_hook${tag}_$t" "${hooked[@]}" VLAKE_RESERVE="$reserve" "$replay_bin" \
+      --trace "$here/traces/$t.trace" "${replay_args[@]}" --pace "$pace" --start-at "$start_at" --label "hook$tag" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null
+  stop_daemon
+}
+replay_all "" 2GiB
+replay_all "_nores" 0
 
 mode=gpu; ((sim)) && mode=sim
 python3 "$here/report.py" --raw "$raw" --mode "$mode" --quick "$quick" --tenants "$tenants" \

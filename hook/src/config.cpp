@@ -131,6 +131,13 @@ Config Config::parse(const Lookup& lookup) {
       bad("VLAKE_DISABLE", v, "1 or 0");
     }
   }
+  if (const char* v = lookup("VLAKE_PROFILE"); v != nullptr) {
+    if (truthy(v)) {
+      c.profile = true;
+    } else if (!falsy(v)) {
+      bad("VLAKE_PROFILE", v, "1 or 0");
+    }
+  }
   if (const char* v = lookup("VLAKE_RESERVE"); v != nullptr) {
     if (auto b = parse_size(v)) {
       c.reserve_bytes = *b;

@@ -13,6 +13,7 @@
 //     VLAKE_DISABLE            1/true/yes/on = pass everything through
 //     VLAKE_RESERVE            local reserve cap (size)  default 2GiB; 0 = no reserve
 //     VLAKE_RESERVE_AGE        idle time before a reserved block goes back   default 30 s
+//     VLAKE_PROFILE            1 = print the cold path's time per phase at exit
 //   A size is a whole number of bytes with an optional unit K, Ki, KiB, M, Mi, MiB, G, Gi,
 //   GiB, T, Ti, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000).
 //   A duration is a decimal number of seconds ("5", "0.25"), or a number with "ms" or "s".
@@ -41,6 +42,7 @@ struct Config {
   bool disabled = false;
   std::uint64_t reserve_bytes = 2ULL << 30;
   std::chrono::milliseconds reserve_age{30000};
+  bool profile = false;
   std::vector<std::string> problems;
 
   using Lookup = std::function<const char*(const char*)>;

@@ -1,5 +1,7 @@
 // Implementations of the intercepted entry points (see hook.hpp and docs/hook.md).
 #include "hook.hpp"
+
+#include "profile.hpp"
 #include "share.hpp"
 
 #include <pthread.h>
@@ -88,6 +90,7 @@ void create_state() {
   auto* s = new State(std::move(c));  // never destroyed: wrappers may run during exit
   ::pthread_atfork(fork_prepare, fork_parent, fork_child);
   if (s->config.disabled) log(LogLevel::info, "VLAKE_DISABLE is set: passing everything through");
+  if (s->config.profile) Profile::get().enable();
   g_state.store(s, std::memory_order_release);
 }
 
@@ -208,7 +211,10 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
     out.rc = rc;
     return out;
   }
-  auto g = s.client.grant(uuid, bytes, purpose);
+  auto g = [&] {
+    PhaseTimer t(Phase::grant);
+    return s.client.grant(uuid, bytes, purpose);
+  }();
   if (!g) {
     const std::string why = s.client.last_error();
     if (s.config.on_unreachable == OnUnreachable::passthrough) {
@@ -250,6 +256,7 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
 }
 
 void give_back(State& s, std::uint64_t grant_id, std::uint32_t flags) {
+  PhaseTimer t(Phase::release_rpc);
   auto st = s.client.release(grant_id, flags);
   if (st && *st != Status::ok) {
     log(LogLevel::warn, "vlaked refused the release of grant %llu (status %d)",
@@ -271,8 +278,10 @@ CUresult unmap_logical(const LogicalAlloc& a) {
     if (first == CUDA_SUCCESS) first = rc;
   };
   if (a.base != 0 && a.mapped != 0) {
+    PhaseTimer t(Phase::unmap);
     note(pass<Row::cuMemUnmap>(false, static_cast<CUdeviceptr>(a.base), a.mapped));
   }
+  PhaseTimer t(Phase::release_handles);
   for (std::uint64_t h : a.handles) note(pass<Row::cuMemRelease>(false, h));
   if (a.base != 0 && a.reserved != 0) {
     note(api.cuMemAddressFree != nullptr
@@ -329,22 +338,32 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
   a.ctx = ctx;
   for (auto& fd : g.fds) {
     CUmemGenericAllocationHandle h = 0;
-    if (CUresult rc = import_fd(fd.get(), h); rc != CUDA_SUCCESS) {
+    CUresult irc = CUDA_SUCCESS;
+    {
+      PhaseTimer t(Phase::import);
+      irc = import_fd(fd.get(), h);
+    }
+    if (irc != CUDA_SUCCESS) {
       unmap_logical(a);
-      return rc;
+      return irc;
     }
     a.handles.push_back(h);
     fd.reset();
   }
   CUdeviceptr base = 0;
-  if (CUresult rc = api.cuMemAddressReserve(&base, g.bytes + guard_bytes, 0, 0, 0);
-      rc != CUDA_SUCCESS) {
+  CUresult vrc = CUDA_SUCCESS;
+  {
+    PhaseTimer t(Phase::reserve);
+    vrc = api.cuMemAddressReserve(&base, g.bytes + guard_bytes, 0, 0, 0);
+  }
+  if (CUresult rc = vrc; rc != CUDA_SUCCESS) {
     unmap_logical(a);
     return rc;
   }
   a.base = addr(base);
   a.reserved = g.bytes + guard_bytes;
   for (std::size_t i = 0; i < a.handles.size(); ++i) {
+    PhaseTimer t(Phase::map);
     if (CUresult rc = pass<Row::cuMemMap>(false, base + g.handles[i].offset, g.handles[i].size,
                                           std::size_t{0}, a.handles[i], 0ULL);
         rc != CUDA_SUCCESS) {
@@ -357,7 +376,12 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = dev;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (CUresult rc = api.cuMemSetAccess(base, g.bytes, &access, 1); rc != CUDA_SUCCESS) {
+  CUresult arc = CUDA_SUCCESS;
+  {
+    PhaseTimer t(Phase::access);
+    arc = api.cuMemSetAccess(base, g.bytes, &access, 1);
+  }
+  if (CUresult rc = arc; rc != CUDA_SUCCESS) {
     unmap_logical(a);
     return rc;
   }
@@ -1136,6 +1160,35 @@ CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice
   const CUresult rc =
       pass<Row::cuMemcpyDtoHAsync_v2>(ptds, dstHost, srcDevice, ByteCount, hStream);
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyDtoHAsync", rc);
+  return rc;
+}
+
+// Host-to-device uploads: passed through; a successful upload that fills a whole alloc-path
+// allocation is offered for transparent dedup (share.hpp, docs/dedup.md "Transparent mode").
+CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
+  const CUresult rc = pass<Row::cuMemcpyHtoD_v2>(ptds, dstDevice, srcHost, ByteCount);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyHtoD", rc);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (State* s = active(); s != nullptr && share::may_offer(*s, ByteCount)) {
+    share::offer_upload(*s, addr(dstDevice), ByteCount);  // the share fences the context
+  }
+  return rc;
+}
+
+CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost,
+                                 size_t ByteCount, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemcpyHtoDAsync_v2>(ptds, dstDevice, srcHost, ByteCount, hStream);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyHtoDAsync", rc);
+  if (rc != CUDA_SUCCESS) return rc;
+  State* s = active();
+  if (s == nullptr || !share::may_offer(*s, ByteCount)) return rc;
+  // The copy must have landed before the daemon reads the chunks: wait for that stream (a
+  // captured stream only records the copy: nothing to share).
+  const CUstream stream = effective_stream(ptds, hStream);
+  if (capturing(stream)) return rc;
+  if (!s->allocs.find(addr(dstDevice))) return rc;  // not ours: do not synchronize for nothing
+  if (pass<Row::cuStreamSynchronize>(false, stream) != CUDA_SUCCESS) return rc;
+  share::offer_upload(*s, addr(dstDevice), ByteCount);
   return rc;
 }
 

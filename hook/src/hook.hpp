@@ -124,6 +124,10 @@ CUresult on_cuEventQuery(bool ptds, CUevent hEvent);
 CUresult on_cuMemcpyDtoH_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice,
                                  size_t ByteCount, CUstream hStream);
+// Uploads: passed through, then offered for transparent dedup (share.hpp).
+CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
+CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost,
+                                 size_t ByteCount, CUstream hStream);
 // Defined in exports.cpp (they need the cuGetProcAddress table).
 CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion,
                              cuuint64_t flags);

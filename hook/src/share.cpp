@@ -2,7 +2,10 @@
 #include "hook.hpp"
 #include "share.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -18,6 +21,13 @@ namespace {
 
 std::mutex g_mu;
 std::map<std::uint64_t, int> g_shared;  // grant id -> device
+// Grant id -> creation time of the allocation offered transparently: one offer per allocation
+// (a block reused from the local reserve is a new allocation with a new creation time).
+std::map<std::uint64_t, std::int64_t> g_offered;
+// The pid of the process whose connection was told dedup_disabled (0: none). A forked child has
+// another pid, so it asks again on its own connection.
+std::atomic<pid_t> g_disabled_pid{0};
+std::atomic<std::uint64_t> g_attempts{0};
 
 struct Mapping {
   std::uint64_t offset = 0;
@@ -87,7 +97,9 @@ int status_of(proto::Status st) {
 }
 
 int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t bytes,
-                vlake_share_result* out) {
+                vlake_share_result* out, bool transparent) {
+  // A transparent share's failures are the hook's business only: debug (docs/dedup.md).
+  auto lvl = [transparent](LogLevel l) { return transparent ? LogLevel::debug : l; };
   const std::uint64_t g = s.client.granularity();
   if (g == 0) return VLAKE_SHARE_INTERNAL;
   const std::uint64_t lo = ptr - a.base;
@@ -101,7 +113,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
     return VLAKE_SHARE_OK;  // no whole chunk: nothing to share
   }
   if (CUresult rc = fence(a); rc != CUDA_SUCCESS) {
-    log(LogLevel::error, "vlake_share_readonly: synchronizing before the share failed (CUresult %d)",
+    log(lvl(LogLevel::error), "vlake_share_readonly: synchronizing before the share failed (CUresult %d)",
         static_cast<int>(rc));
     return VLAKE_SHARE_FAULTED;
   }
@@ -113,7 +125,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
     if (pass<Row::cuMemGetAddressRange_v2>(false, &b, &n, static_cast<CUdeviceptr>(a.base + off)) !=
             CUDA_SUCCESS ||
         b != a.base + off || n == 0 || old.size() >= a.handles.size()) {
-      log(LogLevel::error, "vlake_share_readonly: the allocation's mappings are not as expected");
+      log(lvl(LogLevel::error), "vlake_share_readonly: the allocation's mappings are not as expected");
       return VLAKE_SHARE_INTERNAL;
     }
     old.push_back(Mapping{off, n, a.handles[old.size()], false});
@@ -132,15 +144,22 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
     req.offset = from;
     req.bytes = to - from;
     req.first_piece = next;
+    req.flags = transparent ? std::uint32_t{proto::kShareTransparent} : 0u;
+    if (transparent && next == 0) g_attempts.fetch_add(1, std::memory_order_relaxed);
     std::vector<UniqueFd> got;
     auto rep = s.client.share(req, got);
     if (!rep) {
-      log(LogLevel::error, "vlake_share_readonly: cannot reach vlaked (%s)",
+      log(lvl(LogLevel::error), "vlake_share_readonly: cannot reach vlaked (%s)",
           s.client.last_error().c_str());
       return VLAKE_SHARE_UNREACHABLE;
     }
+    if (rep->status == proto::Status::dedup_disabled) {
+      g_disabled_pid.store(::getpid(), std::memory_order_relaxed);
+      log(LogLevel::debug, "transparent dedup is off for this tenant's namespace: no more offers");
+      return VLAKE_SHARE_REFUSED;
+    }
     if (rep->status != proto::Status::ok) {
-      log(LogLevel::warn, "vlake_share_readonly: vlaked refused the share (status %d)",
+      log(lvl(LogLevel::warn), "vlake_share_readonly: vlaked refused the share (status %d)",
           static_cast<int>(rep->status));
       return status_of(rep->status);
     }
@@ -152,7 +171,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
       if ((rep->pieces[i].flags & proto::kShareKeep) == 0) ++with_fd;
     }
     if (got.size() != with_fd || rep->first_piece != next || n == 0) {
-      log(LogLevel::error, "vlake_share_readonly: vlaked sent a malformed plan");
+      log(lvl(LogLevel::error), "vlake_share_readonly: vlaked sent a malformed plan");
       if (pieces.size() < rep->total_pieces || n == 0) {
         proto::ShareCommit abort{};
         abort.h = proto::make_header<proto::ShareCommit>(proto::MsgType::share_commit, 0);
@@ -184,7 +203,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
       const bool keep = (p.flags & proto::kShareKeep) != 0;
       if (p.offset != expect || p.size == 0 || (keep && p.keep_index >= old.size()) ||
           (keep && old[p.keep_index].size != p.size)) {
-        log(LogLevel::error, "vlake_share_readonly: vlaked sent a malformed plan");
+        log(lvl(LogLevel::error), "vlake_share_readonly: vlaked sent a malformed plan");
         release_imported();
         abort_share();
         return VLAKE_SHARE_INTERNAL;
@@ -209,7 +228,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
       expect += p.size;
     }
     if (expect != a.mapped) {
-      log(LogLevel::error, "vlake_share_readonly: vlaked's plan does not cover the allocation");
+      log(lvl(LogLevel::error), "vlake_share_readonly: vlaked's plan does not cover the allocation");
       release_imported();
       abort_share();
       return VLAKE_SHARE_INTERNAL;
@@ -233,7 +252,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
     return VLAKE_SHARE_DRIVER;
   }
   if (CUresult rc = map_layout(a.base, a.mapped, next, a.device); rc != CUDA_SUCCESS) {
-    log(LogLevel::error, "vlake_share_readonly: mapping the shared layout failed (CUresult %d)",
+    log(lvl(LogLevel::error), "vlake_share_readonly: mapping the shared layout failed (CUresult %d)",
         static_cast<int>(rc));
     restore_old();
     release_imported();
@@ -282,9 +301,8 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
   return VLAKE_SHARE_OK;
 }
 
-}  // namespace
-
-int share_readonly(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share_result* out) noexcept {
+int share_range(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share_result* out,
+                bool transparent) noexcept {
   try {
     if (ptr == 0 || bytes == 0) return VLAKE_SHARE_INVALID;
     auto found = s.allocs.find(ptr);
@@ -298,7 +316,7 @@ int share_readonly(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share
     if (!a) return VLAKE_SHARE_INVALID;
     int rc = VLAKE_SHARE_INTERNAL;
     try {
-      rc = share_owned(s, *a, ptr, bytes, out);
+      rc = share_owned(s, *a, ptr, bytes, out, transparent);
     } catch (...) {
       s.allocs.insert(std::move(*a));
       throw;
@@ -310,6 +328,55 @@ int share_readonly(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share
   }
 }
 
+}  // namespace
+
+int share_readonly(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share_result* out) noexcept {
+  return share_range(s, ptr, bytes, out, false);
+}
+
+bool may_offer(const State& s, std::uint64_t bytes) noexcept {
+  const std::uint64_t g = s.granularity.load(std::memory_order_relaxed);
+  if (g != 0 && bytes < g) return false;
+  const pid_t off = g_disabled_pid.load(std::memory_order_relaxed);
+  return off == 0 || off != ::getpid();
+}
+
+void offer_upload(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept {
+  try {
+    if (!may_offer(s, bytes) || s.canary.load(std::memory_order_relaxed)) return;
+    const auto found = s.allocs.find(dst);
+    if (!found || found->ptr != dst || bytes < found->requested) return;
+    const std::uint64_t g = s.client.granularity();
+    if (g == 0) return;
+    const std::uint64_t lo = found->ptr - found->base;
+    const std::uint64_t from = (lo + g - 1) / g * g;
+    const std::uint64_t to = (lo + found->requested) / g * g;
+    if (to <= from) return;  // no whole chunk
+    {
+      std::lock_guard lock(g_mu);
+      if (g_shared.count(found->grant_id) != 0) return;
+      const std::int64_t born = found->created.time_since_epoch().count();
+      auto [it, fresh] = g_offered.try_emplace(found->grant_id, born);
+      if (!fresh && it->second == born) return;  // offered before (e.g. a re-upload)
+      it->second = born;
+    }
+    vlake_share_result res{};
+    const int rc = share_range(s, dst, found->requested, &res, true);
+    if (rc == VLAKE_SHARE_OK) {
+      log(LogLevel::debug, "transparent dedup: upload to 0x%llx shared %s (%s merged)",
+          static_cast<unsigned long long>(dst), format_bytes(res.shared_bytes).c_str(),
+          format_bytes(res.merged_bytes).c_str());
+    } else {
+      log(LogLevel::debug, "transparent dedup: upload to 0x%llx not shared (status %d)",
+          static_cast<unsigned long long>(dst), rc);
+    }
+  } catch (...) {
+    // Never reaches the application.
+  }
+}
+
+std::uint64_t transparent_attempts() noexcept { return g_attempts.load(std::memory_order_relaxed); }
+
 bool is_shared(std::uint64_t grant_id) noexcept {
   std::lock_guard lock(g_mu);
   return g_shared.count(grant_id) != 0;
@@ -318,6 +385,7 @@ bool is_shared(std::uint64_t grant_id) noexcept {
 void forget(std::uint64_t grant_id) noexcept {
   std::lock_guard lock(g_mu);
   g_shared.erase(grant_id);
+  g_offered.erase(grant_id);
 }
 
 bool holds_shared(int device) noexcept {

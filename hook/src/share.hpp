@@ -3,6 +3,9 @@
 // mapped read-only, private copies and kept handles read-write — and the bookkeeping the rest of
 // the hook needs: which grants hold shared chunks (their memory never enters the local reserve,
 // and a kernel fault in a process holding shared chunks is reported as kind `readonly`).
+// Transparent mode (docs/dedup.md "Transparent mode"): offer_upload() is called by the
+// cuMemcpyHtoD wrappers after a successful copy and shares the allocation when the upload filled
+// it whole (ShareRequest flag kShareTransparent). Its failures never reach the application.
 //
 // Thread-safety: every function may be called from any thread (one internal mutex for the
 // table; the daemon connection serializes requests itself).
@@ -20,6 +23,19 @@ namespace share {
 
 // The implementation of vlake_share_readonly_ex (never throws: errors become statuses).
 int share_readonly(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share_result* out) noexcept;
+// After a successful host-to-device copy of `bytes` to `dst`: if `dst` is exactly the pointer of
+// an alloc-path allocation, the copy covers its whole requested size, the allocation holds at
+// least one whole chunk, it was neither shared nor offered before, and this process's connection
+// was not told dedup_disabled, shares the allocation with kShareTransparent. The caller has made
+// sure the copied data is in place (Async: the stream is synchronized; the share also fences the
+// allocation's context). dedup_disabled is remembered (no more offers) until the process forks
+// (the child asks again). Failures are logged at debug only. Never throws.
+void offer_upload(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept;
+// Cheap pre-check for the wrappers: false once this process was told dedup_disabled, or when
+// `bytes` is too small to hold a whole chunk.
+[[nodiscard]] bool may_offer(const State& s, std::uint64_t bytes) noexcept;
+// Transparent offers sent / refused with dedup_disabled by this process (for tests and logs).
+[[nodiscard]] std::uint64_t transparent_attempts() noexcept;
 // True if grant `grant_id` holds shared chunks (its allocation must not be reused privately).
 [[nodiscard]] bool is_shared(std::uint64_t grant_id) noexcept;
 // The grant was released: forget it.

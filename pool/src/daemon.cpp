@@ -1428,8 +1428,10 @@ void Daemon::Impl::on_grant(Connection& c, Session& s, const proto::GrantRequest
   reply.status = proto::Status::ok;
   reply.grant_id = gid;
   reply.used = acct_.usage(t.id, dev->ordinal).used().value();
-  log_.debug("grant " + std::to_string(gid) + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
-             std::to_string(dev->ordinal.value()) + " to " + t.name + " (session " + std::to_string(s.id) + ")");
+  if (log_.enabled(LogLevel::debug)) {
+    log_.debug("grant " + std::to_string(gid) + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+               std::to_string(dev->ordinal.value()) + " to " + t.name + " (session " + std::to_string(s.id) + ")");
+  }
   if (!send(c, reply, fds)) {
     // The client never got the descriptors: undo the grant.
     Grant& undo = grants_.at(gid);
@@ -1966,7 +1968,9 @@ Dedup& Daemon::Impl::dedup() {
 }
 
 void Daemon::Impl::on_share_request(Connection& c, Session& s, const proto::ShareRequest& m) {
-  if (m.reserved != 0) return malformed(c, "ShareRequest reserved field is not zero");
+  if ((m.flags & ~std::uint32_t{proto::kShareTransparent}) != 0) {
+    return malformed(c, "ShareRequest has unknown flags");
+  }
   proto::ShareReply reply{};
   reply.h = proto::make_header<proto::ShareReply>(proto::MsgType::share_reply, m.h.request_id);
   reply.grant_id = m.grant_id;
@@ -1985,6 +1989,19 @@ void Daemon::Impl::on_share_request(Connection& c, Session& s, const proto::Shar
     return malformed(c, "ShareRequest range is not chunk-aligned inside grant " + std::to_string(g.id));
   }
   const Tenant& t = tenants_.at(s.tenant.value());
+  if ((m.flags & proto::kShareTransparent) != 0 && m.first_piece == 0) {
+    // Transparent mode (docs/dedup.md): only for tenants of a `dedup: transparent` namespace.
+    // Cheap: nothing is planned. The hook asks once per connection and then stops.
+    const quota::NamespaceSpec* ns = nullptr;
+    for (const auto& [ns_name, n] : namespaces_) {
+      if (n.id == t.ns) ns = config_.find_namespace(ns_name);
+    }
+    if (ns == nullptr || config_.dedup_of(*ns) != quota::DedupMode::transparent) {
+      log_.info("tenant " + t.name + ": transparent share of grant " + std::to_string(g.id) +
+                " refused: its namespace is not in dedup transparent mode");
+      return answer(proto::Status::dedup_disabled);
+    }
+  }
   const Dedup::Plan* plan = nullptr;
   if (m.first_piece == 0) {
     if (g.purpose != proto::GrantPurpose::alloc || g.orphaned || g.canary || g.handles.empty() ||

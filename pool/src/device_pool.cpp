@@ -120,13 +120,20 @@ Bytes DevicePool::shortfall(Bytes size) {
 
 DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t max_handles) {
   Served out;
-  Bytes dev_free = device_free();
+  // An exact fit is the cheapest plan whatever the GPU's free memory (cost model, docs/pool.md):
+  // skip the driver query (cuMemGetInfo, several microseconds) on that path.
+  const bool exact_fit = std::any_of(free_.begin(), free_.end(),
+                                     [size](const std::unique_ptr<PoolHandle>& h) { return h->size == size; });
+  Bytes dev_free = exact_fit ? Bytes{0} : device_free();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const PlanInput in = plan_input(size, tenant, max_handles, dev_free);
     const Plan p = plan(in, costs_);
-    log_.debug("device " + std::to_string(device_.value()) + ": plan for " + std::to_string(size.value()) +
-               " bytes: " + plan_kind_name(p.kind) + " (" + std::to_string(p.use.size()) + " free, " +
-               std::to_string(p.release.size()) + " released, est " + std::to_string(p.cost_ns / 1000.0) + " us)");
+    if (log_.enabled(LogLevel::debug)) {
+      log_.debug("device " + std::to_string(device_.value()) + ": plan for " + std::to_string(size.value()) +
+                 " bytes: " + plan_kind_name(p.kind) + " (" + std::to_string(p.use.size()) + " free, " +
+                 std::to_string(p.release.size()) + " released, est " + std::to_string(p.cost_ns / 1000.0) +
+                 " us)");
+    }
     if (p.kind == PlanKind::none) {
       throw PoolOutOfMemory("no free handles add up to " + std::to_string(size.value()) +
                             " bytes and the GPU has no room for a new handle");

@@ -31,6 +31,10 @@ std::string format_position(const std::string& file, int line, int column, const
 
 }  // namespace
 
+const char* dedup_mode_name(DedupMode m) noexcept {
+  return m == DedupMode::transparent ? "transparent" : "off";
+}
+
 const char* guard_mode_name(proto::GuardMode m) noexcept {
   switch (m) {
     case proto::GuardMode::off: return "off";
@@ -253,6 +257,18 @@ class Parser {
     fail(v.Mark(), "bad guard mode '" + s + "' in " + where + " (use off, canary or fault)");
   }
 
+  // The dedup mode under `dedup` of `entry`, if present.
+  std::optional<DedupMode> dedup(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["dedup"];
+    if (!v) return std::nullopt;
+    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
+    if (v.IsScalar()) {
+      if (s == "off") return DedupMode::off;
+      if (s == "transparent") return DedupMode::transparent;
+    }
+    fail(v.Mark(), "bad dedup mode '" + s + "' in " + where + " (use off or transparent)");
+  }
+
   static int line(const YAML::Mark& m) { return m.is_null() ? 0 : m.line + 1; }
   static int column(const YAML::Mark& m) { return m.is_null() ? 0 : m.column + 1; }
 
@@ -332,10 +348,11 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(def, {"limit", "guard"}, "'default'");
+    p.check_keys(def, {"limit", "guard", "dedup"}, "'default'");
     const auto l = p.size(def, "limit", "'default'");
     cfg.default_guard_ = p.guard(def, "'default'");
-    if (!l && !cfg.default_guard_) p.fail(def.Mark(), "missing 'limit' in 'default'");
+    cfg.default_dedup_ = p.dedup(def, "'default'");
+    if (!l && !cfg.default_guard_ && !cfg.default_dedup_) p.fail(def.Mark(), "missing 'limit' in 'default'");
     if (l) {
       cfg.default_ = *l;
       cfg.default_given_ = true;
@@ -350,7 +367,8 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
     std::uint64_t percent_sum = 0;
     for (const YAML::Node& n : nss) {
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
-      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard"},
+      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard",
+                       "dedup"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -372,6 +390,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.guaranteed = p.size(n, "guaranteed", where);
       ns.pod_limit = p.size(n, "pod_limit", where);
       ns.guard = p.guard(n, where);
+      ns.dedup = p.dedup(n, where);
       if (ns.limit) {
         ns.limit_line = Parser::line(n["limit"].Mark());
         ns.limit_column = Parser::column(n["limit"].Mark());
@@ -529,7 +548,7 @@ TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& la
   else if (n.pod_limit) limit = *n.pod_limit;
   else if (n.limit) limit = *n.limit;
   TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label, limit, n.name,
-               guard.value_or(n.guard.value_or(default_guard()))};
+               guard.value_or(n.guard.value_or(default_guard())), dedup_of(n)};
   return t;
 }
 

@@ -258,6 +258,140 @@ TEST_CASE("dedup: a range without a whole chunk shares nothing, a second share i
   CHECK(field(x, "shared") == 2 * kMiB);
 }
 
+// ---- transparent mode (docs/dedup.md "Transparent mode") ----------------------------------
+
+namespace {
+
+// Namespace `infer` shares uploads transparently; everyone else is in `default` (off).
+std::string transparent_quota() {
+  return "version: 1\n"
+         "default:\n"
+         "  limit: 256MiB\n"
+         "namespaces:\n"
+         "  - name: infer\n"
+         "    dedup: transparent\n"
+         "    users: [4450, 4451, 4452, 4453]\n";
+}
+
+// Occurrences of `needle` in `hay`.
+std::size_t count(const std::string& hay, const std::string& needle) {
+  std::size_t n = 0;
+  for (std::size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("dedup transparent: whole-allocation uploads are shared without an API call", "[dedup]") {
+  DaemonProcess d("dedup-tr", transparent_quota());
+  REQUIRE(d.start());
+  // A keeps its data; B later writes into it (copy and kernel); C uploads with cuMemcpyHtoDAsync.
+  const std::vector<std::string> common = {"init", "alloc:w:20M"};
+  auto a_steps = common;
+  a_steps.insert(a_steps.end(), {"upload:w:7:20M", "verify:w:7:20M", "sleep:2500", "verify:w:7:20M#after", "sync"});
+  auto b_steps = common;
+  b_steps.insert(b_steps.end(), {"upload:w:7:20M", "verify:w:7:20M", "sleep:2500",
+                                 "upload:w:7:4M#write",  // a copy into the shared chunks: refused
+                                 "kfill:w:0:16",         // a kernel write: faults
+                                 "sync"});
+  auto c_steps = common;
+  c_steps.insert(c_steps.end(), {"uploadasync:w:7:20M", "verify:w:7:20M", "sleep:2500", "verify:w:7:20M#after"});
+  TenantProcess a(d, a_steps, 4450);
+  REQUIRE(a.wait_line("verify:w:7:20M ").at("ok") == "1");
+  TenantProcess b(d, b_steps, 4451);
+  TenantProcess c(d, c_steps, 4452);
+  CHECK(b.wait_line("verify:w:7:20M ").at("ok") == "1");
+  CHECK(c.wait_line("verify:w:7:20M ").at("ok") == "1");
+  {
+    const auto s = wait_state(d, [](const pool::state::State& x) { return x.devices[0].dedup_logical_bytes == 3 * kAlloc; });
+    INFO("daemon log:\n" << d.log());
+    // 20 MiB = 10 whole chunks, all shared: one physical copy for three tenants.
+    CHECK(s->devices[0].dedup_physical_bytes == kAlloc);
+    CHECK(s->devices[0].dedup_logical_bytes == 3 * kAlloc);
+    CHECK(physical(*s) == kAlloc);
+    CHECK(s->devices[0].granted_bytes == 3 * kAlloc);  // each still charged its logical bytes
+    const auto* t = pooltest::tenant(*s, "infer/user:4451");
+    REQUIRE(t != nullptr);
+    CHECK(t->granted[0] == kAlloc);
+  }
+  REQUIRE(exited_ok(a.finish()));
+  REQUIRE(exited_ok(b.finish()));
+  REQUIRE(exited_ok(c.finish()));
+  INFO("a:\n" << a.out() << a.err() << "\nb:\n" << b.out() << b.err() << "\nc:\n" << c.out() << c.err()
+              << "\ndaemon log:\n" << d.log());
+  CHECK(a.line("upload:w:7:20M").at("rc") == "0");
+  CHECK(c.line("uploadasync:w:7:20M").at("rc") == "0");
+  // The writer: its copy fails (the context survives), its kernel faults (its context only).
+  CHECK(b.line("upload:w:7:4M#write").at("rc") == std::to_string(kInvalidValue));
+  CHECK(b.line("sync").at("rc") == std::to_string(kIllegalAddress));
+  // The others' data and contexts are intact.
+  CHECK(a.line("verify:w:7:20M#after").at("ok") == "1");
+  CHECK(a.line("sync").at("rc") == "0");
+  CHECK(c.line("verify:w:7:20M#after").at("ok") == "1");
+  const auto s = wait_state(d, [](const pool::state::State& x) {
+    return x.counters.guard_violations_readonly >= 1 && physical(x) == 0;
+  });
+  CHECK(s->counters.guard_violations_readonly == 1);
+  CHECK(physical(*s) == 0);
+  CHECK(s->devices[0].dedup_physical_bytes == 0);
+  // Every share was a transparent one the daemon accepted; none was refused.
+  CHECK(count(d.log(), "shares 20971520 bytes read-only") == 3);
+  CHECK(count(d.log(), "dedup transparent mode") == 0);
+}
+
+TEST_CASE("dedup transparent: partial uploads are not shared, a later whole one is", "[dedup]") {
+  DaemonProcess d("dedup-trp", transparent_quota());
+  REQUIRE(d.start());
+  TenantProcess t(d,
+                  {"init", "alloc:p:20M", "upload:p:3:19M",          // not the whole allocation
+                   "alloc:q:20M", "upload:q:3:10M", "upload:q:3:10M:10M",  // whole, but in two copies
+                   "upload:p:3:18M:2M",                               // not from its pointer
+                   "verify:p:3:20M#partial", "sleep:1500", "upload:p:3:20M", "verify:p:3:20M#whole",
+                   "verify:q:3:20M", "sleep:1500"},
+                  4453);
+  const auto partial = t.wait_line("verify:p:3:20M#partial");
+  {
+    INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
+    CHECK(partial.at("ok") == "1");
+    std::this_thread::sleep_for(200ms);
+    const auto s = snapshot(d);
+    CHECK(s->devices[0].dedup_logical_bytes == 0);
+    CHECK(physical(*s) == 2 * kAlloc);
+  }
+  REQUIRE(t.wait_line("verify:p:3:20M#whole").at("ok") == "1");
+  const auto s = wait_state(d, [](const pool::state::State& x) { return x.devices[0].dedup_logical_bytes == kAlloc; });
+  INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
+  CHECK(s->devices[0].dedup_logical_bytes == kAlloc);
+  CHECK(s->devices[0].dedup_physical_bytes == kAlloc);
+  REQUIRE(exited_ok(t.finish()));
+  CHECK(t.line("verify:q:3:20M").at("ok") == "1");
+}
+
+TEST_CASE("dedup transparent: a namespace that is off shares nothing, asked once per process", "[dedup]") {
+  DaemonProcess d("dedup-troff", transparent_quota());
+  REQUIRE(d.start());
+  // uid 4460 is in namespace `default` (dedup off). Three whole-allocation uploads.
+  TenantProcess t(d, {"init", "alloc:a:20M", "upload:a:1:20M", "alloc:b:20M", "upload:b:1:20M", "alloc:c:8M",
+                      "uploadasync:c:1:8M", "streamsync", "verify:a:1:20M", "verify:c:1:8M", "sleep:1000"},
+                  4460);
+  REQUIRE(t.wait_line("verify:c:1:8M").at("ok") == "1");
+  const auto s = snapshot(d);
+  INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
+  CHECK(s->devices[0].dedup_logical_bytes == 0);
+  CHECK(physical(*s) == 48 * kMiB);
+  REQUIRE(exited_ok(t.finish()));
+  CHECK(t.line("verify:a:1:20M").at("ok") == "1");
+  // Exactly one transparent offer reached the daemon, refused with dedup_disabled.
+  CHECK(count(d.log(), "tenant uid:4460: transparent share of grant") == 1);
+  CHECK(count(d.log(), "refused: its namespace is not in dedup transparent mode") == 1);
+  // The explicit API still works in a namespace that is off.
+  TenantProcess e(d, {"init", "alloc:w:20M", "upload:w:2:20M", "share:w:0:20M", "verify:w:2:20M"}, 4461);
+  REQUIRE(exited_ok(e.finish()));
+  CHECK(e.line("share:w:0:20M").at("rc") == "0");
+  CHECK(field(e.line("share:w:0:20M"), "shared") == kAlloc);
+  CHECK(e.line("verify:w:2:20M").at("ok") == "1");
+}
+
 TEST_CASE("dedup: chunk hash", "[dedup][unit]") {
   std::vector<std::uint8_t> a(2 * kMiB, 0x5a);
   std::vector<std::uint8_t> b = a;

@@ -28,6 +28,8 @@
 //                              freed; then cuCtxSynchronize
 //   upload:N:SEED:SIZE[:OFF]   cuMemcpyHtoD of a pseudo-random pattern (SEED, by offset from N's
 //                              pointer) to N's pointer + OFF
+//   uploadasync:N:SEED:SIZE[:OFF]  the same with cuMemcpyHtoDAsync on the tenant's stream (no
+//                              synchronize afterwards: the step's rc is the call's)
 //   verify:N:SEED:SIZE[:OFF]   cuMemcpyDtoH and compare with that pattern (ok=, bad= bytes)
 //   poke:N:OFF                 flips the bits of one byte (cuMemcpyDtoH + cuMemcpyHtoD)
 //   share:N:OFF:SIZE           vlake_share_readonly_ex (looked up with dlsym) on N's pointer + OFF
@@ -77,6 +79,7 @@ namespace {
   X(cuMemsetD8, cuMemsetD8_v2, 3020, 3020)                                                        \
   X(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020, 3020)                                                    \
   X(cuMemcpyHtoD, cuMemcpyHtoD_v2, 3020, 3020)                                                    \
+  X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, 3020)                                          \
   X(cuMemCreate, cuMemCreate, 10020, 12000)                                                       \
   X(cuMemRelease, cuMemRelease, 10020, 12000)                                                     \
   X(cuMemAddressReserve, cuMemAddressReserve, 10020, 10020)                                       \
@@ -612,7 +615,7 @@ void run_step(const std::string& s) {
         static_cast<unsigned long long>((chunk - (p + vars[a.at(1)].size) % chunk) % chunk),
         static_cast<unsigned long long>(p + vars[a.at(1)].size),
         static_cast<long long>(base) - static_cast<long long>(p), size);
-  } else if (op == "upload" || op == "verify") {
+  } else if (op == "upload" || op == "verify" || op == "uploadasync") {
     const std::uint64_t seed = std::strtoull(a.at(2).c_str(), nullptr, 0);
     const std::uint64_t size = size_of(a.at(3));
     const std::uint64_t off = a.size() > 4 ? size_of(a[4]) : 0;
@@ -620,6 +623,12 @@ void run_step(const std::string& s) {
     const auto want = pattern(seed, off, size);
     if (op == "upload") {
       out("%s rc=%d", s.c_str(), CALL(cuMemcpyHtoD, p, want.data(), size));
+    } else if (op == "uploadasync") {
+      // `want` must outlive the copy: the tenant synchronizes (streamsync/sync) in a later step,
+      // so keep the buffer alive until the process exits.
+      static std::vector<std::vector<unsigned char>> keep;
+      keep.push_back(want);
+      out("%s rc=%d", s.c_str(), CALL(cuMemcpyHtoDAsync, p, keep.back().data(), size, stream()));
     } else {
       std::vector<unsigned char> back(size);
       const CUresult rc = CALL(cuMemcpyDtoH, back.data(), p, size);

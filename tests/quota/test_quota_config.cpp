@@ -160,6 +160,14 @@ TEST_CASE("bad files name file, line, column and the problem", "[quota]") {
        "bad.yaml:4:12: bad guard mode 'Canary' in namespace 'a'"},
       {"version: 1\nusers:\n  - uid: 5\n    guard: faults\n", "bad.yaml:4:12: bad guard mode 'faults' in a 'users' entry"},
       {"version: 1\ngroups:\n  - gid: 5\n    guard: 1\n", "bad.yaml:4:12: bad guard mode '1' in a 'groups' entry"},
+      {"version: 1\ndefault:\n  dedup: on\n",
+       "bad.yaml:3:10: bad dedup mode 'on' in 'default' (use off or transparent)"},
+      {"version: 1\nnamespaces:\n  - name: infer\n    dedup: Transparent\n",
+       "bad.yaml:4:12: bad dedup mode 'Transparent' in namespace 'infer' (use off or transparent)"},
+      {"version: 1\nnamespaces:\n  - name: infer\n    dedup: [transparent]\n",
+       "bad.yaml:4:12: bad dedup mode '?' in namespace 'infer'"},
+      {"version: 1\nusers:\n  - uid: 5\n    limit: 1GiB\n    dedup: transparent\n",
+       "bad.yaml:5:5: unknown key 'dedup' in a 'users' entry"},
   };
   for (const Case& c : cases) {
     INFO(c.text);
@@ -189,6 +197,44 @@ TEST_CASE("load reads a file and reports a missing one", "[quota]") {
   } catch (const ConfigError& e) {
     CHECK_THAT(e.what(), Catch::Contains("cannot read the file"));
   }
+}
+
+TEST_CASE("dedup modes: namespace, then default, else off", "[quota]") {
+  using vlake::quota::DedupMode;
+  const std::vector<gid_t> none;
+  CHECK(QuotaConfig().resolve(1000, 1000, none).dedup == DedupMode::off);
+  CHECK(QuotaConfig::parse("version: 1\ndefault: {limit: 1GiB}\n", "d.yaml").resolve(1, 1, none).dedup ==
+        DedupMode::off);
+  const QuotaConfig cfg = QuotaConfig::parse(
+      "version: 1\n"
+      "namespaces:\n"
+      "  - {name: infer, dedup: transparent, users: [7001]}\n"
+      "  - {name: train, dedup: off, users: [7002]}\n"
+      "  - {name: other, users: [7003]}\n",
+      "d.yaml");
+  CHECK(cfg.default_dedup() == DedupMode::off);
+  CHECK(cfg.resolve(7001, 1, none).dedup == DedupMode::transparent);
+  CHECK(cfg.resolve(7002, 1, none).dedup == DedupMode::off);
+  CHECK(cfg.resolve(7003, 1, none).dedup == DedupMode::off);
+  CHECK(cfg.resolve(9999, 1, none).dedup == DedupMode::off);
+  REQUIRE(cfg.find_namespace("infer") != nullptr);
+  CHECK(cfg.dedup_of(*cfg.find_namespace("infer")) == DedupMode::transparent);
+  // `default` may give only `dedup`: it applies to namespaces without their own (and to uid
+  // tenants); the limit stays 100%.
+  const QuotaConfig def = QuotaConfig::parse(
+      "version: 1\n"
+      "default:\n"
+      "  dedup: transparent\n"
+      "namespaces:\n"
+      "  - {name: train, dedup: off, users: [7002]}\n"
+      "  - {name: other, users: [7003]}\n",
+      "d.yaml");
+  CHECK(def.default_dedup() == DedupMode::transparent);
+  CHECK(def.default_limit() == Limit::percent_ppm(1'000'000));
+  CHECK(def.resolve(7002, 1, none).dedup == DedupMode::off);
+  CHECK(def.resolve(7003, 1, none).dedup == DedupMode::transparent);
+  CHECK(def.resolve(9999, 1, none).dedup == DedupMode::transparent);
+  CHECK(std::string(vlake::quota::dedup_mode_name(DedupMode::transparent)) == "transparent");
 }
 
 TEST_CASE("guard modes: user/group entry, then namespace, then default, else off", "[quota]") {

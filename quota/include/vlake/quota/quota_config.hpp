@@ -19,6 +19,9 @@
 // namespace, and in a users/groups entry. A tenant's mode: its own users/groups entry's
 // `guard`, else its namespace's, else (any namespace) the top-level `default.guard`, else off.
 // A users/groups entry or `default` may give only `guard` (the limit then comes as usual).
+// Dedup (docs/dedup.md): `dedup: off|transparent` may appear in `default` and in a namespace. A
+// namespace's mode: its own `dedup`, else the top-level `default.dedup`, else off. `transparent`:
+// the hook offers whole-allocation host-to-device uploads for sharing without code changes.
 // Sizes: a byte count, or a whole number with B, KiB, MiB, GiB, TiB (binary units), or a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
 // GPU: each GPU is enforced on its own.
@@ -97,11 +100,18 @@ class Limit {
 // The name of the implicit namespace of tenants not placed in any other.
 inline constexpr const char* kDefaultNamespace = "default";
 
+// Dedup mode of a namespace (docs/dedup.md). The explicit share API works in every mode.
+enum class DedupMode : std::uint8_t { off = 0, transparent = 1 };
+
+// "off" / "transparent" (for logs and messages).
+const char* dedup_mode_name(DedupMode m) noexcept;
+
 struct TenantSpec {
   std::string name;                          // e.g. "research/user:alice", "uid:1000"
   Limit limit;                               // per GPU
   std::string ns = kDefaultNamespace;        // its namespace
   proto::GuardMode guard = proto::GuardMode::off;  // out-of-bounds guard mode (docs/guard.md)
+  DedupMode dedup = DedupMode::off;          // its namespace's dedup mode (resolved)
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -115,6 +125,7 @@ struct NamespaceSpec {
   std::optional<Limit> pod_limit;   // nullopt: `limit` (or 100%)
   bool declared = true;             // false: the implicit "default" namespace
   std::optional<proto::GuardMode> guard;  // nullopt: the top-level default's (or off)
+  std::optional<DedupMode> dedup;         // nullopt: the top-level default's (or off)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
   int limit_line = 0, limit_column = 0;
@@ -151,6 +162,10 @@ class QuotaConfig {
   [[nodiscard]] const Limit& default_limit() const noexcept { return default_; }
   // The top-level `default.guard` (off when absent).
   [[nodiscard]] proto::GuardMode default_guard() const noexcept { return default_guard_.value_or(proto::GuardMode::off); }
+  // The top-level `default.dedup` (off when absent).
+  [[nodiscard]] DedupMode default_dedup() const noexcept { return default_dedup_.value_or(DedupMode::off); }
+  // The dedup mode in force for namespace `ns`: its own, else default_dedup().
+  [[nodiscard]] DedupMode dedup_of(const NamespaceSpec& ns) const noexcept { return ns.dedup.value_or(default_dedup()); }
   // Every namespace: the declared ones in file order; the implicit "default" (declared ==
   // false) last unless the file declares it.
   [[nodiscard]] const std::vector<NamespaceSpec>& namespaces() const noexcept { return namespaces_; }
@@ -181,6 +196,7 @@ class QuotaConfig {
   Limit default_;
   bool default_given_ = false;
   std::optional<proto::GuardMode> default_guard_;
+  std::optional<DedupMode> default_dedup_;
   std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
   std::vector<GroupEntry> groups_;
