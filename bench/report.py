@@ -99,8 +99,8 @@ def main():
             rows.append(r)
 
     for alloc in ("default", "expandable"):
-        nat = [data.get("train_%s_native_%d" % (alloc, i)) for i in (1, 2)]
-        hk = [data.get("train_%s_hook_%d" % (alloc, i)) for i in (1, 2)]
+        nat = [data.get("train_%s_native_%d" % (alloc, i)) for i in (1, 2, 3)]
+        hk = [data.get("train_%s_hook_%d" % (alloc, i)) for i in (1, 2, 3)]
         nat = [d["median_ms"] for d in nat if d and "median_ms" in d]
         hk = [d["median_ms"] for d in hk if d and "median_ms" in d]
         if args.mode == "sim" and not nat and not hk:

@@ -116,7 +116,7 @@ stop_daemon
 
 if ((!sim)); then
   start_daemon "vlake-bench-$$-t"
-  step "training step time: A (native) B (hook), A B A B, default and expandable segments"
+  step "training step time: A (native) B (hook), A B A B A B, default and expandable segments"
   # A model large enough that a step is bound by the GPU, not by Python and kernel launches:
   # smaller ones vary by tens of percent from run to run, which hides a 1 % difference.
   model=(--layers 12 --d 1024 --heads 16 --seq 1024 --batch 8)
@@ -124,7 +124,7 @@ if ((!sim)); then
   run_json train_warmup python3 "$here/torch/train_step.py" --steps 5 "${model[@]}"
   for alloc in default expandable; do
     conf=""; [[ $alloc == expandable ]] && conf="expandable_segments:True"
-    for rep in 1 2; do
+    for rep in 1 2 3; do
       run_json "train_${alloc}_native_$rep" env PYTORCH_CUDA_ALLOC_CONF="$conf" \
         python3 "$here/torch/train_step.py" --steps "$steps" "${model[@]}"
       run_json "train_${alloc}_hook_$rep" "${hooked[@]}" PYTORCH_CUDA_ALLOC_CONF="$conf" \
