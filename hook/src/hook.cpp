@@ -538,25 +538,6 @@ void place(State& s, LogicalAlloc a, CUcontext ctx, std::uint64_t requested, CUd
   s.allocs.insert(std::move(a));
 }
 
-// Waits for work that may still use an allocation being freed, as cuMemFree does: a
-// synchronize of the context it was allocated in.
-CUresult fence(const LogicalAlloc& a) {
-  const UsedApi& api = used();
-  if (a.ctx == nullptr || api.cuCtxGetCurrent == nullptr) return CUDA_SUCCESS;
-  CUcontext cur = nullptr;
-  if (api.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == a.ctx) {
-    return pass<Row::cuCtxSynchronize>(false);
-  }
-  if (api.cuCtxPushCurrent_v2 == nullptr || api.cuCtxPopCurrent_v2 == nullptr) {
-    return pass<Row::cuCtxSynchronize>(false);
-  }
-  if (CUresult rc = api.cuCtxPushCurrent_v2(a.ctx); rc != CUDA_SUCCESS) return rc;
-  const CUresult rc = pass<Row::cuCtxSynchronize>(false);
-  CUcontext popped = nullptr;
-  api.cuCtxPopCurrent_v2(&popped);
-  return rc;
-}
-
 bool quota_or_memory(Status st) {
   return st == Status::over_limit || st == Status::namespace_over_limit ||
          st == Status::guarantee || st == Status::out_of_memory;
@@ -605,7 +586,7 @@ CUresult free_logical(State& s, LogicalAlloc a, bool fenced = false) {
   const bool shared = share::is_shared(a.grant_id);
   if (shared) share::forget(a.grant_id);
   if (reserve_usable(s) && !shared) {
-    CUresult rc = fenced ? CUDA_SUCCESS : fence(a);
+    CUresult rc = fenced ? CUDA_SUCCESS : fence_allocation(a);
     if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault("cuMemFree", rc);
     ReserveBlock b;
     b.alloc = std::move(a);
@@ -658,6 +639,23 @@ std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) {
 }
 
 }  // namespace
+
+CUresult fence_allocation(const LogicalAlloc& a) {
+  const UsedApi& api = used();
+  if (a.ctx == nullptr || api.cuCtxGetCurrent == nullptr || api.cuCtxPushCurrent_v2 == nullptr ||
+      api.cuCtxPopCurrent_v2 == nullptr) {
+    return pass<Row::cuCtxSynchronize>(false);
+  }
+  CUcontext cur = nullptr;
+  if (api.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == a.ctx) {
+    return pass<Row::cuCtxSynchronize>(false);
+  }
+  if (CUresult rc = api.cuCtxPushCurrent_v2(a.ctx); rc != CUDA_SUCCESS) return rc;
+  const CUresult rc = pass<Row::cuCtxSynchronize>(false);
+  CUcontext popped = nullptr;
+  api.cuCtxPopCurrent_v2(&popped);
+  return rc;
+}
 
 CUresult device_uuid(State& s, int dev, Uuid& out) {
   if (dev < 0 || dev >= static_cast<int>(proto::kMaxDevices)) return CUDA_ERROR_INVALID_DEVICE;

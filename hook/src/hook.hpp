@@ -73,6 +73,10 @@ struct State {
 // The UUID of CUDA device `dev` (cached). CUresult of cuDeviceGetUuid_v2 on failure.
 CUresult device_uuid(State& s, int dev, Uuid& out);
 
+// Waits for the work that may still use allocation `a`, as cuMemFree does: a synchronize of the
+// context it was allocated in (pushed if another is current; the current one if unknown).
+CUresult fence_allocation(const LogicalAlloc& a);
+
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's text form) -> 16 bytes; false if malformed.
 bool parse_gpu_uuid(const char* text, Uuid& out);
 

@@ -36,24 +36,6 @@ struct Mapping {
   bool read_only = false;
 };
 
-// Waits for the work of the allocation's context (as cuMemFree would).
-CUresult fence(const LogicalAlloc& a) {
-  const UsedApi& api = used();
-  if (a.ctx == nullptr || api.cuCtxGetCurrent == nullptr || api.cuCtxPushCurrent_v2 == nullptr ||
-      api.cuCtxPopCurrent_v2 == nullptr) {
-    return pass<Row::cuCtxSynchronize>(false);
-  }
-  CUcontext cur = nullptr;
-  if (api.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == a.ctx) {
-    return pass<Row::cuCtxSynchronize>(false);
-  }
-  if (CUresult rc = api.cuCtxPushCurrent_v2(a.ctx); rc != CUDA_SUCCESS) return rc;
-  const CUresult rc = pass<Row::cuCtxSynchronize>(false);
-  CUcontext popped = nullptr;
-  api.cuCtxPopCurrent_v2(&popped);
-  return rc;
-}
-
 // Maps `maps` back to back from `base` and sets each run of equal access at once. On failure,
 // unmaps what it mapped.
 CUresult map_layout(std::uint64_t base, std::uint64_t total, const std::vector<Mapping>& maps,
@@ -112,7 +94,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
     if (out != nullptr) *out = res;
     return VLAKE_SHARE_OK;  // no whole chunk: nothing to share
   }
-  if (CUresult rc = fence(a); rc != CUDA_SUCCESS) {
+  if (CUresult rc = fence_allocation(a); rc != CUDA_SUCCESS) {
     log(lvl(LogLevel::error), "vlake_share_readonly: synchronizing before the share failed (CUresult %d)",
         static_cast<int>(rc));
     return VLAKE_SHARE_FAULTED;
