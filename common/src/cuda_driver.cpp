@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -27,6 +28,30 @@ void Driver::copy_device(DevicePtr dst, DevicePtr src, Bytes n) {
     copy_to_device(DevicePtr{dst.value() + done}, buf.data(), Bytes{k});
     done += k;
   }
+}
+
+std::uint64_t Driver::hash_chunk(DevicePtr p, Bytes n) {
+  if (n.value() % 8 != 0) {
+    throw DriverError(CUDA_ERROR_INVALID_VALUE, "hash_chunk", "size is not a multiple of 8");
+  }
+  constexpr std::uint64_t kPiece = 2ull << 20;  // a multiple of 8 * kHashThreads
+  static_assert(kPiece % (8ull * kHashThreads) == 0);
+  std::vector<std::uint8_t> buf(static_cast<std::size_t>(std::min<std::uint64_t>(n.value(), kPiece)));
+  std::vector<std::uint64_t> partials(kHashThreads);
+  for (unsigned t = 0; t < kHashThreads; ++t) partials[t] = chunk_hash_seed(t);
+  for (std::uint64_t done = 0; done < n.value();) {
+    const std::uint64_t k = std::min<std::uint64_t>(kPiece, n.value() - done);
+    copy_to_host(buf.data(), DevicePtr{p.value() + done}, Bytes{k});
+    // Pieces start at word multiples of kHashThreads, so word j of a piece is lane j % kHashThreads.
+    for (std::uint64_t j = 0; j < k / 8; ++j) {
+      std::uint64_t w;
+      std::memcpy(&w, buf.data() + j * 8, 8);
+      auto& acc = partials[static_cast<std::size_t>(j % kHashThreads)];
+      acc = chunk_hash_step(acc, w);
+    }
+    done += k;
+  }
+  return chunk_hash_finish(partials.data(), n.value());
 }
 
 namespace {
@@ -228,7 +253,7 @@ class CudaDriver final : public Driver {
 
   void fill_u32_kernel(DevicePtr dst, std::uint32_t value, std::uint64_t count) override {
     bind_default();
-    CUfunction fn = fill_kernel();
+    CUfunction fn = kernel(fill_fn_, detail::kFillU32Kernel);
     CUdeviceptr p = dst.value();
     unsigned long long n = count;
     unsigned v = value;
@@ -236,6 +261,57 @@ class CudaDriver final : public Driver {
     const unsigned blocks = static_cast<unsigned>(std::clamp<std::uint64_t>((count + 255) / 256, 1, 1024));
     check(api_.cuLaunchKernel(fn, blocks, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr),
           "cuLaunchKernel(vlake_fill_u32)");
+  }
+
+  std::uint64_t hash_chunk(DevicePtr p, Bytes n) override {
+    if (n.value() % 8 != 0) {
+      throw DriverError(CUDA_ERROR_INVALID_VALUE, "hash_chunk", "size is not a multiple of 8");
+    }
+    bind_default();
+    CUcontext ctx = nullptr;
+    check(api_.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+    // Run on the device that holds `p` (its primary context, pushed for this call) when the
+    // current context belongs to another one: that device need not have access to `p`.
+    int owner = -1;
+    if (n.value() != 0 &&
+        api_.cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p.value()) == CUDA_SUCCESS &&
+        owner >= 0 && static_cast<std::size_t>(owner) < devices_.size()) {
+      CUdevice cur = 0;
+      check(api_.cuCtxGetDevice(&cur), "cuCtxGetDevice");
+      if (cur != device(DeviceOrdinal{owner})) {
+        CUcontext other = primary(DeviceOrdinal{owner});
+        check(api_.cuCtxPushCurrent_v2(other), "cuCtxPushCurrent_v2");
+        struct Pop {
+          const CudaApi& api;
+          ~Pop() {
+            CUcontext popped = nullptr;
+            (void)api.cuCtxPopCurrent_v2(&popped);
+          }
+        } pop{api_};
+        return hash_in(other, p, n);
+      }
+    }
+    return hash_in(ctx, p, n);
+  }
+
+  // hash_chunk in context `ctx`, which is current.
+  std::uint64_t hash_in(CUcontext ctx, DevicePtr p, Bytes n) {
+    std::lock_guard lock(hash_mu_);
+    CUfunction fn = kernel(hash_fn_, detail::kHashU64Kernel);
+    CUdeviceptr& scratch = hash_scratch_[ctx];
+    if (scratch == 0) {
+      check(api_.cuMemAlloc_v2(&scratch, sizeof(std::uint64_t) * kHashThreads), "cuMemAlloc_v2(hash scratch)");
+    }
+    CUdeviceptr src = p.value();
+    unsigned long long words = n.value() / 8;
+    CUdeviceptr out = scratch;
+    void* args[] = {&src, &words, &out};
+    check(api_.cuLaunchKernel(fn, kHashBlocks, 1, 1, kHashBlockThreads, 1, 1, 0, nullptr, args, nullptr),
+          "cuLaunchKernel(vlake_hash_u64)");
+    std::array<std::uint64_t, kHashThreads> partials{};
+    // Same (legacy) stream: waits for the kernel; a fault in it surfaces here.
+    check(api_.cuMemcpyDtoH_v2(partials.data(), scratch, sizeof partials), "cuMemcpyDtoH_v2(hash partials)");
+    return chunk_hash_finish(partials.data(), n.value());
   }
 
   void synchronize() override {
@@ -281,13 +357,13 @@ class CudaDriver final : public Driver {
     return slot;
   }
 
-  CUfunction fill_kernel() {
+  // Loads the kernels' module on first use (in the context current then) and resolves `name`
+  // into `slot` once.
+  CUfunction kernel(CUfunction& slot, const char* name) {
     std::lock_guard lock(mu_);
-    if (fill_fn_ == nullptr) {
-      check(api_.cuModuleLoadData(&module_, detail::kKernelsPtx), "cuModuleLoadData");
-      check(api_.cuModuleGetFunction(&fill_fn_, module_, detail::kFillU32Kernel), "cuModuleGetFunction");
-    }
-    return fill_fn_;
+    if (module_ == nullptr) check(api_.cuModuleLoadData(&module_, detail::kKernelsPtx), "cuModuleLoadData");
+    if (slot == nullptr) check(api_.cuModuleGetFunction(&slot, module_, name), "cuModuleGetFunction");
+    return slot;
   }
 
   std::string library_;
@@ -298,6 +374,9 @@ class CudaDriver final : public Driver {
   std::vector<CUcontext> primaries_;
   CUmodule module_ = nullptr;
   CUfunction fill_fn_ = nullptr;
+  CUfunction hash_fn_ = nullptr;
+  std::mutex hash_mu_;                            // serializes hash_chunk (one scratch per context)
+  std::map<CUcontext, CUdeviceptr> hash_scratch_;  // guarded by hash_mu_; kept for the process's life
 };
 
 }  // namespace

@@ -8,32 +8,7 @@
 namespace vlake::pool {
 
 std::uint64_t chunk_hash(const void* data, std::size_t n) noexcept {
-  // Four independent lanes (so the loop pipelines), each a multiply-xorshift over 64-bit words.
-  const auto* p = static_cast<const std::uint8_t*>(data);
-  std::uint64_t lane[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull,
-                           0x27d4eb2f165667c5ull};
-  constexpr std::uint64_t kMul = 0xff51afd7ed558ccdull;
-  std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int k = 0; k < 4; ++k) {
-      std::uint64_t w;
-      std::memcpy(&w, p + i + 8 * static_cast<std::size_t>(k), 8);
-      lane[k] = (lane[k] ^ w) * kMul;
-      lane[k] ^= lane[k] >> 29;
-    }
-  }
-  for (; i + 8 <= n; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    lane[0] = (lane[0] ^ w) * kMul;
-    lane[0] ^= lane[0] >> 29;
-  }
-  std::uint64_t h = n;
-  for (std::uint64_t l : lane) {
-    h = (h ^ l) * 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 31;
-  }
-  return h;
+  return chunk_hash_reference(data, n);
 }
 
 int Dedup::Piece::fd() const noexcept {
@@ -58,16 +33,22 @@ bool Dedup::has_pending_grant(std::uint64_t grant_id) const {
   return false;
 }
 
-std::uint64_t Dedup::find_or_add(DevicePool& pool, const std::vector<std::uint8_t>& data, Bytes size,
-                                 PoolHandle& src, Bytes src_offset, bool& merged) {
-  const std::uint64_t h = chunk_hash(data.data(), data.size());
+std::uint64_t Dedup::find_or_add(DevicePool& pool, std::uint64_t h, Bytes size, PoolHandle& src,
+                                 Bytes src_offset, bool& merged) {
   const Key key{pool.device().value(), size.value(), h};
   auto [lo, hi] = index_.equal_range(key);
+  bool loaded = false;
   for (auto it = lo; it != hi; ++it) {
     Chunk& c = *chunks_.at(it->second);
-    scratch_.resize(data.size());
+    const auto n = static_cast<std::size_t>(size.value());
+    if (!loaded) {
+      mine_.resize(n);
+      driver_.copy_to_host(mine_.data(), DevicePtr{src.va.value() + src_offset.value()}, size);
+      loaded = true;
+    }
+    scratch_.resize(n);
     driver_.copy_to_host(scratch_.data(), c.handle->va, size);
-    if (std::memcmp(scratch_.data(), data.data(), data.size()) == 0) {
+    if (std::memcmp(scratch_.data(), mine_.data(), n) == 0) {
       ++c.refs;
       merged = true;
       return c.id;
@@ -149,7 +130,6 @@ const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, De
   Plan p;
   p.grant_id = grant_id;
   p.device = pool.device();
-  std::vector<std::uint8_t> buf(static_cast<std::size_t>(g));
   try {
     std::uint64_t o = 0;
     for (std::uint32_t i = 0; i < handles.size(); ++i) {
@@ -181,13 +161,14 @@ const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, De
       const std::uint64_t in_to = std::min(end, b);
       copy_part(o, in_from);
       for (std::uint64_t c = in_from; c < in_to; c += g) {
-        driver_.copy_to_host(buf.data(), DevicePtr{h.va.value() + (c - o)}, Bytes{g});
+        // Hashed where it lies (the daemon's mapping of the tenant's chunk); no host copy.
+        const std::uint64_t hash = driver_.hash_chunk(DevicePtr{h.va.value() + (c - o)}, Bytes{g});
         bool merged = false;
         Piece s;
         s.offset = Bytes{c};
         s.size = Bytes{g};
         s.kind = PieceKind::shared;
-        s.chunk = find_or_add(pool, buf, Bytes{g}, h, Bytes{c - o}, merged);
+        s.chunk = find_or_add(pool, hash, Bytes{g}, h, Bytes{c - o}, merged);
         p.shared += Bytes{g};
         if (merged) p.merged += Bytes{g};
         p.pieces.push_back(std::move(s));

@@ -39,8 +39,9 @@
 
 namespace vlake::pool {
 
-// 64-bit hash of a chunk's bytes (word-wise multiply-xorshift; collisions are resolved by the
-// byte compare, so it need not be cryptographic). `n` must be a multiple of 8.
+// 64-bit hash of a chunk's bytes: vlake::chunk_hash_reference (the value Driver::hash_chunk
+// computes on the device; collisions are resolved by the byte compare, so it need not be
+// cryptographic). `n` must be a multiple of 8.
 [[nodiscard]] std::uint64_t chunk_hash(const void* data, std::size_t n) noexcept;
 
 class Dedup {
@@ -113,10 +114,11 @@ class Dedup {
       return hash < o.hash;
     }
   };
-  // The chunk id holding `data` (a reference taken), creating one if needed; `merged` tells
-  // whether it existed.
-  std::uint64_t find_or_add(DevicePool& pool, const std::vector<std::uint8_t>& data, Bytes size,
-                            PoolHandle& src, Bytes src_offset, bool& merged);
+  // The chunk id holding the `size` bytes at src.va + src_offset, whose hash_chunk() is `hash`
+  // (a reference taken), creating one if needed; `merged` tells whether it existed. Only
+  // candidates with an equal hash are copied to the host and compared byte for byte.
+  std::uint64_t find_or_add(DevicePool& pool, std::uint64_t hash, Bytes size, PoolHandle& src,
+                            Bytes src_offset, bool& merged);
   void unref(std::uint64_t chunk, DevicePool& pool) noexcept;
   void drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept;
 
@@ -128,6 +130,7 @@ class Dedup {
   std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> grant_refs_;  // grant -> chunk ids
   std::unordered_map<std::uint64_t, Plan> pending_;                            // by session
   std::vector<std::uint8_t> scratch_;  // candidate bytes for the compare
+  std::vector<std::uint8_t> mine_;     // the tenant's bytes for the compare (loaded on demand)
 };
 
 }  // namespace vlake::pool

@@ -1,5 +1,6 @@
 // The simulated CUDA driver: every entry point of common/include/vlake/common/cuda_api.def.
 // See docs/simulator.md for the rules it follows and sim/src/rules.hpp for its error codes.
+#include "vlake/common/chunk_hash.hpp"
 #include "vlake/common/cuda_api.hpp"
 
 #include "call_counts.hpp"
@@ -1749,6 +1750,9 @@ namespace {
 constexpr const char* kKnownKernels[] = {
     // vlake_fill_u32(unsigned* p, unsigned long long n, unsigned v): p[0..n) = v
     "vlake_fill_u32",
+    // vlake_hash_u64(const u64* p, u64 n, u64* partials): lane t of the grid's threads folds
+    // p[t], p[t + threads], ... into partials[t] (vlake/common/chunk_hash.hpp)
+    "vlake_hash_u64",
 };
 
 bool known_kernel(const std::string& name) {
@@ -1760,7 +1764,31 @@ bool known_kernel(const std::string& name) {
 
 // Executes `f` with its parameters; a bad access poisons the context (reported by the next
 // synchronizing call, as on a GPU) and leaves memory untouched.
-void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params) {
+void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params, std::uint64_t threads) {
+  if (f->name == "vlake_hash_u64") {
+    CUdeviceptr p = 0;
+    unsigned long long n = 0;
+    CUdeviceptr out = 0;
+    std::memcpy(&p, params[0], sizeof p);
+    std::memcpy(&n, params[1], sizeof n);
+    std::memcpy(&out, params[2], sizeof out);
+    if (threads > SIZE_MAX / 8 || as_addr(out) % 8 != 0 ||
+        !accessible(as_addr(out), static_cast<std::size_t>(threads) * 8, ctx->device, true) ||
+        (n != 0 && (n > SIZE_MAX / 8 || as_addr(p) % 8 != 0 ||
+                    !accessible(as_addr(p), static_cast<std::size_t>(n) * 8, ctx->device, false)))) {
+      ctx->sticky.store(rules::kIllegalAccess);
+      return;
+    }
+    const auto* words = static_cast<const std::uint64_t*>(as_ptr(as_addr(p)));
+    std::vector<std::uint64_t> acc(static_cast<std::size_t>(threads));
+    for (std::size_t t = 0; t < acc.size(); ++t) acc[t] = vlake::chunk_hash_seed(t);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      auto& a = acc[static_cast<std::size_t>(i % threads)];
+      a = vlake::chunk_hash_step(a, words[i]);
+    }
+    std::memcpy(as_ptr(as_addr(out)), acc.data(), acc.size() * 8);
+    return;
+  }
   if (f->name == "vlake_fill_u32") {
     CUdeviceptr p = 0;
     unsigned long long n = 0;
@@ -1869,7 +1897,8 @@ VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsig
       for (const auto& fn : m->functions) found = found || fn.get() == f;
     }
     if (!found) return rules::kBadModuleOrFunction;
-    run_kernel(ctx, f, kernelParams);
+    run_kernel(ctx, f, kernelParams,
+               std::uint64_t{gridDimX} * gridDimY * gridDimZ * blockDimX * blockDimY * blockDimZ);
     return CUDA_SUCCESS;
   });
 }

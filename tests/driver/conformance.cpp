@@ -358,3 +358,112 @@ TEST_CASE("device memory runs out with CUDA_ERROR_OUT_OF_MEMORY", "[driver][capa
   }
   CHECK(driver().memory_info(kDev).free >= free_before - 64_MiB);
 }
+
+namespace {
+
+// chunk_hash_reference written out straight from its definition (lane by lane), so the shared
+// reference itself is checked too.
+std::uint64_t naive_hash(const std::vector<std::uint8_t>& bytes, std::size_t n) {
+  std::vector<std::uint64_t> partials(kHashThreads);
+  for (unsigned t = 0; t < kHashThreads; ++t) {
+    std::uint64_t acc = (t + 1ull) * 0x9e3779b97f4a7c15ull;
+    for (std::size_t i = t; i < n / 8; i += kHashThreads) {
+      std::uint64_t w = 0;
+      for (int b = 7; b >= 0; --b) w = (w << 8) | bytes[i * 8 + static_cast<std::size_t>(b)];
+      acc = (acc ^ w) * 0xff51afd7ed558ccdull;
+      acc ^= acc >> 29;
+    }
+    partials[t] = acc;
+  }
+  std::uint64_t h = n;
+  for (std::uint64_t x : partials) {
+    h = (h ^ x) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+std::vector<std::uint8_t> pattern(std::size_t n, std::uint32_t seed) {
+  std::vector<std::uint8_t> v(n);
+  std::uint32_t x = seed;
+  for (auto& b : v) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<std::uint8_t>(x >> 24);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("hash_chunk on the device equals the host reference", "[driver][hash]") {
+  const Bytes g = gran();
+  Handle h(g);
+  Reservation r(g);
+  driver().map(r.base, g, h.h);
+  driver().set_access(r.base, g, kDev, Access::read_write);
+
+  // A kernel-filled chunk.
+  driver().fill_u32_kernel(r.base, 0xdeadbeefu, g.value() / 4);
+  driver().synchronize();
+  std::vector<std::uint8_t> host = read_back(r.base, g);
+  const std::uint64_t filled = driver().hash_chunk(r.base, g);
+  CHECK(filled == chunk_hash_reference(host.data(), host.size()));
+  CHECK(filled == naive_hash(host, host.size()));
+
+  // Arbitrary bytes, whole chunk and ranges that do not fill every lane or start at offset 0.
+  host = pattern(g.value(), 42);
+  driver().copy_to_device(r.base, host.data(), g);
+  const std::uint64_t whole = driver().hash_chunk(r.base, g);
+  CHECK(whole == chunk_hash_reference(host.data(), host.size()));
+  CHECK(whole == naive_hash(host, host.size()));
+  CHECK(whole != filled);
+  for (std::size_t n : {std::size_t{0}, std::size_t{8}, std::size_t{24}, std::size_t{8 * kHashThreads + 8},
+                        std::size_t{1} << 20}) {
+    CAPTURE(n);
+    CHECK(driver().hash_chunk(r.base, Bytes{n}) == chunk_hash_reference(host.data(), n));
+    const std::vector<std::uint8_t> tail(host.begin() + 4096, host.begin() + 4096 + static_cast<long>(n));
+    CHECK(driver().hash_chunk(r.at(4_KiB), Bytes{n}) == chunk_hash_reference(tail.data(), n));
+  }
+  // The host-side default implementation (copy + hash) agrees.
+  CHECK(driver().Driver::hash_chunk(r.base, g) == whole);
+  // The length is part of the hash: a zero tail changes it.
+  std::vector<std::uint8_t> zeros(64, 0);
+  CHECK(chunk_hash_reference(zeros.data(), 64) != chunk_hash_reference(zeros.data(), 56));
+  CHECK(status_of([&] { (void)driver().hash_chunk(r.base, Bytes{12}); }) == CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_CASE("equal contents hash equally at different addresses; one byte changes the hash",
+          "[driver][hash]") {
+  const Bytes g = gran();
+  Handle ha(g);
+  Handle hb(g);
+  Reservation r(g * 2);
+  driver().map(r.base, g, ha.h);
+  driver().map(r.at(g), g, hb.h);
+  driver().set_access(r.base, g * 2, kDev, Access::read_write);
+  const std::vector<std::uint8_t> data = pattern(g.value(), 7);
+  driver().copy_to_device(r.base, data.data(), g);
+  driver().copy_to_device(r.at(g), data.data(), g);
+  const std::uint64_t a = driver().hash_chunk(r.base, g);
+  CHECK(driver().hash_chunk(r.at(g), g) == a);
+
+  // A read-only mapping is enough to hash.
+  driver().set_access(r.at(g), g, kDev, Access::read);
+  CHECK(driver().hash_chunk(r.at(g), g) == a);
+  driver().set_access(r.at(g), g, kDev, Access::read_write);
+
+  for (std::uint64_t at : {std::uint64_t{0}, std::uint64_t{8 * 1000 + 3}, g.value() - 1}) {
+    CAPTURE(at);
+    const std::uint8_t flipped = static_cast<std::uint8_t>(data[at] ^ 0x01);
+    driver().copy_to_device(r.at(g) + Bytes{at}, &flipped, Bytes{1});
+    CHECK(driver().hash_chunk(r.at(g), g) != a);
+    driver().copy_to_device(r.at(g) + Bytes{at}, &data[at], Bytes{1});
+    CHECK(driver().hash_chunk(r.at(g), g) == a);
+  }
+  // Two words swapped between lanes: same multiset of words, different hash.
+  std::vector<std::uint8_t> s2 = data;
+  for (int i = 0; i < 8; ++i) std::swap(s2[static_cast<std::size_t>(i)], s2[static_cast<std::size_t>(8 + i)]);
+  REQUIRE(s2 != data);
+  driver().copy_to_device(r.at(g), s2.data(), g);
+  CHECK(driver().hash_chunk(r.at(g), g) != a);
+}

@@ -247,7 +247,9 @@ TEST_CASE("plugin re-registers when the kubelet restarts", "[scheduler]") {
   grpc::ClientContext ctx;
   v1beta1::DevicePluginOptions opts;
   REQUIRE(stub->GetDevicePluginOptions(&ctx, v1beta1::Empty{}, &opts).ok());
-  CHECK(p->registrations() >= 2);
+  // The plugin counts a registration when the kubelet's reply arrives, after the kubelet has
+  // recorded the request: wait for it.
+  CHECK(wait_for([&] { return p->registrations() >= 2; }));
 }
 
 TEST_CASE("attribution writes the owner and removes allocations whose container is gone", "[scheduler]") {

@@ -3,9 +3,10 @@
 // What it is
 //   The small set of GPU operations the pool daemon, the hook's helpers and the tests need:
 //   physical memory as VMM handles, virtual address reservations, mappings and their access,
-//   POSIX-fd export/import of handles, synchronous data movement, and one kernel (a 32-bit
-//   fill) whose accesses fault like any kernel's. Everything is expressed in vlake's strong
-//   types; nothing CUDA-specific leaks except the CUresult carried by DriverError.
+//   POSIX-fd export/import of handles, synchronous data movement, and two kernels (a 32-bit
+//   fill whose accesses fault like any kernel's, and the dedup chunk hash). Everything is
+//   expressed in vlake's strong types; nothing CUDA-specific leaks except the CUresult carried
+//   by DriverError.
 //
 // Implementations
 //   open_driver() binds a CUDA driver library at run time (dlopen, never linked): the real
@@ -55,6 +56,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "vlake/common/chunk_hash.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/common/unique_fd.hpp"
 
@@ -140,6 +142,16 @@ class Driver {
   // Launches a kernel storing `value` into `count` 32-bit words at `dst` (4-byte aligned);
   // asynchronous like any launch: faults surface at synchronize().
   virtual void fill_u32_kernel(DevicePtr dst, std::uint32_t value, std::uint64_t count) = 0;
+  // chunk_hash_reference() of the n bytes at `p` (n a multiple of 8, else DriverError
+  // CUDA_ERROR_INVALID_VALUE), computed where the data is: the CUDA implementation launches
+  // kernel vlake_hash_u64 (kHashBlocks x kHashBlockThreads threads, each folding its strided
+  // words into one partial in a small device scratch buffer the Driver owns, one per context)
+  // and reads back only the partials (8 KiB), so the range never crosses PCIe. Synchronous.
+  // `p` must be mapped and readable by the device of the current context: otherwise the kernel
+  // faults, the call throws CUDA_ERROR_ILLEGAL_ADDRESS and the context is poisoned (sticky, as
+  // for fill_u32_kernel). Calls are serialized per Driver (they share the scratch buffer).
+  // The default copies the range to the host in 2 MiB pieces and hashes it there.
+  [[nodiscard]] virtual std::uint64_t hash_chunk(DevicePtr p, Bytes n);
   virtual void synchronize() = 0;
 };
 
