@@ -1,6 +1,6 @@
 // The simulator's answers for rejected operations: every code the sim returns for a rule the
 // real driver enforces lives here, so a measurement on real hardware is applied in one edit.
-// Codes marked "measured" were observed on an H100 (driver 580, CUDA 13.0; the lead's
+// Codes marked "measured" were observed on an H100 (driver 580, CUDA 13.0; the project's
 // measurements, mirrored in common/include/vlake/common/driver.hpp and checked by the
 // conformance suite in tests/driver/); the others are documented or best-guess codes.
 #pragma once
