@@ -303,6 +303,18 @@ bool in_mapping(const LogicalAlloc& a, std::uint64_t p) {
   return p - a.base < a.mapped;
 }
 
+// Hands mapped memory (a new grant's or a reserved block's) to the application as an allocation
+// of `requested` bytes: in guard fault mode right-aligned so that it ends where the mapping ends.
+void place(State& s, LogicalAlloc a, bool guard, CUcontext ctx, std::uint64_t requested,
+           CUdeviceptr* dptr) {
+  a.ptr = guard ? a.base + a.mapped - round_up(requested, kGuardAlign) : a.base;
+  a.requested = requested;
+  a.ctx = ctx;
+  a.created = std::chrono::steady_clock::now();
+  *dptr = static_cast<CUdeviceptr>(a.ptr);
+  s.allocs.insert(std::move(a));
+}
+
 // Imports, reserves, maps and enables the handles of an alloc grant; records the allocation.
 // In guard fault mode the reservation has one more granularity-sized chunk, left unmapped, and
 // the returned pointer is right-aligned (256 B) so that the allocation ends at the grant's end.
@@ -332,10 +344,8 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
     if (guard_bytes == 0) guard_bytes = g.handles.back().size;
   }
   LogicalAlloc a;
-  a.requested = requested;
   a.grant_id = g.grant_id;
   a.device = dev;
-  a.ctx = ctx;
   for (auto& fd : g.fds) {
     CUmemGenericAllocationHandle h = 0;
     CUresult irc = CUDA_SUCCESS;
@@ -385,10 +395,7 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
     unmap_logical(a);
     return rc;
   }
-  a.ptr = guard ? a.base + g.bytes - round_up(requested, kGuardAlign) : a.base;
-  a.created = std::chrono::steady_clock::now();
-  *dptr = static_cast<CUdeviceptr>(a.ptr);
-  s.allocs.insert(std::move(a));
+  place(s, std::move(a), guard, ctx, requested, dptr);
   return CUDA_SUCCESS;
 }
 
@@ -527,17 +534,6 @@ void retire_later(State& s, std::vector<ReserveBlock> blocks) {
   retire_blocks(s, blocks);
 }
 
-// Hands a reserved block to the application as a new allocation of `requested` bytes.
-void place(State& s, LogicalAlloc a, CUcontext ctx, std::uint64_t requested, CUdeviceptr* dptr) {
-  const bool guard = s.fault_guard.load(std::memory_order_relaxed);
-  a.ptr = guard ? a.base + a.mapped - round_up(requested, kGuardAlign) : a.base;
-  a.requested = requested;
-  a.ctx = ctx;
-  a.created = std::chrono::steady_clock::now();
-  *dptr = static_cast<CUdeviceptr>(a.ptr);
-  s.allocs.insert(std::move(a));
-}
-
 bool quota_or_memory(Status st) {
   return st == Status::over_limit || st == Status::namespace_over_limit ||
          st == Status::guarantee || st == Status::out_of_memory;
@@ -557,7 +553,7 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
     const std::uint64_t gran = s.granularity.load(std::memory_order_relaxed);
     ReserveBlock b;
     if (gran != 0 && s.reserve.take(dev, round_up(bytes, gran), gran, b)) {
-      place(s, std::move(b.alloc), ctx, bytes, dptr);
+      place(s, std::move(b.alloc), s.fault_guard.load(std::memory_order_relaxed), ctx, bytes, dptr);
       return CUDA_SUCCESS;
     }
   }
