@@ -1,4 +1,5 @@
 #include "vlake/pool/options.hpp"
+#include "vlake/common/cli.hpp"
 
 #include "vlake/exporter/server.hpp"
 
@@ -66,32 +67,19 @@ std::string DaemonOptions::usage() {
 DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
   DaemonOptions o;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      o.help = true;
-      continue;
-    }
-    if (arg.rfind("--", 0) != 0) throw OptionsError("unexpected argument '" + arg + "' (see --help)");
-    std::string value;
-    bool have_value = false;
-    if (const auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      have_value = true;
-    }
     static constexpr std::string_view kKnown[] = {"--config",    "--socket",    "--state",
                                                   "--driver",    "--nvml",      "--log-level",
                                                   "--sample-interval-ms", "--state-mode", "--state-group",
                                                   "--metrics-address", "--canary-interval-ms",
                                                   "--bulk-size", "--warm-reserve", "--pressure-wait-ms",
                                                   "--alloc-root"};
-    bool known = false;
-    for (auto k : kKnown) known = known || arg == k;
-    if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
-    if (!have_value) {
-      if (i + 1 >= argc) throw OptionsError("option " + arg + " needs a value");
-      value = argv[++i];
+    const cli::Option opt = cli::read_option<OptionsError>(argc, argv, i, kKnown);
+    if (opt.help) {
+      o.help = true;
+      continue;
     }
+    const std::string& arg = opt.name;
+    std::string value = opt.value;
     auto nonempty = [&](std::string& dst) {
       if (value.empty()) throw OptionsError("option " + arg + " needs a non-empty value");
       dst = value;

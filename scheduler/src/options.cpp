@@ -1,4 +1,5 @@
 #include "vlake/scheduler/options.hpp"
+#include "vlake/common/cli.hpp"
 
 #include <cctype>
 #include <string_view>
@@ -76,30 +77,17 @@ std::string PluginOptions::usage() {
 PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
   PluginOptions o;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      o.help = true;
-      continue;
-    }
-    if (arg.rfind("--", 0) != 0) throw OptionsError("unexpected argument '" + arg + "' (see --help)");
-    std::string value;
-    bool have_value = false;
-    if (const auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      have_value = true;
-    }
     static constexpr std::string_view kKnown[] = {
         "--kubelet-dir", "--endpoint", "--resource", "--unit", "--alloc-root", "--hook-path", "--preload",
         "--gpu-visibility", "--cdi-kind", "--pod-resources-socket", "--attribution-interval", "--gc-grace",
         "--driver", "--vlaked-socket", "--state", "--health-interval", "--log-level"};
-    bool known = false;
-    for (auto k : kKnown) known = known || arg == k;
-    if (!known) throw OptionsError("unknown option '" + arg + "' (see --help)");
-    if (!have_value) {
-      if (i + 1 >= argc) throw OptionsError("option " + arg + " needs a value");
-      value = argv[++i];
+    const cli::Option opt = cli::read_option<OptionsError>(argc, argv, i, kKnown);
+    if (opt.help) {
+      o.help = true;
+      continue;
     }
+    const std::string& arg = opt.name;
+    const std::string& value = opt.value;
     if (value.empty()) throw OptionsError("option " + arg + " needs a non-empty value");
     auto duration = [&]() {
       try {
