@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cerrno>
@@ -242,6 +243,8 @@ class Daemon::Impl {
     UniqueFd pidfd;
     std::vector<std::uint64_t> grants;
     std::string alloc_id{};  // opened through that allocation's socket
+    bool pressure = false;   // its latest Hello set kHelloPressure
+    std::array<std::uint64_t, st::kMaxDevices> reserve{};  // last ReserveReport per GPU
   };
   struct Grant {
     std::uint64_t id;
@@ -422,10 +425,6 @@ class Daemon::Impl {
   std::uint64_t canary_cursor_ = 0;  // the sweep resumes after this grant id
 
   // Pool performance (docs/pool.md): pressure protocol, reserve reports, warm reserve.
-  struct SessionPool {
-    bool pressure = false;                          // Hello set kHelloPressure
-    std::uint64_t reserve[st::kMaxDevices] = {};    // last ReserveReport per GPU
-  };
   struct Parked {
     std::uint64_t conn;
     std::uint64_t session;
@@ -445,9 +444,7 @@ class Daemon::Impl {
   void retry_parked();
   void on_park_timer();
   void arm_park_timer();
-  void forget_session_pool(std::uint64_t session_id);
   void refill_warm(std::uint64_t max_handles_per_gpu);
-  std::unordered_map<std::uint64_t, SessionPool> session_pool_;  // by session id
   std::vector<Parked> parked_;  // FIFO
   bool retry_parked_ = false;   // a release happened since the last retry
   UniqueFd park_timer_fd_;
@@ -1087,13 +1084,7 @@ void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
     if (c.session != 0) return malformed(c, "second Hello on a connection");
     proto::Hello m{};
     std::memcpy(&m, data, sizeof m);
-    const std::uint64_t serial = c.serial;
     on_hello(c, m);
-    // Pressure is sent only to sessions whose (latest) Hello asked for it.
-    auto cit = conns_.find(serial);
-    if (cit != conns_.end() && cit->second.session != 0) {
-      session_pool_[cit->second.session].pressure = (m.flags & proto::kHelloPressure) != 0;
-    }
     return;
   }
   if (h.type != proto::MsgType::grant_request && h.type != proto::MsgType::release &&
@@ -1226,6 +1217,8 @@ void Daemon::Impl::on_hello(Connection& c, const proto::Hello& m) {
               std::to_string(sess->grants.size()) + " grant(s))");
   }
   sess->conn = c.serial;
+  // Pressure is sent only to sessions whose (latest) Hello asked for it.
+  sess->pressure = (m.flags & proto::kHelloPressure) != 0;
   c.session = sess->id;
   publish_session(*sess);
 
@@ -1774,7 +1767,10 @@ void Daemon::Impl::end_session(Session& s, const char* why) {
   }
   if (s.pidfd) ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, s.pidfd.get(), nullptr);
   std::memset(&state.sessions[s.slot], 0, sizeof(st::SessionRecord));
-  forget_session_pool(id);
+  // Its reserve leaves the tenant's and the GPU's figures.
+  s.reserve.fill(0);
+  for (const auto& [tid, t] : tenants_) publish_tenant(t);
+  for (const DeviceInfo& d : devices_) publish_device(d);
   ++state.counters.process_exits;
   log_.info("session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
             std::to_string(n) + " grant(s) returned");
@@ -1815,9 +1811,8 @@ void Daemon::Impl::publish_tenant(const Tenant& t) {
     r.nonpool[i] = u.nonpool.value();
     if (u.used() > u.limit) over |= 1u << i;
     std::uint64_t reserve = 0;
-    for (const auto& [sid, sp] : session_pool_) {
-      auto sit = sessions_.find(sid);
-      if (sit != sessions_.end() && sit->second.tenant == t.id) reserve += sp.reserve[i];
+    for (const auto& [sid, ss] : sessions_) {
+      if (ss.tenant == t.id) reserve += ss.reserve[i];
     }
     r.reserve[i] = reserve;
   }
@@ -1878,7 +1873,7 @@ void Daemon::Impl::publish_device(const DeviceInfo& d) {
   r.dedup_physical_bytes = dedup_ ? dedup_->physical_bytes(d.ordinal).value() : 0;
   {
     std::uint64_t hook_reserve = 0;
-    for (const auto& [sid, sp] : session_pool_) hook_reserve += sp.reserve[d.ordinal.value()];
+    for (const auto& [sid, ss] : sessions_) hook_reserve += ss.reserve[static_cast<std::size_t>(d.ordinal.value())];
     r.hook_reserve_bytes = hook_reserve;
   }
   r.orphaned_bytes = d.orphaned.value();
@@ -2119,7 +2114,7 @@ void Daemon::Impl::on_reserve_report(Connection& c, Session& s, const proto::Res
     const Grant& g = grants_.at(gid);
     if (g.device == dev->ordinal) held += g.bytes.value();
   }
-  session_pool_[s.id].reserve[dev->ordinal.value()] = std::min(m.bytes, held);
+  s.reserve[static_cast<std::size_t>(dev->ordinal.value())] = std::min(m.bytes, held);
   st::StateSegment::Write w(*seg_);
   ++seg_->state().counters.reserve_reports;
   if (Tenant* t = tenant_by_id(s.tenant)) publish_tenant(*t);
@@ -2129,11 +2124,9 @@ void Daemon::Impl::on_reserve_report(Connection& c, Session& s, const proto::Res
 bool Daemon::Impl::send_pressure(const Session& requester, const DeviceInfo& dev, Bytes shortfall) {
   const auto d = static_cast<std::size_t>(dev.ordinal.value());
   std::uint64_t sent = 0;
-  for (const auto& [sid, sp] : session_pool_) {
-    if (sid == requester.id || !sp.pressure || sp.reserve[d] == 0) continue;
-    auto sit = sessions_.find(sid);
-    if (sit == sessions_.end() || sit->second.conn == 0) continue;
-    auto cit = conns_.find(sit->second.conn);
+  for (const auto& [sid, ss] : sessions_) {
+    if (sid == requester.id || !ss.pressure || ss.reserve[d] == 0 || ss.conn == 0) continue;
+    auto cit = conns_.find(ss.conn);
     if (cit == conns_.end()) continue;
     proto::Pressure p{};
     p.h = proto::make_header<proto::Pressure>(proto::MsgType::pressure, 0);
@@ -2144,7 +2137,7 @@ bool Daemon::Impl::send_pressure(const Session& requester, const DeviceInfo& dev
       send_with_fds(cit->second.fd.get(), std::as_bytes(std::span<const proto::Pressure>(&p, 1)), {});
       ++sent;
       log_.info("GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
-                std::to_string(sit->second.pid) + ", reserve " + std::to_string(sp.reserve[d]) + " bytes) for " +
+                std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes) for " +
                 std::to_string(shortfall.value()) + " bytes");
     } catch (const std::exception& e) {
       // A client that does not read its socket gets no more; its connection stays.
@@ -2238,14 +2231,6 @@ void Daemon::Impl::arm_park_timer() {
     its.it_value.tv_nsec = ns % 1'000'000'000;
   }
   ::timerfd_settime(park_timer_fd_.get(), 0, &its, nullptr);
-}
-
-void Daemon::Impl::forget_session_pool(std::uint64_t session_id) {
-  auto it = session_pool_.find(session_id);
-  if (it == session_pool_.end()) return;
-  session_pool_.erase(it);
-  for (const auto& [tid, t] : tenants_) publish_tenant(t);
-  for (const DeviceInfo& d : devices_) publish_device(d);
 }
 
 void Daemon::Impl::refill_warm(std::uint64_t max_handles_per_gpu) {
