@@ -13,21 +13,31 @@
 // from the caller's position (the first object loaded after the caller that defines the name),
 // so a second interposer stacked after the hook still reaches the driver, and the executable
 // reaches the hook.
+//
+// Sanitizer builds: a sanitizer runtime resolves the functions it intercepts with
+// dlsym(RTLD_NEXT, name) while it starts, before its shadow memory exists, and that call reaches
+// this dlsym (the preloaded hook comes before the runtime). So everything the trampoline runs
+// for a name that is not a driver or NVML name is kept out of instrumentation
+// (VLAKE_UNINSTRUMENTED: no shadow access, no std::atomic member call), reads its thread-local
+// flag without __tls_get_addr (which the runtime intercepts: initial-exec TLS) and answers with
+// glibc's dlsym; no sanitizer runtime looks up a cu* or nvml* name.
 #include <dlfcn.h>
 #include <link.h>
 
-#include <atomic>
 #include <cstring>
 
 #include "exports.hpp"
 #include "real.hpp"
 
+#define VLAKE_UNINSTRUMENTED __attribute__((no_sanitize("address", "thread")))
+
 namespace vlake::hook {
 
 namespace {
 
-std::atomic<DlsymFn> g_real_dlsym{nullptr};
-thread_local bool t_resolving = false;
+DlsymFn g_real_dlsym = nullptr;  // glibc's dlsym once resolved; __atomic_* access only
+// Initial-exec: an access is a plain %fs-relative load, the library being loaded at start-up.
+__attribute__((tls_model("initial-exec"))) thread_local bool t_resolving = false;
 thread_local const void* t_caller = nullptr;  // return address of the dlsym call being answered
 
 void* no_dlsym(void*, const char*) {
@@ -78,15 +88,15 @@ void* intercepted_dlsym(void* handle, const char* name) {
 
 }  // namespace
 
-DlsymFn real_dlsym() noexcept {
-  DlsymFn f = g_real_dlsym.load(std::memory_order_acquire);
+VLAKE_UNINSTRUMENTED DlsymFn real_dlsym() noexcept {
+  DlsymFn f = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
   if (f != nullptr || t_resolving) return f;
   t_resolving = true;
   void* p = ::dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (p == nullptr) p = ::dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   t_resolving = false;
   f = reinterpret_cast<DlsymFn>(p);
-  if (f != nullptr) g_real_dlsym.store(f, std::memory_order_release);
+  if (f != nullptr) __atomic_store_n(&g_real_dlsym, f, __ATOMIC_RELEASE);
   return f;
 }
 
@@ -99,14 +109,17 @@ __attribute__((constructor)) void warm_real_dlsym() {
 }  // namespace vlake::hook
 
 // Chooses the function that answers dlsym(handle, name): called by the assembly trampoline below
-// with the caller's arguments and return address; never throws.
-extern "C" __attribute__((used)) void* vlake_dlsym_select(void* handle, const char* name,
-                                                          const void* caller) {
+// with the caller's arguments and return address; never throws. Only names that start with "cu"
+// or "nvml" reach instrumented code (find_interposed).
+extern "C" __attribute__((used)) VLAKE_UNINSTRUMENTED void* vlake_dlsym_select(void* handle, const char* name,
+                                                                               const void* caller) {
   (void)handle;
   using namespace vlake::hook;
   const DlsymFn real = real_dlsym();
   if (real == nullptr) return reinterpret_cast<void*>(&no_dlsym);
-  if (name == nullptr || find_interposed(name) == nullptr) return reinterpret_cast<void*>(real);
+  const bool driver_or_nvml = name != nullptr && ((name[0] == 'c' && name[1] == 'u') ||
+                                                  (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l'));
+  if (!driver_or_nvml || find_interposed(name) == nullptr) return reinterpret_cast<void*>(real);
   t_caller = caller;
   return reinterpret_cast<void*>(&intercepted_dlsym);
 }
@@ -141,7 +154,7 @@ dlsym:
 )");
 #else
 // Other architectures: a plain call (RTLD_NEXT lookups then resolve relative to the hook).
-extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* name) {
+extern "C" __attribute__((visibility("default"))) VLAKE_UNINSTRUMENTED void* dlsym(void* handle, const char* name) {
   auto fn = reinterpret_cast<vlake::hook::DlsymFn>(
       vlake_dlsym_select(handle, name, __builtin_return_address(0)));
   return fn(handle, name);

@@ -49,8 +49,13 @@ class Tenant {
     REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     std::vector<std::string> env;
+    std::string asan_options;  // the caller's, kept: the link-order option is appended below
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string kv = *e;
+      if (kv.rfind("ASAN_OPTIONS=", 0) == 0) {
+        asan_options = kv.substr(13) + ":";
+        continue;
+      }
       if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("LD_LIBRARY_PATH=", 0) == 0 ||
           kv.rfind("VLAKE_", 0) == 0) {
         continue;
@@ -63,7 +68,7 @@ class Tenant {
     env.push_back(std::string("LD_PRELOAD=") + VLAKE_HOOK_LIB);
     env.push_back("LD_LIBRARY_PATH=" + sim_dir());
     env.push_back("VLAKE_SOCKET=" + d.socket);
-    env.push_back("ASAN_OPTIONS=verify_asan_link_order=0");
+    env.push_back("ASAN_OPTIONS=" + asan_options + "verify_asan_link_order=0");
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);

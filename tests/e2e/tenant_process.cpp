@@ -53,8 +53,13 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon,
     throw std::runtime_error("pipe2 failed");
   }
   std::vector<std::string> env;
+  std::string asan_options;  // the caller's, kept: the link-order option is appended below
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
+    if (kv.rfind("ASAN_OPTIONS=", 0) == 0) {
+      asan_options = kv.substr(13) + ":";
+      continue;
+    }
     if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("LD_LIBRARY_PATH=", 0) == 0 ||
         kv.rfind("VLAKE_", 0) == 0) {
       continue;
@@ -71,7 +76,7 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon,
   // These tests follow every alloc/free at the daemon; the reserve is tested on its own.
   env.push_back("VLAKE_RESERVE=" + reserve_);
   // Sanitizer builds: the preloaded hook comes before the sanitizer runtime in the tenant.
-  env.push_back("ASAN_OPTIONS=verify_asan_link_order=0");
+  env.push_back("ASAN_OPTIONS=" + asan_options + "verify_asan_link_order=0");
   std::vector<std::string> args{VLAKE_TENANT_PATH};
   args.insert(args.end(), steps.begin(), steps.end());
 

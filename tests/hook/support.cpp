@@ -72,8 +72,10 @@ RunResult run_tenant(const std::vector<std::string>& args, const Env& env) {
   // The daemon-path tests see every alloc/free at the daemon; reserve tests set their own.
   vars["VLAKE_RESERVE"] = "0";
 #ifdef VLAKE_HOOK_SANITIZED
-  // The preloaded hook comes before the sanitizer runtime in the load order.
-  vars["ASAN_OPTIONS"] = "verify_asan_link_order=0";
+  // The preloaded hook comes before the sanitizer runtime in the load order (the caller's
+  // options are kept: a second ASAN_OPTIONS would be ignored).
+  std::string& asan_options = vars["ASAN_OPTIONS"];
+  asan_options += asan_options.empty() ? "verify_asan_link_order=0" : ":verify_asan_link_order=0";
 #endif
   for (const auto& [k, v] : env) {
     if (v == "\x01") {

@@ -239,8 +239,9 @@ def start_daemon_and_tenants(a, procs, tmp, metrics_port):
         log(open(daemon_log.name).read()[-3000:])
         raise
 
+    asan_options = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
     tenv = dict(env, LD_PRELOAD=a.hook, LD_LIBRARY_PATH=os.path.dirname(a.sim), VLAKE_SOCKET=sock,
-                ASAN_OPTIONS="verify_asan_link_order=0")
+                ASAN_OPTIONS=asan_options)
     tenants = [
         # research/user:4242: 64 MiB inside its namespace's guarantee
         ("research", 4242, ["init", "alloc:a:64M", "sleep:60000"], ["init", "alloc:a:64M"]),
