@@ -11,7 +11,6 @@ namespace vlake::hook {
 namespace {
 
 UsedApi g_used;
-std::atomic<void*> g_libcuda{nullptr};
 std::once_flag g_once;
 std::atomic<bool> g_loaded{false};
 thread_local bool t_loading = false;
@@ -36,7 +35,6 @@ void load_once() {
     log(LogLevel::warn, "cannot load libcuda.so.1 (%s)", err != nullptr ? err : "unknown error");
     return;
   }
-  g_libcuda.store(lib);
 #define VLAKE_HOOK(base, symbol, version) fill_row<Row::symbol>(lib, sym);
 #include "hooked.def"
 #define VLAKE_HOOK(base, symbol, version)
@@ -67,11 +65,6 @@ bool load_driver() noexcept {
 const UsedApi& used() noexcept {
   load_driver();
   return g_used;
-}
-
-void* libcuda_handle() noexcept {
-  load_driver();
-  return g_libcuda.load();
 }
 
 }  // namespace vlake::hook

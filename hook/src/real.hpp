@@ -68,7 +68,6 @@ struct UsedApi {
 
 bool load_driver() noexcept;
 [[nodiscard]] const UsedApi& used() noexcept;
-[[nodiscard]] void* libcuda_handle() noexcept;
 
 using DlsymFn = void* (*)(void*, const char*);
 [[nodiscard]] DlsymFn real_dlsym() noexcept;

@@ -27,7 +27,6 @@ std::map<std::uint64_t, std::int64_t> g_offered;
 // The pid of the process whose connection was told dedup_disabled (0: none). A forked child has
 // another pid, so it asks again on its own connection.
 std::atomic<pid_t> g_disabled_pid{0};
-std::atomic<std::uint64_t> g_attempts{0};
 
 struct Mapping {
   std::uint64_t offset = 0;
@@ -127,7 +126,6 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
     req.bytes = to - from;
     req.first_piece = next;
     req.flags = transparent ? std::uint32_t{proto::kShareTransparent} : 0u;
-    if (transparent && next == 0) g_attempts.fetch_add(1, std::memory_order_relaxed);
     std::vector<UniqueFd> got;
     auto rep = s.client.share(req, got);
     if (!rep) {
@@ -356,8 +354,6 @@ void offer_upload(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept {
     // Never reaches the application.
   }
 }
-
-std::uint64_t transparent_attempts() noexcept { return g_attempts.load(std::memory_order_relaxed); }
 
 bool is_shared(std::uint64_t grant_id) noexcept {
   std::lock_guard lock(g_mu);

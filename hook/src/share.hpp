@@ -34,8 +34,6 @@ void offer_upload(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept;
 // Cheap pre-check for the wrappers: false once this process was told dedup_disabled, or when
 // `bytes` is too small to hold a whole chunk.
 [[nodiscard]] bool may_offer(const State& s, std::uint64_t bytes) noexcept;
-// Transparent offers sent / refused with dedup_disabled by this process (for tests and logs).
-[[nodiscard]] std::uint64_t transparent_attempts() noexcept;
 // True if grant `grant_id` holds shared chunks (its allocation must not be reused privately).
 [[nodiscard]] bool is_shared(std::uint64_t grant_id) noexcept;
 // The grant was released: forget it.

@@ -26,13 +26,6 @@ const Dedup::Plan* Dedup::pending(std::uint64_t session) const {
   return it == pending_.end() ? nullptr : &it->second;
 }
 
-bool Dedup::has_pending_grant(std::uint64_t grant_id) const {
-  for (const auto& [s, p] : pending_) {
-    if (p.grant_id == grant_id) return true;
-  }
-  return false;
-}
-
 std::uint64_t Dedup::find_or_add(DevicePool& pool, std::uint64_t h, Bytes size, PoolHandle& src,
                                  Bytes src_offset, bool& merged) {
   const Key key{pool.device().value(), size.value(), h};

@@ -89,7 +89,6 @@ class Dedup {
   void retire_all(std::map<int, DevicePool*> pools) noexcept;
 
   [[nodiscard]] bool is_shared(std::uint64_t grant_id) const { return grant_refs_.count(grant_id) != 0; }
-  [[nodiscard]] bool has_pending_grant(std::uint64_t grant_id) const;
   [[nodiscard]] Bytes logical_bytes(DeviceOrdinal d) const;   // Σ committed references × size
   [[nodiscard]] Bytes physical_bytes(DeviceOrdinal d) const;  // Σ chunk sizes
   [[nodiscard]] std::uint64_t chunks() const noexcept { return chunks_.size(); }

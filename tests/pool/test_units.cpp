@@ -102,7 +102,7 @@ TEST_CASE("accounting: reserve, commit, rollback, uncharge", "[pool][accounting]
   CHECK(a.usage(t, d).reserved == 0_B);
   auto r = a.reserve(t, d, 6_MiB);
   REQUIRE(r);
-  a.commit(*r);
+  r->commit();
   CHECK(a.usage(t, d).granted == 6_MiB);
   CHECK(a.usage(t, d).reserved == 0_B);
   a.set_nonpool(t, d, 3_MiB);

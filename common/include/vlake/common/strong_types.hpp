@@ -29,10 +29,8 @@ class StrongId {
 
 struct DeviceOrdinalTag {};
 struct TenantIdTag {};
-struct ChunkIdTag {};
 using DeviceOrdinal = StrongId<DeviceOrdinalTag, std::int32_t>;
 using TenantId = StrongId<TenantIdTag, std::uint32_t>;
-using ChunkId = StrongId<ChunkIdTag, std::uint64_t>;
 
 // A number of bytes. Supports the arithmetic sizes need (sum, difference, scaling, ratio) and
 // nothing that mixes it with unrelated integers by accident.
@@ -71,7 +69,6 @@ constexpr Bytes operator""_GiB(unsigned long long v) noexcept { return Bytes{v <
 static_assert(std::is_trivially_copyable_v<Bytes> && sizeof(Bytes) == 8);
 static_assert(std::is_trivially_copyable_v<DeviceOrdinal> && sizeof(DeviceOrdinal) == 4);
 static_assert(std::is_trivially_copyable_v<TenantId> && sizeof(TenantId) == 4);
-static_assert(std::is_trivially_copyable_v<ChunkId> && sizeof(ChunkId) == 8);
 
 }  // namespace vlake
 

@@ -135,8 +135,6 @@ class Accounting {
   // `why` (optional) the reason of a refusal (Refusal::none on success).
   [[nodiscard]] std::optional<Reservation> reserve(TenantId t, DeviceOrdinal d, Bytes n, Usage* usage_out = nullptr,
                                                    Refusal* why = nullptr);
-  void commit(Reservation& r) noexcept { r.commit(); }
-  void rollback(Reservation& r) noexcept { r.rollback(); }
   // Returns false if fewer than `n` bytes were granted (granted is then set to 0).
   bool uncharge(TenantId t, DeviceOrdinal d, Bytes n);
   // Charges bytes that are already held (state recovered after a restart), limit or not.
