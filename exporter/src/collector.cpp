@@ -306,7 +306,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
           [](const st::DeviceRecord& r) { return d(r.dedup_logical_bytes); });
   per_gpu("vlake_dedup_physical_bytes", "bytes the shared chunks take on the GPU (stored once)",
           [](const st::DeviceRecord& r) { return d(r.dedup_physical_bytes); });
-  MetricFamily& guard = F.counter("vlake_guard_violations_total", "out-of-bounds alarms (0 until guards land)");
+  MetricFamily& guard = F.counter("vlake_guard_violations_total", "out-of-bounds alarms (docs/guard.md)");
   set(guard, {{"kind", "fault"}}, d(c.guard_violations_fault));
   set(guard, {{"kind", "canary"}}, d(c.guard_violations_canary));
   set(guard, {{"kind", "readonly"}}, d(c.guard_violations_readonly));

@@ -9,7 +9,7 @@
 //   release_create free handles released (least recently freed first), then one new handle
 //   none           none of these is possible (the caller may apply pressure)
 // Costs are estimated from a CostModel: per-call driver costs the daemon measures on itself
-// (EWMA, per GPU, seeded with the H100 medians of design.md) plus the tenant's per-handle cost of
+// (EWMA, per GPU, seeded with H100 medians: docs/pool.md) plus the tenant's per-handle cost of
 // import + map + set-access, estimated from the same measured calls (the tenant uses the same
 // driver on the same GPU).
 //
@@ -25,7 +25,8 @@
 
 namespace vlake::pool {
 
-// Per-call costs in nanoseconds. Seeds: H100 80GB, driver 580 (design.md, medians).
+// Per-call costs in nanoseconds. Seeds: medians measured on an H100 80GB, driver 580 (docs/pool.md,
+// "Planner and cost model").
 struct CostModel {
   enum class Call { create, export_fd, map, set_access, release, scrub };
 

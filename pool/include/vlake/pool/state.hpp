@@ -101,7 +101,7 @@ struct Counters {
   std::uint64_t config_reloads;           // new quota files applied (SIGHUP included)
   std::uint64_t config_reload_errors;     // new quota files rejected (old one kept)
   // Layout 3: grant latency (receive -> reply sent, successful grants; see kGrantLatencyBoundsNs)
-  // and guard violations by kind (0 until guards land).
+  // and guard violations by kind (docs/guard.md).
   std::uint64_t grant_latency_bucket[kGrantLatencyBuckets];
   std::uint64_t grant_latency_sum_ns;
   std::uint64_t grant_latency_count;

@@ -12,9 +12,9 @@
 // --attribution-interval and right after each Allocate. On stop() it shuts the server down,
 // removes its socket and returns.
 //
-// Thread-safety: stop(), registrations(), device_ids() and health_generation() may be called
-// from any thread while run() runs; gRPC handlers run on gRPC's threads and share state under
-// one mutex. Construct, run and destroy on one thread.
+// Thread-safety: stop(), registrations() and device_ids() may be called from any thread while
+// run() runs; gRPC handlers run on gRPC's threads and share state under one mutex. Construct,
+// run and destroy on one thread.
 #pragma once
 
 #include <memory>
