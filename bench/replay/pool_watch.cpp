@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "bench_support.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 namespace vlake::bench {
 
@@ -55,7 +55,7 @@ int poolwatch_main(int argc, char** argv) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
 
-  namespace st = pool::state;
+  namespace st = vlake::state;
   std::unique_ptr<st::State> last;
   DevMax dev[st::kMaxDevices];
   std::uint64_t samples = 0;

@@ -122,12 +122,10 @@ class CudaDriver final : public Driver {
     return buf;
   }
 
-  std::array<std::uint8_t, 16> device_uuid(DeviceOrdinal d) const override {
+  Uuid device_uuid(DeviceOrdinal d) const override {
     CUuuid u{};
     check(api_.cuDeviceGetUuid_v2(&u, device(d)), "cuDeviceGetUuid_v2");
-    std::array<std::uint8_t, 16> out{};
-    std::memcpy(out.data(), u.bytes, out.size());
-    return out;
+    return Uuid::from_bytes(u.bytes);
   }
 
   Bytes total_memory(DeviceOrdinal d) const override {

@@ -45,14 +45,7 @@ double share_percent(Bytes part, Bytes whole) {
   return static_cast<double>(part.value()) * 100.0 / static_cast<double>(whole.value());
 }
 
-std::string uuid_string(const std::uint8_t (&u)[16]) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return buf;
-}
-
-std::string uuid_short(const std::uint8_t (&u)[16]) { return uuid_string(u).substr(0, 12); }
+std::string uuid_short(const Uuid& u) { return u.to_string().substr(0, 12); }
 
 void Table::add_row(std::vector<std::string> cells) {
   if (cells.size() != columns_.size()) {

@@ -17,7 +17,7 @@
 
 namespace vlake::ctl {
 
-namespace st = pool::state;
+namespace st = vlake::state;
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 namespace vlake::ctl {
 
-namespace st = pool::state;
+namespace st = vlake::state;
 
 namespace {
 
@@ -32,8 +32,9 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     if (r.in_use == 0) continue;
     GpuView g;
     g.index = d;
-    g.uuid = uuid_string(r.uuid);
-    g.uuid_short = uuid_short(r.uuid);
+    const Uuid uuid = Uuid::from_bytes(r.uuid);
+    g.uuid = uuid.to_string();
+    g.uuid_short = uuid_short(uuid);
     g.total = r.total;
     g.granularity = r.granularity;
     g.pool_bytes = r.pool_bytes;

@@ -7,9 +7,11 @@
 #include <deque>
 #include <map>
 
+#include "vlake/common/uuid.hpp"
+
 namespace vlake::exporter {
 
-namespace st = pool::state;
+namespace st = vlake::state;
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
@@ -18,13 +20,6 @@ using Labels = std::vector<ClientMetric::Label>;
 namespace {
 
 std::string bounded(const char* p, std::size_t n) { return std::string(p, strnlen(p, n)); }
-
-std::string uuid_string(const std::uint8_t (&u)[16]) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return buf;
-}
 
 double d(std::uint64_t v) { return static_cast<double>(v); }
 
@@ -131,7 +126,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   for (std::uint32_t i = 0; i < st::kMaxDevices; ++i) {
     const st::DeviceRecord& r = s.devices[i];
     if (r.in_use == 0) continue;
-    gpus.push_back(Gpu{i, {{"gpu", uuid_string(r.uuid)}, {"gpu_index", std::to_string(i)}}, &r});
+    gpus.push_back(Gpu{i, {{"gpu", Uuid::from_bytes(r.uuid).to_string()}, {"gpu_index", std::to_string(i)}}, &r});
   }
   auto per_gpu = [&](const std::string& name, const std::string& help, auto value) {
     MetricFamily& f = F.gauge(name, help);

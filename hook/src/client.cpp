@@ -14,6 +14,7 @@
 
 #include "log.hpp"
 #include "vlake/common/unix_socket.hpp"
+#include "vlake/contracts/codec.hpp"
 
 namespace vlake::hook {
 
@@ -33,11 +34,6 @@ bool is_broken_errno(int e) {
   return e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ECONNABORTED || e == EBADF;
 }
 
-template <class T>
-std::span<const std::byte> bytes_of(const T& v) {
-  return {reinterpret_cast<const std::byte*>(&v), sizeof v};
-}
-
 }  // namespace
 
 DaemonClient::DaemonClient(const Config& config, bool pressure)
@@ -55,13 +51,12 @@ bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes,
                                        std::uint64_t blocks) {
   std::lock_guard lock(mu_);
   if (!fd_) return false;
-  proto::ReserveReport r{};
-  r.h = proto::make_header<proto::ReserveReport>(proto::MsgType::reserve_report, next_request_++);
-  std::memcpy(r.device_uuid, device.data(), device.size());
+  auto r = proto::make<proto::ReserveReport>(next_request_++);
+  device.copy_to(r.device_uuid);
   r.bytes = bytes;
   r.blocks = blocks;
   try {
-    send_with_fds(fd_.get(), bytes_of(r), {});
+    send_with_fds(fd_.get(), proto::encode(r), {});
     return true;
   } catch (const std::system_error& e) {
     last_error_ = std::string("send: ") + std::strerror(e.code().value());
@@ -70,11 +65,9 @@ bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes,
   }
 }
 
-void DaemonClient::keep_pressure_locked(const std::byte* buf) {
-  proto::Pressure p;
-  std::memcpy(&p, buf, sizeof p);
+void DaemonClient::keep_pressure_locked(const proto::Pressure& p) {
   PressureNote n;
-  std::memcpy(n.device.data(), p.device_uuid, n.device.size());
+  n.device = Uuid::from_bytes(p.device_uuid);
   n.bytes = p.bytes;
   std::lock_guard lock(pressure_mu_);
   pressure_notes_.push_back(n);
@@ -99,15 +92,16 @@ void DaemonClient::poll_pressure() {
       fd_.reset();
       return;
     }
-    proto::Header h{};
-    if (proto::check_frame(buf, got.bytes) != nullptr || !got.fds.empty() ||
-        (std::memcpy(&h, buf, sizeof h), h.type != proto::MsgType::pressure)) {
+    const proto::Decoded d = proto::decode(std::span<const std::byte>(buf, got.bytes), got.fds.size());
+    const proto::Pressure* pressure = d.get<proto::Pressure>();
+    if (pressure == nullptr) {
       last_error_ = "unexpected message from the daemon on an idle connection";
+      if (!d) last_error_ += " (" + d.error().reason + ")";
       log(LogLevel::warn, "%s; reconnecting", last_error_.c_str());
       fd_.reset();
       return;
     }
-    keep_pressure_locked(buf);
+    keep_pressure_locked(*pressure);
   }
 }
 
@@ -137,9 +131,9 @@ bool DaemonClient::send_guard_event(proto::GuardEvent event) {
   std::lock_guard lock(mu_);
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!fd_ && !connect_locked()) return false;
-    event.h = proto::make_header<proto::GuardEvent>(proto::MsgType::guard_event, next_request_++);
+    event.h = proto::make<proto::GuardEvent>(next_request_++).h;
     try {
-      send_with_fds(fd_.get(), bytes_of(event), {});
+      send_with_fds(fd_.get(), proto::encode(event), {});
       return true;
     } catch (const std::system_error& e) {
       const int err = e.code().value();
@@ -184,14 +178,13 @@ bool DaemonClient::connect_locked() {
   }
   fd_ = std::move(s);
 
-  proto::Hello hello{};
-  hello.h = proto::make_header<proto::Hello>(proto::MsgType::hello, next_request_++);
+  auto hello = proto::make<proto::Hello>(next_request_++);
   hello.pid = static_cast<std::uint32_t>(::getpid());
   hello.old_session = session_;
   hello.flags = pressure_ ? proto::kHelloPressure : 0u;
   std::snprintf(hello.client, sizeof hello.client, "vlake-hook 0.1.0");
   proto::HelloAck ack{};
-  const Io io = roundtrip_locked(hello, proto::MsgType::hello_ack, ack, nullptr);
+  const Io io = roundtrip_locked(hello, ack, nullptr);
   if (io != Io::ok) {
     if (io == Io::broken) last_error_ = "the daemon closed the connection during Hello";
     fd_.reset();
@@ -221,10 +214,9 @@ bool DaemonClient::connect_locked() {
 }
 
 template <class Req, class Rep>
-DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, proto::MsgType reply_type, Rep& reply,
-                                                std::vector<UniqueFd>* fds) {
+DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::vector<UniqueFd>* fds) {
   try {
-    send_with_fds(fd_.get(), bytes_of(request), {});
+    send_with_fds(fd_.get(), proto::encode(request), {});
   } catch (const std::system_error& e) {
     const int err = e.code().value();
     last_error_ = std::string("send: ") + std::strerror(err);
@@ -232,7 +224,7 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, proto::MsgType rep
   }
   alignas(8) std::byte buf[proto::kMaxMessageBytes];
   Received got;
-  proto::Header h{};
+  std::optional<proto::Decoded> d;
   // Pressure messages may precede the reply: keep them and read on.
   for (;;) {
     try {
@@ -253,22 +245,22 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, proto::MsgType rep
       last_error_ = "the daemon closed the connection";
       return Io::broken;
     }
-    if (const char* why = proto::check_frame(buf, got.bytes); why != nullptr) {
-      last_error_ = std::string("malformed reply: ") + why;
+    d.emplace(proto::decode(std::span<const std::byte>(buf, got.bytes), got.fds.size()));
+    if (!*d) {
+      last_error_ = "malformed reply: " + d->error().reason;
       return Io::failed;
     }
-    std::memcpy(&h, buf, sizeof h);
-    if (h.type != proto::MsgType::pressure || !got.fds.empty()) break;
-    keep_pressure_locked(buf);
+    const proto::Pressure* p = d->get<proto::Pressure>();
+    if (p == nullptr) break;
+    keep_pressure_locked(*p);
   }
-  if (h.type == proto::MsgType::error) {
-    proto::Error err;
-    std::memcpy(&err, buf, sizeof err);
+  if (const proto::Error* err = d->get<proto::Error>()) {
     last_error_ = "daemon error: ";
-    last_error_.append(err.message, strnlen(err.message, sizeof err.message));
+    last_error_.append(err->message, strnlen(err->message, sizeof err->message));
     return Io::failed;
   }
-  if (h.type != reply_type || h.request_id != request.h.request_id) {
+  const Rep* r = d->get<Rep>();
+  if (r == nullptr || r->h.request_id != request.h.request_id) {
     last_error_ = "unexpected reply from the daemon";
     return Io::failed;
   }
@@ -276,14 +268,13 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, proto::MsgType rep
     last_error_ = "descriptors attached to a reply that carries none";
     return Io::failed;
   }
-  std::memcpy(&reply, buf, sizeof reply);
+  reply = *r;
   if (fds != nullptr) *fds = std::move(got.fds);
   return Io::ok;
 }
 
 template <class Req, class Rep>
-std::optional<Rep> DaemonClient::exchange_locked(Req request, proto::MsgType reply_type,
-                                                 std::vector<UniqueFd>* fds) {
+std::optional<Rep> DaemonClient::exchange_locked(Req request, std::vector<UniqueFd>* fds) {
   bool broke = false;
   std::chrono::steady_clock::time_point deadline{};
   for (;;) {
@@ -301,7 +292,7 @@ std::optional<Rep> DaemonClient::exchange_locked(Req request, proto::MsgType rep
     }
     request.h.request_id = next_request_++;
     Rep reply{};
-    const Io io = roundtrip_locked(request, reply_type, reply, fds);
+    const Io io = roundtrip_locked(request, reply, fds);
     if (io == Io::ok) return reply;
     fd_.reset();
     if (io == Io::failed) return std::nullopt;
@@ -317,12 +308,11 @@ std::optional<Rep> DaemonClient::exchange_locked(Req request, proto::MsgType rep
 void DaemonClient::flush_pending_locked() {
   while (!pending_releases_.empty() && fd_) {
     const auto [grant, flags] = pending_releases_.back();
-    proto::Release r{};
-    r.h = proto::make_header<proto::Release>(proto::MsgType::release, next_request_++);
+    auto r = proto::make<proto::Release>(next_request_++);
     r.grant_id = grant;
     r.flags = flags;
     proto::ReleaseAck ack{};
-    if (roundtrip_locked(r, proto::MsgType::release_ack, ack, nullptr) != Io::ok) {
+    if (roundtrip_locked(r, ack, nullptr) != Io::ok) {
       fd_.reset();
       return;
     }
@@ -332,15 +322,13 @@ void DaemonClient::flush_pending_locked() {
 
 std::optional<GrantResult> DaemonClient::grant(const Uuid& device, std::uint64_t bytes,
                                                proto::GrantPurpose purpose) {
-  proto::GrantRequest req{};
-  req.h = proto::make_header<proto::GrantRequest>(proto::MsgType::grant_request, 0);
-  std::memcpy(req.device_uuid, device.data(), device.size());
+  auto req = proto::make<proto::GrantRequest>();
+  device.copy_to(req.device_uuid);
   req.bytes = bytes;
   req.purpose = purpose;
   std::vector<UniqueFd> fds;
   std::lock_guard lock(mu_);
-  auto rep = exchange_locked<proto::GrantRequest, proto::GrantReply>(
-      req, proto::MsgType::grant_reply, &fds);
+  auto rep = exchange_locked<proto::GrantRequest, proto::GrantReply>(req, &fds);
   if (!rep) return std::nullopt;
   GrantResult out;
   out.status = rep->status;
@@ -348,20 +336,17 @@ std::optional<GrantResult> DaemonClient::grant(const Uuid& device, std::uint64_t
   out.bytes = rep->bytes;
   out.limit = rep->limit;
   out.used = rep->used;
-  const std::uint32_t n = std::min(rep->handle_count, proto::kMaxHandlesPerGrant);
-  out.handles.assign(rep->handles, rep->handles + n);
+  out.handles.assign(rep->handles, rep->handles + rep->handle_count);  // <= kMaxHandlesPerGrant
   out.fds = std::move(fds);
   return out;
 }
 
 std::optional<proto::Status> DaemonClient::release(std::uint64_t grant_id, std::uint32_t flags) {
-  proto::Release req{};
-  req.h = proto::make_header<proto::Release>(proto::MsgType::release, 0);
+  auto req = proto::make<proto::Release>();
   req.grant_id = grant_id;
   req.flags = flags;
   std::lock_guard lock(mu_);
-  auto rep =
-      exchange_locked<proto::Release, proto::ReleaseAck>(req, proto::MsgType::release_ack, nullptr);
+  auto rep = exchange_locked<proto::Release, proto::ReleaseAck>(req, nullptr);
   if (!rep) {
     pending_releases_.emplace_back(grant_id, flags);
     return std::nullopt;
@@ -370,12 +355,10 @@ std::optional<proto::Status> DaemonClient::release(std::uint64_t grant_id, std::
 }
 
 std::optional<UsageResult> DaemonClient::usage(const Uuid& device) {
-  proto::UsageQuery req{};
-  req.h = proto::make_header<proto::UsageQuery>(proto::MsgType::usage_query, 0);
-  std::memcpy(req.device_uuid, device.data(), device.size());
+  auto req = proto::make<proto::UsageQuery>();
+  device.copy_to(req.device_uuid);
   std::lock_guard lock(mu_);
-  auto rep = exchange_locked<proto::UsageQuery, proto::UsageReply>(req, proto::MsgType::usage_reply,
-                                                                   nullptr);
+  auto rep = exchange_locked<proto::UsageQuery, proto::UsageReply>(req, nullptr);
   if (!rep) return std::nullopt;
   return UsageResult{rep->status, rep->total, rep->limit, rep->used};
 }
@@ -383,14 +366,12 @@ std::optional<UsageResult> DaemonClient::usage(const Uuid& device) {
 std::optional<proto::ShareReply> DaemonClient::share(const proto::ShareRequest& request,
                                                      std::vector<UniqueFd>& fds) {
   std::lock_guard lock(mu_);
-  return exchange_locked<proto::ShareRequest, proto::ShareReply>(request,
-                                                                 proto::MsgType::share_reply, &fds);
+  return exchange_locked<proto::ShareRequest, proto::ShareReply>(request, &fds);
 }
 
 std::optional<proto::ShareAck> DaemonClient::share_commit(const proto::ShareCommit& request) {
   std::lock_guard lock(mu_);
-  return exchange_locked<proto::ShareCommit, proto::ShareAck>(request, proto::MsgType::share_ack,
-                                                              nullptr);
+  return exchange_locked<proto::ShareCommit, proto::ShareAck>(request, nullptr);
 }
 
 void DaemonClient::prepare_fork() noexcept {

@@ -1,4 +1,5 @@
-// DaemonClient: the hook's connection to vlaked (protocol: vlake/common/protocol.hpp).
+// DaemonClient: the hook's connection to vlaked (protocol: vlake/contracts/protocol.hpp; every
+// message is built, sent and checked with vlake/contracts/codec.hpp).
 //
 // Contract
 // - One SOCK_SEQPACKET connection per process, opened lazily by the first request (Hello ->
@@ -40,12 +41,11 @@
 #include <vector>
 
 #include "config.hpp"
-#include "vlake/common/protocol.hpp"
 #include "vlake/common/unique_fd.hpp"
+#include "vlake/common/uuid.hpp"
+#include "vlake/contracts/protocol.hpp"
 
 namespace vlake::hook {
-
-using Uuid = std::array<std::uint8_t, 16>;
 
 struct GrantResult {
   proto::Status status = proto::Status::internal;
@@ -106,15 +106,14 @@ class DaemonClient {
  private:
   enum class Io { ok, broken, failed };
 
+  // One request, its reply of type Rep (a malformed reply, an Error or another type fails).
   template <class Req, class Rep>
-  std::optional<Rep> exchange_locked(Req request, proto::MsgType reply_type,
-                                     std::vector<UniqueFd>* fds);
+  std::optional<Rep> exchange_locked(Req request, std::vector<UniqueFd>* fds);
   template <class Req, class Rep>
-  Io roundtrip_locked(Req& request, proto::MsgType reply_type, Rep& reply,
-                      std::vector<UniqueFd>* fds);
+  Io roundtrip_locked(Req& request, Rep& reply, std::vector<UniqueFd>* fds);
   bool connect_locked();
   void flush_pending_locked();
-  void keep_pressure_locked(const std::byte* buf);
+  void keep_pressure_locked(const proto::Pressure& p);
 
   const std::string path_;
   const std::chrono::milliseconds timeout_;

@@ -666,7 +666,7 @@ CUresult device_uuid(State& s, int dev, Uuid& out) {
   if (api.cuDeviceGetUuid_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUuuid u{};
   if (CUresult rc = api.cuDeviceGetUuid_v2(&u, dev); rc != CUDA_SUCCESS) return rc;
-  std::memcpy(out.data(), u.bytes, out.size());
+  out = Uuid::from_bytes(u.bytes);
   std::lock_guard lock(s.uuid_mu);
   s.uuids[static_cast<std::size_t>(dev)] = out;
   return CUDA_SUCCESS;
@@ -1062,7 +1062,7 @@ void report_fault_impl(State& s, const char* call, CUresult rc) {
   std::snprintf(ev.call, sizeof ev.call, "%s", call);
   Uuid uuid{};
   const bool have_uuid = device_uuid(s, dev, uuid) == CUDA_SUCCESS;
-  if (have_uuid) std::memcpy(ev.device_uuid, uuid.data(), uuid.size());
+  if (have_uuid) uuid.copy_to(ev.device_uuid);
   ev.live_allocations = static_cast<std::uint32_t>(s.allocs.count(dev));
   const auto now = std::chrono::steady_clock::now();
   const auto suspects = s.allocs.newest(dev, proto::kMaxGuardSuspects);

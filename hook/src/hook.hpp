@@ -77,9 +77,6 @@ CUresult device_uuid(State& s, int dev, Uuid& out);
 // context it was allocated in (pushed if another is current; the current one if unknown).
 CUresult fence_allocation(const LogicalAlloc& a);
 
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's text form) -> 16 bytes; false if malformed.
-bool parse_gpu_uuid(const char* text, Uuid& out);
-
 // Called by the synchronizing wrappers when the driver returned CUDA_ERROR_ILLEGAL_ADDRESS
 // (cold path): the first time in this process, sends a GuardEvent (kind fault, the suspects) to
 // vlaked and prints one stderr line. Never throws.

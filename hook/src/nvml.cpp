@@ -67,35 +67,6 @@ void remember_mem_v2(void* fn, bool) noexcept {
   remember(g_mem_v2, fn);
 }
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-}  // namespace
-
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes.
-bool parse_gpu_uuid(const char* text, Uuid& out) {
-  if (std::strncmp(text, "GPU-", 4) != 0) return false;
-  std::size_t n = 0;
-  int hi = -1;
-  for (const char* p = text + 4; *p != '\0'; ++p) {
-    if (*p == '-') continue;
-    const int v = hex_value(*p);
-    if (v < 0 || n >= out.size()) return false;
-    if (hi < 0) {
-      hi = v;
-    } else {
-      out[n++] = static_cast<std::uint8_t>(hi * 16 + v);
-      hi = -1;
-    }
-  }
-  return n == out.size() && hi < 0;
-}
-
-namespace {
 
 // The tenant's view of `device`, when the daemon answers for it.
 bool tenant_usage(nvmlDevice_t device, UsageResult& u) {
@@ -105,9 +76,9 @@ bool tenant_usage(nvmlDevice_t device, UsageResult& u) {
   if (get_uuid == nullptr) return false;
   char text[VLAKE_NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
   if (get_uuid(device, text, sizeof text) != NVML_SUCCESS) return false;
-  Uuid uuid{};
-  if (!parse_gpu_uuid(text, uuid)) return false;
-  auto r = s->client.usage(uuid);
+  const std::optional<Uuid> uuid = Uuid::parse(text);
+  if (!uuid) return false;
+  auto r = s->client.usage(*uuid);
   if (!r || r->status != proto::Status::ok) return false;
   u = *r;
   return true;

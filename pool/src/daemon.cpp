@@ -36,16 +36,17 @@
 #include <unordered_map>
 #include <vector>
 
-#include "vlake/allocation/allocation.hpp"
+#include "vlake/contracts/allocation.hpp"
 #include "vlake/common/driver.hpp"
-#include "vlake/common/protocol.hpp"
+#include "vlake/contracts/codec.hpp"
+#include "vlake/contracts/protocol.hpp"
 #include "vlake/common/unix_socket.hpp"
 #include "vlake/exporter/server.hpp"
 #include "vlake/pool/accounting.hpp"
 #include "dedup.hpp"
 #include "vlake/pool/device_pool.hpp"
 #include "vlake/pool/nvml_source.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 #include "vlake/quota/quota_config.hpp"
 
 namespace vlake::pool {
@@ -53,7 +54,7 @@ namespace vlake::pool {
 namespace {
 
 namespace proto = vlake::proto;
-namespace st = vlake::pool::state;
+namespace st = vlake::state;
 
 [[noreturn]] void throw_errno(const std::string& what) {
   throw std::system_error(errno, std::generic_category(), what);
@@ -606,7 +607,7 @@ void Daemon::Impl::open_driver_and_devices() {
     d.granularity = driver_->granularity(d.ordinal);
     d.pool = std::make_unique<DevicePool>(*driver_, d.ordinal, log_, Bytes{opts_.bulk_size});
     acct_.set_capacity(d.ordinal, d.total);
-    log_.info("GPU " + std::to_string(i) + ": " + uuid_to_string(d.uuid) + ", " +
+    log_.info("GPU " + std::to_string(i) + ": " + d.uuid.to_string() + ", " +
               std::to_string(d.total.value() >> 20) + " MiB, granularity " +
               std::to_string(d.granularity.value() >> 10) + " KiB");
     devices_.push_back(std::move(d));
@@ -1058,33 +1059,33 @@ void Daemon::Impl::malformed(Connection& c, const std::string& reason) {
 }
 
 void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
-  if (const char* why = proto::check_frame(data, n)) {
-    proto::Header h{};
-    if (n >= sizeof h) std::memcpy(&h, data, sizeof h);
-    if (n >= sizeof h && h.magic == proto::kMagic && h.version != proto::kVersion &&
-        h.type == proto::MsgType::hello) {
+  // Framing and every stateless field check: the codec all ends share (contracts/codec.hpp).
+  // Descriptors were refused before (on_readable).
+  const proto::Decoded d = proto::decode(std::span<const std::byte>(data, n));
+  const proto::Header* hp = d.header();
+  if (!d && d.error().kind != proto::DecodeError::Kind::fields) {
+    if (d.error().kind == proto::DecodeError::Kind::version && hp != nullptr &&
+        hp->type == proto::MsgType::hello) {
       log_.warn("connection " + std::to_string(c.serial) + " (pid " + std::to_string(c.pid) +
-                "): Hello with protocol version " + std::to_string(h.version) + ", this vlaked speaks " +
+                "): Hello with protocol version " + std::to_string(hp->version) + ", this vlaked speaks " +
                 std::to_string(proto::kVersion) + "; closing");
-      send_error(c, h.request_id, proto::Status::version_mismatch,
+      send_error(c, hp->request_id, proto::Status::version_mismatch,
                  "vlaked speaks protocol version " + std::to_string(proto::kVersion));
       close_connection(c.serial);
       return;
     }
-    malformed(c, why);
+    malformed(c, d.error().reason);
     return;
   }
-  proto::Header h{};
-  std::memcpy(&h, data, sizeof h);
+  const proto::Header h = *hp;  // well framed (a body that fails its field checks included)
   {
     st::StateSegment::Write w(*seg_);
     ++seg_->state().counters.requests;
   }
   if (h.type == proto::MsgType::hello) {
     if (c.session != 0) return malformed(c, "second Hello on a connection");
-    proto::Hello m{};
-    std::memcpy(&m, data, sizeof m);
-    on_hello(c, m);
+    if (!d) return malformed(c, d.error().reason);
+    on_hello(c, *d.get<proto::Hello>());
     return;
   }
   if (h.type != proto::MsgType::grant_request && h.type != proto::MsgType::release &&
@@ -1097,54 +1098,26 @@ void Daemon::Impl::handle(Connection& c, const std::byte* data, std::size_t n) {
   if (c.session == 0) return malformed(c, "request before Hello");
   auto sit = sessions_.find(c.session);
   if (sit == sessions_.end()) return malformed(c, "session is gone");
+  if (!d) return malformed(c, d.error().reason);
   Session& s = sit->second;
-  switch (h.type) {
-    case proto::MsgType::grant_request: {
-      proto::GrantRequest m{};
-      std::memcpy(&m, data, sizeof m);
-      on_grant(c, s, m);
-      break;
+  if (const auto* m = d.get<proto::GrantRequest>()) {
+    on_grant(c, s, *m);
+  } else if (const auto* m = d.get<proto::Release>()) {
+    on_release(c, s, *m);
+  } else if (const auto* m = d.get<proto::GuardEvent>()) {
+    on_guard_event(c, s, *m);
+  } else if (const auto* m = d.get<proto::ShareRequest>()) {
+    on_share_request(c, s, *m);
+  } else if (const auto* m = d.get<proto::ShareCommit>()) {
+    on_share_commit(c, s, *m);
+  } else if (const auto* m = d.get<proto::ReserveReport>()) {
+    on_reserve_report(c, s, *m);
+  } else if (const auto* m = d.get<proto::UsageQuery>()) {
+    {
+      st::StateSegment::Write w(*seg_);
+      ++seg_->state().counters.usage_queries;
     }
-    case proto::MsgType::release: {
-      proto::Release m{};
-      std::memcpy(&m, data, sizeof m);
-      on_release(c, s, m);
-      break;
-    }
-    case proto::MsgType::guard_event: {
-      proto::GuardEvent m{};
-      std::memcpy(&m, data, sizeof m);
-      on_guard_event(c, s, m);
-      break;
-    }
-    case proto::MsgType::share_request: {
-      proto::ShareRequest m{};
-      std::memcpy(&m, data, sizeof m);
-      on_share_request(c, s, m);
-      break;
-    }
-    case proto::MsgType::share_commit: {
-      proto::ShareCommit m{};
-      std::memcpy(&m, data, sizeof m);
-      on_share_commit(c, s, m);
-      break;
-    }
-    case proto::MsgType::reserve_report: {
-      proto::ReserveReport m{};
-      std::memcpy(&m, data, sizeof m);
-      on_reserve_report(c, s, m);
-      break;
-    }
-    default: {
-      proto::UsageQuery m{};
-      std::memcpy(&m, data, sizeof m);
-      {
-        st::StateSegment::Write w(*seg_);
-        ++seg_->state().counters.usage_queries;
-      }
-      on_usage(c, s, m);
-      break;
-    }
+    on_usage(c, s, *m);
   }
 }
 
@@ -2591,7 +2564,7 @@ void Daemon::Impl::rescan_allocs() {
       }
       const std::optional<alloc::Allocation> info = alloc::read_allocation(dir);
       if (!info) continue;  // being written: the rename brings another event
-      const auto uuid = alloc::parse_uuid(info->gpu_uuid);
+      const auto uuid = Uuid::parse(info->gpu_uuid);
       const DeviceInfo* dev = uuid ? device_by_uuid(uuid->data()) : nullptr;
       if (dev == nullptr) {
         if (allocs_.count(id) == 0) log_.warn("allocation " + id + ": GPU " + info->gpu_uuid + " is not on this node");

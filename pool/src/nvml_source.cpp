@@ -10,29 +10,6 @@
 
 namespace vlake::pool {
 
-std::string uuid_to_string(const Uuid& u) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return buf;
-}
-
-std::optional<Uuid> uuid_from_string(const std::string& s) {
-  std::string hex;
-  std::size_t i = s.rfind("GPU-", 0) == 0 ? 4 : 0;
-  for (; i < s.size(); ++i) {
-    const char c = s[i];
-    if (c == '-') continue;
-    if (std::isxdigit(static_cast<unsigned char>(c)) == 0) return std::nullopt;
-    hex.push_back(c);
-  }
-  if (hex.size() != 32) return std::nullopt;
-  Uuid u{};
-  for (std::size_t b = 0; b < 16; ++b) u[b] = static_cast<std::uint8_t>(std::stoul(hex.substr(2 * b, 2), nullptr, 16));
-  return u;
-}
-
 namespace {
 
 class DlNvml final : public NvmlSource {
@@ -96,7 +73,7 @@ class DlNvml final : public NvmlSource {
       if (by_index_(i, &d) != NVML_SUCCESS) continue;
       char buf[VLAKE_NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
       if (uuid_(d, buf, sizeof buf) != NVML_SUCCESS) continue;
-      if (auto u = uuid_from_string(buf)) devices_.emplace_back(*u, d);
+      if (auto u = Uuid::parse(buf)) devices_.emplace_back(*u, d);
     }
   }
 

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "vlake/allocation/allocation.hpp"
+#include "vlake/contracts/allocation.hpp"
 
 namespace vlake::scheduler {
 
@@ -13,10 +13,7 @@ std::vector<GpuInfo> DriverInventory::enumerate() {
   const int n = driver_->device_count();
   for (int i = 0; i < n; ++i) {
     const DeviceOrdinal d{i};
-    const auto u = driver_->device_uuid(d);
-    std::uint8_t b[16];
-    std::memcpy(b, u.data(), sizeof b);
-    out.push_back(GpuInfo{i, alloc::format_uuid(b), driver_->total_memory(d)});
+    out.push_back(GpuInfo{i, driver_->device_uuid(d).to_string(), driver_->total_memory(d)});
   }
   return out;
 }
@@ -24,10 +21,7 @@ std::vector<GpuInfo> DriverInventory::enumerate() {
 bool DriverInventory::check(const GpuInfo& gpu) noexcept {
   try {
     if (gpu.index >= driver_->device_count()) return false;
-    const auto u = driver_->device_uuid(DeviceOrdinal{gpu.index});
-    std::uint8_t b[16];
-    std::memcpy(b, u.data(), sizeof b);
-    return alloc::format_uuid(b) == gpu.uuid;
+    return driver_->device_uuid(DeviceOrdinal{gpu.index}).to_string() == gpu.uuid;
   } catch (...) {
     return false;
   }

@@ -24,9 +24,9 @@
 
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "podresources/v1/api.grpc.pb.h"
-#include "vlake/allocation/allocation.hpp"
+#include "vlake/contracts/allocation.hpp"
 #include "vlake/common/unique_fd.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 #include "vlake/scheduler/attribution.hpp"
 
 namespace vlake::scheduler {
@@ -545,7 +545,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
     const std::string seg = "/dev/shm/" + opts_.state;
     if (::access(seg.c_str(), F_OK) != 0 && errno == ENOENT) return std::set<std::string>{};  // no vlaked state
     try {
-      pool::state::StateReader reader(opts_.state);
+      state::StateReader reader(opts_.state);
       auto s = reader.snapshot();
       std::map<std::uint32_t, std::string> names;
       for (const auto& t : s->tenants) {
@@ -553,7 +553,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
       }
       std::set<std::string> out;
       for (const auto& r : s->sessions) {
-        if (r.state == pool::state::kSessionFree) continue;
+        if (r.state == state::kSessionFree) continue;
         if (auto it = names.find(r.tenant); it != names.end()) out.insert(it->second);
       }
       return out;

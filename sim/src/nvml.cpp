@@ -13,6 +13,7 @@
 //   each nvmlShutdown undoes one; buffers too small give NVML_ERROR_INSUFFICIENT_SIZE.
 // - Thread-safety: every entry point may be called from any thread (one mutex); none throws.
 #include "vlake/common/nvml_api.hpp"
+#include "vlake/common/uuid.hpp"
 
 #include "node.hpp"
 #include "rules.hpp"
@@ -36,8 +37,6 @@ namespace {
 
 using vlake::sim::NodeSnapshot;
 namespace rules = vlake::sim::rules;
-
-constexpr unsigned kUuidLength = 40;  // "GPU-" + 36
 
 struct State {
   std::string node;
@@ -64,13 +63,7 @@ nvmlReturn_t guarded(F&& f) noexcept {
 }
 
 std::string uuid_text(const std::string& node, int ordinal) {
-  const auto b = vlake::sim::device_uuid(node, ordinal);
-  char text[kUuidLength + 1];
-  std::snprintf(text, sizeof text,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
-  return text;
+  return vlake::Uuid::from_bytes(vlake::sim::device_uuid(node, ordinal).data()).to_string();
 }
 
 nvmlReturn_t init_locked() {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "harness.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 using vlake::pooltest::DaemonProcess;
 
@@ -162,7 +162,7 @@ struct DaemonCounts {
 };
 
 DaemonCounts counts(const DaemonProcess& d) {
-  const auto s = vlake::pool::state::StateReader(d.state).snapshot();
+  const auto s = vlake::state::StateReader(d.state).snapshot();
   return {s->counters.requests, s->counters.grants, s->counters.releases};
 }
 

@@ -20,13 +20,13 @@
 #include "vlake/ctl/render.hpp"
 #include "vlake/ctl/state_source.hpp"
 #include "vlake/ctl/view.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace vlake::ctl;
 using vlake::ctltest::Json;
 using vlake::ctltest::parse_json;
-namespace st = vlake::pool::state;
+namespace st = vlake::state;
 
 namespace {
 
@@ -211,8 +211,7 @@ TEST_CASE("format: human sizes, percentages, uuids, tables", "[units]") {
 
   const std::uint8_t u[16] = {0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77,
                               0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff};
-  CHECK(uuid_string(u) == "GPU-00112233-4455-6677-8899-aabbccddeeff");
-  CHECK(uuid_short(u) == "GPU-00112233");
+  CHECK(uuid_short(Uuid::from_bytes(u)) == "GPU-00112233");
 
   Table t({{"NAME"}, {"SIZE", Table::Align::right}});
   t.add_row({"a", "1.0 MiB"});
@@ -551,7 +550,7 @@ TEST_CASE("quota check: good and bad files in process", "[units]") {
 }
 
 TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {
-  namespace gst = vlake::pool::state;
+  namespace gst = vlake::state;
   auto s = std::make_unique<gst::State>();
   std::memset(static_cast<void*>(s.get()), 0, sizeof(gst::State));
   CHECK(build_view(*s, true).events.empty());

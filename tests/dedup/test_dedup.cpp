@@ -17,11 +17,11 @@
 #include <thread>
 #include <vector>
 
-#include "dedup.hpp"
 #include "harness.hpp"
 #include "tenant_process.hpp"
-#include "vlake/common/protocol.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/common/chunk_hash.hpp"
+#include "vlake/contracts/protocol.hpp"
+#include "vlake/contracts/state.hpp"
 #include "vlake/share.h"
 
 using namespace vlake;
@@ -40,12 +40,12 @@ constexpr int kInvalidValue = 1;
 
 bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
-std::unique_ptr<pool::state::State> snapshot(const DaemonProcess& d) {
-  return pool::state::StateReader(d.state).snapshot();
+std::unique_ptr<state::State> snapshot(const DaemonProcess& d) {
+  return state::StateReader(d.state).snapshot();
 }
 
-std::unique_ptr<pool::state::State> wait_state(const DaemonProcess& d,
-                                               const std::function<bool(const pool::state::State&)>& done) {
+std::unique_ptr<state::State> wait_state(const DaemonProcess& d,
+                                               const std::function<bool(const state::State&)>& done) {
   auto s = snapshot(d);
   for (int i = 0; i < 100 && !done(*s); ++i) {
     std::this_thread::sleep_for(50ms);
@@ -55,7 +55,7 @@ std::unique_ptr<pool::state::State> wait_state(const DaemonProcess& d,
 }
 
 // Physical bytes the pool has out of its free list (grants' private handles + shared chunks).
-std::uint64_t physical(const pool::state::State& s) {
+std::uint64_t physical(const state::State& s) {
   return s.devices[0].pool_bytes - s.devices[0].free_bytes;
 }
 
@@ -121,7 +121,7 @@ TEST_CASE("dedup: K tenants upload identical weights and share them", "[dedup]")
     CHECK(t->line("verify:w:7:20M#after").at("ok") == "1");
   }
   // Every tenant exited: every chunk is back in the pool.
-  const auto after = wait_state(d, [](const pool::state::State& x) {
+  const auto after = wait_state(d, [](const state::State& x) {
     return x.devices[0].dedup_physical_bytes == 0 && physical(x) == 0;
   });
   CHECK(after->devices[0].dedup_physical_bytes == 0);
@@ -160,12 +160,12 @@ TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges st
   CHECK(keeper.line("verify:w:11:20M#after").at("ok") == "1");
   CHECK(keeper.line("sync").at("rc") == "0");
   CHECK(keeper.err().find("GPU fault") == std::string::npos);
-  const auto s = wait_state(d, [](const pool::state::State& x) { return x.counters.guard_violations_readonly >= 1; });
+  const auto s = wait_state(d, [](const state::State& x) { return x.counters.guard_violations_readonly >= 1; });
   CHECK(s->counters.guard_violations_readonly == 1);
   CHECK(s->counters.guard_violations_fault == 0);
   bool found = false;
   for (std::uint64_t seq = 1; seq < s->guard.next_seq; ++seq) {
-    const auto& e = s->guard.events[(seq - 1) % pool::state::kGuardEvents];
+    const auto& e = s->guard.events[(seq - 1) % state::kGuardEvents];
     if (e.kind == static_cast<std::uint32_t>(proto::GuardKind::readonly)) {
       found = true;
       CHECK(std::string(e.tenant_name) == "uid:4411");
@@ -195,7 +195,7 @@ TEST_CASE("dedup: chunks return to the pool after the last user frees (local res
   // holds the chunks.
   REQUIRE(a.wait_line("free:w").at("rc") == "0");
   {
-    const auto s = wait_state(d, [](const pool::state::State& x) { return x.devices[0].dedup_logical_bytes == kShared; });
+    const auto s = wait_state(d, [](const state::State& x) { return x.devices[0].dedup_logical_bytes == kShared; });
     INFO("daemon log:\n" << d.log());
     CHECK(s->devices[0].dedup_logical_bytes == kShared);
     CHECK(s->devices[0].dedup_physical_bytes == kShared);
@@ -203,7 +203,7 @@ TEST_CASE("dedup: chunks return to the pool after the last user frees (local res
   }
   REQUIRE(b.wait_line("free:w").at("rc") == "0");
   CHECK(b.line("verify:w:5:20M#after").at("ok") == "1");
-  const auto s = wait_state(d, [](const pool::state::State& x) { return physical(x) == 0; });
+  const auto s = wait_state(d, [](const state::State& x) { return physical(x) == 0; });
   CHECK(s->devices[0].dedup_physical_bytes == 0);
   CHECK(s->devices[0].dedup_logical_bytes == 0);
   CHECK(physical(*s) == 0);
@@ -303,7 +303,7 @@ TEST_CASE("dedup transparent: whole-allocation uploads are shared without an API
   CHECK(b.wait_line("verify:w:7:20M ").at("ok") == "1");
   CHECK(c.wait_line("verify:w:7:20M ").at("ok") == "1");
   {
-    const auto s = wait_state(d, [](const pool::state::State& x) { return x.devices[0].dedup_logical_bytes == 3 * kAlloc; });
+    const auto s = wait_state(d, [](const state::State& x) { return x.devices[0].dedup_logical_bytes == 3 * kAlloc; });
     INFO("daemon log:\n" << d.log());
     // 20 MiB = 10 whole chunks, all shared: one physical copy for three tenants.
     CHECK(s->devices[0].dedup_physical_bytes == kAlloc);
@@ -328,7 +328,7 @@ TEST_CASE("dedup transparent: whole-allocation uploads are shared without an API
   CHECK(a.line("verify:w:7:20M#after").at("ok") == "1");
   CHECK(a.line("sync").at("rc") == "0");
   CHECK(c.line("verify:w:7:20M#after").at("ok") == "1");
-  const auto s = wait_state(d, [](const pool::state::State& x) {
+  const auto s = wait_state(d, [](const state::State& x) {
     return x.counters.guard_violations_readonly >= 1 && physical(x) == 0;
   });
   CHECK(s->counters.guard_violations_readonly == 1);
@@ -359,7 +359,7 @@ TEST_CASE("dedup transparent: partial uploads are not shared, a later whole one 
     CHECK(physical(*s) == 2 * kAlloc);
   }
   REQUIRE(t.wait_line("verify:p:3:20M#whole").at("ok") == "1");
-  const auto s = wait_state(d, [](const pool::state::State& x) { return x.devices[0].dedup_logical_bytes == kAlloc; });
+  const auto s = wait_state(d, [](const state::State& x) { return x.devices[0].dedup_logical_bytes == kAlloc; });
   INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
   CHECK(s->devices[0].dedup_logical_bytes == kAlloc);
   CHECK(s->devices[0].dedup_physical_bytes == kAlloc);
@@ -395,9 +395,9 @@ TEST_CASE("dedup transparent: a namespace that is off shares nothing, asked once
 TEST_CASE("dedup: chunk hash", "[dedup][unit]") {
   std::vector<std::uint8_t> a(2 * kMiB, 0x5a);
   std::vector<std::uint8_t> b = a;
-  CHECK(pool::chunk_hash(a.data(), a.size()) == pool::chunk_hash(b.data(), b.size()));
+  CHECK(chunk_hash_reference(a.data(), a.size()) == chunk_hash_reference(b.data(), b.size()));
   b[12345] ^= 1;
-  CHECK(pool::chunk_hash(a.data(), a.size()) != pool::chunk_hash(b.data(), b.size()));
+  CHECK(chunk_hash_reference(a.data(), a.size()) != chunk_hash_reference(b.data(), b.size()));
   std::vector<std::uint8_t> z(2 * kMiB, 0);
-  CHECK(pool::chunk_hash(z.data(), z.size()) != pool::chunk_hash(z.data(), z.size() - 8));
+  CHECK(chunk_hash_reference(z.data(), z.size()) != chunk_hash_reference(z.data(), z.size() - 8));
 }

@@ -15,7 +15,7 @@
 
 #include "harness.hpp"
 #include "tenant_process.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace std::chrono_literals;
@@ -26,8 +26,8 @@ namespace {
 
 constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 
-std::unique_ptr<pool::state::State> snapshot(const DaemonProcess& d) {
-  return pool::state::StateReader(d.state).snapshot();
+std::unique_ptr<state::State> snapshot(const DaemonProcess& d) {
+  return state::StateReader(d.state).snapshot();
 }
 
 bool exited_ok(int status) {
@@ -35,8 +35,8 @@ bool exited_ok(int status) {
 }
 
 // Polls the daemon's state until `done` holds (up to 5 s); the last snapshot.
-std::unique_ptr<pool::state::State> wait_state(
-    const DaemonProcess& d, const std::function<bool(const pool::state::State&)>& done) {
+std::unique_ptr<state::State> wait_state(
+    const DaemonProcess& d, const std::function<bool(const state::State&)>& done) {
   auto s = snapshot(d);
   for (int i = 0; i < 100 && !done(*s); ++i) {
     std::this_thread::sleep_for(50ms);
@@ -45,15 +45,15 @@ std::unique_ptr<pool::state::State> wait_state(
   return s;
 }
 
-std::vector<pool::state::GuardEventRecord> events(const pool::state::State& s) {
-  std::vector<pool::state::GuardEventRecord> out;
+std::vector<state::GuardEventRecord> events(const state::State& s) {
+  std::vector<state::GuardEventRecord> out;
   for (std::uint64_t seq = 1; seq < s.guard.next_seq; ++seq) {
-    out.push_back(s.guard.events[(seq - 1) % pool::state::kGuardEvents]);
+    out.push_back(s.guard.events[(seq - 1) % state::kGuardEvents]);
   }
   return out;
 }
 
-std::uint64_t granted_total(const pool::state::State& s) {
+std::uint64_t granted_total(const state::State& s) {
   std::uint64_t sum = 0;
   for (const auto& t : s.tenants) {
     if (t.in_use != 0) sum += t.granted[0];
@@ -103,7 +103,7 @@ TEST_CASE("guard fault: a kernel overrun by one element faults, is reported, and
   CHECK(other.err().find("GPU fault") == std::string::npos);
 
   const auto s =
-      wait_state(d, [](const pool::state::State& x) { return x.counters.guard_violations_fault >= 1; });
+      wait_state(d, [](const state::State& x) { return x.counters.guard_violations_fault >= 1; });
   CHECK(s->counters.guard_violations_fault == 1);
   CHECK(s->counters.guard_violations_canary == 0);
   const auto ev = events(*s);
@@ -131,7 +131,7 @@ TEST_CASE("guard canary: a write into the slack is reported at free with size an
   CHECK(t.line("memset:a:1000:8:7")["rc"] == "0");
   CHECK(t.line("free:a")["rc"] == "0");
   const auto s = wait_state(
-      d, [](const pool::state::State& x) { return x.counters.guard_violations_canary >= 1; });
+      d, [](const state::State& x) { return x.counters.guard_violations_canary >= 1; });
   CHECK(s->counters.guard_violations_canary == 1);
   CHECK(s->counters.guard_violations_fault == 0);
   const auto ev = events(*s);
@@ -159,7 +159,7 @@ TEST_CASE("guards: no false alarm in a long random alloc/write-inside/free run",
   CHECK(t.line("fill:x:3000:9")["ok"] == "1");
   CHECK(t.err().find("GPU fault") == std::string::npos);
   // Every release has been checked once nothing is granted any more.
-  const auto s = wait_state(d, [](const pool::state::State& x) { return granted_total(x) == 0; });
+  const auto s = wait_state(d, [](const state::State& x) { return granted_total(x) == 0; });
   CHECK(granted_total(*s) == 0);
   CHECK(s->counters.guard_violations_fault == 0);
   CHECK(s->counters.guard_violations_canary == 0);

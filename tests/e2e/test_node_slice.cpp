@@ -19,7 +19,7 @@
 #include "harness.hpp"
 #include "tenant_process.hpp"
 #include "vlake/common/driver.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace std::chrono_literals;
@@ -31,11 +31,11 @@ namespace {
 constexpr std::uint64_t MiB = 1ull << 20;
 constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
-std::unique_ptr<pool::state::State> snapshot(const DaemonProcess& d) {
-  return pool::state::StateReader(d.state).snapshot();
+std::unique_ptr<state::State> snapshot(const DaemonProcess& d) {
+  return state::StateReader(d.state).snapshot();
 }
 
-const pool::state::TenantRecord* tenant(const pool::state::State& s, const std::string& name) {
+const state::TenantRecord* tenant(const state::State& s, const std::string& name) {
   for (const auto& t : s.tenants) {
     if (t.in_use != 0 && name == t.name) return &t;
   }
@@ -249,8 +249,8 @@ TEST_CASE("vlaked killed and restarted under load: tenants keep running, account
   CHECK(ta->granted[0] == tb->granted[0]);
   CHECK(ta->limit[0] == tb->limit[0]);
   std::size_t live_before = 0, live_after = 0;
-  for (const auto& g : before->grants) live_before += g.state != pool::state::kGrantFree ? 1 : 0;
-  for (const auto& g : after->grants) live_after += g.state != pool::state::kGrantFree ? 1 : 0;
+  for (const auto& g : before->grants) live_before += g.state != state::kGrantFree ? 1 : 0;
+  for (const auto& g : after->grants) live_after += g.state != state::kGrantFree ? 1 : 0;
   CHECK(live_after == live_before);
 
   REQUIRE(exited_ok(t.finish()));

@@ -15,7 +15,7 @@
 #include "vlake/exporter/server.hpp"
 
 using namespace vlake;
-namespace st = vlake::pool::state;
+namespace st = vlake::state;
 using exptest::Exposition;
 using exptest::http_get;
 using exptest::parse_prometheus;

@@ -22,7 +22,6 @@
 #include "http_get.hpp"
 #include "json_parse.hpp"
 #include "vlake/exporter/server.hpp"
-#include "vlake/pool/options.hpp"
 
 using namespace vlake;
 using exptest::Exposition;
@@ -185,24 +184,4 @@ TEST_CASE("exporter: vlaked refuses to start when its metrics port is in use", "
   CHECK_FALSE(d.start({"--metrics-address", addr(port)}));
   ::close(fd);
   CHECK_THAT(d.log(), Catch::Contains("metrics exporter: cannot listen on " + addr(port)));
-}
-
-TEST_CASE("exporter: --metrics-address option", "[unit]") {
-  using pool::DaemonOptions;
-  auto parse = [](std::initializer_list<const char*> rest) {
-    std::vector<std::string> owned{"vlaked"};
-    owned.insert(owned.end(), rest.begin(), rest.end());
-    std::vector<const char*> argv;
-    argv.reserve(owned.size());
-    for (const std::string& x : owned) argv.push_back(x.c_str());
-    return DaemonOptions::parse(static_cast<int>(argv.size()), argv.data());
-  };
-  CHECK(parse({}).metrics_address == ":9400");
-  CHECK_FALSE(parse({}).metrics_address_given);
-  CHECK(parse({"--metrics-address", "none"}).metrics_address.empty());
-  CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address == "127.0.0.1:9500");
-  CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address_given);
-  CHECK_THROWS_WITH(parse({"--metrics-address", "9400"}), Catch::StartsWith("--metrics-address: "));
-  CHECK_THROWS_AS(parse({"--metrics-address", ":0"}), pool::OptionsError);
-  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--metrics-address ADDR"));
 }

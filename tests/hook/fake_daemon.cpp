@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "vlake/common/unix_socket.hpp"
+#include "vlake/contracts/codec.hpp"
 
 namespace hooktest {
 
@@ -21,8 +22,7 @@ namespace {
 template <class T>
 void send_msg(int fd, const T& m, std::span<const int> fds = {}) {
   try {
-    vlake::send_with_fds(
-        fd, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&m), sizeof m), fds);
+    vlake::send_with_fds(fd, encode(m), fds);
   } catch (const std::exception&) {
     // the client went away; its EOF is handled by the poll loop
   }
@@ -111,7 +111,7 @@ void FakeDaemon::serve() {
         close_client(fd, true);
         continue;
       }
-      handle(fd, buf, got.bytes);
+      handle(fd, std::span<const std::byte>(buf, got.bytes), got.fds.size());
     }
   }
 }
@@ -138,20 +138,18 @@ void FakeDaemon::close_client(int fd, bool process_gone) {
   sessions_.erase(session);
 }
 
-void FakeDaemon::handle(int fd, const std::byte* data, std::size_t n) {
-  if (check_frame(data, n) != nullptr) {
+void FakeDaemon::handle(int fd, std::span<const std::byte> datagram, std::size_t descriptors) {
+  // The daemon's own decoder: whatever it refuses, vlaked would refuse too.
+  const Decoded d = decode(datagram, descriptors);
+  if (!d) {
     close_client(fd, true);
     return;
   }
-  Header h;
-  std::memcpy(&h, data, sizeof h);
-  if (h.type == MsgType::reserve_report) {
-    ReserveReport m;
-    std::memcpy(&m, data, sizeof m);
-    on_reserve_report(fd, m);
+  if (const auto* m = d.get<ReserveReport>()) {
+    on_reserve_report(fd, *m);
     return;
   }
-  if (h.type != MsgType::hello) {
+  if (d.get<Hello>() == nullptr) {
     bool drop = false;
     {
       std::lock_guard lock(mu_);
@@ -169,39 +167,18 @@ void FakeDaemon::handle(int fd, const std::byte* data, std::size_t n) {
       return;
     }
   }
-  switch (h.type) {
-    case MsgType::hello: {
-      Hello m;
-      std::memcpy(&m, data, sizeof m);
-      on_hello(fd, m);
-      break;
-    }
-    case MsgType::grant_request: {
-      GrantRequest m;
-      std::memcpy(&m, data, sizeof m);
-      on_grant(fd, m);
-      break;
-    }
-    case MsgType::release: {
-      Release m;
-      std::memcpy(&m, data, sizeof m);
-      on_release(fd, m);
-      break;
-    }
-    case MsgType::usage_query: {
-      UsageQuery m;
-      std::memcpy(&m, data, sizeof m);
-      on_usage(fd, m);
-      break;
-    }
-    case MsgType::guard_event: {
-      GuardEvent m;
-      std::memcpy(&m, data, sizeof m);
-      on_guard_event(m);
-      break;
-    }
-    default:
-      close_client(fd, true);
+  if (const auto* m = d.get<Hello>()) {
+    on_hello(fd, *m);
+  } else if (const auto* g = d.get<GrantRequest>()) {
+    on_grant(fd, *g);
+  } else if (const auto* r = d.get<Release>()) {
+    on_release(fd, *r);
+  } else if (const auto* u = d.get<UsageQuery>()) {
+    on_usage(fd, *u);
+  } else if (const auto* e = d.get<GuardEvent>()) {
+    on_guard_event(*e);
+  } else {
+    close_client(fd, true);
   }
 }
 
@@ -293,8 +270,8 @@ void FakeDaemon::on_grant(int fd, const GrantRequest& m) {
     counters_.last_grant_bytes = bytes;
     rep.bytes = bytes;
     rep.limit = options_.limit;
-    if (dev < 0 || m.bytes == 0) {
-      rep.status = dev < 0 ? Status::unknown_device : Status::bad_request;
+    if (dev < 0) {
+      rep.status = Status::unknown_device;
       send_msg(fd, rep);
       return;
     }

@@ -1,6 +1,7 @@
 // FakeDaemon: a small vlaked for the hook tests. Serves protocol.hpp on a Unix SOCK_SEQPACKET
 // socket from a thread of the test process, with handles created by vlake::Driver on the
-// simulator:
+// simulator. Messages are decoded with the daemon's codec (codec.hpp): a message vlaked would
+// refuse as malformed closes the connection here too. It answers:
 //   Hello -> HelloAck (one tenant, every device of the driver; Hello{old_session} of a known
 //            session re-binds it)
 //   GrantRequest -> rounds up to the granularity, checks the limit, creates the handle(s)
@@ -28,12 +29,13 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "vlake/common/driver.hpp"
-#include "vlake/common/protocol.hpp"
+#include "vlake/contracts/protocol.hpp"
 #include "vlake/common/unique_fd.hpp"
 
 namespace hooktest {
@@ -106,7 +108,7 @@ class FakeDaemon {
   };
 
   void serve();
-  void handle(int fd, const std::byte* data, std::size_t n);
+  void handle(int fd, std::span<const std::byte> datagram, std::size_t descriptors);
   void on_hello(int fd, const vlake::proto::Hello& m);
   void on_grant(int fd, const vlake::proto::GrantRequest& m);
   void on_release(int fd, const vlake::proto::Release& m);
@@ -120,7 +122,7 @@ class FakeDaemon {
 
   vlake::Driver& driver_;
   FakeDaemonOptions options_;
-  std::vector<std::array<std::uint8_t, 16>> uuids_;
+  std::vector<vlake::Uuid> uuids_;
   std::vector<std::uint64_t> totals_;
   std::uint64_t granularity_ = 0;
 

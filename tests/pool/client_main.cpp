@@ -42,7 +42,6 @@
 
 using namespace vlake;
 using pooltest::PoolClient;
-using pooltest::Uuid;
 
 namespace {
 
@@ -235,8 +234,7 @@ class Tool {
         try {
           PoolClient c(path);
           const auto ack = c.hello();
-          Uuid uuid;
-          std::memcpy(uuid.data(), ack.devices[0].uuid, 16);
+          const Uuid uuid = Uuid::from_bytes(ack.devices[0].uuid);
           std::mt19937 rng(seed * 7919u + static_cast<unsigned>(t));
           std::vector<std::uint64_t> mine;
           for (int i = 0; i < iters; ++i) {

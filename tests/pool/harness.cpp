@@ -24,7 +24,7 @@ extern char** environ;
 
 namespace vlake::pooltest {
 
-namespace st = vlake::pool::state;
+namespace st = vlake::state;
 
 std::string unique_name(const std::string& tag) {
   static std::atomic<int> counter{0};
@@ -103,7 +103,7 @@ DaemonProcess::~DaemonProcess() {
     wait_pid(pid_, 5000);
   }
   ::nftw(dir.c_str(), rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-  ::unlink(pool::state::segment_path(state).c_str());
+  ::unlink(st::segment_path(state).c_str());
   ::unlink(("/dev/shm/vlake-sim-" + node).c_str());
 }
 

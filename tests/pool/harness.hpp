@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 namespace vlake::pooltest {
 
@@ -81,12 +81,12 @@ class Helper {
 std::uint64_t num(const std::map<std::string, std::string>& kv, const std::string& key);
 
 // Snapshot helpers.
-std::unique_ptr<pool::state::State> snapshot(const std::string& state_name);
+std::unique_ptr<state::State> snapshot(const std::string& state_name);
 // The tenant record with this name, or nullptr.
-const pool::state::TenantRecord* tenant(const pool::state::State& s, const std::string& name);
-std::string tenant_name(const pool::state::State& s, std::uint32_t id);
-std::size_t live_sessions(const pool::state::State& s);
-std::size_t live_grants(const pool::state::State& s);
+const state::TenantRecord* tenant(const state::State& s, const std::string& name);
+std::string tenant_name(const state::State& s, std::uint32_t id);
+std::size_t live_sessions(const state::State& s);
+std::size_t live_grants(const state::State& s);
 
 // Physical bytes used on device 0 of `node`, as a separate simulator process sees it.
 std::uint64_t sim_used(const std::string& node);

@@ -73,7 +73,7 @@ bool PoolClient::wait_closed(int timeout_ms) {
 }
 
 template <class R>
-R PoolClient::expect(proto::MsgType type, std::uint64_t request_id, std::vector<UniqueFd>* fds) {
+R PoolClient::expect(std::uint64_t request_id, std::vector<UniqueFd>* fds) {
   auto m = recv(10000);
   // Pressure arrives unsolicited (kHelloPressure): keep it for wait_pressure() and read on.
   while (m && !m->closed && m->type() == proto::MsgType::pressure) {
@@ -87,9 +87,10 @@ R PoolClient::expect(proto::MsgType type, std::uint64_t request_id, std::vector<
     throw ProtocolError("Error reply, status " + std::to_string(static_cast<int>(e.status)) + ": " +
                         std::string(e.message, strnlen(e.message, sizeof e.message)));
   }
-  if (m->type() != type) throw ProtocolError("unexpected reply type " + std::to_string(static_cast<int>(m->type())));
-  const R r = m->as<R>();
-  if (const char* why = proto::check_frame(m->bytes.data(), m->bytes.size())) throw ProtocolError(why);
+  if (m->type() != proto::MessageTraits<R>::type) {
+    throw ProtocolError("unexpected reply type " + std::to_string(static_cast<int>(m->type())));
+  }
+  const R r = m->as<R>();  // decoded: framing, fields and descriptor count checked
   if (r.h.request_id != request_id) throw ProtocolError("reply does not echo the request id");
   if (fds != nullptr) *fds = std::move(m->fds);
   else if (!m->fds.empty()) throw ProtocolError("unexpected descriptors");
@@ -111,57 +112,51 @@ std::optional<proto::Pressure> PoolClient::wait_pressure(int timeout_ms) {
 }
 
 void PoolClient::reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks) {
-  proto::ReserveReport m{};
-  m.h = proto::make_header<proto::ReserveReport>(proto::MsgType::reserve_report, next_request_id());
-  std::memcpy(m.device_uuid, device.data(), 16);
+  auto m = proto::make<proto::ReserveReport>(next_request_id());
+  device.copy_to(m.device_uuid);
   m.bytes = bytes;
   m.blocks = blocks;
   send(m);
 }
 
 proto::HelloAck PoolClient::hello(std::uint64_t old_session, std::uint32_t flags) {
-  proto::Hello m{};
   const auto id = next_request_id();
-  m.h = proto::make_header<proto::Hello>(proto::MsgType::hello, id);
+  auto m = proto::make<proto::Hello>(id);
   m.pid = static_cast<std::uint32_t>(::getpid());
   m.old_session = old_session;
   m.flags = flags;
   std::strncpy(m.client, "vlake pool test", sizeof m.client - 1);
   send(m);
-  return expect<proto::HelloAck>(proto::MsgType::hello_ack, id);
+  return expect<proto::HelloAck>(id);
 }
 
 PoolClient::Granted PoolClient::grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose) {
-  proto::GrantRequest m{};
   const auto id = next_request_id();
-  m.h = proto::make_header<proto::GrantRequest>(proto::MsgType::grant_request, id);
-  std::memcpy(m.device_uuid, device.data(), 16);
+  auto m = proto::make<proto::GrantRequest>(id);
+  device.copy_to(m.device_uuid);
   m.bytes = bytes;
   m.purpose = purpose;
   send(m);
   Granted g;
-  g.reply = expect<proto::GrantReply>(proto::MsgType::grant_reply, id, &g.fds);
-  if (g.fds.size() != g.reply.handle_count) throw ProtocolError("descriptor count differs from handle_count");
+  g.reply = expect<proto::GrantReply>(id, &g.fds);  // the codec checked one descriptor per handle
   return g;
 }
 
 proto::ReleaseAck PoolClient::release(std::uint64_t grant_id, std::uint32_t flags) {
-  proto::Release m{};
   const auto id = next_request_id();
-  m.h = proto::make_header<proto::Release>(proto::MsgType::release, id);
+  auto m = proto::make<proto::Release>(id);
   m.grant_id = grant_id;
   m.flags = flags;
   send(m);
-  return expect<proto::ReleaseAck>(proto::MsgType::release_ack, id);
+  return expect<proto::ReleaseAck>(id);
 }
 
 proto::UsageReply PoolClient::usage(const Uuid& device) {
-  proto::UsageQuery m{};
   const auto id = next_request_id();
-  m.h = proto::make_header<proto::UsageQuery>(proto::MsgType::usage_query, id);
-  std::memcpy(m.device_uuid, device.data(), 16);
+  auto m = proto::make<proto::UsageQuery>(id);
+  device.copy_to(m.device_uuid);
   send(m);
-  return expect<proto::UsageReply>(proto::MsgType::usage_reply, id);
+  return expect<proto::UsageReply>(id);
 }
 
 }  // namespace vlake::pooltest

@@ -1,6 +1,7 @@
 // A small vlaked protocol client for the tests (the real client is the hook). Speaks
-// protocol.hpp over the daemon's SOCK_SEQPACKET socket; also sends raw bytes for the malformed-
-// message tests.
+// protocol.hpp over the daemon's SOCK_SEQPACKET socket, building and checking every message
+// with the codec all ends share (codec.hpp); also sends raw bytes for the malformed-message
+// tests.
 //
 // Contract: one object per connection, not thread-safe. Request helpers throw ProtocolError
 // when the daemon answers with something else than the expected reply (the Error message's
@@ -15,12 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "vlake/common/protocol.hpp"
 #include "vlake/common/unique_fd.hpp"
+#include "vlake/common/uuid.hpp"
+#include "vlake/contracts/codec.hpp"
 
 namespace vlake::pooltest {
-
-using Uuid = std::array<std::uint8_t, 16>;
 
 class ProtocolError : public std::runtime_error {
  public:
@@ -43,12 +43,17 @@ class PoolClient {
     std::vector<std::byte> bytes;
     std::vector<UniqueFd> fds;
     [[nodiscard]] proto::MsgType type() const;
-    template <class T>
+    // The message decoded as a T (with its descriptors); throws ProtocolError when it is
+    // malformed or of another type.
+    template <proto::Message T>
     [[nodiscard]] T as() const {
-      if (bytes.size() != sizeof(T)) throw ProtocolError("reply has " + std::to_string(bytes.size()) + " bytes");
-      T t;
-      __builtin_memcpy(&t, bytes.data(), sizeof t);
-      return t;
+      const proto::Decoded d = proto::decode(bytes, fds.size());
+      if (!d) throw ProtocolError("malformed reply: " + d.error().reason);
+      const T* t = d.get<T>();
+      if (t == nullptr) {
+        throw ProtocolError(std::string("reply is not a ") + proto::MessageTraits<T>::name);
+      }
+      return *t;
     }
   };
   // nullopt on timeout.
@@ -76,7 +81,7 @@ class PoolClient {
 
  private:
   template <class R>
-  R expect(proto::MsgType type, std::uint64_t request_id, std::vector<UniqueFd>* fds = nullptr);
+  R expect(std::uint64_t request_id, std::vector<UniqueFd>* fds = nullptr);
 
   UniqueFd fd_;
   std::uint64_t request_id_ = 100;

@@ -14,13 +14,13 @@
 #include <cstring>
 #include <thread>
 
+#include "corpus.hpp"
 #include "harness.hpp"
 #include "pool_client.hpp"
-#include "vlake/pool/nvml_source.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
-namespace st = vlake::pool::state;
+namespace st = vlake::state;
 using proto::GrantPurpose;
 using proto::Status;
 
@@ -42,11 +42,7 @@ users:
     limit: 32MiB
 )";
 
-Uuid uuid_of(const proto::HelloAck& ack) {
-  Uuid u;
-  std::memcpy(u.data(), ack.devices[0].uuid, 16);
-  return u;
-}
+Uuid uuid_of(const proto::HelloAck& ack) { return Uuid::from_bytes(ack.devices[0].uuid); }
 
 std::uint64_t granted(const st::State& s, const std::string& name) {
   const st::TenantRecord* t = tenant(s, name);
@@ -561,6 +557,36 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
   CHECK(::kill(d.pid(), 0) == 0);
 }
 
+// The codec conformance corpus (tests/contracts/corpus.hpp) against the real daemon: every
+// client message the codec refuses for its body, vlaked refuses with the same reason (its
+// Error reply) and closes only that connection.
+TEST_CASE("daemon: refuses the codec corpus' malformed client messages with the codec's reasons", "[daemon]") {
+  DaemonProcess d("corpus", kConfig);
+  REQUIRE(d.start());
+  PoolClient good(d.socket);
+  const Uuid dev = uuid_of(good.hello());
+  std::size_t sent = 0;
+  for (const contracts_test::Rejection& r : contracts_test::field_rejections()) {
+    if (!r.from_client) continue;
+    INFO(r.name);
+    PoolClient bad(d.socket);
+    if (r.type != proto::MsgType::hello) bad.hello();
+    bad.send_bytes(r.bytes.data(), r.bytes.size());
+    ++sent;
+    auto reply = bad.recv();
+    REQUIRE(reply);
+    REQUIRE_FALSE(reply->closed);
+    const auto e = reply->as<proto::Error>();
+    CHECK(e.status == Status::bad_request);
+    CHECK(std::string(e.message) == r.reason);
+    CHECK(bad.wait_closed());
+    CHECK_THAT(d.log(), Catch::Contains("malformed message: " + r.reason));
+  }
+  CHECK(sent >= 15);
+  CHECK(snapshot(d.state)->counters.malformed == sent);
+  CHECK(good.usage(dev).status == Status::ok);
+}
+
 TEST_CASE("daemon: one instance per socket, SIGTERM and SIGINT stop it cleanly", "[daemon]") {
   DaemonProcess d("single", kConfig);
   REQUIRE(d.start());
@@ -655,11 +681,10 @@ TEST_CASE("daemon: NVML per-process usage counts against the quota", "[daemon]")
   REQUIRE(d.start({"--nvml", VLAKE_FAKE_NVML_LIB}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);
-  Uuid dev;
-  std::memcpy(dev.data(), snapshot(d.state)->devices[0].uuid, 16);
+  const Uuid dev = Uuid::from_bytes(snapshot(d.state)->devices[0].uuid);
   auto write_usage = [&](std::uint64_t helper_bytes) {
     std::ofstream out(file + ".tmp");
-    out << vlake::pool::uuid_to_string(dev) << "\n"
+    out << dev.to_string() << "\n"
         << d.pid() << " " << 500 * kMiB << "\n"        // the daemon: never attributed
         << a.pid() << " " << helper_bytes << "\n"
         << 999999 << " " << 7 * kMiB << "\n";          // no session: nobody's

@@ -10,11 +10,11 @@
 
 #include "harness.hpp"
 #include "pool_client.hpp"
-#include "vlake/common/protocol.hpp"
+#include "vlake/contracts/protocol.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
-namespace st = vlake::pool::state;
+namespace st = vlake::state;
 
 namespace {
 
@@ -186,7 +186,7 @@ TEST_CASE("guard: a valid GuardEvent is recorded, a malformed one closes the con
   CHECK(s->counters.malformed == 0);
   CHECK_THAT(d.log(), Catch::Contains("guard event kind=fault tenant=uid:0 gpu=0 call=cuStreamSynchronize"));
   // The connection still works: no reply to a GuardEvent, the next request is answered.
-  CHECK(c.usage(pooltest::Uuid{}).status == proto::Status::unknown_device);
+  CHECK(c.usage(Uuid{}).status == proto::Status::unknown_device);
 
   struct Bad {
     const char* what;

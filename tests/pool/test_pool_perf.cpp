@@ -9,7 +9,7 @@
 
 using namespace vlake;
 using namespace vlake::pooltest;
-namespace st = vlake::pool::state;
+namespace st = vlake::state;
 
 namespace {
 

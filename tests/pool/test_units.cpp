@@ -1,9 +1,7 @@
 // Unit tests of the daemon's parts that need no GPU: options, the accounting invariant under
-// threads, NVML attribution (fake NVML), the state segment's checks and seqlock reader.
+// threads, NVML attribution (fake NVML). The state segment's tests are in tests/contracts.
 #include <catch2/catch.hpp>
 
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,7 +14,6 @@
 #include "vlake/pool/accounting.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/options.hpp"
-#include "vlake/pool/state.hpp"
 
 using namespace vlake;
 using namespace vlake::pool;
@@ -85,6 +82,17 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
       CHECK_THAT(e.what(), Catch::Contains(b.msg));
     }
   }
+}
+
+TEST_CASE("options: --metrics-address", "[pool][options]") {
+  CHECK(parse({}).metrics_address == ":9400");
+  CHECK_FALSE(parse({}).metrics_address_given);
+  CHECK(parse({"--metrics-address", "none"}).metrics_address.empty());
+  CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address == "127.0.0.1:9500");
+  CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address_given);
+  CHECK_THROWS_WITH(parse({"--metrics-address", "9400"}), Catch::StartsWith("--metrics-address: "));
+  CHECK_THROWS_AS(parse({"--metrics-address", ":0"}), OptionsError);
+  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--metrics-address ADDR"));
 }
 
 TEST_CASE("accounting: reserve, commit, rollback, uncharge", "[pool][accounting]") {
@@ -213,17 +221,6 @@ class FakeNvml final : public NvmlSource {
 };
 }  // namespace
 
-TEST_CASE("nvml: UUID strings round-trip", "[pool][nvml]") {
-  Uuid u{};
-  for (std::size_t i = 0; i < 16; ++i) u[i] = static_cast<std::uint8_t>(i * 17);
-  const std::string s = uuid_to_string(u);
-  CHECK(s == "GPU-00112233-4455-6677-8899-aabbccddeeff");
-  CHECK(uuid_from_string(s) == u);
-  CHECK(uuid_from_string("00112233-4455-6677-8899-aabbccddeeff") == u);
-  CHECK_FALSE(uuid_from_string("GPU-0011").has_value());
-  CHECK_FALSE(uuid_from_string("GPU-zz112233-4455-6677-8899-aabbccddeeff").has_value());
-}
-
 TEST_CASE("nvml: non-pool usage is attributed to session tenants", "[pool][nvml]") {
   FakeNvml nvml;
   Uuid g0{};
@@ -256,78 +253,4 @@ TEST_CASE("nvml: non-pool usage is attributed to session tenants", "[pool][nvml]
 
 TEST_CASE("nvml: a missing library is an error, not a crash", "[pool][nvml]") {
   CHECK_THROWS_WITH(open_nvml("/nonexistent/libnvidia-ml.so.1"), Catch::Contains("cannot load"));
-}
-
-TEST_CASE("state segment: created, resumed, refused on mismatch, consistent snapshots", "[pool][state]") {
-  namespace st = vlake::pool::state;
-  const std::string name = "pt" + std::to_string(::getpid()) + "-state-unit";
-  st::StateSegment::Origin origin{};
-  {
-    st::StateSegment seg(name);
-    origin = seg.origin();
-    {
-      st::StateSegment::Write w(seg);
-      seg.state().counters.grants = 42;
-    }
-  }
-  CHECK(origin == st::StateSegment::Origin::created);
-  {
-    st::StateSegment seg(name);
-    CHECK(seg.origin() == st::StateSegment::Origin::resumed);
-    CHECK(seg.state().counters.grants == 42);
-    st::StateReader reader(name);
-    // A writer flipping two fields together, about as often as a busy daemon writes (thousands
-    // of times a second; a writer that never pauses would starve a seqlock reader of the 1 MiB
-    // copy); readers must never see the two fields differ.
-    std::atomic<bool> stop{false};
-    std::thread writer([&] {
-      for (std::uint64_t i = 0; !stop.load(); ++i) {
-        {
-          st::StateSegment::Write w(seg);
-          seg.state().counters.releases = i;
-          seg.state().grants[st::kMaxGrants - 1].bytes = i;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-    });
-    int torn = 0;
-    int odd = 0;
-    std::string error;
-    try {
-      for (int i = 0; i < 200; ++i) {
-        const auto s = reader.snapshot();
-        if (s->counters.releases != s->grants[st::kMaxGrants - 1].bytes) ++torn;
-        if ((s->header.generation & 1) != 0) ++odd;
-      }
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    stop = true;
-    writer.join();
-    CHECK(error.empty());
-    CHECK(odd == 0);
-    CHECK(torn == 0);
-    seg.remove();
-  }
-  // A segment of another layout is refused with how to reset it.
-  {
-    namespace bip = boost::interprocess;
-    bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write);
-    shm.truncate(4096);
-    bip::mapped_region r(shm, bip::read_write);
-    st::Header h{};
-    h.magic = st::kMagic;
-    h.layout_version = 99;
-    std::memcpy(r.get_address(), &h, sizeof h);
-  }
-  try {
-    st::StateSegment seg(name);
-    FAIL("accepted a foreign layout");
-  } catch (const st::StateError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("layout version 99"));
-    CHECK_THAT(e.what(), Catch::Contains("remove /dev/shm/" + name));
-  }
-  CHECK_THROWS_AS(st::StateReader(name), st::StateError);
-  boost::interprocess::shared_memory_object::remove(name.c_str());
-  CHECK_THROWS_WITH(st::StateReader(name), Catch::Contains("cannot open state segment"));
 }

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "vlake/allocation/allocation.hpp"
+#include "vlake/contracts/allocation.hpp"
 
 namespace vlake::schedtest {
 

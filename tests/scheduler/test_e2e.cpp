@@ -12,8 +12,8 @@
 #include "http_get.hpp"
 #include "support.hpp"
 #include "tenant_process.hpp"
-#include "vlake/allocation/allocation.hpp"
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/allocation.hpp"
+#include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace vlake::schedtest;
@@ -91,8 +91,8 @@ TEST_CASE("a pod's process is attributed and limited to its allocation and its n
   CHECK(t.err().find("research") != std::string::npos);  // the refusal names the namespace
 
   {
-    const auto s = pool::state::StateReader(d.state).snapshot();
-    const pool::state::TenantRecord* rec = nullptr;
+    const auto s = state::StateReader(d.state).snapshot();
+    const state::TenantRecord* rec = nullptr;
     for (const auto& r : s->tenants) {
       if (r.in_use != 0 && std::string(r.name) == "pod:research/train-0/worker") rec = &r;
     }

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "support.hpp"
-#include "vlake/allocation/allocation.hpp"
+#include "vlake/contracts/allocation.hpp"
 
 using namespace vlake;
 using namespace vlake::schedtest;

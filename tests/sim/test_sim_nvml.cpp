@@ -4,6 +4,7 @@
 // This binary runs with VLAKE_SIM_CONTEXT_MEMORY=8MiB (set before main, inherited by probes).
 #include "sim_support.hpp"
 #include "vlake/common/nvml_api.hpp"
+#include "vlake/common/uuid.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -118,15 +119,7 @@ std::map<unsigned, unsigned long long> charges(unsigned i) {
   return out;
 }
 
-std::string uuid_text(const CUuuid& u) {
-  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
-  char text[64];
-  std::snprintf(text, sizeof text,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
-  return text;
-}
+std::string uuid_text(const CUuuid& u) { return vlake::Uuid::from_bytes(u.bytes).to_string(); }
 
 // Sets environment variables for a scope and puts the old values back.
 class ScopedEnv {

@@ -6,9 +6,9 @@
 #include <exception>
 #include <string>
 
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
-using namespace vlake::pool::state;
+using namespace vlake::state;
 
 namespace {
 std::string hex(const std::uint8_t* b, std::size_t n) {

@@ -59,6 +59,7 @@
 #include "vlake/common/chunk_hash.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/common/unique_fd.hpp"
+#include "vlake/common/uuid.hpp"
 
 namespace vlake {
 
@@ -104,7 +105,7 @@ class Driver {
   [[nodiscard]] virtual std::string name() const = 0;
   [[nodiscard]] virtual int device_count() const = 0;
   [[nodiscard]] virtual std::string device_name(DeviceOrdinal d) const = 0;
-  [[nodiscard]] virtual std::array<std::uint8_t, 16> device_uuid(DeviceOrdinal d) const = 0;
+  [[nodiscard]] virtual Uuid device_uuid(DeviceOrdinal d) const = 0;
   [[nodiscard]] virtual Bytes total_memory(DeviceOrdinal d) const = 0;
   [[nodiscard]] virtual Bytes granularity(DeviceOrdinal d) const = 0;
   [[nodiscard]] virtual MemoryInfo memory_info(DeviceOrdinal d) = 0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "vlake/common/strong_types.hpp"
+#include "vlake/common/uuid.hpp"
 
 namespace vlake::ctl {
 
@@ -24,10 +25,8 @@ std::string percent(double p);
 // part / whole * 100; 0 when whole is 0.
 double share_percent(Bytes part, Bytes whole);
 
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (nvidia-smi's spelling).
-std::string uuid_string(const std::uint8_t (&uuid)[16]);
-// The first 8 hex digits with the prefix: "GPU-1a2b3c4d".
-std::string uuid_short(const std::uint8_t (&uuid)[16]);
+// The first 8 hex digits of Uuid::to_string(), with the prefix: "GPU-1a2b3c4d".
+std::string uuid_short(const Uuid& uuid);
 
 class Table {
  public:

@@ -2,7 +2,7 @@
 // way that can fail into an operator-facing message.
 //
 // Contract: the constructor checks /dev/shm/<name> itself (exists, readable, magic, layout
-// version, size) before mapping it with pool::state::StateReader, so each failure has its own
+// version, size) before mapping it with state::StateReader, so each failure has its own
 // StateAccessError::Kind and a message that says what to do (no "vlakectl: " prefix: the caller
 // adds it). snapshot() returns a consistent copy; it is const and may be called from several
 // threads. The object owns its read-only mapping until destroyed. process_alive() checks that the recorded daemon pid exists and (where /proc is readable) has
@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 namespace vlake::ctl {
 
@@ -35,13 +35,13 @@ class StateSource {
   StateSource& operator=(const StateSource&) = delete;
 
   // Throws StateAccessError(other) if no consistent copy could be taken.
-  [[nodiscard]] std::unique_ptr<pool::state::State> snapshot() const;
+  [[nodiscard]] std::unique_ptr<state::State> snapshot() const;
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
  private:
   std::string name_;
-  std::unique_ptr<pool::state::StateReader> reader_;
+  std::unique_ptr<state::StateReader> reader_;
 };
 
 // True if `pid` is a running process whose /proc start time is `start_time` (start time not

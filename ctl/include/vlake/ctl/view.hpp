@@ -1,5 +1,5 @@
 // vlake::ctl::NodeView — what vlakectl shows, built from one consistent snapshot of vlaked's
-// state segment. THIS IS THE ONE PLACE that reads pool::state records: every command renders
+// state segment. THIS IS THE ONE PLACE that reads state records: every command renders
 // a NodeView (render.hpp), so a new column (namespace, guaranteed, over-limit flag, a counter)
 // is a field here, one line in build_view() (view.cpp), and a cell in render.cpp.
 //
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 namespace vlake::ctl {
 
@@ -117,7 +117,7 @@ struct NodeView {
   std::vector<GuardEventView> events;  // the guard ring, oldest first
 };
 
-NodeView build_view(const pool::state::State& s, bool daemon_alive);
+NodeView build_view(const state::State& s, bool daemon_alive);
 
 // The rows of `top` for every GPU (in GPU order, then by tenant name): the tenants that use
 // memory on that GPU.

@@ -12,7 +12,7 @@
 //
 // Thread-safety: Collect() and health() may run concurrently (civetweb's worker threads) as
 // long as the SnapshotSource is thread-safe (StateReader::snapshot() is). Errors: Collect() and
-// health() never throw; for_segment() throws pool::state::StateError when the segment cannot
+// health() never throw; for_segment() throws state::StateError when the segment cannot
 // be mapped.
 #pragma once
 
@@ -25,12 +25,12 @@
 #include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
 
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 namespace vlake::exporter {
 
 // Returns a consistent copy of the state; throws (any std::exception) when it cannot.
-using SnapshotSource = std::function<std::unique_ptr<pool::state::State>()>;
+using SnapshotSource = std::function<std::unique_ptr<state::State>()>;
 // CLOCK_REALTIME in nanoseconds (the clock of Header::updated_unix_ns).
 using Clock = std::function<std::uint64_t()>;
 
@@ -50,13 +50,13 @@ struct Health {
 
 // Up: a daemon runs on the segment (not cleanly stopped) and refreshed it within 3 sample
 // intervals of `now_ns`.
-Health evaluate_health(const pool::state::State& s, std::uint64_t now_ns);
+Health evaluate_health(const state::State& s, std::uint64_t now_ns);
 
 // 1 - largest_free_handle / free_bytes, in [0, 1]; 0 when the pool is empty.
 double fragmentation_ratio(std::uint64_t largest_free_handle, std::uint64_t free_bytes);
 
 // Every family of docs/metrics.md, from one snapshot.
-std::vector<prometheus::MetricFamily> build_families(const pool::state::State& s, std::uint64_t now_ns,
+std::vector<prometheus::MetricFamily> build_families(const state::State& s, std::uint64_t now_ns,
                                                      const BuildInfo& build);
 
 class StateCollector : public prometheus::Collectable {

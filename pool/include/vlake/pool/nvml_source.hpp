@@ -26,15 +26,9 @@
 #include <vector>
 
 #include "vlake/common/strong_types.hpp"
+#include "vlake/common/uuid.hpp"
 
 namespace vlake::pool {
-
-using Uuid = std::array<std::uint8_t, 16>;
-
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's form) from 16 bytes, and back
-// (nullopt if `s` is not of that form; the "GPU-" prefix is optional).
-std::string uuid_to_string(const Uuid& u);
-std::optional<Uuid> uuid_from_string(const std::string& s);
 
 struct ProcessUsage {
   std::uint32_t pid;

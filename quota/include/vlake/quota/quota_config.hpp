@@ -58,7 +58,7 @@
 #include <string>
 #include <vector>
 
-#include "vlake/common/protocol.hpp"
+#include "vlake/contracts/protocol.hpp"
 #include "vlake/common/strong_types.hpp"
 
 namespace vlake::quota {

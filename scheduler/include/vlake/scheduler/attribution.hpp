@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "vlake/allocation/allocation.hpp"
+#include "vlake/contracts/allocation.hpp"
 
 namespace vlake::scheduler {
 

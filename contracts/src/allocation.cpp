@@ -1,4 +1,4 @@
-#include "vlake/allocation/allocation.hpp"
+#include "vlake/contracts/allocation.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -114,7 +114,9 @@ Allocation parse_allocation(const std::string& text, const std::string& what) {
   a.id = need(kv, "id", what);
   if (!valid_id(a.id)) throw FormatError(what + ": bad id '" + a.id + "'");
   a.gpu_uuid = need(kv, "gpu_uuid", what);
-  if (!parse_uuid(a.gpu_uuid)) throw FormatError(what + ": bad gpu_uuid '" + a.gpu_uuid + "'");
+  if (a.gpu_uuid.rfind("GPU-", 0) != 0 || !Uuid::parse(a.gpu_uuid)) {
+    throw FormatError(what + ": bad gpu_uuid '" + a.gpu_uuid + "'");
+  }
   const std::string& ids = need(kv, "device_ids", what);
   std::size_t start = 0;
   while (start <= ids.size()) {
@@ -155,41 +157,6 @@ std::optional<std::pair<std::string, std::uint32_t>> split_device_id(std::string
 }
 
 std::string device_id(const std::string& gpu_uuid, std::uint32_t n) { return gpu_uuid + "::" + std::to_string(n); }
-
-std::string format_uuid(const std::uint8_t (&u)[16]) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return buf;
-}
-
-std::optional<std::array<std::uint8_t, 16>> parse_uuid(std::string_view s) {
-  if (s.size() != 40 || s.substr(0, 4) != "GPU-") return std::nullopt;
-  std::array<std::uint8_t, 16> out{};
-  std::size_t k = 0;
-  int nibble = -1;
-  for (std::size_t i = 4; i < s.size(); ++i) {
-    const char c = s[i];
-    if (i == 12 || i == 17 || i == 22 || i == 27) {
-      if (c != '-') return std::nullopt;
-      continue;
-    }
-    int v;
-    if (c >= '0' && c <= '9') v = c - '0';
-    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    else return std::nullopt;
-    if (nibble < 0) {
-      nibble = v;
-    } else {
-      if (k >= 16) return std::nullopt;
-      out[k++] = static_cast<std::uint8_t>(nibble * 16 + v);
-      nibble = -1;
-    }
-  }
-  if (k != 16) return std::nullopt;
-  return out;
-}
 
 std::string tenant_name(const std::string& id, const std::optional<Owner>& owner) {
   if (!owner) return "alloc:" + id;

@@ -1,18 +1,22 @@
 // The vlaked wire protocol, version 1: what a hook (tenant process) and the pool daemon say to
-// each other over a Unix SOCK_SEQPACKET socket. One message is one datagram.
+// each other over a Unix SOCK_SEQPACKET socket. One message is one datagram. A contract
+// (contracts/): vlaked, the hook and the tests' clients all build on this file and codec.hpp.
 //
 // Contract
 // - Every message starts with Header {magic, version, type, size}; `size` is the byte length of
 //   the whole datagram and must equal sizeof() of the struct its type names. Anything else —
 //   wrong magic, version, type, size, out-of-range fields, descriptors attached to a message
 //   that carries none — is malformed: the daemon logs the reason and closes that connection.
+//   codec.hpp is the one encoder/decoder of these structs and holds every check a receiver can
+//   make without state; both ends use it.
 // - The first message on a connection is Hello; the daemon answers HelloAck (or Error and
 //   closes). Tenant identity comes from the socket (SO_PEERCRED, or which socket it is), never
 //   from a field a client sends.
 // - Requests carry a client-chosen `request_id`, echoed in the reply. A connection has at most
 //   one request in flight (the hook serializes), so replies arrive in order.
 // - Handles travel as POSIX file descriptors (SCM_RIGHTS) attached to GrantReply, one per
-//   HandleDesc, in order. No other message carries descriptors.
+//   HandleDesc, in order, and to ShareReply, one per piece without kShareKeep. No other
+//   message carries descriptors.
 // - Restart: grants and usage live in the daemon's state segment and survive a daemon crash.
 //   A hook whose connection broke reconnects and sends Hello{old_session}; the daemon re-binds
 //   that session (and its grants) only if the peer is the very process that opened it (pid
@@ -352,22 +356,6 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::share_ack: return sizeof(ShareAck);
   }
   return 0;
-}
-
-// Checks the framing of one received datagram of `n` bytes (`data` suitably aligned for
-// Header). Returns nullptr if it is well-formed, else a static reason (for the log). Field
-// ranges of the body are the receiver's to check.
-inline const char* check_frame(const void* data, std::size_t n) noexcept {
-  if (n < sizeof(Header)) return "shorter than a header";
-  Header h;
-  __builtin_memcpy(&h, data, sizeof h);
-  if (h.magic != kMagic) return "bad magic";
-  if (h.version != kVersion) return "unsupported protocol version";
-  const std::size_t want = size_of(h.type);
-  if (want == 0) return "unknown message type";
-  if (h.size != want || n != want) return "size does not match the message type";
-  if (h.reserved != 0) return "reserved header field is not zero";
-  return nullptr;
 }
 
 // Fills a header for message type T.

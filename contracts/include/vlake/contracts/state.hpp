@@ -1,4 +1,4 @@
-// vlake::pool::state — the daemon's state segment: node accounting that survives a daemon
+// vlake::state — the daemon's state segment: node accounting that survives a daemon
 // restart and that read-only mappers (vlakectl, hooks, tests) can inspect.
 //
 // Layout (POSIX shared memory /dev/shm/<name>, Boost.Interprocess shared_memory_object +
@@ -25,14 +25,14 @@
 #include <string>
 #include <type_traits>
 
-#include "vlake/common/protocol.hpp"
+#include "vlake/contracts/protocol.hpp"
 
 namespace boost::interprocess {
 class shared_memory_object;
 class mapped_region;
 }  // namespace boost::interprocess
 
-namespace vlake::pool::state {
+namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
 inline constexpr std::uint32_t kLayoutVersion = 5;
@@ -358,4 +358,4 @@ class StateReader {
   const State* state_ = nullptr;
 };
 
-}  // namespace vlake::pool::state
+}  // namespace vlake::state

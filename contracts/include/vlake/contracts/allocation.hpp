@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "vlake/common/strong_types.hpp"
+#include "vlake/common/uuid.hpp"
 
 namespace vlake::alloc {
 
@@ -31,7 +32,7 @@ inline constexpr const char* kOwnerFile = "owner";
 inline constexpr const char* kPreloadFile = "ld.so.preload";
 inline constexpr const char* kSocketFile = "vlaked.sock";
 inline constexpr std::uint32_t kFormatVersion = 1;
-// Tenant names are stored in 128-byte fields (pool/state.hpp kTenantNameBytes, NUL included).
+// Tenant names are stored in 128-byte fields (state.hpp kTenantNameBytes, NUL included).
 inline constexpr std::size_t kMaxTenantName = 127;
 
 class FormatError : public std::runtime_error {
@@ -41,7 +42,7 @@ class FormatError : public std::runtime_error {
 
 struct Allocation {
   std::string id;                       // 16 lowercase hex digits (valid_id)
-  std::string gpu_uuid;                 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  std::string gpu_uuid;                 // Uuid::to_string(): "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
   std::vector<std::string> device_ids;  // "<gpu_uuid>::<n>"
   Bytes bytes{0};                       // device_ids.size() * unit
   std::int64_t created = 0;             // unix seconds
@@ -68,11 +69,6 @@ struct Owner {
 // "<uuid>::<n>" -> (uuid, n); nullopt when malformed.
 [[nodiscard]] std::optional<std::pair<std::string, std::uint32_t>> split_device_id(std::string_view id);
 [[nodiscard]] std::string device_id(const std::string& gpu_uuid, std::uint32_t n);
-
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" for the 16 bytes of cuDeviceGetUuid, and back
-// (nullopt when `s` is not that form).
-[[nodiscard]] std::string format_uuid(const std::uint8_t (&b)[16]);
-[[nodiscard]] std::optional<std::array<std::uint8_t, 16>> parse_uuid(std::string_view s);
 
 // The vlaked tenant of an allocation: "pod:<ns>/<pod>/<container>" with an owner, else
 // "alloc:<id>". Longer than kMaxTenantName: the pod part is shortened and "~<8 hex of a hash

@@ -1,4 +1,4 @@
-#include "vlake/pool/state.hpp"
+#include "vlake/contracts/state.hpp"
 
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 
 namespace bip = boost::interprocess;
 
-namespace vlake::pool::state {
+namespace vlake::state {
 
 namespace {
 
@@ -169,4 +169,4 @@ std::unique_ptr<State> StateReader::snapshot() const {
   }
 }
 
-}  // namespace vlake::pool::state
+}  // namespace vlake::state

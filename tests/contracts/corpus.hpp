@@ -1,0 +1,313 @@
+// The codec conformance corpus: a well-formed sample of every message, and every way a message
+// can be malformed with the reason the codec (and therefore vlaked) gives. tests/contracts runs
+// it against the codec; tests/pool sends the client messages of it to a real vlaked and expects
+// the same reasons in its Error replies, so the daemon's path cannot drift from the codec.
+//
+// Header-only test support; not thread-safe (plain functions returning values).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "vlake/common/uuid.hpp"
+#include "vlake/contracts/codec.hpp"
+
+namespace vlake::contracts_test {
+
+inline constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+
+// A GPU UUID for the samples.
+inline Uuid sample_uuid() {
+  Uuid u;
+  for (std::size_t i = 0; i < Uuid::kBytes; ++i) u[i] = static_cast<std::uint8_t>(0xa0 + i);
+  return u;
+}
+
+template <std::size_t N>
+void set_text(char (&dst)[N], const char* text) {
+  std::memset(dst, 0, N);
+  std::memcpy(dst, text, std::min(std::strlen(text), N - 1));
+}
+
+// A well-formed message of each type with distinctive non-zero fields (request id 42).
+template <class T>
+T sample();
+
+template <>
+inline proto::Hello sample<proto::Hello>() {
+  auto m = proto::make<proto::Hello>(42);
+  m.pid = 4242;
+  m.flags = proto::kHelloPressure;
+  m.old_session = 77;
+  set_text(m.client, "vlake-hook 0.1.0");
+  return m;
+}
+template <>
+inline proto::HelloAck sample<proto::HelloAck>() {
+  auto m = proto::make<proto::HelloAck>(42);
+  m.status = proto::Status::ok;
+  m.tenant_id = 3;
+  m.session_id = 9;
+  m.granularity = 2 * kMiB;
+  m.device_count = 2;
+  m.guard_mode = proto::GuardMode::fault;
+  set_text(m.tenant_name, "research/user:alice");
+  for (std::uint32_t i = 0; i < m.device_count; ++i) {
+    Uuid u = sample_uuid();
+    u[0] = static_cast<std::uint8_t>(i);
+    u.copy_to(m.devices[i].uuid);
+    m.devices[i].total = 80ull << 30;
+    m.devices[i].limit = 8ull << 30;
+    m.devices[i].used = 2 * kMiB * (i + 1);
+  }
+  return m;
+}
+template <>
+inline proto::GrantRequest sample<proto::GrantRequest>() {
+  auto m = proto::make<proto::GrantRequest>(42);
+  sample_uuid().copy_to(m.device_uuid);
+  m.bytes = 3 * kMiB;
+  m.purpose = proto::GrantPurpose::alloc;
+  return m;
+}
+template <>
+inline proto::GrantReply sample<proto::GrantReply>() {
+  auto m = proto::make<proto::GrantReply>(42);
+  m.status = proto::Status::ok;
+  m.handle_count = 2;
+  m.grant_id = 5;
+  m.bytes = 4 * kMiB;
+  m.limit = 8ull << 30;
+  m.used = 6 * kMiB;
+  m.handles[0] = proto::HandleDesc{2 * kMiB, 0};
+  m.handles[1] = proto::HandleDesc{2 * kMiB, 2 * kMiB};
+  return m;
+}
+template <>
+inline proto::Release sample<proto::Release>() {
+  auto m = proto::make<proto::Release>(42);
+  m.grant_id = 5;
+  m.flags = proto::kReleaseExported;
+  return m;
+}
+template <>
+inline proto::ReleaseAck sample<proto::ReleaseAck>() {
+  auto m = proto::make<proto::ReleaseAck>(42);
+  m.status = proto::Status::ok;
+  m.used = 2 * kMiB;
+  return m;
+}
+template <>
+inline proto::UsageQuery sample<proto::UsageQuery>() {
+  auto m = proto::make<proto::UsageQuery>(42);
+  sample_uuid().copy_to(m.device_uuid);
+  return m;
+}
+template <>
+inline proto::UsageReply sample<proto::UsageReply>() {
+  auto m = proto::make<proto::UsageReply>(42);
+  m.status = proto::Status::ok;
+  m.total = 80ull << 30;
+  m.limit = 8ull << 30;
+  m.used = 6 * kMiB;
+  return m;
+}
+template <>
+inline proto::Error sample<proto::Error>() {
+  auto m = proto::make<proto::Error>(42);
+  m.status = proto::Status::bad_request;
+  set_text(m.message, "GrantRequest for 0 bytes");
+  return m;
+}
+template <>
+inline proto::GuardEvent sample<proto::GuardEvent>() {
+  auto m = proto::make<proto::GuardEvent>(42);
+  m.kind = proto::GuardKind::fault;
+  m.suspect_count = 2;
+  sample_uuid().copy_to(m.device_uuid);
+  m.cuda_status = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
+  m.live_allocations = 3;
+  set_text(m.call, "cuStreamSynchronize");
+  m.suspects[0] = proto::GuardSuspect{0x7f0000200000, 3 * kMiB, 1000};
+  m.suspects[1] = proto::GuardSuspect{0x7f0000000000, kMiB, 2000};
+  return m;
+}
+template <>
+inline proto::Pressure sample<proto::Pressure>() {
+  auto m = proto::make<proto::Pressure>(0);
+  sample_uuid().copy_to(m.device_uuid);
+  m.bytes = 64 * kMiB;
+  m.reason = proto::PressureReason::low_memory;
+  return m;
+}
+template <>
+inline proto::ReserveReport sample<proto::ReserveReport>() {
+  auto m = proto::make<proto::ReserveReport>(42);
+  sample_uuid().copy_to(m.device_uuid);
+  m.bytes = 8 * kMiB;
+  m.blocks = 3;
+  return m;
+}
+template <>
+inline proto::ShareRequest sample<proto::ShareRequest>() {
+  auto m = proto::make<proto::ShareRequest>(42);
+  m.grant_id = 5;
+  m.offset = 2 * kMiB;
+  m.bytes = 4 * kMiB;
+  m.first_piece = 0;
+  m.flags = proto::kShareTransparent;
+  return m;
+}
+template <>
+inline proto::ShareReply sample<proto::ShareReply>() {
+  auto m = proto::make<proto::ShareReply>(42);
+  m.status = proto::Status::ok;
+  m.piece_count = 3;
+  m.first_piece = 1;
+  m.total_pieces = 4;
+  m.grant_id = 5;
+  m.shared_bytes = 4 * kMiB;
+  m.merged_bytes = 2 * kMiB;
+  m.copied_bytes = 2 * kMiB;
+  m.pieces[0] = proto::SharePiece{2 * kMiB, 0, proto::kShareKeep, 0};
+  m.pieces[1] = proto::SharePiece{2 * kMiB, 2 * kMiB, proto::kShareReadOnly, 0};
+  m.pieces[2] = proto::SharePiece{2 * kMiB, 4 * kMiB, 0, 0};
+  return m;
+}
+template <>
+inline proto::ShareCommit sample<proto::ShareCommit>() {
+  auto m = proto::make<proto::ShareCommit>(42);
+  m.grant_id = 5;
+  m.commit = 1;
+  return m;
+}
+template <>
+inline proto::ShareAck sample<proto::ShareAck>() {
+  auto m = proto::make<proto::ShareAck>(42);
+  m.status = proto::Status::ok;
+  m.shared_bytes = 4 * kMiB;
+  return m;
+}
+
+template <proto::Message T>
+std::vector<std::byte> wire(const T& m) {
+  const auto s = proto::encode(m);
+  return {s.begin(), s.end()};
+}
+
+// A message the codec must refuse for a reason of its body.
+struct Rejection {
+  std::string name;              // what is wrong, for test output
+  proto::MsgType type;           // of the message
+  bool from_client;              // a client -> daemon message (vlaked must refuse it too)
+  std::vector<std::byte> bytes;  // the datagram
+  std::size_t descriptors;       // attached to it
+  proto::DecodeError::Kind kind;
+  std::string reason;            // exactly
+};
+
+namespace detail {
+template <proto::Message T>
+Rejection reject(std::string name, bool from_client, const std::function<void(T&)>& spoil, std::string reason,
+                 proto::DecodeError::Kind kind = proto::DecodeError::Kind::fields) {
+  T m = sample<T>();
+  spoil(m);
+  return Rejection{std::move(name), proto::MessageTraits<T>::type, from_client, wire(m),
+                   proto::descriptor_count(sample<T>()), kind, std::move(reason)};
+}
+template <std::size_t N>
+void fill(char (&s)[N]) {
+  std::memset(s, 'x', N);
+}
+}  // namespace detail
+
+// Every stateless field check of the codec, with its reason (the daemon's wording), in the
+// order the checks run: each spoils one field of a sample.
+inline std::vector<Rejection> field_rejections() {
+  using namespace proto;
+  using detail::fill;
+  using detail::reject;
+  constexpr bool client = true;
+  constexpr bool daemon = false;
+  return {
+      reject<Hello>("Hello unknown flag", client, [](Hello& m) { m.flags |= 1u << 7; }, "Hello has unknown flags"),
+      reject<Hello>("Hello client not terminated", client, [](Hello& m) { fill(m.client); },
+                    "Hello client name not terminated"),
+      reject<HelloAck>("HelloAck device_count", daemon, [](HelloAck& m) { m.device_count = kMaxDevices + 1; },
+                       "HelloAck device_count 17 out of range"),
+      reject<HelloAck>("HelloAck guard_mode", daemon, [](HelloAck& m) { m.guard_mode = static_cast<GuardMode>(3); },
+                       "HelloAck guard_mode 3 out of range"),
+      reject<HelloAck>("HelloAck tenant not terminated", daemon, [](HelloAck& m) { fill(m.tenant_name); },
+                       "HelloAck tenant name not terminated"),
+      reject<GrantRequest>("GrantRequest reserved", client, [](GrantRequest& m) { m.reserved = 1; },
+                           "GrantRequest reserved field is not zero"),
+      reject<GrantRequest>("GrantRequest purpose 0", client,
+                           [](GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(0); },
+                           "GrantRequest purpose 0 out of range"),
+      reject<GrantRequest>("GrantRequest purpose 4", client,
+                           [](GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(4); },
+                           "GrantRequest purpose 4 out of range"),
+      reject<GrantRequest>("GrantRequest 0 bytes", client, [](GrantRequest& m) { m.bytes = 0; },
+                           "GrantRequest for 0 bytes"),
+      reject<GrantReply>("GrantReply handle_count", daemon,
+                         [](GrantReply& m) { m.handle_count = kMaxHandlesPerGrant + 1; },
+                         "GrantReply handle_count 33 out of range"),
+      reject<Release>("Release reserved", client, [](Release& m) { m.reserved = 1; },
+                      "Release reserved field is not zero"),
+      reject<Release>("Release unknown flag", client, [](Release& m) { m.flags = 2; }, "Release has unknown flags"),
+      reject<ReleaseAck>("ReleaseAck reserved", daemon, [](ReleaseAck& m) { m.reserved = 1; },
+                         "ReleaseAck reserved field is not zero"),
+      reject<UsageReply>("UsageReply reserved", daemon, [](UsageReply& m) { m.reserved = 1; },
+                         "UsageReply reserved field is not zero"),
+      reject<Error>("Error reserved", daemon, [](Error& m) { m.reserved = 1; }, "Error reserved field is not zero"),
+      reject<Error>("Error message not terminated", daemon, [](Error& m) { fill(m.message); },
+                    "Error message not terminated"),
+      reject<GuardEvent>("GuardEvent kind 0", client, [](GuardEvent& m) { m.kind = static_cast<GuardKind>(0); },
+                         "GuardEvent kind 0 out of range"),
+      reject<GuardEvent>("GuardEvent kind canary (the daemon's finding, never a client's)", client,
+                         [](GuardEvent& m) { m.kind = GuardKind::canary; }, "GuardEvent kind 2 out of range"),
+      reject<GuardEvent>("GuardEvent kind 4", client, [](GuardEvent& m) { m.kind = static_cast<GuardKind>(4); },
+                         "GuardEvent kind 4 out of range"),
+      reject<GuardEvent>("GuardEvent suspect_count", client,
+                         [](GuardEvent& m) { m.suspect_count = kMaxGuardSuspects + 1; },
+                         "GuardEvent suspect_count 9 out of range"),
+      reject<GuardEvent>("GuardEvent call not terminated", client, [](GuardEvent& m) { fill(m.call); },
+                         "GuardEvent call name not terminated"),
+      reject<Pressure>("Pressure reserved", daemon, [](Pressure& m) { m.reserved = 1; },
+                       "Pressure reserved field is not zero"),
+      reject<Pressure>("Pressure reason 0", daemon, [](Pressure& m) { m.reason = static_cast<PressureReason>(0); },
+                       "Pressure reason 0 out of range"),
+      reject<Pressure>("Pressure reason 3", daemon, [](Pressure& m) { m.reason = static_cast<PressureReason>(3); },
+                       "Pressure reason 3 out of range"),
+      reject<ReserveReport>("ReserveReport blocks > bytes", client,
+                            [](ReserveReport& m) { m.blocks = m.bytes + 1; },
+                            "ReserveReport has more blocks than bytes"),
+      reject<ShareRequest>("ShareRequest unknown flag", client, [](ShareRequest& m) { m.flags |= 1u << 5; },
+                           "ShareRequest has unknown flags"),
+      reject<ShareReply>("ShareReply piece_count", daemon,
+                         [](ShareReply& m) {
+                           m.piece_count = kMaxHandlesPerGrant + 1;
+                           m.total_pieces = 100;
+                         },
+                         "ShareReply piece_count 33 out of range"),
+      reject<ShareReply>("ShareReply first_piece beyond total", daemon, [](ShareReply& m) { m.first_piece = 5; },
+                         "ShareReply pieces beyond total_pieces"),
+      reject<ShareReply>("ShareReply batch beyond total", daemon, [](ShareReply& m) { m.total_pieces = 3; },
+                         "ShareReply pieces beyond total_pieces"),
+      reject<ShareReply>("ShareReply piece flag", daemon, [](ShareReply& m) { m.pieces[2].flags = 1u << 2; },
+                         "ShareReply piece 2 has unknown flags"),
+      reject<ShareCommit>("ShareCommit reserved", client, [](ShareCommit& m) { m.reserved = 1; },
+                          "ShareCommit reserved field is not zero"),
+      reject<ShareCommit>("ShareCommit commit 2", client, [](ShareCommit& m) { m.commit = 2; },
+                          "ShareCommit commit out of range"),
+      reject<ShareAck>("ShareAck reserved", daemon, [](ShareAck& m) { m.reserved = 1; },
+                       "ShareAck reserved field is not zero"),
+  };
+}
+
+}  // namespace vlake::contracts_test
