@@ -1,0 +1,417 @@
+// vlake::pool::Node — vlaked's decisions, without I/O: tenants, sessions, grants, namespaces,
+// accounting, the device pools, dedup, guards and parked grants of one node.
+//
+// What it does
+//   The daemon's event loop decodes a message, calls one typed operation here and encodes
+//   what comes back; watchers (quota file, Kubernetes allocation directories, process exits,
+//   timers) call the matching operation. A Node has no socket, no file descriptor of its own
+//   (the exported handle descriptors belong to its DevicePools), no clock (every operation
+//   that needs time takes a `Now`) and never calls back into the loop. Identity is what the
+//   loop observed (Peer: SO_PEERCRED, /proc, the socket a connection came through), never what
+//   a message says.
+//   - open_session(peer, hello): a new session, or the process's previous one re-bound.
+//   - grant(conn, session, request, now) -> Granted | Refused | Parked | Malformed. A grant the
+//     pool cannot serve is parked (Pressure to flagged sessions holding reserve) until memory
+//     comes back (retry_parked) or its deadline passes (then out_of_memory).
+//   - release, usage, reserve_report, guard_event, share_request/share_commit.
+//   - connection_closed / end_session (process exited): a session's grants return to the pool.
+//   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
+//   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
+//   - tick(now): warm-reserve refill and the canary sweep; set_nonpool: NVML's view.
+//   - resume(old state): the accounting of a previous daemon (state segment), see docs/daemon.md.
+//   What changed since the last publish is recorded (take_changes) so that one publisher
+//   (publisher.hpp) writes exactly that to the state segment after each event.
+//
+// Ownership: the Node owns its tenants, sessions, grants (and their handles), namespaces,
+//   pools and the dedup table; it borrows the Driver and the Logger (both must outlive it).
+//   Descriptors in a Granted or ShareOut are borrowed: valid until the next call on the Node.
+// Errors: operations answer bad input with Malformed (the loop drops the connection) or a
+//   Status in the reply; they throw only on internal failures (std::exception), after which
+//   the Node is still consistent. validate() throws quota::ConfigError.
+// Thread-safety: none; one thread (the event loop) calls every method.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "vlake/contracts/allocation.hpp"
+#include "vlake/common/driver.hpp"
+#include "vlake/contracts/protocol.hpp"
+#include "vlake/common/strong_types.hpp"
+#include "vlake/pool/accounting.hpp"
+#include "vlake/pool/device_pool.hpp"
+#include "vlake/pool/log.hpp"
+#include "vlake/pool/nvml_source.hpp"
+#include "vlake/contracts/state.hpp"
+#include "vlake/quota/quota_config.hpp"
+
+namespace vlake::pool {
+
+class Dedup;
+namespace st = vlake::state;
+
+// The time an operation runs at (the loop reads its clocks once per event).
+struct Now {
+  std::chrono::steady_clock::time_point steady{};
+  std::uint64_t unix_ns = 0;  // CLOCK_REALTIME, for records operators read
+};
+
+// The loop's name for a connection (never reused while the daemon runs); 0: none.
+using ConnId = std::uint64_t;
+
+// Who is on a connection, as the loop observed it.
+struct Peer {
+  ConnId conn = 0;
+  std::uint32_t pid = 0;
+  std::uint32_t uid = 0;
+  std::uint32_t gid = 0;
+  std::uint64_t start_time = 0;  // /proc/<pid>/stat start time; 0: the process is gone
+  std::string alloc_id;          // the Kubernetes allocation socket it came through; "": host socket
+};
+
+struct NodeSettings {
+  Bytes bulk_size{64ull << 20};                      // --bulk-size
+  Bytes warm_reserve{0};                             // --warm-reserve, per GPU
+  std::chrono::milliseconds pressure_wait{500};      // --pressure-wait-ms (0: never park)
+  std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
+  std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
+};
+
+// Effects the Node needs from the system, as small functions (tests pass fakes).
+struct NodeEnv {
+  // Supplementary groups of a uid (with its primary gid), for the quota's group rules.
+  std::function<std::vector<gid_t>(uid_t, gid_t)> groups;
+  // The time, for timestamps of records written outside a timed operation (a canary alarm at
+  // a release). Unset: 0.
+  std::function<Now()> clock;
+};
+
+// ---- outcomes ------------------------------------------------------------------------------
+
+// The message broke a rule that needs the node's state to see; the loop drops the connection.
+struct Malformed {
+  std::string reason;
+};
+// The request cannot be served and the connection ends: an Error(status, text), then close.
+struct Fatal {
+  proto::Status status = proto::Status::internal;
+  std::string text;
+};
+
+struct HelloOut {
+  std::variant<proto::HelloAck, Malformed, Fatal> answer;
+  std::uint64_t session = 0;  // the session now bound to the connection
+  bool opened = false;        // a new session (the loop starts watching its process)
+  ConnId close = 0;           // the session's previous connection, to close
+};
+
+// A Pressure message for a session's connection.
+struct PressureNote {
+  ConnId conn = 0;
+  std::uint64_t session = 0;
+  proto::Pressure msg{};
+};
+
+struct Granted {
+  proto::GrantReply reply{};
+  std::vector<int> fds;  // borrowed, one per handle, in reply order
+  std::uint64_t grant = 0;
+};
+struct Refused {
+  proto::GrantReply reply{};  // status says why (over_limit, namespace_over_limit, guarantee,
+                              // out_of_memory, unknown_device, internal)
+};
+struct Parked {
+  std::vector<PressureNote> pressure;  // to send now (empty when a retried grant stays parked)
+};
+using GrantOut = std::variant<Granted, Refused, Parked, Malformed>;
+
+// A parked grant's answer, for the connection that asked.
+struct Completion {
+  ConnId conn = 0;
+  std::chrono::steady_clock::time_point received{};
+  GrantOut out;
+};
+
+struct ShareOut {
+  proto::ShareReply reply{};
+  std::vector<int> fds;  // borrowed
+};
+
+// A Kubernetes allocation (docs/device-plugin.md) as the loop read it from its directory.
+struct AllocationInfo {
+  std::string id;
+  DeviceOrdinal device{0};
+  Bytes bytes{0};
+  std::optional<alloc::Owner> owner;
+};
+
+// What changed since the last take_changes(): what the publisher writes.
+struct Changes {
+  bool all = false;                      // everything (start-up, resume, reload, tick)
+  std::set<std::uint32_t> tenants;       // tenant slots
+  std::set<std::uint32_t> sessions;      // session slots (free slots are cleared)
+  std::set<std::uint32_t> grants;        // grant slots (free slots are cleared)
+  std::set<std::uint32_t> namespaces;    // namespace slots (free slots are cleared)
+  bool devices = false;
+  bool guard = false;                    // the guard event log
+  [[nodiscard]] bool empty() const noexcept {
+    return !all && !devices && !guard && tenants.empty() && sessions.empty() && grants.empty() && namespaces.empty();
+  }
+};
+
+class Node {
+ public:
+  struct Tenant {
+    TenantId id;
+    std::uint32_t slot = 0;
+    std::string name;
+    quota::Limit limit = quota::Limit::bytes(Bytes{0});
+    NamespaceId ns{0};
+    bool have_ids = false;  // uid/gid known (created by a session of this daemon)
+    std::uint32_t uid = 0;
+    std::uint32_t gid = 0;
+    quota::GuardMode guard = quota::GuardMode::off;
+    quota::DedupMode dedup = quota::DedupMode::off;
+    std::string alloc_id;  // a Kubernetes allocation's tenant; "": a uid/gid tenant
+    std::chrono::steady_clock::time_point last_refusal_log{};
+    std::uint64_t refusals_unlogged = 0;
+  };
+  struct Namespace {
+    NamespaceId id;
+    std::uint32_t slot = 0;
+    quota::NamespaceSpec spec;
+  };
+  struct Session {
+    std::uint64_t id = 0;
+    std::uint32_t slot = 0;
+    std::uint32_t pid = 0;
+    std::uint64_t start_time = 0;
+    std::uint32_t uid = 0;
+    std::uint32_t gid = 0;
+    TenantId tenant;
+    ConnId conn = 0;  // 0: detached
+    std::vector<std::uint64_t> grants;
+    std::string alloc_id;  // opened through that allocation's socket
+    bool pressure = false;  // its latest Hello set kHelloPressure
+    std::array<std::uint64_t, st::kMaxDevices> reserve{};  // last ReserveReport per GPU
+  };
+  struct Grant {
+    std::uint64_t id = 0;
+    std::uint32_t slot = 0;
+    std::uint64_t session = 0;
+    TenantId tenant;
+    DeviceOrdinal device{0};
+    Bytes bytes{0};
+    proto::GrantPurpose purpose = proto::GrantPurpose::alloc;
+    bool orphaned = false;  // its handles died with a previous daemon
+    std::vector<std::unique_ptr<PoolHandle>> handles;
+    std::uint32_t handle_count = 0;  // handles the tenant mapped (kept when orphaned)
+    std::uint64_t requested = 0;  // GrantRequest::bytes
+    std::uint64_t created_unix_ns = 0;
+    bool canary = false;  // its slack holds the canary pattern (docs/guard.md)
+  };
+  struct Device {
+    DeviceOrdinal ordinal{0};
+    Uuid uuid{};
+    Bytes total{0};
+    Bytes granularity{0};
+    std::unique_ptr<DevicePool> pool;
+    Bytes granted{0};   // grants with handles
+    Bytes orphaned{0};  // grants whose handles died with a previous daemon
+    Bytes counted{0};   // `counted` grants
+    std::uint64_t pool_peak = 0;  // highest pool bytes ever published (across restarts)
+  };
+
+  // Opens a pool on every GPU of `driver` (throws std::runtime_error: none, or too many).
+  Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // ---- start-up
+  // Creates one handle per GPU and, with a warm reserve, fills it (throws on failure).
+  void warm_up();
+  // Takes a previous daemon's accounting: tenants keep their ids, sessions in `alive` (by id)
+  // are kept detached with their grants (orphaned: their handles died with that daemon), the
+  // rest is dropped. Counters, the guard log, ids and the config generation carry on. Returns
+  // the kept session ids.
+  std::vector<std::uint64_t> resume(const st::State& old, const std::set<std::uint64_t>& alive);
+
+  // ---- sessions
+  HelloOut open_session(const Peer& peer, const proto::Hello& m);
+  // The connection closed. The process lives on (`exited` false): its session is detached
+  // and keeps its grants; otherwise the session ends.
+  void connection_closed(ConnId conn, std::uint64_t session, bool exited);
+  // The session's process exited: its grants return. Returns its connection (0: none) to close.
+  ConnId end_session(std::uint64_t session, const char* why);
+
+  // A well-formed message arrived / a connection was dropped for a malformed one (counters).
+  void count_request() noexcept { ++counters_.requests; }
+  void count_malformed() noexcept { ++counters_.malformed; }
+
+  // ---- requests of a bound session (`session` is the connection's)
+  GrantOut grant(ConnId conn, std::uint64_t session, const proto::GrantRequest& m, Now now);
+  // The reply of a Granted could not be delivered: the grant is undone.
+  void undo_grant(std::uint64_t grant);
+  // Receive-to-reply-sent time of a delivered grant (the grant-latency histogram).
+  void record_grant_latency(std::chrono::nanoseconds d);
+  std::variant<proto::ReleaseAck, Malformed> release(std::uint64_t session, const proto::Release& m);
+  std::variant<proto::UsageReply, Malformed> usage(std::uint64_t session, const proto::UsageQuery& m);
+  std::optional<Malformed> reserve_report(std::uint64_t session, const proto::ReserveReport& m);
+  std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
+  std::variant<ShareOut, Malformed> share_request(std::uint64_t session, const proto::ShareRequest& m);
+  // The ShareReply could not be delivered: the pending share is aborted.
+  void share_undeliverable(std::uint64_t session);
+  std::variant<proto::ShareAck, Malformed> share_commit(std::uint64_t session, const proto::ShareCommit& m);
+
+  // ---- parked grants (docs/pool.md, "Pressure protocol")
+  // True when memory came back since the last retry or a deadline passed at `now`.
+  [[nodiscard]] bool retry_due(Now now) const;
+  // Serves, keeps or times out every parked grant. Answers for gone connections are dropped.
+  std::vector<Completion> retry_parked(Now now);
+  [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> next_deadline() const;
+
+  // ---- quota file
+  // Throws quota::ConfigError when `cfg` does not fit this node (namespace table, GPU sizes).
+  void validate(const quota::QuotaConfig& cfg) const;
+  // Applies a validated configuration: namespaces, every tenant re-resolved (sessions move,
+  // grants and all), namespaces gone from it dropped. `source`: the file ("" for built-in).
+  void apply(quota::QuotaConfig cfg, const std::string& source, bool from_file, Now now, const std::string& why);
+  // A file that could not be applied (the configuration in force stays).
+  void config_rejected(const std::string& error, Now now);
+  [[nodiscard]] const quota::QuotaConfig& config() const noexcept { return config_; }
+
+  // ---- Kubernetes allocations
+  void allocation_added(const AllocationInfo& a);
+  void allocation_owner(const std::string& id, const alloc::Owner& owner);
+  void allocation_removed(const std::string& id);
+
+  // ---- periodic work
+  // Warm-reserve refill (a bounded step) and, when due, a canary sweep.
+  void tick(Now now);
+  [[nodiscard]] NonpoolInputs nonpool_inputs() const;
+  void set_nonpool(const NonpoolResult& r);
+
+  // ---- shutdown: every handle released (tenants' imports keep granted memory alive). Returns
+  // the number of grants still held by live processes.
+  std::size_t shutdown();
+
+  // ---- views (for the publisher, tests and logs)
+  [[nodiscard]] const Device* device_by_uuid(const std::uint8_t* uuid) const;
+  [[nodiscard]] const std::vector<Device>& devices() const noexcept { return devices_; }
+  [[nodiscard]] const std::map<std::uint32_t, Tenant>& tenants() const noexcept { return tenants_; }
+  [[nodiscard]] const std::map<std::string, Namespace>& namespaces() const noexcept { return namespaces_; }
+  [[nodiscard]] const std::unordered_map<std::uint64_t, Session>& sessions() const noexcept { return sessions_; }
+  [[nodiscard]] const std::unordered_map<std::uint64_t, Grant>& grants() const noexcept { return grants_; }
+  [[nodiscard]] const Accounting& accounting() const noexcept { return acct_; }
+  [[nodiscard]] const st::Counters& counters() const noexcept { return counters_; }
+  [[nodiscard]] const st::GuardLog& guard_log() const noexcept { return guard_; }
+  [[nodiscard]] const st::ConfigRecord& config_record() const noexcept { return config_record_; }
+  [[nodiscard]] std::uint64_t next_session_id() const noexcept { return next_session_id_; }
+  [[nodiscard]] std::uint64_t next_grant_id() const noexcept { return next_grant_id_; }
+  [[nodiscard]] std::uint32_t starts() const noexcept { return starts_; }
+  [[nodiscard]] const NodeSettings& settings() const noexcept { return settings_; }
+  [[nodiscard]] const Tenant* tenant(TenantId id) const;
+  [[nodiscard]] const Session* session(std::uint64_t id) const;
+  [[nodiscard]] Bytes dedup_logical(DeviceOrdinal d) const;
+  [[nodiscard]] Bytes dedup_physical(DeviceOrdinal d) const;
+  [[nodiscard]] std::size_t parked() const noexcept { return parked_.size(); }
+  // Everything that changed since the last call (the publisher's), and a look without taking.
+  Changes take_changes();
+  [[nodiscard]] const Changes& pending_changes() const noexcept { return changes_; }
+
+ private:
+  struct ParkedGrant {
+    ConnId conn = 0;
+    std::uint64_t session = 0;
+    proto::GrantRequest req{};
+    std::chrono::steady_clock::time_point received{};
+    std::chrono::steady_clock::time_point deadline{};
+  };
+
+  // tenants (node.cpp)
+  Tenant& tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid, const AllocationInfo* alloc);
+  Tenant& tenant_for_uid(std::uint32_t uid, std::uint32_t gid);
+  Tenant& tenant_for_alloc(const AllocationInfo& a);
+  void move_session(Session& s, Tenant& to);
+  void retarget_tenants();
+  void apply_namespaces();
+  void reattribute(const AllocationInfo& a);
+  [[nodiscard]] NamespaceId namespace_id(const std::string& name) const;
+  [[nodiscard]] NamespaceId namespace_of_name(const std::string& tenant_name) const;
+  Tenant* tenant_mut(TenantId id);
+  Device* device_mut(const std::uint8_t* uuid);
+  [[nodiscard]] proto::DeviceQuota device_quota(const Tenant& t, const Device& d) const;
+  void finish_grant(Grant& g, TenantId releaser, bool exported);
+  void end_session_locked(Session& s, const char* why);
+  std::optional<std::uint32_t> free_slot(std::vector<bool>& used);
+  void touch_tenant(TenantId id);
+  void touch_session(const Session& s) { changes_.sessions.insert(s.slot); }
+
+  // grants (node_grant.cpp)
+  GrantOut grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry);
+  Refused refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now);
+  std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall);
+  void refill_warm(std::uint64_t max_handles_per_gpu);
+
+  // guards and dedup (node_guard.cpp)
+  void canary_fill(const Grant& g);
+  bool canary_check(const Grant& g, const char* when, std::uint64_t now_unix_ns);
+  void canary_sweep(std::uint64_t now_unix_ns);
+  void record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns);
+  Dedup& dedup();
+
+  Driver& driver_;
+  const Logger& log_;
+  NodeSettings settings_;
+  NodeEnv env_;
+  quota::QuotaConfig config_;
+  Accounting acct_;
+  std::vector<Device> devices_;
+  std::map<std::string, Namespace> namespaces_;  // by name
+  std::unordered_map<std::string, TenantId> tenant_ids_;
+  std::map<std::uint32_t, Tenant> tenants_;  // by TenantId value
+  std::unordered_map<std::uint64_t, Session> sessions_;
+  std::unordered_map<std::uint64_t, Grant> grants_;
+  std::map<std::string, AllocationInfo> allocs_;  // by allocation id
+  std::unique_ptr<Dedup> dedup_;  // created on first use
+  std::vector<ParkedGrant> parked_;    // FIFO
+  bool memory_returned_ = false;  // a release since the last retry of parked grants
+
+  // slot tables (mirroring the state segment's)
+  std::vector<bool> tenant_slots_ = std::vector<bool>(st::kMaxTenants);
+  std::vector<bool> namespace_slots_ = std::vector<bool>(st::kMaxNamespaces);
+  std::vector<bool> session_slots_ = std::vector<bool>(st::kMaxSessions);
+  std::vector<bool> grant_slots_ = std::vector<bool>(st::kMaxGrants);
+
+  // what the state segment carries across restarts
+  st::Counters counters_{};
+  st::GuardLog guard_{};
+  st::ConfigRecord config_record_{};
+  std::uint64_t next_session_id_ = 1;
+  std::uint64_t next_grant_id_ = 1;
+  std::uint32_t starts_ = 1;
+  std::uint64_t handles_created_base_ = 0;
+  std::uint64_t handles_released_base_ = 0;
+
+  std::chrono::steady_clock::time_point last_canary_sweep_{};
+  std::uint64_t canary_cursor_ = 0;  // the sweep resumes after this grant id
+  Changes changes_;
+
+  friend class StatePublisher;
+};
+
+}  // namespace vlake::pool

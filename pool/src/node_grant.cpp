@@ -1,0 +1,428 @@
+// vlake::pool::Node: grants, releases, usage, reserve reports, pressure and parked grants, the
+// warm reserve, NVML's non-pool usage (docs/pool.md, docs/quota.md).
+#include <algorithm>
+#include <cstring>
+
+#include "dedup.hpp"
+#include "vlake/pool/node.hpp"
+
+namespace vlake::pool {
+
+GrantOut Node::grant(ConnId conn, std::uint64_t session, const proto::GrantRequest& m, Now now) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return Malformed{"session is gone"};
+  return grant_impl(conn, it->second, m, now, nullptr);
+}
+
+Refused Node::refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now) {
+  // The reason travels as the reply's status (the hook names the quota that was hit), goes to
+  // the log and to a per-reason counter.
+  ++counters_.denials_over_limit;
+  reply.status = proto::Status::over_limit;
+  std::string detail;
+  if (why == Refusal::namespace_limit) {
+    ++counters_.denials_namespace_limit;
+    const auto nu = acct_.namespace_usage(t.ns, dev.ordinal);
+    detail = "namespace limit: namespace uses " + std::to_string(nu.held().value()) + " of " +
+             std::to_string(nu.limit.value());
+    reply.status = proto::Status::namespace_over_limit;
+    reply.limit = nu.limit.value();
+    reply.used = nu.held().value();
+  } else if (why == Refusal::guarantee) {
+    ++counters_.denials_guarantee;
+    const auto du = acct_.device_usage(dev.ordinal);
+    detail = "guarantee: memory above the namespace's guarantee is borrowed (" + std::to_string(du.borrowed.value()) +
+             " bytes); the rest of the GPU is guaranteed to other namespaces (" +
+             std::to_string(du.guaranteed.value()) + " bytes)";
+    reply.status = proto::Status::guarantee;
+  } else {
+    ++counters_.denials_tenant_limit;
+    detail = "tenant limit: used " + std::to_string(reply.used) + " of " + std::to_string(reply.limit);
+  }
+  // One line per tenant and second; the rest are counted into the next line.
+  Tenant& tm = tenants_.at(t.id.value());
+  const std::string line = "tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+                           std::to_string(dev.ordinal.value()) + " refused (" + detail + ")";
+  if (now.steady - tm.last_refusal_log >= std::chrono::seconds(1)) {
+    const std::string note = tm.refusals_unlogged == 0
+                                 ? std::string()
+                                 : " (" + std::to_string(tm.refusals_unlogged) + " earlier refusal(s) not logged)";
+    log_.info(line + note);
+    tm.last_refusal_log = now.steady;
+    tm.refusals_unlogged = 0;
+  } else {
+    ++tm.refusals_unlogged;
+    log_.debug(line);
+  }
+  return Refused{reply};
+}
+
+GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry) {
+  proto::GrantReply reply{};
+  reply.h = proto::make_header<proto::GrantReply>(proto::MsgType::grant_reply, m.h.request_id);
+  Device* dev = device_mut(m.device_uuid);
+  if (dev == nullptr) {
+    ++counters_.denials_unknown_device;
+    reply.status = proto::Status::unknown_device;
+    return Refused{reply};
+  }
+  if (m.bytes > dev->total.value()) {
+    return Malformed{"GrantRequest for " + std::to_string(m.bytes) + " bytes, more than the GPU's " +
+                     std::to_string(dev->total.value())};
+  }
+  const Tenant& t = tenants_.at(s.tenant.value());
+  const Bytes bytes = round_up(Bytes{m.bytes}, dev->granularity);
+  reply.bytes = bytes.value();
+
+  Accounting::Usage before{};
+  Refusal why = Refusal::none;
+  std::optional<Accounting::Reservation> res = acct_.reserve(t.id, dev->ordinal, bytes, &before, &why);
+  reply.limit = before.limit.value();
+  reply.used = before.used().value();
+  if (!res) return refuse(t, *dev, bytes, why, reply, now);
+
+  const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
+  if (!slot) {
+    ++counters_.denials_other;
+    log_.error("grant table full (" + std::to_string(st::kMaxGrants) + " grants)");
+    reply.status = proto::Status::internal;
+    return Refused{reply};  // the reservation rolls back
+  }
+  Grant g;
+  g.id = next_grant_id_;
+  g.slot = *slot;
+  g.session = s.id;
+  g.tenant = t.id;
+  g.device = dev->ordinal;
+  g.bytes = bytes;
+  g.purpose = m.purpose;
+  g.requested = m.bytes;
+  g.created_unix_ns = now.unix_ns;
+  g.canary = m.purpose == proto::GrantPurpose::alloc && t.guard == quota::GuardMode::canary;
+  if (m.purpose != proto::GrantPurpose::counted) {
+    changes_.devices = true;
+    try {
+      DevicePool::Served a = dev->pool->serve(
+          bytes, t.id, m.purpose == proto::GrantPurpose::create ? 1u : proto::kMaxHandlesPerGrant);
+      counters_.scrubs += a.scrubbed;
+      if (a.reused > 0) ++counters_.reuses;
+      switch (a.kind) {
+        case PlanKind::exact: ++counters_.grants_exact; break;
+        case PlanKind::stitch:
+          ++counters_.grants_stitched;
+          counters_.handles_stitched += a.handles.size();
+          if (a.cross_tenant) ++counters_.stitched_cross_tenant;
+          break;
+        default: ++counters_.grants_new; break;
+      }
+      g.handles = std::move(a.handles);
+      if (g.canary) {
+        try {
+          canary_fill(g);
+        } catch (...) {
+          for (auto& h : g.handles) dev->pool->put_back(std::move(h), t.id);
+          throw;
+        }
+      }
+    } catch (const PoolOutOfMemory&) {
+      grant_slots_[*slot] = false;
+      res->rollback();
+      // Park it while flagged sessions return their reserves, or keep a retried one parked
+      // until its deadline (docs/pool.md, "Pressure protocol").
+      if (retry != nullptr) {
+        if (now.steady < retry->deadline) return Parked{};
+        ++counters_.parked_timeouts;
+        log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " +
+                  std::to_string(bytes.value()) + " bytes (session " + std::to_string(s.id) + ") waited " +
+                  std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory");
+      } else if (settings_.pressure_wait.count() > 0) {
+        const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
+        std::vector<PressureNote> notes = pressure_for(s, *dev, shortfall);
+        if (!notes.empty()) {
+          parked_.push_back(ParkedGrant{conn, s.id, m, now.steady, now.steady + settings_.pressure_wait});
+          ++counters_.grants_parked;
+          log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
+                    " bytes (session " + std::to_string(s.id) + ") parked for up to " +
+                    std::to_string(settings_.pressure_wait.count()) + " ms while reserves are returned");
+          return Parked{std::move(notes)};
+        }
+      }
+      ++counters_.denials_out_of_memory;
+      reply.status = proto::Status::out_of_memory;
+      log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " + std::to_string(bytes.value()) +
+                " bytes (tenant " + t.name + ")");
+      return Refused{reply};
+    } catch (const std::exception& e) {
+      grant_slots_[*slot] = false;
+      ++counters_.denials_other;
+      reply.status = proto::Status::internal;
+      log_.error("GPU " + std::to_string(dev->ordinal.value()) + ": grant failed: " + e.what());
+      return Refused{reply};
+    }
+  }
+  Granted out;
+  std::uint64_t offset = 0;
+  for (const auto& h : g.handles) {
+    reply.handles[reply.handle_count++] = proto::HandleDesc{h->size.value(), offset};
+    offset += h->size.value();
+    out.fds.push_back(h->fd.get());
+  }
+  g.handle_count = static_cast<std::uint32_t>(g.handles.size());
+  res->commit();
+  ++next_grant_id_;
+  ++counters_.grants;
+  if (m.purpose == proto::GrantPurpose::counted) dev->counted += bytes;
+  else dev->granted += bytes;
+  s.grants.push_back(g.id);
+  const std::uint64_t gid = g.id;
+  changes_.grants.insert(g.slot);
+  touch_session(s);
+  touch_tenant(t.id);
+  grants_.emplace(gid, std::move(g));
+
+  reply.status = proto::Status::ok;
+  reply.grant_id = gid;
+  reply.used = acct_.usage(t.id, dev->ordinal).used().value();
+  if (log_.enabled(LogLevel::debug)) {
+    log_.debug("grant " + std::to_string(gid) + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+               std::to_string(dev->ordinal.value()) + " to " + t.name + " (session " + std::to_string(s.id) + ")");
+  }
+  out.reply = reply;
+  out.grant = gid;
+  return out;
+}
+
+void Node::undo_grant(std::uint64_t grant) {
+  auto it = grants_.find(grant);
+  if (it == grants_.end()) return;
+  finish_grant(it->second, it->second.tenant, false);
+}
+
+void Node::record_grant_latency(std::chrono::nanoseconds d) {
+  const auto ns = static_cast<std::uint64_t>(std::max<std::int64_t>(d.count(), 0));
+  for (std::size_t i = 0; i < st::kGrantLatencyBuckets; ++i) {
+    if (ns <= st::kGrantLatencyBoundsNs[i]) {
+      ++counters_.grant_latency_bucket[i];
+      break;
+    }
+  }
+  counters_.grant_latency_sum_ns += ns;
+  ++counters_.grant_latency_count;
+}
+
+void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
+  if (g.canary && !g.orphaned && !g.handles.empty()) {
+    (void)canary_check(g, "release", env_.clock ? env_.clock().unix_ns : 0);
+  }
+  Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  if (dedup_) dedup_->release_grant(g.id, *dev.pool);  // shared chunks: drop its references
+  for (auto& h : g.handles) {
+    if (exported) dev.pool->retire(std::move(h));
+    else dev.pool->put_back(std::move(h), releaser);
+  }
+  if (g.purpose == proto::GrantPurpose::counted) dev.counted -= g.bytes;
+  else if (g.orphaned) dev.orphaned -= g.bytes;
+  else dev.granted -= g.bytes;
+  if (!acct_.uncharge(g.tenant, g.device, g.bytes)) {
+    log_.error("accounting: tenant " + std::to_string(g.tenant.value()) + " had less than grant " +
+               std::to_string(g.id) + "'s bytes charged");
+  }
+  ++counters_.releases;
+  if (exported) ++counters_.releases_exported;
+  grant_slots_[g.slot] = false;
+  changes_.grants.insert(g.slot);
+  auto sit = sessions_.find(g.session);
+  if (sit != sessions_.end()) {
+    auto& v = sit->second.grants;
+    v.erase(std::remove(v.begin(), v.end(), g.id), v.end());
+    touch_session(sit->second);
+  }
+  touch_tenant(g.tenant);
+  if (!parked_.empty()) memory_returned_ = true;  // the loop retries them after this event
+  grants_.erase(g.id);  // g is gone from here on
+}
+
+std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, const proto::Release& m) {
+  auto sit = sessions_.find(session);
+  if (sit == sessions_.end()) return Malformed{"session is gone"};
+  Session& s = sit->second;
+  proto::ReleaseAck ack{};
+  ack.h = proto::make_header<proto::ReleaseAck>(proto::MsgType::release_ack, m.h.request_id);
+  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
+    ack.status = proto::Status::unknown_grant;
+    return ack;
+  }
+  Grant& g = grants_.at(m.grant_id);
+  const DeviceOrdinal d = g.device;
+  finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);
+  ack.status = proto::Status::ok;
+  ack.used = acct_.usage(s.tenant, d).used().value();
+  return ack;
+}
+
+std::variant<proto::UsageReply, Malformed> Node::usage(std::uint64_t session, const proto::UsageQuery& m) {
+  auto sit = sessions_.find(session);
+  if (sit == sessions_.end()) return Malformed{"session is gone"};
+  ++counters_.usage_queries;
+  proto::UsageReply r{};
+  r.h = proto::make_header<proto::UsageReply>(proto::MsgType::usage_reply, m.h.request_id);
+  const Device* dev = device_by_uuid(m.device_uuid);
+  if (dev == nullptr) {
+    r.status = proto::Status::unknown_device;
+    return r;
+  }
+  const Accounting::Usage u = acct_.usage(sit->second.tenant, dev->ordinal);
+  r.status = proto::Status::ok;
+  r.total = dev->total.value();
+  r.limit = u.limit.value();
+  r.used = u.used().value();
+  return r;
+}
+
+std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto::ReserveReport& m) {
+  auto sit = sessions_.find(session);
+  if (sit == sessions_.end()) return Malformed{"session is gone"};
+  Session& s = sit->second;
+  const Device* dev = device_by_uuid(m.device_uuid);
+  if (dev == nullptr) return Malformed{"ReserveReport for a GPU this node does not have"};
+  if (m.bytes > dev->total.value()) return Malformed{"ReserveReport bytes exceed the GPU's memory"};
+  if (m.blocks > m.bytes) return Malformed{"ReserveReport has more blocks than bytes"};
+  // A reserve is part of what the session holds on that GPU: clamp (a Release may be in flight).
+  std::uint64_t held = 0;
+  for (std::uint64_t gid : s.grants) {
+    const Grant& g = grants_.at(gid);
+    if (g.device == dev->ordinal) held += g.bytes.value();
+  }
+  s.reserve[static_cast<std::size_t>(dev->ordinal.value())] = std::min(m.bytes, held);
+  ++counters_.reserve_reports;
+  touch_tenant(s.tenant);
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// pressure and parked grants (docs/pool.md, "Pressure protocol")
+
+std::vector<PressureNote> Node::pressure_for(const Session& requester, const Device& dev, Bytes shortfall) {
+  const auto d = static_cast<std::size_t>(dev.ordinal.value());
+  std::vector<PressureNote> notes;
+  for (const auto& [sid, ss] : sessions_) {
+    if (sid == requester.id || !ss.pressure || ss.reserve[d] == 0 || ss.conn == 0) continue;
+    PressureNote n;
+    n.conn = ss.conn;
+    n.session = sid;
+    n.msg.h = proto::make_header<proto::Pressure>(proto::MsgType::pressure, 0);
+    std::memcpy(n.msg.device_uuid, dev.uuid.data(), sizeof n.msg.device_uuid);
+    n.msg.bytes = shortfall.value();
+    n.msg.reason = proto::PressureReason::pool_exhausted;
+    notes.push_back(n);
+    log_.info("GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
+              std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes) for " +
+              std::to_string(shortfall.value()) + " bytes");
+  }
+  counters_.pressure_sent += notes.size();
+  return notes;
+}
+
+bool Node::retry_due(Now now) const {
+  if (parked_.empty()) return false;
+  if (memory_returned_) return true;
+  for (const ParkedGrant& p : parked_) {
+    if (now.steady >= p.deadline) return true;
+  }
+  return false;
+}
+
+std::vector<Completion> Node::retry_parked(Now now) {
+  memory_returned_ = false;
+  std::vector<ParkedGrant> todo;
+  todo.swap(parked_);
+  std::vector<Completion> done;
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    const ParkedGrant& p = todo[i];
+    auto sit = sessions_.find(p.session);
+    if (sit == sessions_.end() || sit->second.conn != p.conn) continue;  // gone
+    GrantOut out;
+    try {
+      out = grant_impl(p.conn, sit->second, p.req, now, &p);
+    } catch (...) {
+      for (std::size_t j = i + 1; j < todo.size(); ++j) parked_.push_back(todo[j]);
+      throw;
+    }
+    if (std::holds_alternative<Parked>(out)) {
+      parked_.push_back(p);
+      continue;
+    }
+    Completion c;
+    c.conn = p.conn;
+    c.received = p.received;
+    c.out = std::move(out);
+    done.push_back(std::move(c));
+  }
+  return done;
+}
+
+std::optional<std::chrono::steady_clock::time_point> Node::next_deadline() const {
+  std::optional<std::chrono::steady_clock::time_point> first;
+  for (const ParkedGrant& p : parked_) {
+    if (!first || p.deadline < *first) first = p.deadline;
+  }
+  return first;
+}
+
+// ---------------------------------------------------------------------------------------------
+// periodic work
+
+void Node::refill_warm(std::uint64_t max_handles_per_gpu) {
+  for (Device& d : devices_) {
+    if (d.pool->free_bytes() >= settings_.warm_reserve) continue;
+    const std::uint64_t made = d.pool->refill(settings_.warm_reserve, max_handles_per_gpu);
+    if (made > 0) {
+      log_.debug("GPU " + std::to_string(d.ordinal.value()) + ": warm reserve: " + std::to_string(made) +
+                 " handle(s) created, " + std::to_string(d.pool->free_bytes().value()) + " bytes free in the pool");
+    }
+    changes_.devices = true;
+  }
+}
+
+void Node::tick(Now now) {
+  // Warm reserve: back to the target, off the request path, a bounded step per tick.
+  if (settings_.warm_reserve.value() > 0 && parked_.empty()) {
+    try {
+      refill_warm(16);
+    } catch (const std::exception& e) {
+      log_.warn(std::string("warm reserve refill failed: ") + e.what());
+    }
+  }
+  if (settings_.canary_interval.count() > 0 && now.steady - last_canary_sweep_ >= settings_.canary_interval) {
+    last_canary_sweep_ = now.steady;
+    canary_sweep(now.unix_ns);
+  }
+  changes_.all = true;
+}
+
+NonpoolInputs Node::nonpool_inputs() const {
+  NonpoolInputs in;
+  in.daemon_pid = settings_.daemon_pid;
+  for (const Device& d : devices_) in.devices.emplace_back(d.ordinal, d.uuid);
+  for (const auto& [id, sess] : sessions_) {
+    in.pid_tenant.emplace(sess.pid, sess.tenant);
+    for (std::uint64_t gid : sess.grants) {
+      const Grant& g = grants_.at(gid);
+      if (g.orphaned) in.orphaned[{sess.pid, g.device.value()}] += g.bytes;
+    }
+  }
+  return in;
+}
+
+void Node::set_nonpool(const NonpoolResult& r) {
+  for (const auto& [tid, t] : tenants_) {
+    for (const Device& d : devices_) {
+      const auto it = r.find({tid, d.ordinal.value()});
+      acct_.set_nonpool(t.id, d.ordinal, it == r.end() ? Bytes{0} : it->second);
+    }
+  }
+  ++counters_.nvml_samples;
+  changes_.all = true;
+}
+
+}  // namespace vlake::pool

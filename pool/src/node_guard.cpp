@@ -1,0 +1,308 @@
+// vlake::pool::Node: out-of-bounds guards (canary slack, the hook's fault reports; docs/guard.md)
+// and dedup of read-only chunks (docs/dedup.md; the table and the planning are in dedup.cpp).
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "dedup.hpp"
+#include "vlake/pool/node.hpp"
+
+namespace vlake::pool {
+
+namespace {
+
+// The canary pattern: every slack byte holds kCanaryByte (docs/guard.md).
+constexpr std::uint8_t kCanaryByte = 0xCB;
+// A sweep checks at most this much slack (then resumes there on the next tick).
+constexpr std::uint64_t kCanarySweepBytes = 64ull << 20;
+
+const char* guard_kind_name(std::uint32_t k) {
+  switch (static_cast<proto::GuardKind>(k)) {
+    case proto::GuardKind::fault: return "fault";
+    case proto::GuardKind::canary: return "canary";
+    case proto::GuardKind::readonly: return "readonly";
+  }
+  return "unknown";
+}
+
+template <std::size_t N>
+void copy_name(char (&dst)[N], const std::string& src) {
+  std::memset(dst, 0, N);
+  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// guards
+
+void Node::canary_fill(const Grant& g) {
+  std::uint64_t base = 0;
+  for (const auto& h : g.handles) {
+    const std::uint64_t end = base + h->size.value();
+    const std::uint64_t from = std::max(base, g.requested);
+    if (from < end) driver_.fill_u8(DevicePtr{h->va.value() + (from - base)}, kCanaryByte, Bytes{end - from});
+    base = end;
+  }
+  driver_.synchronize();
+}
+
+// Checks g's slack; on a changed byte records a canary alarm and re-arms the pattern. Returns
+// false when a changed byte was found. Never throws (driver failures are logged).
+bool Node::canary_check(const Grant& g, const char* when, std::uint64_t now_unix_ns) {
+  std::uint64_t bad = UINT64_MAX;
+  try {
+    std::vector<std::uint8_t> buf;
+    std::uint64_t base = 0;
+    for (const auto& h : g.handles) {
+      const std::uint64_t end = base + h->size.value();
+      std::uint64_t from = std::max(base, g.requested);
+      while (from < end && bad == UINT64_MAX) {
+        const std::uint64_t n = std::min<std::uint64_t>(end - from, 4ull << 20);
+        buf.resize(n);
+        driver_.copy_to_host(buf.data(), DevicePtr{h->va.value() + (from - base)}, Bytes{n});
+        for (std::uint64_t i = 0; i < n; ++i) {
+          if (buf[i] != kCanaryByte) {
+            bad = from + i;
+            break;
+          }
+        }
+        from += n;
+      }
+      base = end;
+    }
+  } catch (const std::exception& e) {
+    log_.warn("grant " + std::to_string(g.id) + ": canary check failed: " + e.what());
+    return true;
+  }
+  if (bad == UINT64_MAX) return true;
+  st::GuardEventRecord e{};
+  e.kind = static_cast<std::uint32_t>(proto::GuardKind::canary);
+  e.tenant = g.tenant.value();
+  e.device = static_cast<std::uint32_t>(g.device.value());
+  const Session* s = session(g.session);
+  e.pid = s != nullptr ? s->pid : 0;
+  if (const Tenant* t = tenant(g.tenant)) copy_name(e.tenant_name, t->name);
+  e.grant_id = g.id;
+  e.requested_bytes = g.requested;
+  e.first_bad_offset = bad;
+  e.allocated_unix_ns = g.created_unix_ns;
+  copy_name(e.call, when);
+  record_guard_event(e, now_unix_ns);
+  // Re-arm, so a later overrun of the same allocation is seen again (and this one only once).
+  try {
+    canary_fill(g);
+  } catch (const std::exception& ex) {
+    log_.warn("grant " + std::to_string(g.id) + ": canary re-arm failed: " + ex.what());
+  }
+  return false;
+}
+
+// Checks up to a bounded amount of canary slack, resuming where the last sweep stopped.
+void Node::canary_sweep(std::uint64_t now_unix_ns) {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, g] : grants_) {
+    if (g.canary && !g.orphaned && !g.handles.empty()) ids.push_back(id);
+  }
+  if (ids.empty()) return;
+  std::sort(ids.begin(), ids.end());
+  auto start = std::upper_bound(ids.begin(), ids.end(), canary_cursor_);
+  if (start == ids.end()) start = ids.begin();
+  std::uint64_t budget = 0;
+  for (std::size_t k = 0; k < ids.size() && budget < kCanarySweepBytes; ++k) {
+    const std::size_t idx = (static_cast<std::size_t>(start - ids.begin()) + k) % ids.size();
+    const Grant& g = grants_.at(ids[idx]);
+    budget += g.bytes.value() > g.requested ? g.bytes.value() - g.requested : 0;
+    (void)canary_check(g, "sweep", now_unix_ns);
+    canary_cursor_ = g.id;
+  }
+}
+
+void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns) {
+  e.time_unix_ns = now_unix_ns;
+  if (guard_.next_seq == 0) guard_.next_seq = 1;
+  e.seq = guard_.next_seq++;
+  guard_.events[(e.seq - 1) % st::kGuardEvents] = e;
+  changes_.guard = true;
+  switch (static_cast<proto::GuardKind>(e.kind)) {
+    case proto::GuardKind::fault: ++counters_.guard_violations_fault; break;
+    case proto::GuardKind::canary: ++counters_.guard_violations_canary; break;
+    case proto::GuardKind::readonly: ++counters_.guard_violations_readonly; break;
+  }
+  std::ostringstream l;
+  l << "guard event kind=" << guard_kind_name(e.kind) << " tenant=" << e.tenant_name << " gpu=";
+  if (e.device == st::kGuardNoDevice) l << "?";
+  else l << e.device;
+  if (static_cast<proto::GuardKind>(e.kind) == proto::GuardKind::canary) {
+    l << " grant=" << e.grant_id << " size=" << e.requested_bytes << " first_bad_offset=" << e.first_bad_offset
+      << " allocated_at=" << e.allocated_unix_ns << " check=" << e.call;
+  } else {
+    l << " call=" << e.call << " cuda_status=" << e.cuda_status << " live_allocations=" << e.live_allocations
+      << " suspects=" << e.suspect_count;
+    for (std::uint32_t i = 0; i < e.suspect_count && i < st::kGuardEventSuspects; ++i) {
+      l << (i == 0 ? " suspect_list=" : ",") << "0x" << std::hex << e.suspects[i].address << std::dec << ":"
+        << e.suspects[i].bytes;
+    }
+  }
+  l << " pid=" << e.pid << " seq=" << e.seq;
+  log_.warn(l.str());
+}
+
+std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now) {
+  const Session* s = this->session(session);
+  if (s == nullptr) return Malformed{"session is gone"};
+  // A client can only report on itself: tenant and pid are the session's.
+  const Tenant& t = tenants_.at(s->tenant.value());
+  const Device* dev = device_by_uuid(m.device_uuid);
+  st::GuardEventRecord e{};
+  e.kind = static_cast<std::uint32_t>(m.kind);
+  e.tenant = t.id.value();
+  e.device = dev != nullptr ? static_cast<std::uint32_t>(dev->ordinal.value()) : st::kGuardNoDevice;
+  e.pid = s->pid;
+  copy_name(e.tenant_name, t.name);
+  e.cuda_status = m.cuda_status;
+  e.suspect_count = m.suspect_count;
+  e.live_allocations = m.live_allocations;
+  std::memcpy(e.call, m.call, sizeof e.call);
+  for (std::uint32_t i = 0; i < m.suspect_count && i < st::kGuardEventSuspects; ++i) e.suspects[i] = m.suspects[i];
+  if (m.suspect_count > 0) {
+    e.address = m.suspects[0].address;
+    e.requested_bytes = m.suspects[0].bytes;
+    e.allocated_unix_ns = m.suspects[0].age_ns < now.unix_ns ? now.unix_ns - m.suspects[0].age_ns : 0;
+  }
+  record_guard_event(e, now.unix_ns);
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// dedup of read-only chunks
+
+Dedup& Node::dedup() {
+  if (!dedup_) dedup_ = std::make_unique<Dedup>(driver_, log_);
+  return *dedup_;
+}
+
+std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, const proto::ShareRequest& m) {
+  auto sit = sessions_.find(session);
+  if (sit == sessions_.end()) return Malformed{"session is gone"};
+  Session& s = sit->second;
+  ShareOut out;
+  proto::ShareReply& reply = out.reply;
+  reply.h = proto::make_header<proto::ShareReply>(proto::MsgType::share_reply, m.h.request_id);
+  reply.grant_id = m.grant_id;
+  auto answer = [&](proto::Status status) {
+    reply.status = status;
+    return out;
+  };
+  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
+    return answer(proto::Status::unknown_grant);
+  }
+  Grant& g = grants_.at(m.grant_id);
+  Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  const std::uint64_t gran = dev.granularity.value();
+  if (m.bytes == 0 || m.offset % gran != 0 || m.bytes % gran != 0 || m.offset > g.bytes.value() ||
+      m.bytes > g.bytes.value() - m.offset) {
+    return Malformed{"ShareRequest range is not chunk-aligned inside grant " + std::to_string(g.id)};
+  }
+  const Tenant& t = tenants_.at(s.tenant.value());
+  if ((m.flags & proto::kShareTransparent) != 0 && m.first_piece == 0 && t.dedup != quota::DedupMode::transparent) {
+    // Transparent mode (docs/dedup.md): only for tenants of a `dedup: transparent` namespace.
+    // Cheap: nothing is planned. The hook asks once per connection and then stops.
+    log_.info("tenant " + t.name + ": transparent share of grant " + std::to_string(g.id) +
+              " refused: its namespace is not in dedup transparent mode");
+    return answer(proto::Status::dedup_disabled);
+  }
+  const Dedup::Plan* plan = nullptr;
+  if (m.first_piece == 0) {
+    if (g.purpose != proto::GrantPurpose::alloc || g.orphaned || g.canary || g.handles.empty() ||
+        dedup().is_shared(g.id)) {
+      log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) +
+                " cannot be shared (not a live alloc grant, canary guard, or shared already)");
+      return answer(proto::Status::bad_request);
+    }
+    changes_.devices = true;
+    try {
+      plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, g.handles, Bytes{m.offset}, Bytes{m.bytes});
+    } catch (const PoolOutOfMemory&) {
+      log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies");
+      return answer(proto::Status::out_of_memory);
+    } catch (const std::exception& e) {
+      log_.error("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " failed: " + e.what());
+      return answer(proto::Status::internal);
+    }
+  } else {
+    plan = dedup().pending(s.id);
+    if (plan == nullptr || plan->grant_id != g.id || m.first_piece >= plan->pieces.size()) {
+      return Malformed{"ShareRequest for a batch of no pending share"};
+    }
+  }
+  const auto total = static_cast<std::uint32_t>(plan->pieces.size());
+  reply.first_piece = m.first_piece;
+  reply.total_pieces = total;
+  reply.shared_bytes = plan->shared.value();
+  reply.merged_bytes = plan->merged.value();
+  reply.copied_bytes = plan->copied.value();
+  for (std::uint32_t i = m.first_piece; i < total && reply.piece_count < proto::kMaxHandlesPerGrant; ++i) {
+    const Dedup::Piece& p = plan->pieces[i];
+    proto::SharePiece& piece = reply.pieces[reply.piece_count++];
+    piece.size = p.size.value();
+    piece.offset = p.offset.value();
+    if (p.kind == Dedup::PieceKind::keep) {
+      piece.flags = proto::kShareKeep;
+      piece.keep_index = p.keep_index;
+    } else if (p.kind == Dedup::PieceKind::shared) {
+      piece.flags = proto::kShareReadOnly;
+      out.fds.push_back(dedup_->chunk_fd(p.chunk));
+    } else {
+      out.fds.push_back(p.fd());
+    }
+  }
+  return answer(proto::Status::ok);
+}
+
+void Node::share_undeliverable(std::uint64_t session) {
+  auto sit = sessions_.find(session);
+  if (sit == sessions_.end() || !dedup_) return;
+  const Dedup::Plan* plan = dedup_->pending(session);
+  if (plan == nullptr) return;
+  Device& dev = devices_.at(static_cast<std::size_t>(plan->device.value()));
+  dedup_->abort(session, *dev.pool, sit->second.tenant);
+  changes_.devices = true;
+}
+
+std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t session, const proto::ShareCommit& m) {
+  auto sit = sessions_.find(session);
+  if (sit == sessions_.end()) return Malformed{"session is gone"};
+  Session& s = sit->second;
+  proto::ShareAck ack{};
+  ack.h = proto::make_header<proto::ShareAck>(proto::MsgType::share_ack, m.h.request_id);
+  const Dedup::Plan* plan = dedup().pending(s.id);
+  if (plan == nullptr || plan->grant_id != m.grant_id ||
+      std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
+    ack.status = proto::Status::unknown_grant;
+    return ack;
+  }
+  Grant& g = grants_.at(m.grant_id);
+  Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  const Tenant& t = tenants_.at(s.tenant.value());
+  const std::uint64_t shared = plan->shared.value();
+  const std::uint64_t merged = plan->merged.value();
+  const std::uint64_t copied = plan->copied.value();
+  if (m.commit == 1) {
+    dedup().commit(s.id, g.handles, *dev.pool, s.tenant);
+    g.handle_count = static_cast<std::uint32_t>(g.handles.size());
+    ack.shared_bytes = shared;
+    log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) + " shares " + std::to_string(shared) +
+              " bytes read-only on GPU " + std::to_string(dev.ordinal.value()) + " (" + std::to_string(merged) +
+              " merged with existing chunks, " + std::to_string(copied) + " copied privately)");
+  } else {
+    dedup().abort(s.id, *dev.pool, s.tenant);
+    log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook");
+  }
+  changes_.grants.insert(g.slot);
+  changes_.devices = true;
+  ack.status = proto::Status::ok;
+  return ack;
+}
+
+}  // namespace vlake::pool

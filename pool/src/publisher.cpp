@@ -1,0 +1,204 @@
+#include "vlake/pool/publisher.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+namespace vlake::pool {
+
+namespace {
+
+template <std::size_t N>
+void copy_name(char (&dst)[N], const std::string& src) {
+  std::memset(dst, 0, N);
+  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
+}
+
+}  // namespace
+
+StatePublisher::StatePublisher(st::StateSegment& seg, std::uint32_t daemon_pid, std::uint64_t daemon_start_time,
+                               std::uint32_t sample_interval_ms) noexcept
+    : seg_(seg), daemon_pid_(daemon_pid), daemon_start_time_(daemon_start_time), sample_interval_ms_(sample_interval_ms) {}
+
+void StatePublisher::publish(Node& node, std::uint64_t now_unix_ns) noexcept {
+  const Changes c = node.take_changes();
+  write(node, c, now_unix_ns);
+}
+
+void StatePublisher::publish_all(Node& node, std::uint64_t now_unix_ns) noexcept {
+  Changes c = node.take_changes();
+  c.all = true;
+  write(node, c, now_unix_ns);
+}
+
+void StatePublisher::mark_clean(std::uint64_t now_unix_ns) noexcept {
+  st::StateSegment::Write w(seg_);
+  seg_.state().header.clean = 1;
+  seg_.state().header.updated_unix_ns = now_unix_ns;
+}
+
+void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_ns) noexcept {
+  st::StateSegment::Write w(seg_);
+  st::State& s = seg_.state();
+  st::Header& h = s.header;
+  h.next_session_id = node.next_session_id();
+  h.next_grant_id = node.next_grant_id();
+  h.daemon_pid = daemon_pid_;
+  h.daemon_start_time = daemon_start_time_;
+  h.device_count = static_cast<std::uint32_t>(node.devices().size());
+  h.starts = node.starts();
+  h.clean = 0;
+  h.max_namespaces = st::kMaxNamespaces;
+  h.sample_interval_ms = sample_interval_ms_;
+  if (now_unix_ns != 0) h.updated_unix_ns = now_unix_ns;
+  s.counters = node.counters();
+  // Handle counters accumulate over daemon restarts: this daemon's pools count from a base.
+  s.counters.handles_created = node.handles_created_base_;
+  s.counters.handles_released = node.handles_released_base_;
+  for (const Node::Device& d : node.devices()) {
+    s.counters.handles_created += d.pool->handles_created();
+    s.counters.handles_released += d.pool->handles_released();
+  }
+  s.config = node.config_record();
+  if (c.all || c.guard) s.guard = node.guard_log();
+
+  // Grants and sessions: the changed slots (or all), zeroed when free.
+  if (c.all) {
+    std::memset(s.grants, 0, sizeof s.grants);
+    std::memset(s.sessions, 0, sizeof s.sessions);
+  } else {
+    for (std::uint32_t slot : c.grants) std::memset(&s.grants[slot], 0, sizeof s.grants[slot]);
+    for (std::uint32_t slot : c.sessions) std::memset(&s.sessions[slot], 0, sizeof s.sessions[slot]);
+  }
+  for (const auto& [id, g] : node.grants()) {
+    if (!c.all && c.grants.count(g.slot) == 0) continue;
+    const Node::Tenant* t = node.tenant(g.tenant);
+    const std::uint32_t guard =
+        static_cast<std::uint32_t>(g.canary ? quota::GuardMode::canary : t != nullptr ? t->guard : quota::GuardMode::off);
+    const std::uint32_t state = g.orphaned ? st::kGrantOrphaned : st::kGrantLive;
+    s.grants[g.slot] = st::GrantRecord{g.id, g.session, g.bytes.value(), g.tenant.value(),
+                                       static_cast<std::uint32_t>(g.device.value()), static_cast<std::uint32_t>(g.purpose),
+                                       g.handle_count, state, guard, g.requested,
+                                       g.created_unix_ns};
+  }
+  for (const auto& [id, sess] : node.sessions()) {
+    if (!c.all && c.sessions.count(sess.slot) == 0) continue;
+    st::SessionRecord& r = s.sessions[sess.slot];
+    r.id = sess.id;
+    r.start_time = sess.start_time;
+    r.pid = sess.pid;
+    r.uid = sess.uid;
+    r.gid = sess.gid;
+    r.tenant = sess.tenant.value();
+    r.state = sess.conn != 0 ? st::kSessionConnected : st::kSessionDetached;
+    r.grant_count = static_cast<std::uint32_t>(sess.grants.size());
+  }
+
+  // Tenants, then namespaces (their usage and tenant counts follow the tenants').
+  std::map<std::uint32_t, const Node::Namespace*> ns_by_id;  // by NamespaceId value
+  for (const auto& [name, n] : node.namespaces()) ns_by_id[n.id.value()] = &n;
+  std::set<std::uint32_t> ns_slots = c.namespaces;
+  if (c.all) std::memset(s.tenants, 0, sizeof s.tenants);
+  for (const std::uint32_t slot : c.tenants) std::memset(&s.tenants[slot], 0, sizeof s.tenants[slot]);
+  for (const auto& [tid, t] : node.tenants()) {
+    if (!c.all && c.tenants.count(t.slot) == 0) continue;
+    tenant(node, t, s);
+    auto n = ns_by_id.find(t.ns.value());
+    if (n != ns_by_id.end()) ns_slots.insert(n->second->slot);
+  }
+  if (c.all) {
+    std::memset(s.namespaces, 0, sizeof s.namespaces);
+    for (const auto& [name, n] : node.namespaces()) ns_slots.insert(n.slot);
+  }
+  for (std::uint32_t slot : ns_slots) std::memset(&s.namespaces[slot], 0, sizeof s.namespaces[slot]);
+  for (const auto& [id, n] : ns_by_id) {
+    if (ns_slots.count(n->slot) != 0) namespace_record(node, *n, s);
+  }
+  if (c.all) std::memset(s.devices, 0, sizeof s.devices);
+  if (c.all || c.devices || !c.tenants.empty()) devices(node, s);
+}
+
+void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State& s) noexcept {
+  const Node::Tenant* t = &tn;
+  st::TenantRecord& r = s.tenants[t->slot];
+  std::uint32_t over = 0;
+  r.in_use = 1;
+  r.id = t->id.value();
+  copy_name(r.name, t->name);
+  for (const Node::Device& d : node.devices()) {
+    const Accounting::Usage u = node.accounting().usage(t->id, d.ordinal);
+    const auto i = static_cast<std::size_t>(d.ordinal.value());
+    r.limit[i] = u.limit.value();
+    r.granted[i] = u.granted.value();
+    r.nonpool[i] = u.nonpool.value();
+    if (u.used() > u.limit) over |= 1u << i;
+    std::uint64_t reserve = 0;
+    for (const auto& [sid, ss] : node.sessions()) {
+      if (ss.tenant == t->id) reserve += ss.reserve[i];
+    }
+    r.reserve[i] = reserve;
+  }
+  r.namespace_id = t->ns.value();
+  r.over_limit = over;
+}
+
+void StatePublisher::namespace_record(const Node& node, const Node::Namespace& ns, st::State& s) noexcept {
+  const Node::Namespace* n = &ns;
+  st::NamespaceRecord& r = s.namespaces[n->slot];
+  r.in_use = 1;
+  r.id = n->id.value();
+  copy_name(r.name, n->spec.name);
+  r.priority = n->spec.priority;
+  r.flags = (n->spec.limit ? st::kNamespaceHasLimit : 0u) | (n->spec.declared ? 0u : st::kNamespaceImplicit);
+  std::uint32_t over = 0;
+  for (const Node::Device& d : node.devices()) {
+    const auto i = static_cast<std::size_t>(d.ordinal.value());
+    const Accounting::NamespaceUsage u = node.accounting().namespace_usage(n->id, d.ordinal);
+    r.limit[i] = n->spec.limit_on(d.total).value();
+    r.guaranteed[i] = n->spec.guaranteed_on(d.total).value();
+    r.used[i] = u.used().value();
+    if (u.used().value() > r.limit[i]) over |= 1u << i;
+  }
+  r.over_limit = over;
+  std::uint32_t count = 0;
+  for (const auto& [id, t] : node.tenants()) count += t.ns == n->id ? 1 : 0;
+  r.tenant_count = count;
+}
+
+void StatePublisher::devices(const Node& node, st::State& s) noexcept {
+  for (const Node::Device& d : node.devices()) {
+    st::DeviceRecord& r = s.devices[d.ordinal.value()];
+    const DevicePool& pool = *d.pool;
+    std::memcpy(r.uuid, d.uuid.data(), sizeof r.uuid);
+    r.total = d.total.value();
+    r.granularity = d.granularity.value();
+    r.pool_bytes = pool.pool_bytes().value();
+    r.free_bytes = pool.free_bytes().value();
+    r.free_handles = pool.free_handles();
+    r.largest_free_handle = pool.largest_free_handle().value();
+    r.granted_bytes = d.granted.value();
+    r.free_small_handles = pool.free_small_handles();
+    r.free_bulk_handles = pool.free_bulk_handles();
+    r.warm_target_bytes = node.settings().warm_reserve.value();
+    r.pool_peak_bytes = std::max({r.pool_peak_bytes, pool.peak_bytes().value(), d.pool_peak});
+    r.dedup_logical_bytes = node.dedup_logical(d.ordinal).value();
+    r.dedup_physical_bytes = node.dedup_physical(d.ordinal).value();
+    const auto i = static_cast<std::size_t>(d.ordinal.value());
+    std::uint64_t hook_reserve = 0;
+    for (const auto& [sid, ss] : node.sessions()) hook_reserve += ss.reserve[i];
+    r.hook_reserve_bytes = hook_reserve;
+    r.orphaned_bytes = d.orphaned.value();
+    r.counted_bytes = d.counted.value();
+    std::uint64_t nonpool = 0;
+    for (const auto& [tid, t] : node.tenants()) nonpool += node.accounting().usage(t.id, d.ordinal).nonpool.value();
+    r.nonpool_bytes = nonpool;
+    r.in_use = 1;
+    r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
+    const Accounting::DeviceEntry du = node.accounting().device_usage(d.ordinal);
+    r.guaranteed_bytes = du.guaranteed.value();
+    r.borrowed_bytes = du.borrowed.value();
+  }
+}
+
+}  // namespace vlake::pool
