@@ -24,8 +24,8 @@
 
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "podresources/v1/api.grpc.pb.h"
-#include "vlake/contracts/allocation.hpp"
 #include "vlake/common/unique_fd.hpp"
+#include "vlake/contracts/allocation.hpp"
 #include "vlake/contracts/state.hpp"
 #include "vlake/scheduler/attribution.hpp"
 

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "json_parse.hpp"
+#include "vlake/contracts/state.hpp"
 #include "vlake/ctl/format.hpp"
 #include "vlake/ctl/json.hpp"
 #include "vlake/ctl/options.hpp"
@@ -20,7 +21,6 @@
 #include "vlake/ctl/render.hpp"
 #include "vlake/ctl/state_source.hpp"
 #include "vlake/ctl/view.hpp"
-#include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace vlake::ctl;

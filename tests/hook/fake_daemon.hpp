@@ -35,8 +35,9 @@
 #include <vector>
 
 #include "vlake/common/driver.hpp"
-#include "vlake/contracts/protocol.hpp"
 #include "vlake/common/unique_fd.hpp"
+#include "vlake/common/uuid.hpp"
+#include "vlake/contracts/protocol.hpp"
 
 namespace hooktest {
 
