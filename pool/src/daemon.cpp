@@ -32,6 +32,7 @@
 #include "alloc_watch.hpp"
 #include "config_watch.hpp"
 #include "poller.hpp"
+#include "vlake/common/fixed_chars.hpp"
 #include "vlake/common/proc.hpp"
 #include "vlake/common/unix_socket.hpp"
 #include "vlake/contracts/codec.hpp"
@@ -727,7 +728,7 @@ void Daemon::Impl::fail(ConnId serial, std::uint64_t request_id, proto::Status s
   if (it == conns_.end()) return;
   proto::Error e = proto::make<proto::Error>(request_id);
   e.status = s;
-  std::memcpy(e.message, text.data(), std::min(text.size(), sizeof e.message - 1));
+  copy_chars(e.message, text);
   publisher_->publish(*node_);  // counters included: the client may look right after
   try {
     send_with_fds(it->second.fd.get(), proto::encode(e), {});

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+
+#include "vlake/common/fixed_chars.hpp"
 #include <stdexcept>
 
 #include "dedup.hpp"
@@ -12,12 +14,6 @@
 namespace vlake::pool {
 
 namespace {
-
-template <std::size_t N>
-void copy_name(char (&dst)[N], const std::string& src) {
-  std::memset(dst, 0, N);
-  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
-}
 
 std::string cut_name(const std::string& name) { return name.substr(0, st::kTenantNameBytes - 1); }
 
@@ -306,7 +302,7 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
   ack.granularity = devices_.front().granularity.value();
   ack.device_count = static_cast<std::uint32_t>(devices_.size());
   ack.guard_mode = static_cast<proto::GuardMode>(t.guard);
-  copy_name(ack.tenant_name, t.name);
+  copy_chars(ack.tenant_name, t.name);
   for (const Device& d : devices_) ack.devices[d.ordinal.value()] = device_quota(t, d);
   out.answer = ack;
   return out;
@@ -456,7 +452,7 @@ void Node::apply(quota::QuotaConfig cfg, const std::string& source, bool from_fi
   ++config_record_.generation;
   config_record_.loaded_unix_ns = now.unix_ns;
   config_record_.rejected = 0;
-  copy_name(config_record_.path, source);
+  copy_chars(config_record_.path, source);
   config_record_.from_file = from_file ? 1 : 0;
   config_record_.namespace_count = static_cast<std::uint32_t>(namespaces_.size());
   if (!why.empty()) {
@@ -469,7 +465,7 @@ void Node::apply(quota::QuotaConfig cfg, const std::string& source, bool from_fi
 
 void Node::config_rejected(const std::string& error, Now now) {
   ++counters_.config_reload_errors;
-  copy_name(config_record_.last_error, error);
+  copy_chars(config_record_.last_error, error);
   config_record_.error_unix_ns = now.unix_ns;
   config_record_.rejected = 1;
 }

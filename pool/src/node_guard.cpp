@@ -2,6 +2,8 @@
 // and dedup of read-only chunks (docs/dedup.md; the table and the planning are in dedup.cpp).
 #include <algorithm>
 #include <cstring>
+
+#include "vlake/common/fixed_chars.hpp"
 #include <sstream>
 
 #include "dedup.hpp"
@@ -23,12 +25,6 @@ const char* guard_kind_name(std::uint32_t k) {
     case proto::GuardKind::readonly: return "readonly";
   }
   return "unknown";
-}
-
-template <std::size_t N>
-void copy_name(char (&dst)[N], const std::string& src) {
-  std::memset(dst, 0, N);
-  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
 }
 
 }  // namespace
@@ -82,12 +78,12 @@ bool Node::canary_check(const Grant& g, const char* when, std::uint64_t now_unix
   e.device = static_cast<std::uint32_t>(g.device.value());
   const Session* s = session(g.session);
   e.pid = s != nullptr ? s->pid : 0;
-  if (const Tenant* t = tenant(g.tenant)) copy_name(e.tenant_name, t->name);
+  if (const Tenant* t = tenant(g.tenant)) copy_chars(e.tenant_name, t->name);
   e.grant_id = g.id;
   e.requested_bytes = g.requested;
   e.first_bad_offset = bad;
   e.allocated_unix_ns = g.created_unix_ns;
-  copy_name(e.call, when);
+  copy_chars(e.call, when);
   record_guard_event(e, now_unix_ns);
   // Re-arm, so a later overrun of the same allocation is seen again (and this one only once).
   try {
@@ -159,7 +155,7 @@ std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::G
   e.tenant = t.id.value();
   e.device = dev != nullptr ? static_cast<std::uint32_t>(dev->ordinal.value()) : st::kGuardNoDevice;
   e.pid = s->pid;
-  copy_name(e.tenant_name, t.name);
+  copy_chars(e.tenant_name, t.name);
   e.cuda_status = m.cuda_status;
   e.suspect_count = m.suspect_count;
   e.live_allocations = m.live_allocations;

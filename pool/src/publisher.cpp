@@ -2,20 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+
+#include "vlake/common/fixed_chars.hpp"
 #include <map>
 #include <set>
 
 namespace vlake::pool {
-
-namespace {
-
-template <std::size_t N>
-void copy_name(char (&dst)[N], const std::string& src) {
-  std::memset(dst, 0, N);
-  std::memcpy(dst, src.data(), std::min(src.size(), N - 1));
-}
-
-}  // namespace
 
 StatePublisher::StatePublisher(st::StateSegment& seg, std::uint32_t daemon_pid, std::uint64_t daemon_start_time,
                                std::uint32_t sample_interval_ms) noexcept
@@ -125,7 +117,7 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
   std::uint32_t over = 0;
   r.in_use = 1;
   r.id = t->id.value();
-  copy_name(r.name, t->name);
+  copy_chars(r.name, t->name);
   for (const Node::Device& d : node.devices()) {
     const Accounting::Usage u = node.accounting().usage(t->id, d.ordinal);
     const auto i = static_cast<std::size_t>(d.ordinal.value());
@@ -148,7 +140,7 @@ void StatePublisher::namespace_record(const Node& node, const Node::Namespace& n
   st::NamespaceRecord& r = s.namespaces[n->slot];
   r.in_use = 1;
   r.id = n->id.value();
-  copy_name(r.name, n->spec.name);
+  copy_chars(r.name, n->spec.name);
   r.priority = n->spec.priority;
   r.flags = (n->spec.limit ? st::kNamespaceHasLimit : 0u) | (n->spec.declared ? 0u : st::kNamespaceImplicit);
   std::uint32_t over = 0;
