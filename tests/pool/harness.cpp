@@ -223,18 +223,22 @@ std::string Helper::cmd(const std::string& line) {
   }
 }
 
-std::map<std::string, std::string> Helper::ok(const std::string& line) {
-  const std::string r = cmd(line);
-  INFO("command: " << line << " -> " << r);
-  REQUIRE(r.rfind("ok", 0) == 0);
+std::map<std::string, std::string> reply_fields(const std::string& reply) {
   std::map<std::string, std::string> kv;
-  std::istringstream in(r.substr(2));
+  std::istringstream in(reply.rfind("ok", 0) == 0 ? reply.substr(2) : reply);
   std::string tok;
   while (in >> tok) {
     const auto eq = tok.find('=');
     if (eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
   }
   return kv;
+}
+
+std::map<std::string, std::string> Helper::ok(const std::string& line) {
+  const std::string r = cmd(line);
+  INFO("command: " << line << " -> " << r);
+  REQUIRE(r.rfind("ok", 0) == 0);
+  return reply_fields(r);
 }
 
 void Helper::kill9() {

@@ -55,6 +55,9 @@ class DaemonProcess {
   std::vector<std::string> last_extra_;
 };
 
+// The key=value pairs of a helper's reply line ("ok k=v ..."). No assertion: any thread.
+std::map<std::string, std::string> reply_fields(const std::string& reply);
+
 // A tenant helper process.
 class Helper {
  public:
@@ -66,7 +69,9 @@ class Helper {
 
   // Sends one command, returns the reply line (throws on EOF / 30 s timeout).
   std::string cmd(const std::string& line);
-  // cmd() that must answer "ok ..."; returns its key=value pairs (REQUIREs inside).
+  // cmd() that must answer "ok ..."; returns its key=value pairs (REQUIREs inside: call it on
+  // the test's own thread only, Catch2's assertions are not thread-safe; other threads use cmd()
+  // and reply_fields()).
   std::map<std::string, std::string> ok(const std::string& line);
   void kill9();
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }

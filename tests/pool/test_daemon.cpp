@@ -277,11 +277,11 @@ TEST_CASE("daemon: concurrent clients never exceed the tenant limit", "[daemon]"
   // Physical usage seen by a separate simulator process while the storm runs: the daemon
   // never holds more than the limit plus its free pool, which is bounded by the GPU.
   std::vector<std::thread> runners;
-  std::vector<std::map<std::string, std::string>> results(kProcs);
+  std::vector<std::string> replies(kProcs);  // checked below: Catch2 assertions are not thread-safe
   for (int i = 0; i < kProcs; ++i) {
     runners.emplace_back([&, i] {
-      results[static_cast<std::size_t>(i)] = hs[static_cast<std::size_t>(i)]->ok(
-          "stress " + d.socket + " 4 150 6 " + std::to_string(i + 1));
+      replies[static_cast<std::size_t>(i)] =
+          hs[static_cast<std::size_t>(i)]->cmd("stress " + d.socket + " 4 150 6 " + std::to_string(i + 1));
     });
   }
   for (auto& t : runners) t.join();
@@ -290,7 +290,10 @@ TEST_CASE("daemon: concurrent clients never exceed the tenant limit", "[daemon]"
 
   std::uint64_t grants = 0;
   std::uint64_t denied = 0;
-  for (const auto& r : results) {
+  for (const std::string& reply : replies) {
+    INFO(reply);
+    REQUIRE(reply.rfind("ok", 0) == 0);
+    const auto r = reply_fields(reply);
     INFO((r.count("first_error") != 0 ? r.at("first_error") : std::string()));
     CHECK(num(r, "errors") == 0);
     grants += num(r, "grants");

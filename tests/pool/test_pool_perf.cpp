@@ -141,8 +141,8 @@ TEST_CASE("pool: pressure asks a flagged client for its reserve and the parked g
   auto s = snapshot(d.state);
   filler.ok("own " + std::to_string(kGiB - s->devices[0].pool_bytes));
 
-  std::map<std::string, std::string> gb;
-  std::thread t([&] { gb = b.ok("grant " + mib(8)); });
+  std::string gb_reply;  // checked after join: Catch2 assertions are not thread-safe
+  std::thread t([&] { gb_reply = b.cmd("grant " + mib(8)); });
   const auto p = a.ok("pressure 5000");
   CHECK(p.at("got") == "1");
   CHECK(num(p, "bytes") == 8 * kMiB);
@@ -157,6 +157,9 @@ TEST_CASE("pool: pressure asks a flagged client for its reserve and the parked g
   CHECK(num(n.ok("usage"), "status") == 0);
   a.ok("release " + ga.at("id"));
   t.join();
+  INFO(gb_reply);
+  REQUIRE(gb_reply.rfind("ok", 0) == 0);
+  const auto gb = reply_fields(gb_reply);
   REQUIRE(num(gb, "status") == 0);
   CHECK(num(gb, "handles") == 1);
   CHECK(b.ok("check " + gb.at("id") + " 0").at("match") == "1");
