@@ -58,7 +58,7 @@ void run_loop(const AllocOptions& o, Shared* sh, double* samples, int me) {
       const CUresult a = api.mem_alloc(&p, bytes);
       const std::uint64_t t1 = now_ns();
       if (a != CUDA_SUCCESS) {
-        throw std::runtime_error("cuMemAlloc_v2(" + size_label(Bytes{bytes}) +
+        throw std::runtime_error("cuMemAlloc_v2(" + format_size(Bytes{bytes}) +
                                  ") failed: " + api.error_name(a));
       }
       const CUresult f = api.mem_free(p);
@@ -101,7 +101,7 @@ void write_sizes(Json& j, const AllocOptions& o, const double* samples, const st
       vmm += sh->vmm[p][si];
     }
     j.begin_object();
-    j.key("size").value(size_label(o.sizes[si]));
+    j.key("size").value(format_size(o.sizes[si]));
     j.key("bytes").value(o.sizes[si].value());
     j.key("alloc").summary(summarize(ops[0]));
     j.key("free").summary(summarize(ops[1]));
@@ -136,7 +136,7 @@ AllocOptions AllocBench::parse(const std::vector<std::string>& args) {
     if (a == "--sizes") {
       try {
         o.sizes = parse_sizes(v);
-      } catch (const std::runtime_error& e) {
+      } catch (const std::exception& e) {
         throw std::invalid_argument(std::string("--sizes: ") + e.what());
       }
       if (o.sizes.size() > kMaxSizes) throw std::invalid_argument("--sizes: at most 16 sizes");

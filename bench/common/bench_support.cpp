@@ -86,28 +86,6 @@ Summary summarize(std::vector<double> s) {
   return out;
 }
 
-Bytes parse_size(std::string_view t) {
-  std::size_t i = 0;
-  std::uint64_t v = 0;
-  while (i < t.size() && t[i] >= '0' && t[i] <= '9') {
-    const std::uint64_t d = static_cast<std::uint64_t>(t[i] - '0');
-    if (v > (UINT64_MAX - d) / 10) throw std::runtime_error("size too large: " + std::string(t));
-    v = v * 10 + d;
-    ++i;
-  }
-  if (i == 0) throw std::runtime_error("not a size: '" + std::string(t) + "'");
-  const std::string_view unit = t.substr(i);
-  int shift = 0;
-  if (unit.empty() || unit == "B") shift = 0;
-  else if (unit == "K" || unit == "KiB") shift = 10;
-  else if (unit == "M" || unit == "MiB") shift = 20;
-  else if (unit == "G" || unit == "GiB") shift = 30;
-  else if (unit == "T" || unit == "TiB") shift = 40;
-  else throw std::runtime_error("not a size: '" + std::string(t) + "' (units B, KiB, MiB, GiB, TiB)");
-  if (shift > 0 && v > (UINT64_MAX >> shift)) throw std::runtime_error("size too large: " + std::string(t));
-  return Bytes{v << shift};
-}
-
 std::vector<Bytes> parse_sizes(std::string_view t) {
   std::vector<Bytes> out;
   while (!t.empty()) {
@@ -118,17 +96,6 @@ std::vector<Bytes> parse_sizes(std::string_view t) {
   }
   if (out.empty()) throw std::runtime_error("no sizes given");
   return out;
-}
-
-std::string size_label(Bytes b) {
-  static constexpr const char* kUnits[] = {"GiB", "MiB", "KiB"};
-  static constexpr int kShifts[] = {30, 20, 10};
-  const std::uint64_t v = b.value();
-  for (int i = 0; i < 3; ++i) {
-    const std::uint64_t unit = 1ULL << kShifts[i];
-    if (v >= unit && v % unit == 0) return std::to_string(v / unit) + kUnits[i];
-  }
-  return std::to_string(v) + "B";
 }
 
 void Json::comma() {

@@ -1,5 +1,6 @@
 // Shared pieces of the vlake benchmarks (bench/): the driver bound at run time, latency
-// summaries, size parsing, a small JSON builder and a wall-clock start barrier.
+// summaries, lists of sizes, a small JSON builder and a wall-clock start barrier. Single sizes
+// are read and printed with vlake's one size grammar (vlake/common/size.hpp).
 //
 // The benchmarks reach the driver exactly like an application that loads libcuda itself:
 // dlopen("libcuda.so.1") (or --driver PATH) and dlsym of each entry point. Under
@@ -7,7 +8,8 @@
 // same binary measures the native driver, the hook's warm path and its cold path.
 //
 // Thread-safety: a CudaApi is immutable after construction and may be shared; the rest are
-// plain values. Errors: constructors and parsers throw std::runtime_error with a message.
+// plain values. Errors: constructors throw std::runtime_error with a message; size parsing
+// throws vlake::SizeError (a std::invalid_argument).
 #pragma once
 
 #include <cuda.h>
@@ -17,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "vlake/common/size.hpp"
 #include "vlake/common/strong_types.hpp"
 
 namespace vlake::bench {
@@ -68,12 +71,8 @@ struct Summary {
 Summary summarize(std::vector<double> samples_us);
 double percentile(const std::vector<double>& sorted, double p);
 
-// "2MiB", "20M", "1GiB", "1G", "512KiB", "4096" (binary units); throws on anything else.
-Bytes parse_size(std::string_view text);
-// Comma-separated sizes.
+// Comma-separated sizes ("2MiB,1GiB"), each in vlake's size grammar (vlake::parse_size).
 std::vector<Bytes> parse_sizes(std::string_view text);
-// "2MiB", "1GiB", "768KiB" or the byte count: the shortest exact binary form.
-std::string size_label(Bytes b);
 
 // Minimal JSON text builder: the caller writes keys and values in order; commas are handled.
 class Json {

@@ -87,7 +87,7 @@ ReplayOptions ReplayBench::parse(const std::vector<std::string>& args) {
     else if (a == "--granularity") {
       try {
         o.granularity = parse_size(v);
-      } catch (const std::runtime_error& e) {
+      } catch (const SizeError& e) {
         throw std::invalid_argument(std::string("--granularity: ") + e.what());
       }
       if (o.granularity.value() == 0) throw std::invalid_argument("--granularity must be > 0");

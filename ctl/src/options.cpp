@@ -1,6 +1,6 @@
 #include "vlake/ctl/options.hpp"
 
-#include "vlake/quota/quota_config.hpp"
+#include "vlake/common/size.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -79,15 +79,11 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
     } else if (a == "--gpu-memory") {
       if (i + 1 >= args.size()) throw UsageError("--gpu-memory needs a size (e.g. 80GiB)");
       const std::string v = args[++i];
-      const quota::Limit l = [&] {
-        try {
-          return quota::parse_limit(v);
-        } catch (const std::invalid_argument& e) {
-          throw UsageError("--gpu-memory " + v + ": " + e.what());
-        }
-      }();
-      if (l.is_percent()) throw UsageError("--gpu-memory takes an absolute size, not a percentage");
-      o.gpu_memory = l.absolute();
+      try {
+        o.gpu_memory = parse_size(v, Bytes{1}, Bytes{~std::uint64_t{0}});
+      } catch (const SizeError& e) {
+        throw UsageError("--gpu-memory: " + std::string(e.what()));
+      }
     } else if (a.size() > 1 && a[0] == '-') {
       throw UsageError("unknown option '" + a + "'");
     } else {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "vlake/common/proc.hpp"
 #include "vlake/common/unique_fd.hpp"
 
 namespace vlake::ctl {
@@ -120,22 +121,8 @@ bool process_alive(std::uint32_t pid, std::uint64_t start_time) {
   if (pid == 0) return false;
   if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
   if (start_time == 0) return true;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return true;  // cannot tell: trust kill()
-  const auto rp = line.rfind(')');
-  if (rp == std::string::npos) return true;
-  std::istringstream rest(line.substr(rp + 2));
-  std::string field;
-  // Fields after "(comm)" start at field 3; the start time is field 22.
-  for (int f = 3; f <= 22; ++f) {
-    if (!(rest >> field)) return true;
-  }
-  try {
-    return std::stoull(field) == start_time;
-  } catch (const std::exception&) {
-    return true;
-  }
+  const std::uint64_t now = process_start_time(pid);
+  return now == 0 || now == start_time;  // 0: cannot tell (no /proc): trust kill()
 }
 
 }  // namespace vlake::ctl

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <limits>
+#include <stdexcept>
+
+#include "vlake/common/size.hpp"
 
 namespace vlake::hook {
 
@@ -28,36 +30,6 @@ std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) {
     return std::nullopt;
   }
   return std::chrono::milliseconds(static_cast<long long>(std::llround(v * scale)));
-}
-
-std::optional<std::uint64_t> parse_size(std::string_view text) {
-  std::size_t digits = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-  if (digits == 0 || digits > 20) return std::nullopt;
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < digits; ++i) {
-    const auto d = static_cast<std::uint64_t>(text[i] - '0');
-    if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return std::nullopt;
-    v = v * 10 + d;
-  }
-  const std::string_view unit = text.substr(digits);
-  struct Unit {
-    std::string_view name;
-    std::uint64_t scale;
-  };
-  static constexpr Unit kUnits[] = {
-      {"", 1},         {"B", 1},
-      {"K", 1ULL << 10}, {"Ki", 1ULL << 10}, {"KiB", 1ULL << 10}, {"KB", 1000ULL},
-      {"M", 1ULL << 20}, {"Mi", 1ULL << 20}, {"MiB", 1ULL << 20}, {"MB", 1000000ULL},
-      {"G", 1ULL << 30}, {"Gi", 1ULL << 30}, {"GiB", 1ULL << 30}, {"GB", 1000000000ULL},
-      {"T", 1ULL << 40}, {"Ti", 1ULL << 40}, {"TiB", 1ULL << 40}, {"TB", 1000000000000ULL},
-  };
-  for (const Unit& u : kUnits) {
-    if (unit != u.name) continue;
-    if (v > std::numeric_limits<std::uint64_t>::max() / u.scale) return std::nullopt;
-    return v * u.scale;
-  }
-  return std::nullopt;
 }
 
 namespace {
@@ -112,15 +84,9 @@ Config Config::parse(const Lookup& lookup) {
     }
   }
   if (const char* v = lookup("VLAKE_LOG"); v != nullptr) {
-    if (::strcasecmp(v, "error") == 0) {
-      c.log_level = LogLevel::error;
-    } else if (::strcasecmp(v, "warn") == 0 || ::strcasecmp(v, "warning") == 0) {
-      c.log_level = LogLevel::warn;
-    } else if (::strcasecmp(v, "info") == 0) {
-      c.log_level = LogLevel::info;
-    } else if (::strcasecmp(v, "debug") == 0) {
-      c.log_level = LogLevel::debug;
-    } else {
+    try {
+      c.log_level = parse_log_level(v);
+    } catch (const std::invalid_argument&) {
       bad("VLAKE_LOG", v, "error, warn, info or debug");
     }
   }
@@ -139,10 +105,10 @@ Config Config::parse(const Lookup& lookup) {
     }
   }
   if (const char* v = lookup("VLAKE_RESERVE"); v != nullptr) {
-    if (auto b = parse_size(v)) {
-      c.reserve_bytes = *b;
-    } else {
-      bad("VLAKE_RESERVE", v, "a size such as 0, 512MiB, 2GiB");
+    try {
+      c.reserve_bytes = parse_size(v).value();
+    } catch (const SizeError& e) {
+      c.problems.push_back("ignoring VLAKE_RESERVE=\"" + std::string(v) + "\": " + e.reason());
     }
   }
   if (const char* v = lookup("VLAKE_RESERVE_AGE"); v != nullptr) {

@@ -14,8 +14,10 @@
 //     VLAKE_RESERVE            local reserve cap (size)  default 2GiB; 0 = no reserve
 //     VLAKE_RESERVE_AGE        idle time before a reserved block goes back   default 30 s
 //     VLAKE_PROFILE            1 = print the cold path's time per phase at exit
-//   A size is a whole number of bytes with an optional unit K, Ki, KiB, M, Mi, MiB, G, Gi,
-//   GiB, T, Ti, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000).
+//   A size follows vlake's one grammar (vlake/common/size.hpp, docs/hook.md): a byte count or a
+//   whole number with KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 1GB are
+//   rejected with a message that says what to write (and the default is kept).
+//   VLAKE_LOG takes the level names of vlake/common/log.hpp (any case; "warning" = warn).
 //   A duration is a decimal number of seconds ("5", "0.25"), or a number with "ms" or "s".
 // - Plain value type; thread-safe as any value once built.
 #pragma once
@@ -28,9 +30,10 @@
 #include <string_view>
 #include <vector>
 
+#include "vlake/common/log.hpp"
+
 namespace vlake::hook {
 
-enum class LogLevel : int { error = 0, warn = 1, info = 2, debug = 3 };
 enum class OnUnreachable { refuse, passthrough };
 
 struct Config {
@@ -49,9 +52,6 @@ struct Config {
   [[nodiscard]] static Config parse(const Lookup& lookup);
   [[nodiscard]] static Config from_environment();
 };
-
-// "0", "4096", "512MiB", "2GiB", "1GB" -> bytes; nullopt when malformed or out of range.
-[[nodiscard]] std::optional<std::uint64_t> parse_size(std::string_view text);
 
 // "5", "0.5", "250ms", "2s" -> milliseconds; nullopt when malformed or negative.
 [[nodiscard]] std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
@@ -11,36 +12,29 @@
 namespace vlake::hook {
 
 namespace {
-std::atomic<int> g_level{static_cast<int>(LogLevel::warn)};
+std::atomic<LogLevel> g_level{LogLevel::warn};
 }
 
 void set_log_level(LogLevel level) noexcept {
-  g_level.store(static_cast<int>(level));
+  g_level.store(level);
 }
 
 bool log_enabled(LogLevel level) noexcept {
-  return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
+  return level >= g_level.load(std::memory_order_relaxed);
 }
 
 void log(LogLevel level, const char* fmt, ...) noexcept {
   if (!log_enabled(level)) return;
   const int saved_errno = errno;
-  char line[1024];
-  int n = std::snprintf(line, sizeof line, "vlake: ");
+  char message[1024];
   va_list ap;
   va_start(ap, fmt);
-  const int m = std::vsnprintf(line + n, sizeof line - static_cast<std::size_t>(n) - 1, fmt, ap);
+  const int m = std::vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  if (m > 0) n += m;
-  if (n > static_cast<int>(sizeof line) - 2) n = static_cast<int>(sizeof line) - 2;
-  line[n++] = '\n';
-  ssize_t off = 0;
-  while (off < n) {
-    const ssize_t w = ::write(STDERR_FILENO, line + off, static_cast<std::size_t>(n - off));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    off += w;
-  }
+  const std::size_t len = m < 0 ? 0 : std::min(static_cast<std::size_t>(m), sizeof message - 1);
+  char line[1040];
+  const std::size_t n = format_log_line(line, sizeof line, "vlake", level, false, std::string_view(message, len));
+  write_log_line(STDERR_FILENO, std::string_view(line, n));
   errno = saved_errno;
 }
 

@@ -1,9 +1,14 @@
-// Logging of libvlake-hook.so: one line per message on stderr, prefixed "vlake: ".
+// Logging of libvlake-hook.so: a thin front over vlake's one logger (vlake/common/log.hpp), one
+// line per message on stderr, prefixed "vlake: ".
 //
 // Contract
-// - set_log_level() is called once at initialization; log() drops messages above that level.
-//   Lines are written with a single write(2) (no stdio buffering, no allocation beyond the line),
-//   so concurrent messages never interleave inside a line.
+// - set_log_level() is called once at initialization, with the level Config read from VLAKE_LOG
+//   (the environment is never read here); log() drops messages below that level.
+// - log() formats printf-style into a stack buffer and hands the line to the common
+//   format_log_line()/write_log_line(): one write(2), no stdio buffering, no allocation, no lock,
+//   errno preserved, so concurrent messages never interleave inside a line. It does not use
+//   vlake::Logger itself because the line goes into a tenant's stderr: no pid and no level, just
+//   "vlake: <message>" (docs/hook.md), and because printf-style formatting needs no allocation.
 // - RateLimiter: allow() returns true at most once per interval; the calls it refuses are
 //   counted and handed to the next allowed call (`suppressed`). Thread-safe.
 // - format_bytes(): "3.5 GiB", "512 MiB", "4 KiB", "100 B" (binary units, at most one decimal).

@@ -35,7 +35,7 @@
 #include "vlake/common/driver.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/pool/device_pool.hpp"
-#include "vlake/pool/log.hpp"
+#include "vlake/common/log.hpp"
 
 namespace vlake::pool {
 

@@ -1,5 +1,6 @@
 #include "vlake/pool/options.hpp"
 #include "vlake/common/cli.hpp"
+#include "vlake/common/size.hpp"
 
 #include "vlake/exporter/server.hpp"
 
@@ -10,30 +11,6 @@
 #include <string_view>
 
 namespace vlake::pool {
-
-namespace {
-// "123", "64MiB", "1GiB", "2M", "512K", "1T" (binary units); UINT64_MAX if malformed.
-std::uint64_t parse_size(const std::string& v) {
-  std::size_t i = 0;
-  std::uint64_t n = 0;
-  while (i < v.size() && std::isdigit(static_cast<unsigned char>(v[i])) != 0) {
-    if (n > (UINT64_MAX - 9) / 10) return UINT64_MAX;
-    n = n * 10 + static_cast<std::uint64_t>(v[i] - '0');
-    ++i;
-  }
-  if (i == 0) return UINT64_MAX;
-  const std::string unit = v.substr(i);
-  unsigned shift = 0;
-  if (unit.empty() || unit == "B") shift = 0;
-  else if (unit == "K" || unit == "KiB") shift = 10;
-  else if (unit == "M" || unit == "MiB") shift = 20;
-  else if (unit == "G" || unit == "GiB") shift = 30;
-  else if (unit == "T" || unit == "TiB") shift = 40;
-  else return UINT64_MAX;
-  if (shift > 0 && n > (UINT64_MAX >> shift)) return UINT64_MAX;
-  return n << shift;
-}
-}  // namespace
 
 std::string DaemonOptions::usage() {
   return "usage: vlaked [options]\n"
@@ -139,13 +116,14 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         o.metrics_address = value;
       }
     } else if (arg == "--bulk-size" || arg == "--warm-reserve") {
-      const std::uint64_t v = parse_size(value);
-      if (v == UINT64_MAX || (arg == "--bulk-size" && (v < (2ull << 20) || v > (1ull << 40))) ||
-          (arg == "--warm-reserve" && v > (1ull << 50))) {
-        throw OptionsError(arg + " must be a size like 64MiB or 1GiB" +
-                           (arg == "--bulk-size" ? std::string(" (2MiB..1TiB)") : std::string()) + ", got '" + value + "'");
+      const bool bulk = arg == "--bulk-size";
+      try {
+        const Bytes v = bulk ? parse_size(value, Bytes{2ull << 20}, Bytes{1ull << 40})
+                             : parse_size(value, Bytes{0}, Bytes{1ull << 50});
+        (bulk ? o.bulk_size : o.warm_reserve) = v.value();
+      } catch (const SizeError& e) {
+        throw OptionsError(arg + ": " + e.what());
       }
-      (arg == "--bulk-size" ? o.bulk_size : o.warm_reserve) = v;
     } else if (arg == "--pressure-wait-ms") {
       bool digits = !value.empty() && value.size() <= 9;
       for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;

@@ -5,6 +5,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "vlake/common/size.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -66,67 +68,18 @@ std::string Limit::to_string() const {
     }
     return s + "%";
   }
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  std::uint64_t v = bytes_.value();
-  int u = 0;
-  while (u < 4 && v != 0 && v % 1024 == 0) {
-    v /= 1024;
-    ++u;
-  }
-  return std::to_string(v) + kUnits[u];
+  return vlake::format_size(bytes_);
 }
 
-Limit parse_limit(const std::string& raw) {
-  const std::string text = trim(raw);
-  auto fail = [&](const std::string& why) -> Limit {
-    throw std::invalid_argument("bad size '" + raw + "': " + why);
-  };
-  if (text.empty()) return fail("empty");
-  if (text[0] == '-') return fail("must be positive");
-  if (text[0] == '+') return fail("expected a number");
-  std::size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
-  if (i == 0) return fail("expected a number");
-  const std::string whole = text.substr(0, i);
-  std::string frac;
-  if (i < text.size() && text[i] == '.') {
-    std::size_t j = i + 1;
-    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j])) != 0) ++j;
-    frac = text.substr(i + 1, j - i - 1);
-    if (frac.empty()) return fail("expected digits after '.'");
-    i = j;
-  }
-  const std::string unit = trim(text.substr(i));
-  if (whole.size() > 19) return fail("too large");
-  const std::uint64_t w = std::stoull(whole);
-
-  if (unit == "%") {
-    if (frac.size() > 4) return fail("at most 4 decimals in a percentage");
-    std::string f = frac;
-    f.append(4 - f.size(), '0');
-    if (w > 100) return fail("percentage over 100");
-    const std::uint64_t ppm = w * 10'000 + std::stoull(f);
-    if (ppm > 1'000'000) return fail("percentage over 100");
-    if (ppm == 0) return fail("must be greater than zero");
-    return Limit::percent_ppm(static_cast<std::uint32_t>(ppm));
-  }
-  if (!frac.empty()) return fail("a size must be a whole number (use a smaller unit)");
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  else if (unit == "KiB") shift = 10;
-  else if (unit == "MiB") shift = 20;
-  else if (unit == "GiB") shift = 30;
-  else if (unit == "TiB") shift = 40;
-  if (shift < 0) return fail("unknown unit '" + unit + "' (use B, KiB, MiB, GiB, TiB or %)");
-  if (w > (std::numeric_limits<std::uint64_t>::max() >> shift)) return fail("too large");
-  if (w == 0) return fail("must be greater than zero");
-  return Limit::bytes(Bytes{w << shift});
+Limit parse_limit(const std::string& text) {
+  const SizeOrPercent s = parse_size_or_percent(text);
+  if (s.percent ? s.ppm == 0 : s.bytes == Bytes{0}) throw SizeError(text, "must be greater than zero");
+  return s.percent ? Limit::percent_ppm(s.ppm) : Limit::bytes(s.bytes);
 }
 
-
-std::string format_size(Bytes b) {
-  const std::string exact = Limit::bytes(b).to_string();
-  if (b.value() < 1024 || exact.size() < 2 || exact[exact.size() - 2] == 'i') return exact;  // "…KiB" etc.
+std::string describe_size(Bytes b) {
+  const std::string exact = vlake::format_size(b);
+  if (b.value() < 1024 || exact[exact.size() - 2] == 'i') return exact;  // "…KiB" etc.
   // Not a whole number of any unit: bytes, and an approximation.
   static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b.value()) / 1024.0;
@@ -198,8 +151,8 @@ class Parser {
     if (!v.IsScalar()) fail(v.Mark(), "'" + std::string(key) + "' in " + where + " must be a size");
     try {
       return parse_limit(v.Scalar());
-    } catch (const std::invalid_argument& e) {
-      fail(v.Mark(), e.what());
+    } catch (const SizeError& e) {
+      fail(v.Mark(), "bad " + std::string(key) + " " + e.what());  // bad limit "8GB": decimal units …
     }
   }
 
@@ -528,13 +481,13 @@ void QuotaConfig::check_device(Bytes total) const {
     if (n.limit && g > n.limit->on_device(total)) {
       throw ConfigError(file_, n.guaranteed_line, n.guaranteed_column,
                         "guaranteed " + n.guaranteed->to_string() + " is more than the limit " + n.limit->to_string() +
-                            " of namespace '" + n.name + "' on a GPU of " + format_size(total) + " (" +
-                            format_size(g) + " > " + format_size(n.limit->on_device(total)) + ")");
+                            " of namespace '" + n.name + "' on a GPU of " + describe_size(total) + " (" +
+                            describe_size(g) + " > " + describe_size(n.limit->on_device(total)) + ")");
     }
     sum += g;
     if (sum > total) {
       throw ConfigError(file_, n.guaranteed_line, n.guaranteed_column,
-                        "guarantees add up to " + format_size(sum) + ", more than the GPU's " + format_size(total));
+                        "guarantees add up to " + describe_size(sum) + ", more than the GPU's " + describe_size(total));
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "vlake/scheduler/options.hpp"
 #include "vlake/common/cli.hpp"
+#include "vlake/common/size.hpp"
 
 #include <cctype>
 #include <string_view>
@@ -16,25 +17,6 @@ bool digits_only(std::string_view s) {
 }
 
 }  // namespace
-
-Bytes parse_size(const std::string& text) {
-  std::size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
-  const std::string num = text.substr(0, i);
-  const std::string unit = text.substr(i);
-  if (!digits_only(num)) throw std::invalid_argument("bad size '" + text + "' (e.g. 1GiB, 512MiB)");
-  std::uint64_t mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB") mult = 1ull << 10;
-  else if (unit == "MiB") mult = 1ull << 20;
-  else if (unit == "GiB") mult = 1ull << 30;
-  else if (unit == "TiB") mult = 1ull << 40;
-  else throw std::invalid_argument("bad size '" + text + "': unknown unit '" + unit + "' (use B, KiB, MiB, GiB, TiB)");
-  const std::uint64_t n = std::stoull(num);
-  if (n == 0) throw std::invalid_argument("bad size '" + text + "': must be more than 0");
-  if (n > (~0ull) / mult) throw std::invalid_argument("bad size '" + text + "': too large");
-  return Bytes{n * mult};
-}
 
 std::chrono::milliseconds parse_duration(const std::string& text) {
   std::size_t i = 0;
@@ -105,8 +87,8 @@ PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
       o.resource = value;
     } else if (arg == "--unit") {
       try {
-        o.unit = parse_size(value);
-      } catch (const std::invalid_argument& e) {
+        o.unit = parse_size(value, Bytes{1}, Bytes{~std::uint64_t{0}});
+      } catch (const SizeError& e) {
         throw OptionsError(std::string("--unit: ") + e.what());
       }
     } else if (arg == "--alloc-root") o.alloc_root = value;
@@ -129,11 +111,11 @@ PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
     else if (arg == "--vlaked-socket") o.vlaked_socket = value == "none" ? std::string() : value;
     else if (arg == "--state") o.state = value;
     else if (arg == "--log-level") {
-      if (value == "debug") o.log_level = LogLevel::debug;
-      else if (value == "info") o.log_level = LogLevel::info;
-      else if (value == "warn") o.log_level = LogLevel::warn;
-      else if (value == "error") o.log_level = LogLevel::error;
-      else throw OptionsError("--log-level must be debug, info, warn or error, got '" + value + "'");
+      try {
+        o.log_level = parse_log_level(value);
+      } catch (const std::invalid_argument& e) {
+        throw OptionsError(std::string("--log-level: ") + e.what());
+      }
     }
   }
   while (o.kubelet_dir.size() > 1 && o.kubelet_dir.back() == '/') o.kubelet_dir.pop_back();

@@ -24,6 +24,7 @@
 
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "podresources/v1/api.grpc.pb.h"
+#include "vlake/common/proc.hpp"
 #include "vlake/common/unique_fd.hpp"
 #include "vlake/contracts/allocation.hpp"
 #include "vlake/contracts/state.hpp"
@@ -46,19 +47,6 @@ bool is_socket(const std::string& path) {
   return ::stat(path.c_str(), &sb) == 0 && S_ISSOCK(sb.st_mode);
 }
 
-void mkdir_p(const std::string& dir) {
-  if (dir.empty()) return;
-  std::string cur;
-  std::size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = dir.find('/', pos + 1);
-    cur = dir.substr(0, pos);
-    if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw std::system_error(errno, std::generic_category(), "mkdir " + cur);
-    }
-  }
-}
-
 std::int64_t now_unix() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -67,7 +55,7 @@ std::int64_t now_unix() {
 
 class Plugin::Impl final : public dp::DevicePlugin::Service {
  public:
-  Impl(const PluginOptions& o, std::unique_ptr<Inventory> inv, Log& log) : opts_(o), inv_(std::move(inv)), log_(log) {
+  Impl(const PluginOptions& o, std::unique_ptr<Inventory> inv, Logger& log) : opts_(o), inv_(std::move(inv)), log_(log) {
     try {
       gpus_ = inv_->enumerate();
     } catch (const std::exception& e) {
@@ -622,7 +610,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
 
   const PluginOptions opts_;
   std::unique_ptr<Inventory> inv_;
-  Log& log_;
+  Logger& log_;
   std::vector<GpuInfo> gpus_;
 
   mutable std::mutex mu_;
@@ -648,7 +636,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
   std::map<std::string, Clock::time_point> last_present_;  // allocation id -> last seen listed
 };
 
-Plugin::Plugin(const PluginOptions& options, std::unique_ptr<Inventory> inventory, Log& log)
+Plugin::Plugin(const PluginOptions& options, std::unique_ptr<Inventory> inventory, Logger& log)
     : impl_(std::make_unique<Impl>(options, std::move(inventory), log)) {}
 Plugin::~Plugin() = default;
 void Plugin::run() { impl_->run(); }
@@ -669,7 +657,7 @@ int plugin_main(int argc, const char* const* argv) noexcept {
       std::fputs(PluginOptions::usage().c_str(), stdout);
       return 0;
     }
-    Log log(o.log_level);
+    Logger log(o.log_level);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);

@@ -15,10 +15,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "vlake/common/proc.hpp"
+#include "vlake/common/size.hpp"
 
 namespace vlake::sim {
 namespace {
@@ -68,29 +72,6 @@ namespace {
 
 bool same(const ProcessId& a, const ProcessId& b) {
   return a.pid == b.pid && a.start_time == b.start_time;
-}
-
-// Reads state and start time (field 22) of /proc/<pid>/stat.
-bool read_stat(const char* path, char& state, std::uint64_t& start) {
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
-  ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces and ')'
-  if (p == nullptr || p[1] != ' ') return false;
-  p += 2;
-  state = *p;
-  // Field 3 is the state; field 22 is starttime: skip 19 more spaces.
-  for (int field = 3; field < 22; ++field) {
-    p = std::strchr(p, ' ');
-    if (p == nullptr) return false;
-    ++p;
-  }
-  start = std::strtoull(p, nullptr, 10);
-  return true;
 }
 
 class Lock {
@@ -192,41 +173,14 @@ void print_error(const std::string& msg) { std::fprintf(stderr, "vlake-sim: %s\n
 ProcessId current_process() {
   ProcessId p;
   p.pid = static_cast<std::int32_t>(::getpid());
-  char state = 0;
-  if (!read_stat("/proc/self/stat", state, p.start_time)) p.start_time = 0;
+  p.start_time = process_start_time(static_cast<std::uint32_t>(p.pid));
   return p;
 }
 
 bool process_alive(const ProcessId& p) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(p.pid));
-  char state = 0;
-  std::uint64_t start = 0;
-  if (!read_stat(path, state, start)) return false;
-  if (state == 'Z' || state == 'X' || state == 'x') return false;
-  return start == p.start_time;
-}
-
-bool parse_size(const char* text, std::uint64_t& out) {
-  if (text == nullptr || *text < '0' || *text > '9') return false;
-  std::uint64_t value = 0;
-  const char* p = text;
-  for (; *p >= '0' && *p <= '9'; ++p) {
-    const auto digit = static_cast<std::uint64_t>(*p - '0');
-    if (value > (UINT64_MAX - digit) / 10) return false;
-    value = value * 10 + digit;
-  }
-  const std::string_view unit(p);
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  if (unit == "K" || unit == "KiB") shift = 10;
-  if (unit == "M" || unit == "MiB") shift = 20;
-  if (unit == "G" || unit == "GiB") shift = 30;
-  if (unit == "T" || unit == "TiB") shift = 40;
-  if (shift < 0 || value == 0) return false;
-  if (value > (UINT64_MAX >> shift)) return false;
-  out = value << shift;
-  return true;
+  const std::optional<ProcStat> s = read_proc_stat(static_cast<std::uint32_t>(p.pid));
+  if (!s || s->state == 'Z' || s->state == 'X' || s->state == 'x') return false;
+  return s->start_time == p.start_time;
 }
 
 CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity,
@@ -437,13 +391,10 @@ void Node::release_context(int device) { release(kContextDev, context_ino(self_.
 bool read_config(Config& out, std::string& error) {
   Config c;
   if (const char* mem = std::getenv("VLAKE_SIM_DEVICE_MEMORY"); mem != nullptr) {
-    if (!parse_size(mem, c.capacity)) {
-      error = std::string("VLAKE_SIM_DEVICE_MEMORY='") + mem +
-              "' is not a size (use e.g. 16GiB, 512MiB, 4096KiB or a byte count)";
-      return false;
-    }
-    if (c.capacity < rules::kGranularity) {
-      error = "VLAKE_SIM_DEVICE_MEMORY must be at least 2MiB";
+    try {
+      c.capacity = parse_size(mem, Bytes{rules::kGranularity}, Bytes{~std::uint64_t{0}}).value();
+    } catch (const SizeError& e) {
+      error = std::string("VLAKE_SIM_DEVICE_MEMORY=") + e.what();
       return false;
     }
   }
@@ -470,9 +421,10 @@ bool read_config(Config& out, std::string& error) {
     return false;
   }
   if (const char* m = std::getenv("VLAKE_SIM_CONTEXT_MEMORY"); m != nullptr) {
-    if (std::string_view(m) != "0" && !parse_size(m, c.context_memory)) {
-      error = std::string("VLAKE_SIM_CONTEXT_MEMORY='") + m +
-              "' is not a size (0, or e.g. 518MiB, 4096KiB or a byte count)";
+    try {
+      c.context_memory = parse_size(m).value();
+    } catch (const SizeError& e) {
+      error = std::string("VLAKE_SIM_CONTEXT_MEMORY=") + e.what();
       return false;
     }
   }

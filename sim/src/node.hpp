@@ -89,10 +89,6 @@ class Node {
   std::uint64_t ino_;
 };
 
-// Parses VLAKE_SIM_DEVICE_MEMORY syntax: a byte count with an optional unit B, KiB, MiB, GiB,
-// TiB (or K, M, G, T; all binary). Returns false for anything else, zero, or overflow.
-bool parse_size(const char* text, std::uint64_t& out);
-
 // The simulated machine as this process's environment describes it.
 struct Config {
   std::string node = "default";                    // VLAKE_SIM_NODE

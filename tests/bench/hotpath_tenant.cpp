@@ -49,7 +49,7 @@ int run() {
     in >> size_text >> n;
     std::size_t bytes = 0;
     try {
-      bytes = vlake::bench::parse_size(size_text).value();
+      bytes = vlake::parse_size(size_text).value();
     } catch (const std::exception& e) {
       std::cout << "error " << e.what() << std::endl;
       continue;

@@ -284,6 +284,9 @@ function caseRender() {
   r = template("-f", pct, "--set", "resourceQuotas.gpuMemory=40GiB", "--set", "devicePlugin.unit=2GiB");
   check(r.code === 0 && find(objects(r.out), "ResourceQuota")[0]?.spec.hard["requests.vlake.io/gpu-memory"] === "10",
     "50% of 40GiB in 2GiB units = 10", r.err);
+  r = template("-f", pct, "--set", "resourceQuotas.gpuMemory=40Gi", "--set", "devicePlugin.unit=2Gi");
+  check(r.code === 0 && find(objects(r.out), "ResourceQuota")[0]?.spec.hard["requests.vlake.io/gpu-memory"] === "10",
+    "the Kubernetes spellings mean the same bytes: 50% of 40Gi in 2Gi units = 10", r.err);
 }
 
 // Each case: values (object) or --set arguments, and the field the error must name.

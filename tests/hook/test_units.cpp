@@ -13,6 +13,7 @@
 
 using namespace vlake::hook;
 using namespace std::chrono_literals;
+using vlake::LogLevel;
 
 namespace {
 
@@ -269,20 +270,21 @@ constexpr std::uint64_t kMi = std::uint64_t{1} << 20;
 
 }  // namespace
 
-TEST_CASE("parse_size accepts bytes and binary/decimal units, rejects the rest") {
-  using vlake::hook::parse_size;
-  CHECK(parse_size("0") == std::uint64_t{0});
-  CHECK(parse_size("4096") == std::uint64_t{4096});
-  CHECK(parse_size("512MiB") == 512 * kMi);
-  CHECK(parse_size("2G") == std::uint64_t{2} << 30);
-  CHECK(parse_size("1GB") == std::uint64_t{1000000000});
-  CHECK(parse_size("3Ki") == std::uint64_t{3072});
-  CHECK_FALSE(parse_size(""));
-  CHECK_FALSE(parse_size("-1"));
-  CHECK_FALSE(parse_size("1.5GiB"));
-  CHECK_FALSE(parse_size("12XB"));
-  CHECK_FALSE(parse_size("99999999999999999999999"));
-  CHECK_FALSE(parse_size("20000000TiB"));
+TEST_CASE("VLAKE_RESERVE takes the common size grammar; decimal units keep the default") {
+  auto reserve = [](const std::string& v) { return parse({{"VLAKE_RESERVE", v}}); };
+  CHECK(reserve("0").reserve_bytes == std::uint64_t{0});
+  CHECK(reserve("4096").reserve_bytes == std::uint64_t{4096});
+  CHECK(reserve("512MiB").reserve_bytes == 512 * kMi);
+  CHECK(reserve("3Ki").reserve_bytes == std::uint64_t{3072});
+  for (const char* bad : {"1GB", "2G", "", "-1", "1.5GiB", "12XB", "99999999999999999999999", "20000000TiB"}) {
+    INFO(bad);
+    const Config c = reserve(bad);
+    CHECK(c.reserve_bytes == std::uint64_t{2} << 30);
+    REQUIRE(c.problems.size() == 1);
+    CHECK_THAT(c.problems[0], Catch::StartsWith("ignoring VLAKE_RESERVE=\"" + std::string(bad) + "\": "));
+  }
+  CHECK(reserve("1GB").problems[0] ==
+        "ignoring VLAKE_RESERVE=\"1GB\": decimal units are ambiguous; write 1GiB (1073741824 bytes) or a byte count");
 }
 
 TEST_CASE("VLAKE_RESERVE and VLAKE_RESERVE_AGE are parsed, bad values keep the defaults") {

@@ -671,7 +671,7 @@ TEST_CASE("daemon: one instance per socket, SIGTERM and SIGINT stop it cleanly",
 TEST_CASE("daemon: bad start-up input fails with one clear line", "[daemon]") {
   DaemonProcess d("badcfg", "version: 1\ndefault:\n  limit: 8GB\n");
   CHECK_FALSE(d.start());
-  CHECK_THAT(d.log(), Catch::Contains("bad quota file: " + d.config + ":3:10: bad size '8GB'"));
+  CHECK_THAT(d.log(), Catch::Contains("bad quota file: " + d.config + ":3:10: bad limit \"8GB\": decimal units"));
   DaemonProcess e("baddriver", kConfig);
   CHECK_FALSE(e.start({"--driver", "/nonexistent/libcuda.so.1"}));
   CHECK_THAT(e.log(), Catch::Contains("cannot open the CUDA driver"));

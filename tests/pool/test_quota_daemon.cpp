@@ -205,12 +205,12 @@ TEST_CASE("daemon quota: hot reload by rename and in-place edit, lowered limits,
       2000));
   s = snapshot(d.state);
   CHECK(std::string(s->config.last_error) ==
-        d.config + ":3:10: bad size '8GB': unknown unit 'GB' (use B, KiB, MiB, GiB, TiB or %)");
+        d.config + ":3:10: bad limit \"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count");
   CHECK(s->counters.config_reload_errors >= 1);
   CHECK(s->config.rejected == 1);
   CHECK(s->config.error_unix_ns != 0);
   CHECK(s->config.generation == 2);
-  CHECK_THAT(d.log(), Catch::Contains("quota file rejected (file changed): " + d.config + ":3:10: bad size '8GB'"));
+  CHECK_THAT(d.log(), Catch::Contains("quota file rejected (file changed): " + d.config + ":3:10: bad limit \"8GB\""));
   CHECK(tenant(*s, "team/user:4242")->limit[0] == 32 * kMiB);
   CHECK(grant(a, 18 * kMiB) == kOverLimit);  // 16 + 18 > 32: still the old limit
   CHECK(grant(a, 8 * kMiB) == kOk);          // 24 <= 32, team 64 <= 64

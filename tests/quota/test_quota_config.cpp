@@ -41,8 +41,9 @@ TEST_CASE("size strings parse to bytes or percentages", "[quota]") {
     const char* why;
   };
   const std::vector<Bad> bad = {
-      {"8GB", "unknown unit 'GB'"},   {"0", "greater than zero"},   {"0GiB", "greater than zero"},
-      {"-1GiB", "must be positive"},  {"101%", "percentage over 100"}, {"100.5%", "percentage over 100"},
+      {"8GB", "\"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count"},
+      {"0", "greater than zero"},   {"0GiB", "greater than zero"},
+      {"-1GiB", "cannot be negative"},  {"101%", "percentage over 100"}, {"100.5%", "percentage over 100"},
       {"0%", "greater than zero"},    {"", "empty"},                {"GiB", "expected a number"},
       {"1.5GiB", "whole number"},     {"99999999999999999999", "too large"},
       {"20000000TiB", "too large"},
@@ -128,10 +129,10 @@ TEST_CASE("bad files name file, line, column and the problem", "[quota]") {
       {"version: 1\nfoo: 1\n", "bad.yaml:2:1: unknown key 'foo' in the top level"},
       {"version: 2\n", "bad.yaml:1:10: unsupported version '2'"},
       {"default:\n  limit: 1GiB\n", "bad.yaml:1:1: missing 'version'"},
-      {"version: 1\ndefault:\n  limit: 8GB\n", "bad.yaml:3:10: bad size '8GB': unknown unit 'GB'"},
-      {"version: 1\ndefault:\n  limit: 0\n", "bad.yaml:3:10: bad size '0': must be greater than zero"},
-      {"version: 1\ndefault:\n  limit: -4GiB\n", "bad.yaml:3:10: bad size '-4GiB': must be positive"},
-      {"version: 1\ndefault:\n  limit: 150%\n", "bad.yaml:3:10: bad size '150%': percentage over 100"},
+      {"version: 1\ndefault:\n  limit: 8GB\n", "bad.yaml:3:10: bad limit \"8GB\": decimal units are ambiguous"},
+      {"version: 1\ndefault:\n  limit: 0\n", "bad.yaml:3:10: bad limit \"0\": must be greater than zero"},
+      {"version: 1\ndefault:\n  limit: -4GiB\n", "bad.yaml:3:10: bad limit \"-4GiB\": a size cannot be negative"},
+      {"version: 1\ndefault:\n  limit: 150%\n", "bad.yaml:3:10: bad limit \"150%\": percentage over 100"},
       {"version: 1\ndefault:\n  limt: 1GiB\n", "bad.yaml:3:3: unknown key 'limt' in 'default'"},
       {"version: 1\nusers:\n  - uid: 1000\n    limit: 1GiB\n  - uid: 1000\n    limit: 2GiB\n",
        "bad.yaml:5:10: duplicate uid 1000 in 'users'"},

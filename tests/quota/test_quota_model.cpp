@@ -193,11 +193,11 @@ TEST_CASE("model: malformed configurations, each with its positioned message", "
        "ending with '-')"},
       {a + "  - name: a\n", "q.yaml:4:11: duplicate namespace 'a' (first at line 3)"},
       {a + "    limit: 8GB\n",
-       "q.yaml:4:12: bad size '8GB': unknown unit 'GB' (use B, KiB, MiB, GiB, TiB or %)"},
-      {a + "    limit: 150%\n", "q.yaml:4:12: bad size '150%': percentage over 100"},
+       "q.yaml:4:12: bad limit \"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count"},
+      {a + "    limit: 150%\n", "q.yaml:4:12: bad limit \"150%\": percentage over 100"},
       {a + "    limit: [1]\n", "q.yaml:4:12: 'limit' in namespace 'a' must be a size"},
-      {a + "    guaranteed: 0\n", "q.yaml:4:17: bad size '0': must be greater than zero"},
-      {a + "    pod_limit: -1GiB\n", "q.yaml:4:16: bad size '-1GiB': must be positive"},
+      {a + "    guaranteed: 0\n", "q.yaml:4:17: bad guaranteed \"0\": must be greater than zero"},
+      {a + "    pod_limit: -1GiB\n", "q.yaml:4:16: bad pod_limit \"-1GiB\": a size cannot be negative"},
       {a + "    limit: 8GiB\n    guaranteed: 16GiB\n",
        "q.yaml:5:17: guaranteed 16GiB is more than the limit 8GiB of namespace 'a'"},
       {a + "    limit: 40%\n    guaranteed: 50%\n",
@@ -292,7 +292,7 @@ TEST_CASE("model: check_file is what `vlakectl quota check` runs", "[quota][mode
   errors = vlake::quota::check_file(bad);
   REQUIRE(errors.size() == 1);
   CHECK(std::string(errors[0].what()) ==
-        bad + ":4:12: bad size '8GB': unknown unit 'GB' (use B, KiB, MiB, GiB, TiB or %)");
+        bad + ":4:12: bad limit \"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count");
   ::unlink(good.c_str());
   ::unlink(bad.c_str());
   errors = vlake::quota::check_file(bad);

@@ -30,7 +30,7 @@ class RunningPlugin {
   scheduler::Plugin* operator->() { return plugin_.get(); }
 
  private:
-  scheduler::Log log_{scheduler::LogLevel::debug};
+  Logger log_{LogLevel::debug};
   std::unique_ptr<scheduler::Plugin> plugin_;
   std::thread thread_;
 };

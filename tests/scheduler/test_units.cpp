@@ -25,7 +25,8 @@ TEST_CASE("options: defaults and parsing", "[scheduler]") {
   CHECK(o.attribution_interval.count() == 500);
   CHECK(o.vlaked_socket.empty());
   const char* bad[] = {"p", "--unit", "1GB"};
-  CHECK_THROWS_WITH(PluginOptions::parse(3, bad), Catch::Contains("unknown unit 'GB'"));
+  CHECK_THROWS_WITH(PluginOptions::parse(3, bad),
+                    "--unit: \"1GB\": decimal units are ambiguous; write 1GiB (1073741824 bytes) or a byte count");
   const char* bad2[] = {"p", "--gpu-visibility", "all"};
   CHECK_THROWS_AS(PluginOptions::parse(3, bad2), OptionsError);
 }

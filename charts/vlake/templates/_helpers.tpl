@@ -63,7 +63,8 @@ app.kubernetes.io/part-of: vlake
 {{- define "vlake.podResourcesDir" -}}{{ .Values.hostPaths.kubeletRoot }}/pod-resources{{- end }}
 
 {{/*
-A size of the quota file (docs/quota.md) in bytes: "4096", 4096, "8GiB", or a percentage of
+A size of the quota file (docs/quota.md, Sizes: vlake's one size grammar, the subset that the
+schema admits) in bytes: "4096", 4096, "8GiB", "8Gi", or a percentage of
 $gpu bytes ("60%"; $gpu 0 = unknown: fails naming $what). Call with
 (dict "size" S "gpu" G "what" "…").
 */}}
@@ -71,10 +72,10 @@ $gpu bytes ("60%"; $gpu 0 = unknown: fails naming $what). Call with
 {{- $s := toString .size }}
 {{- if regexMatch "^[0-9]+$" $s }}
 {{- $s }}
-{{- else if regexMatch "^[0-9]+(B|KiB|MiB|GiB|TiB)$" $s }}
+{{- else if regexMatch "^[0-9]+(B|KiB|MiB|GiB|TiB|Ki|Mi|Gi|Ti)$" $s }}
 {{- $n := regexFind "^[0-9]+" $s | int64 }}
-{{- $u := regexFind "[A-Za-z]+$" $s }}
-{{- $mul := get (dict "B" 1 "KiB" 1024 "MiB" 1048576 "GiB" 1073741824 "TiB" 1099511627776) $u | int64 }}
+{{- $u := trimSuffix "B" (regexFind "[A-Za-z]+$" $s) }}
+{{- $mul := get (dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776) $u | int64 }}
 {{- mul $n $mul }}
 {{- else if regexMatch "^[0-9]+(\\.[0-9]+)?%$" $s }}
 {{- if not (int64 .gpu) }}

@@ -25,7 +25,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "vlake/pool/log.hpp"
+#include "vlake/common/log.hpp"
 #include "vlake/pool/options.hpp"
 
 namespace vlake::pool {

@@ -33,7 +33,7 @@
 #include "vlake/common/driver.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/common/unique_fd.hpp"
-#include "vlake/pool/log.hpp"
+#include "vlake/common/log.hpp"
 #include "vlake/pool/planner.hpp"
 
 namespace vlake::pool {

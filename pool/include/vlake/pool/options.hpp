@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "vlake/pool/log.hpp"
+#include "vlake/common/log.hpp"
 
 namespace vlake::pool {
 

@@ -22,7 +22,8 @@
 // Dedup (docs/dedup.md): `dedup: off|transparent` may appear in `default` and in a namespace. A
 // namespace's mode: its own `dedup`, else the top-level `default.dedup`, else off. `transparent`:
 // the hook offers whole-allocation host-to-device uploads for sharing without code changes.
-// Sizes: a byte count, or a whole number with B, KiB, MiB, GiB, TiB (binary units), or a
+// Sizes: vlake's one size grammar (vlake/common/size.hpp): a byte count, or a whole number with
+// B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 8GB are errors. Here also a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
 // GPU: each GPU is enforced on its own.
 //
@@ -136,12 +137,14 @@ struct NamespaceSpec {
   [[nodiscard]] Bytes guaranteed_on(Bytes total) const noexcept;
 };
 
-// Parses a size string ("8GiB", "4096", "50%", "12.5%"). Throws std::invalid_argument with a
-// description of what is wrong (bad unit, zero, negative, percentage over 100, ...).
+// Parses a size string ("8GiB", "4096", "50%", "12.5%") with vlake::parse_size_or_percent and
+// rejects zero. Throws vlake::SizeError (a std::invalid_argument): `"<text>": <what is wrong>`
+// (decimal unit, zero, negative, percentage over 100, ...).
 Limit parse_limit(const std::string& text);
 
-// "1.5GiB"-style rendering of a byte count for messages (exact: "1536MiB" when not whole).
-std::string format_size(Bytes b);
+// A byte count for messages: vlake::format_size() when that is a whole number of a unit
+// ("1536MiB", "1000B"), else the bytes and an approximation ("1610612737 bytes (1.5GiB)").
+std::string describe_size(Bytes b);
 
 class QuotaConfig {
  public:

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "vlake/common/log.hpp"
 #include "vlake/common/strong_types.hpp"
 
 namespace vlake::scheduler {
@@ -19,7 +20,7 @@ class OptionsError : public std::runtime_error {
 };
 
 enum class GpuVisibility { env, cdi, both };
-enum class LogLevel { debug = 0, info = 1, warn = 2, error = 3 };
+using vlake::LogLevel;  // vlake's one logger (vlake/common/log.hpp)
 
 struct PluginOptions {
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
@@ -47,8 +48,6 @@ struct PluginOptions {
   [[nodiscard]] std::string plugin_socket() const { return kubelet_dir + "/" + endpoint; }
 };
 
-// "1GiB", "256MiB", "4096" (bytes) -> bytes; throws std::invalid_argument.
-Bytes parse_size(const std::string& text);
 // "500ms", "2s", "1m", "1500" (ms) -> milliseconds; throws std::invalid_argument.
 std::chrono::milliseconds parse_duration(const std::string& text);
 

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "vlake/common/log.hpp"
 #include "vlake/scheduler/inventory.hpp"
-#include "vlake/scheduler/log.hpp"
 #include "vlake/scheduler/options.hpp"
 
 namespace vlake::scheduler {
@@ -35,7 +35,7 @@ class StartupError : public std::runtime_error {
 
 class Plugin {
  public:
-  Plugin(const PluginOptions& options, std::unique_ptr<Inventory> inventory, Log& log);
+  Plugin(const PluginOptions& options, std::unique_ptr<Inventory> inventory, Logger& log);
   ~Plugin();
   Plugin(const Plugin&) = delete;
   Plugin& operator=(const Plugin&) = delete;

@@ -1,0 +1,70 @@
+// vlake's one logger: leveled lines on stderr, used by vlaked, vlake-device-plugin and (through
+// its thin front, hook/src/log.hpp) libvlake-hook.so.
+//
+// Line format: "<tag>: <level>: <message>\n", the tag being "<program>[<pid>]" by default
+// ("vlaked[123]: warn: …", "vlake-device-plugin[7]: info: …"); format_log_line() can leave the
+// level out (the hook writes "vlake: <message>" into its tenants' stderr).
+//
+// Contract
+// - parse_log_level() takes "debug", "info", "warn" (or "warning"), "error", in any case, and
+//   throws std::invalid_argument naming the text and the choices otherwise. to_string() gives
+//   the lower-case name back.
+// - Logger drops messages below its level (enabled()); set_level() may be called at any time
+//   from any thread (the level is atomic). Each line is written with one write(2) loop on the
+//   logger's fd, so lines from several threads or processes never interleave; EINTR is retried,
+//   any other failure drops the line. Logging never throws and leaves errno unchanged. The
+//   logger does not own its fd.
+// - format_log_line() and write_log_line() are the formatting and writing underneath, for
+//   callers that cannot allocate (the hook): no allocation, no locks, async-signal-safe.
+// - Dependencies: libc and libstdc++ only (common/src/log.cpp is compiled into the hook too).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace vlake {
+
+enum class LogLevel { debug = 0, info = 1, warn = 2, error = 3 };
+
+// "debug"/"info"/"warn"/"warning"/"error" (any case) -> level; throws std::invalid_argument.
+[[nodiscard]] LogLevel parse_log_level(std::string_view s);
+[[nodiscard]] const char* to_string(LogLevel l) noexcept;
+
+// Writes "<tag>: [<level>: ]<message>\n" into out[0..cap) (the level when `with_level`),
+// truncating the message so that the newline always fits; returns the line's length (0 when
+// cap < 2).
+std::size_t format_log_line(char* out, std::size_t cap, std::string_view tag, LogLevel level, bool with_level,
+                            std::string_view message) noexcept;
+
+// Writes `line` to `fd` (retrying on EINTR and short writes); errno is preserved.
+void write_log_line(int fd, std::string_view line) noexcept;
+
+class Logger {
+ public:
+  // Tag "<program>[<pid>]" (program: the process's short name, at the time of each line).
+  explicit Logger(LogLevel level = LogLevel::info, int fd = 2) noexcept : level_(level), fd_(fd) {}
+  // A fixed tag instead.
+  Logger(std::string tag, LogLevel level, int fd = 2) : level_(level), fd_(fd), tag_(std::move(tag)) {}
+  Logger(const Logger& o) : level_(o.level()), fd_(o.fd_), tag_(o.tag_) {}
+  Logger& operator=(const Logger&) = delete;
+
+  void set_level(LogLevel l) noexcept { level_.store(l, std::memory_order_relaxed); }
+  [[nodiscard]] LogLevel level() const noexcept { return level_.load(std::memory_order_relaxed); }
+  [[nodiscard]] bool enabled(LogLevel l) const noexcept { return l >= level(); }
+
+  void write(LogLevel l, std::string_view msg) const noexcept;
+  void debug(std::string_view m) const noexcept { write(LogLevel::debug, m); }
+  void info(std::string_view m) const noexcept { write(LogLevel::info, m); }
+  void warn(std::string_view m) const noexcept { write(LogLevel::warn, m); }
+  void error(std::string_view m) const noexcept { write(LogLevel::error, m); }
+
+ private:
+  std::atomic<LogLevel> level_;
+  int fd_;
+  std::string tag_;  // "": "<program>[<pid>]"
+};
+
+}  // namespace vlake

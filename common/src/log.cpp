@@ -1,0 +1,89 @@
+#include "vlake/common/log.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+namespace vlake {
+
+LogLevel parse_log_level(std::string_view s) {
+  std::string l(s);
+  for (char& c : l) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  if (l == "debug") return LogLevel::debug;
+  if (l == "info") return LogLevel::info;
+  if (l == "warn" || l == "warning") return LogLevel::warn;
+  if (l == "error") return LogLevel::error;
+  throw std::invalid_argument("unknown log level '" + std::string(s) + "' (debug, info, warn, error)");
+}
+
+const char* to_string(LogLevel l) noexcept {
+  switch (l) {
+    case LogLevel::debug: return "debug";
+    case LogLevel::info: return "info";
+    case LogLevel::warn: return "warn";
+    case LogLevel::error: return "error";
+  }
+  return "?";
+}
+
+std::size_t format_log_line(char* out, std::size_t cap, std::string_view tag, LogLevel level, bool with_level,
+                            std::string_view message) noexcept {
+  if (cap < 2) return 0;
+  std::size_t n = 0;
+  auto put = [&](std::string_view s) {
+    const std::size_t k = std::min(s.size(), cap - 1 - n);
+    std::memcpy(out + n, s.data(), k);
+    n += k;
+  };
+  put(tag);
+  put(": ");
+  if (with_level) {
+    put(to_string(level));
+    put(": ");
+  }
+  put(message);
+  out[n++] = '\n';
+  return n;
+}
+
+void write_log_line(int fd, std::string_view line) noexcept {
+  const int saved_errno = errno;
+  const char* p = line.data();
+  std::size_t left = line.size();
+  while (left > 0) {
+    const ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    p += w;
+    left -= static_cast<std::size_t>(w);
+  }
+  errno = saved_errno;
+}
+
+void Logger::write(LogLevel l, std::string_view msg) const noexcept {
+  if (!enabled(l)) return;
+  char tag_buf[96];
+  std::string_view tag = tag_;
+  if (tag.empty()) {
+    const int t = std::snprintf(tag_buf, sizeof tag_buf, "%s[%d]", program_invocation_short_name,
+                                static_cast<int>(::getpid()));
+    tag = std::string_view(tag_buf, t < 0 ? 0 : std::min(static_cast<std::size_t>(t), sizeof tag_buf - 1));
+  }
+  const std::size_t need = tag.size() + msg.size() + 16;
+  char line[4096];
+  if (need <= sizeof line) {
+    write_log_line(fd_, std::string_view(line, format_log_line(line, sizeof line, tag, l, true, msg)));
+    return;
+  }
+  try {
+    std::string big(need, '\0');
+    write_log_line(fd_, std::string_view(big.data(), format_log_line(big.data(), need, tag, l, true, msg)));
+  } catch (...) {
+  }
+}
+
+}  // namespace vlake
