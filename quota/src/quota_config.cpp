@@ -37,11 +37,11 @@ const char* dedup_mode_name(DedupMode m) noexcept {
   return m == DedupMode::transparent ? "transparent" : "off";
 }
 
-const char* guard_mode_name(proto::GuardMode m) noexcept {
+const char* guard_mode_name(GuardMode m) noexcept {
   switch (m) {
-    case proto::GuardMode::off: return "off";
-    case proto::GuardMode::canary: return "canary";
-    case proto::GuardMode::fault: return "fault";
+    case GuardMode::off: return "off";
+    case GuardMode::canary: return "canary";
+    case GuardMode::fault: return "fault";
   }
   return "unknown";
 }
@@ -198,14 +198,14 @@ class Parser {
   }
 
   // The guard mode under `guard` of `entry`, if present.
-  std::optional<proto::GuardMode> guard(const YAML::Node& entry, const std::string& where) const {
+  std::optional<GuardMode> guard(const YAML::Node& entry, const std::string& where) const {
     const YAML::Node v = entry["guard"];
     if (!v) return std::nullopt;
     const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
     if (v.IsScalar()) {
-      if (s == "off") return proto::GuardMode::off;
-      if (s == "canary") return proto::GuardMode::canary;
-      if (s == "fault") return proto::GuardMode::fault;
+      if (s == "off") return GuardMode::off;
+      if (s == "canary") return GuardMode::canary;
+      if (s == "fault") return GuardMode::fault;
     }
     fail(v.Mark(), "bad guard mode '" + s + "' in " + where + " (use off, canary or fault)");
   }
@@ -435,7 +435,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
         if (idn && nm) p.fail(u.Mark(), entry_what + " has both '" + id_key + "' and 'name' (give one)");
         if (!idn && !nm) p.fail(u.Mark(), entry_what + " needs '" + id_key + "' or 'name'");
         const std::optional<Limit> limit = p.size(u, "limit", entry_what);
-        const std::optional<proto::GuardMode> guard = p.guard(u, entry_what);
+        const std::optional<GuardMode> guard = p.guard(u, entry_what);
         if (!limit && !u["namespace"] && !guard) {
           p.fail(u.Mark(), "missing 'limit' in " + entry_what + " (give 'limit', 'namespace' or 'guard')");
         }
@@ -493,7 +493,7 @@ void QuotaConfig::check_device(Bytes total) const {
 }
 
 TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& label, const std::optional<Limit>& own,
-                                  std::size_t ns, const std::optional<proto::GuardMode>& guard) const {
+                                  std::size_t ns, const std::optional<GuardMode>& guard) const {
   const NamespaceSpec& n = namespaces_.at(ns);
   Limit limit = Limit::percent_ppm(1'000'000);
   if (own) limit = *own;
@@ -515,6 +515,15 @@ TenantSpec QuotaConfig::resolve(uid_t uid, gid_t gid, std::span<const gid_t> gro
     }
   }
   return make_spec("uid", std::to_string(uid), std::nullopt, default_index(), std::nullopt);
+}
+
+TenantSpec QuotaConfig::resolve_allocation(const std::string& name, const std::string& ns, Bytes allocated,
+                                           Bytes total) const {
+  const NamespaceSpec* n = find_namespace(ns);
+  if (n == nullptr) n = &namespaces_.at(default_index());
+  Bytes limit = allocated;
+  if (n->pod_limit) limit = std::min(limit, n->pod_limit->on_device(total));
+  return TenantSpec{name, Limit::bytes(limit), n->name, n->guard.value_or(default_guard()), dedup_of(*n)};
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

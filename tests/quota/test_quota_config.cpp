@@ -239,7 +239,7 @@ TEST_CASE("dedup modes: namespace, then default, else off", "[quota]") {
 }
 
 TEST_CASE("guard modes: user/group entry, then namespace, then default, else off", "[quota]") {
-  using vlake::proto::GuardMode;
+  using vlake::quota::GuardMode;
   const QuotaConfig builtin;
   CHECK(builtin.resolve(1000, 1000, none).guard == GuardMode::off);
 

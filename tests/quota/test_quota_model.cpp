@@ -299,3 +299,32 @@ TEST_CASE("model: check_file is what `vlakectl quota check` runs", "[quota][mode
   REQUIRE(errors.size() == 1);
   CHECK(std::string(errors[0].what()) == bad + ":0:0: cannot read the file");
 }
+
+TEST_CASE("model: a Kubernetes allocation's tenant is resolved like any other", "[quota][model]") {
+  const QuotaConfig cfg = QuotaConfig::parse(R"(version: 1
+default: {limit: 8GiB, guard: fault, dedup: transparent}
+namespaces:
+  - {name: team, pod_limit: 4GiB, guard: canary, dedup: off}
+  - {name: open}
+)",
+                                             "k8s.yaml");
+  using vlake::quota::DedupMode;
+  using vlake::quota::GuardMode;
+  // A configured namespace: the allocation's bytes, capped by pod_limit; its guard and dedup.
+  auto t = cfg.resolve_allocation("pod:team/a/main", "team", 6_GiB, 80_GiB);
+  CHECK(t.name == "pod:team/a/main");
+  CHECK(t.ns == "team");
+  CHECK(t.limit == Limit::bytes(4_GiB));
+  CHECK(t.guard == GuardMode::canary);
+  CHECK(t.dedup == DedupMode::off);
+  CHECK(cfg.resolve_allocation("pod:team/b/main", "team", 2_GiB, 80_GiB).limit == Limit::bytes(2_GiB));
+  // No pod_limit: the allocation's bytes; the top-level defaults for guard and dedup.
+  t = cfg.resolve_allocation("pod:open/c/main", "open", 6_GiB, 80_GiB);
+  CHECK(t.limit == Limit::bytes(6_GiB));
+  CHECK(t.guard == GuardMode::fault);
+  CHECK(t.dedup == DedupMode::transparent);
+  // A namespace the file does not know: the default namespace (no owner yet, too).
+  t = cfg.resolve_allocation("alloc:0123456789abcdef", "elsewhere", 6_GiB, 80_GiB);
+  CHECK(t.ns == "default");
+  CHECK(t.limit == Limit::bytes(6_GiB));
+}

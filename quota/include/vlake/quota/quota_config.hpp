@@ -59,7 +59,6 @@
 #include <string>
 #include <vector>
 
-#include "vlake/contracts/protocol.hpp"
 #include "vlake/common/strong_types.hpp"
 
 namespace vlake::quota {
@@ -107,16 +106,20 @@ enum class DedupMode : std::uint8_t { off = 0, transparent = 1 };
 // "off" / "transparent" (for logs and messages).
 const char* dedup_mode_name(DedupMode m) noexcept;
 
+// Out-of-bounds guard mode of a tenant (docs/guard.md). The daemon tells the hook over the
+// protocol; the numbering is quota's own.
+enum class GuardMode : std::uint8_t { off = 0, canary = 1, fault = 2 };
+
 struct TenantSpec {
   std::string name;                          // e.g. "research/user:alice", "uid:1000"
   Limit limit;                               // per GPU
   std::string ns = kDefaultNamespace;        // its namespace
-  proto::GuardMode guard = proto::GuardMode::off;  // out-of-bounds guard mode (docs/guard.md)
+  GuardMode guard = GuardMode::off;          // out-of-bounds guard mode (docs/guard.md)
   DedupMode dedup = DedupMode::off;          // its namespace's dedup mode (resolved)
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
-const char* guard_mode_name(proto::GuardMode m) noexcept;
+const char* guard_mode_name(GuardMode m) noexcept;
 
 struct NamespaceSpec {
   std::string name;
@@ -125,7 +128,7 @@ struct NamespaceSpec {
   std::int32_t priority = 0;
   std::optional<Limit> pod_limit;   // nullopt: `limit` (or 100%)
   bool declared = true;             // false: the implicit "default" namespace
-  std::optional<proto::GuardMode> guard;  // nullopt: the top-level default's (or off)
+  std::optional<GuardMode> guard;  // nullopt: the top-level default's (or off)
   std::optional<DedupMode> dedup;         // nullopt: the top-level default's (or off)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
@@ -161,10 +164,16 @@ class QuotaConfig {
   void check_device(Bytes total) const;
 
   [[nodiscard]] TenantSpec resolve(uid_t uid, gid_t gid, std::span<const gid_t> groups) const;
+  // A Kubernetes allocation's tenant (docs/device-plugin.md), named `name`: in namespace `ns`
+  // when this file configures it (else "default"); its limit on the allocation's GPU (of
+  // `total` bytes) is the allocation's `allocated` bytes, capped by the namespace's pod_limit;
+  // guard and dedup as for any tenant of that namespace.
+  [[nodiscard]] TenantSpec resolve_allocation(const std::string& name, const std::string& ns, Bytes allocated,
+                                              Bytes total) const;
 
   [[nodiscard]] const Limit& default_limit() const noexcept { return default_; }
   // The top-level `default.guard` (off when absent).
-  [[nodiscard]] proto::GuardMode default_guard() const noexcept { return default_guard_.value_or(proto::GuardMode::off); }
+  [[nodiscard]] GuardMode default_guard() const noexcept { return default_guard_.value_or(GuardMode::off); }
   // The top-level `default.dedup` (off when absent).
   [[nodiscard]] DedupMode default_dedup() const noexcept { return default_dedup_.value_or(DedupMode::off); }
   // The dedup mode in force for namespace `ns`: its own, else default_dedup().
@@ -181,24 +190,24 @@ class QuotaConfig {
     std::string label;  // name or uid as written
     std::optional<Limit> limit;
     std::size_t ns;     // index into namespaces_
-    std::optional<proto::GuardMode> guard;
+    std::optional<GuardMode> guard;
   };
   struct GroupEntry {
     gid_t gid;
     std::string label;
     std::optional<Limit> limit;
     std::size_t ns;
-    std::optional<proto::GuardMode> guard;
+    std::optional<GuardMode> guard;
   };
   [[nodiscard]] std::size_t default_index() const noexcept;
   [[nodiscard]] TenantSpec make_spec(const std::string& kind, const std::string& label,
                                      const std::optional<Limit>& own, std::size_t ns,
-                                     const std::optional<proto::GuardMode>& guard) const;
+                                     const std::optional<GuardMode>& guard) const;
 
   std::string file_ = "<built-in>";
   Limit default_;
   bool default_given_ = false;
-  std::optional<proto::GuardMode> default_guard_;
+  std::optional<GuardMode> default_guard_;
   std::optional<DedupMode> default_dedup_;
   std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
