@@ -40,8 +40,8 @@ int to_int(const std::string& opt, const std::string& v, int lo, int hi) {
     if (used == v.size() && n >= lo && n <= hi) return static_cast<int>(n);
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument(opt + " must be a number " + std::to_string(lo) + ".." +
-                              std::to_string(hi) + ", got '" + v + "'");
+  throw std::invalid_argument(opt + " must be a number " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" +
+                              v + "'");
 }
 
 // One process's loop: fills its slice of samples and vmm counts. Throws on failure.
@@ -58,8 +58,7 @@ void run_loop(const AllocOptions& o, Shared* sh, double* samples, int me) {
       const CUresult a = api.mem_alloc(&p, bytes);
       const std::uint64_t t1 = now_ns();
       if (a != CUDA_SUCCESS) {
-        throw std::runtime_error("cuMemAlloc_v2(" + format_size(Bytes{bytes}) +
-                                 ") failed: " + api.error_name(a));
+        throw std::runtime_error("cuMemAlloc_v2(" + format_size(Bytes{bytes}) + ") failed: " + api.error_name(a));
       }
       const CUresult f = api.mem_free(p);
       const std::uint64_t t2 = now_ns();
@@ -85,8 +84,8 @@ void run_loop(const AllocOptions& o, Shared* sh, double* samples, int me) {
   }
 }
 
-void write_sizes(Json& j, const AllocOptions& o, const double* samples, const std::vector<int>& procs,
-                 const Shared* sh, bool counts) {
+void write_sizes(Json& j, const AllocOptions& o, const double* samples, const std::vector<int>& procs, const Shared* sh,
+                 bool counts) {
   const std::size_t nsizes = o.sizes.size();
   const auto iters = static_cast<std::size_t>(o.iterations);
   j.begin_array();

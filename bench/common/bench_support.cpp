@@ -52,9 +52,7 @@ void CudaApi::init_context(DeviceOrdinal device) const {
   check(set_current_(ctx), "cuCtxSetCurrent");
 }
 
-unsigned long long CudaApi::vmm_calls() const noexcept {
-  return vmm_count_ != nullptr ? vmm_count_() : 0;
-}
+unsigned long long CudaApi::vmm_calls() const noexcept { return vmm_count_ != nullptr ? vmm_count_() : 0; }
 
 unsigned long long CudaApi::calls(const char* entry) const noexcept {
   return call_count_ != nullptr ? call_count_(entry) : 0;
@@ -195,9 +193,9 @@ Json& Json::summary(const Summary& s) {
 }
 
 std::uint64_t now_epoch_ms() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 
 void wait_until_epoch_ms(std::uint64_t epoch_ms) {
@@ -210,9 +208,9 @@ void wait_until_epoch_ms(std::uint64_t epoch_ms) {
 }
 
 std::uint64_t now_ns() noexcept {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 }  // namespace vlake::bench

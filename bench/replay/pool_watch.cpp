@@ -50,7 +50,7 @@ int poolwatch_main(int argc, char** argv) {
     std::cerr << "vlake_bench_poolwatch: --state is required\n";
     return 2;
   }
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);

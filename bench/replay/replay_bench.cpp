@@ -45,7 +45,8 @@ std::vector<TraceEvent> read_trace(const std::string& path) {
     std::string op;
     std::string extra;
     if (!(ls >> e.dt_us >> op >> e.id)) {
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": expected '<dt_us> alloc <id> <bytes>' or '<dt_us> free <id>'");
+      throw std::runtime_error(path + ":" + std::to_string(lineno) +
+                               ": expected '<dt_us> alloc <id> <bytes>' or '<dt_us> free <id>'");
     }
     if (op == "alloc") {
       e.alloc = true;

@@ -36,10 +36,10 @@ struct ReplayOptions {
   std::string trace;
   std::string driver = "libcuda.so.1";
   DeviceOrdinal device{0};
-  double pace = 0;               // 0: back to back; 1: the recorded timing; 0.5: twice as fast
-  std::uint64_t scale_div = 1;   // bytes / scale_div (at least 1 byte)
-  std::uint64_t max_events = 0;  // 0: all
-  std::uint64_t start_at_ms = 0; // wall-clock start (epoch ms), to start several replays together
+  double pace = 0;                // 0: back to back; 1: the recorded timing; 0.5: twice as fast
+  std::uint64_t scale_div = 1;    // bytes / scale_div (at least 1 byte)
+  std::uint64_t max_events = 0;   // 0: all
+  std::uint64_t start_at_ms = 0;  // wall-clock start (epoch ms), to start several replays together
   Bytes granularity{2ULL << 20};
   std::string label = "run";
 };

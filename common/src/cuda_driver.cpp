@@ -15,8 +15,7 @@
 namespace vlake {
 
 DriverError::DriverError(DriverStatus code, const std::string& call, const std::string& detail)
-    : std::runtime_error(call + " failed: " + std::to_string(code) +
-                         (detail.empty() ? std::string() : " " + detail)),
+    : std::runtime_error(call + " failed: " + std::to_string(code) + (detail.empty() ? std::string() : " " + detail)),
       code_(code) {}
 
 void Driver::copy_device(DevicePtr dst, DevicePtr src, Bytes n) {
@@ -82,21 +81,19 @@ class CudaDriver final : public Driver {
     dl_ = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (dl_ == nullptr) {
       const char* err = ::dlerror();
-      throw DriverError(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "dlopen(" + library + ")",
-                        err != nullptr ? err : "");
+      throw DriverError(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "dlopen(" + library + ")", err != nullptr ? err : "");
     }
     std::vector<std::string> missing;
-#define VLAKE_CU_API(base, symbol, version)                                              \
-    api_.symbol = reinterpret_cast<PFN_##base##_v##version>(::dlsym(dl_, #symbol));      \
-    if (api_.symbol == nullptr) missing.emplace_back(#symbol);
+#define VLAKE_CU_API(base, symbol, version)                                       \
+  api_.symbol = reinterpret_cast<PFN_##base##_v##version>(::dlsym(dl_, #symbol)); \
+  if (api_.symbol == nullptr) missing.emplace_back(#symbol);
 #include "vlake/common/cuda_api.def"
 #undef VLAKE_CU_API
     if (!missing.empty()) {
       std::string names;
       for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
       ::dlclose(dl_);
-      throw DriverError(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, library,
-                        "lacks driver entry points: " + names);
+      throw DriverError(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, library, "lacks driver entry points: " + names);
     }
     check(api_.cuInit(0), "cuInit");
     int count = 0;
@@ -161,8 +158,7 @@ class CudaDriver final : public Driver {
 
   UniqueFd export_fd(PhysicalHandle h) override {
     int fd = -1;
-    check(api_.cuMemExportToShareableHandle(&fd, h.value(), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                            0),
+    check(api_.cuMemExportToShareableHandle(&fd, h.value(), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
           "cuMemExportToShareableHandle");
     return UniqueFd(fd);
   }
@@ -178,8 +174,7 @@ class CudaDriver final : public Driver {
 
   PhysicalHandle retain(DevicePtr p) override {
     CUmemGenericAllocationHandle h = 0;
-    check(api_.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(p.value())),
-          "cuMemRetainAllocationHandle");
+    check(api_.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(p.value())), "cuMemRetainAllocationHandle");
     return PhysicalHandle{h};
   }
 
@@ -198,9 +193,7 @@ class CudaDriver final : public Driver {
     check(api_.cuMemMap(at.value(), size.value(), offset.value(), h.value(), 0), "cuMemMap");
   }
 
-  void unmap(DevicePtr at, Bytes size) override {
-    check(api_.cuMemUnmap(at.value(), size.value()), "cuMemUnmap");
-  }
+  void unmap(DevicePtr at, Bytes size) override { check(api_.cuMemUnmap(at.value(), size.value()), "cuMemUnmap"); }
 
   void set_access(DevicePtr at, Bytes size, DeviceOrdinal d, Access a) override {
     CUmemAccessDesc desc{};
@@ -373,14 +366,12 @@ class CudaDriver final : public Driver {
   CUmodule module_ = nullptr;
   CUfunction fill_fn_ = nullptr;
   CUfunction hash_fn_ = nullptr;
-  std::mutex hash_mu_;                            // serializes hash_chunk (one scratch per context)
+  std::mutex hash_mu_;                             // serializes hash_chunk (one scratch per context)
   std::map<CUcontext, CUdeviceptr> hash_scratch_;  // guarded by hash_mu_; kept for the process's life
 };
 
 }  // namespace
 
-std::unique_ptr<Driver> open_driver(const std::string& library) {
-  return std::make_unique<CudaDriver>(library);
-}
+std::unique_ptr<Driver> open_driver(const std::string& library) { return std::make_unique<CudaDriver>(library); }
 
 }  // namespace vlake

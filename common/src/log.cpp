@@ -69,8 +69,8 @@ void Logger::write(LogLevel l, std::string_view msg) const noexcept {
   char tag_buf[96];
   std::string_view tag = tag_;
   if (tag.empty()) {
-    const int t = std::snprintf(tag_buf, sizeof tag_buf, "%s[%d]", program_invocation_short_name,
-                                static_cast<int>(::getpid()));
+    const int t =
+        std::snprintf(tag_buf, sizeof tag_buf, "%s[%d]", program_invocation_short_name, static_cast<int>(::getpid()));
     tag = std::string_view(tag_buf, t < 0 ? 0 : std::min(static_cast<std::size_t>(t), sizeof tag_buf - 1));
   }
   const std::size_t need = tag.size() + msg.size() + 16;

@@ -50,8 +50,8 @@ void mkdir_p(const std::string& dir, mode_t mode) {
   if (dir.empty()) return;
   struct stat sb {};
   if (::stat(dir.c_str(), &sb) == 0) return;
-  const auto slash = dir.find_last_not_of('/') == std::string::npos ? std::string::npos
-                                                                    : dir.rfind('/', dir.find_last_not_of('/'));
+  const auto slash =
+      dir.find_last_not_of('/') == std::string::npos ? std::string::npos : dir.rfind('/', dir.find_last_not_of('/'));
   if (slash != std::string::npos && slash > 0) mkdir_p(dir.substr(0, slash), mode);
   if (::mkdir(dir.c_str(), mode) != 0) {
     if (errno == EEXIST) return;  // created meanwhile by someone else: theirs, left alone

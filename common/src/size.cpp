@@ -129,8 +129,7 @@ Bytes parse_bytes(std::string_view text, const Parsed& p) {
   auto fail = [&](const std::string& why) -> Bytes { throw SizeError(text, why); };
   if (const std::optional<int> power = ambiguous_unit(p.unit)) {
     const std::optional<Exact> e = exact_form(p.whole, p.frac, *power);
-    const std::string what = p.unit.size() == 1 ? "single-letter units are ambiguous"
-                                                : "decimal units are ambiguous";
+    const std::string what = p.unit.size() == 1 ? "single-letter units are ambiguous" : "decimal units are ambiguous";
     if (!e) return fail(what + "; write a whole number of KiB, MiB, GiB or TiB, or a byte count");
     return fail(what + "; write " + e->text + " (" + std::to_string(e->bytes) + " bytes) or a byte count");
   }
@@ -176,8 +175,8 @@ Bytes parse_size(std::string_view text) {
 Bytes parse_size(std::string_view text, Bytes min, Bytes max) {
   const Bytes b = parse_size(text);
   if (b < min) {
-    throw SizeError(text, min == Bytes{1} ? std::string("must be greater than zero")
-                                          : "must be at least " + format_size(min));
+    throw SizeError(
+        text, min == Bytes{1} ? std::string("must be greater than zero") : "must be at least " + format_size(min));
   }
   if (b > max) throw SizeError(text, "must be at most " + format_size(max));
   return b;

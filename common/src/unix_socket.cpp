@@ -11,15 +11,12 @@
 namespace vlake {
 
 namespace {
-[[noreturn]] void throw_errno(const char* what) {
-  throw std::system_error(errno, std::generic_category(), what);
-}
+[[noreturn]] void throw_errno(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
 }  // namespace
 
 void send_with_fds(int socket, std::span<const std::byte> payload, std::span<const int> fds) {
   if (payload.empty() || payload.size() > kMaxPayload) {
-    throw std::invalid_argument("send_with_fds: payload must be 1.." + std::to_string(kMaxPayload) +
-                                " bytes");
+    throw std::invalid_argument("send_with_fds: payload must be 1.." + std::to_string(kMaxPayload) + " bytes");
   }
   if (fds.size() > kMaxFds) throw std::invalid_argument("send_with_fds: too many descriptors");
 
@@ -81,8 +78,7 @@ Received recv_with_fds(int socket, std::span<std::byte> payload) {
     throw std::runtime_error("recv_with_fds: descriptors truncated (too many sent)");
   }
   if ((msg.msg_flags & MSG_TRUNC) != 0) {
-    throw std::runtime_error("recv_with_fds: message larger than " +
-                             std::to_string(payload.size()) + " bytes");
+    throw std::runtime_error("recv_with_fds: message larger than " + std::to_string(payload.size()) + " bytes");
   }
   return out;
 }

@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -35,7 +35,8 @@ std::map<std::string, std::string> parse_kv(const std::string& text, const std::
   auto v = kv.find("version");
   if (v == kv.end()) throw FormatError(what + ": no version");
   if (v->second != std::to_string(kFormatVersion)) {
-    throw FormatError(what + ": unsupported version '" + v->second + "' (expected " + std::to_string(kFormatVersion) + ")");
+    throw FormatError(what + ": unsupported version '" + v->second + "' (expected " + std::to_string(kFormatVersion) +
+                      ")");
   }
   return kv;
 }
@@ -104,8 +105,8 @@ std::string format_allocation(const Allocation& a) {
   std::string ids;
   for (const auto& d : a.device_ids) ids += (ids.empty() ? "" : ",") + d;
   return "version=" + std::to_string(kFormatVersion) + "\nid=" + a.id + "\ngpu_uuid=" + a.gpu_uuid +
-         "\ndevice_ids=" + ids + "\nbytes=" + std::to_string(a.bytes.value()) + "\ncreated=" +
-         std::to_string(a.created) + "\n";
+         "\ndevice_ids=" + ids + "\nbytes=" + std::to_string(a.bytes.value()) +
+         "\ncreated=" + std::to_string(a.created) + "\n";
 }
 
 Allocation parse_allocation(const std::string& text, const std::string& what) {
@@ -135,8 +136,8 @@ Allocation parse_allocation(const std::string& text, const std::string& what) {
 }
 
 std::string format_owner(const Owner& o) {
-  return "version=" + std::to_string(kFormatVersion) + "\nnamespace=" + o.ns + "\npod=" + o.pod + "\ncontainer=" +
-         o.container + "\n";
+  return "version=" + std::to_string(kFormatVersion) + "\nnamespace=" + o.ns + "\npod=" + o.pod +
+         "\ncontainer=" + o.container + "\n";
 }
 
 Owner parse_owner(const std::string& text, const std::string& what) {
@@ -180,7 +181,8 @@ std::optional<Owner> owner_from_tenant_name(std::string_view name) {
   if (a == std::string_view::npos) return std::nullopt;
   const auto b = name.find('/', a + 1);
   if (b == std::string_view::npos) return std::nullopt;
-  return Owner{std::string(name.substr(0, a)), std::string(name.substr(a + 1, b - a - 1)), std::string(name.substr(b + 1))};
+  return Owner{std::string(name.substr(0, a)), std::string(name.substr(a + 1, b - a - 1)),
+               std::string(name.substr(b + 1))};
 }
 
 std::optional<Allocation> read_allocation(const std::string& dir) {

@@ -18,8 +18,8 @@ namespace vlake::state {
 namespace {
 
 std::string reset_hint(const std::string& name) {
-  return "; if no tenant process holds GPU memory from vlake, stop vlaked and remove " +
-         segment_path(name) + " (or start with another --state) to reset";
+  return "; if no tenant process holds GPU memory from vlake, stop vlaked and remove " + segment_path(name) +
+         " (or start with another --state) to reset";
 }
 
 void check_existing(const std::string& name, const void* base, std::size_t size) {
@@ -33,12 +33,12 @@ void check_existing(const std::string& name, const void* base, std::size_t size)
     throw StateError("state segment " + segment_path(name) + " is not a vlake state segment (bad magic)" +
                      reset_hint(name));
   }
-  if (h.layout_version != kLayoutVersion || h.header_bytes != sizeof(Header) ||
-      h.total_bytes != sizeof(State) || size != sizeof(State)) {
-    throw StateError("state segment " + segment_path(name) + " has layout version " +
-                     std::to_string(h.layout_version) + " (" + std::to_string(size) +
-                     " bytes); this vlaked uses layout version " + std::to_string(kLayoutVersion) + " (" +
-                     std::to_string(sizeof(State)) + " bytes)" + reset_hint(name));
+  if (h.layout_version != kLayoutVersion || h.header_bytes != sizeof(Header) || h.total_bytes != sizeof(State) ||
+      size != sizeof(State)) {
+    throw StateError("state segment " + segment_path(name) + " has layout version " + std::to_string(h.layout_version) +
+                     " (" + std::to_string(size) + " bytes); this vlaked uses layout version " +
+                     std::to_string(kLayoutVersion) + " (" + std::to_string(sizeof(State)) + " bytes)" +
+                     reset_hint(name));
   }
 }
 
@@ -67,7 +67,7 @@ StateSegment::StateSegment(const std::string& name, unsigned mode, long gid) : n
   try {
     try {
       shm_ = std::make_unique<bip::shared_memory_object>(bip::create_only, name.c_str(), bip::read_write,
-                                                          bip::permissions(0644));
+                                                         bip::permissions(0644));
       origin_ = Origin::created;
     } catch (const bip::interprocess_exception& e) {
       if (e.get_error_code() != bip::already_exists_error) throw;
@@ -83,8 +83,7 @@ StateSegment::StateSegment(const std::string& name, unsigned mode, long gid) : n
     }
     if (::fchmod(fd, static_cast<mode_t>(mode)) != 0 ||
         (gid >= 0 && ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0)) {
-      throw StateError("cannot set mode/group of state segment " + segment_path(name) + ": " +
-                       std::strerror(errno));
+      throw StateError("cannot set mode/group of state segment " + segment_path(name) + ": " + std::strerror(errno));
     }
     bip::offset_t size = 0;
     if (!shm_->get_size(size)) size = 0;

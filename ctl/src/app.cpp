@@ -30,16 +30,11 @@ NodeView read_view(const std::string& state) {
 
 std::string render(const CtlOptions& o, const NodeView& v, const std::string& stamp) {
   switch (o.command) {
-    case Command::top:
-      return o.json ? render_top_json(v, o.state) : render_top_text(v, o.state, stamp);
-    case Command::tenants:
-      return o.json ? render_tenants_json(v, o.state) : render_tenants_text(v, o.state);
-    case Command::pool:
-      return o.json ? render_pool_json(v, o.state) : render_pool_text(v, o.state);
-    case Command::events:
-      return o.json ? render_events_json(v, o.state) : render_events_text(v, o.state);
-    default:
-      return "";
+    case Command::top: return o.json ? render_top_json(v, o.state) : render_top_text(v, o.state, stamp);
+    case Command::tenants: return o.json ? render_tenants_json(v, o.state) : render_tenants_text(v, o.state);
+    case Command::pool: return o.json ? render_pool_json(v, o.state) : render_pool_text(v, o.state);
+    case Command::events: return o.json ? render_events_json(v, o.state) : render_events_text(v, o.state);
+    default: return "";
   }
 }
 
@@ -133,8 +128,8 @@ int App::watch(const CtlOptions& o) {
     for (;;) {
       const int sig = ::sigtimedwait(&set, nullptr, &left);
       if (sig == SIGINT || sig == SIGTERM) return 0;
-      if (sig < 0 && errno == EAGAIN) break;  // the period passed
-      if (sig < 0 && errno == EINTR) continue;   // another signal (e.g. SIGWINCH handler)
+      if (sig < 0 && errno == EAGAIN) break;    // the period passed
+      if (sig < 0 && errno == EINTR) continue;  // another signal (e.g. SIGWINCH handler)
       break;
     }
   }
@@ -161,7 +156,8 @@ int main_entry(int argc, const char* const* argv) {
     try {
       o = CtlOptions::parse(args, std::getenv("VLAKE_STATE"));
     } catch (const UsageError& e) {
-      std::cerr << "vlakectl: " << e.what() << "\n" << "try 'vlakectl --help'\n";
+      std::cerr << "vlakectl: " << e.what() << "\n"
+                << "try 'vlakectl --help'\n";
       return 2;
     }
     if (o.help) {

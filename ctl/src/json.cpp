@@ -41,13 +41,34 @@ std::string json_quote(std::string_view s) {
   for (std::size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     switch (c) {
-      case '"': o += "\\\""; ++i; continue;
-      case '\\': o += "\\\\"; ++i; continue;
-      case '\b': o += "\\b"; ++i; continue;
-      case '\f': o += "\\f"; ++i; continue;
-      case '\n': o += "\\n"; ++i; continue;
-      case '\r': o += "\\r"; ++i; continue;
-      case '\t': o += "\\t"; ++i; continue;
+      case '"':
+        o += "\\\"";
+        ++i;
+        continue;
+      case '\\':
+        o += "\\\\";
+        ++i;
+        continue;
+      case '\b':
+        o += "\\b";
+        ++i;
+        continue;
+      case '\f':
+        o += "\\f";
+        ++i;
+        continue;
+      case '\n':
+        o += "\\n";
+        ++i;
+        continue;
+      case '\r':
+        o += "\\r";
+        ++i;
+        continue;
+      case '\t':
+        o += "\\t";
+        ++i;
+        continue;
       default: break;
     }
     if (c < 0x20) {

@@ -33,9 +33,7 @@ double parse_seconds(const std::string& text) {
   return v;
 }
 
-bool looks_numeric(const std::string& s) {
-  return !s.empty() && ((s[0] >= '0' && s[0] <= '9') || s[0] == '.');
-}
+bool looks_numeric(const std::string& s) { return !s.empty() && ((s[0] >= '0' && s[0] <= '9') || s[0] == '.'); }
 
 }  // namespace
 

@@ -28,8 +28,8 @@ std::string daemon_status(const DaemonView& d) {
 }
 
 std::string heading(const NodeView& v, const std::string& state, const std::string& stamp) {
-  std::string s = "vlaked pid " + std::to_string(v.daemon.pid) + " (" + daemon_status(v.daemon) + "), state " +
-                  state + ", " + std::to_string(v.sessions) + " session" + (v.sessions == 1 ? "" : "s") + ", " +
+  std::string s = "vlaked pid " + std::to_string(v.daemon.pid) + " (" + daemon_status(v.daemon) + "), state " + state +
+                  ", " + std::to_string(v.sessions) + " session" + (v.sessions == 1 ? "" : "s") + ", " +
                   std::to_string(v.grants) + " grant" + (v.grants == 1 ? "" : "s");
   if (!stamp.empty()) s += ", at " + stamp;
   return s + "\n";
@@ -255,8 +255,8 @@ std::string render_pool_text(const NodeView& v, const std::string& state) {
            {"BORROWED", Table::Align::right}});
   for (const GpuView& g : v.gpus) {
     t.add_row({std::to_string(g.index), g.uuid, sz(g.total), sz(g.pool_bytes), sz(g.granted), sz(g.free),
-               std::to_string(g.free_handles), sz(g.orphaned), sz(g.counted), sz(g.nonpool),
-               sz(g.guaranteed), sz(g.borrowed)});
+               std::to_string(g.free_handles), sz(g.orphaned), sz(g.counted), sz(g.nonpool), sz(g.guaranteed),
+               sz(g.borrowed)});
   }
   out += v.gpus.empty() ? "no GPUs in the state\n" : t.render();
   out += "\ncounters:\n";
@@ -339,11 +339,9 @@ std::string render_events_text(const NodeView& v, const std::string& state) {
     } else if (e.grant_id != 0) {
       where += " grant " + std::to_string(e.grant_id);
     }
-    t.add_row({std::to_string(e.seq), utc(e.time_unix_ns), e.kind, e.tenant,
-               e.gpu ? std::to_string(*e.gpu) : "?", std::to_string(e.pid),
-               e.requested_bytes != 0 ? sz(e.requested_bytes) : "-",
-               e.kind == "canary" ? std::to_string(e.first_bad_offset) : "-", utc(e.allocated_unix_ns),
-               where});
+    t.add_row({std::to_string(e.seq), utc(e.time_unix_ns), e.kind, e.tenant, e.gpu ? std::to_string(*e.gpu) : "?",
+               std::to_string(e.pid), e.requested_bytes != 0 ? sz(e.requested_bytes) : "-",
+               e.kind == "canary" ? std::to_string(e.first_bad_offset) : "-", utc(e.allocated_unix_ns), where});
   }
   return out + "\n" + t.render();
 }

@@ -195,9 +195,8 @@ std::vector<TenantView> idle_tenants(const NodeView& v) {
     for (const TenantGpuView& u : t.gpus) uses = uses || u.used != 0;
     if (!uses) out.push_back(t);
   }
-  std::sort(out.begin(), out.end(), [](const TenantView& a, const TenantView& b) {
-    return a.name != b.name ? a.name < b.name : a.id < b.id;
-  });
+  std::sort(out.begin(), out.end(),
+            [](const TenantView& a, const TenantView& b) { return a.name != b.name ? a.name < b.name : a.id < b.id; });
   return out;
 }
 

@@ -152,8 +152,9 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   per_gpu("vlake_pool_peak_bytes", "highest vlake_pool_reserved_bytes since the daemon started",
           [](const st::DeviceRecord& r) { return d(r.pool_peak_bytes); });
   {
-    MetricFamily& f = F.gauge("vlake_pool_free_handles_by_class", "free handles by size class (small: the "
-                                                                  "granularity, bulk: --bulk-size)");
+    MetricFamily& f = F.gauge("vlake_pool_free_handles_by_class",
+                              "free handles by size class (small: the "
+                              "granularity, bulk: --bulk-size)");
     for (const Gpu& g : gpus) {
       set(f, join(g.labels, {{"class", "small"}}), d(g.rec->free_small_handles));
       set(f, join(g.labels, {{"class", "bulk"}}), d(g.rec->free_bulk_handles));

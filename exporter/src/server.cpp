@@ -10,11 +10,11 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
-#include <thread>
 #include <cstring>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include <prometheus/text_serializer.h>
 
@@ -125,7 +125,8 @@ std::string parse_listen_address(const std::string& address) {
   }
   if (host.empty()) return port;
   if (host.front() == '[') {
-    if (host.size() < 3 || host.back() != ']') throw std::invalid_argument("metrics address '" + address + "': bad IPv6 host");
+    if (host.size() < 3 || host.back() != ']')
+      throw std::invalid_argument("metrics address '" + address + "': bad IPv6 host");
     return "+" + host + ":" + port;  // civetweb: "+[::]:PORT" style; IPv6 support depends on its build
   }
   for (char ch : host) {
@@ -143,8 +144,8 @@ MetricsServer::MetricsServer(const std::string& address, std::shared_ptr<StateCo
     : address_(address), collector_(std::move(collector)) {
   const std::string ports = parse_listen_address(address);
   std::call_once(g_init, [] { mg_init_library(0); });
-  const char* options[] = {"listening_ports", ports.c_str(), "num_threads", "2", "enable_keep_alive", "no",
-                           "request_timeout_ms", "10000", nullptr};
+  const char* options[] = {"listening_ports",    ports.c_str(), "num_threads", "2", "enable_keep_alive", "no",
+                           "request_timeout_ms", "10000",       nullptr};
   mg_callbacks callbacks{};
   callbacks.log_message = quiet_log;
   mg_init_data init{};

@@ -47,8 +47,7 @@ bool DaemonClient::connected() const {
   return fd_.valid();
 }
 
-bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes,
-                                       std::uint64_t blocks) {
+bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks) {
   std::lock_guard lock(mu_);
   if (!fd_) return false;
   auto r = proto::make<proto::ReserveReport>(next_request_++);
@@ -191,14 +190,13 @@ bool DaemonClient::connect_locked() {
     return false;
   }
   if (ack.status != proto::Status::ok) {
-    last_error_ =
-        "the daemon refused Hello (status " + std::to_string(static_cast<int>(ack.status)) + ")";
+    last_error_ = "the daemon refused Hello (status " + std::to_string(static_cast<int>(ack.status)) + ")";
     fd_.reset();
     return false;
   }
   if (session_ != 0 && ack.session_id != session_) {
-    log(LogLevel::info, "daemon started a new session %llu (was %llu)",
-        static_cast<unsigned long long>(ack.session_id), static_cast<unsigned long long>(session_));
+    log(LogLevel::info, "daemon started a new session %llu (was %llu)", static_cast<unsigned long long>(ack.session_id),
+        static_cast<unsigned long long>(session_));
   } else if (session_ != 0) {
     log(LogLevel::info, "reconnected to %s, session %llu kept", path_.c_str(),
         static_cast<unsigned long long>(session_));
@@ -207,8 +205,8 @@ bool DaemonClient::connect_locked() {
   tenant_name_.assign(ack.tenant_name, strnlen(ack.tenant_name, sizeof ack.tenant_name));
   guard_mode_ = ack.guard_mode;
   granularity_ = ack.granularity;
-  log(LogLevel::debug, "connected to %s as tenant %s (session %llu)", path_.c_str(),
-      tenant_name_.c_str(), static_cast<unsigned long long>(session_));
+  log(LogLevel::debug, "connected to %s as tenant %s (session %llu)", path_.c_str(), tenant_name_.c_str(),
+      static_cast<unsigned long long>(session_));
   flush_pending_locked();
   return fd_.valid();
 }
@@ -299,8 +297,7 @@ std::optional<Rep> DaemonClient::exchange_locked(Req request, std::vector<Unique
     if (!broke) {
       broke = true;
       deadline = std::chrono::steady_clock::now() + reconnect_timeout_;
-      log(LogLevel::info, "connection to %s broke (%s); reconnecting", path_.c_str(),
-          last_error_.c_str());
+      log(LogLevel::info, "connection to %s broke (%s); reconnecting", path_.c_str(), last_error_.c_str());
     }
   }
 }
@@ -320,8 +317,7 @@ void DaemonClient::flush_pending_locked() {
   }
 }
 
-std::optional<GrantResult> DaemonClient::grant(const Uuid& device, std::uint64_t bytes,
-                                               proto::GrantPurpose purpose) {
+std::optional<GrantResult> DaemonClient::grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose) {
   auto req = proto::make<proto::GrantRequest>();
   device.copy_to(req.device_uuid);
   req.bytes = bytes;
@@ -363,8 +359,7 @@ std::optional<UsageResult> DaemonClient::usage(const Uuid& device) {
   return UsageResult{rep->status, rep->total, rep->limit, rep->used};
 }
 
-std::optional<proto::ShareReply> DaemonClient::share(const proto::ShareRequest& request,
-                                                     std::vector<UniqueFd>& fds) {
+std::optional<proto::ShareReply> DaemonClient::share(const proto::ShareRequest& request, std::vector<UniqueFd>& fds) {
   std::lock_guard lock(mu_);
   return exchange_locked<proto::ShareRequest, proto::ShareReply>(request, &fds);
 }

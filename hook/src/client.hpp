@@ -76,15 +76,13 @@ class DaemonClient {
   DaemonClient(const DaemonClient&) = delete;
   DaemonClient& operator=(const DaemonClient&) = delete;
 
-  [[nodiscard]] std::optional<GrantResult> grant(const Uuid& device, std::uint64_t bytes,
-                                                 proto::GrantPurpose purpose);
+  [[nodiscard]] std::optional<GrantResult> grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose);
   // Status of the release, or nullopt when it was queued (daemon unreachable).
   std::optional<proto::Status> release(std::uint64_t grant_id, std::uint32_t flags);
   [[nodiscard]] std::optional<UsageResult> usage(const Uuid& device);
   // Dedup (docs/dedup.md, share.cpp): one ShareRequest -> ShareReply (descriptors in `fds`), one
   // ShareCommit -> ShareAck. nullopt when the daemon is unreachable or answered an Error.
-  [[nodiscard]] std::optional<proto::ShareReply> share(const proto::ShareRequest& request,
-                                                       std::vector<UniqueFd>& fds);
+  [[nodiscard]] std::optional<proto::ShareReply> share(const proto::ShareRequest& request, std::vector<UniqueFd>& fds);
   [[nodiscard]] std::optional<proto::ShareAck> share_commit(const proto::ShareCommit& request);
 
   bool send_guard_event(proto::GuardEvent event);

@@ -49,8 +49,7 @@ bool falsy(const char* v) {
 Config Config::parse(const Lookup& lookup) {
   Config c;
   auto bad = [&c](const char* name, const char* value, const char* expected) {
-    c.problems.push_back(std::string("ignoring ") + name + "=\"" + value + "\" (expected " +
-                         expected + ")");
+    c.problems.push_back(std::string("ignoring ") + name + "=\"" + value + "\" (expected " + expected + ")");
   };
   if (const char* v = lookup("VLAKE_SOCKET"); v != nullptr) {
     if (*v == '\0' || std::string_view(v).size() >= 108) {

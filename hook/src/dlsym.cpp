@@ -40,9 +40,7 @@ DlsymFn g_real_dlsym = nullptr;  // glibc's dlsym once resolved; __atomic_* acce
 __attribute__((tls_model("initial-exec"))) thread_local bool t_resolving = false;
 thread_local const void* t_caller = nullptr;  // return address of the dlsym call being answered
 
-void* no_dlsym(void*, const char*) {
-  return nullptr;
-}
+void* no_dlsym(void*, const char*) { return nullptr; }
 
 bool in_library(void* fn, const char* prefix) {
   Dl_info info{};
@@ -102,9 +100,7 @@ VLAKE_UNINSTRUMENTED DlsymFn real_dlsym() noexcept {
 
 // Resolves glibc's dlsym when the library is loaded, so that a dlsym call made from inside
 // dlvsym (e.g. by a malloc interposer) cannot find it unresolved. No CUDA call, no connection.
-__attribute__((constructor)) void warm_real_dlsym() {
-  (void)real_dlsym();
-}
+__attribute__((constructor)) void warm_real_dlsym() { (void)real_dlsym(); }
 
 }  // namespace vlake::hook
 
@@ -117,8 +113,9 @@ extern "C" __attribute__((used)) VLAKE_UNINSTRUMENTED void* vlake_dlsym_select(v
   using namespace vlake::hook;
   const DlsymFn real = real_dlsym();
   if (real == nullptr) return reinterpret_cast<void*>(&no_dlsym);
-  const bool driver_or_nvml = name != nullptr && ((name[0] == 'c' && name[1] == 'u') ||
-                                                  (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l'));
+  const bool driver_or_nvml =
+      name != nullptr &&
+      ((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l'));
   if (!driver_or_nvml || find_interposed(name) == nullptr) return reinterpret_cast<void*>(real);
   t_caller = caller;
   return reinterpret_cast<void*>(&intercepted_dlsym);
@@ -155,8 +152,7 @@ dlsym:
 #else
 // Other architectures: a plain call (RTLD_NEXT lookups then resolve relative to the hook).
 extern "C" __attribute__((visibility("default"))) VLAKE_UNINSTRUMENTED void* dlsym(void* handle, const char* name) {
-  auto fn = reinterpret_cast<vlake::hook::DlsymFn>(
-      vlake_dlsym_select(handle, name, __builtin_return_address(0)));
+  auto fn = reinterpret_cast<vlake::hook::DlsymFn>(vlake_dlsym_select(handle, name, __builtin_return_address(0)));
   return fn(handle, name);
 }
 #endif

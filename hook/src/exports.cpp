@@ -21,13 +21,12 @@ struct PrependBool<CUresult (*)(A...)> {
 // Handler<R>::fn is on_<symbol>, checked to take (bool ptds, <the PFN's parameters>).
 template <Row R>
 struct Handler;
-#define VLAKE_HOOK(base, symbol, version)                                                        \
-  template <>                                                                                    \
-  struct Handler<Row::symbol> {                                                                  \
-    static constexpr auto fn = &on_##symbol;                                                     \
-    static_assert(std::is_same_v<std::remove_const_t<decltype(fn)>,                              \
-                                 PrependBool<PFN_##base##_v##version>::type>,                    \
-                  "on_" #symbol " must take (bool ptds, <PFN_" #base "_v" #version " params>)"); \
+#define VLAKE_HOOK(base, symbol, version)                                                                        \
+  template <>                                                                                                    \
+  struct Handler<Row::symbol> {                                                                                  \
+    static constexpr auto fn = &on_##symbol;                                                                     \
+    static_assert(std::is_same_v<std::remove_const_t<decltype(fn)>, PrependBool<PFN_##base##_v##version>::type>, \
+                  "on_" #symbol " must take (bool ptds, <PFN_" #base "_v" #version " params>)");                 \
   };
 #include "hooked.def"
 
@@ -51,10 +50,9 @@ struct Tramp<R, P, CUresult (*)(A...)> {
 
 namespace {
 
-#define VLAKE_HOOK(base, symbol, version)                        \
-  static_assert(                                                 \
-      std::is_same_v<decltype(&Tramp<Row::symbol, false>::call), \
-                     std::add_pointer_t<std::remove_pointer_t<PFN_##base##_v##version>>>);
+#define VLAKE_HOOK(base, symbol, version)                                  \
+  static_assert(std::is_same_v<decltype(&Tramp<Row::symbol, false>::call), \
+                               std::add_pointer_t<std::remove_pointer_t<PFN_##base##_v##version>>>);
 #include "hooked.def"
 
 struct ProcRow {
@@ -75,12 +73,12 @@ const ProcRow kProcRows[] = {
 };
 
 const Interposed kExports[] = {
-#define VLAKE_HOOK(base, symbol, version)                                        \
-  Interposed{#symbol, reinterpret_cast<void*>(&Tramp<Row::symbol, false>::call), \
-             &remember_real<Row::symbol>, false, false},
-#define VLAKE_HOOK_PTSZ(base, symbol, ptsz_symbol, version)                          \
-  Interposed{#ptsz_symbol, reinterpret_cast<void*>(&Tramp<Row::symbol, true>::call), \
-             &remember_real<Row::symbol>, true, false},
+#define VLAKE_HOOK(base, symbol, version)                                                                            \
+  Interposed{#symbol, reinterpret_cast<void*>(&Tramp<Row::symbol, false>::call), &remember_real<Row::symbol>, false, \
+             false},
+#define VLAKE_HOOK_PTSZ(base, symbol, ptsz_symbol, version)                                                       \
+  Interposed{#ptsz_symbol, reinterpret_cast<void*>(&Tramp<Row::symbol, true>::call), &remember_real<Row::symbol>, \
+             true, false},
 #include "hooked.def"
 };
 
@@ -111,8 +109,7 @@ void* substitute(const char* symbol, void* real, int version, cuuint64_t flags) 
   // The driver may know a newer ABI of this name than the hook's row: then `version` resolves
   // to another function than the row's own version does, and the hook stays out of the way.
   if (best->version != version && driver_lookup(symbol, best->version, flags) != real) {
-    log(LogLevel::debug, "%s@%d: the driver has a newer ABI than the hook; not intercepted", symbol,
-        version);
+    log(LogLevel::debug, "%s@%d: the driver has a newer ABI than the hook; not intercepted", symbol, version);
     return real;
   }
   const bool ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
@@ -127,18 +124,16 @@ bool substitution_off() {
 
 }  // namespace
 
-CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion,
-                             cuuint64_t flags) {
+CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
   const CUresult rc = pass<Row::cuGetProcAddress>(ptds, symbol, pfn, cudaVersion, flags);
   if (rc != CUDA_SUCCESS || symbol == nullptr || pfn == nullptr || *pfn == nullptr) return rc;
   if (!substitution_off()) *pfn = substitute(symbol, *pfn, cudaVersion, flags);
   return rc;
 }
 
-CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion,
-                                cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus) {
-  const CUresult rc =
-      pass<Row::cuGetProcAddress_v2>(ptds, symbol, pfn, cudaVersion, flags, symbolStatus);
+CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                CUdriverProcAddressQueryResult* symbolStatus) {
+  const CUresult rc = pass<Row::cuGetProcAddress_v2>(ptds, symbol, pfn, cudaVersion, flags, symbolStatus);
   if (rc != CUDA_SUCCESS || symbol == nullptr || pfn == nullptr || *pfn == nullptr) return rc;
   if (!substitution_off()) *pfn = substitute(symbol, *pfn, cudaVersion, flags);
   return rc;
@@ -162,14 +157,14 @@ const Interposed* find_interposed(const char* name) noexcept {
 // Each is a GNU indirect function whose resolver returns the row's trampoline: the symbol has
 // the driver's exact prototype (declared from the PFN type, so a mismatch with cuda.h does not
 // compile) without the parameter list being spelled out per row.
-#define VLAKE_HOOK(base, symbol, version)                                                          \
-  extern "C" PFN_##base##_v##version vlake_resolve_##symbol() {                                    \
-    return &vlake::hook::Tramp<vlake::hook::Row::symbol, false>::call;                             \
-  }                                                                                                \
-  extern "C" __attribute__((visibility("default"))) std::remove_pointer_t<PFN_##base##_v##version> \
-      symbol __attribute__((ifunc("vlake_resolve_" #symbol)));                                     \
+#define VLAKE_HOOK(base, symbol, version)                                                                 \
+  extern "C" PFN_##base##_v##version vlake_resolve_##symbol() {                                           \
+    return &vlake::hook::Tramp<vlake::hook::Row::symbol, false>::call;                                    \
+  }                                                                                                       \
+  extern "C" __attribute__((visibility("default"))) std::remove_pointer_t<PFN_##base##_v##version> symbol \
+      __attribute__((ifunc("vlake_resolve_" #symbol)));                                                   \
   static_assert(std::is_same_v<decltype(&::symbol), PFN_##base##_v##version>);
-#define VLAKE_HOOK_PTSZ(base, symbol, ptsz_symbol, version)                                     \
+#define VLAKE_HOOK_PTSZ(base, symbol, ptsz_symbol, version)                                      \
   extern "C" vlake::hook::RowInfo<vlake::hook::Row::symbol>::Pfn vlake_resolve_##ptsz_symbol() { \
     return &vlake::hook::Tramp<vlake::hook::Row::symbol, true>::call;                            \
   }                                                                                              \

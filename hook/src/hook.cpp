@@ -117,9 +117,7 @@ State* active() noexcept {
   return s != nullptr && !s->config.disabled ? s : nullptr;
 }
 
-std::uint64_t addr(CUdeviceptr p) {
-  return static_cast<std::uint64_t>(p);
-}
+std::uint64_t addr(CUdeviceptr p) { return static_cast<std::uint64_t>(p); }
 
 // Records ctx -> device in the state's small table (first free or matching slot).
 void remember_context(CUcontext ctx, int dev) noexcept {
@@ -131,8 +129,7 @@ void remember_context(CUcontext ctx, int dev) noexcept {
     if (seen == nullptr) {
       s->ctx_device[i].store(dev, std::memory_order_relaxed);
       CUcontext expected = nullptr;
-      if (s->ctx_seen[i].compare_exchange_strong(expected, ctx, std::memory_order_acq_rel) ||
-          expected == ctx) {
+      if (s->ctx_seen[i].compare_exchange_strong(expected, ctx, std::memory_order_acq_rel) || expected == ctx) {
         return;
       }
     }
@@ -166,10 +163,9 @@ void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t reque
   const std::string tenant = s.client.tenant_name();
   const std::string note = suppressed_note(suppressed);
   if (g.status == Status::over_limit) {
-    log(LogLevel::error,
-        "out of memory on GPU %d: tenant %s holds %s of its %s limit; request of %s refused%s", dev,
-        tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
-        format_bytes(requested).c_str(), note.c_str());
+    log(LogLevel::error, "out of memory on GPU %d: tenant %s holds %s of its %s limit; request of %s refused%s", dev,
+        tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(), format_bytes(requested).c_str(),
+        note.c_str());
   } else if (g.status == Status::namespace_over_limit) {
     log(LogLevel::error,
         "out of memory on GPU %d: the namespace of tenant %s holds %s of its %s limit; request of "
@@ -189,8 +185,8 @@ void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t reque
         dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
         format_bytes(requested).c_str(), note.c_str());
   } else {
-    log(LogLevel::error, "allocation of %s on GPU %d refused by vlaked (status %d)%s",
-        format_bytes(requested).c_str(), dev, static_cast<int>(g.status), note.c_str());
+    log(LogLevel::error, "allocation of %s on GPU %d refused by vlaked (status %d)%s", format_bytes(requested).c_str(),
+        dev, static_cast<int>(g.status), note.c_str());
   }
 }
 
@@ -265,9 +261,8 @@ void give_back(State& s, std::uint64_t grant_id, std::uint32_t flags) {
 }
 
 CUresult import_fd(int fd, CUmemGenericAllocationHandle& h) {
-  return pass<Row::cuMemImportFromShareableHandle>(
-      false, &h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  return pass<Row::cuMemImportFromShareableHandle>(false, &h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 }
 
 // Unmaps, frees the VA and releases the imported handles of a logical allocation.
@@ -284,9 +279,8 @@ CUresult unmap_logical(const LogicalAlloc& a) {
   PhaseTimer t(Phase::release_handles);
   for (std::uint64_t h : a.handles) note(pass<Row::cuMemRelease>(false, h));
   if (a.base != 0 && a.reserved != 0) {
-    note(api.cuMemAddressFree != nullptr
-             ? api.cuMemAddressFree(static_cast<CUdeviceptr>(a.base), a.reserved)
-             : CUDA_ERROR_NOT_SUPPORTED);
+    note(api.cuMemAddressFree != nullptr ? api.cuMemAddressFree(static_cast<CUdeviceptr>(a.base), a.reserved)
+                                         : CUDA_ERROR_NOT_SUPPORTED);
   }
   return first;
 }
@@ -294,19 +288,14 @@ CUresult unmap_logical(const LogicalAlloc& a) {
 // Alignment of a right-aligned (guard fault mode) pointer: what cuMemAlloc guarantees.
 constexpr std::uint64_t kGuardAlign = 256;
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) {
-  return (v + a - 1) / a * a;
-}
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 // True if `p` lies in the mapped part of `a` (the guard chunk is VA the driver knows nothing of).
-bool in_mapping(const LogicalAlloc& a, std::uint64_t p) {
-  return p - a.base < a.mapped;
-}
+bool in_mapping(const LogicalAlloc& a, std::uint64_t p) { return p - a.base < a.mapped; }
 
 // Hands mapped memory (a new grant's or a reserved block's) to the application as an allocation
 // of `requested` bytes: in guard fault mode right-aligned so that it ends where the mapping ends.
-void place(State& s, LogicalAlloc a, bool guard, CUcontext ctx, std::uint64_t requested,
-           CUdeviceptr* dptr) {
+void place(State& s, LogicalAlloc a, bool guard, CUcontext ctx, std::uint64_t requested, CUdeviceptr* dptr) {
   a.ptr = guard ? a.base + a.mapped - round_up(requested, kGuardAlign) : a.base;
   a.requested = requested;
   a.ctx = ctx;
@@ -318,8 +307,7 @@ void place(State& s, LogicalAlloc a, bool guard, CUcontext ctx, std::uint64_t re
 // Imports, reserves, maps and enables the handles of an alloc grant; records the allocation.
 // In guard fault mode the reservation has one more granularity-sized chunk, left unmapped, and
 // the returned pointer is right-aligned (256 B) so that the allocation ends at the grant's end.
-CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64_t requested,
-                   CUdeviceptr* dptr) {
+CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64_t requested, CUdeviceptr* dptr) {
   const UsedApi& api = used();
   if (api.cuMemAddressReserve == nullptr || api.cuMemSetAccess == nullptr) {
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -331,8 +319,8 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
     expect += g.handles[i].size;
   }
   if (!ok || expect != g.bytes || g.bytes < requested) {
-    log(LogLevel::error, "vlaked sent a malformed grant (%zu handles, %zu descriptors)",
-        g.handles.size(), g.fds.size());
+    log(LogLevel::error, "vlaked sent a malformed grant (%zu handles, %zu descriptors)", g.handles.size(),
+        g.fds.size());
     return CUDA_ERROR_UNKNOWN;
   }
   // Guard fault mode: one unmapped granularity-sized chunk after the grant, and the pointer
@@ -374,8 +362,8 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
   a.reserved = g.bytes + guard_bytes;
   for (std::size_t i = 0; i < a.handles.size(); ++i) {
     PhaseTimer t(Phase::map);
-    if (CUresult rc = pass<Row::cuMemMap>(false, base + g.handles[i].offset, g.handles[i].size,
-                                          std::size_t{0}, a.handles[i], 0ULL);
+    if (CUresult rc = pass<Row::cuMemMap>(false, base + g.handles[i].offset, g.handles[i].size, std::size_t{0},
+                                          a.handles[i], 0ULL);
         rc != CUDA_SUCCESS) {
       unmap_logical(a);
       return rc;
@@ -401,16 +389,14 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
 
 // ---- Local reserve ------------------------------------------------------------------------------
 
-bool reserve_usable(const State& s) {
-  return s.reserve.enabled() && !s.canary.load(std::memory_order_relaxed);
-}
+bool reserve_usable(const State& s) { return s.reserve.enabled() && !s.canary.load(std::memory_order_relaxed); }
 
 // Unmaps and releases blocks that leave the reserve for good.
 void retire_blocks(State& s, std::vector<ReserveBlock>& blocks) {
   for (ReserveBlock& b : blocks) {
     if (CUresult rc = unmap_logical(b.alloc); rc != CUDA_SUCCESS) {
-      log(LogLevel::warn, "unmapping a reserved block of %s failed (CUresult %d)",
-          format_bytes(b.alloc.mapped).c_str(), static_cast<int>(rc));
+      log(LogLevel::warn, "unmapping a reserved block of %s failed (CUresult %d)", format_bytes(b.alloc.mapped).c_str(),
+          static_cast<int>(rc));
     }
     give_back(s, b.alloc.grant_id, 0);
   }
@@ -426,8 +412,7 @@ int device_of_uuid(State& s, const Uuid& u) {
 }
 
 // The worker's periodic duties; runs with busy_mu held.
-void worker_tick(State& s, std::vector<ReserveBlock>& work,
-                 std::array<std::uint64_t, proto::kMaxDevices>& reported,
+void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint64_t, proto::kMaxDevices>& reported,
                  std::chrono::steady_clock::time_point& last_report) {
   retire_blocks(s, work);
   auto old = s.reserve.expire(std::chrono::steady_clock::now());
@@ -438,8 +423,7 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work,
     const int dev = device_of_uuid(s, n.device);
     if (dev < 0) continue;
     auto out = s.reserve.drain(dev, n.bytes);
-    log(LogLevel::info, "vlaked asked for memory on GPU %d: returning %zu reserved block(s)", dev,
-        out.size());
+    log(LogLevel::info, "vlaked asked for memory on GPU %d: returning %zu reserved block(s)", dev, out.size());
     urgent = true;
     retire_blocks(s, out);
   }
@@ -472,8 +456,7 @@ void worker_main(State* s) {
     std::vector<ReserveBlock> work;
     {
       std::unique_lock lock(s->work_mu);
-      s->work_cv.wait_for(lock, std::chrono::milliseconds(50),
-                          [s] { return !s->retire_queue.empty() || s->stopping; });
+      s->work_cv.wait_for(lock, std::chrono::milliseconds(50), [s] { return !s->retire_queue.empty() || s->stopping; });
       if (s->stopping) return;
       work.swap(s->retire_queue);
     }
@@ -535,8 +518,8 @@ void retire_later(State& s, std::vector<ReserveBlock> blocks) {
 }
 
 bool quota_or_memory(Status st) {
-  return st == Status::over_limit || st == Status::namespace_over_limit ||
-         st == Status::guarantee || st == Status::out_of_memory;
+  return st == Status::over_limit || st == Status::namespace_over_limit || st == Status::guarantee ||
+         st == Status::out_of_memory;
 }
 
 // The alloc path shared by cuMemAlloc, cuMemAllocPitch and cuMemAllocAsync. `direct` performs
@@ -594,16 +577,14 @@ CUresult free_logical(State& s, LogicalAlloc a, bool fenced = false) {
   }
   const CUresult rc = unmap_logical(a);
   if (rc != CUDA_SUCCESS) {
-    log(LogLevel::warn, "unmapping pool allocation 0x%llx failed (CUresult %d)",
-        static_cast<unsigned long long>(a.ptr), static_cast<int>(rc));
+    log(LogLevel::warn, "unmapping pool allocation 0x%llx failed (CUresult %d)", static_cast<unsigned long long>(a.ptr),
+        static_cast<int>(rc));
   }
   give_back(s, a.grant_id, 0);
   return CUDA_SUCCESS;
 }
 
-CUstream effective_stream(bool ptds, CUstream s) {
-  return ptds && s == nullptr ? CU_STREAM_PER_THREAD : s;
-}
+CUstream effective_stream(bool ptds, CUstream s) { return ptds && s == nullptr ? CU_STREAM_PER_THREAD : s; }
 
 bool capturing(CUstream stream) {
   const UsedApi& api = used();
@@ -630,9 +611,7 @@ bool served_prop(const CUmemAllocationProp* prop, unsigned long long flags) {
   return true;
 }
 
-std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) {
-  return a > b ? a - b : 0;
-}
+std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
 }  // namespace
 
@@ -685,16 +664,14 @@ CUresult on_cuMemAlloc_v2(bool ptds, CUdeviceptr* dptr, size_t bytesize) {
   State* s = active();
   if (s == nullptr) return pass<Row::cuMemAlloc_v2>(ptds, dptr, bytesize);
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-  return serve_alloc(*s, dptr, bytesize,
-                     [&] { return pass<Row::cuMemAlloc_v2>(ptds, dptr, bytesize); });
+  return serve_alloc(*s, dptr, bytesize, [&] { return pass<Row::cuMemAlloc_v2>(ptds, dptr, bytesize); });
 }
 
-CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
-                               size_t Height, unsigned int ElementSizeBytes) {
+CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
+                               unsigned int ElementSizeBytes) {
   State* s = active();
   if (s == nullptr) {
-    return pass<Row::cuMemAllocPitch_v2>(ptds, dptr, pPitch, WidthInBytes, Height,
-                                         ElementSizeBytes);
+    return pass<Row::cuMemAllocPitch_v2>(ptds, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   }
   if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -708,9 +685,8 @@ CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, siz
   const UsedApi& api = used();
   int attr = 0;
   if (api.cuDeviceGetAttribute != nullptr &&
-      api.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, dev) ==
-          CUDA_SUCCESS &&
-      attr > 0 && static_cast<std::uint64_t>(attr) > align) {
+      api.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, dev) == CUDA_SUCCESS && attr > 0 &&
+      static_cast<std::uint64_t>(attr) > align) {
     align = static_cast<std::uint64_t>(attr);
   }
   if (WidthInBytes > std::numeric_limits<std::uint64_t>::max() - align) {
@@ -719,8 +695,7 @@ CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, siz
   const std::uint64_t pitch = (WidthInBytes + align - 1) / align * align;
   if (pitch > std::numeric_limits<std::uint64_t>::max() / Height) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult rc = serve_alloc(*s, dptr, pitch * Height, [&] {
-    return pass<Row::cuMemAllocPitch_v2>(ptds, dptr, pPitch, WidthInBytes, Height,
-                                         ElementSizeBytes);
+    return pass<Row::cuMemAllocPitch_v2>(ptds, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   });
   if (rc == CUDA_SUCCESS && s->allocs.find(addr(*dptr))) *pPitch = pitch;
   return rc;
@@ -752,8 +727,7 @@ CUresult on_cuMemAllocAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUstr
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   // The memory is mapped before this call returns, so it is valid for any later work on the
   // stream (stream-ordered semantics hold trivially).
-  return serve_alloc(*s, dptr, bytesize,
-                     [&] { return pass<Row::cuMemAllocAsync>(ptds, dptr, bytesize, hStream); });
+  return serve_alloc(*s, dptr, bytesize, [&] { return pass<Row::cuMemAllocAsync>(ptds, dptr, bytesize, hStream); });
 }
 
 CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
@@ -773,8 +747,8 @@ CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
 
 // ---- Create path --------------------------------------------------------------------------------
 
-CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t size,
-                        const CUmemAllocationProp* prop, unsigned long long flags) {
+CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                        unsigned long long flags) {
   State* s = active();
   if (s == nullptr || !served_prop(prop, flags)) {
     return pass<Row::cuMemCreate>(ptds, handle, size, prop, flags);
@@ -783,8 +757,7 @@ CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t 
   const UsedApi& api = used();
   if (api.cuMemGetAllocationGranularity == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   std::size_t gran = 0;
-  if (CUresult rc =
-          api.cuMemGetAllocationGranularity(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (CUresult rc = api.cuMemGetAllocationGranularity(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
       rc != CUDA_SUCCESS) {
     return rc;
   }
@@ -796,8 +769,7 @@ CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t 
   }
   if (o.decision == Decision::refused) return o.rc;
   GrantResult& g = o.grant;
-  if (g.handles.size() != 1 || g.fds.size() != 1 || g.handles[0].size != size ||
-      g.handles[0].offset != 0) {
+  if (g.handles.size() != 1 || g.fds.size() != 1 || g.handles[0].size != size || g.handles[0].offset != 0) {
     log(LogLevel::error,
         "vlaked answered a create grant of %zu bytes with %zu handles; expected one handle of "
         "that size",
@@ -827,8 +799,7 @@ CUresult on_cuMemRelease(bool ptds, CUmemGenericAllocationHandle handle) {
   return rc;
 }
 
-CUresult on_cuMemRetainAllocationHandle(bool ptds, CUmemGenericAllocationHandle* handle,
-                                        void* address) {
+CUresult on_cuMemRetainAllocationHandle(bool ptds, CUmemGenericAllocationHandle* handle, void* address) {
   State* s = active();
   if (s == nullptr) return pass<Row::cuMemRetainAllocationHandle>(ptds, handle, address);
   // Memory of the alloc path is cuMemAlloc memory to the application: it has no handle.
@@ -840,8 +811,8 @@ CUresult on_cuMemRetainAllocationHandle(bool ptds, CUmemGenericAllocationHandle*
   return rc;
 }
 
-CUresult on_cuMemMap(bool ptds, CUdeviceptr ptr, size_t size, size_t offset,
-                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
+CUresult on_cuMemMap(bool ptds, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                     unsigned long long flags) {
   const CUresult rc = pass<Row::cuMemMap>(ptds, ptr, size, offset, handle, flags);
   State* s = active();
   if (rc == CUDA_SUCCESS && s != nullptr) s->creates.mapped(addr(ptr), size, handle);
@@ -859,10 +830,9 @@ CUresult on_cuMemUnmap(bool ptds, CUdeviceptr ptr, size_t size) {
   return rc;
 }
 
-CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHandle* handle,
-                                           void* osHandle, CUmemAllocationHandleType shHandleType) {
-  const CUresult rc =
-      pass<Row::cuMemImportFromShareableHandle>(ptds, handle, osHandle, shHandleType);
+CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHandle* handle, void* osHandle,
+                                           CUmemAllocationHandleType shHandleType) {
+  const CUresult rc = pass<Row::cuMemImportFromShareableHandle>(ptds, handle, osHandle, shHandleType);
   State* s = active();
   // A driver may answer an import of memory this process already holds with the same handle
   // value and one more reference (the simulator does): count it like a retain.
@@ -870,20 +840,16 @@ CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHand
   return rc;
 }
 
-CUresult on_cuMemExportToShareableHandle(bool ptds, void* shareableHandle,
-                                         CUmemGenericAllocationHandle handle,
-                                         CUmemAllocationHandleType handleType,
-                                         unsigned long long flags) {
+CUresult on_cuMemExportToShareableHandle(bool ptds, void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                         CUmemAllocationHandleType handleType, unsigned long long flags) {
   State* s = active();
   if (s == nullptr || !s->creates.owns(handle)) {
-    return pass<Row::cuMemExportToShareableHandle>(ptds, shareableHandle, handle, handleType,
-                                                   flags);
+    return pass<Row::cuMemExportToShareableHandle>(ptds, shareableHandle, handle, handleType, flags);
   }
   if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
   auto prop = s->creates.props(handle);
-  if (!prop || (static_cast<unsigned>(prop->requestedHandleTypes) &
-                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+  if (!prop || (static_cast<unsigned>(prop->requestedHandleTypes) & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
     return CUDA_ERROR_INVALID_VALUE;  // created without the POSIX-fd type, as the driver says
   }
   // An imported handle cannot be exported (measured): hand out a copy of the descriptor the
@@ -960,8 +926,7 @@ CUresult on_cuDeviceTotalMem_v2(bool ptds, size_t* bytes, CUdevice dev) {
   return rc;
 }
 
-CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize,
-                                    CUdeviceptr dptr) {
+CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
   State* s = active();
   if (s != nullptr) {
     if (auto a = s->allocs.find(addr(dptr)); a && in_mapping(*a, addr(dptr))) {
@@ -973,12 +938,10 @@ CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize
   return pass<Row::cuMemGetAddressRange_v2>(ptds, pbase, psize, dptr);
 }
 
-CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute,
-                                  CUdeviceptr ptr) {
+CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   State* s = active();
   if (s != nullptr && data != nullptr &&
-      (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
-       attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+      (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
     if (auto a = s->allocs.find(addr(ptr)); a && in_mapping(*a, addr(ptr))) {
       if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
         const auto v = static_cast<CUdeviceptr>(a->ptr);
@@ -993,8 +956,8 @@ CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute att
   return pass<Row::cuPointerGetAttribute>(ptds, data, attribute, ptr);
 }
 
-CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes,
-                                   CUpointer_attribute* attributes, void** data, CUdeviceptr ptr) {
+CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
+                                   CUdeviceptr ptr) {
   const CUresult rc = pass<Row::cuPointerGetAttributes>(ptds, numAttributes, attributes, data, ptr);
   State* s = active();
   if (rc != CUDA_SUCCESS || s == nullptr) return rc;
@@ -1022,8 +985,7 @@ namespace {
 int faulting_device(State& s) {
   const UsedApi& api = used();
   CUcontext ctx = nullptr;
-  if (api.cuCtxGetCurrent == nullptr || api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
-      ctx == nullptr) {
+  if (api.cuCtxGetCurrent == nullptr || api.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) {
     return -1;
   }
   CUdevice d = 0;
@@ -1075,8 +1037,7 @@ void report_fault_impl(State& s, const char* call, CUresult rc) {
     g.age_ns = static_cast<std::uint64_t>(std::max<std::int64_t>(0, age.count()));
     char item[96];
     std::snprintf(item, sizeof item, "%s0x%llx (%s, %s ago)", list.empty() ? "" : ", ",
-                  static_cast<unsigned long long>(a.ptr), format_bytes(a.requested).c_str(),
-                  format_age(age).c_str());
+                  static_cast<unsigned long long>(a.ptr), format_bytes(a.requested).c_str(), format_age(age).c_str());
     list += item;
   }
   if (list.empty()) list = "none (no live allocation served by vlake on this GPU)";
@@ -1089,8 +1050,8 @@ void report_fault_impl(State& s, const char* call, CUresult rc) {
     outcome = "could not be reported to vlaked (" + s.client.last_error() + ")";
   }
   log(LogLevel::error, "GPU fault (%s) on GPU %d in %s; %s; the newest allocations were: %s",
-      rc == CUDA_ERROR_ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : "error", dev, call,
-      outcome.c_str(), list.c_str());
+      rc == CUDA_ERROR_ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : "error", dev, call, outcome.c_str(),
+      list.c_str());
 }
 
 }  // namespace
@@ -1109,51 +1070,57 @@ __attribute__((cold, noinline)) void report_fault(const char* call, CUresult rc)
 
 CUresult on_cuCtxSynchronize(bool ptds) {
   const CUresult rc = pass<Row::cuCtxSynchronize>(ptds);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuCtxSynchronize", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuCtxSynchronize", rc);
   return rc;
 }
 
 CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
   const CUresult rc = pass<Row::cuCtxSynchronize_v2>(ptds, ctx);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuCtxSynchronize_v2", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuCtxSynchronize_v2", rc);
   return rc;
 }
 
 CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream) {
   const CUresult rc = pass<Row::cuStreamSynchronize>(ptds, hStream);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuStreamSynchronize", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuStreamSynchronize", rc);
   return rc;
 }
 
 CUresult on_cuStreamQuery(bool ptds, CUstream hStream) {
   const CUresult rc = pass<Row::cuStreamQuery>(ptds, hStream);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuStreamQuery", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuStreamQuery", rc);
   return rc;
 }
 
 CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent) {
   const CUresult rc = pass<Row::cuEventSynchronize>(ptds, hEvent);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuEventSynchronize", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuEventSynchronize", rc);
   return rc;
 }
 
 CUresult on_cuEventQuery(bool ptds, CUevent hEvent) {
   const CUresult rc = pass<Row::cuEventQuery>(ptds, hEvent);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuEventQuery", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuEventQuery", rc);
   return rc;
 }
 
 CUresult on_cuMemcpyDtoH_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
   const CUresult rc = pass<Row::cuMemcpyDtoH_v2>(ptds, dstHost, srcDevice, ByteCount);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyDtoH", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuMemcpyDtoH", rc);
   return rc;
 }
 
-CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice,
-                                 size_t ByteCount, CUstream hStream) {
-  const CUresult rc =
-      pass<Row::cuMemcpyDtoHAsync_v2>(ptds, dstHost, srcDevice, ByteCount, hStream);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyDtoHAsync", rc);
+CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemcpyDtoHAsync_v2>(ptds, dstHost, srcDevice, ByteCount, hStream);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuMemcpyDtoHAsync", rc);
   return rc;
 }
 
@@ -1161,7 +1128,8 @@ CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice
 // allocation is offered for transparent dedup (share.hpp, docs/dedup.md "Transparent mode").
 CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   const CUresult rc = pass<Row::cuMemcpyHtoD_v2>(ptds, dstDevice, srcHost, ByteCount);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyHtoD", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuMemcpyHtoD", rc);
   if (rc != CUDA_SUCCESS) return rc;
   if (State* s = active(); s != nullptr && share::may_offer(*s, ByteCount)) {
     share::offer_upload(*s, addr(dstDevice), ByteCount);  // the share fences the context
@@ -1169,10 +1137,11 @@ CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHos
   return rc;
 }
 
-CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost,
-                                 size_t ByteCount, CUstream hStream) {
+CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
+                                 CUstream hStream) {
   const CUresult rc = pass<Row::cuMemcpyHtoDAsync_v2>(ptds, dstDevice, srcHost, ByteCount, hStream);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]] report_fault("cuMemcpyHtoDAsync", rc);
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
+    report_fault("cuMemcpyHtoDAsync", rc);
   if (rc != CUDA_SUCCESS) return rc;
   State* s = active();
   if (s == nullptr || !share::may_offer(*s, ByteCount)) return rc;

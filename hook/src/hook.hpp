@@ -86,35 +86,31 @@ void report_fault(const char* call, CUresult rc) noexcept;
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
 
 CUresult on_cuMemAlloc_v2(bool ptds, CUdeviceptr* dptr, size_t bytesize);
-CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
-                               size_t Height, unsigned int ElementSizeBytes);
+CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
+                               unsigned int ElementSizeBytes);
 CUresult on_cuMemFree_v2(bool ptds, CUdeviceptr dptr);
 CUresult on_cuMemAllocAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
 CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream);
-CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t size,
-                        const CUmemAllocationProp* prop, unsigned long long flags);
+CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                        unsigned long long flags);
 CUresult on_cuMemRelease(bool ptds, CUmemGenericAllocationHandle handle);
-CUresult on_cuMemRetainAllocationHandle(bool ptds, CUmemGenericAllocationHandle* handle,
-                                        void* addr);
-CUresult on_cuMemMap(bool ptds, CUdeviceptr ptr, size_t size, size_t offset,
-                     CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUresult on_cuMemRetainAllocationHandle(bool ptds, CUmemGenericAllocationHandle* handle, void* addr);
+CUresult on_cuMemMap(bool ptds, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                     unsigned long long flags);
 CUresult on_cuMemUnmap(bool ptds, CUdeviceptr ptr, size_t size);
-CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHandle* handle,
-                                           void* osHandle, CUmemAllocationHandleType shHandleType);
-CUresult on_cuMemExportToShareableHandle(bool ptds, void* shareableHandle,
-                                         CUmemGenericAllocationHandle handle,
-                                         CUmemAllocationHandleType handleType,
-                                         unsigned long long flags);
+CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHandle* handle, void* osHandle,
+                                           CUmemAllocationHandleType shHandleType);
+CUresult on_cuMemExportToShareableHandle(bool ptds, void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                         CUmemAllocationHandleType handleType, unsigned long long flags);
 CUresult on_cuMemGetAllocationPropertiesFromHandle(bool ptds, CUmemAllocationProp* prop,
                                                    CUmemGenericAllocationHandle handle);
 CUresult on_cuMemAllocManaged(bool ptds, CUdeviceptr* dptr, size_t bytesize, unsigned int flags);
 CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total);
 CUresult on_cuDeviceTotalMem_v2(bool ptds, size_t* bytes, CUdevice dev);
 CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr);
-CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute,
-                                  CUdeviceptr ptr);
-CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes,
-                                   CUpointer_attribute* attributes, void** data, CUdeviceptr ptr);
+CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute, CUdeviceptr ptr);
+CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
+                                   CUdeviceptr ptr);
 // Synchronizing calls: passed through; see report_fault().
 CUresult on_cuCtxSynchronize(bool ptds);
 CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx);
@@ -123,16 +119,14 @@ CUresult on_cuStreamQuery(bool ptds, CUstream hStream);
 CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent);
 CUresult on_cuEventQuery(bool ptds, CUevent hEvent);
 CUresult on_cuMemcpyDtoH_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice, size_t ByteCount);
-CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice,
-                                 size_t ByteCount, CUstream hStream);
+CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
 // Uploads: passed through, then offered for transparent dedup (share.hpp).
 CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
-CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost,
-                                 size_t ByteCount, CUstream hStream);
+CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
+                                 CUstream hStream);
 // Defined in exports.cpp (they need the cuGetProcAddress table).
-CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion,
-                             cuuint64_t flags);
-CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion,
-                                cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus);
+CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
+CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                CUdriverProcAddressQueryResult* symbolStatus);
 
 }  // namespace vlake::hook

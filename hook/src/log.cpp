@@ -15,13 +15,9 @@ namespace {
 std::atomic<LogLevel> g_level{LogLevel::warn};
 }
 
-void set_log_level(LogLevel level) noexcept {
-  g_level.store(level);
-}
+void set_log_level(LogLevel level) noexcept { g_level.store(level); }
 
-bool log_enabled(LogLevel level) noexcept {
-  return level >= g_level.load(std::memory_order_relaxed);
-}
+bool log_enabled(LogLevel level) noexcept { return level >= g_level.load(std::memory_order_relaxed); }
 
 void log(LogLevel level, const char* fmt, ...) noexcept {
   if (!log_enabled(level)) return;

@@ -60,13 +60,8 @@ void remember(std::atomic<F>& slot, void* fn) noexcept {
   remember_library(fn);
 }
 
-void remember_mem(void* fn, bool) noexcept {
-  remember(g_mem, fn);
-}
-void remember_mem_v2(void* fn, bool) noexcept {
-  remember(g_mem_v2, fn);
-}
-
+void remember_mem(void* fn, bool) noexcept { remember(g_mem, fn); }
+void remember_mem_v2(void* fn, bool) noexcept { remember(g_mem_v2, fn); }
 
 // The tenant's view of `device`, when the daemon answers for it.
 bool tenant_usage(nvmlDevice_t device, UsageResult& u) {
@@ -84,16 +79,14 @@ bool tenant_usage(nvmlDevice_t device, UsageResult& u) {
   return true;
 }
 
-std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) {
-  return a > b ? a - b : 0;
-}
+std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
 }  // namespace
 
 }  // namespace vlake::hook
 
-extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo(
-    nvmlDevice_t device, nvmlMemory_t* memory) {
+extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
+                                                                                       nvmlMemory_t* memory) {
   using namespace vlake::hook;
   try {
     auto real = resolved(g_mem, "nvmlDeviceGetMemoryInfo");
@@ -110,8 +103,8 @@ extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemo
   }
 }
 
-extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(
-    nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
+                                                                                          nvmlMemory_v2_t* memory) {
   using namespace vlake::hook;
   try {
     auto real = resolved(g_mem_v2, "nvmlDeviceGetMemoryInfo_v2");
@@ -130,17 +123,15 @@ extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemo
 }
 
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo), PFN_nvmlDeviceGetMemoryInfo>);
-static_assert(
-    std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo_v2), PFN_nvmlDeviceGetMemoryInfo_v2>);
+static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo_v2), PFN_nvmlDeviceGetMemoryInfo_v2>);
 
 namespace vlake::hook {
 
 const Interposed* find_nvml_interposed(const char* name) noexcept {
   static const Interposed table[] = {
-      {"nvmlDeviceGetMemoryInfo", reinterpret_cast<void*>(&::nvmlDeviceGetMemoryInfo),
-       &remember_mem, false, true},
-      {"nvmlDeviceGetMemoryInfo_v2", reinterpret_cast<void*>(&::nvmlDeviceGetMemoryInfo_v2),
-       &remember_mem_v2, false, true},
+      {"nvmlDeviceGetMemoryInfo", reinterpret_cast<void*>(&::nvmlDeviceGetMemoryInfo), &remember_mem, false, true},
+      {"nvmlDeviceGetMemoryInfo_v2", reinterpret_cast<void*>(&::nvmlDeviceGetMemoryInfo_v2), &remember_mem_v2, false,
+       true},
   };
   for (const Interposed& e : table) {
     if (std::strcmp(e.name, name) == 0) return &e;

@@ -9,9 +9,9 @@ namespace vlake::hook {
 
 namespace {
 
-constexpr const char* kNames[] = {"grant (daemon round trip)", "import", "VA reserve", "map",
-                                  "set access", "unmap", "release handles+VA",
-                                  "release (daemon round trip)"};
+constexpr const char* kNames[] = {
+    "grant (daemon round trip)",  "import", "VA reserve", "map", "set access", "unmap", "release handles+VA",
+    "release (daemon round trip)"};
 static_assert(sizeof kNames / sizeof kNames[0] == static_cast<std::size_t>(Phase::count));
 
 void report_at_exit() { Profile::get().report(); }
@@ -27,10 +27,8 @@ void Profile::report() const noexcept {
   for (std::size_t i = 0; i < static_cast<std::size_t>(Phase::count); ++i) {
     const std::uint64_t n = n_[i].load(std::memory_order_relaxed);
     if (n == 0) continue;
-    const double mean_us = static_cast<double>(ns_[i].load(std::memory_order_relaxed)) / 1e3 /
-                           static_cast<double>(n);
-    log(LogLevel::error, "profile: %-28s n=%llu mean=%.1f us", kNames[i],
-        static_cast<unsigned long long>(n), mean_us);
+    const double mean_us = static_cast<double>(ns_[i].load(std::memory_order_relaxed)) / 1e3 / static_cast<double>(n);
+    log(LogLevel::error, "profile: %-28s n=%llu mean=%.1f us", kNames[i], static_cast<unsigned long long>(n), mean_us);
   }
 }
 

@@ -46,8 +46,8 @@ class PhaseTimer {
   ~PhaseTimer() {
     if (!on_) return;
     const auto d = std::chrono::steady_clock::now() - start_;
-    Profile::get().add(phase_, static_cast<std::uint64_t>(
-                                   std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()));
+    Profile::get().add(phase_,
+                       static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()));
   }
   PhaseTimer(const PhaseTimer&) = delete;
   PhaseTimer& operator=(const PhaseTimer&) = delete;

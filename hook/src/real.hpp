@@ -57,8 +57,7 @@ template <Row R>
 void remember_real(void* fn, bool ptds) noexcept {
   using Pfn = typename RowInfo<R>::Pfn;
   Pfn expected = nullptr;
-  g_real_slot<R>[ptds ? 1 : 0].compare_exchange_strong(expected, reinterpret_cast<Pfn>(fn),
-                                                       std::memory_order_acq_rel);
+  g_real_slot<R>[ptds ? 1 : 0].compare_exchange_strong(expected, reinterpret_cast<Pfn>(fn), std::memory_order_acq_rel);
 }
 
 struct UsedApi {

@@ -11,13 +11,11 @@ std::uint64_t LocalReserve::fit_limit(std::uint64_t need, std::uint64_t granular
   return need + slack;
 }
 
-bool LocalReserve::take(int device, std::uint64_t need, std::uint64_t granularity,
-                        ReserveBlock& out) {
+bool LocalReserve::take(int device, std::uint64_t need, std::uint64_t granularity, ReserveBlock& out) {
   std::lock_guard lock(mu_);
   if (blocks_.empty()) return false;
   auto it = blocks_.lower_bound(Key{device, need});
-  if (it == blocks_.end() || it->first.first != device ||
-      it->first.second > fit_limit(need, granularity)) {
+  if (it == blocks_.end() || it->first.first != device || it->first.second > fit_limit(need, granularity)) {
     return false;
   }
   // The most recently freed block of that size: its pages are the likeliest to be warm.
@@ -43,8 +41,7 @@ std::vector<ReserveBlock> LocalReserve::put(ReserveBlock b) {
   return out;
 }
 
-std::vector<ReserveBlock> LocalReserve::evict_locked(int device, std::uint64_t bytes,
-                                                     bool any_device) {
+std::vector<ReserveBlock> LocalReserve::evict_locked(int device, std::uint64_t bytes, bool any_device) {
   std::vector<ReserveBlock> out;
   std::uint64_t freed = 0;
   while (!blocks_.empty() && (bytes == 0 || freed < bytes)) {
@@ -91,8 +88,8 @@ std::uint64_t LocalReserve::bytes(int device) const {
 
 std::uint64_t LocalReserve::blocks(int device) const {
   std::lock_guard lock(mu_);
-  return static_cast<std::uint64_t>(std::count_if(
-      blocks_.begin(), blocks_.end(), [device](const auto& kv) { return kv.first.first == device; }));
+  return static_cast<std::uint64_t>(
+      std::count_if(blocks_.begin(), blocks_.end(), [device](const auto& kv) { return kv.first.first == device; }));
 }
 
 std::uint64_t LocalReserve::total_bytes() const {

@@ -47,8 +47,7 @@ class LocalReserve {
   // The largest mapped size a request of `need` bytes accepts.
   [[nodiscard]] static std::uint64_t fit_limit(std::uint64_t need, std::uint64_t granularity) noexcept;
 
-  [[nodiscard]] bool take(int device, std::uint64_t need, std::uint64_t granularity,
-                          ReserveBlock& out);
+  [[nodiscard]] bool take(int device, std::uint64_t need, std::uint64_t granularity, ReserveBlock& out);
   // Adds a freed block; returns what had to leave to respect the byte cap.
   [[nodiscard]] std::vector<ReserveBlock> put(ReserveBlock b);
   // Blocks freed more than max_age before `now`.

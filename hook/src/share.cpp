@@ -1,6 +1,6 @@
 // hook.hpp first: real.hpp sets up cuda.h for cudaTypedefs.h.
-#include "hook.hpp"
 #include "share.hpp"
+#include "hook.hpp"
 
 #include <unistd.h>
 
@@ -37,13 +37,12 @@ struct Mapping {
 
 // Maps `maps` back to back from `base` and sets each run of equal access at once. On failure,
 // unmaps what it mapped.
-CUresult map_layout(std::uint64_t base, std::uint64_t total, const std::vector<Mapping>& maps,
-                    int device) {
+CUresult map_layout(std::uint64_t base, std::uint64_t total, const std::vector<Mapping>& maps, int device) {
   const UsedApi& api = used();
   if (api.cuMemSetAccess == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   for (const Mapping& m : maps) {
-    if (CUresult rc = pass<Row::cuMemMap>(false, static_cast<CUdeviceptr>(base + m.offset), m.size,
-                                          std::size_t{0}, m.handle, 0ULL);
+    if (CUresult rc = pass<Row::cuMemMap>(false, static_cast<CUdeviceptr>(base + m.offset), m.size, std::size_t{0},
+                                          m.handle, 0ULL);
         rc != CUDA_SUCCESS) {
       pass<Row::cuMemUnmap>(false, static_cast<CUdeviceptr>(base), total);
       return rc;
@@ -77,8 +76,8 @@ int status_of(proto::Status st) {
   }
 }
 
-int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t bytes,
-                vlake_share_result* out, bool transparent) {
+int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t bytes, vlake_share_result* out,
+                bool transparent) {
   // A transparent share's failures are the hook's business only: debug (docs/dedup.md).
   auto lvl = [transparent](LogLevel l) { return transparent ? LogLevel::debug : l; };
   const std::uint64_t g = s.client.granularity();
@@ -103,8 +102,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
   for (std::uint64_t off = 0; off < a.mapped;) {
     CUdeviceptr b = 0;
     std::size_t n = 0;
-    if (pass<Row::cuMemGetAddressRange_v2>(false, &b, &n, static_cast<CUdeviceptr>(a.base + off)) !=
-            CUDA_SUCCESS ||
+    if (pass<Row::cuMemGetAddressRange_v2>(false, &b, &n, static_cast<CUdeviceptr>(a.base + off)) != CUDA_SUCCESS ||
         b != a.base + off || n == 0 || old.size() >= a.handles.size()) {
       log(lvl(LogLevel::error), "vlake_share_readonly: the allocation's mappings are not as expected");
       return VLAKE_SHARE_INTERNAL;
@@ -129,8 +127,7 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
     std::vector<UniqueFd> got;
     auto rep = s.client.share(req, got);
     if (!rep) {
-      log(lvl(LogLevel::error), "vlake_share_readonly: cannot reach vlaked (%s)",
-          s.client.last_error().c_str());
+      log(lvl(LogLevel::error), "vlake_share_readonly: cannot reach vlaked (%s)", s.client.last_error().c_str());
       return VLAKE_SHARE_UNREACHABLE;
     }
     if (rep->status == proto::Status::dedup_disabled) {
@@ -281,14 +278,12 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
   return VLAKE_SHARE_OK;
 }
 
-int share_range(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share_result* out,
-                bool transparent) noexcept {
+int share_range(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share_result* out, bool transparent) noexcept {
   try {
     if (ptr == 0 || bytes == 0) return VLAKE_SHARE_INVALID;
     auto found = s.allocs.find(ptr);
     if (!found) return VLAKE_SHARE_NOT_VLAKE;
-    if (ptr < found->base || ptr - found->base >= found->mapped ||
-        bytes > found->mapped - (ptr - found->base)) {
+    if (ptr < found->base || ptr - found->base >= found->mapped || bytes > found->mapped - (ptr - found->base)) {
       return VLAKE_SHARE_INVALID;
     }
     // Own the allocation while its layout changes (a concurrent free fails meanwhile).

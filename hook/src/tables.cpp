@@ -77,9 +77,8 @@ std::vector<LogicalAlloc> AllocTable::newest(int device, std::size_t n) const {
       if (a.device == device) out.push_back(without_handles(a));
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const LogicalAlloc& x, const LogicalAlloc& y) {
-    return x.created > y.created;
-  });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const LogicalAlloc& x, const LogicalAlloc& y) { return x.created > y.created; });
   if (out.size() > n) out.resize(n);
   return out;
 }
@@ -91,8 +90,8 @@ void AllocTable::clear_after_fork() noexcept {
 
 // ---- CreateTable --------------------------------------------------------------------------------
 
-void CreateTable::add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size,
-                      const CUmemAllocationProp& prop, UniqueFd fd) {
+void CreateTable::add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size, const CUmemAllocationProp& prop,
+                      UniqueFd fd) {
   std::lock_guard lock(mu_);
   Grant g;
   g.handle = handle;

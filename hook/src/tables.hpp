@@ -76,8 +76,8 @@ struct FinishedGrant {
 class CreateTable {
  public:
   // A new pool handle given to the application (one reference, no mapping).
-  void add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size,
-           const CUmemAllocationProp& prop, UniqueFd fd);
+  void add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size, const CUmemAllocationProp& prop,
+           UniqueFd fd);
   [[nodiscard]] bool owns(std::uint64_t handle) const;
   // After the driver accepted cuMemRelease(handle): drops one reference. `ours` tells whether the
   // handle was a pool handle; the result is the grant if it is now finished.

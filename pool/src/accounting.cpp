@@ -18,9 +18,7 @@ const char* to_string(Refusal r) noexcept {
 namespace {
 
 // a + b <= limit, without overflow.
-bool fits(std::uint64_t held, std::uint64_t n, std::uint64_t limit) {
-  return held <= limit && n <= limit - held;
-}
+bool fits(std::uint64_t held, std::uint64_t n, std::uint64_t limit) { return held <= limit && n <= limit - held; }
 
 std::uint64_t borrowed(std::uint64_t held, std::uint64_t guaranteed) {
   return held > guaranteed ? held - guaranteed : 0;
@@ -230,7 +228,8 @@ Accounting::Snapshot Accounting::snapshot_all() const {
   Snapshot s;
   s.tenants.reserve(map_.size());
   for (const auto& [k, u] : map_) s.tenants.push_back(Entry{k.t, k.d, ns_of_locked(k.t), u});
-  for (const auto& [k, u] : ns_) s.namespaces.push_back(NamespaceEntry{NamespaceId{k.second}, DeviceOrdinal{k.first}, u});
+  for (const auto& [k, u] : ns_)
+    s.namespaces.push_back(NamespaceEntry{NamespaceId{k.second}, DeviceOrdinal{k.first}, u});
   std::vector<std::int32_t> devs;
   for (const auto& [k, u] : ns_) devs.push_back(k.first);
   for (const auto& [d, c] : capacity_) devs.push_back(d);

@@ -49,9 +49,9 @@ class AllocWatch {
 
   std::string root_;
   const Logger& log_;
-  std::map<std::string, Entry> entries_;                  // by allocation id
-  std::unordered_map<std::uint64_t, std::string> serials_;  // socket serial -> id
-  std::map<int, std::string> watches_;                    // inotify wd -> allocation id ("" for the root)
+  std::map<std::string, Entry> entries_;                       // by allocation id
+  std::unordered_map<std::uint64_t, std::string> serials_;     // socket serial -> id
+  std::map<int, std::string> watches_;                         // inotify wd -> allocation id ("" for the root)
   std::map<std::string, std::optional<alloc::Owner>> owners_;  // last owner read, by id
   std::uint64_t next_serial_ = 1;
   UniqueFd inotify_;

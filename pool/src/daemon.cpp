@@ -446,8 +446,8 @@ void Daemon::Impl::on_accept(int listen_fd, const std::string& alloc_id) {
     poller_.add(fd.get(), Source::conn, serial);
     log_.debug("connection " + std::to_string(serial) + " from pid " + std::to_string(cred.pid) + " uid " +
                std::to_string(cred.uid) + (alloc_id.empty() ? std::string() : " on allocation " + alloc_id));
-    conns_.emplace(serial, Connection{std::move(fd), static_cast<std::uint32_t>(cred.pid), cred.uid, cred.gid, 0,
-                                      alloc_id});
+    conns_.emplace(serial,
+                   Connection{std::move(fd), static_cast<std::uint32_t>(cred.pid), cred.uid, cred.gid, 0, alloc_id});
   }
 }
 
@@ -564,7 +564,8 @@ void Daemon::Impl::on_readable(ConnId serial) {
                        type == proto::MsgType::guard_event || type == proto::MsgType::reserve_report ||
                        type == proto::MsgType::share_request || type == proto::MsgType::share_commit;
   if (!request) {
-    return malformed(serial, "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
+    return malformed(serial,
+                     "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
   }
   if (type != proto::MsgType::hello && c.session == 0) return malformed(serial, "request before Hello");
   if (!d) return malformed(serial, d.error().reason);
@@ -580,8 +581,7 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
       log_.error("cannot open a session for pid " + std::to_string(c.pid) + ": " + why);
       return fail(serial, hello->h.request_id, proto::Status::internal, why);
     }
-    HelloOut out =
-        node_->open_session(Peer{serial, c.pid, c.uid, c.gid, start, c.alloc_id}, *hello);
+    HelloOut out = node_->open_session(Peer{serial, c.pid, c.uid, c.gid, start, c.alloc_id}, *hello);
     if (const auto* m = std::get_if<Malformed>(&out.answer)) return malformed(serial, m->reason);
     if (const auto* f = std::get_if<Fatal>(&out.answer)) return fail(serial, hello->h.request_id, f->status, f->text);
     if (out.close != 0) {
@@ -672,8 +672,8 @@ void Daemon::Impl::arm_park_timer() {
     arm(park_timer_fd_.get(), std::chrono::nanoseconds(0), std::chrono::nanoseconds(0));
     return;
   }
-  const auto wait = std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(1),
-                                                       *deadline - std::chrono::steady_clock::now());
+  const auto wait =
+      std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(1), *deadline - std::chrono::steady_clock::now());
   arm(park_timer_fd_.get(), wait, std::chrono::nanoseconds(0));
 }
 

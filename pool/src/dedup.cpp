@@ -7,9 +7,7 @@
 
 namespace vlake::pool {
 
-std::uint64_t chunk_hash(const void* data, std::size_t n) noexcept {
-  return chunk_hash_reference(data, n);
-}
+std::uint64_t chunk_hash(const void* data, std::size_t n) noexcept { return chunk_hash_reference(data, n); }
 
 int Dedup::Piece::fd() const noexcept {
   if (kind == PieceKind::copy && handle) return handle->fd.get();
@@ -26,8 +24,8 @@ const Dedup::Plan* Dedup::pending(std::uint64_t session) const {
   return it == pending_.end() ? nullptr : &it->second;
 }
 
-std::uint64_t Dedup::find_or_add(DevicePool& pool, std::uint64_t h, Bytes size, PoolHandle& src,
-                                 Bytes src_offset, bool& merged) {
+std::uint64_t Dedup::find_or_add(DevicePool& pool, std::uint64_t h, Bytes size, PoolHandle& src, Bytes src_offset,
+                                 bool& merged) {
   const Key key{pool.device().value(), size.value(), h};
   auto [lo, hi] = index_.equal_range(key);
   bool loaded = false;
@@ -108,8 +106,7 @@ void Dedup::drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept {
 }
 
 const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, DevicePool& pool, TenantId tenant,
-                               const std::vector<std::unique_ptr<PoolHandle>>& handles, Bytes offset,
-                               Bytes bytes) {
+                               const std::vector<std::unique_ptr<PoolHandle>>& handles, Bytes offset, Bytes bytes) {
   abort(session, pool, tenant);
   const std::uint64_t g = pool.granularity().value();
   std::uint64_t total = 0;
@@ -238,7 +235,8 @@ void Dedup::retire_all(std::map<int, DevicePool*> pools) noexcept {
   for (auto& [s, p] : pending_) {
     auto pit = pools.find(p.device.value());
     for (Piece& piece : p.pieces) {
-      if (piece.kind == PieceKind::copy && piece.handle && pit != pools.end()) pit->second->retire(std::move(piece.handle));
+      if (piece.kind == PieceKind::copy && piece.handle && pit != pools.end())
+        pit->second->retire(std::move(piece.handle));
     }
   }
   pending_.clear();

@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "vlake/common/driver.hpp"
+#include "vlake/common/log.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/pool/device_pool.hpp"
-#include "vlake/common/log.hpp"
 
 namespace vlake::pool {
 
@@ -55,9 +55,9 @@ class Dedup {
     Bytes offset{0};
     Bytes size{0};
     PieceKind kind = PieceKind::keep;
-    std::uint32_t keep_index = 0;          // keep: the old handle's index
-    std::unique_ptr<PoolHandle> handle;    // copy: the new private handle
-    std::uint64_t chunk = 0;               // shared: the chunk id
+    std::uint32_t keep_index = 0;           // keep: the old handle's index
+    std::unique_ptr<PoolHandle> handle;     // copy: the new private handle
+    std::uint64_t chunk = 0;                // shared: the chunk id
     [[nodiscard]] int fd() const noexcept;  // the descriptor to send (-1 for keep)
   };
   struct Plan {
@@ -116,8 +116,8 @@ class Dedup {
   // The chunk id holding the `size` bytes at src.va + src_offset, whose hash_chunk() is `hash`
   // (a reference taken), creating one if needed; `merged` tells whether it existed. Only
   // candidates with an equal hash are copied to the host and compared byte for byte.
-  std::uint64_t find_or_add(DevicePool& pool, std::uint64_t hash, Bytes size, PoolHandle& src,
-                            Bytes src_offset, bool& merged);
+  std::uint64_t find_or_add(DevicePool& pool, std::uint64_t hash, Bytes size, PoolHandle& src, Bytes src_offset,
+                            bool& merged);
   void unref(std::uint64_t chunk, DevicePool& pool) noexcept;
   void drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept;
 
@@ -127,9 +127,9 @@ class Dedup {
   std::unordered_map<std::uint64_t, std::unique_ptr<Chunk>> chunks_;
   std::multimap<Key, std::uint64_t> index_;
   std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> grant_refs_;  // grant -> chunk ids
-  std::unordered_map<std::uint64_t, Plan> pending_;                            // by session
-  std::vector<std::uint8_t> scratch_;  // candidate bytes for the compare
-  std::vector<std::uint8_t> mine_;     // the tenant's bytes for the compare (loaded on demand)
+  std::unordered_map<std::uint64_t, Plan> pending_;                           // by session
+  std::vector<std::uint8_t> scratch_;                                         // candidate bytes for the compare
+  std::vector<std::uint8_t> mine_;  // the tenant's bytes for the compare (loaded on demand)
 };
 
 }  // namespace vlake::pool

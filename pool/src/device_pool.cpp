@@ -17,12 +17,18 @@ auto timed(CostModel& costs, CostModel::Call call, Bytes bytes, F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   if constexpr (std::is_void_v<decltype(f())>) {
     f();
-    costs.observe(call, static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - t0).count()), bytes);
+    costs.observe(
+        call,
+        static_cast<double>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()),
+        bytes);
   } else {
     auto r = f();
-    costs.observe(call, static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - t0).count()), bytes);
+    costs.observe(
+        call,
+        static_cast<double>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()),
+        bytes);
     return r;
   }
 }
@@ -30,7 +36,10 @@ auto timed(CostModel& costs, CostModel::Call call, Bytes bytes, F&& f) {
 }  // namespace
 
 DevicePool::DevicePool(Driver& driver, DeviceOrdinal device, const Logger& log, Bytes bulk)
-    : driver_(driver), device_(device), log_(log), granularity_(driver.granularity(device)),
+    : driver_(driver),
+      device_(device),
+      log_(log),
+      granularity_(driver.granularity(device)),
       bulk_(round_up(std::max(bulk, granularity_), granularity_)) {}
 
 DevicePool::~DevicePool() { release_free(); }
@@ -122,8 +131,8 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
   Served out;
   // An exact fit is the cheapest plan whatever the GPU's free memory (cost model, docs/pool.md):
   // skip the driver query (cuMemGetInfo, several microseconds) on that path.
-  const bool exact_fit = std::any_of(free_.begin(), free_.end(),
-                                     [size](const std::unique_ptr<PoolHandle>& h) { return h->size == size; });
+  const bool exact_fit =
+      std::any_of(free_.begin(), free_.end(), [size](const std::unique_ptr<PoolHandle>& h) { return h->size == size; });
   Bytes dev_free = exact_fit ? Bytes{0} : device_free();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const PlanInput in = plan_input(size, tenant, max_handles, dev_free);
@@ -131,8 +140,7 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
     if (log_.enabled(LogLevel::debug)) {
       log_.debug("device " + std::to_string(device_.value()) + ": plan for " + std::to_string(size.value()) +
                  " bytes: " + plan_kind_name(p.kind) + " (" + std::to_string(p.use.size()) + " free, " +
-                 std::to_string(p.release.size()) + " released, est " + std::to_string(p.cost_ns / 1000.0) +
-                 " us)");
+                 std::to_string(p.release.size()) + " released, est " + std::to_string(p.cost_ns / 1000.0) + " us)");
     }
     if (p.kind == PlanKind::none) {
       throw PoolOutOfMemory("no free handles add up to " + std::to_string(size.value()) +

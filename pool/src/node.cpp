@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vlake/common/fixed_chars.hpp"
 #include <stdexcept>
+#include "vlake/common/fixed_chars.hpp"
 
 #include "dedup.hpp"
 
@@ -105,8 +105,8 @@ NamespaceId Node::namespace_id(const std::string& name) const {
 // The namespace a tenant's name says ("<ns>/…"; no slash: default), if still configured.
 NamespaceId Node::namespace_of_name(const std::string& tenant_name) const {
   const auto slash = tenant_name.find('/');
-  NamespaceId ns = namespace_id(slash == std::string::npos ? std::string(quota::kDefaultNamespace)
-                                                           : tenant_name.substr(0, slash));
+  NamespaceId ns =
+      namespace_id(slash == std::string::npos ? std::string(quota::kDefaultNamespace) : tenant_name.substr(0, slash));
   if (ns.value() == 0) ns = namespace_id(quota::kDefaultNamespace);
   return ns;
 }
@@ -198,9 +198,9 @@ Node::Tenant& Node::tenant_for_uid(std::uint32_t uid, std::uint32_t gid) {
 
 Node::Tenant& Node::tenant_for_alloc(const AllocationInfo& a) {
   const Device& d = devices_.at(static_cast<std::size_t>(a.device.value()));
-  const quota::TenantSpec spec = config_.resolve_allocation(
-      alloc::tenant_name(a.id, a.owner), a.owner ? a.owner->ns : std::string(quota::kDefaultNamespace), a.bytes,
-      d.total);
+  const quota::TenantSpec spec =
+      config_.resolve_allocation(alloc::tenant_name(a.id, a.owner),
+                                 a.owner ? a.owner->ns : std::string(quota::kDefaultNamespace), a.bytes, d.total);
   return tenant_for(spec, 0, 0, &a);
 }
 
@@ -353,7 +353,8 @@ void Node::end_session_locked(Session& s, const char* why) {
 void Node::validate(const quota::QuotaConfig& cfg) const {
   if (cfg.namespaces().size() > st::kMaxNamespaces) {
     throw quota::ConfigError(cfg.file(), 0, 0,
-                             std::to_string(cfg.namespaces().size()) + " namespaces (with 'default'); this vlaked supports " +
+                             std::to_string(cfg.namespaces().size()) +
+                                 " namespaces (with 'default'); this vlaked supports " +
                                  std::to_string(st::kMaxNamespaces));
   }
   for (const Device& d : devices_) cfg.check_device(d.total);
@@ -457,9 +458,8 @@ void Node::apply(quota::QuotaConfig cfg, const std::string& source, bool from_fi
   config_record_.namespace_count = static_cast<std::uint32_t>(namespaces_.size());
   if (!why.empty()) {
     ++counters_.config_reloads;
-    log_.info("config reloaded (" + why + "): " + source + ", generation " +
-              std::to_string(config_record_.generation) + ", " + std::to_string(namespaces_.size()) +
-              " namespace(s), " + std::to_string(gone.size()) + " removed");
+    log_.info("config reloaded (" + why + "): " + source + ", generation " + std::to_string(config_record_.generation) +
+              ", " + std::to_string(namespaces_.size()) + " namespace(s), " + std::to_string(gone.size()) + " removed");
   }
 }
 
@@ -573,8 +573,8 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     // A Kubernetes allocation's session keeps its tenant; allocation_added() binds it to its
     // allocation again (by tenant name) once the allocation directories are read.
     auto old = tenants_.find(r.tenant);
-    const bool pod_tenant = old != tenants_.end() &&
-                            (old->second.name.rfind("pod:", 0) == 0 || old->second.name.rfind("alloc:", 0) == 0);
+    const bool pod_tenant =
+        old != tenants_.end() && (old->second.name.rfind("pod:", 0) == 0 || old->second.name.rfind("alloc:", 0) == 0);
     Tenant& t = pod_tenant ? old->second : tenant_for_uid(r.uid, r.gid);
     Session sess;
     sess.id = r.id;

@@ -102,8 +102,8 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   if (m.purpose != proto::GrantPurpose::counted) {
     changes_.devices = true;
     try {
-      DevicePool::Served a = dev->pool->serve(
-          bytes, t.id, m.purpose == proto::GrantPurpose::create ? 1u : proto::kMaxHandlesPerGrant);
+      DevicePool::Served a =
+          dev->pool->serve(bytes, t.id, m.purpose == proto::GrantPurpose::create ? 1u : proto::kMaxHandlesPerGrant);
       counters_.scrubs += a.scrubbed;
       if (a.reused > 0) ++counters_.reuses;
       switch (a.kind) {
@@ -132,8 +132,8 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       if (retry != nullptr) {
         if (now.steady < retry->deadline) return Parked{};
         ++counters_.parked_timeouts;
-        log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " +
-                  std::to_string(bytes.value()) + " bytes (session " + std::to_string(s.id) + ") waited " +
+        log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " + std::to_string(bytes.value()) +
+                  " bytes (session " + std::to_string(s.id) + ") waited " +
                   std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory");
       } else if (settings_.pressure_wait.count() > 0) {
         const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
@@ -239,7 +239,7 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
   }
   touch_tenant(g.tenant);
   if (!parked_.empty()) memory_returned_ = true;  // the loop retries them after this event
-  grants_.erase(g.id);  // g is gone from here on
+  grants_.erase(g.id);                            // g is gone from here on
 }
 
 std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, const proto::Release& m) {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vlake/common/fixed_chars.hpp"
 #include <sstream>
+#include "vlake/common/fixed_chars.hpp"
 
 #include "dedup.hpp"
 #include "vlake/pool/node.hpp"

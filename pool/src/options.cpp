@@ -44,11 +44,20 @@ std::string DaemonOptions::usage() {
 DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
   DaemonOptions o;
   for (int i = 1; i < argc; ++i) {
-    static constexpr std::string_view kKnown[] = {"--config",    "--socket",    "--state",
-                                                  "--driver",    "--nvml",      "--log-level",
-                                                  "--sample-interval-ms", "--state-mode", "--state-group",
-                                                  "--metrics-address", "--canary-interval-ms",
-                                                  "--bulk-size", "--warm-reserve", "--pressure-wait-ms",
+    static constexpr std::string_view kKnown[] = {"--config",
+                                                  "--socket",
+                                                  "--state",
+                                                  "--driver",
+                                                  "--nvml",
+                                                  "--log-level",
+                                                  "--sample-interval-ms",
+                                                  "--state-mode",
+                                                  "--state-group",
+                                                  "--metrics-address",
+                                                  "--canary-interval-ms",
+                                                  "--bulk-size",
+                                                  "--warm-reserve",
+                                                  "--pressure-wait-ms",
                                                   "--alloc-root"};
     const cli::Option opt = cli::read_option<OptionsError>(argc, argv, i, kKnown);
     if (opt.help) {
@@ -98,8 +107,10 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       const unsigned mode = octal ? static_cast<unsigned>(std::stoul(value, nullptr, 8)) : 01000;
       // The daemon writes the segment; others may only read it.
       if (mode > 0777 || (mode & 0600) != 0600 || (mode & 0022) != 0) {
-        throw OptionsError("--state-mode must be an octal mode with owner read-write and no write "
-                           "for group/others (e.g. 0640), got '" + value + "'");
+        throw OptionsError(
+            "--state-mode must be an octal mode with owner read-write and no write "
+            "for group/others (e.g. 0640), got '" +
+            value + "'");
       }
       o.state_mode = mode;
     } else if (arg == "--metrics-address") {
@@ -128,7 +139,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       bool digits = !value.empty() && value.size() <= 9;
       for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
       const long long ms = digits ? std::stoll(value) : -1;
-      if (ms < 0 || ms > 60'000) throw OptionsError("--pressure-wait-ms must be a number 0..60000, got '" + value + "'");
+      if (ms < 0 || ms > 60'000)
+        throw OptionsError("--pressure-wait-ms must be a number 0..60000, got '" + value + "'");
       o.pressure_wait = std::chrono::milliseconds(ms);
     } else if (arg == "--alloc-root") {
       o.alloc_root = value;

@@ -16,8 +16,8 @@ void CostModel::observe(Call c, double ns, Bytes bytes) {
     case Call::release: fold(release_ns, ns); break;
     case Call::scrub:
       if (bytes.value() == 0) return;
-      fold(scrub_ns_per_mib, std::max(0.0, ns - kScrubFixedNs) * static_cast<double>(1u << 20) /
-                                 static_cast<double>(bytes.value()));
+      fold(scrub_ns_per_mib,
+           std::max(0.0, ns - kScrubFixedNs) * static_cast<double>(1u << 20) / static_cast<double>(bytes.value()));
       break;
   }
 }

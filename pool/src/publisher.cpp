@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vlake/common/fixed_chars.hpp"
 #include <map>
 #include <set>
+#include "vlake/common/fixed_chars.hpp"
 
 namespace vlake::pool {
 
 StatePublisher::StatePublisher(st::StateSegment& seg, std::uint32_t daemon_pid, std::uint64_t daemon_start_time,
                                std::uint32_t sample_interval_ms) noexcept
-    : seg_(seg), daemon_pid_(daemon_pid), daemon_start_time_(daemon_start_time), sample_interval_ms_(sample_interval_ms) {}
+    : seg_(seg),
+      daemon_pid_(daemon_pid),
+      daemon_start_time_(daemon_start_time),
+      sample_interval_ms_(sample_interval_ms) {}
 
 void StatePublisher::publish(Node& node, std::uint64_t now_unix_ns) noexcept {
   const Changes c = node.take_changes();
@@ -66,12 +69,20 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
   for (const auto& [id, g] : node.grants()) {
     if (!c.all && c.grants.count(g.slot) == 0) continue;
     const Node::Tenant* t = node.tenant(g.tenant);
-    const std::uint32_t guard =
-        static_cast<std::uint32_t>(g.canary ? quota::GuardMode::canary : t != nullptr ? t->guard : quota::GuardMode::off);
+    const std::uint32_t guard = static_cast<std::uint32_t>(g.canary       ? quota::GuardMode::canary
+                                                           : t != nullptr ? t->guard
+                                                                          : quota::GuardMode::off);
     const std::uint32_t state = g.orphaned ? st::kGrantOrphaned : st::kGrantLive;
-    s.grants[g.slot] = st::GrantRecord{g.id, g.session, g.bytes.value(), g.tenant.value(),
-                                       static_cast<std::uint32_t>(g.device.value()), static_cast<std::uint32_t>(g.purpose),
-                                       g.handle_count, state, guard, g.requested,
+    s.grants[g.slot] = st::GrantRecord{g.id,
+                                       g.session,
+                                       g.bytes.value(),
+                                       g.tenant.value(),
+                                       static_cast<std::uint32_t>(g.device.value()),
+                                       static_cast<std::uint32_t>(g.purpose),
+                                       g.handle_count,
+                                       state,
+                                       guard,
+                                       g.requested,
                                        g.created_unix_ns};
   }
   for (const auto& [id, sess] : node.sessions()) {

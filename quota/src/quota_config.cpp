@@ -33,9 +33,7 @@ std::string format_position(const std::string& file, int line, int column, const
 
 }  // namespace
 
-const char* dedup_mode_name(DedupMode m) noexcept {
-  return m == DedupMode::transparent ? "transparent" : "off";
-}
+const char* dedup_mode_name(DedupMode m) noexcept { return m == DedupMode::transparent ? "transparent" : "off"; }
 
 const char* guard_mode_name(GuardMode m) noexcept {
   switch (m) {
@@ -129,8 +127,7 @@ class Parser {
   }
 
   // Every key of map `node` must be one of `allowed`.
-  void check_keys(const YAML::Node& node, std::initializer_list<const char*> allowed,
-                  const std::string& where) const {
+  void check_keys(const YAML::Node& node, std::initializer_list<const char*> allowed, const std::string& where) const {
     for (auto it = node.begin(); it != node.end(); ++it) {
       const YAML::Node key = it->first;
       if (!key.IsScalar()) fail(key.Mark(), "keys in " + where + " must be names");
@@ -320,8 +317,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
     std::uint64_t percent_sum = 0;
     for (const YAML::Node& n : nss) {
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
-      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard",
-                       "dedup"},
+      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -359,7 +355,8 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
         if (ns.guaranteed->is_percent()) {
           percent_sum += ns.guaranteed->ppm();
           if (percent_sum > 1'000'000) {
-            p.fail(gm, "guarantees add up to " + Limit::percent_ppm(static_cast<std::uint32_t>(percent_sum)).to_string() +
+            p.fail(gm, "guarantees add up to " +
+                           Limit::percent_ppm(static_cast<std::uint32_t>(percent_sum)).to_string() +
                            " of the GPU (more than 100%)");
           }
         }

@@ -28,9 +28,8 @@ AttributionResult attribute(const std::vector<AllocView>& allocs, const std::vec
     for (const ListedContainer& c : listed) {
       if (c.device_ids != a->device_ids) continue;
       r.present.insert(a->id);
-      const bool owns = std::any_of(owners.begin(), owners.end(), [&](const auto& o) {
-        return *o.first == c.who && *o.second == a->device_ids;
-      });
+      const bool owns = std::any_of(owners.begin(), owners.end(),
+                                    [&](const auto& o) { return *o.first == c.who && *o.second == a->device_ids; });
       if (owns) continue;
       r.new_owner[a->id] = c.who;
       owners.emplace_back(&c.who, &a->device_ids);

@@ -23,7 +23,8 @@ std::chrono::milliseconds parse_duration(const std::string& text) {
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
   const std::string num = text.substr(0, i);
   const std::string unit = text.substr(i);
-  if (!digits_only(num) || num.size() > 9) throw std::invalid_argument("bad duration '" + text + "' (e.g. 500ms, 2s, 1m)");
+  if (!digits_only(num) || num.size() > 9)
+    throw std::invalid_argument("bad duration '" + text + "' (e.g. 500ms, 2s, 1m)");
   const long long n = std::stoll(num);
   long long ms;
   if (unit.empty() || unit == "ms") ms = n;
@@ -45,11 +46,13 @@ std::string PluginOptions::usage() {
          "  --preload BOOL                  mount ld.so.preload into containers (default true)\n"
          "  --gpu-visibility MODE           env, cdi or both (default both)\n"
          "  --cdi-kind KIND                 CDI kind for cdi naming (default nvidia.com/gpu)\n"
-         "  --pod-resources-socket PATH     kubelet PodResources API (default /var/lib/kubelet/pod-resources/kubelet.sock)\n"
+         "  --pod-resources-socket PATH     kubelet PodResources API (default "
+         "/var/lib/kubelet/pod-resources/kubelet.sock)\n"
          "  --attribution-interval DUR      PodResources polling period (default 2s)\n"
          "  --gc-grace DUR                  how long an allocation may be unlisted before removal (default 30s)\n"
          "  --driver LIB                    CUDA driver used to enumerate GPUs (default libcuda.so.1)\n"
-         "  --vlaked-socket PATH            vlaked's socket, checked for health; 'none' disables (default /run/vlake/vlaked.sock)\n"
+         "  --vlaked-socket PATH            vlaked's socket, checked for health; 'none' disables (default "
+         "/run/vlake/vlaked.sock)\n"
          "  --state NAME                    vlaked's state segment (default vlake-state)\n"
          "  --health-interval DUR           health check period (default 5s)\n"
          "  --log-level LEVEL               debug, info, warn or error (default info)\n"
@@ -59,10 +62,23 @@ std::string PluginOptions::usage() {
 PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
   PluginOptions o;
   for (int i = 1; i < argc; ++i) {
-    static constexpr std::string_view kKnown[] = {
-        "--kubelet-dir", "--endpoint", "--resource", "--unit", "--alloc-root", "--hook-path", "--preload",
-        "--gpu-visibility", "--cdi-kind", "--pod-resources-socket", "--attribution-interval", "--gc-grace",
-        "--driver", "--vlaked-socket", "--state", "--health-interval", "--log-level"};
+    static constexpr std::string_view kKnown[] = {"--kubelet-dir",
+                                                  "--endpoint",
+                                                  "--resource",
+                                                  "--unit",
+                                                  "--alloc-root",
+                                                  "--hook-path",
+                                                  "--preload",
+                                                  "--gpu-visibility",
+                                                  "--cdi-kind",
+                                                  "--pod-resources-socket",
+                                                  "--attribution-interval",
+                                                  "--gc-grace",
+                                                  "--driver",
+                                                  "--vlaked-socket",
+                                                  "--state",
+                                                  "--health-interval",
+                                                  "--log-level"};
     const cli::Option opt = cli::read_option<OptionsError>(argc, argv, i, kKnown);
     if (opt.help) {
       o.help = true;
@@ -80,10 +96,12 @@ PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
     };
     if (arg == "--kubelet-dir") o.kubelet_dir = value;
     else if (arg == "--endpoint") {
-      if (value.find('/') != std::string::npos) throw OptionsError("--endpoint must be a file name, got '" + value + "'");
+      if (value.find('/') != std::string::npos)
+        throw OptionsError("--endpoint must be a file name, got '" + value + "'");
       o.endpoint = value;
     } else if (arg == "--resource") {
-      if (value.find('/') == std::string::npos) throw OptionsError("--resource must be <domain>/<name>, got '" + value + "'");
+      if (value.find('/') == std::string::npos)
+        throw OptionsError("--resource must be <domain>/<name>, got '" + value + "'");
       o.resource = value;
     } else if (arg == "--unit") {
       try {
@@ -122,7 +140,8 @@ PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
   while (o.alloc_root.size() > 1 && o.alloc_root.back() == '/') o.alloc_root.pop_back();
   if (o.plugin_socket().size() >= 108) throw OptionsError("--kubelet-dir/--endpoint: socket path too long (max 107)");
   // <alloc-root>/<16 hex>/vlaked.sock must fit a Unix socket address.
-  if (o.alloc_root.size() + 1 + 16 + 1 + 11 >= 108) throw OptionsError("--alloc-root is too long for socket paths in it");
+  if (o.alloc_root.size() + 1 + 16 + 1 + 11 >= 108)
+    throw OptionsError("--alloc-root is too long for socket paths in it");
   return o;
 }
 

@@ -1,5 +1,6 @@
 #include "vlake/scheduler/plugin.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -7,7 +8,6 @@
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <dirent.h>
 
 #include <algorithm>
 #include <atomic>
@@ -55,7 +55,8 @@ std::int64_t now_unix() {
 
 class Plugin::Impl final : public dp::DevicePlugin::Service {
  public:
-  Impl(const PluginOptions& o, std::unique_ptr<Inventory> inv, Logger& log) : opts_(o), inv_(std::move(inv)), log_(log) {
+  Impl(const PluginOptions& o, std::unique_ptr<Inventory> inv, Logger& log)
+      : opts_(o), inv_(std::move(inv)), log_(log) {
     try {
       gpus_ = inv_->enumerate();
     } catch (const std::exception& e) {
@@ -366,7 +367,8 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
     const auto size = static_cast<std::size_t>(std::max(0, cr.allocation_size()));
     std::map<std::string, std::vector<std::pair<std::uint32_t, std::string>>> avail;  // uuid -> (n, id)
     for (const std::string& id : cr.available_deviceids()) {
-      if (auto s = alloc::split_device_id(id); s && gpu_by_uuid(s->first) != nullptr) avail[s->first].emplace_back(s->second, id);
+      if (auto s = alloc::split_device_id(id); s && gpu_by_uuid(s->first) != nullptr)
+        avail[s->first].emplace_back(s->second, id);
     }
     std::set<std::string> must(cr.must_include_deviceids().begin(), cr.must_include_deviceids().end());
     std::set<std::string> must_gpus;
@@ -415,7 +417,8 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
         return nullptr;
       }
       if (gpu != nullptr && g != gpu) {
-        why = "device ids of two GPUs (" + gpu->uuid + ", " + g->uuid + ") in one container: vlake serves a container from one GPU";
+        why = "device ids of two GPUs (" + gpu->uuid + ", " + g->uuid +
+              ") in one container: vlake serves a container from one GPU";
         return nullptr;
       }
       gpu = g;

@@ -68,11 +68,15 @@ inline unsigned long long count_of(const char* name) noexcept {
 // The entry points vlake_sim_vmm_call_count sums: the VMM calls, and every cuMemAlloc* /
 // cuMemFree* (what a warm hook allocation must not reach).
 inline bool is_vmm(std::string_view name) noexcept {
-  static constexpr std::string_view kVmm[] = {
-      "cuMemCreate",        "cuMemRelease",         "cuMemMap",
-      "cuMemUnmap",         "cuMemSetAccess",       "cuMemAddressReserve",
-      "cuMemAddressFree",   "cuMemImportFromShareableHandle",
-      "cuMemExportToShareableHandle"};
+  static constexpr std::string_view kVmm[] = {"cuMemCreate",
+                                              "cuMemRelease",
+                                              "cuMemMap",
+                                              "cuMemUnmap",
+                                              "cuMemSetAccess",
+                                              "cuMemAddressReserve",
+                                              "cuMemAddressFree",
+                                              "cuMemImportFromShareableHandle",
+                                              "cuMemExportToShareableHandle"};
   for (std::string_view v : kVmm) {
     if (name == v) return true;
   }
@@ -113,7 +117,6 @@ class Scope {
 }  // namespace vlake::sim::calls
 
 // First statement of every exported entry point.
-#define VLAKE_SIM_COUNT(name)                                                          \
-  static std::atomic<unsigned long long>* const vlake_sim_counter_ =                    \
-      ::vlake::sim::calls::counter(#name);                                              \
+#define VLAKE_SIM_COUNT(name)                                                                             \
+  static std::atomic<unsigned long long>* const vlake_sim_counter_ = ::vlake::sim::calls::counter(#name); \
   const ::vlake::sim::calls::Scope vlake_sim_scope_(vlake_sim_counter_)

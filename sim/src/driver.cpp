@@ -40,7 +40,7 @@ static_assert(std::is_same_v<decltype(&::cuLaunchKernel), PFN_cuLaunchKernel_v40
 // version >= 7000 (measured), so the simulator does the same. Each forwards to its legacy
 // function (streams are synchronous).
 //   X(base, per-thread symbol, version, cudaTypedefs.h type)
-#define VLAKE_SIM_PER_THREAD_ROWS(X)                                                          \
+#define VLAKE_SIM_PER_THREAD_ROWS(X)                                                         \
   X(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, 7000, PFN_cuMemcpyHtoD_v7000_ptds)                   \
   X(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, 7000, PFN_cuMemcpyDtoH_v7000_ptds)                   \
   X(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, 7000, PFN_cuMemcpyDtoD_v7000_ptds)                   \
@@ -150,8 +150,7 @@ std::uintptr_t reserve_va(std::size_t size, std::size_t align) {
 
 // Puts back an anonymous PROT_NONE reservation over [base, base + size).
 void unmap_to_reservation(std::uintptr_t base, std::size_t size) {
-  ::mmap(as_ptr(base), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-         -1, 0);
+  ::mmap(as_ptr(base), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
 int prot_of(const Mapping& m, int device_count) {
@@ -190,8 +189,7 @@ bool parse_memfd(int fd, int& device, unsigned& handle_types) {
 }
 
 // Creates the Phys of a new allocation (charged to the node). Caller holds mu exclusively.
-CUresult new_phys(std::size_t size, int device, unsigned handle_types, bool classic,
-                  Phys*& out) {
+CUresult new_phys(std::size_t size, int device, unsigned handle_types, bool classic, Phys*& out) {
   int fd = create_memfd(size, device, handle_types);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   struct stat st {};
@@ -266,8 +264,8 @@ bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write) {
 
 // Collects the whole VMM mappings that exactly tile [addr, addr + size).
 // Returns CUDA_SUCCESS, `not_mapped` when addr is not inside any mapping, `partial` otherwise.
-CUresult whole_mappings(std::uintptr_t addr, std::size_t size, CUresult not_mapped,
-                        CUresult partial, std::vector<std::map<std::uintptr_t, Mapping>::iterator>& out) {
+CUresult whole_mappings(std::uintptr_t addr, std::size_t size, CUresult not_mapped, CUresult partial,
+                        std::vector<std::map<std::uintptr_t, Mapping>::iterator>& out) {
   if (size == 0 || add_overflows(addr, size)) return CUDA_ERROR_INVALID_VALUE;
   auto& maps = g_proc->mappings;
   auto it = maps.find(addr);
@@ -365,8 +363,7 @@ void destroy_ctx_resources(CUctx_st* ctx) {
 
 // ---- Copies ---------------------------------------------------------------------------------
 
-CUresult copy_checked(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device,
-                      std::size_t n) {
+CUresult copy_checked(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device, std::size_t n) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
   if (n == 0) return CUDA_SUCCESS;
@@ -541,9 +538,7 @@ struct ProcRow {
   bool per_thread;  // a _ptsz/_ptds variant
 };
 
-constexpr bool per_thread_symbol(std::string_view sym) {
-  return sym.ends_with("_ptsz") || sym.ends_with("_ptds");
-}
+constexpr bool per_thread_symbol(std::string_view sym) { return sym.ends_with("_ptsz") || sym.ends_with("_ptds"); }
 
 // cuGetProcAddress (v1: `v2` false) and cuGetProcAddress_v2. Among the rows of `symbol`, the
 // per-thread rows answer CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM when the base has any
@@ -553,12 +548,10 @@ constexpr bool per_thread_symbol(std::string_view sym) {
 CUresult resolve_proc(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
                       CUdriverProcAddressQueryResult* status, bool v2) {
   static const ProcRow rows[] = {
-#define VLAKE_CU_API(base, sym, version) \
-  {#base, version, reinterpret_cast<void*>(&::sym), per_thread_symbol(#sym)},
+#define VLAKE_CU_API(base, sym, version) {#base, version, reinterpret_cast<void*>(&::sym), per_thread_symbol(#sym)},
 #include "vlake/common/cuda_api.def"
 #undef VLAKE_CU_API
-#define VLAKE_SIM_PT_ROW(base, sym, version, pfn) \
-  {#base, version, reinterpret_cast<void*>(&::sym), true},
+#define VLAKE_SIM_PT_ROW(base, sym, version, pfn) {#base, version, reinterpret_cast<void*>(&::sym), true},
       VLAKE_SIM_PER_THREAD_ROWS(VLAKE_SIM_PT_ROW)
 #undef VLAKE_SIM_PT_ROW
   };
@@ -575,8 +568,7 @@ CUresult resolve_proc(const char* symbol, void** pfn, int cuda_version, cuuint64
     known = true;
     has_per_thread = has_per_thread || r.per_thread;
   }
-  const bool want_per_thread =
-      has_per_thread && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+  const bool want_per_thread = has_per_thread && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   const ProcRow* best = nullptr;
   for (const ProcRow& r : rows) {
     if (r.per_thread != want_per_thread || std::strcmp(r.base, symbol) != 0) continue;
@@ -584,8 +576,7 @@ CUresult resolve_proc(const char* symbol, void** pfn, int cuda_version, cuuint64
   }
   if (best == nullptr) {
     if (status != nullptr) {
-      *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-                      : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+      *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     }
     return v2 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
   }
@@ -624,8 +615,8 @@ void put(void* data, T value) {
 // Writes attribute `a` of `ptr` (m: its mapping, or nullptr when unknown) to data.
 // `strict`: cuPointerGetAttribute (unknown pointer / host pointer are errors) vs
 // cuPointerGetAttributes (zeros and defaults).
-CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr,
-                           std::uintptr_t base, const Mapping* m, bool strict) {
+CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr, std::uintptr_t base, const Mapping* m,
+                           bool strict) {
   if (m == nullptr && strict) return rules::kPointerUnknown;
   CUctx_st* cur = current_ctx();
   const int device = m != nullptr ? m->phys->device : 0;
@@ -647,18 +638,12 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
       if (strict) return CUDA_ERROR_INVALID_VALUE;  // device memory has no host pointer
       put<void*>(data, nullptr);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-      put<int>(data, 0);
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: put<int>(data, 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       put<unsigned long long>(data, m != nullptr ? m->buffer_id : 0);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-      put<int>(data, m != nullptr && m->managed ? 1 : 0);
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-      put<int>(data, m != nullptr ? device : -2);
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: put<int>(data, m != nullptr && m->managed ? 1 : 0); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: put<int>(data, m != nullptr ? device : -2); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
       // cuMemAlloc memory only: not VMM, managed (measured) or pool memory (measured).
       put<int>(data, m != nullptr && m->classic && !m->managed && !m->async ? 1 : 0);
@@ -666,19 +651,12 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       put<CUdeviceptr>(data, m != nullptr ? static_cast<CUdeviceptr>(base) : 0);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      put<std::size_t>(data, m != nullptr ? m->visible : 0);
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPED:
-      put<int>(data, m != nullptr ? 1 : 0);
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: put<std::size_t>(data, m != nullptr ? m->visible : 0); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED: put<int>(data, m != nullptr ? 1 : 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-      put<unsigned long long>(
-          data, m != nullptr && !m->classic ? m->phys->prop.requestedHandleTypes : 0);
+      put<unsigned long long>(data, m != nullptr && !m->classic ? m->phys->prop.requestedHandleTypes : 0);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-      put<int>(data, 0);
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: put<int>(data, 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: {
       unsigned flags = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
       if (m != nullptr) flags = m->access[cur != nullptr ? cur->device : device];
@@ -688,20 +666,15 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:  // non-null for cuMemAllocAsync memory (measured)
       put<CUmemoryPool>(data, m != nullptr && m->async ? &g_proc->pools[device] : nullptr);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
-      put<std::size_t>(data, m != nullptr ? m->size : 0);
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: put<std::size_t>(data, m != nullptr ? m->size : 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
       put<void*>(data, m != nullptr ? as_ptr(base) : nullptr);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
       put<unsigned long long>(data, m != nullptr ? m->phys->block_id : 0);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
-      put<int>(data, 0);
-      return CUDA_SUCCESS;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: put<int>(data, 0); return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -779,18 +752,15 @@ VLAKE_SIM_API CUresult cuGetErrorName(CUresult error, const char** pStr) {
   return r != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-VLAKE_SIM_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
-                                        cuuint64_t flags) {
+VLAKE_SIM_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
   VLAKE_SIM_COUNT(cuGetProcAddress);
   return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, nullptr, false); });
 }
 
-VLAKE_SIM_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
-                                           cuuint64_t flags,
+VLAKE_SIM_API CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                                            CUdriverProcAddressQueryResult* symbolStatus) {
   VLAKE_SIM_COUNT(cuGetProcAddress_v2);
-  return guarded(
-      [&] { return resolve_proc(symbol, pfn, cudaVersion, flags, symbolStatus, true); });
+  return guarded([&] { return resolve_proc(symbol, pfn, cudaVersion, flags, symbolStatus, true); });
 }
 
 // =================================================================================================
@@ -835,7 +805,10 @@ CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
 }
 }  // namespace
 
-VLAKE_SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { VLAKE_SIM_COUNT(cuDeviceGetUuid); return get_uuid(uuid, dev); }
+VLAKE_SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetUuid);
+  return get_uuid(uuid, dev);
+}
 
 VLAKE_SIM_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   VLAKE_SIM_COUNT(cuDeviceGetUuid_v2);
@@ -867,8 +840,7 @@ VLAKE_SIM_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02x:00.0",
-                static_cast<unsigned>(dev + 1));
+  std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02x:00.0", static_cast<unsigned>(dev + 1));
   return CUDA_SUCCESS;
 }
 
@@ -887,8 +859,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
     // process holds, listed by NVML); it must fit like any allocation.
     std::unique_lock lock(g_proc->mu);
     if (ctx.retains.load() == 0) {
-      if (CUresult rc = g_proc->node->charge_context(dev, g_proc->context_memory);
-          rc != CUDA_SUCCESS) {
+      if (CUresult rc = g_proc->node->charge_context(dev, g_proc->context_memory); rc != CUDA_SUCCESS) {
         return rc;
       }
     }
@@ -914,8 +885,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   });
 }
 
-VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
-                                                  int* active) {
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxGetState);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1007,8 +977,7 @@ CUresult alloc_classic(CUctx_st* ctx, std::size_t bytesize, ClassicKind kind, CU
   Phys* p = nullptr;
   if (CUresult rc = new_phys(size, ctx->device, 0, true, p); rc != CUDA_SUCCESS) return rc;
   const std::uintptr_t va = reserve_va(size, kGran);
-  if (va == 0 || ::mmap(as_ptr(va), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd,
-                        0) == MAP_FAILED) {
+  if (va == 0 || ::mmap(as_ptr(va), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, 0) == MAP_FAILED) {
     if (va != 0) ::munmap(as_ptr(va), size);
     maybe_destroy(p);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1084,8 +1053,8 @@ VLAKE_SIM_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   });
 }
 
-VLAKE_SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
-                                          size_t Height, unsigned int ElementSizeBytes) {
+VLAKE_SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
+                                          unsigned int ElementSizeBytes) {
   VLAKE_SIM_COUNT(cuMemAllocPitch_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
@@ -1162,8 +1131,7 @@ VLAKE_SIM_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   });
 }
 
-VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
-                                               CUdeviceptr dptr) {
+VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
   VLAKE_SIM_COUNT(cuMemGetAddressRange_v2);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
@@ -1177,53 +1145,44 @@ VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize
   });
 }
 
-VLAKE_SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
-                                       size_t ByteCount) {
+VLAKE_SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyHtoD_v2);
   return guarded([&] {
-    return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false,
-                        ByteCount);
+    return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false, ByteCount);
   });
 }
 
 VLAKE_SIM_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyDtoH_v2);
   return guarded([&] {
-    return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true,
-                        ByteCount);
+    return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true, ByteCount);
   });
 }
 
-VLAKE_SIM_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                       size_t ByteCount) {
+VLAKE_SIM_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyDtoD_v2);
-  return guarded([&] {
-    return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount);
-  });
+  return guarded([&] { return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount); });
 }
 
-VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
-                                            size_t ByteCount, CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
+                                            CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyHtoDAsync_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
-    return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false,
-                        ByteCount);
+    return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false, ByteCount);
   });
 }
 
-VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
-                                            CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyDtoHAsync_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
-    return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true,
-                        ByteCount);
+    return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true, ByteCount);
   });
 }
 
-VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                            size_t ByteCount, CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                            CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyDtoDAsync_v2);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
@@ -1241,8 +1200,7 @@ VLAKE_SIM_API CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, si
   return guarded([&] { return memset_checked(as_addr(dstDevice), 4, ui, N); });
 }
 
-VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                                       CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemsetD8Async);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
@@ -1250,8 +1208,7 @@ VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, 
   });
 }
 
-VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
-                                        CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemsetD32Async);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
@@ -1259,8 +1216,7 @@ VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, 
   });
 }
 
-VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
-                                             CUdeviceptr ptr) {
+VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   VLAKE_SIM_COUNT(cuPointerGetAttribute);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1269,13 +1225,11 @@ VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute att
     std::shared_lock lock(g_proc->mu);
     auto it = mapping_at(as_addr(ptr));
     const bool found = it != g_proc->mappings.end();
-    return pointer_attribute(data, attribute, as_addr(ptr), found ? it->first : 0,
-                             found ? &it->second : nullptr, true);
+    return pointer_attribute(data, attribute, as_addr(ptr), found ? it->first : 0, found ? &it->second : nullptr, true);
   });
 }
 
-VLAKE_SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes,
-                                              CUpointer_attribute* attributes, void** data,
+VLAKE_SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
                                               CUdeviceptr ptr) {
   VLAKE_SIM_COUNT(cuPointerGetAttributes);
   return guarded([&]() -> CUresult {
@@ -1289,9 +1243,8 @@ VLAKE_SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes,
     for (unsigned i = 0; i < numAttributes; ++i) {
       if (data[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
       if (attributes[i] == CU_POINTER_ATTRIBUTE_P2P_TOKENS) return CUDA_ERROR_NOT_SUPPORTED;
-      if (CUresult rc = pointer_attribute(data[i], attributes[i], as_addr(ptr),
-                                          found ? it->first : 0, found ? &it->second : nullptr,
-                                          false);
+      if (CUresult rc = pointer_attribute(data[i], attributes[i], as_addr(ptr), found ? it->first : 0,
+                                          found ? &it->second : nullptr, false);
           rc != CUDA_SUCCESS) {
         return rc;
       }
@@ -1345,9 +1298,15 @@ CUresult stream_sync(CUstream hStream) {
 }
 }  // namespace
 
-VLAKE_SIM_API CUresult cuStreamSynchronize(CUstream hStream) { VLAKE_SIM_COUNT(cuStreamSynchronize); return stream_sync(hStream); }
+VLAKE_SIM_API CUresult cuStreamSynchronize(CUstream hStream) {
+  VLAKE_SIM_COUNT(cuStreamSynchronize);
+  return stream_sync(hStream);
+}
 
-VLAKE_SIM_API CUresult cuStreamQuery(CUstream hStream) { VLAKE_SIM_COUNT(cuStreamQuery); return stream_sync(hStream); }
+VLAKE_SIM_API CUresult cuStreamQuery(CUstream hStream) {
+  VLAKE_SIM_COUNT(cuStreamQuery);
+  return stream_sync(hStream);
+}
 
 VLAKE_SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
   VLAKE_SIM_COUNT(cuStreamWaitEvent);
@@ -1408,9 +1367,15 @@ CUresult event_query(CUevent hEvent) {
 }
 }  // namespace
 
-VLAKE_SIM_API CUresult cuEventQuery(CUevent hEvent) { VLAKE_SIM_COUNT(cuEventQuery); return event_query(hEvent); }
+VLAKE_SIM_API CUresult cuEventQuery(CUevent hEvent) {
+  VLAKE_SIM_COUNT(cuEventQuery);
+  return event_query(hEvent);
+}
 
-VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) { VLAKE_SIM_COUNT(cuEventSynchronize); return event_query(hEvent); }
+VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) {
+  VLAKE_SIM_COUNT(cuEventSynchronize);
+  return event_query(hEvent);
+}
 
 VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
   VLAKE_SIM_COUNT(cuEventDestroy_v2);
@@ -1434,8 +1399,7 @@ VLAKE_SIM_API CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStar
     if (g_proc->events.count(hStart) == 0 || g_proc->events.count(hEnd) == 0) {
       return rules::kBadStreamOrEvent;
     }
-    if (!hStart->recorded || !hEnd->recorded ||
-        ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING) != 0) {
+    if (!hStart->recorded || !hEnd->recorded || ((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING) != 0) {
       return rules::kElapsedUnrecorded;
     }
     *pMilliseconds = std::chrono::duration<float, std::milli>(hEnd->when - hStart->when).count();
@@ -1447,8 +1411,7 @@ VLAKE_SIM_API CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStar
 // Virtual memory management (no current context needed)
 // =================================================================================================
 
-VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity,
-                                                     const CUmemAllocationProp* prop,
+VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                      CUmemAllocationGranularity_flags option) {
   VLAKE_SIM_COUNT(cuMemGetAllocationGranularity);
   if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1461,8 +1424,8 @@ VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity,
   return CUDA_SUCCESS;
 }
 
-VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
-                                   const CUmemAllocationProp* prop, unsigned long long flags) {
+VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                                   unsigned long long flags) {
   VLAKE_SIM_COUNT(cuMemCreate);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1471,8 +1434,7 @@ VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t 
     if (size == 0 || size % kGran != 0) return CUDA_ERROR_INVALID_VALUE;
     std::unique_lock lock(g_proc->mu);
     Phys* p = nullptr;
-    if (CUresult rc = new_phys(size, prop->location.id,
-                               static_cast<unsigned>(prop->requestedHandleTypes), false, p);
+    if (CUresult rc = new_phys(size, prop->location.id, static_cast<unsigned>(prop->requestedHandleTypes), false, p);
         rc != CUDA_SUCCESS) {
       return rc;
     }
@@ -1495,8 +1457,8 @@ VLAKE_SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   });
 }
 
-VLAKE_SIM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
-                                           CUdeviceptr addr, unsigned long long flags) {
+VLAKE_SIM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                           unsigned long long flags) {
   VLAKE_SIM_COUNT(cuMemAddressReserve);
   return guarded([&]() -> CUresult {
     (void)addr;  // the hint is ignored, as the driver may
@@ -1532,8 +1494,8 @@ VLAKE_SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   });
 }
 
-VLAKE_SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-                                CUmemGenericAllocationHandle handle, unsigned long long flags) {
+VLAKE_SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                                unsigned long long flags) {
   VLAKE_SIM_COUNT(cuMemMap);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1589,8 +1551,7 @@ VLAKE_SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   });
 }
 
-VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
-                                      size_t count) {
+VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   VLAKE_SIM_COUNT(cuMemSetAccess);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1598,16 +1559,14 @@ VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemA
     for (size_t i = 0; i < count; ++i) {
       if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
       if (!valid_device(desc[i].location.id)) return rules::kInvalidLocation;
-      if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
-          desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+      if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
           desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
         return CUDA_ERROR_INVALID_VALUE;
       }
     }
     std::unique_lock lock(g_proc->mu);
     std::vector<std::map<std::uintptr_t, Mapping>::iterator> whole;
-    if (CUresult rc = whole_mappings(as_addr(ptr), size, rules::kSetAccessNotMapped,
-                                     rules::kPartialSetAccess, whole);
+    if (CUresult rc = whole_mappings(as_addr(ptr), size, rules::kSetAccessNotMapped, rules::kPartialSetAccess, whole);
         rc != CUDA_SUCCESS) {
       return rc;
     }
@@ -1622,8 +1581,7 @@ VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemA
   });
 }
 
-VLAKE_SIM_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
-                                      CUdeviceptr ptr) {
+VLAKE_SIM_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
   VLAKE_SIM_COUNT(cuMemGetAccess);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1638,10 +1596,8 @@ VLAKE_SIM_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLoca
   });
 }
 
-VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle,
-                                                    CUmemGenericAllocationHandle handle,
-                                                    CUmemAllocationHandleType handleType,
-                                                    unsigned long long flags) {
+VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                                    CUmemAllocationHandleType handleType, unsigned long long flags) {
   VLAKE_SIM_COUNT(cuMemExportToShareableHandle);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1650,8 +1606,7 @@ VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle,
     Phys* p = find_handle(handle);
     if (p == nullptr) return rules::kUnknownHandle;
     if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return rules::kUnsupportedHandleType;
-    if ((static_cast<unsigned>(p->prop.requestedHandleTypes) &
-         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    if ((static_cast<unsigned>(p->prop.requestedHandleTypes) & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
       return rules::kExportWithoutPosixFd;
     }
     int fd = ::dup(p->fd);
@@ -1661,8 +1616,7 @@ VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle,
   });
 }
 
-VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
-                                                      void* osHandle,
+VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
                                                       CUmemAllocationHandleType shHandleType) {
   VLAKE_SIM_COUNT(cuMemImportFromShareableHandle);
   return guarded([&]() -> CUresult {
@@ -1712,8 +1666,7 @@ VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHand
   });
 }
 
-VLAKE_SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
-                                                   void* addr) {
+VLAKE_SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
   VLAKE_SIM_COUNT(cuMemRetainAllocationHandle);
   return guarded([&]() -> CUresult {
     if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
@@ -1817,13 +1770,12 @@ VLAKE_SIM_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
     if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const std::string_view text(static_cast<const char*>(image));
     auto mod = std::make_unique<CUmod_st>();
-    for (std::size_t pos = text.find(".entry"); pos != std::string_view::npos;
-         pos = text.find(".entry", pos + 6)) {
+    for (std::size_t pos = text.find(".entry"); pos != std::string_view::npos; pos = text.find(".entry", pos + 6)) {
       std::size_t b = pos + 6;
       while (b < text.size() && (text[b] == ' ' || text[b] == '\t')) ++b;
       std::size_t e = b;
-      while (e < text.size() && (std::isalnum(static_cast<unsigned char>(text[e])) != 0 ||
-                                 text[e] == '_' || text[e] == '$')) {
+      while (e < text.size() &&
+             (std::isalnum(static_cast<unsigned char>(text[e])) != 0 || text[e] == '_' || text[e] == '$')) {
         ++e;
       }
       if (e > b) mod->entries.emplace_back(text.substr(b, e - b));
@@ -1855,8 +1807,7 @@ VLAKE_SIM_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, con
     std::unique_lock lock(g_proc->mu);
     if (g_proc->modules.count(hmod) == 0) return rules::kBadModuleOrFunction;
     const std::string wanted(name);
-    if (std::find(hmod->entries.begin(), hmod->entries.end(), wanted) == hmod->entries.end() ||
-        !known_kernel(wanted)) {
+    if (std::find(hmod->entries.begin(), hmod->entries.end(), wanted) == hmod->entries.end() || !known_kernel(wanted)) {
       return rules::kNoSuchFunction;
     }
     for (const auto& f : hmod->functions) {
@@ -1874,18 +1825,16 @@ VLAKE_SIM_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, con
   });
 }
 
-VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                      unsigned int gridDimZ, unsigned int blockDimX,
-                                      unsigned int blockDimY, unsigned int blockDimZ,
-                                      unsigned int sharedMemBytes, CUstream hStream,
-                                      void** kernelParams, void** extra) {
+VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                      unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                      unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
+                                      void** extra) {
   VLAKE_SIM_COUNT(cuLaunchKernel);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
     (void)sharedMemBytes;
-    if (gridDimX == 0 || gridDimY == 0 || gridDimZ == 0 || blockDimX == 0 || blockDimY == 0 ||
-        blockDimZ == 0 ||
+    if (gridDimX == 0 || gridDimY == 0 || gridDimZ == 0 || blockDimX == 0 || blockDimY == 0 || blockDimZ == 0 ||
         std::uint64_t{blockDimX} * blockDimY * blockDimZ > 1024) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -1897,8 +1846,7 @@ VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsig
       for (const auto& fn : m->functions) found = found || fn.get() == f;
     }
     if (!found) return rules::kBadModuleOrFunction;
-    run_kernel(ctx, f, kernelParams,
-               std::uint64_t{gridDimX} * gridDimY * gridDimZ * blockDimX * blockDimY * blockDimZ);
+    run_kernel(ctx, f, kernelParams, std::uint64_t{gridDimX} * gridDimY * gridDimZ * blockDimX * blockDimY * blockDimZ);
     return CUDA_SUCCESS;
   });
 }
@@ -1909,38 +1857,35 @@ VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsig
 // them like the real driver.
 // =================================================================================================
 
-VLAKE_SIM_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost,
-                                            size_t ByteCount) {
+VLAKE_SIM_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyHtoD_v2_ptds);
   return cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
 }
 
-VLAKE_SIM_API CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice,
-                                            size_t ByteCount) {
+VLAKE_SIM_API CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyDtoH_v2_ptds);
   return cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount);
 }
 
-VLAKE_SIM_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                            size_t ByteCount) {
+VLAKE_SIM_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyDtoD_v2_ptds);
   return cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount);
 }
 
-VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost,
-                                                 size_t ByteCount, CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
+                                                 CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyHtoDAsync_v2_ptsz);
   return cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream);
 }
 
-VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice,
-                                                 size_t ByteCount, CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                                 CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyDtoHAsync_v2_ptsz);
   return cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream);
 }
 
-VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                                 size_t ByteCount, CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                                 CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyDtoDAsync_v2_ptsz);
   return cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream);
 }
@@ -1955,14 +1900,12 @@ VLAKE_SIM_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int u
   return cuMemsetD32_v2(dstDevice, ui, N);
 }
 
-VLAKE_SIM_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
-                                            CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemsetD8Async_ptsz);
   return cuMemsetD8Async(dstDevice, uc, N, hStream);
 }
 
-VLAKE_SIM_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
-                                             CUstream hStream) {
+VLAKE_SIM_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemsetD32Async_ptsz);
   return cuMemsetD32Async(dstDevice, ui, N, hStream);
 }
@@ -1972,10 +1915,12 @@ VLAKE_SIM_API CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   return cuStreamSynchronize(hStream);
 }
 
-VLAKE_SIM_API CUresult cuStreamQuery_ptsz(CUstream hStream) { VLAKE_SIM_COUNT(cuStreamQuery_ptsz); return cuStreamQuery(hStream); }
+VLAKE_SIM_API CUresult cuStreamQuery_ptsz(CUstream hStream) {
+  VLAKE_SIM_COUNT(cuStreamQuery_ptsz);
+  return cuStreamQuery(hStream);
+}
 
-VLAKE_SIM_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent,
-                                              unsigned int Flags) {
+VLAKE_SIM_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
   VLAKE_SIM_COUNT(cuStreamWaitEvent_ptsz);
   return cuStreamWaitEvent(hStream, hEvent, Flags);
 }
@@ -1985,22 +1930,20 @@ VLAKE_SIM_API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   return cuEventRecord(hEvent, hStream);
 }
 
-VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
-                                           unsigned int gridDimY, unsigned int gridDimZ,
-                                           unsigned int blockDimX, unsigned int blockDimY,
-                                           unsigned int blockDimZ, unsigned int sharedMemBytes,
-                                           CUstream hStream, void** kernelParams, void** extra) {
+VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                           unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                           unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                           void** kernelParams, void** extra) {
   VLAKE_SIM_COUNT(cuLaunchKernel_ptsz);
-  return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                        sharedMemBytes, hStream, kernelParams, extra);
+  return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                        kernelParams, extra);
 }
 
 // =================================================================================================
 // Call counters (call_counts.hpp, docs/simulator.md "Call counters"): not part of the CUDA API.
 // =================================================================================================
 
-extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_call_count(
-    const char* entry) noexcept {
+extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_call_count(const char* entry) noexcept {
   return vlake::sim::calls::count_of(entry);
 }
 

@@ -37,8 +37,7 @@ constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocatio
 // The st_dev of a context record: no memfd has it.
 constexpr std::uint64_t kContextDev = ~std::uint64_t{0};
 std::uint64_t context_ino(std::int32_t pid, int device) {
-  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 8) |
-         static_cast<std::uint64_t>(device);
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 8) | static_cast<std::uint64_t>(device);
 }
 
 struct Record {
@@ -70,9 +69,7 @@ struct NodeState {
 
 namespace {
 
-bool same(const ProcessId& a, const ProcessId& b) {
-  return a.pid == b.pid && a.start_time == b.start_time;
-}
+bool same(const ProcessId& a, const ProcessId& b) { return a.pid == b.pid && a.start_time == b.start_time; }
 
 class Lock {
  public:
@@ -183,8 +180,8 @@ bool process_alive(const ProcessId& p) {
   return s->start_time == p.start_time;
 }
 
-CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity,
-                      const ProcessId& self, std::unique_ptr<Node>& out) {
+CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity, const ProcessId& self,
+                      std::unique_ptr<Node>& out) {
   const std::string shm_name = "/vlake-sim-" + name;
   const std::string path = "/dev/shm" + shm_name;
   // The whole attach runs under flock on the file, and so does the unlink of an unused node
@@ -212,13 +209,13 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
   };
   if (static_cast<std::size_t>(st.st_size) < sizeof(NodeState) &&
       ::ftruncate(fd, static_cast<off_t>(sizeof(NodeState))) != 0) {
-    return fail("cannot size the node state " + path + ": " + std::strerror(errno),
-                CUDA_ERROR_OPERATING_SYSTEM, nullptr);
+    return fail("cannot size the node state " + path + ": " + std::strerror(errno), CUDA_ERROR_OPERATING_SYSTEM,
+                nullptr);
   }
   void* mem = ::mmap(nullptr, sizeof(NodeState), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) {
-    return fail("cannot map the node state " + path + ": " + std::strerror(errno),
-                CUDA_ERROR_OPERATING_SYSTEM, nullptr);
+    return fail("cannot map the node state " + path + ": " + std::strerror(errno), CUDA_ERROR_OPERATING_SYSTEM,
+                nullptr);
   }
   auto* s = static_cast<NodeState*>(mem);
   if (s->magic == 0) {
@@ -235,11 +232,11 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
     pthread_mutexattr_destroy(&attr);
     __atomic_store_n(&s->magic, kMagic, __ATOMIC_RELEASE);
   }
-  if (s->magic != kMagic || s->layout_version != kLayoutVersion ||
-      s->state_size != sizeof(NodeState)) {
+  if (s->magic != kMagic || s->layout_version != kLayoutVersion || s->state_size != sizeof(NodeState)) {
     return fail("node state " + path +
                     " has another layout (another vlake version?); remove the file when no "
-                    "process uses node '" + name + "'",
+                    "process uses node '" +
+                    name + "'",
                 CUDA_ERROR_INVALID_VALUE, mem);
   }
   std::string refusal;
@@ -254,15 +251,13 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
       for (auto& u : s->used) u = 0;
     }
     if (s->device_count != static_cast<std::uint32_t>(device_count) || s->capacity != capacity) {
-      refusal = "node '" + name + "' is in use with VLAKE_SIM_DEVICE_COUNT=" +
-                std::to_string(s->device_count) + " and VLAKE_SIM_DEVICE_MEMORY=" +
-                std::to_string(s->capacity) + " bytes, but this process asks for " +
+      refusal = "node '" + name + "' is in use with VLAKE_SIM_DEVICE_COUNT=" + std::to_string(s->device_count) +
+                " and VLAKE_SIM_DEVICE_MEMORY=" + std::to_string(s->capacity) + " bytes, but this process asks for " +
                 std::to_string(device_count) + " device(s) of " + std::to_string(capacity) +
                 " bytes; use the same values or another VLAKE_SIM_NODE";
       refusal_rc = CUDA_ERROR_INVALID_VALUE;
     } else if (s->nattached >= kMaxAttached) {
-      refusal = "node '" + name + "' has too many attached processes (" +
-                std::to_string(kMaxAttached) + ")";
+      refusal = "node '" + name + "' has too many attached processes (" + std::to_string(kMaxAttached) + ")";
       refusal_rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
       s->attached[s->nattached++] = self;
@@ -275,8 +270,8 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
   return CUDA_SUCCESS;
 }
 
-Node::Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self,
-           std::string shm_name, std::uint64_t dev, std::uint64_t ino)
+Node::Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self, std::string shm_name,
+           std::uint64_t dev, std::uint64_t ino)
     : state_(state),
       device_count_(device_count),
       capacity_(capacity),
@@ -288,8 +283,7 @@ Node::Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId
 void Node::detach() {
   int fd = ::shm_open(shm_name_.c_str(), O_RDWR | O_CLOEXEC, 0);
   struct stat st {};
-  const bool same_file = fd >= 0 && ::fstat(fd, &st) == 0 && st.st_dev == dev_ &&
-                         st.st_ino == ino_;
+  const bool same_file = fd >= 0 && ::fstat(fd, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_;
   if (same_file) ::flock(fd, LOCK_EX);
   bool unused = false;
   {
@@ -411,10 +405,9 @@ bool read_config(Config& out, std::string& error) {
   }
   if (const char* n = std::getenv("VLAKE_SIM_NODE"); n != nullptr) c.node = n;
   const bool node_ok =
-      !c.node.empty() && c.node.size() <= 100 &&
-      std::all_of(c.node.begin(), c.node.end(), [](char ch) {
-        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-               ch == '.' || ch == '_' || ch == '-';
+      !c.node.empty() && c.node.size() <= 100 && std::all_of(c.node.begin(), c.node.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+               ch == '_' || ch == '-';
       });
   if (!node_ok) {
     error = "VLAKE_SIM_NODE='" + c.node + "' is not a node name (1..100 of [A-Za-z0-9._-])";
@@ -456,8 +449,7 @@ std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal) 
   return u;
 }
 
-NodeObserver::NodeObserver(std::string name)
-    : shm_name_("/vlake-sim-" + std::move(name)), self_(current_process()) {}
+NodeObserver::NodeObserver(std::string name) : shm_name_("/vlake-sim-" + std::move(name)), self_(current_process()) {}
 
 NodeObserver::~NodeObserver() { unmap(); }
 
@@ -493,8 +485,8 @@ bool NodeObserver::read(NodeSnapshot& out) {
   }
   ::close(fd);
   NodeState* s = state_;
-  if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != kMagic ||
-      s->layout_version != kLayoutVersion || s->state_size != sizeof(NodeState)) {
+  if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != kMagic || s->layout_version != kLayoutVersion ||
+      s->state_size != sizeof(NodeState)) {
     return false;
   }
   NodeSnapshot snap;
@@ -505,8 +497,7 @@ bool NodeObserver::read(NodeSnapshot& out) {
     snap.capacity = s->capacity;
     snap.in_use = s->nattached > 0 || s->record_hwm > 0;
     for (int d = 0; d < rules::kMaxDevices; ++d) snap.used[d] = s->used[d];
-    std::vector<std::map<std::int32_t, std::uint64_t>> charges(
-        static_cast<std::size_t>(snap.device_count));
+    std::vector<std::map<std::int32_t, std::uint64_t>> charges(static_cast<std::size_t>(snap.device_count));
     for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
       const Record& r = s->records[i];
       if (r.nholders == 0 || r.device < 0 || r.device >= snap.device_count) continue;

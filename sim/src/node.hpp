@@ -51,8 +51,8 @@ class Node {
  public:
   // Opens (creating if needed) the node `name`, checks or sets its parameters, and attaches
   // `self`. On failure prints one line to stderr and returns the CUresult for cuInit.
-  static CUresult attach(const std::string& name, int device_count, std::uint64_t capacity,
-                         const ProcessId& self, std::unique_ptr<Node>& out);
+  static CUresult attach(const std::string& name, int device_count, std::uint64_t capacity, const ProcessId& self,
+                         std::unique_ptr<Node>& out);
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -78,8 +78,8 @@ class Node {
   std::uint64_t capacity() const { return capacity_; }
 
  private:
-  Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self,
-       std::string shm_name, std::uint64_t dev, std::uint64_t ino);
+  Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self, std::string shm_name,
+       std::uint64_t dev, std::uint64_t ino);
   NodeState* state_;
   int device_count_;
   std::uint64_t capacity_;
@@ -91,10 +91,10 @@ class Node {
 
 // The simulated machine as this process's environment describes it.
 struct Config {
-  std::string node = "default";                    // VLAKE_SIM_NODE
-  int device_count = 1;                             // VLAKE_SIM_DEVICE_COUNT
+  std::string node = "default";                      // VLAKE_SIM_NODE
+  int device_count = 1;                              // VLAKE_SIM_DEVICE_COUNT
   std::uint64_t capacity = std::uint64_t{16} << 30;  // VLAKE_SIM_DEVICE_MEMORY
-  std::uint64_t context_memory = 0;                 // VLAKE_SIM_CONTEXT_MEMORY
+  std::uint64_t context_memory = 0;                  // VLAKE_SIM_CONTEXT_MEMORY
 };
 // Reads the VLAKE_SIM_* variables. On a bad value returns false and sets `error` to one line
 // naming the variable (the callers print it with their own prefix).

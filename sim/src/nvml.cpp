@@ -49,8 +49,8 @@ struct State {
 std::mutex g_mu;
 int g_refs = 0;
 State* g_state = nullptr;  // non-null iff g_refs > 0
-nvmlDevice_st g_devices[rules::kMaxDevices] = {{0},  {1},  {2},  {3},  {4},  {5},  {6},  {7},
-                                               {8},  {9},  {10}, {11}, {12}, {13}, {14}, {15}};
+nvmlDevice_st g_devices[rules::kMaxDevices] = {{0}, {1}, {2},  {3},  {4},  {5},  {6},  {7},
+                                               {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}};
 
 template <class F>
 nvmlReturn_t guarded(F&& f) noexcept {
@@ -182,8 +182,7 @@ VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* deviceCount) {
   });
 }
 
-VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
-                                                          nvmlDevice_t* device) {
+VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
   return guarded([&]() -> nvmlReturn_t {
     if (g_refs == 0) return NVML_ERROR_UNINITIALIZED;
     if (device == nullptr || index >= static_cast<unsigned>(g_state->device_count)) {
@@ -208,8 +207,7 @@ VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevi
   });
 }
 
-VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid,
-                                              unsigned int length) {
+VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
   return guarded([&]() -> nvmlReturn_t {
     if (g_refs == 0) return NVML_ERROR_UNINITIALIZED;
     const int d = device_of(device);
@@ -228,8 +226,7 @@ VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int
   });
 }
 
-VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name,
-                                              unsigned int length) {
+VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
   return guarded([&]() -> nvmlReturn_t {
     if (g_refs == 0) return NVML_ERROR_UNINITIALIZED;
     if (device_of(device) < 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -252,8 +249,7 @@ VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMem
   });
 }
 
-VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
-                                                       nvmlMemory_v2_t* memory) {
+VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
   return guarded([&]() -> nvmlReturn_t {
     if (g_refs == 0) return NVML_ERROR_UNINITIALIZED;
     const int d = device_of(device);
@@ -270,8 +266,7 @@ VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
   });
 }
 
-VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                                    unsigned int* infoCount,
+VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
                                                                     nvmlProcessInfo_t* infos) {
   return guarded([&]() -> nvmlReturn_t {
     if (g_refs == 0) return NVML_ERROR_UNINITIALIZED;
@@ -304,14 +299,12 @@ static_assert(std::is_same_v<decltype(&nvmlShutdown), PFN_nvmlShutdown>);
 static_assert(std::is_same_v<decltype(&nvmlErrorString), PFN_nvmlErrorString>);
 static_assert(std::is_same_v<decltype(&nvmlSystemGetDriverVersion), PFN_nvmlSystemGetDriverVersion>);
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetCount_v2), PFN_nvmlDeviceGetCount_v2>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetHandleByIndex_v2),
-                             PFN_nvmlDeviceGetHandleByIndex_v2>);
+static_assert(std::is_same_v<decltype(&nvmlDeviceGetHandleByIndex_v2), PFN_nvmlDeviceGetHandleByIndex_v2>);
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetHandleByUUID), PFN_nvmlDeviceGetHandleByUUID>);
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetUUID), PFN_nvmlDeviceGetUUID>);
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetIndex), PFN_nvmlDeviceGetIndex>);
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetName), PFN_nvmlDeviceGetName>);
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo), PFN_nvmlDeviceGetMemoryInfo>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo_v2),
-                             PFN_nvmlDeviceGetMemoryInfo_v2>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetComputeRunningProcesses_v3),
-                             PFN_nvmlDeviceGetComputeRunningProcesses_v3>);
+static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo_v2), PFN_nvmlDeviceGetMemoryInfo_v2>);
+static_assert(
+    std::is_same_v<decltype(&nvmlDeviceGetComputeRunningProcesses_v3), PFN_nvmlDeviceGetComputeRunningProcesses_v3>);

@@ -31,8 +31,8 @@
 // The driver's opaque handle types, defined by the simulator (cuda.h only declares them).
 struct CUctx_st {
   int device = 0;
-  std::atomic<int> retains{0};                    // primary-context retain count
-  std::atomic<CUresult> sticky{CUDA_SUCCESS};     // sticky error (illegal access)
+  std::atomic<int> retains{0};                 // primary-context retain count
+  std::atomic<CUresult> sticky{CUDA_SUCCESS};  // sticky error (illegal access)
 };
 
 struct CUstream_st {
@@ -84,14 +84,14 @@ struct Phys {
 };
 
 struct Mapping {
-  std::size_t size = 0;          // mapped bytes (the handle size; rounded size for cuMemAlloc)
-  std::size_t visible = 0;       // bytes a caller may touch (== size, or cuMemAlloc's request)
+  std::size_t size = 0;     // mapped bytes (the handle size; rounded size for cuMemAlloc)
+  std::size_t visible = 0;  // bytes a caller may touch (== size, or cuMemAlloc's request)
   Phys* phys = nullptr;
-  bool classic = false;          // cuMemAlloc-like memory: cuMemAlloc, pitch, managed, async
-  bool managed = false;          // cuMemAllocManaged
-  bool async = false;            // cuMemAllocAsync: owned by the device's pool, not the context
-  CUctx_st* ctx = nullptr;       // owning (for async: allocating) context of classic memory
-  std::uint64_t buffer_id = 0;   // CU_POINTER_ATTRIBUTE_BUFFER_ID
+  bool classic = false;                           // cuMemAlloc-like memory: cuMemAlloc, pitch, managed, async
+  bool managed = false;                           // cuMemAllocManaged
+  bool async = false;                             // cuMemAllocAsync: owned by the device's pool, not the context
+  CUctx_st* ctx = nullptr;                        // owning (for async: allocating) context of classic memory
+  std::uint64_t buffer_id = 0;                    // CU_POINTER_ATTRIBUTE_BUFFER_ID
   unsigned char access[rules::kMaxDevices] = {};  // CUmemAccess_flags per device
 };
 
@@ -106,9 +106,9 @@ struct Process {
   CUmemPoolHandle_st pools[rules::kMaxDevices];
 
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::unique_ptr<Phys>> phys;  // (dev, ino)
-  std::unordered_map<CUmemGenericAllocationHandle, Phys*> handles;  // handle_refs > 0 only
-  std::map<std::uintptr_t, std::size_t> reservations;               // base -> size
-  std::map<std::uintptr_t, Mapping> mappings;                       // base -> mapping
+  std::unordered_map<CUmemGenericAllocationHandle, Phys*> handles;                // handle_refs > 0 only
+  std::map<std::uintptr_t, std::size_t> reservations;                             // base -> size
+  std::map<std::uintptr_t, Mapping> mappings;                                     // base -> mapping
   std::unordered_set<CUstream_st*> streams;
   std::unordered_set<CUevent_st*> events;
   std::unordered_set<CUmod_st*> modules;

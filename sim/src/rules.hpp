@@ -12,9 +12,9 @@
 namespace vlake::sim::rules {
 
 // ---- Facts of the simulated device --------------------------------------------------------
-inline constexpr int kDriverVersion = 13000;            // cuDriverGetVersion
-inline constexpr std::size_t kGranularity = 2u << 20;   // 2 MiB, MINIMUM and RECOMMENDED (measured)
-inline constexpr int kMaxDevices = 16;                  // VLAKE_SIM_DEVICE_COUNT upper bound
+inline constexpr int kDriverVersion = 13000;                       // cuDriverGetVersion
+inline constexpr std::size_t kGranularity = 2u << 20;              // 2 MiB, MINIMUM and RECOMMENDED (measured)
+inline constexpr int kMaxDevices = 16;                             // VLAKE_SIM_DEVICE_COUNT upper bound
 inline constexpr const char* kDeviceName = "vlake simulated GPU";  // also nvmlDeviceGetName
 // nvmlSystemGetDriverVersion: the driver the measurements were taken with.
 inline constexpr const char* kNvmlDriverVersion = "580.159.04";

@@ -9,8 +9,8 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 
@@ -36,14 +36,15 @@ int main() {
     std::printf("no libcuda: %s\n", ::dlerror());
     return 1;
   }
-  const char* names[] = {
-      "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync", "cuMemFreeAsync_ptsz",
-      "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemcpyHtoD_v2_ptds", "cuMemcpyDtoH_v2_ptds",
-      "cuMemcpyDtoD_v2_ptds", "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2_ptsz",
-      "cuMemcpyDtoDAsync_v2_ptsz", "cuMemsetD8_v2_ptds", "cuMemsetD32_v2_ptds",
-      "cuMemsetD8Async_ptsz", "cuMemsetD32Async_ptsz", "cuStreamSynchronize_ptsz",
-      "cuStreamQuery_ptsz", "cuStreamWaitEvent_ptsz", "cuEventRecord_ptsz", "cuLaunchKernel_ptsz",
-      "cuStreamDestroy_v2_ptsz", "cuStreamCreate_ptsz", "cuMemAlloc_v2_ptds", "cuMemGetInfo_v2_ptds"};
+  const char* names[] = {"cuMemAllocAsync",           "cuMemAllocAsync_ptsz",      "cuMemFreeAsync",
+                         "cuMemFreeAsync_ptsz",       "cuMemAllocPitch_v2",        "cuMemAllocManaged",
+                         "cuMemcpyHtoD_v2_ptds",      "cuMemcpyDtoH_v2_ptds",      "cuMemcpyDtoD_v2_ptds",
+                         "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2_ptsz", "cuMemcpyDtoDAsync_v2_ptsz",
+                         "cuMemsetD8_v2_ptds",        "cuMemsetD32_v2_ptds",       "cuMemsetD8Async_ptsz",
+                         "cuMemsetD32Async_ptsz",     "cuStreamSynchronize_ptsz",  "cuStreamQuery_ptsz",
+                         "cuStreamWaitEvent_ptsz",    "cuEventRecord_ptsz",        "cuLaunchKernel_ptsz",
+                         "cuStreamDestroy_v2_ptsz",   "cuStreamCreate_ptsz",       "cuMemAlloc_v2_ptds",
+                         "cuMemGetInfo_v2_ptds"};
   for (const char* n : names) std::printf("sym.%s=%d\n", n, ::dlsym(cu, n) != nullptr ? 1 : 0);
 
   CU(cuInit);
@@ -133,13 +134,34 @@ int main() {
       void* hp = nullptr;
       CUcontext c = nullptr;
       size_t rs = 0;
-      { const auto rc_ = p_cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p); std::printf("managed.memtype rc=%d v=%u\n", rc_, mt); }
-      { const auto rc_ = p_cuPointerGetAttribute(&im, CU_POINTER_ATTRIBUTE_IS_MANAGED, p); std::printf("managed.is_managed rc=%d v=%d\n", rc_, im); }
-      { const auto rc_ = p_cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p); std::printf("managed.ordinal rc=%d v=%d\n", rc_, ord); }
-      { const auto rc_ = p_cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p); std::printf("managed.ipc rc=%d v=%d\n", rc_, ipc); }
-      { const auto rc_ = p_cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, p); std::printf("managed.hostptr rc=%d same=%d\n", rc_, static_cast<int>(reinterpret_cast<CUdeviceptr>(hp) == p)); }
-      { const auto rc_ = p_cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, p); std::printf("managed.ctx rc=%d same=%d\n", rc_, static_cast<int>(c == ctx)); }
-      { const auto rc_ = p_cuPointerGetAttribute(&rs, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p); std::printf("managed.rangesize rc=%d v=%zu\n", rc_, rs); }
+      {
+        const auto rc_ = p_cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+        std::printf("managed.memtype rc=%d v=%u\n", rc_, mt);
+      }
+      {
+        const auto rc_ = p_cuPointerGetAttribute(&im, CU_POINTER_ATTRIBUTE_IS_MANAGED, p);
+        std::printf("managed.is_managed rc=%d v=%d\n", rc_, im);
+      }
+      {
+        const auto rc_ = p_cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
+        std::printf("managed.ordinal rc=%d v=%d\n", rc_, ord);
+      }
+      {
+        const auto rc_ = p_cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
+        std::printf("managed.ipc rc=%d v=%d\n", rc_, ipc);
+      }
+      {
+        const auto rc_ = p_cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, p);
+        std::printf("managed.hostptr rc=%d same=%d\n", rc_, static_cast<int>(reinterpret_cast<CUdeviceptr>(hp) == p));
+      }
+      {
+        const auto rc_ = p_cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, p);
+        std::printf("managed.ctx rc=%d same=%d\n", rc_, static_cast<int>(c == ctx));
+      }
+      {
+        const auto rc_ = p_cuPointerGetAttribute(&rs, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+        std::printf("managed.rangesize rc=%d v=%zu\n", rc_, rs);
+      }
       std::printf("managed.free rc=%d\n", p_cuMemFree_v2(p));
       std::printf("managed delta_freed=%lld\n", used() - u0);
     }
@@ -161,17 +183,35 @@ int main() {
     int ipc = -1;
     CUdeviceptr base = 0;
     size_t sz = 0;
-    { const auto rc_ = p_cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p); std::printf("async.pool rc=%d nonnull=%d\n", rc_, static_cast<int>(pool != nullptr)); }
-    { const auto rc_ = p_cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p); std::printf("async.ipc rc=%d v=%d\n", rc_, ipc); }
-    { const auto rc_ = p_cuMemGetAddressRange_v2(&base, &sz, p); std::printf("async.range rc=%d size=%zu\n", rc_, sz); }
+    {
+      const auto rc_ = p_cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p);
+      std::printf("async.pool rc=%d nonnull=%d\n", rc_, static_cast<int>(pool != nullptr));
+    }
+    {
+      const auto rc_ = p_cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
+      std::printf("async.ipc rc=%d v=%d\n", rc_, ipc);
+    }
+    {
+      const auto rc_ = p_cuMemGetAddressRange_v2(&base, &sz, p);
+      std::printf("async.range rc=%d size=%zu\n", rc_, sz);
+    }
     std::printf("async.free rc=%d\n", p_cuMemFreeAsync(p, nullptr));
-    { const auto rc_ = p_cuStreamSynchronize(nullptr); std::printf("async.sync rc=%d delta_after_free=%lld\n", rc_, used() - u0); }
+    {
+      const auto rc_ = p_cuStreamSynchronize(nullptr);
+      std::printf("async.sync rc=%d delta_after_free=%lld\n", rc_, used() - u0);
+    }
     rc = p_cuMemAllocAsync(&p, 1000, nullptr);
     std::printf("async.small rc=%d\n", rc);
     std::printf("async.small.memfree rc=%d\n", p_cuMemFree_v2(p));
     p = 0x77;
-    { const auto rc_ = p_cuMemAllocAsync(&p, 0, nullptr); std::printf("async.size0 rc=%d p=%llx\n", rc_, static_cast<unsigned long long>(p)); }
-    { const auto rc_ = p_cuMemAlloc_v2(&p, 0); std::printf("alloc.size0 rc=%d\n", rc_); }
+    {
+      const auto rc_ = p_cuMemAllocAsync(&p, 0, nullptr);
+      std::printf("async.size0 rc=%d p=%llx\n", rc_, static_cast<unsigned long long>(p));
+    }
+    {
+      const auto rc_ = p_cuMemAlloc_v2(&p, 0);
+      std::printf("alloc.size0 rc=%d\n", rc_);
+    }
     CUdeviceptr q = 0;
     p_cuMemAlloc_v2(&q, 1 << 20);
     std::printf("async.free_classic rc=%d\n", p_cuMemFreeAsync(q, nullptr));
@@ -211,8 +251,8 @@ int main() {
         const CUresult rc = p_cuGetProcAddress_v2(r.n, &fn, r.v, fl, &st);
         std::printf("proc %s@%d flags=%llu rc=%d st=%d plain=%d pt=%d null=%d\n", r.n, r.v,
                     static_cast<unsigned long long>(fl), rc, static_cast<int>(st),
-                    static_cast<int>(fn == ::dlsym(cu, r.plain)),
-                    static_cast<int>(fn == ::dlsym(cu, r.pt)), static_cast<int>(fn == nullptr));
+                    static_cast<int>(fn == ::dlsym(cu, r.plain)), static_cast<int>(fn == ::dlsym(cu, r.pt)),
+                    static_cast<int>(fn == nullptr));
       }
     }
     void* fn = &fn;
@@ -260,7 +300,10 @@ int main() {
     std::printf("nvml.err %d='%s'\n", c, err(c));
   }
   unsigned n = 77;
-  { const auto rc_ = count(&n); std::printf("nvml.preinit count rc=%d n=%u\n", rc_, n); }
+  {
+    const auto rc_ = count(&n);
+    std::printf("nvml.preinit count rc=%d n=%u\n", rc_, n);
+  }
   std::printf("nvml.preinit shutdown rc=%d\n", shut());
   char buf[128];
   std::printf("nvml.preinit drv rc=%d\n", drv(buf, sizeof buf));
@@ -269,17 +312,26 @@ int main() {
   std::printf("nvml.initflags99 rc=%d\n", initf(99));
   std::printf("nvml.shutdown1 rc=%d\n", shut());
   std::printf("nvml.after1shutdown count rc=%d\n", count(&n));
-  { const auto rc_ = count(&n); std::printf("nvml.count rc=%d n=%u\n", rc_, n); }
+  {
+    const auto rc_ = count(&n);
+    std::printf("nvml.count rc=%d n=%u\n", rc_, n);
+  }
   std::printf("nvml.count null rc=%d\n", count(nullptr));
   std::memset(buf, 0, sizeof buf);
-  { const auto rc_ = drv(buf, sizeof buf); std::printf("nvml.drv rc=%d '%s'\n", rc_, buf); }
+  {
+    const auto rc_ = drv(buf, sizeof buf);
+    std::printf("nvml.drv rc=%d '%s'\n", rc_, buf);
+  }
   std::printf("nvml.drv len5 rc=%d\n", drv(buf, 5));
   nvmlDevice_t d = nullptr, d2 = nullptr;
   std::printf("nvml.byidx rc=%d\n", byidx(0, &d));
   std::printf("nvml.byidx99 rc=%d\n", byidx(99, &d2));
   std::printf("nvml.byidx null rc=%d\n", byidx(0, nullptr));
   char u[96] = {};
-  { const auto rc_ = uuid(d, u, sizeof u); std::printf("nvml.uuid rc=%d '%s'\n", rc_, u); }
+  {
+    const auto rc_ = uuid(d, u, sizeof u);
+    std::printf("nvml.uuid rc=%d '%s'\n", rc_, u);
+  }
   std::printf("nvml.uuid len10 rc=%d\n", uuid(d, buf, 10));
   std::printf("nvml.uuid len41 rc=%d\n", uuid(d, buf, 41));
   std::printf("nvml.uuid nulldev rc=%d\n", uuid(nullptr, buf, sizeof buf));
@@ -288,12 +340,21 @@ int main() {
   std::printf("cu.uuid=");
   for (char b : cu_u.bytes) std::printf("%02x", static_cast<unsigned>(static_cast<unsigned char>(b)));
   std::printf("\n");
-  { const auto rc_ = byuuid(u, &d2); std::printf("nvml.byuuid rc=%d same=%d\n", rc_, d2 == d); }
+  {
+    const auto rc_ = byuuid(u, &d2);
+    std::printf("nvml.byuuid rc=%d same=%d\n", rc_, d2 == d);
+  }
   std::printf("nvml.byuuid bad rc=%d\n", byuuid("GPU-00000000-0000-0000-0000-000000000000", &d2));
   std::printf("nvml.byuuid junk rc=%d\n", byuuid("junk", &d2));
   unsigned ix = 99;
-  { const auto rc_ = index(d, &ix); std::printf("nvml.index rc=%d v=%u\n", rc_, ix); }
-  { const auto rc_ = name(d, buf, sizeof buf); std::printf("nvml.name rc=%d '%s'\n", rc_, buf); }
+  {
+    const auto rc_ = index(d, &ix);
+    std::printf("nvml.index rc=%d v=%u\n", rc_, ix);
+  }
+  {
+    const auto rc_ = name(d, buf, sizeof buf);
+    std::printf("nvml.name rc=%d '%s'\n", rc_, buf);
+  }
   std::printf("nvml.name len4 rc=%d\n", name(d, buf, 4));
   nvmlMemory_t m{};
   nvmlMemory_v2_t m2{};
@@ -307,9 +368,16 @@ int main() {
   std::printf("nvml.name len21 rc=%d\n", name(d, buf, 21));
   std::printf("nvml.index null rc=%d\n", index(d, nullptr));
   std::printf("nvml.mem nulldev rc=%d\n", mem(nullptr, &m));
-  { const auto rc_ = mem(d, &m); std::printf("nvml.mem rc=%d total=%llu free=%llu used=%llu\n", rc_, m.total, m.free, m.used); }
+  {
+    const auto rc_ = mem(d, &m);
+    std::printf("nvml.mem rc=%d total=%llu free=%llu used=%llu\n", rc_, m.total, m.free, m.used);
+  }
   m2.version = VLAKE_NVML_MEMORY_V2;
-  { const auto rc_ = mem2(d, &m2); std::printf("nvml.mem2 rc=%d total=%llu reserved=%llu free=%llu used=%llu\n", rc_, m2.total, m2.reserved, m2.free, m2.used); }
+  {
+    const auto rc_ = mem2(d, &m2);
+    std::printf("nvml.mem2 rc=%d total=%llu reserved=%llu free=%llu used=%llu\n", rc_, m2.total, m2.reserved, m2.free,
+                m2.used);
+  }
   m2.version = 0;
   std::printf("nvml.mem2 v0 rc=%d\n", mem2(d, &m2));
   m2.version = static_cast<unsigned>(sizeof(nvmlMemory_v2_t) | (1u << 24));
@@ -317,17 +385,26 @@ int main() {
   std::printf("nvml.mem null rc=%d\n", mem(d, nullptr));
   std::printf("cu.used=%lld\n", used());
   unsigned pc = 0;
-  { const auto rc_ = procs(d, &pc, nullptr); std::printf("nvml.procs count0 rc=%d n=%u\n", rc_, pc); }
+  {
+    const auto rc_ = procs(d, &pc, nullptr);
+    std::printf("nvml.procs count0 rc=%d n=%u\n", rc_, pc);
+  }
   nvmlProcessInfo_t infos[16];
   pc = 16;
-  { const auto rc_ = procs(d, &pc, infos); std::printf("nvml.procs rc=%d n=%u\n", rc_, pc); }
+  {
+    const auto rc_ = procs(d, &pc, infos);
+    std::printf("nvml.procs rc=%d n=%u\n", rc_, pc);
+  }
   for (unsigned i = 0; i < pc && i < 16; ++i) {
     std::printf("nvml.proc pid=%u self=%d used=%llu gi=%u ci=%u\n", infos[i].pid,
-                static_cast<int>(infos[i].pid == static_cast<unsigned>(::getpid())),
-                infos[i].usedGpuMemory, infos[i].gpuInstanceId, infos[i].computeInstanceId);
+                static_cast<int>(infos[i].pid == static_cast<unsigned>(::getpid())), infos[i].usedGpuMemory,
+                infos[i].gpuInstanceId, infos[i].computeInstanceId);
   }
   pc = 1;
-  { const auto rc_ = procs(d, &pc, nullptr); std::printf("nvml.procs n1 null rc=%d n=%u\n", rc_, pc); }
+  {
+    const auto rc_ = procs(d, &pc, nullptr);
+    std::printf("nvml.procs n1 null rc=%d n=%u\n", rc_, pc);
+  }
   std::printf("nvml.procs nullcount rc=%d\n", procs(d, nullptr, infos));
   std::printf("nvml.shutdown2 rc=%d\n", shut());
   std::printf("nvml.after2shutdown count rc=%d\n", count(&n));
@@ -335,7 +412,10 @@ int main() {
   std::printf("nvml.after3shutdown count rc=%d\n", count(&n));
   std::printf("nvml.shutdown4 rc=%d\n", shut());
   std::printf("nvml.reinit rc=%d\n", init());
-  { const auto rc_ = count(&n); std::printf("nvml.reinit count rc=%d n=%u\n", rc_, n); }
+  {
+    const auto rc_ = count(&n);
+    std::printf("nvml.reinit count rc=%d n=%u\n", rc_, n);
+  }
   std::printf("nvml.errnull='%s'\n", err(NVML_SUCCESS));
   return 0;
 }

@@ -19,11 +19,17 @@
 
 namespace {
 
-constexpr const char* kEntries[] = {
-    "cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap",   "cuMemSetAccess",
-    "cuMemUnmap",                     "cuMemRelease",        "cuMemAddressFree",
-    "cuMemCreate",                    "cuMemExportToShareableHandle",
-    "cuMemAlloc_v2",                  "cuMemFree_v2"};
+constexpr const char* kEntries[] = {"cuMemImportFromShareableHandle",
+                                    "cuMemAddressReserve",
+                                    "cuMemMap",
+                                    "cuMemSetAccess",
+                                    "cuMemUnmap",
+                                    "cuMemRelease",
+                                    "cuMemAddressFree",
+                                    "cuMemCreate",
+                                    "cuMemExportToShareableHandle",
+                                    "cuMemAlloc_v2",
+                                    "cuMemFree_v2"};
 
 int run() {
   using vlake::bench::CudaApi;

@@ -113,7 +113,7 @@ TEST_CASE("the committed traces are well-formed, small and balanced", "[bench]")
   for (const std::string name : {"train_ckpt", "lora", "infer_kv"}) {
     INFO(name);
     const std::string path = std::string(VLAKE_TRACE_DIR) + "/" + name + ".trace";
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::stat(path.c_str(), &st) == 0);
     CHECK(st.st_size < 2'000'000);
     const auto ev = read_trace(path);

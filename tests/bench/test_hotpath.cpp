@@ -31,9 +31,7 @@ namespace {
 constexpr std::uint64_t kPairs = 20;
 const std::vector<std::string> kSizes = {"2MiB", "20MiB", "256MiB"};
 
-std::string limits_yaml(const std::string& limit) {
-  return "version: 1\ndefault:\n  limit: " + limit + "\n";
-}
+std::string limits_yaml(const std::string& limit) { return "version: 1\ndefault:\n  limit: " + limit + "\n"; }
 
 std::string sim_dir() {
   std::string p = VLAKE_SIM_LIB;
@@ -56,8 +54,7 @@ class Tenant {
         asan_options = kv.substr(13) + ":";
         continue;
       }
-      if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("LD_LIBRARY_PATH=", 0) == 0 ||
-          kv.rfind("VLAKE_", 0) == 0) {
+      if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("LD_LIBRARY_PATH=", 0) == 0 || kv.rfind("VLAKE_", 0) == 0) {
         continue;
       }
       env.push_back(kv);

@@ -66,8 +66,8 @@ TEST_CASE("log: the default tag is the program's name and pid", "[common][log]")
   REQUIRE(::pipe(fds) == 0);
   const Logger log(LogLevel::info, fds[1]);
   log.warn("hello");
-  CHECK(drain(fds) == std::string(program_invocation_short_name) + "[" + std::to_string(::getpid()) +
-                          "]: warn: hello\n");
+  CHECK(drain(fds) ==
+        std::string(program_invocation_short_name) + "[" + std::to_string(::getpid()) + "]: warn: hello\n");
 }
 
 TEST_CASE("log: format_log_line truncates the message, never the newline", "[common][log]") {

@@ -49,23 +49,21 @@ TEST_CASE("size: the Kubernetes spellings Ki, Mi, Gi, Ti mean the same bytes", "
 TEST_CASE("size: spaces around the number and the unit are ignored", "[common][size]") {
   CHECK(vlake::parse_size(" 8 GiB ") == Bytes{8ull << 30});
   CHECK(vlake::parse_size("\t512MiB\n") == Bytes{512ull << 20});
-  CHECK(error_of("8 G iB") == "\"8 G iB\": unexpected \"G iB\" after the number; use B, KiB, MiB, GiB or TiB "
-                              "(or Ki, Mi, Gi, Ti)");
+  CHECK(error_of("8 G iB") ==
+        "\"8 G iB\": unexpected \"G iB\" after the number; use B, KiB, MiB, GiB or TiB "
+        "(or Ki, Mi, Gi, Ti)");
 }
 
 TEST_CASE("size: decimal and single-letter units are refused with what to write", "[common][size]") {
   CHECK(error_of("1GB") == "\"1GB\": decimal units are ambiguous; write 1GiB (1073741824 bytes) or a byte count");
   CHECK(error_of("8GB") == "\"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count");
-  CHECK(error_of("500MB") ==
-        "\"500MB\": decimal units are ambiguous; write 500MiB (524288000 bytes) or a byte count");
+  CHECK(error_of("500MB") == "\"500MB\": decimal units are ambiguous; write 500MiB (524288000 bytes) or a byte count");
   CHECK(error_of("4kB") == "\"4kB\": decimal units are ambiguous; write 4KiB (4096 bytes) or a byte count");
-  CHECK(error_of("2TB") ==
-        "\"2TB\": decimal units are ambiguous; write 2TiB (2199023255552 bytes) or a byte count");
+  CHECK(error_of("2TB") == "\"2TB\": decimal units are ambiguous; write 2TiB (2199023255552 bytes) or a byte count");
   CHECK(error_of("1.5GB") ==
         "\"1.5GB\": decimal units are ambiguous; write 1536MiB (1610612736 bytes) or a byte count");
   CHECK(error_of("2G") == "\"2G\": single-letter units are ambiguous; write 2GiB (2147483648 bytes) or a byte count");
-  CHECK(error_of("20M") ==
-        "\"20M\": single-letter units are ambiguous; write 20MiB (20971520 bytes) or a byte count");
+  CHECK(error_of("20M") == "\"20M\": single-letter units are ambiguous; write 20MiB (20971520 bytes) or a byte count");
   CHECK(error_of("512K") == "\"512K\": single-letter units are ambiguous; write 512KiB (524288 bytes) or a byte count");
   CHECK(error_of("1T") ==
         "\"1T\": single-letter units are ambiguous; write 1TiB (1099511627776 bytes) or a byte count");
@@ -73,8 +71,9 @@ TEST_CASE("size: decimal and single-letter units are refused with what to write"
     INFO(t);
     CHECK_THAT(error_of(t), Catch::Contains("units are ambiguous; write 1"));
   }
-  CHECK(error_of("99999999999GB") == "\"99999999999GB\": decimal units are ambiguous; write a whole number of KiB, MiB, "
-                                  "GiB or TiB, or a byte count");
+  CHECK(error_of("99999999999GB") ==
+        "\"99999999999GB\": decimal units are ambiguous; write a whole number of KiB, MiB, "
+        "GiB or TiB, or a byte count");
 }
 
 TEST_CASE("size: fractions, signs, junk and overflow are refused clearly", "[common][size]") {
@@ -96,8 +95,9 @@ TEST_CASE("size: fractions, signs, junk and overflow are refused clearly", "[com
   CHECK(error_of("0x100000") ==
         "\"0x100000\": unexpected \"x100000\" after the number; use B, KiB, MiB, GiB or TiB (or Ki, Mi, Gi, Ti)");
   CHECK(error_of("1b") == "\"1b\": unknown unit \"b\" (units are case-sensitive: write B)");
-  CHECK(error_of("1e9") == "\"1e9\": unexpected \"e9\" after the number; use B, KiB, MiB, GiB or TiB (or Ki, Mi, "
-                           "Gi, Ti)");
+  CHECK(error_of("1e9") ==
+        "\"1e9\": unexpected \"e9\" after the number; use B, KiB, MiB, GiB or TiB (or Ki, Mi, "
+        "Gi, Ti)");
   CHECK(error_of("50%") == "\"50%\": a percentage is not allowed here; write a size such as 8GiB");
   const std::string too_large = "too large (at most 18446744073709551615 bytes)";
   CHECK(error_of("18446744073709551616") == "\"18446744073709551616\": " + too_large);
@@ -108,10 +108,8 @@ TEST_CASE("size: fractions, signs, junk and overflow are refused clearly", "[com
 
 TEST_CASE("size: bounds", "[common][size]") {
   CHECK(vlake::parse_size("2MiB", Bytes{2ull << 20}, Bytes{1ull << 40}) == Bytes{2ull << 20});
-  CHECK_THROWS_WITH(vlake::parse_size("1MiB", Bytes{2ull << 20}, Bytes{1ull << 40}),
-                    "\"1MiB\": must be at least 2MiB");
-  CHECK_THROWS_WITH(vlake::parse_size("2TiB", Bytes{2ull << 20}, Bytes{1ull << 40}),
-                    "\"2TiB\": must be at most 1TiB");
+  CHECK_THROWS_WITH(vlake::parse_size("1MiB", Bytes{2ull << 20}, Bytes{1ull << 40}), "\"1MiB\": must be at least 2MiB");
+  CHECK_THROWS_WITH(vlake::parse_size("2TiB", Bytes{2ull << 20}, Bytes{1ull << 40}), "\"2TiB\": must be at most 1TiB");
   CHECK_THROWS_WITH(vlake::parse_size("0", Bytes{1}, Bytes{~0ull}), "\"0\": must be greater than zero");
   CHECK_THROWS_AS(vlake::parse_size("1GB", Bytes{1}, Bytes{~0ull}), SizeError);
   CHECK_THROWS_AS(vlake::parse_size("1GB"), std::invalid_argument);  // SizeError is one

@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
-#include <string>
 #include <initializer_list>
+#include <string>
 
 #include "config.hpp"  // hook/src
 #include "vlake/pool/options.hpp"
@@ -39,8 +39,7 @@ vlake::quota::QuotaConfig yaml_with_limit(const std::string& value) {
 
 }  // namespace
 
-TEST_CASE("sizes: 1GiB is 1073741824 bytes in the environment, on the command line and in YAML",
-          "[common][size]") {
+TEST_CASE("sizes: 1GiB is 1073741824 bytes in the environment, on the command line and in YAML", "[common][size]") {
   const vlake::hook::Config hook = hook_with_reserve(kOneGiB);
   CHECK(hook.problems.empty());
   CHECK(hook.reserve_bytes == kOneGiBBytes);

@@ -43,16 +43,16 @@ TEST_CASE("uuid: parse refuses junk", "[common][uuid]") {
            "",
            "GPU-",
            "GPU-0011",
-           "GPU-zz112233-4455-6677-8899-aabbccddeeff",       // not hex
-           "GPU-00112233-4455-6677-8899-aabbccddeef",        // one digit short
-           "GPU-00112233-4455-6677-8899-aabbccddeeff0",      // one digit long
-           "GPU-001122334-455-6677-8899-aabbccddeeff",       // a dash misplaced
-           "GPU-00112233445566778899aabbccddeeff",           // no dashes
-           "GPU-00112233_4455_6677_8899_aabbccddeeff",       // other separators
-           "gpu-00112233-4455-6677-8899-aabbccddeeff",       // prefix is case-sensitive
-           "MIG-00112233-4455-6677-8899-aabbccddeeff",       // a MIG instance, not a GPU
-           "GPU-GPU-00112233-4455-6677-8899-aabbccddeeff",   // prefix twice
-           " GPU-00112233-4455-6677-8899-aabbccddeeff",      // surrounding text
+           "GPU-zz112233-4455-6677-8899-aabbccddeeff",      // not hex
+           "GPU-00112233-4455-6677-8899-aabbccddeef",       // one digit short
+           "GPU-00112233-4455-6677-8899-aabbccddeeff0",     // one digit long
+           "GPU-001122334-455-6677-8899-aabbccddeeff",      // a dash misplaced
+           "GPU-00112233445566778899aabbccddeeff",          // no dashes
+           "GPU-00112233_4455_6677_8899_aabbccddeeff",      // other separators
+           "gpu-00112233-4455-6677-8899-aabbccddeeff",      // prefix is case-sensitive
+           "MIG-00112233-4455-6677-8899-aabbccddeeff",      // a MIG instance, not a GPU
+           "GPU-GPU-00112233-4455-6677-8899-aabbccddeeff",  // prefix twice
+           " GPU-00112233-4455-6677-8899-aabbccddeeff",     // surrounding text
            "GPU-00112233-4455-6677-8899-aabbccddeeff\n",
        }) {
     INFO(junk);

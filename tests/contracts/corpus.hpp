@@ -208,7 +208,7 @@ struct Rejection {
   std::vector<std::byte> bytes;  // the datagram
   std::size_t descriptors;       // attached to it
   proto::DecodeError::Kind kind;
-  std::string reason;            // exactly
+  std::string reason;  // exactly
 };
 
 namespace detail {
@@ -217,8 +217,9 @@ Rejection reject(std::string name, bool from_client, const std::function<void(T&
                  proto::DecodeError::Kind kind = proto::DecodeError::Kind::fields) {
   T m = sample<T>();
   spoil(m);
-  return Rejection{std::move(name), proto::MessageTraits<T>::type, from_client, wire(m),
-                   proto::descriptor_count(sample<T>()), kind, std::move(reason)};
+  return Rejection{std::move(name),  proto::MessageTraits<T>::type,        from_client,
+                   wire(m),          proto::descriptor_count(sample<T>()), kind,
+                   std::move(reason)};
 }
 template <std::size_t N>
 void fill(char (&s)[N]) {
@@ -235,78 +236,99 @@ inline std::vector<Rejection> field_rejections() {
   constexpr bool client = true;
   constexpr bool daemon = false;
   return {
-      reject<Hello>("Hello unknown flag", client, [](Hello& m) { m.flags |= 1u << 7; }, "Hello has unknown flags"),
-      reject<Hello>("Hello client not terminated", client, [](Hello& m) { fill(m.client); },
-                    "Hello client name not terminated"),
-      reject<HelloAck>("HelloAck device_count", daemon, [](HelloAck& m) { m.device_count = kMaxDevices + 1; },
-                       "HelloAck device_count 17 out of range"),
-      reject<HelloAck>("HelloAck guard_mode", daemon, [](HelloAck& m) { m.guard_mode = static_cast<GuardMode>(3); },
-                       "HelloAck guard_mode 3 out of range"),
-      reject<HelloAck>("HelloAck tenant not terminated", daemon, [](HelloAck& m) { fill(m.tenant_name); },
-                       "HelloAck tenant name not terminated"),
-      reject<GrantRequest>("GrantRequest reserved", client, [](GrantRequest& m) { m.reserved = 1; },
-                           "GrantRequest reserved field is not zero"),
-      reject<GrantRequest>("GrantRequest purpose 0", client,
-                           [](GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(0); },
-                           "GrantRequest purpose 0 out of range"),
-      reject<GrantRequest>("GrantRequest purpose 4", client,
-                           [](GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(4); },
-                           "GrantRequest purpose 4 out of range"),
-      reject<GrantRequest>("GrantRequest 0 bytes", client, [](GrantRequest& m) { m.bytes = 0; },
-                           "GrantRequest for 0 bytes"),
-      reject<GrantReply>("GrantReply handle_count", daemon,
-                         [](GrantReply& m) { m.handle_count = kMaxHandlesPerGrant + 1; },
-                         "GrantReply handle_count 33 out of range"),
-      reject<Release>("Release reserved", client, [](Release& m) { m.reserved = 1; },
-                      "Release reserved field is not zero"),
-      reject<Release>("Release unknown flag", client, [](Release& m) { m.flags = 2; }, "Release has unknown flags"),
-      reject<ReleaseAck>("ReleaseAck reserved", daemon, [](ReleaseAck& m) { m.reserved = 1; },
-                         "ReleaseAck reserved field is not zero"),
-      reject<UsageReply>("UsageReply reserved", daemon, [](UsageReply& m) { m.reserved = 1; },
-                         "UsageReply reserved field is not zero"),
-      reject<Error>("Error reserved", daemon, [](Error& m) { m.reserved = 1; }, "Error reserved field is not zero"),
-      reject<Error>("Error message not terminated", daemon, [](Error& m) { fill(m.message); },
-                    "Error message not terminated"),
-      reject<GuardEvent>("GuardEvent kind 0", client, [](GuardEvent& m) { m.kind = static_cast<GuardKind>(0); },
-                         "GuardEvent kind 0 out of range"),
-      reject<GuardEvent>("GuardEvent kind canary (the daemon's finding, never a client's)", client,
-                         [](GuardEvent& m) { m.kind = GuardKind::canary; }, "GuardEvent kind 2 out of range"),
-      reject<GuardEvent>("GuardEvent kind 4", client, [](GuardEvent& m) { m.kind = static_cast<GuardKind>(4); },
-                         "GuardEvent kind 4 out of range"),
-      reject<GuardEvent>("GuardEvent suspect_count", client,
-                         [](GuardEvent& m) { m.suspect_count = kMaxGuardSuspects + 1; },
-                         "GuardEvent suspect_count 9 out of range"),
-      reject<GuardEvent>("GuardEvent call not terminated", client, [](GuardEvent& m) { fill(m.call); },
-                         "GuardEvent call name not terminated"),
-      reject<Pressure>("Pressure reserved", daemon, [](Pressure& m) { m.reserved = 1; },
-                       "Pressure reserved field is not zero"),
-      reject<Pressure>("Pressure reason 0", daemon, [](Pressure& m) { m.reason = static_cast<PressureReason>(0); },
-                       "Pressure reason 0 out of range"),
-      reject<Pressure>("Pressure reason 3", daemon, [](Pressure& m) { m.reason = static_cast<PressureReason>(3); },
-                       "Pressure reason 3 out of range"),
-      reject<ReserveReport>("ReserveReport blocks > bytes", client,
-                            [](ReserveReport& m) { m.blocks = m.bytes + 1; },
-                            "ReserveReport has more blocks than bytes"),
-      reject<ShareRequest>("ShareRequest unknown flag", client, [](ShareRequest& m) { m.flags |= 1u << 5; },
-                           "ShareRequest has unknown flags"),
-      reject<ShareReply>("ShareReply piece_count", daemon,
-                         [](ShareReply& m) {
-                           m.piece_count = kMaxHandlesPerGrant + 1;
-                           m.total_pieces = 100;
-                         },
-                         "ShareReply piece_count 33 out of range"),
-      reject<ShareReply>("ShareReply first_piece beyond total", daemon, [](ShareReply& m) { m.first_piece = 5; },
-                         "ShareReply pieces beyond total_pieces"),
-      reject<ShareReply>("ShareReply batch beyond total", daemon, [](ShareReply& m) { m.total_pieces = 3; },
-                         "ShareReply pieces beyond total_pieces"),
-      reject<ShareReply>("ShareReply piece flag", daemon, [](ShareReply& m) { m.pieces[2].flags = 1u << 2; },
-                         "ShareReply piece 2 has unknown flags"),
-      reject<ShareCommit>("ShareCommit reserved", client, [](ShareCommit& m) { m.reserved = 1; },
-                          "ShareCommit reserved field is not zero"),
-      reject<ShareCommit>("ShareCommit commit 2", client, [](ShareCommit& m) { m.commit = 2; },
-                          "ShareCommit commit out of range"),
-      reject<ShareAck>("ShareAck reserved", daemon, [](ShareAck& m) { m.reserved = 1; },
-                       "ShareAck reserved field is not zero"),
+      reject<Hello>(
+          "Hello unknown flag", client, [](Hello& m) { m.flags |= 1u << 7; }, "Hello has unknown flags"),
+      reject<Hello>(
+          "Hello client not terminated", client, [](Hello& m) { fill(m.client); }, "Hello client name not terminated"),
+      reject<HelloAck>(
+          "HelloAck device_count", daemon, [](HelloAck& m) { m.device_count = kMaxDevices + 1; },
+          "HelloAck device_count 17 out of range"),
+      reject<HelloAck>(
+          "HelloAck guard_mode", daemon, [](HelloAck& m) { m.guard_mode = static_cast<GuardMode>(3); },
+          "HelloAck guard_mode 3 out of range"),
+      reject<HelloAck>(
+          "HelloAck tenant not terminated", daemon, [](HelloAck& m) { fill(m.tenant_name); },
+          "HelloAck tenant name not terminated"),
+      reject<GrantRequest>(
+          "GrantRequest reserved", client, [](GrantRequest& m) { m.reserved = 1; },
+          "GrantRequest reserved field is not zero"),
+      reject<GrantRequest>(
+          "GrantRequest purpose 0", client, [](GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(0); },
+          "GrantRequest purpose 0 out of range"),
+      reject<GrantRequest>(
+          "GrantRequest purpose 4", client, [](GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(4); },
+          "GrantRequest purpose 4 out of range"),
+      reject<GrantRequest>(
+          "GrantRequest 0 bytes", client, [](GrantRequest& m) { m.bytes = 0; }, "GrantRequest for 0 bytes"),
+      reject<GrantReply>(
+          "GrantReply handle_count", daemon, [](GrantReply& m) { m.handle_count = kMaxHandlesPerGrant + 1; },
+          "GrantReply handle_count 33 out of range"),
+      reject<Release>(
+          "Release reserved", client, [](Release& m) { m.reserved = 1; }, "Release reserved field is not zero"),
+      reject<Release>(
+          "Release unknown flag", client, [](Release& m) { m.flags = 2; }, "Release has unknown flags"),
+      reject<ReleaseAck>(
+          "ReleaseAck reserved", daemon, [](ReleaseAck& m) { m.reserved = 1; },
+          "ReleaseAck reserved field is not zero"),
+      reject<UsageReply>(
+          "UsageReply reserved", daemon, [](UsageReply& m) { m.reserved = 1; },
+          "UsageReply reserved field is not zero"),
+      reject<Error>(
+          "Error reserved", daemon, [](Error& m) { m.reserved = 1; }, "Error reserved field is not zero"),
+      reject<Error>(
+          "Error message not terminated", daemon, [](Error& m) { fill(m.message); }, "Error message not terminated"),
+      reject<GuardEvent>(
+          "GuardEvent kind 0", client, [](GuardEvent& m) { m.kind = static_cast<GuardKind>(0); },
+          "GuardEvent kind 0 out of range"),
+      reject<GuardEvent>(
+          "GuardEvent kind canary (the daemon's finding, never a client's)", client,
+          [](GuardEvent& m) { m.kind = GuardKind::canary; }, "GuardEvent kind 2 out of range"),
+      reject<GuardEvent>(
+          "GuardEvent kind 4", client, [](GuardEvent& m) { m.kind = static_cast<GuardKind>(4); },
+          "GuardEvent kind 4 out of range"),
+      reject<GuardEvent>(
+          "GuardEvent suspect_count", client, [](GuardEvent& m) { m.suspect_count = kMaxGuardSuspects + 1; },
+          "GuardEvent suspect_count 9 out of range"),
+      reject<GuardEvent>(
+          "GuardEvent call not terminated", client, [](GuardEvent& m) { fill(m.call); },
+          "GuardEvent call name not terminated"),
+      reject<Pressure>(
+          "Pressure reserved", daemon, [](Pressure& m) { m.reserved = 1; }, "Pressure reserved field is not zero"),
+      reject<Pressure>(
+          "Pressure reason 0", daemon, [](Pressure& m) { m.reason = static_cast<PressureReason>(0); },
+          "Pressure reason 0 out of range"),
+      reject<Pressure>(
+          "Pressure reason 3", daemon, [](Pressure& m) { m.reason = static_cast<PressureReason>(3); },
+          "Pressure reason 3 out of range"),
+      reject<ReserveReport>(
+          "ReserveReport blocks > bytes", client, [](ReserveReport& m) { m.blocks = m.bytes + 1; },
+          "ReserveReport has more blocks than bytes"),
+      reject<ShareRequest>(
+          "ShareRequest unknown flag", client, [](ShareRequest& m) { m.flags |= 1u << 5; },
+          "ShareRequest has unknown flags"),
+      reject<ShareReply>(
+          "ShareReply piece_count", daemon,
+          [](ShareReply& m) {
+            m.piece_count = kMaxHandlesPerGrant + 1;
+            m.total_pieces = 100;
+          },
+          "ShareReply piece_count 33 out of range"),
+      reject<ShareReply>(
+          "ShareReply first_piece beyond total", daemon, [](ShareReply& m) { m.first_piece = 5; },
+          "ShareReply pieces beyond total_pieces"),
+      reject<ShareReply>(
+          "ShareReply batch beyond total", daemon, [](ShareReply& m) { m.total_pieces = 3; },
+          "ShareReply pieces beyond total_pieces"),
+      reject<ShareReply>(
+          "ShareReply piece flag", daemon, [](ShareReply& m) { m.pieces[2].flags = 1u << 2; },
+          "ShareReply piece 2 has unknown flags"),
+      reject<ShareCommit>(
+          "ShareCommit reserved", client, [](ShareCommit& m) { m.reserved = 1; },
+          "ShareCommit reserved field is not zero"),
+      reject<ShareCommit>(
+          "ShareCommit commit 2", client, [](ShareCommit& m) { m.commit = 2; }, "ShareCommit commit out of range"),
+      reject<ShareAck>(
+          "ShareAck reserved", daemon, [](ShareAck& m) { m.reserved = 1; }, "ShareAck reserved field is not zero"),
   };
 }
 

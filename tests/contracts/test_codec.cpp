@@ -41,8 +41,8 @@ std::vector<std::byte> with(const T& m, std::size_t offset, const void* value, s
 
 }  // namespace
 
-#define VLAKE_ALL_MESSAGES                                                                                        \
-  proto::Hello, proto::HelloAck, proto::GrantRequest, proto::GrantReply, proto::Release, proto::ReleaseAck,       \
+#define VLAKE_ALL_MESSAGES                                                                                          \
+  proto::Hello, proto::HelloAck, proto::GrantRequest, proto::GrantReply, proto::Release, proto::ReleaseAck,         \
       proto::UsageQuery, proto::UsageReply, proto::Error, proto::GuardEvent, proto::Pressure, proto::ReserveReport, \
       proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck
 
@@ -66,8 +66,7 @@ TEMPLATE_TEST_CASE("codec: every message round-trips byte for byte", "[contracts
   REQUIRE(d.header() != nullptr);
   CHECK(d.header()->type == proto::MessageTraits<TestType>::type);
   CHECK(d.header()->request_id == m.h.request_id);
-  CHECK(std::string(proto::message_name(proto::MessageTraits<TestType>::type)) ==
-        proto::MessageTraits<TestType>::name);
+  CHECK(std::string(proto::message_name(proto::MessageTraits<TestType>::type)) == proto::MessageTraits<TestType>::name);
 }
 
 TEMPLATE_TEST_CASE("codec: make() fills the header and zeroes the body", "[contracts][codec]", VLAKE_ALL_MESSAGES) {
@@ -103,8 +102,8 @@ TEMPLATE_TEST_CASE("codec: every truncation and extension of a message is refuse
     const proto::Decoded d = decode_bytes(cut, proto::descriptor_count(sample<TestType>()));
     REQUIRE_FALSE(d.ok());
     CHECK(d.error().kind == DecodeError::Kind::frame);
-    CHECK(d.error().reason == (n < sizeof(proto::Header) ? "shorter than a header"
-                                                          : "size does not match the message type"));
+    CHECK(d.error().reason ==
+          (n < sizeof(proto::Header) ? "shorter than a header" : "size does not match the message type"));
   }
   std::vector<std::byte> longer = full;
   longer.push_back(std::byte{0});
@@ -174,8 +173,7 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
           "size does not match the message type");
     // A well-sized datagram whose header names another type.
     const auto t = proto::MsgType::release;
-    CHECK(reason(with(hello, offsetof(proto::Header, type), &t, sizeof t)) ==
-          "size does not match the message type");
+    CHECK(reason(with(hello, offsetof(proto::Header, type), &t, sizeof t)) == "size does not match the message type");
   }
   SECTION("reserved header field") {
     const std::uint32_t one = 1;
@@ -337,8 +335,7 @@ TEST_CASE("codec: descriptors must be those the message carries", "[contracts][c
     CHECK(reason(wire(s), 3) == "ShareReply with 3 descriptors instead of 2");
   }
   SECTION("no other message carries any (the daemon's 'descriptors attached' case)") {
-    CHECK(reason(wire(sample<proto::UsageQuery>()), 1) ==
-          "descriptors attached to a UsageQuery, which carries none");
+    CHECK(reason(wire(sample<proto::UsageQuery>()), 1) == "descriptors attached to a UsageQuery, which carries none");
     CHECK(reason(wire(sample<proto::Pressure>()), 1) == "descriptors attached to a Pressure, which carries none");
     CHECK(decode_bytes(wire(sample<proto::Hello>()), 2).error().kind == DecodeError::Kind::descriptors);
   }
@@ -412,15 +409,15 @@ TEST_CASE("codec: the wire format is protocol version 1's, byte for byte", "[con
   m.used = 0x0102030405060708ull;
   const std::vector<std::byte> b = wire(m);
   const unsigned char expect[40] = {
-      'V',  'L',  'K',  '1',                                   // magic 0x314b4c56
-      1,    0,                                                 // version
-      6,    0,                                                 // type release_ack
-      40,   0,    0,    0,                                     // size
-      0,    0,    0,    0,                                     // reserved
-      0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,          // request id
-      5,    0,    0,    0,                                     // status unknown_grant
-      0,    0,    0,    0,                                     // reserved
-      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,          // used
+      'V',  'L',  'K',  '1',                           // magic 0x314b4c56
+      1,    0,                                         // version
+      6,    0,                                         // type release_ack
+      40,   0,    0,    0,                             // size
+      0,    0,    0,    0,                             // reserved
+      0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,  // request id
+      5,    0,    0,    0,                             // status unknown_grant
+      0,    0,    0,    0,                             // reserved
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // used
   };
   static_assert(std::endian::native == std::endian::little, "the expected bytes are little-endian");
   REQUIRE(b.size() == sizeof expect);

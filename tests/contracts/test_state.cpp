@@ -2,9 +2,9 @@
 // a segment of another layout.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>

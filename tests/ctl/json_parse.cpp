@@ -204,7 +204,11 @@ class Parser {
         continue;
       }
       // Raw UTF-8: check the sequence.
-      std::size_t n = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+      std::size_t n = c < 0x80                   ? 1
+                      : (c >= 0xC2 && c <= 0xDF) ? 2
+                      : (c >= 0xE0 && c <= 0xEF) ? 3
+                      : (c >= 0xF0 && c <= 0xF4) ? 4
+                                                 : 0;
       if (n == 0 || i_ + n > s_.size()) fail("invalid UTF-8");
       for (std::size_t k = 1; k < n; ++k) {
         if ((static_cast<unsigned char>(s_[i_ + k]) & 0xC0) != 0x80) fail("invalid UTF-8");

@@ -28,7 +28,7 @@ struct Json {
   [[nodiscard]] const Json& at(const std::string& k) const;  // throws if absent / not object
   [[nodiscard]] const Json& at(std::size_t i) const;         // throws if out of range / not array
   [[nodiscard]] bool has(const std::string& k) const { return type == Type::object && fields.count(k) != 0; }
-  [[nodiscard]] std::uint64_t u64() const;   // a non-negative integer number
+  [[nodiscard]] std::uint64_t u64() const;  // a non-negative integer number
   [[nodiscard]] double num() const;
   [[nodiscard]] const std::string& str() const;
   [[nodiscard]] bool boolean() const;

@@ -207,7 +207,8 @@ TEST_CASE("vlakectl: usage errors and --help", "[process]") {
   CtlResult r = run_ctl({"frob"});
   CHECK(r.exit_code == 2);
   CHECK(r.out.empty());
-  CHECK(r.err == "vlakectl: unknown command 'frob' (top, tenants, pool, events or quota check FILE)\ntry 'vlakectl --help'\n");
+  CHECK(r.err ==
+        "vlakectl: unknown command 'frob' (top, tenants, pool, events or quota check FILE)\ntry 'vlakectl --help'\n");
   r = run_ctl({});
   CHECK(r.exit_code == 2);
   r = run_ctl({"top", "--watch", "0"});

@@ -30,9 +30,7 @@ namespace st = vlake::state;
 
 namespace {
 
-CtlOptions parse(std::vector<std::string> args, const char* env = nullptr) {
-  return CtlOptions::parse(args, env);
-}
+CtlOptions parse(std::vector<std::string> args, const char* env = nullptr) { return CtlOptions::parse(args, env); }
 
 std::string parse_error(std::vector<std::string> args, const char* env = nullptr) {
   try {
@@ -194,10 +192,10 @@ TEST_CASE("format: human sizes, percentages, uuids, tables", "[units]") {
   CHECK(human_size(Bytes{1024}) == "1.0 KiB");
   CHECK(human_size(Bytes{1536}) == "1.5 KiB");
   CHECK(human_size(Bytes{3 * kMiB}) == "3.0 MiB");
-  CHECK(human_size(Bytes{kMiB + 52428}) == "1.0 MiB");  // 1.04999..
-  CHECK(human_size(Bytes{kMiB + 52429}) == "1.1 MiB");  // 1.05000.. rounds half up
-  CHECK(human_size(Bytes{kGiB + kGiB / 4}) == "1.3 GiB");   // 1.25 -> 1.3
-  CHECK(human_size(Bytes{kGiB - 1}) == "1.0 GiB");          // 1023.99.. MiB is not "1024.0 MiB"
+  CHECK(human_size(Bytes{kMiB + 52428}) == "1.0 MiB");     // 1.04999..
+  CHECK(human_size(Bytes{kMiB + 52429}) == "1.1 MiB");     // 1.05000.. rounds half up
+  CHECK(human_size(Bytes{kGiB + kGiB / 4}) == "1.3 GiB");  // 1.25 -> 1.3
+  CHECK(human_size(Bytes{kGiB - 1}) == "1.0 GiB");         // 1023.99.. MiB is not "1024.0 MiB"
   CHECK(human_size(Bytes{80 * kGiB}) == "80.0 GiB");
   CHECK(human_size(Bytes{1536 * kGiB}) == "1.5 TiB");
   CHECK(human_size(Bytes{std::numeric_limits<std::uint64_t>::max()}) == "16.0 EiB");
@@ -231,8 +229,8 @@ TEST_CASE("json: escaping", "[units]") {
   CHECK(json_quote(std::string("nul\0x", 5)) == "\"nul\\u0000x\"");
   CHECK(json_quote("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") == "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
   CHECK(json_quote("bad\xff") == "\"bad\\ufffd\"");
-  CHECK(json_quote("cut\xc3") == "\"cut\\ufffd\"");           // a name truncated mid-character
-  CHECK(json_quote("\xc0\xaf") == "\"\\ufffd\\ufffd\"");      // overlong '/'
+  CHECK(json_quote("cut\xc3") == "\"cut\\ufffd\"");                  // a name truncated mid-character
+  CHECK(json_quote("\xc0\xaf") == "\"\\ufffd\\ufffd\"");             // overlong '/'
   CHECK(json_quote("\xed\xa0\x80") == "\"\\ufffd\\ufffd\\ufffd\"");  // a UTF-16 surrogate
 
   // Every byte value round-trips through the parser as valid JSON.
@@ -518,8 +516,9 @@ TEST_CASE("quota check: good and bad files in process", "[units]") {
   REQUIRE(r.sections.size() == 2);
   CHECK(r.sections[0] == std::make_pair(std::string("users"), std::uint64_t{2}));
   CHECK(r.sections[1] == std::make_pair(std::string("groups"), std::uint64_t{1}));
-  CHECK(render_quota_text(r) == good + ": ok\n  version: 1\n  default limit: 8GiB per GPU (each unlisted uid is its "
-                                       "own tenant)\n  users: 2 entries\n  groups: 1 entry\n");
+  CHECK(render_quota_text(r) == good +
+                                    ": ok\n  version: 1\n  default limit: 8GiB per GPU (each unlisted uid is its "
+                                    "own tenant)\n  users: 2 entries\n  groups: 1 entry\n");
   const Json j = parse_json(render_quota_json(r));
   CHECK(j.at("ok").boolean());
   CHECK(j.at("summary").at("sections").at("users").u64() == 2);

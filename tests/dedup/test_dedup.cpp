@@ -40,12 +40,9 @@ constexpr int kInvalidValue = 1;
 
 bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) {
-  return state::StateReader(d.state).snapshot();
-}
+std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
 
-std::unique_ptr<state::State> wait_state(const DaemonProcess& d,
-                                               const std::function<bool(const state::State&)>& done) {
+std::unique_ptr<state::State> wait_state(const DaemonProcess& d, const std::function<bool(const state::State&)>& done) {
   auto s = snapshot(d);
   for (int i = 0; i < 100 && !done(*s); ++i) {
     std::this_thread::sleep_for(50ms);
@@ -55,9 +52,7 @@ std::unique_ptr<state::State> wait_state(const DaemonProcess& d,
 }
 
 // Physical bytes the pool has out of its free list (grants' private handles + shared chunks).
-std::uint64_t physical(const state::State& s) {
-  return s.devices[0].pool_bytes - s.devices[0].free_bytes;
-}
+std::uint64_t physical(const state::State& s) { return s.devices[0].pool_bytes - s.devices[0].free_bytes; }
 
 std::string quota() { return "version: 1\ndefault:\n  limit: 256MiB\n"; }
 
@@ -121,17 +116,15 @@ TEST_CASE("dedup: K tenants upload identical weights and share them", "[dedup]")
     CHECK(t->line("verify:w:7:20M#after").at("ok") == "1");
   }
   // Every tenant exited: every chunk is back in the pool.
-  const auto after = wait_state(d, [](const state::State& x) {
-    return x.devices[0].dedup_physical_bytes == 0 && physical(x) == 0;
-  });
+  const auto after =
+      wait_state(d, [](const state::State& x) { return x.devices[0].dedup_physical_bytes == 0 && physical(x) == 0; });
   CHECK(after->devices[0].dedup_physical_bytes == 0);
   CHECK(after->devices[0].dedup_logical_bytes == 0);
   CHECK(physical(*after) == 0);
   CHECK(after->devices[0].granted_bytes == 0);
 }
 
-TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges stay writable",
-          "[dedup]") {
+TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges stay writable", "[dedup]") {
   DaemonProcess d("dedup-write", quota());
   REQUIRE(d.start());
   auto steps = load_and_share(11);
@@ -140,17 +133,19 @@ TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges st
   REQUIRE_FALSE(keeper.wait_line("share:w:1M:18M").empty());
   auto wsteps = load_and_share(11);
   wsteps.insert(wsteps.end(), {
-                                  "memset:w:0:16:1",          // private edge chunk: fine
-                                  "memset:w:19922944:16:1",   // 19 MiB: private edge chunk
-                                  "memset:w:4194304:16:1",    // 4 MiB: shared, copy engine refuses
-                                  "kfill:w:4194304:16",       // 4 MiB: shared, the kernel faults
+                                  "memset:w:0:16:1",         // private edge chunk: fine
+                                  "memset:w:19922944:16:1",  // 19 MiB: private edge chunk
+                                  "memset:w:4194304:16:1",   // 4 MiB: shared, copy engine refuses
+                                  "kfill:w:4194304:16",      // 4 MiB: shared, the kernel faults
                                   "sync",
                               });
   TenantProcess writer(d, wsteps, 4411);
   REQUIRE(exited_ok(writer.finish()));
   REQUIRE(exited_ok(keeper.finish()));
-  INFO("writer:\n" << writer.out() << writer.err() << "\nkeeper:\n" << keeper.out() << keeper.err()
-                   << "\ndaemon log:\n" << d.log());
+  INFO("writer:\n"
+       << writer.out() << writer.err() << "\nkeeper:\n"
+       << keeper.out() << keeper.err() << "\ndaemon log:\n"
+       << d.log());
   CHECK(writer.line("share:w:1M:18M").at("rc") == "0");
   CHECK(writer.line("memset:w:0:16:1").at("rc") == "0");
   CHECK(writer.line("memset:w:19922944:16:1").at("rc") == "0");
@@ -220,9 +215,9 @@ TEST_CASE("dedup: one differing byte keeps that chunk apart", "[dedup]") {
   TenantProcess a(d, a_steps, 4430);
   REQUIRE_FALSE(a.wait_line("share:w:1M:18M").empty());
   // B's copy differs in one byte of the chunk [4 MiB, 6 MiB).
-  TenantProcess b(d, {"init", "alloc:w:20M", "upload:w:9:20M", "poke:w:5000000", "share:w:1M:18M",
-                      "verify:w:9:20M", "sleep:1000"},
-                  4431);
+  TenantProcess b(
+      d, {"init", "alloc:w:20M", "upload:w:9:20M", "poke:w:5000000", "share:w:1M:18M", "verify:w:9:20M", "sleep:1000"},
+      4431);
   REQUIRE(exited_ok(b.finish()));
   REQUIRE(exited_ok(a.finish()));
   INFO("a:\n" << a.out() << a.err() << "\nb:\n" << b.out() << b.err() << "\ndaemon log:\n" << d.log());
@@ -238,8 +233,9 @@ TEST_CASE("dedup: one differing byte keeps that chunk apart", "[dedup]") {
 TEST_CASE("dedup: a range without a whole chunk shares nothing, a second share is refused", "[dedup]") {
   DaemonProcess d("dedup-edge", quota());
   REQUIRE(d.start());
-  TenantProcess t(d, {"init", "alloc:w:20M", "upload:w:3:20M", "share:w:1M:2M#small", "share:w:0:20M",
-                      "share:w:0:20M#again", "verify:w:3:20M", "alloc:x:3M", "share:x:0:3M"},
+  TenantProcess t(d,
+                  {"init", "alloc:w:20M", "upload:w:3:20M", "share:w:1M:2M#small", "share:w:0:20M",
+                   "share:w:0:20M#again", "verify:w:3:20M", "alloc:x:3M", "share:x:0:3M"},
                   4440);
   REQUIRE(exited_ok(t.finish()));
   INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
@@ -317,8 +313,11 @@ TEST_CASE("dedup transparent: whole-allocation uploads are shared without an API
   REQUIRE(exited_ok(a.finish()));
   REQUIRE(exited_ok(b.finish()));
   REQUIRE(exited_ok(c.finish()));
-  INFO("a:\n" << a.out() << a.err() << "\nb:\n" << b.out() << b.err() << "\nc:\n" << c.out() << c.err()
-              << "\ndaemon log:\n" << d.log());
+  INFO("a:\n"
+       << a.out() << a.err() << "\nb:\n"
+       << b.out() << b.err() << "\nc:\n"
+       << c.out() << c.err() << "\ndaemon log:\n"
+       << d.log());
   CHECK(a.line("upload:w:7:20M").at("rc") == "0");
   CHECK(c.line("uploadasync:w:7:20M").at("rc") == "0");
   // The writer: its copy fails (the context survives), its kernel faults (its context only).
@@ -328,9 +327,8 @@ TEST_CASE("dedup transparent: whole-allocation uploads are shared without an API
   CHECK(a.line("verify:w:7:20M#after").at("ok") == "1");
   CHECK(a.line("sync").at("rc") == "0");
   CHECK(c.line("verify:w:7:20M#after").at("ok") == "1");
-  const auto s = wait_state(d, [](const state::State& x) {
-    return x.counters.guard_violations_readonly >= 1 && physical(x) == 0;
-  });
+  const auto s = wait_state(
+      d, [](const state::State& x) { return x.counters.guard_violations_readonly >= 1 && physical(x) == 0; });
   CHECK(s->counters.guard_violations_readonly == 1);
   CHECK(physical(*s) == 0);
   CHECK(s->devices[0].dedup_physical_bytes == 0);
@@ -343,11 +341,11 @@ TEST_CASE("dedup transparent: partial uploads are not shared, a later whole one 
   DaemonProcess d("dedup-trp", transparent_quota());
   REQUIRE(d.start());
   TenantProcess t(d,
-                  {"init", "alloc:p:20M", "upload:p:3:19M",          // not the whole allocation
+                  {"init", "alloc:p:20M", "upload:p:3:19M",                // not the whole allocation
                    "alloc:q:20M", "upload:q:3:10M", "upload:q:3:10M:10M",  // whole, but in two copies
-                   "upload:p:3:18M:2M",                               // not from its pointer
-                   "verify:p:3:20M#partial", "sleep:1500", "upload:p:3:20M", "verify:p:3:20M#whole",
-                   "verify:q:3:20M", "sleep:1500"},
+                   "upload:p:3:18M:2M",                                    // not from its pointer
+                   "verify:p:3:20M#partial", "sleep:1500", "upload:p:3:20M", "verify:p:3:20M#whole", "verify:q:3:20M",
+                   "sleep:1500"},
                   4453);
   const auto partial = t.wait_line("verify:p:3:20M#partial");
   {
@@ -371,8 +369,9 @@ TEST_CASE("dedup transparent: a namespace that is off shares nothing, asked once
   DaemonProcess d("dedup-troff", transparent_quota());
   REQUIRE(d.start());
   // uid 4460 is in namespace `default` (dedup off). Three whole-allocation uploads.
-  TenantProcess t(d, {"init", "alloc:a:20M", "upload:a:1:20M", "alloc:b:20M", "upload:b:1:20M", "alloc:c:8M",
-                      "uploadasync:c:1:8M", "streamsync", "verify:a:1:20M", "verify:c:1:8M", "sleep:1000"},
+  TenantProcess t(d,
+                  {"init", "alloc:a:20M", "upload:a:1:20M", "alloc:b:20M", "upload:b:1:20M", "alloc:c:8M",
+                   "uploadasync:c:1:8M", "streamsync", "verify:a:1:20M", "verify:c:1:8M", "sleep:1000"},
                   4460);
   REQUIRE(t.wait_line("verify:c:1:8M").at("ok") == "1");
   const auto s = snapshot(d);

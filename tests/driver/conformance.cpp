@@ -46,7 +46,9 @@ struct Handle {
   explicit Handle(Bytes s) : h(driver().create(kDev, s)) {}
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
-  ~Handle() { (void)status_of([&] { driver().release(h); }); }
+  ~Handle() {
+    (void)status_of([&] { driver().release(h); });
+  }
 };
 
 std::vector<std::uint8_t> read_back(DevicePtr p, Bytes n) {
@@ -196,13 +198,10 @@ TEST_CASE("partial and overlapping operations are rejected", "[driver]") {
   }
   SECTION("set_access and unmap must cover whole mappings") {
     driver().map(r.base, g * 2, big.h);
-    CHECK(status_of([&] { driver().set_access(r.base, g, kDev, Access::read_write); }) ==
-          CUDA_ERROR_INVALID_VALUE);
-    CHECK(status_of([&] { driver().set_access(r.at(g), g, kDev, Access::read_write); }) ==
-          CUDA_ERROR_INVALID_VALUE);
+    CHECK(status_of([&] { driver().set_access(r.base, g, kDev, Access::read_write); }) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(status_of([&] { driver().set_access(r.at(g), g, kDev, Access::read_write); }) == CUDA_ERROR_INVALID_VALUE);
     // Past the end of the mapping into unmapped VA.
-    CHECK(status_of([&] { driver().set_access(r.base, g * 3, kDev, Access::read_write); }) ==
-          CUDA_ERROR_INVALID_VALUE);
+    CHECK(status_of([&] { driver().set_access(r.base, g * 3, kDev, Access::read_write); }) == CUDA_ERROR_INVALID_VALUE);
     CHECK(status_of([&] { driver().unmap(r.base, g); }) == CUDA_ERROR_INVALID_VALUE);
     CHECK(status_of([&] { driver().unmap(r.at(g), g); }) == CUDA_ERROR_INVALID_VALUE);
     // Still mapped after all the refusals, and whole-range calls work.
@@ -340,8 +339,7 @@ TEST_CASE("device memory runs out with CUDA_ERROR_OUT_OF_MEMORY", "[driver][capa
     CHECK(free_before - free_after <= g * 4 + 64_MiB);
   }
   SECTION("a handle larger than the device fails") {
-    CHECK(status_of([&] { (void)driver().create(kDev, round_up(total + g, g)); }) ==
-          CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(status_of([&] { (void)driver().create(kDev, round_up(total + g, g)); }) == CUDA_ERROR_OUT_OF_MEMORY);
   }
   SECTION("filling the device") {
     const Bytes chunk = round_up(total / 8, g);
@@ -417,8 +415,8 @@ TEST_CASE("hash_chunk on the device equals the host reference", "[driver][hash]"
   CHECK(whole == chunk_hash_reference(host.data(), host.size()));
   CHECK(whole == naive_hash(host, host.size()));
   CHECK(whole != filled);
-  for (std::size_t n : {std::size_t{0}, std::size_t{8}, std::size_t{24}, std::size_t{8 * kHashThreads + 8},
-                        std::size_t{1} << 20}) {
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{8}, std::size_t{24}, std::size_t{8 * kHashThreads + 8}, std::size_t{1} << 20}) {
     CAPTURE(n);
     CHECK(driver().hash_chunk(r.base, Bytes{n}) == chunk_hash_reference(host.data(), n));
     const std::vector<std::uint8_t> tail(host.begin() + 4096, host.begin() + 4096 + static_cast<long>(n));
@@ -432,8 +430,7 @@ TEST_CASE("hash_chunk on the device equals the host reference", "[driver][hash]"
   CHECK(status_of([&] { (void)driver().hash_chunk(r.base, Bytes{12}); }) == CUDA_ERROR_INVALID_VALUE);
 }
 
-TEST_CASE("equal contents hash equally at different addresses; one byte changes the hash",
-          "[driver][hash]") {
+TEST_CASE("equal contents hash equally at different addresses; one byte changes the hash", "[driver][hash]") {
   const Bytes g = gran();
   Handle ha(g);
   Handle hb(g);

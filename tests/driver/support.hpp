@@ -35,8 +35,8 @@ struct IllegalAccessReport {
   std::int32_t launch;
   std::int32_t first_sync;
   std::int32_t second_sync;
-  std::int32_t copy_after;     // a copy from valid memory after the fault (needs the context)
-  std::int32_t create_after;   // a VMM create after the fault (needs no context)
+  std::int32_t copy_after;    // a copy from valid memory after the fault (needs the context)
+  std::int32_t create_after;  // a VMM create after the fault (needs no context)
 };
 static_assert(std::is_trivially_copyable_v<IllegalAccessReport>);
 

@@ -44,8 +44,8 @@ std::string sim_dir() {
 }
 }  // namespace
 
-TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon,
-                             const std::vector<std::string>& steps, long uid, std::string reserve)
+TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon, const std::vector<std::string>& steps, long uid,
+                             std::string reserve)
     : reserve_(std::move(reserve)) {
   int out_pipe[2];
   int err_pipe[2];
@@ -60,8 +60,7 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon,
       asan_options = kv.substr(13) + ":";
       continue;
     }
-    if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("LD_LIBRARY_PATH=", 0) == 0 ||
-        kv.rfind("VLAKE_", 0) == 0) {
+    if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("LD_LIBRARY_PATH=", 0) == 0 || kv.rfind("VLAKE_", 0) == 0) {
       continue;
     }
     env.push_back(kv);

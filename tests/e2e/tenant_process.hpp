@@ -17,8 +17,8 @@ class TenantProcess {
  public:
   // uid < 0: stay root. Steps are tenant.cpp's command-line steps. `reserve` is the tenant's
   // VLAKE_RESERVE ("0": no local reserve, every alloc/free reaches the daemon).
-  TenantProcess(const pooltest::DaemonProcess& daemon, const std::vector<std::string>& steps,
-                long uid = -1, std::string reserve = "0");
+  TenantProcess(const pooltest::DaemonProcess& daemon, const std::vector<std::string>& steps, long uid = -1,
+                std::string reserve = "0");
   ~TenantProcess();  // SIGKILLs and reaps a tenant still running
   TenantProcess(const TenantProcess&) = delete;
   TenantProcess& operator=(const TenantProcess&) = delete;

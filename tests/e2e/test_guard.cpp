@@ -26,17 +26,12 @@ namespace {
 
 constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) {
-  return state::StateReader(d.state).snapshot();
-}
+std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
 
-bool exited_ok(int status) {
-  return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
+bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 // Polls the daemon's state until `done` holds (up to 5 s); the last snapshot.
-std::unique_ptr<state::State> wait_state(
-    const DaemonProcess& d, const std::function<bool(const state::State&)>& done) {
+std::unique_ptr<state::State> wait_state(const DaemonProcess& d, const std::function<bool(const state::State&)>& done) {
   auto s = snapshot(d);
   for (int i = 0; i < 100 && !done(*s); ++i) {
     std::this_thread::sleep_for(50ms);
@@ -61,9 +56,7 @@ std::uint64_t granted_total(const state::State& s) {
   return sum;
 }
 
-std::string quota(const std::string& users) {
-  return "version: 1\ndefault:\n  limit: 256MiB\nusers:\n" + users;
-}
+std::string quota(const std::string& users) { return "version: 1\ndefault:\n  limit: 256MiB\nusers:\n" + users; }
 
 std::string user(int uid, const std::string& guard) {
   return "  - uid: " + std::to_string(uid) + "\n    limit: 256MiB\n    guard: " + guard + "\n";
@@ -71,39 +64,37 @@ std::string user(int uid, const std::string& guard) {
 
 }  // namespace
 
-TEST_CASE("guard fault: a kernel overrun by one element faults, is reported, and spares others",
-          "[e2e]") {
+TEST_CASE("guard fault: a kernel overrun by one element faults, is reported, and spares others", "[e2e]") {
   DaemonProcess d("gfault", quota(user(4301, "fault") + user(4302, "fault")));
   REQUIRE(d.start());
   // The neighbour runs at the same time: allocates, writes with the kernel, waits past the
   // other tenant's fault, and checks its memory and context.
-  TenantProcess other(d, {"init", "alloc:b:4M", "fill:b:4M:5", "sleep:800",
-                          "kfill:b:0:1048576:0x05050505", "check:b:4M:5", "sync", "free:b"},
+  TenantProcess other(d,
+                      {"init", "alloc:b:4M", "fill:b:4M:5", "sleep:800", "kfill:b:0:1048576:0x05050505", "check:b:4M:5",
+                       "sync", "free:b"},
                       4302);
   REQUIRE_FALSE(other.wait_line("fill:b:4M:5").empty());
-  TenantProcess t(d, {"init", "alloc:a:1M", "layout:a", "kfill:a:0:262145#overrun", "sync",
-                      "free:a"},
-                  4301);
+  TenantProcess t(d, {"init", "alloc:a:1M", "layout:a", "kfill:a:0:262145#overrun", "sync", "free:a"}, 4301);
   const int st = t.finish();
   const int other_st = other.finish();
-  INFO("faulting tenant:\n" << t.out() << t.err() << "\nneighbour:\n" << other.out() << other.err()
-                            << "\ndaemon log:\n" << d.log());
+  INFO("faulting tenant:\n"
+       << t.out() << t.err() << "\nneighbour:\n"
+       << other.out() << other.err() << "\ndaemon log:\n"
+       << d.log());
   REQUIRE(exited_ok(st));
   REQUIRE(exited_ok(other_st));
   CHECK(t.line("layout:a")["tail"] == "0");  // ends at its chunk's end: guard VA follows
   CHECK(t.line("kfill:a:0:262145#overrun")["rc"] == "0");
   CHECK(t.line("sync")["rc"] == std::to_string(kIllegalAddress));
   CHECK(t.err().find("vlake: GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in cuCtxSynchronize; "
-                     "reported to vlaked as a guard event; the newest allocations were: ") !=
-        std::string::npos);
+                     "reported to vlaked as a guard event; the newest allocations were: ") != std::string::npos);
   // The neighbour is unaffected.
   CHECK(other.line("check:b:4M:5")["ok"] == "1");
   CHECK(other.line("sync")["rc"] == "0");
   CHECK(other.line("free:b")["rc"] == "0");
   CHECK(other.err().find("GPU fault") == std::string::npos);
 
-  const auto s =
-      wait_state(d, [](const state::State& x) { return x.counters.guard_violations_fault >= 1; });
+  const auto s = wait_state(d, [](const state::State& x) { return x.counters.guard_violations_fault >= 1; });
   CHECK(s->counters.guard_violations_fault == 1);
   CHECK(s->counters.guard_violations_canary == 0);
   const auto ev = events(*s);
@@ -118,20 +109,16 @@ TEST_CASE("guard fault: a kernel overrun by one element faults, is reported, and
   CHECK(ev[0].address == std::strtoull(t.line("alloc:a:1M")["ptr"].c_str(), nullptr, 16));
 }
 
-TEST_CASE("guard canary: a write into the slack is reported at free with size and offset",
-          "[e2e]") {
+TEST_CASE("guard canary: a write into the slack is reported at free with size and offset", "[e2e]") {
   DaemonProcess d("gcanary", quota(user(4311, "canary")));
   REQUIRE(d.start());
-  TenantProcess t(d, {"init", "alloc:a:1000", "layout:a", "fill:a:1000:3", "memset:a:1000:8:7",
-                      "free:a"},
-                  4311);
+  TenantProcess t(d, {"init", "alloc:a:1000", "layout:a", "fill:a:1000:3", "memset:a:1000:8:7", "free:a"}, 4311);
   REQUIRE(exited_ok(t.finish()));
   INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
   CHECK(t.line("layout:a")["tail"] == std::to_string((2u << 20) - 1000));  // chunk start
   CHECK(t.line("memset:a:1000:8:7")["rc"] == "0");
   CHECK(t.line("free:a")["rc"] == "0");
-  const auto s = wait_state(
-      d, [](const state::State& x) { return x.counters.guard_violations_canary >= 1; });
+  const auto s = wait_state(d, [](const state::State& x) { return x.counters.guard_violations_canary >= 1; });
   CHECK(s->counters.guard_violations_canary == 1);
   CHECK(s->counters.guard_violations_fault == 0);
   const auto ev = events(*s);
@@ -147,8 +134,7 @@ TEST_CASE("guards: no false alarm in a long random alloc/write-inside/free run",
   INFO("guard: " << mode);
   DaemonProcess d("gnoise-" + mode, quota(user(4321, mode)));
   REQUIRE(d.start());
-  TenantProcess t(d, {"init", "kstress:300:600K", "alloc:x:3000", "fill:x:3000:9", "free:x"},
-                  4321);
+  TenantProcess t(d, {"init", "kstress:300:600K", "alloc:x:3000", "fill:x:3000:9", "free:x"}, 4321);
   REQUIRE(exited_ok(t.finish()));
   INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
   auto k = t.line("kstress:300:600K");

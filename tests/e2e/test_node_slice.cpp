@@ -31,9 +31,7 @@ namespace {
 constexpr std::uint64_t MiB = 1ull << 20;
 constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) {
-  return state::StateReader(d.state).snapshot();
-}
+std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
 
 const state::TenantRecord* tenant(const state::State& s, const std::string& name) {
   for (const auto& t : s.tenants) {
@@ -175,8 +173,7 @@ TEST_CASE("4 processes x 4 threads of random alloc/free never exceed the tenant'
   std::vector<std::unique_ptr<TenantProcess>> tenants;
   std::vector<pid_t> pids;
   for (int i = 0; i < 4; ++i) {
-    tenants.push_back(std::make_unique<TenantProcess>(
-        d, std::vector<std::string>{"init", "stress:4:40:24M"}));
+    tenants.push_back(std::make_unique<TenantProcess>(d, std::vector<std::string>{"init", "stress:4:40:24M"}));
     pids.push_back(tenants.back()->pid());
   }
   // Watch the daemon's accounting and, independently, the device memory the tenant processes
@@ -205,8 +202,8 @@ TEST_CASE("4 processes x 4 threads of random alloc/free never exceed the tenant'
   }
   stop = true;
   watcher.join();
-  INFO("ok=" << ok << " refused=" << refused << " samples=" << samples << " max granted="
-             << max_granted << " max mapped=" << max_mapped);
+  INFO("ok=" << ok << " refused=" << refused << " samples=" << samples << " max granted=" << max_granted
+             << " max mapped=" << max_mapped);
   CHECK(ok > 0);
   CHECK(refused > 0);  // the limit was really reached
   CHECK(samples > 10);
@@ -230,9 +227,8 @@ TEST_CASE("4 processes x 4 threads of random alloc/free never exceed the tenant'
 TEST_CASE("vlaked killed and restarted under load: tenants keep running, accounting equal", "[e2e]") {
   DaemonProcess d("restart", limits_yaml("256MiB"));
   REQUIRE(d.start());
-  TenantProcess t(d, {"init", "alloc:a:32M", "alloc:b:16M", "fill:a:32M:7", "sleep:1500",
-                      "check:a:32M:7", "free:a", "alloc:c:64M", "fill:c:64M:9", "info", "free:b",
-                      "free:c"});
+  TenantProcess t(d, {"init", "alloc:a:32M", "alloc:b:16M", "fill:a:32M:7", "sleep:1500", "check:a:32M:7", "free:a",
+                      "alloc:c:64M", "fill:c:64M:9", "info", "free:b", "free:c"});
   REQUIRE(t.wait_line("fill:a")["ok"] == "1");
   const auto before = snapshot(d);
   const auto* tb = tenant(*before, "uid:0");
@@ -268,11 +264,11 @@ TEST_CASE("vlaked killed and restarted under load: tenants keep running, account
   CHECK(left == 0);
 }
 
-TEST_CASE("quota file edited while a tenant runs: new limits apply, an invalid edit changes nothing",
-          "[e2e][quota]") {
+TEST_CASE("quota file edited while a tenant runs: new limits apply, an invalid edit changes nothing", "[e2e][quota]") {
   const auto yaml = [](const std::string& limit) {
     return "version: 1\ndefault:\n  limit: 1GiB\nnamespaces:\n  - name: team\n    limit: 256MiB\n"
-           "users:\n  - uid: 4242\n    limit: " + limit + "\n    namespace: team\n";
+           "users:\n  - uid: 4242\n    limit: " +
+           limit + "\n    namespace: team\n";
   };
   DaemonProcess d("reload", yaml("128MiB"));
   REQUIRE(d.start());
@@ -286,9 +282,10 @@ TEST_CASE("quota file edited while a tenant runs: new limits apply, an invalid e
     { std::ofstream(tmp) << text; }
     REQUIRE(::rename(tmp.c_str(), d.config.c_str()) == 0);
   };
-  TenantProcess t(d, {"init", "info#1", "alloc:a:32M", "sleep:3000", "info#2", "alloc:b:48M",
-                      "sleep:3000", "info#3", "alloc:c:16M"},
-                  4242);
+  TenantProcess t(
+      d,
+      {"init", "info#1", "alloc:a:32M", "sleep:3000", "info#2", "alloc:b:48M", "sleep:3000", "info#3", "alloc:c:16M"},
+      4242);
   REQUIRE(t.wait_line("info#1")["total"] == std::to_string(128 * MiB));
 
   rewrite(yaml("64MiB"));  // lowered while the tenant runs
@@ -317,8 +314,7 @@ TEST_CASE("quota file edited while a tenant runs: new limits apply, an invalid e
   CHECK(std::string(s->config.last_error).find("vlake.yaml:") != std::string::npos);
 }
 
-TEST_CASE("a namespace's limit and other namespaces' guarantees refuse with their own message",
-          "[e2e][quota]") {
+TEST_CASE("a namespace's limit and other namespaces' guarantees refuse with their own message", "[e2e][quota]") {
   DaemonProcess d("nsmsg", R"(version: 1
 default:
   limit: 1GiB
@@ -338,8 +334,7 @@ namespaces:
   REQUIRE(exited_ok(a.finish()));
   INFO(a.out() << a.err());
   CHECK(a.line("alloc:a")["rc"] == std::to_string(kOutOfMemory));
-  CHECK(a.err().find("the namespace of tenant small/user:4243 holds 40 MiB of its 64 MiB limit") !=
-        std::string::npos);
+  CHECK(a.err().find("the namespace of tenant small/user:4243 holds 40 MiB of its 64 MiB limit") != std::string::npos);
   // The simulated GPU has 1 GiB: 124 MiB are not guaranteed, 40 of them borrowed by `small`.
   TenantProcess b(d, {"init", "alloc:a:60M", "alloc:b:40M"}, 4244);  // default namespace
   REQUIRE(exited_ok(b.finish()));

@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <cctype>
-#include <cstdint>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <sstream>

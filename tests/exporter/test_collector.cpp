@@ -291,7 +291,8 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_tenant_limit_bytes", {{"tenant", "research/user:alice"}, {"gpu_index", "1"}}) == 2.0 * kGiB);
   CHECK(e.value("vlake_tenant_used_bytes", {{"tenant", "uid:1000"}, {"namespace", "default"}, {"gpu_index", "1"}}) ==
         6.0 * kMiB);
-  CHECK(e.value("vlake_tenant_used_bytes", {{"tenant", "uid:2000"}, {"namespace", "default"}, {"gpu_index", "0"}}) == 0);
+  CHECK(e.value("vlake_tenant_used_bytes", {{"tenant", "uid:2000"}, {"namespace", "default"}, {"gpu_index", "0"}}) ==
+        0);
   CHECK(e.value("vlake_tenant_sessions", {{"tenant", "research/user:alice"}}) == 2);
   CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:1000"}}) == 1);
   CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:2000"}}) == 0);
@@ -334,8 +335,8 @@ TEST_CASE("collector: the grant latency histogram is cumulative with the contrac
   const auto s = synthetic();
   const Exposition e = scrape_text(*s);
   const std::vector<std::pair<std::string, double>> want = {
-      {"5e-05", 3},  {"0.0001", 3}, {"0.00025", 5}, {"0.0005", 5}, {"0.001", 5}, {"0.0025", 5}, {"0.005", 5},
-      {"0.01", 5},   {"0.025", 5},  {"0.05", 5},    {"0.1", 5},    {"0.25", 5},  {"1", 6},      {"+Inf", 7}};
+      {"5e-05", 3}, {"0.0001", 3}, {"0.00025", 5}, {"0.0005", 5}, {"0.001", 5}, {"0.0025", 5}, {"0.005", 5},
+      {"0.01", 5},  {"0.025", 5},  {"0.05", 5},    {"0.1", 5},    {"0.25", 5},  {"1", 6},      {"+Inf", 7}};
   const auto buckets = e.find("vlake_grant_duration_seconds_bucket");
   REQUIRE(buckets.size() == want.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
@@ -350,11 +351,11 @@ TEST_CASE("collector: the grant latency histogram is cumulative with the contrac
 }
 
 TEST_CASE("collector: fragmentation ratio cases", "[unit]") {
-  CHECK(exporter::fragmentation_ratio(0, 0) == 0);                 // empty pool
-  CHECK(exporter::fragmentation_ratio(8 * kMiB, 8 * kMiB) == 0);   // one handle: all servable
+  CHECK(exporter::fragmentation_ratio(0, 0) == 0);                // empty pool
+  CHECK(exporter::fragmentation_ratio(8 * kMiB, 8 * kMiB) == 0);  // one handle: all servable
   CHECK(exporter::fragmentation_ratio(2 * kMiB, 8 * kMiB) == Approx(0.75));
   CHECK(exporter::fragmentation_ratio(1, 3) == Approx(2.0 / 3.0));
-  CHECK(exporter::fragmentation_ratio(9, 8) == 0);                 // inconsistent input: clamped
+  CHECK(exporter::fragmentation_ratio(9, 8) == 0);  // inconsistent input: clamped
 }
 
 TEST_CASE("collector: daemon_up and health follow the refresh age and a clean stop", "[unit]") {
@@ -365,8 +366,7 @@ TEST_CASE("collector: daemon_up and health follow the refresh age and a clean st
   CHECK_FALSE(stale.up);
   CHECK_THAT(stale.reason, Catch::Contains("has not refreshed its state for 3.100 s (limit 3.000 s)"));
   CHECK(scrape_text(*s, s->header.updated_unix_ns + 3'100'000'000ULL).value("vlake_daemon_up") == 0);
-  CHECK(scrape_text(*s, s->header.updated_unix_ns + 3'100'000'000ULL).value("vlake_state_age_seconds") ==
-        Approx(3.1));
+  CHECK(scrape_text(*s, s->header.updated_unix_ns + 3'100'000'000ULL).value("vlake_state_age_seconds") == Approx(3.1));
   s->header.sample_interval_ms = 50;
   CHECK_FALSE(exporter::evaluate_health(*s, s->header.updated_unix_ns + 200'000'000ULL).up);
   CHECK(exporter::evaluate_health(*s, s->header.updated_unix_ns + 100'000'000ULL).up);
@@ -403,8 +403,8 @@ TEST_CASE("exporter: HTTP server over a fake snapshot source", "[unit]") {
   auto state = synthetic();
   std::shared_ptr<const st::State> shared(std::move(state));
   std::uint64_t now = kNow;
-  auto collector = std::make_shared<exporter::StateCollector>(
-      [shared] { return std::make_unique<st::State>(*shared); }, [&now] { return now; }, kBuild);
+  auto collector = std::make_shared<exporter::StateCollector>([shared] { return std::make_unique<st::State>(*shared); },
+                                                              [&now] { return now; }, kBuild);
   const int port = exptest::free_port();
   exporter::MetricsServer server("127.0.0.1:" + std::to_string(port), collector);
 

@@ -23,24 +23,20 @@ namespace {
 struct EnvSetup {
   EnvSetup() {
     const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    const std::string node =
-        "hooktest-" + std::to_string(::getpid()) + "-" + std::to_string(now % 1000000007);
+    const std::string node = "hooktest-" + std::to_string(::getpid()) + "-" + std::to_string(now % 1000000007);
     ::setenv("VLAKE_SIM_NODE", node.c_str(), 1);
     ::setenv("VLAKE_SIM_DEVICE_MEMORY", "1GiB", 1);
     ::setenv("VLAKE_SIM_DEVICE_COUNT", "1", 1);
     // Nothing of the test process's own environment may change the hook's behaviour.
-    for (const char* v : {"VLAKE_SOCKET", "VLAKE_ON_UNREACHABLE", "VLAKE_RECONNECT_TIMEOUT",
-                          "VLAKE_TIMEOUT", "VLAKE_LOG", "VLAKE_DISABLE", "VLAKE_RESERVE",
-                          "VLAKE_RESERVE_AGE", "LD_PRELOAD"}) {
+    for (const char* v : {"VLAKE_SOCKET", "VLAKE_ON_UNREACHABLE", "VLAKE_RECONNECT_TIMEOUT", "VLAKE_TIMEOUT",
+                          "VLAKE_LOG", "VLAKE_DISABLE", "VLAKE_RESERVE", "VLAKE_RESERVE_AGE", "LD_PRELOAD"}) {
       ::unsetenv(v);
     }
   }
 };
 EnvSetup g_env;
 
-std::string dir_of(const std::string& path) {
-  return path.substr(0, path.rfind('/'));
-}
+std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
 
 // Overrides for running the suite by hand against a real GPU (e.g. from another checkout):
 // VLAKE_HOOK_TEST_DRIVER (the fake daemon's driver; tenants then use the system's libcuda),

@@ -146,17 +146,10 @@ std::uint64_t size_of(const std::string& s) {
   char* end = nullptr;
   std::uint64_t v = std::strtoull(s.c_str(), &end, 10);
   switch (end != nullptr ? *end : '\0') {
-    case 'K':
-      v <<= 10;
-      break;
-    case 'M':
-      v <<= 20;
-      break;
-    case 'G':
-      v <<= 30;
-      break;
-    default:
-      break;
+    case 'K': v <<= 10; break;
+    case 'M': v <<= 20; break;
+    case 'G': v <<= 30; break;
+    default: break;
   }
   return v;
 }
@@ -173,8 +166,7 @@ bool resolve_all() {
   if (g_direct) {
     g_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (g_lib == nullptr) return false;
-#define X(base, symbol, abi, req) \
-  api.base = reinterpret_cast<PFN_##base##_v##abi>(dlsym(RTLD_DEFAULT, #symbol));
+#define X(base, symbol, abi, req) api.base = reinterpret_cast<PFN_##base##_v##abi>(dlsym(RTLD_DEFAULT, #symbol));
     TENANT_API(X)
 #undef X
     return true;
@@ -205,9 +197,7 @@ bool resolve_all() {
 
 #define CALL(fn, ...) (api.fn != nullptr ? api.fn(__VA_ARGS__) : static_cast<CUresult>(-1))
 
-std::uint64_t var(const std::string& n) {
-  return vars.count(n) != 0 ? vars[n].value : 0;
-}
+std::uint64_t var(const std::string& n) { return vars.count(n) != 0 ? vars[n].value : 0; }
 
 CUstream stream() {
   if (g_stream == nullptr) CALL(cuStreamCreate, &g_stream, 0);
@@ -233,8 +223,7 @@ CUresult fill_kernel(CUfunction& f) {
   return CUDA_SUCCESS;
 }
 
-CUresult launch_fill(CUdeviceptr p, unsigned long long count, unsigned value,
-                     CUstream on = nullptr) {
+CUresult launch_fill(CUdeviceptr p, unsigned long long count, unsigned value, CUstream on = nullptr) {
   CUfunction f = nullptr;
   if (CUresult rc = fill_kernel(f); rc != CUDA_SUCCESS) return rc;
   void* params[] = {&p, &count, &value};
@@ -285,11 +274,9 @@ void step_nvml(const std::string& s) {
     return;
   }
   auto init = reinterpret_cast<PFN_nvmlInit_v2>(dlsym(lib, "nvmlInit_v2"));
-  auto get = reinterpret_cast<PFN_nvmlDeviceGetHandleByIndex_v2>(
-      dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+  auto get = reinterpret_cast<PFN_nvmlDeviceGetHandleByIndex_v2>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
   auto mem = reinterpret_cast<PFN_nvmlDeviceGetMemoryInfo>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
-  auto mem2 =
-      reinterpret_cast<PFN_nvmlDeviceGetMemoryInfo_v2>(dlsym(lib, "nvmlDeviceGetMemoryInfo_v2"));
+  auto mem2 = reinterpret_cast<PFN_nvmlDeviceGetMemoryInfo_v2>(dlsym(lib, "nvmlDeviceGetMemoryInfo_v2"));
   if (init == nullptr || get == nullptr || mem == nullptr || mem2 == nullptr) {
     out("%s rc=-1 error=missing-symbols", s.c_str());
     return;
@@ -343,8 +330,7 @@ void step_threads(const std::string& s, const std::vector<std::string>& a) {
     });
   }
   for (auto& th : pool) th.join();
-  out("%s rc=%d errors=%d overlaps=%d", s.c_str(), errors.load() == 0 ? 0 : 1, errors.load(),
-      overlaps.load());
+  out("%s rc=%d errors=%d overlaps=%d", s.c_str(), errors.load() == 0 ? 0 : 1, errors.load(), overlaps.load());
 }
 
 // stress:T:ITERS:MAXSIZE — T threads each allocate ITERS buffers of random size (1 MiB ..
@@ -394,9 +380,8 @@ void step_stress(const std::string& s, const std::vector<std::string>& a) {
     });
   }
   for (auto& th : pool) th.join();
-  out("%s rc=%d ok=%d refused=%d errors=%d overlaps=%d", s.c_str(),
-      errors.load() == 0 && overlaps.load() == 0 ? 0 : 1, ok.load(), refused.load(), errors.load(),
-      overlaps.load());
+  out("%s rc=%d ok=%d refused=%d errors=%d overlaps=%d", s.c_str(), errors.load() == 0 && overlaps.load() == 0 ? 0 : 1,
+      ok.load(), refused.load(), errors.load(), overlaps.load());
 }
 
 // Byte `i` (offset from an allocation's pointer) of the pattern of `seed`.
@@ -492,18 +477,16 @@ void run_step(const std::string& s) {
     CUdeviceptr base = 0;
     size_t size = 0;
     const CUresult rc = CALL(cuMemGetAddressRange, &base, &size, p + size_of(a.at(2)));
-    out("%s rc=%d base_off=%lld size=%zu", s.c_str(), rc,
-        static_cast<long long>(base) - static_cast<long long>(p), size);
+    out("%s rc=%d base_off=%lld size=%zu", s.c_str(), rc, static_cast<long long>(base) - static_cast<long long>(p),
+        size);
   } else if (op == "attr") {
     const std::uint64_t p = var(a.at(1));
     const CUdeviceptr q = p + size_of(a.at(2));
     CUdeviceptr start = 0;
     size_t size = 0;
     CUresult rc = CALL(cuPointerGetAttribute, &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q);
-    if (rc == CUDA_SUCCESS)
-      rc = CALL(cuPointerGetAttribute, &size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, q);
-    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+    if (rc == CUDA_SUCCESS) rc = CALL(cuPointerGetAttribute, &size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, q);
+    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
                                     CU_POINTER_ATTRIBUTE_RANGE_SIZE};
     int ordinal = -1;
     CUdeviceptr mstart = 0;
@@ -512,16 +495,15 @@ void run_step(const std::string& s) {
     const CUresult rc2 = CALL(cuPointerGetAttributes, 3, attrs, data, q);
     out("%s rc=%d start_off=%lld size=%zu multi_rc=%d ordinal=%d multi_start_off=%lld "
         "multi_size=%zu",
-        s.c_str(), rc, static_cast<long long>(start) - static_cast<long long>(p), size, rc2,
-        ordinal, static_cast<long long>(mstart) - static_cast<long long>(p), msize);
+        s.c_str(), rc, static_cast<long long>(start) - static_cast<long long>(p), size, rc2, ordinal,
+        static_cast<long long>(mstart) - static_cast<long long>(p), msize);
   } else if (op == "create") {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = 0;
-    prop.requestedHandleTypes = a.size() > 3 && a[3] == "nofd"
-                                    ? CU_MEM_HANDLE_TYPE_NONE
-                                    : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.requestedHandleTypes =
+        a.size() > 3 && a[3] == "nofd" ? CU_MEM_HANDLE_TYPE_NONE : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     CUmemGenericAllocationHandle h = 0;
     const std::uint64_t size = size_of(a.at(2));
     const CUresult rc = CALL(cuMemCreate, &h, size, &prop, 0);
@@ -551,8 +533,7 @@ void run_step(const std::string& s) {
     out("%s rc=%d", s.c_str(), CALL(cuMemAddressFree, var(a.at(1)), vars[a.at(1)].size));
   } else if (op == "retain") {
     CUmemGenericAllocationHandle h = 0;
-    const CUresult rc = CALL(cuMemRetainAllocationHandle, &h,
-                             reinterpret_cast<void*>(var(a.at(2)) + size_of(a.at(3))));
+    const CUresult rc = CALL(cuMemRetainAllocationHandle, &h, reinterpret_cast<void*>(var(a.at(2)) + size_of(a.at(3))));
     if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, 0};
     out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
   } else if (op == "release") {
@@ -560,13 +541,11 @@ void run_step(const std::string& s) {
   } else if (op == "props") {
     CUmemAllocationProp prop{};
     const CUresult rc = CALL(cuMemGetAllocationPropertiesFromHandle, &prop, var(a.at(1)));
-    out("%s rc=%d type=%d loc_type=%d loc_id=%d handle_types=%d", s.c_str(), rc,
-        static_cast<int>(prop.type), static_cast<int>(prop.location.type), prop.location.id,
-        static_cast<int>(prop.requestedHandleTypes));
+    out("%s rc=%d type=%d loc_type=%d loc_id=%d handle_types=%d", s.c_str(), rc, static_cast<int>(prop.type),
+        static_cast<int>(prop.location.type), prop.location.id, static_cast<int>(prop.requestedHandleTypes));
   } else if (op == "export") {
     int fd = -1;
-    CUresult rc = CALL(cuMemExportToShareableHandle, &fd, var(a.at(1)),
-                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    CUresult rc = CALL(cuMemExportToShareableHandle, &fd, var(a.at(1)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     int same = 0;
     CUresult import_rc = static_cast<CUresult>(-1);
     if (rc == CUDA_SUCCESS && a.size() > 3) {
@@ -576,25 +555,21 @@ void run_step(const std::string& s) {
       const CUresult fill = CALL(cuMemsetD8, at, 0x5a, 4096);
       void* m = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
       if (fill == CUDA_SUCCESS && m != MAP_FAILED) {
-        same = static_cast<unsigned char*>(m)[0] == 0x5a &&
-               static_cast<unsigned char*>(m)[4095] == 0x5a;
+        same = static_cast<unsigned char*>(m)[0] == 0x5a && static_cast<unsigned char*>(m)[4095] == 0x5a;
         munmap(m, 4096);
       }
       CUmemGenericAllocationHandle imported = 0;
-      import_rc = CALL(cuMemImportFromShareableHandle, &imported,
-                       reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
-                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      import_rc =
+          CALL(cuMemImportFromShareableHandle, &imported, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
       if (import_rc == CUDA_SUCCESS) CALL(cuMemRelease, imported);
     }
     if (fd >= 0) close(fd);
-    out("%s rc=%d fd_ok=%d same_memory=%d import_rc=%d", s.c_str(), rc, fd >= 0 ? 1 : 0, same,
-        import_rc);
+    out("%s rc=%d fd_ok=%d same_memory=%d import_rc=%d", s.c_str(), rc, fd >= 0 ? 1 : 0, same, import_rc);
   } else if (op == "kfill" || op == "kfillstream") {
     const CUdeviceptr p = var(a.at(1)) + static_cast<std::uint64_t>(offset_of(a.at(2)));
-    const unsigned value =
-        a.size() > 4 ? static_cast<unsigned>(std::strtoul(a[4].c_str(), nullptr, 0)) : 0xabcdu;
-    out("%s rc=%d", s.c_str(),
-        launch_fill(p, size_of(a.at(3)), value, op == "kfillstream" ? stream() : nullptr));
+    const unsigned value = a.size() > 4 ? static_cast<unsigned>(std::strtoul(a[4].c_str(), nullptr, 0)) : 0xabcdu;
+    out("%s rc=%d", s.c_str(), launch_fill(p, size_of(a.at(3)), value, op == "kfillstream" ? stream() : nullptr));
   } else if (op == "sync") {
     out("%s rc=%d", s.c_str(), CALL(cuCtxSynchronize));
   } else if (op == "streamsync") {
@@ -602,8 +577,7 @@ void run_step(const std::string& s) {
   } else if (op == "memset") {
     const CUdeviceptr p = var(a.at(1)) + static_cast<std::uint64_t>(offset_of(a.at(2)));
     out("%s rc=%d", s.c_str(),
-        CALL(cuMemsetD8, p, static_cast<unsigned char>(std::atoi(a.at(4).c_str())),
-             size_of(a.at(3))));
+        CALL(cuMemsetD8, p, static_cast<unsigned char>(std::atoi(a.at(4).c_str())), size_of(a.at(3))));
   } else if (op == "layout") {
     const std::uint64_t p = var(a.at(1));
     const std::uint64_t chunk = std::uint64_t{2} << 20;
@@ -656,10 +630,8 @@ void run_step(const std::string& s) {
     const std::uint64_t p = var(a.at(1)) + size_of(a.at(2));
     const int rc = fn(reinterpret_cast<const void*>(p), size_of(a.at(3)), &r);
     out("%s rc=%d shared=%llu merged=%llu copied=%llu chunk=%llu", s.c_str(), rc,
-        static_cast<unsigned long long>(r.shared_bytes),
-        static_cast<unsigned long long>(r.merged_bytes),
-        static_cast<unsigned long long>(r.copied_bytes),
-        static_cast<unsigned long long>(r.chunk_bytes));
+        static_cast<unsigned long long>(r.shared_bytes), static_cast<unsigned long long>(r.merged_bytes),
+        static_cast<unsigned long long>(r.copied_bytes), static_cast<unsigned long long>(r.chunk_bytes));
   } else if (op == "kstress") {
     step_kstress(s, a);
   } else if (op == "nvml") {
@@ -674,14 +646,11 @@ void run_step(const std::string& s) {
   } else if (op == "where") {
     void* p = nullptr;
     CUdriverProcAddressQueryResult st{};
-    const cuuint64_t flags =
-        a.size() > 3 && a[3] == "ptds" ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
-    const CUresult rc = g_gpa2 != nullptr
-                            ? g_gpa2(a.at(1).c_str(), &p, std::atoi(a.at(2).c_str()), flags, &st)
-                            : static_cast<CUresult>(-1);
-    const CUresult rc1 = g_gpa1 != nullptr
-                             ? g_gpa1(a.at(1).c_str(), &p, std::atoi(a.at(2).c_str()), flags)
-                             : static_cast<CUresult>(-1);
+    const cuuint64_t flags = a.size() > 3 && a[3] == "ptds" ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+    const CUresult rc = g_gpa2 != nullptr ? g_gpa2(a.at(1).c_str(), &p, std::atoi(a.at(2).c_str()), flags, &st)
+                                          : static_cast<CUresult>(-1);
+    const CUresult rc1 =
+        g_gpa1 != nullptr ? g_gpa1(a.at(1).c_str(), &p, std::atoi(a.at(2).c_str()), flags) : static_cast<CUresult>(-1);
     out("%s rc=%d status=%d v1_rc=%d lib=%s", s.c_str(), rc, static_cast<int>(st), rc1, lib_of(p));
   } else if (op == "dlsym-next") {
     // Resolved relative to this executable: the next definition after it in the search order.
@@ -701,16 +670,14 @@ int main(int argc, char** argv) {
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; ++i) {
     if (std::strcmp(argv[i], "--direct") == 0) g_direct = true;
-    if (std::strcmp(argv[i], "--ptds") == 0)
-      g_flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    if (std::strcmp(argv[i], "--ptds") == 0) g_flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   }
   if (!resolve_all()) {
     out("resolve rc=-1 error=%s", dlerror());
     return 2;
   }
-  out("resolve rc=0 gpa2_lib=%s gpa1_lib=%s alloc_lib=%s memcpy_lib=%s",
-      lib_of(reinterpret_cast<void*>(g_gpa2)), lib_of(reinterpret_cast<void*>(g_gpa1)),
-      lib_of(reinterpret_cast<void*>(api.cuMemAlloc)),
+  out("resolve rc=0 gpa2_lib=%s gpa1_lib=%s alloc_lib=%s memcpy_lib=%s", lib_of(reinterpret_cast<void*>(g_gpa2)),
+      lib_of(reinterpret_cast<void*>(g_gpa1)), lib_of(reinterpret_cast<void*>(api.cuMemAlloc)),
       lib_of(reinterpret_cast<void*>(api.cuMemcpyDtoH)));
   for (; i < argc; ++i) {
     const std::string s = argv[i];

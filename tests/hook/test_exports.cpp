@@ -46,8 +46,7 @@ TEST_CASE("exported dynamic symbols are exactly the interposed ones") {
   const std::set<std::string> expected = expected_exports();
   for (const std::string& name : exported) {
     INFO("unexpected export " << name);
-    CHECK((expected.count(name) == 1 || name.rfind("vlake_hook_", 0) == 0 ||
-           name.rfind("vlake_share_", 0) == 0));
+    CHECK((expected.count(name) == 1 || name.rfind("vlake_hook_", 0) == 0 || name.rfind("vlake_share_", 0) == 0));
   }
   for (const std::string& name : expected) {
     INFO("missing export " << name);
@@ -75,8 +74,7 @@ TEST_CASE("NEEDED libraries are the C and C++ runtime only") {
     const std::string lib = line.substr(l + 1, r - l - 1);
     INFO("NEEDED " << lib);
 #ifdef VLAKE_HOOK_SANITIZED
-    if (lib.rfind("libasan.so", 0) == 0 || lib.rfind("libubsan.so", 0) == 0 ||
-        lib.rfind("libtsan.so", 0) == 0) {
+    if (lib.rfind("libasan.so", 0) == 0 || lib.rfind("libubsan.so", 0) == 0 || lib.rfind("libtsan.so", 0) == 0) {
       continue;  // the sanitizer runtime of a sanitizer build
     }
 #endif

@@ -28,9 +28,7 @@ std::uint64_t ptr_of(const std::string& out, const std::string& step) {
   return std::strtoull(line_of(out, step)["ptr"].c_str(), nullptr, 16);
 }
 
-std::string num(std::uint64_t v) {
-  return std::to_string(v);
-}
+std::string num(std::uint64_t v) { return std::to_string(v); }
 
 constexpr const char* kFaultLine =
     "vlake: GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in cuCtxSynchronize; reported to "
@@ -40,11 +38,11 @@ constexpr const char* kFaultLine =
 
 TEST_CASE("guard fault mode: pointers end at their chunk's end and lookups use them") {
   Fixture f(with_mode(GuardMode::fault));
-  const auto r = f.run({"init", "alloc:a:1M", "layout:a", "alloc:b:1000", "layout:b",
-                        "alloc:c:6M", "layout:c", "pitch:p:1000:3:4", "layout:p", "async:q:4K",
-                        "layout:q", "range:a:4K", "attr:a:4K", "range:b:999", "attr:c:5M",
-                        "fill:b:1000:9", "fill:c:6M:3", "kfill:a:0:262144", "kfill:b:0:250",
-                        "sync#inside", "free:b", "free:c", "freeasync:q", "free:p", "free:a",
+  const auto r = f.run({"init",          "alloc:a:1M",  "layout:a",         "alloc:b:1000",  "layout:b",
+                        "alloc:c:6M",    "layout:c",    "pitch:p:1000:3:4", "layout:p",      "async:q:4K",
+                        "layout:q",      "range:a:4K",  "attr:a:4K",        "range:b:999",   "attr:c:5M",
+                        "fill:b:1000:9", "fill:c:6M:3", "kfill:a:0:262144", "kfill:b:0:250", "sync#inside",
+                        "free:b",        "free:c",      "freeasync:q",      "free:p",        "free:a",
                         "info"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.status == 0);
@@ -100,9 +98,8 @@ TEST_CASE("guard fault mode: pointers end at their chunk's end and lookups use t
 
 TEST_CASE("guard fault mode: a kernel writing one element past the end faults and is reported") {
   Fixture f(with_mode(GuardMode::fault));
-  const auto r = f.run({"init", "alloc:old:64K", "alloc:gone:8K", "free:gone", "alloc:a:1M",
-                        "alloc:b:3000", "kfill:b:0:750#inside", "sync#inside",
-                        "kfill:a:0:262145#overrun", "sync#1", "sync#2"});
+  const auto r = f.run({"init", "alloc:old:64K", "alloc:gone:8K", "free:gone", "alloc:a:1M", "alloc:b:3000",
+                        "kfill:b:0:750#inside", "sync#inside", "kfill:a:0:262145#overrun", "sync#1", "sync#2"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.status == 0);
   CHECK(line_of(r.out, "sync#inside")["rc"] == "0");
@@ -150,16 +147,17 @@ TEST_CASE("guard fault mode: at most 8 suspects, the newest, and other sync call
     INFO(i);
     CHECK(ev.suspects[i].address == ptr_of(r.out, "alloc:v" + std::to_string(9 - i) + ":4K"));
   }
-  CHECK(count_lines(r.err, "GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in "
-                           "cuStreamSynchronize; reported to vlaked as a guard event") == 1);
+  CHECK(count_lines(r.err,
+                    "GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in "
+                    "cuStreamSynchronize; reported to vlaked as a guard event") == 1);
 }
 
 TEST_CASE("guard off and canary modes: allocations start at the chunk start, no guard VA") {
   const GuardMode mode = GENERATE(GuardMode::off, GuardMode::canary);
   INFO("mode " << static_cast<int>(mode));
   Fixture f(with_mode(mode));
-  const auto r = f.run({"init", "alloc:a:1M", "layout:a", "alloc:b:1000", "layout:b",
-                        "range:a:4K", "kfill:a:1M:1#slack", "sync#slack", "free:b", "free:a"});
+  const auto r = f.run({"init", "alloc:a:1M", "layout:a", "alloc:b:1000", "layout:b", "range:a:4K",
+                        "kfill:a:1M:1#slack", "sync#slack", "free:b", "free:a"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.status == 0);
   auto a = line_of(r.out, "layout:a");
@@ -175,8 +173,7 @@ TEST_CASE("guard off and canary modes: allocations start at the chunk start, no 
 
 TEST_CASE("guard off mode: a kernel fault is still reported once") {
   Fixture f(with_mode(GuardMode::off));
-  const auto r =
-      f.run({"init", "alloc:a:2M", "kfill:a:64G:1#far", "sync#1", "sync#2"});
+  const auto r = f.run({"init", "alloc:a:2M", "kfill:a:64G:1#far", "sync#1", "sync#2"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.status == 0);
   CHECK(line_of(r.out, "sync#1")["rc"] == num(CUDA_ERROR_ILLEGAL_ADDRESS));

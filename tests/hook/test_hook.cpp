@@ -14,9 +14,7 @@ namespace {
 constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
 constexpr std::uint64_t kCapacity = std::uint64_t{1} << 30;  // VLAKE_SIM_DEVICE_MEMORY
 
-std::string num(std::uint64_t v) {
-  return std::to_string(v);
-}
+std::string num(std::uint64_t v) { return std::to_string(v); }
 
 FakeDaemonOptions with_limit(std::uint64_t limit) {
   FakeDaemonOptions o;
@@ -29,10 +27,9 @@ FakeDaemonOptions with_limit(std::uint64_t limit) {
 TEST_CASE("cudart-style resolution reaches the hook and the daemon serves alloc and free") {
   Fixture f(with_limit(64 * MiB));
   const auto r =
-      f.run({"where:cuMemAlloc:3020", "where:cuMemAlloc:2000", "where:cuMemsetD8:3020",
-             "where:cuNoSuchCall:3020", "where:cuGetProcAddress:11030",
-             "where:cuGetProcAddress:12000", "dlsym:cuGetProcAddress_v2", "dlsym:cuMemsetD8_v2",
-             "dlsym-next:dlsym", "dlsym-next:cuMemAlloc_v2", "init", "alloc:a:6M", "fill:a:6M:7",
+      f.run({"where:cuMemAlloc:3020", "where:cuMemAlloc:2000", "where:cuMemsetD8:3020", "where:cuNoSuchCall:3020",
+             "where:cuGetProcAddress:11030", "where:cuGetProcAddress:12000", "dlsym:cuGetProcAddress_v2",
+             "dlsym:cuMemsetD8_v2", "dlsym-next:dlsym", "dlsym-next:cuMemAlloc_v2", "init", "alloc:a:6M", "fill:a:6M:7",
              "range:a:5M", "attr:a:5M", "info#1", "free:a", "info#2"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.status == 0);
@@ -45,8 +42,7 @@ TEST_CASE("cudart-style resolution reaches the hook and the daemon serves alloc 
   CHECK(line_of(r.out, "where:cuMemAlloc:3020")["lib"] == "libvlake-hook.so");
   // Names and versions the hook does not intercept: the driver's answer, status included
   // (compared with the same lookups in a process without the hook).
-  const auto bare =
-      run_tenant({"where:cuMemAlloc:2000", "where:cuNoSuchCall:3020"}, {{"LD_PRELOAD", "\x01"}});
+  const auto bare = run_tenant({"where:cuMemAlloc:2000", "where:cuNoSuchCall:3020"}, {{"LD_PRELOAD", "\x01"}});
   INFO("without the hook:\n" << bare.out);
   for (const char* step : {"where:cuMemAlloc:2000", "where:cuNoSuchCall:3020"}) {
     auto hooked = line_of(r.out, step);
@@ -58,8 +54,7 @@ TEST_CASE("cudart-style resolution reaches the hook and the daemon serves alloc 
     CHECK(hooked["lib"] == plain["lib"]);
     CHECK(hooked["lib"] != "libvlake-hook.so");
   }
-  CHECK(line_of(r.out, "where:cuNoSuchCall:3020")["status"] ==
-        num(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND));
+  CHECK(line_of(r.out, "where:cuNoSuchCall:3020")["status"] == num(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND));
   CHECK(line_of(r.out, "where:cuMemsetD8:3020")["lib"] == "libcuda.so.1");
   CHECK(line_of(r.out, "where:cuGetProcAddress:11030")["lib"] == "libvlake-hook.so");
   CHECK(line_of(r.out, "where:cuGetProcAddress:12000")["lib"] == "libvlake-hook.so");
@@ -117,8 +112,8 @@ TEST_CASE("exported symbols called directly are intercepted too") {
 
 TEST_CASE("over the limit: CUDA_ERROR_OUT_OF_MEMORY and one rate-limited stderr line") {
   Fixture f(with_limit(8 * MiB));
-  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:4M", "alloc:c:4M", "alloc:d:4M",
-                        "sleep:1100", "alloc:e:4M", "free:a"});
+  const auto r =
+      f.run({"init", "alloc:a:6M", "alloc:b:4M", "alloc:c:4M", "alloc:d:4M", "sleep:1100", "alloc:e:4M", "free:a"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:a:6M")["rc"] == "0");
   for (const char* s : {"alloc:b:4M", "alloc:c:4M", "alloc:d:4M", "alloc:e:4M"}) {
@@ -176,8 +171,7 @@ TEST_CASE("cuMemGetInfo_v2 and cuDeviceTotalMem_v2 report the tenant's limit") {
 
 TEST_CASE("cuMemAllocPitch_v2 is served with a 512-byte pitch and validates the element size") {
   Fixture f(with_limit(64 * MiB));
-  const auto r = f.run({"init", "pitch:p:1000:3000:4", "fill:p:3000K:3", "range:p:0",
-                        "pitch:q:1000:10:3", "free:p"});
+  const auto r = f.run({"init", "pitch:p:1000:3000:4", "fill:p:3000K:3", "range:p:0", "pitch:q:1000:10:3", "free:p"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "pitch:p:1000:3000:4")["rc"] == "0");
   CHECK(line_of(r.out, "pitch:p:1000:3000:4")["pitch"] == "1024");
@@ -195,8 +189,8 @@ TEST_CASE("cuMemAllocAsync / cuMemFreeAsync are served from the pool") {
   const bool ptds = GENERATE(false, true);
   std::vector<std::string> args;
   if (ptds) args.push_back("--ptds");
-  for (const char* s : {"init", "where:cuMemAllocAsync:11020", "where:cuMemAllocAsync:11020:ptds",
-                        "async:x:6M", "fill:x:6M:4", "range:x:3M", "info", "freeasync:x"}) {
+  for (const char* s : {"init", "where:cuMemAllocAsync:11020", "where:cuMemAllocAsync:11020:ptds", "async:x:6M",
+                        "fill:x:6M:4", "range:x:3M", "info", "freeasync:x"}) {
     args.emplace_back(s);
   }
   const auto r = f.run(args);
@@ -232,8 +226,8 @@ TEST_CASE("cuMemAllocManaged passes through and is charged") {
 TEST_CASE("cuMemCreate: the grant is released only after every reference and mapping is gone") {
   Fixture f(with_limit(64 * MiB));
   SECTION("released but still mapped: no release until unmap") {
-    const auto r = f.run({"init", "create:h:4M", "reserve:v:8M", "map:v:2M:h", "retain:h2:v:3M",
-                          "release:h", "release:h2"});
+    const auto r =
+        f.run({"init", "create:h:4M", "reserve:v:8M", "map:v:2M:h", "retain:h2:v:3M", "release:h", "release:h2"});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     CHECK(line_of(r.out, "create:h:4M")["rc"] == "0");
     CHECK(line_of(r.out, "map:v:2M:h")["rc"] == "0");
@@ -247,8 +241,8 @@ TEST_CASE("cuMemCreate: the grant is released only after every reference and map
     CHECK(c.outstanding == 0);  // taken back when the process went away
   }
   SECTION("unmapped after the last release") {
-    const auto r = f.run({"init", "create:h:4M", "reserve:v:8M", "map:v:2M:h", "retain:h2:v:3M",
-                          "release:h", "release:h2", "unmap:v:0:8M", "addrfree:v", "sleep:50"});
+    const auto r = f.run({"init", "create:h:4M", "reserve:v:8M", "map:v:2M:h", "retain:h2:v:3M", "release:h",
+                          "release:h2", "unmap:v:0:8M", "addrfree:v", "sleep:50"});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     CHECK(line_of(r.out, "unmap:v:0:8M")["rc"] == "0");
     CHECK(line_of(r.out, "addrfree:v")["rc"] == "0");
@@ -258,16 +252,16 @@ TEST_CASE("cuMemCreate: the grant is released only after every reference and map
     CHECK(c.releases_exported == 0);
   }
   SECTION("released with mappings gone first") {
-    const auto r = f.run({"init", "create:h:4M", "reserve:v:4M", "map:v:0:h", "fill:v:4M:2",
-                          "unmap:v:0:4M", "release:h"});
+    const auto r =
+        f.run({"init", "create:h:4M", "reserve:v:4M", "map:v:0:h", "fill:v:4M:2", "unmap:v:0:4M", "release:h"});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     CHECK(line_of(r.out, "fill:v:4M:2")["ok"] == "1");
     CHECK(line_of(r.out, "release:h")["rc"] == "0");
     CHECK(f.daemon->counters().releases == 1);
   }
   SECTION("properties are the application's") {
-    const auto r = f.run({"init", "create:h:2M", "props:h", "create:n:2M:nofd", "props:n",
-                          "create:odd:3M", "release:h", "release:n"});
+    const auto r = f.run(
+        {"init", "create:h:2M", "props:h", "create:n:2M:nofd", "props:n", "create:odd:3M", "release:h", "release:n"});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     auto p = line_of(r.out, "props:h");
     CHECK(p["rc"] == "0");
@@ -285,8 +279,8 @@ TEST_CASE("cuMemCreate: the grant is released only after every reference and map
 
 TEST_CASE("cuMemExportToShareableHandle of a pool handle returns a usable descriptor") {
   Fixture f(with_limit(64 * MiB));
-  const auto r = f.run({"init", "create:h:4M", "reserve:v:4M", "map:v:0:h", "export:h:v:0",
-                        "create:n:2M:nofd", "export:n", "release:h", "unmap:v:0:4M", "release:n"});
+  const auto r = f.run({"init", "create:h:4M", "reserve:v:4M", "map:v:0:h", "export:h:v:0", "create:n:2M:nofd",
+                        "export:n", "release:h", "unmap:v:0:4M", "release:n"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   auto e = line_of(r.out, "export:h:v:0");
   CHECK(e["rc"] == "0");
@@ -304,8 +298,7 @@ TEST_CASE("cuMemExportToShareableHandle of a pool handle returns a usable descri
 TEST_CASE("daemon unreachable: refuse (default) or passthrough") {
   const std::string missing = fresh_socket_path();
   SECTION("refuse") {
-    const auto r =
-        run_tenant({"init", "alloc:a:2M", "create:h:2M", "info"}, {{"VLAKE_SOCKET", missing}});
+    const auto r = run_tenant({"init", "alloc:a:2M", "create:h:2M", "info"}, {{"VLAKE_SOCKET", missing}});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     CHECK(line_of(r.out, "alloc:a:2M")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));
     CHECK(line_of(r.out, "create:h:2M")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));
@@ -314,9 +307,8 @@ TEST_CASE("daemon unreachable: refuse (default) or passthrough") {
     CHECK(count_lines(r.err, "VLAKE_ON_UNREACHABLE=passthrough") == 1);
   }
   SECTION("passthrough") {
-    const auto r =
-        run_tenant({"init", "alloc:a:2M", "fill:a:2M:5", "alloc:b:2M", "free:a", "free:b"},
-                   {{"VLAKE_SOCKET", missing}, {"VLAKE_ON_UNREACHABLE", "passthrough"}});
+    const auto r = run_tenant({"init", "alloc:a:2M", "fill:a:2M:5", "alloc:b:2M", "free:a", "free:b"},
+                              {{"VLAKE_SOCKET", missing}, {"VLAKE_ON_UNREACHABLE", "passthrough"}});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     CHECK(line_of(r.out, "alloc:a:2M")["rc"] == "0");
     CHECK(line_of(r.out, "fill:a:2M:5")["ok"] == "1");
@@ -331,8 +323,7 @@ TEST_CASE("daemon restart: the hook reconnects with its old session and retries"
   FakeDaemonOptions o = with_limit(64 * MiB);
   o.drop_on_request = 2;  // the second request finds the connection closed
   Fixture f(o);
-  const auto r =
-      f.run({"init", "alloc:a:2M", "alloc:b:2M", "free:a", "free:b"}, {{"VLAKE_LOG", "info"}});
+  const auto r = f.run({"init", "alloc:a:2M", "alloc:b:2M", "free:a", "free:b"}, {{"VLAKE_LOG", "info"}});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:a:2M")["rc"] == "0");
   CHECK(line_of(r.out, "alloc:b:2M")["rc"] == "0");
@@ -382,8 +373,7 @@ TEST_CASE("a daemon that does not answer makes the call fail after VLAKE_TIMEOUT
 TEST_CASE("fork: the child connects afresh and does not use the parent's connection") {
   Fixture f(with_limit(64 * MiB));
   SECTION("parent connected (NVML), child uses CUDA") {
-    const auto r = f.run(
-        {"nvml#1", "fork", "init", "alloc:a:2M", "fill:a:2M:9", "free:a", "endfork", "nvml#2"});
+    const auto r = f.run({"nvml#1", "fork", "init", "alloc:a:2M", "fill:a:2M:9", "free:a", "endfork", "nvml#2"});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     CHECK(line_of(r.out, "nvml#1")["rc"] == "0");
     CHECK(line_of(r.out, "child alloc:a:2M")["rc"] == "0");
@@ -400,8 +390,7 @@ TEST_CASE("fork: the child connects afresh and does not use the parent's connect
     CHECK(c.usage_queries == 4);  // each nvml step asks for both memory queries
   }
   SECTION("parent holds grants; the child cannot use CUDA and gives nothing back") {
-    const auto r = f.run(
-        {"init", "alloc:a:2M", "fork", "alloc:b:2M", "free:a", "endfork", "fill:a:2M:1", "free:a"});
+    const auto r = f.run({"init", "alloc:a:2M", "fork", "alloc:b:2M", "free:a", "endfork", "fill:a:2M:1", "free:a"});
     INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
     CHECK(line_of(r.out, "child alloc:b:2M")["rc"] == num(CUDA_ERROR_NOT_INITIALIZED));
     CHECK(line_of(r.out, "fill:a:2M:1")["ok"] == "1");
@@ -416,8 +405,7 @@ TEST_CASE("fork: the child connects afresh and does not use the parent's connect
 
 TEST_CASE("VLAKE_DISABLE=1 passes everything through") {
   Fixture f(with_limit(64 * MiB));
-  const auto r = f.run({"init", "alloc:a:2M", "fill:a:2M:8", "info", "totalmem", "create:h:2M",
-                        "release:h", "free:a"},
+  const auto r = f.run({"init", "alloc:a:2M", "fill:a:2M:8", "info", "totalmem", "create:h:2M", "release:h", "free:a"},
                        {{"VLAKE_DISABLE", "1"}});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:a:2M")["rc"] == "0");

@@ -25,8 +25,8 @@ Env reserve(const std::string& cap, const std::string& age = "30") {
 
 TEST_CASE("reserve: a freed allocation is reused with no daemon message, contents kept private") {
   Fixture f(limit_of(256 * MiB));
-  const auto r = f.run({"init", "alloc:a:6M", "fill:a:6M:7", "free:a", "alloc:b:6M", "check:b:6M:7",
-                        "free:b", "alloc:c:5M", "free:c", "info", "sleep:400"},
+  const auto r = f.run({"init", "alloc:a:6M", "fill:a:6M:7", "free:a", "alloc:b:6M", "check:b:6M:7", "free:b",
+                        "alloc:c:5M", "free:c", "info", "sleep:400"},
                        reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(line_of(r.out, "alloc:a:6M")["rc"] == "0");
@@ -50,8 +50,7 @@ TEST_CASE("reserve: a freed allocation is reused with no daemon message, content
 
 TEST_CASE("reserve: a much larger block is not used for a small request") {
   Fixture f(limit_of(256 * MiB));
-  const auto r =
-      f.run({"init", "alloc:a:20M", "free:a", "alloc:b:2M", "free:b"}, reserve("64MiB"));
+  const auto r = f.run({"init", "alloc:a:20M", "free:a", "alloc:b:2M", "free:b"}, reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:b:2M")["rc"] == "0");
   CHECK(line_of(r.out, "alloc:b:2M")["ptr"] != line_of(r.out, "alloc:a:20M")["ptr"]);
@@ -71,8 +70,7 @@ TEST_CASE("reserve: VLAKE_RESERVE=0 sends every alloc and free to the daemon") {
 
 TEST_CASE("reserve: the byte cap returns the least recently freed blocks") {
   Fixture f(limit_of(256 * MiB));
-  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:6M", "free:a", "free:b", "sleep:300",
-                        "alloc:c:6M", "free:c"},
+  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:6M", "free:a", "free:b", "sleep:300", "alloc:c:6M", "free:c"},
                        reserve("8MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   // a left (oldest), b stayed: c reuses b.
@@ -84,8 +82,8 @@ TEST_CASE("reserve: the byte cap returns the least recently freed blocks") {
 
 TEST_CASE("reserve: idle blocks go back after VLAKE_RESERVE_AGE") {
   Fixture f(limit_of(256 * MiB));
-  const auto r = f.run({"init", "alloc:a:6M", "free:a", "sleep:600", "alloc:b:6M", "free:b"},
-                       reserve("64MiB", "200ms"));
+  const auto r =
+      f.run({"init", "alloc:a:6M", "free:a", "sleep:600", "alloc:b:6M", "free:b"}, reserve("64MiB", "200ms"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   const Counters c = f.daemon->counters();
   CHECK(c.grants_alloc == 2);
@@ -120,8 +118,7 @@ TEST_CASE("reserve: Pressure from the daemon makes the hook return its reserve")
   FakeDaemonOptions o = limit_of(256 * MiB);
   o.pressure_on_report = true;
   Fixture f(o);
-  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:2M", "free:a", "free:b", "sleep:800"},
-                       reserve("64MiB"));
+  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:2M", "free:a", "free:b", "sleep:800"}, reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   const Counters c = f.daemon->counters();
   CHECK(c.pressure_sent >= 1);
@@ -133,9 +130,9 @@ TEST_CASE("reserve: a Pressure message arriving before a grant reply is kept, th
   FakeDaemonOptions o = limit_of(256 * MiB);
   o.pressure_before_grant = 1;  // just before the reply to the first alloc grant
   Fixture f(o);
-  const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:10M", "fill:b:10M:3",
-                        "check:b:10M:3", "sleep:400", "free:b"},
-                       reserve("64MiB"));
+  const auto r =
+      f.run({"init", "alloc:a:6M", "free:a", "alloc:b:10M", "fill:b:10M:3", "check:b:10M:3", "sleep:400", "free:b"},
+            reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:b:10M")["rc"] == "0");
   CHECK(line_of(r.out, "check:b:10M:3")["ok"] == "1");

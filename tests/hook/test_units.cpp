@@ -32,9 +32,7 @@ CUmemAllocationProp device_prop() {
   return p;
 }
 
-vlake::UniqueFd some_fd() {
-  return vlake::UniqueFd(::dup(STDERR_FILENO));
-}
+vlake::UniqueFd some_fd() { return vlake::UniqueFd(::dup(STDERR_FILENO)); }
 
 }  // namespace
 
@@ -117,8 +115,8 @@ TEST_CASE("rate limiter: one per interval, counting the rest") {
 
 namespace {
 
-LogicalAlloc logical(std::uint64_t base, std::uint64_t reserved, std::uint64_t mapped,
-                     std::uint64_t ptr, std::uint64_t requested, std::uint64_t grant, int device,
+LogicalAlloc logical(std::uint64_t base, std::uint64_t reserved, std::uint64_t mapped, std::uint64_t ptr,
+                     std::uint64_t requested, std::uint64_t grant, int device,
                      std::chrono::steady_clock::time_point created = {}) {
   LogicalAlloc a;
   a.base = base;
@@ -171,8 +169,8 @@ TEST_CASE("alloc table: newest allocations of a device, newest first") {
   AllocTable t;
   const auto t0 = std::chrono::steady_clock::now();
   for (std::uint64_t i = 0; i < 12; ++i) {
-    t.insert(logical(0x10000000 + i * (8 << 20), 4 << 20, 4 << 20, 0x10000000 + i * (8 << 20),
-                     1 << 20, 100 + i, i % 2 == 0 ? 0 : 1, t0 + std::chrono::milliseconds(i)));
+    t.insert(logical(0x10000000 + i * (8 << 20), 4 << 20, 4 << 20, 0x10000000 + i * (8 << 20), 1 << 20, 100 + i,
+                     i % 2 == 0 ? 0 : 1, t0 + std::chrono::milliseconds(i)));
   }
   CHECK(t.count(0) == 6);
   CHECK(t.count(1) == 6);
@@ -319,7 +317,7 @@ TEST_CASE("LocalReserve: fit within 1/8 slack, most recent of a size first, per 
   vlake::hook::ReserveBlock out;
   CHECK_FALSE(r.take(0, 2 * kMi, g, out));  // 4 MiB is too big for 2 MiB; device 1 has one
   REQUIRE(r.take(0, 4 * kMi, g, out));
-  CHECK(out.alloc.base == 0x3000);  // the more recently freed
+  CHECK(out.alloc.base == 0x3000);           // the more recently freed
   CHECK_FALSE(r.take(0, 18 * kMi, g, out));  // 22 MiB > 18 + 2
   REQUIRE(r.take(0, 20 * kMi, g, out));
   CHECK(out.alloc.base == 0x1000);

@@ -85,9 +85,9 @@ class Tool {
       std::uint64_t bytes = 0;
       std::string purpose = "alloc";
       in >> bytes >> purpose;
-      const auto p = purpose == "counted" ? proto::GrantPurpose::counted
+      const auto p = purpose == "counted"  ? proto::GrantPurpose::counted
                      : purpose == "create" ? proto::GrantPurpose::create
-                                            : proto::GrantPurpose::alloc;
+                                           : proto::GrantPurpose::alloc;
       auto g = need_client().grant(uuid_, bytes, p);
       std::ostringstream o;
       o << "ok status=" << static_cast<int>(g.reply.status) << " id=" << g.reply.grant_id << " bytes=" << g.reply.bytes
@@ -163,7 +163,8 @@ class Tool {
       in >> timeout;
       const auto p = need_client().wait_pressure(timeout);
       if (!p) return "ok got=0";
-      return "ok got=1 bytes=" + std::to_string(p->bytes) + " reason=" + std::to_string(static_cast<unsigned>(p->reason)) +
+      return "ok got=1 bytes=" + std::to_string(p->bytes) +
+             " reason=" + std::to_string(static_cast<unsigned>(p->reason)) +
              " request=" + std::to_string(p->h.request_id);
     }
     if (cmd == "sizes") {

@@ -67,8 +67,9 @@ __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice
   }
 }
 
-__attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(
-    nvmlDevice_t d, unsigned* count, nvmlProcessInfo_t* infos) {
+__attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d,
+                                                                                            unsigned* count,
+                                                                                            nvmlProcessInfo_t* infos) {
   try {
     Snapshot s;
     if (d != the_device() || !read_file(s)) return NVML_ERROR_INVALID_ARGUMENT;

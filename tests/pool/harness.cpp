@@ -86,7 +86,7 @@ DaemonProcess::DaemonProcess(const std::string& tag, const std::string& config_y
   char tmpl[] = "/tmp/vlake-pooltest-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   dir = tmpl;
-  ::chmod(dir.c_str(), 0755);  // helpers running as other uids reach the socket
+  ::chmod(dir.c_str(), 0755);         // helpers running as other uids reach the socket
   socket = dir + "/run/vlaked.sock";  // run/ does not exist: the daemon creates it
   state = node + "-state";
   log_path = dir + "/vlaked.log";
@@ -108,9 +108,10 @@ DaemonProcess::~DaemonProcess() {
 }
 
 pid_t DaemonProcess::spawn(const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {VLAKED_PATH,   "--driver", VLAKE_SIM_LIB, "--socket", socket,
-                                   "--state",     state,      "--config",    config,   "--nvml",
-                                   "none",        "--sample-interval-ms", "50", "--metrics-address", "none"};
+  std::vector<std::string> args = {
+      VLAKED_PATH, "--driver",          VLAKE_SIM_LIB, "--socket", socket, "--state",
+      state,       "--config",          config,        "--nvml",   "none", "--sample-interval-ms",
+      "50",        "--metrics-address", "none"};
   args.insert(args.end(), extra.begin(), extra.end());
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -212,7 +213,8 @@ std::string Helper::cmd(const std::string& line) {
       buf_.erase(0, nl + 1);
       return out;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) throw std::runtime_error("helper: no answer to '" + line + "'");
     pollfd p{out_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;

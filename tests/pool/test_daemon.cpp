@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <functional>
-#include <cstring>
 #include <thread>
 
 #include "corpus.hpp"
@@ -222,10 +222,12 @@ TEST_CASE("daemon: a SIGKILLed client's grants return to the pool within a secon
 
   h->kill9();
   const auto t0 = std::chrono::steady_clock::now();
-  const bool back = eventually([&] {
-    s = snapshot(d.state);
-    return granted(*s, "user:4242") == 0 && live_grants(*s) == 0 && s->devices[0].free_bytes == 24 * kMiB;
-  }, 1000);
+  const bool back = eventually(
+      [&] {
+        s = snapshot(d.state);
+        return granted(*s, "user:4242") == 0 && live_grants(*s) == 0 && s->devices[0].free_bytes == 24 * kMiB;
+      },
+      1000);
   const auto took = std::chrono::steady_clock::now() - t0;
   CHECK(back);
   CHECK(took < std::chrono::seconds(1));
@@ -377,8 +379,8 @@ TEST_CASE("daemon: SIGKILL + restart keeps accounting, mappings and sessions", "
     CHECK(g.handle_count == o.handle_count);
     CHECK(g.device == o.device);
     CHECK(tenant_name(*after, g.tenant) == tenant_name(*before, o.tenant));
-    CHECK(g.state == (g.purpose == static_cast<std::uint32_t>(GrantPurpose::counted) ? st::kGrantLive
-                                                                                      : st::kGrantOrphaned));
+    CHECK(g.state ==
+          (g.purpose == static_cast<std::uint32_t>(GrantPurpose::counted) ? st::kGrantLive : st::kGrantOrphaned));
   }
   CHECK(after->devices[0].orphaned_bytes == 18 * kMiB);
   CHECK(after->devices[0].counted_bytes == 2 * kMiB);
@@ -454,7 +456,11 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   REQUIRE(devnull >= 0);
   const std::vector<Case> cases = {
-      {"short", false, [](PoolClient& c) { const char b[10] = {}; c.send_bytes(b, sizeof b); },
+      {"short", false,
+       [](PoolClient& c) {
+         const char b[10] = {};
+         c.send_bytes(b, sizeof b);
+       },
        "shorter than a header"},
       {"wrong magic", false,
        [&](PoolClient& c) {
@@ -688,18 +694,20 @@ TEST_CASE("daemon: NVML per-process usage counts against the quota", "[daemon]")
   auto write_usage = [&](std::uint64_t helper_bytes) {
     std::ofstream out(file + ".tmp");
     out << dev.to_string() << "\n"
-        << d.pid() << " " << 500 * kMiB << "\n"        // the daemon: never attributed
+        << d.pid() << " " << 500 * kMiB << "\n"  // the daemon: never attributed
         << a.pid() << " " << helper_bytes << "\n"
-        << 999999 << " " << 7 * kMiB << "\n";          // no session: nobody's
+        << 999999 << " " << 7 * kMiB << "\n";  // no session: nobody's
     out.close();
     ::rename((file + ".tmp").c_str(), file.c_str());
   };
   write_usage(10 * kMiB);
-  REQUIRE(eventually([&] {
-    const auto snap = snapshot(d.state);
-    const st::TenantRecord* t = tenant(*snap, "user:4242");
-    return t != nullptr && t->nonpool[0] == 10 * kMiB;
-  }, 3000));
+  REQUIRE(eventually(
+      [&] {
+        const auto snap = snapshot(d.state);
+        const st::TenantRecord* t = tenant(*snap, "user:4242");
+        return t != nullptr && t->nonpool[0] == 10 * kMiB;
+      },
+      3000));
   auto s = snapshot(d.state);
   CHECK(s->devices[0].nonpool_bytes == 10 * kMiB);
   CHECK(s->counters.nvml_samples > 0);
@@ -710,10 +718,12 @@ TEST_CASE("daemon: NVML per-process usage counts against the quota", "[daemon]")
   CHECK(num(g, "status") == 0);
   CHECK(num(g, "used") == 64 * kMiB);
   write_usage(0);
-  CHECK(eventually([&] {
-    const auto snap = snapshot(d.state);
-    return tenant(*snap, "user:4242")->nonpool[0] == 0;
-  }, 3000));
+  CHECK(eventually(
+      [&] {
+        const auto snap = snapshot(d.state);
+        return tenant(*snap, "user:4242")->nonpool[0] == 0;
+      },
+      3000));
   CHECK(num(a.ok("usage"), "used") == 54 * kMiB);
   CHECK_THAT(d.log(), !Catch::Contains("NVML unavailable"));
 }

@@ -66,7 +66,7 @@ TEST_CASE("guard: a write into a canary grant's slack raises an alarm at release
 
   const auto g2 = h.ok("grant " + std::to_string(size));
   const std::uint64_t id2 = num(g2, "id");
-  h.ok("poke " + std::to_string(id2) + " 0 " + std::to_string(size) + " 7");  // inside: fine
+  h.ok("poke " + std::to_string(id2) + " 0 " + std::to_string(size) + " 7");      // inside: fine
   h.ok("poke " + std::to_string(id2) + " " + std::to_string(size + 4) + " 3 9");  // 4 bytes past the end
   auto before = snapshot(d.state);
   CHECK(before->counters.guard_violations_canary == 1);  // no sweep: nothing until release

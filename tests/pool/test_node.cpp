@@ -51,8 +51,9 @@ quota::QuotaConfig config(const std::string& yaml) { return quota::QuotaConfig::
 struct World {
   explicit World(const std::string& yaml, NodeSettings settings = {}) {
     settings.daemon_pid = 1;
-    node = std::make_unique<Node>(sim_gpu().driver(), log, settings,
-                                  NodeEnv{[](uid_t, gid_t gid) { return std::vector<gid_t>{gid}; }, [this] { return t; }});
+    node =
+        std::make_unique<Node>(sim_gpu().driver(), log, settings,
+                               NodeEnv{[](uid_t, gid_t gid) { return std::vector<gid_t>{gid}; }, [this] { return t; }});
     quota::QuotaConfig cfg = config(yaml);
     node->validate(cfg);
     node->apply(std::move(cfg), "test.yaml", true, t, "");
@@ -252,7 +253,8 @@ TEST_CASE("node: a grant the pool cannot serve is parked, pressured, served when
   CHECK(w.node->counters().grants_parked == 1);
 }
 
-TEST_CASE("node: a parked grant times out as out_of_memory, without flagged reserves none is parked", "[node][pressure]") {
+TEST_CASE("node: a parked grant times out as out_of_memory, without flagged reserves none is parked",
+          "[node][pressure]") {
   World w("version: 1\ndefault: {limit: 100%}\n");
   const auto a = w.hello(1, 101, 1001, /*pressure=*/true);
   const auto b = w.hello(2, 102, 1002);

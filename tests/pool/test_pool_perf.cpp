@@ -119,9 +119,9 @@ TEST_CASE("pool: the warm reserve is created at start and serves a grant with no
 TEST_CASE("pool: pressure asks a flagged client for its reserve and the parked grant is served", "[pool][sim]") {
   DaemonProcess d("pressure", kConfig);
   REQUIRE(d.start({"--pressure-wait-ms", "5000"}));
-  Helper a(d.node, 4242, 0);   // keeps a reserve, speaks the pressure protocol
-  Helper n(d.node, 4243, 0);   // no kHelloPressure
-  Helper b(d.node);            // needs memory
+  Helper a(d.node, 4242, 0);  // keeps a reserve, speaks the pressure protocol
+  Helper n(d.node, 4243, 0);  // no kHelloPressure
+  Helper b(d.node);           // needs memory
   Helper filler(d.node);
   a.ok("connectp " + d.socket);
   n.ok("connect " + d.socket);
@@ -170,7 +170,8 @@ TEST_CASE("pool: pressure asks a flagged client for its reserve and the parked g
   CHECK(s->counters.grants_exact == 1);
 }
 
-TEST_CASE("pool: a parked grant times out as out_of_memory, and without flagged reserves none is parked", "[pool][sim]") {
+TEST_CASE("pool: a parked grant times out as out_of_memory, and without flagged reserves none is parked",
+          "[pool][sim]") {
   DaemonProcess d("pressure-timeout", kConfig);
   REQUIRE(d.start({"--pressure-wait-ms", "300"}));
   Helper a(d.node, 4242, 0);

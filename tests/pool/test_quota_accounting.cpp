@@ -51,8 +51,8 @@ std::vector<std::string> broken(const Accounting::Snapshot& s) {
     const auto [g, b] = dev[d.device.value()];
     const std::uint64_t unguaranteed = g >= d.capacity.value() ? 0 : d.capacity.value() - g;
     if (b > unguaranteed) {
-      out.push_back("GPU " + std::to_string(d.device.value()) + ": borrowed " + std::to_string(b) +
-                    " > unguaranteed " + std::to_string(unguaranteed));
+      out.push_back("GPU " + std::to_string(d.device.value()) + ": borrowed " + std::to_string(b) + " > unguaranteed " +
+                    std::to_string(unguaranteed));
     }
   }
   return out;
@@ -69,7 +69,7 @@ TEST_CASE("quota accounting: tenant, namespace and guarantee rules, distinct rea
   a.set_capacity(d, 100_MiB);
   a.set_namespace(research, d, 60_MiB, 40_MiB);  // limit 60, guaranteed 40
   a.set_namespace(batch, d, 100_MiB, 20_MiB);
-  a.set_namespace(other, d, 100_MiB, 0_B);       // U = 100 - 60 = 40
+  a.set_namespace(other, d, 100_MiB, 0_B);  // U = 100 - 60 = 40
   const TenantId r1{1};
   const TenantId r2{2};
   const TenantId b1{3};
@@ -179,7 +179,8 @@ TEST_CASE("quota accounting: property — concurrent grants never break a limit 
     // Storm tenants 1..tenants; one probe tenant per namespace (tenants+n) kept out of the storm.
     for (int t = 1; t <= tenants + namespaces; ++t) {
       const bool probe = t > tenants;
-      const auto ns = static_cast<std::uint32_t>(probe ? t - tenants : static_cast<int>(pick(1, static_cast<std::uint64_t>(namespaces))));
+      const auto ns = static_cast<std::uint32_t>(
+          probe ? t - tenants : static_cast<int>(pick(1, static_cast<std::uint64_t>(namespaces))));
       a.assign(TenantId{static_cast<std::uint32_t>(t)}, NamespaceId{ns});
       for (int d = 0; d < kDevices; ++d) {
         const std::uint64_t c = capacity[static_cast<std::size_t>(d)];
@@ -228,7 +229,8 @@ TEST_CASE("quota accounting: property — concurrent grants never break a limit 
             }
           } else if (h > 0) {
             const std::uint64_t n = std::min<std::uint64_t>(h, (1 + r() % 24) * kMiB);
-            if (!a.uncharge(TenantId{t}, DeviceOrdinal{d}, Bytes{n})) ++why_counts[static_cast<std::size_t>(w)][Refusal::none];
+            if (!a.uncharge(TenantId{t}, DeviceOrdinal{d}, Bytes{n}))
+              ++why_counts[static_cast<std::size_t>(w)][Refusal::none];
             h -= n;
           }
         }

@@ -57,12 +57,16 @@ std::string team_config(const std::string& user_limit, const std::string& team_l
          "  limit: 16MiB\n"
          "namespaces:\n"
          "  - name: team\n"
-         "    limit: " + team_limit + "\n"
+         "    limit: " +
+         team_limit +
+         "\n"
          "    priority: 5\n"
          "    users: [4242, 4243]\n"
          "users:\n"
          "  - uid: 4242\n"
-         "    limit: " + user_limit + "\n"
+         "    limit: " +
+         user_limit +
+         "\n"
          "    namespace: team\n";
 }
 
@@ -170,7 +174,7 @@ TEST_CASE("daemon quota: hot reload by rename and in-place edit, lowered limits,
   const st::TenantRecord* ta = tenant(*s, "team/user:4242");
   REQUIRE(ta != nullptr);
   CHECK(ta->granted[0] == 48 * kMiB);  // no revocation
-  CHECK(ta->over_limit == 1u);          // bit 0: GPU 0
+  CHECK(ta->over_limit == 1u);         // bit 0: GPU 0
   const st::NamespaceRecord* team = ns_record(*s, "team");
   REQUIRE(team != nullptr);
   CHECK(team->limit[0] == 64 * kMiB);
@@ -205,7 +209,8 @@ TEST_CASE("daemon quota: hot reload by rename and in-place edit, lowered limits,
       2000));
   s = snapshot(d.state);
   CHECK(std::string(s->config.last_error) ==
-        d.config + ":3:10: bad limit \"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count");
+        d.config +
+            ":3:10: bad limit \"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count");
   CHECK(s->counters.config_reload_errors >= 1);
   CHECK(s->config.rejected == 1);
   CHECK(s->config.error_unix_ns != 0);
@@ -288,8 +293,9 @@ TEST_CASE("daemon quota: a ConfigMap symlink swap is noticed at once, tenants mo
 }
 
 TEST_CASE("daemon quota: guarantees larger than the GPU stop start-up with a positioned error", "[daemon][quota]") {
-  DaemonProcess d("bigguarantee", "version: 1\nnamespaces:\n  - name: a\n    guaranteed: 600MiB\n  - name: b\n"
-                                  "    guaranteed: 600MiB\n");
+  DaemonProcess d("bigguarantee",
+                  "version: 1\nnamespaces:\n  - name: a\n    guaranteed: 600MiB\n  - name: b\n"
+                  "    guaranteed: 600MiB\n");
   CHECK_FALSE(d.start());
   CHECK_THAT(d.log(), Catch::Contains("bad quota file: " + d.config +
                                       ":6:17: guarantees add up to 1200MiB, more than the GPU's 1GiB"));

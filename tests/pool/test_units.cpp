@@ -106,7 +106,7 @@ TEST_CASE("accounting: reserve, commit, rollback, uncharge", "[pool][accounting]
     REQUIRE(r);
     CHECK(a.usage(t, d).reserved == 6_MiB);
     CHECK_FALSE(a.reserve(t, d, 6_MiB).has_value());  // reserved counts
-  }  // destroyed uncommitted: rolled back
+  }                                                   // destroyed uncommitted: rolled back
   CHECK(a.usage(t, d).reserved == 0_B);
   auto r = a.reserve(t, d, 6_MiB);
   REQUIRE(r);
@@ -121,7 +121,7 @@ TEST_CASE("accounting: reserve, commit, rollback, uncharge", "[pool][accounting]
   CHECK(a.uncharge(t, d, 6_MiB));
   CHECK(a.usage(t, d).granted == 0_B);
   CHECK_FALSE(a.uncharge(t, d, 1_MiB));  // more than granted: clamped, reported
-  a.restore(t, d, 20_MiB);  // recovered grants may exceed the limit
+  a.restore(t, d, 20_MiB);               // recovered grants may exceed the limit
   CHECK(a.usage(t, d).granted == 20_MiB);
   CHECK_FALSE(a.reserve(t, d, 1_B).has_value());
   CHECK_FALSE(a.reserve(t, d, Bytes{~0ULL}).has_value());  // no overflow
@@ -235,8 +235,8 @@ TEST_CASE("nvml: non-pool usage is attributed to session tenants", "[pool][nvml]
   NonpoolInputs in;
   in.daemon_pid = daemon;
   in.devices = {{DeviceOrdinal{0}, g0}, {DeviceOrdinal{1}, g1}, {DeviceOrdinal{2}, g2}};
-  in.pid_tenant = {{201, TenantId{1}}, {202, TenantId{1}}, {203, TenantId{2}}, {204, TenantId{3}},
-                   {daemon, TenantId{9}}};
+  in.pid_tenant = {
+      {201, TenantId{1}}, {202, TenantId{1}}, {203, TenantId{2}}, {204, TenantId{3}}, {daemon, TenantId{9}}};
   // pid 202 holds a 200 MiB orphaned grant on GPU 0 (its charge moved to it); pid 203 one
   // larger than what NVML shows: clamped at 0.
   in.orphaned[{202, 0}] = 200_MiB;
@@ -244,8 +244,8 @@ TEST_CASE("nvml: non-pool usage is attributed to session tenants", "[pool][nvml]
   const NonpoolResult r = attribute_nonpool(nvml, in);
   CHECK(r.at({1, 0}) == 500_MiB + 100_MiB);
   CHECK(r.at({2, 0}) == 0_B);
-  CHECK(r.at({3, 0}) == 0_B);   // present (reset to 0) though NVML lists no process of it
-  CHECK(r.at({9, 0}) == 0_B);   // the daemon's pid is never attributed
+  CHECK(r.at({3, 0}) == 0_B);  // present (reset to 0) though NVML lists no process of it
+  CHECK(r.at({9, 0}) == 0_B);  // the daemon's pid is never attributed
   CHECK(r.at({1, 1}) == 50_MiB);
   CHECK(r.at({3, 1}) == 10_MiB);
   CHECK(r.count({1, 2}) == 0);  // unknown GPU: no entry

@@ -42,10 +42,16 @@ TEST_CASE("size strings parse to bytes or percentages", "[quota]") {
   };
   const std::vector<Bad> bad = {
       {"8GB", "\"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count"},
-      {"0", "greater than zero"},   {"0GiB", "greater than zero"},
-      {"-1GiB", "cannot be negative"},  {"101%", "percentage over 100"}, {"100.5%", "percentage over 100"},
-      {"0%", "greater than zero"},    {"", "empty"},                {"GiB", "expected a number"},
-      {"1.5GiB", "whole number"},     {"99999999999999999999", "too large"},
+      {"0", "greater than zero"},
+      {"0GiB", "greater than zero"},
+      {"-1GiB", "cannot be negative"},
+      {"101%", "percentage over 100"},
+      {"100.5%", "percentage over 100"},
+      {"0%", "greater than zero"},
+      {"", "empty"},
+      {"GiB", "expected a number"},
+      {"1.5GiB", "whole number"},
+      {"99999999999999999999", "too large"},
       {"20000000TiB", "too large"},
   };
   for (const Bad& b : bad) {
@@ -159,7 +165,8 @@ TEST_CASE("bad files name file, line, column and the problem", "[quota]") {
       {"version: 1\ndefault:\n  guard: [canary]\n", "bad.yaml:3:10: bad guard mode '?' in 'default'"},
       {"version: 1\nnamespaces:\n  - name: a\n    guard: Canary\n",
        "bad.yaml:4:12: bad guard mode 'Canary' in namespace 'a'"},
-      {"version: 1\nusers:\n  - uid: 5\n    guard: faults\n", "bad.yaml:4:12: bad guard mode 'faults' in a 'users' entry"},
+      {"version: 1\nusers:\n  - uid: 5\n    guard: faults\n",
+       "bad.yaml:4:12: bad guard mode 'faults' in a 'users' entry"},
       {"version: 1\ngroups:\n  - gid: 5\n    guard: 1\n", "bad.yaml:4:12: bad guard mode '1' in a 'groups' entry"},
       {"version: 1\ndefault:\n  dedup: on\n",
        "bad.yaml:3:10: bad dedup mode 'on' in 'default' (use off or transparent)"},

@@ -180,7 +180,8 @@ TEST_CASE("model: malformed configurations, each with its positioned message", "
        "q.yaml:4:5: unknown key 'limits' in a 'namespaces' entry (allowed: name, limit, guaranteed, priority, "
        "pod_limit, users, groups, guard, dedup)"},
       {a + "    guard: strict\n", "q.yaml:4:12: bad guard mode 'strict' in namespace 'a' (use off, canary or fault)"},
-      {"version: 1\ndefault:\n  guard: yes\n", "q.yaml:3:10: bad guard mode 'yes' in 'default' (use off, canary or fault)"},
+      {"version: 1\ndefault:\n  guard: yes\n",
+       "q.yaml:3:10: bad guard mode 'yes' in 'default' (use off, canary or fault)"},
       {ns + "  - limit: 8GiB\n", "q.yaml:3:5: a 'namespaces' entry needs 'name'"},
       {ns + "  - name: Research\n",
        "q.yaml:3:11: bad namespace name 'Research': use a DNS label (a-z, 0-9 and '-', at most 63, not starting "

@@ -7,7 +7,8 @@
 
 namespace vlake::schedtest {
 
-grpc::Status FakeRegistration::Register(grpc::ServerContext*, const ::v1beta1::RegisterRequest* req, ::v1beta1::Empty*) {
+grpc::Status FakeRegistration::Register(grpc::ServerContext*, const ::v1beta1::RegisterRequest* req,
+                                        ::v1beta1::Empty*) {
   {
     std::lock_guard lk(mu_);
     reqs_.push_back(*req);

@@ -48,7 +48,8 @@ class FakePodResources final : public ::v1::PodResourcesLister::Service {
  public:
   explicit FakePodResources(std::string socket);
   ~FakePodResources() override;
-  grpc::Status List(grpc::ServerContext*, const ::v1::ListPodResourcesRequest*, ::v1::ListPodResourcesResponse* out) override;
+  grpc::Status List(grpc::ServerContext*, const ::v1::ListPodResourcesRequest*,
+                    ::v1::ListPodResourcesResponse* out) override;
   // Lists one container holding `ids` of `resource`.
   void add(const std::string& ns, const std::string& pod, const std::string& container, const std::string& resource,
            const std::vector<std::string>& ids);

@@ -38,8 +38,8 @@ TEST_CASE("a pod's process is attributed and limited to its allocation and its n
   } cleanup{root};  // destroyed after the plugin below
   const std::string alloc_root = root + "/alloc";
   const int port = exptest::free_port();
-  const bool started = d.start({"--alloc-root", alloc_root, "--metrics-address",
-                                "127.0.0.1:" + std::to_string(port), "--sample-interval-ms", "100"});
+  const bool started = d.start({"--alloc-root", alloc_root, "--metrics-address", "127.0.0.1:" + std::to_string(port),
+                                "--sample-interval-ms", "100"});
   INFO(d.log());
   REQUIRE(started);
 

@@ -16,8 +16,9 @@ TEST_CASE("options: defaults and parsing", "[scheduler]") {
   CHECK(d.kubelet_socket() == "/var/lib/kubelet/device-plugins/kubelet.sock");
   CHECK(d.gpu_visibility == GpuVisibility::both);
   CHECK(d.preload);
-  const char* argv[] = {"p", "--unit", "512MiB", "--gpu-visibility=cdi", "--preload", "false",
-                        "--attribution-interval", "500ms", "--vlaked-socket", "none"};
+  const char* argv[] = {
+      "p",     "--unit",          "512MiB", "--gpu-visibility=cdi", "--preload", "false", "--attribution-interval",
+      "500ms", "--vlaked-socket", "none"};
   const PluginOptions o = PluginOptions::parse(10, argv);
   CHECK(o.unit.value() == (512ull << 20));
   CHECK(o.gpu_visibility == GpuVisibility::cdi);
@@ -34,11 +35,10 @@ TEST_CASE("options: defaults and parsing", "[scheduler]") {
 TEST_CASE("attribution rule - exact id sets and owners kept and newest unowned first", "[scheduler]") {
   const alloc::Owner w{"ns", "a", "w"};
   const alloc::Owner x{"ns", "b", "x"};
-  std::vector<AllocView> allocs{
-      {"old", {"g::0", "g::1"}, 100, w},       // owned by w
-      {"new", {"g::0", "g::1"}, 200, std::nullopt},
-      {"newer", {"g::0", "g::1"}, 300, std::nullopt},
-      {"lone", {"g::3"}, 50, std::nullopt}};
+  std::vector<AllocView> allocs{{"old", {"g::0", "g::1"}, 100, w},  // owned by w
+                                {"new", {"g::0", "g::1"}, 200, std::nullopt},
+                                {"newer", {"g::0", "g::1"}, 300, std::nullopt},
+                                {"lone", {"g::3"}, 50, std::nullopt}};
   // Container x (a new pod) now holds the same ids; w is gone.
   auto r = attribute(allocs, {{x, {"g::1", "g::0"}}});
   CHECK(r.present.count("old") == 0);

@@ -25,10 +25,10 @@ int fail(const char* what, CUresult rc) {
   return 1;
 }
 
-#define PROBE_CHECK(call)                               \
-  do {                                                  \
-    CUresult rc_ = (call);                              \
-    if (rc_ != CUDA_SUCCESS) return fail(#call, rc_);   \
+#define PROBE_CHECK(call)                             \
+  do {                                                \
+    CUresult rc_ = (call);                            \
+    if (rc_ != CUDA_SUCCESS) return fail(#call, rc_); \
   } while (0)
 
 int init_ctx() {
@@ -110,9 +110,8 @@ int cmd_hold(std::size_t bytes) {
 int cmd_import(int fd, size_t size) {
   if (int rc = init_ctx(); rc != 0) return rc;
   CUmemGenericAllocationHandle h = 0;
-  PROBE_CHECK(cuMemImportFromShareableHandle(
-      &h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
-      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  PROBE_CHECK(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   ::close(fd);
   CUmemAllocationProp prop{};
   PROBE_CHECK(cuMemGetAllocationPropertiesFromHandle(&prop, h));

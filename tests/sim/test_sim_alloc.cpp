@@ -42,7 +42,7 @@ TEST_CASE("device attributes of the new allocation paths", "[sim][alloc]") {
   CHECK(device_attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) == 1);
   CHECK(device_attr(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY) == 1);
   CHECK(device_attr(CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT) == 32);  // measured on the H100
-  CHECK(device_attr(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT) == 512);  // the pitch granule
+  CHECK(device_attr(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT) == 512);       // the pitch granule
 }
 
 TEST_CASE("cuMemAllocPitch_v2 rounds the width up to 512 bytes", "[sim][alloc]") {
@@ -99,8 +99,7 @@ TEST_CASE("cuMemAllocPitch_v2 rounds the width up to 512 bytes", "[sim][alloc]")
   CHECK(cuMemAllocPitch_v2(&p, &pitch, 512, 4, 4) == CUDA_ERROR_INVALID_CONTEXT);
 }
 
-TEST_CASE("cuMemAllocManaged is host-backed device memory counted like cuMemAlloc",
-          "[sim][alloc]") {
+TEST_CASE("cuMemAllocManaged is host-backed device memory counted like cuMemAlloc", "[sim][alloc]") {
   CUcontext ctx = init_ctx();
   const size_t base = used_bytes();
   const size_t bytes = (size_t{3} << 20) + 100;
@@ -136,13 +135,11 @@ TEST_CASE("cuMemAllocManaged is host-backed device memory counted like cuMemAllo
   REQUIRE(cuMemFree_v2(p) == CUDA_SUCCESS);
   CHECK(cuMemAllocManaged(&p, kGran, 0) == CUDA_ERROR_INVALID_VALUE);  // measured
   CHECK(cuMemAllocManaged(&p, 0, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuMemAllocManaged(&p, kCapacity + kGran, CU_MEM_ATTACH_GLOBAL) ==
-        CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(cuMemAllocManaged(&p, kCapacity + kGran, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK(used_bytes() == base);
 }
 
-TEST_CASE("cuMemAllocAsync and cuMemFreeAsync are synchronous pool allocations",
-          "[sim][alloc]") {
+TEST_CASE("cuMemAllocAsync and cuMemFreeAsync are synchronous pool allocations", "[sim][alloc]") {
   init_ctx();
   const size_t base = used_bytes();
   CUstream s = nullptr;
@@ -198,8 +195,7 @@ TEST_CASE("cuMemAllocAsync and cuMemFreeAsync are synchronous pool allocations",
   CHECK(used_bytes() == base);
 }
 
-TEST_CASE("cuGetProcAddress returns the per-thread variants for the per-thread flag",
-          "[sim][proc]") {
+TEST_CASE("cuGetProcAddress returns the per-thread variants for the per-thread flag", "[sim][proc]") {
   void* lib = sim_handle();
   struct Row {
     const char* base;
@@ -253,8 +249,7 @@ TEST_CASE("cuGetProcAddress returns the per-thread variants for the per-thread f
     INFO(base);
     void* fn = &fn;
     CUdriverProcAddressQueryResult st{};
-    CHECK(cuGetProcAddress_v2(base, &fn, 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-                              &st) == CUDA_SUCCESS);
+    CHECK(cuGetProcAddress_v2(base, &fn, 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == CUDA_SUCCESS);
     CHECK(fn == nullptr);
     CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
   }

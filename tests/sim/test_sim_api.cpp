@@ -58,8 +58,7 @@ TEST_CASE("cuGetProcAddress resolves base name + version over cuda_api.def", "[s
     // Rows of _ptsz/_ptds symbols answer the per-thread-default-stream flag (cuda_api.def).
     const std::string sym = row.symbol;
     const bool per_thread = sym.ends_with("_ptsz") || sym.ends_with("_ptds");
-    const cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-                                        : CU_GET_PROC_ADDRESS_DEFAULT;
+    const cuuint64_t flags = per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
     void* fn = nullptr;
     CUdriverProcAddressQueryResult status{};
     CHECK(cuGetProcAddress_v2(row.base, &fn, row.version, flags, &status) == CUDA_SUCCESS);
@@ -70,8 +69,7 @@ TEST_CASE("cuGetProcAddress resolves base name + version over cuda_api.def", "[s
     CHECK(fn == expected);
   }
 
-  auto resolve = [](const char* name, int version, CUdriverProcAddressQueryResult* status,
-                    cuuint64_t flags = 0) {
+  auto resolve = [](const char* name, int version, CUdriverProcAddressQueryResult* status, cuuint64_t flags = 0) {
     void* fn = reinterpret_cast<void*>(&cuInit);  // must be overwritten
     const CUresult rc = cuGetProcAddress_v2(name, &fn, version, flags, status);
     return std::make_pair(rc, fn);
@@ -84,8 +82,7 @@ TEST_CASE("cuGetProcAddress resolves base name + version over cuda_api.def", "[s
   CHECK(resolve("cuGetProcAddress", 12000, &st).second == ::dlsym(lib, "cuGetProcAddress_v2"));
   CHECK(resolve("cuDeviceGetUuid", 11030, &st).second == ::dlsym(lib, "cuDeviceGetUuid"));
   CHECK(resolve("cuDeviceGetUuid", 11040, &st).second == ::dlsym(lib, "cuDeviceGetUuid_v2"));
-  CHECK(resolve("cuMemCreate", 12000, &st,
-                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).second ==
+  CHECK(resolve("cuMemCreate", 12000, &st, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).second ==
         ::dlsym(lib, "cuMemCreate"));
 
   // Not found: cuGetProcAddress_v2 succeeds with a null pointer and says why (measured).
@@ -112,7 +109,7 @@ TEST_CASE("cuGetProcAddress resolves base name + version over cuda_api.def", "[s
   v1 = &v1;
   CHECK(cuGetProcAddress("cuMemAlloc", &v1, 3010, 0) == CUDA_ERROR_NOT_FOUND);
   CHECK(v1 == nullptr);
-  CHECK(resolve("cuInit", 13000, nullptr).first == CUDA_SUCCESS);  // status may be null
+  CHECK(resolve("cuInit", 13000, nullptr).first == CUDA_SUCCESS);             // status may be null
   CHECK(resolve("cuInit", 13000, &st, 4).first == CUDA_ERROR_INVALID_VALUE);  // unknown flag
   void* fn = nullptr;
   CHECK(cuGetProcAddress_v2(nullptr, &fn, 13000, 0, &st) == CUDA_ERROR_INVALID_VALUE);
@@ -131,8 +128,7 @@ TEST_CASE("cuGetErrorName/String know every CUresult of cuda.h", "[sim][errors]"
   const std::string body = text.substr(begin, end - begin);
   const std::regex entry(R"((CUDA_[A-Z0-9_]+)\s*=\s*(\d+))");
   int seen = 0;
-  for (auto it = std::sregex_iterator(body.begin(), body.end(), entry); it != std::sregex_iterator();
-       ++it) {
+  for (auto it = std::sregex_iterator(body.begin(), body.end(), entry); it != std::sregex_iterator(); ++it) {
     const std::string name = (*it)[1];
     const auto code = static_cast<CUresult>(std::stoi((*it)[2]));
     INFO(name);
@@ -208,16 +204,13 @@ TEST_CASE("devices answer like a small H100 node", "[sim][device]") {
   CHECK(cuDeviceGetAttribute(&got, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 7) == CUDA_ERROR_INVALID_DEVICE);
   size_t g = 0;
   CUmemAllocationProp prop = device_prop(1);
-  REQUIRE(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
   CHECK(g == kGran);
-  REQUIRE(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS);
   CHECK(g == kGran);
 }
 
-TEST_CASE("context rules - per-thread current context and INVALID_CONTEXT without one",
-          "[sim][context]") {
+TEST_CASE("context rules - per-thread current context and INVALID_CONTEXT without one", "[sim][context]") {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
   std::vector<CUresult> results;
   std::thread([&] {
@@ -282,8 +275,7 @@ TEST_CASE("context rules - per-thread current context and INVALID_CONTEXT withou
     CUcontext popped = nullptr;
     CUcontext cur = nullptr;
     CUdevice d = -1;
-    results.push_back(cuCtxPopCurrent_v2(&popped) == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS
-                                                                               : CUDA_ERROR_UNKNOWN);
+    results.push_back(cuCtxPopCurrent_v2(&popped) == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
     results.push_back(cuDevicePrimaryCtxRetain(&c0, 0));
     results.push_back(cuDevicePrimaryCtxRetain(&c1, 1));
     results.push_back(cuCtxPushCurrent_v2(c0));
@@ -300,8 +292,7 @@ TEST_CASE("context rules - per-thread current context and INVALID_CONTEXT withou
     results.push_back(cuCtxSetCurrent(nullptr));  // pops it
     results.push_back(cuCtxGetCurrent(&cur));
     results.push_back(cur == nullptr ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
-    results.push_back(cuCtxSetCurrent(reinterpret_cast<CUcontext>(&d)) ==
-                              CUDA_ERROR_INVALID_CONTEXT
+    results.push_back(cuCtxSetCurrent(reinterpret_cast<CUcontext>(&d)) == CUDA_ERROR_INVALID_CONTEXT
                           ? CUDA_SUCCESS
                           : CUDA_ERROR_UNKNOWN);
     // A released primary context is no longer usable.
@@ -311,11 +302,9 @@ TEST_CASE("context rules - per-thread current context and INVALID_CONTEXT withou
     results.push_back(cuDevicePrimaryCtxGetState(1, &flags, &active));
     results.push_back(active == 0 && flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
     results.push_back(cuCtxSetCurrent(c1));
-    results.push_back(cuCtxSynchronize() == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS
-                                                                        : CUDA_ERROR_UNKNOWN);
-    results.push_back(cuDevicePrimaryCtxRelease_v2(1) == CUDA_ERROR_INVALID_CONTEXT
-                          ? CUDA_SUCCESS
-                          : CUDA_ERROR_UNKNOWN);
+    results.push_back(cuCtxSynchronize() == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
+    results.push_back(cuDevicePrimaryCtxRelease_v2(1) == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS
+                                                                                    : CUDA_ERROR_UNKNOWN);
     results.push_back(cuDevicePrimaryCtxRelease_v2(0));
   }).join();
   for (size_t i = 0; i < results.size(); ++i) {
@@ -473,17 +462,14 @@ TEST_CASE("an illegal kernel access poisons the context with ILLEGAL_ADDRESS", "
   CHECK(cuModuleGetFunction(&fn, mod, "other") == CUDA_ERROR_NOT_FOUND);
   REQUIRE(cuModuleGetFunction(&fn, mod, "vlake_fill_u32") == CUDA_SUCCESS);
   void* args[] = {&base, &base, &word};
-  CHECK(cuLaunchKernel(fn, 1, 1, 1, 2048, 1, 1, 0, nullptr, args, nullptr) ==
-        CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, reinterpret_cast<CUstream>(&word), args,
-                       nullptr) == CUDA_ERROR_INVALID_HANDLE);
-  REQUIRE(cuModuleUnload(mod) == CUDA_SUCCESS);
-  CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr) ==
+  CHECK(cuLaunchKernel(fn, 1, 1, 1, 2048, 1, 1, 0, nullptr, args, nullptr) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, reinterpret_cast<CUstream>(&word), args, nullptr) ==
         CUDA_ERROR_INVALID_HANDLE);
+  REQUIRE(cuModuleUnload(mod) == CUDA_SUCCESS);
+  CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr) == CUDA_ERROR_INVALID_HANDLE);
 }
 
-TEST_CASE("pointer attributes and address ranges of cuMemAlloc and VMM memory",
-          "[sim][pointer]") {
+TEST_CASE("pointer attributes and address ranges of cuMemAlloc and VMM memory", "[sim][pointer]") {
   CUcontext ctx = init_ctx();
   const size_t n = (size_t{3} << 20) + 5;
   CUdeviceptr p = 0;
@@ -498,8 +484,7 @@ TEST_CASE("pointer attributes and address ranges of cuMemAlloc and VMM memory",
   CHECK(attr<int>(CU_POINTER_ATTRIBUTE_IS_MANAGED, p) == 0);
   CHECK(attr<int>(CU_POINTER_ATTRIBUTE_MAPPED, p) == 1);
   CHECK(attr<int>(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) == 1);
-  CHECK(attr<unsigned>(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, p) ==
-        CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+  CHECK(attr<unsigned>(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, p) == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
   CUdeviceptr base = 0;
   size_t size = 0;
   REQUIRE(cuMemGetAddressRange_v2(&base, &size, p + n - 1) == CUDA_SUCCESS);
@@ -531,20 +516,17 @@ TEST_CASE("pointer attributes and address ranges of cuMemAlloc and VMM memory",
   CHECK(attr<int>(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, q) == 0);
   CHECK(attr<unsigned>(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, q) == CU_MEMORYTYPE_DEVICE);
   CHECK(attr<CUcontext>(CU_POINTER_ATTRIBUTE_CONTEXT, q) == nullptr);
-  CHECK(attr<unsigned>(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, q) ==
-        CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ);
-  CHECK(attr<unsigned>(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, va) ==
-        CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+  CHECK(attr<unsigned>(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, q) == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ);
+  CHECK(attr<unsigned>(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, va) == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
   CHECK(attr<unsigned long long>(CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, q) ==
         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   CHECK(attr<unsigned long long>(CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, q) !=
         attr<unsigned long long>(CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, va));
 
   // Several at once, for a known and an unknown pointer.
-  CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_CONTEXT,
-                                 CU_POINTER_ATTRIBUTE_MAPPED, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
-                                 CU_POINTER_ATTRIBUTE_HOST_POINTER,
-                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,  CU_POINTER_ATTRIBUTE_CONTEXT,
+                                 CU_POINTER_ATTRIBUTE_MAPPED,       CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                 CU_POINTER_ATTRIBUTE_HOST_POINTER, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
   unsigned type = 99;
   CUcontext c = ctx;
   int mapped = 7;
@@ -568,10 +550,8 @@ TEST_CASE("pointer attributes and address ranges of cuMemAlloc and VMM memory",
   CHECK(dp == 0);
   CHECK(ordinal == -2);
   unsigned t = 0;
-  CHECK(cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, wild) ==
-        CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, p) ==
-        CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, wild) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, p) == CUDA_ERROR_INVALID_VALUE);
   // Reserved but unmapped VA is unknown too.
   REQUIRE(cuMemUnmap(va + 2 * kGran, kGran) == CUDA_SUCCESS);
   CHECK(cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, q) == CUDA_ERROR_INVALID_VALUE);
@@ -629,8 +609,7 @@ TEST_CASE("capacity - out of memory and what keeps memory charged", "[sim][memor
   CHECK(used_bytes() == 2 * kGran);
   CHECK(cuMemAddressFree(va, 2 * kGran) == CUDA_ERROR_INVALID_VALUE);  // still mapped
   CUmemGenericAllocationHandle again = 0;
-  REQUIRE(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + kGran + 3)) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + kGran + 3)) == CUDA_SUCCESS);
   CUmemAllocationProp got{};
   REQUIRE(cuMemGetAllocationPropertiesFromHandle(&got, again) == CUDA_SUCCESS);
   CHECK(got.location.id == 0);
@@ -639,22 +618,19 @@ TEST_CASE("capacity - out of memory and what keeps memory charged", "[sim][memor
   CHECK(used_bytes() == 2 * kGran);  // the retained reference
   REQUIRE(cuMemRelease(again) == CUDA_SUCCESS);
   CHECK(used_bytes() == 0);
-  CHECK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va)) ==
-        CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va)) == CUDA_ERROR_INVALID_VALUE);
   REQUIRE(cuMemAddressFree(va, 2 * kGran) == CUDA_SUCCESS);
 
   // Export needs the POSIX-fd handle type.
   CUmemAllocationProp plain = device_prop(0, false);
   REQUIRE(cuMemCreate(&h, kGran, &plain, 0) == CUDA_SUCCESS);
   int fd = -1;
-  CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
-        CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_ERROR_INVALID_VALUE);
   REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);
   // Import of an fd that is not a simulator allocation.
   int devnull = ::open("/dev/null", O_RDONLY);
   CHECK(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(devnull)),
-                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
-        CUDA_ERROR_UNKNOWN);
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_ERROR_UNKNOWN);
   ::close(devnull);
   CHECK(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(devnull)),
                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
@@ -677,10 +653,10 @@ TEST_CASE("whole-mapping rules of unmap and set-access over adjacent mappings", 
   CHECK(cuMemSetAccess(va + 4096, kGran, &desc, 1) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuMemSetAccess(va, kGran + 4096, &desc, 1) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuMemSetAccess(va, 4 * kGran, &desc, 1) == CUDA_ERROR_INVALID_VALUE);  // runs off the end
-  CHECK(cuMemMap(va + kGran, kGran, 0, h[0], 0) == CUDA_ERROR_INVALID_VALUE);   // over a mapping
+  CHECK(cuMemMap(va + kGran, kGran, 0, h[0], 0) == CUDA_ERROR_INVALID_VALUE);  // over a mapping
   CHECK(cuMemMap(va + 3 * kGran, kGran, 4096, h[0], 0) == CUDA_ERROR_NOT_SUPPORTED);
   CHECK(cuMemMap(va + 3 * kGran, kGran / 2, 0, h[0], 0) == CUDA_ERROR_NOT_SUPPORTED);
-  CHECK(cuMemMap(va + 4096, kGran, 0, h[0], 0) == CUDA_ERROR_INVALID_VALUE);  // unaligned
+  CHECK(cuMemMap(va + 4096, kGran, 0, h[0], 0) == CUDA_ERROR_INVALID_VALUE);       // unaligned
   CHECK(cuMemMap(va + 4 * kGran, kGran, 0, h[0], 0) == CUDA_ERROR_INVALID_VALUE);  // outside
   CHECK(cuMemUnmap(va + kGran, kGran / 2) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuMemUnmap(va + kGran / 2, kGran) == CUDA_ERROR_INVALID_VALUE);
@@ -707,8 +683,7 @@ TEST_CASE("whole-mapping rules of unmap and set-access over adjacent mappings", 
   REQUIRE(cuMemAddressFree(va, 4 * kGran) == CUDA_SUCCESS);
 }
 
-TEST_CASE("streams and events are synchronous with steady-clock elapsed time",
-          "[sim][stream]") {
+TEST_CASE("streams and events are synchronous with steady-clock elapsed time", "[sim][stream]") {
   init_ctx();
   CUstream s = nullptr;
   REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
@@ -754,8 +729,7 @@ TEST_CASE("streams and events are synchronous with steady-clock elapsed time",
   REQUIRE(cuMemFree_v2(p) == CUDA_SUCCESS);
 }
 
-TEST_CASE("many threads create and map and access and unmap and release concurrently",
-          "[sim][threads]") {
+TEST_CASE("many threads create and map and access and unmap and release concurrently", "[sim][threads]") {
   CUcontext ctx = init_ctx();
   const size_t base = used_bytes();
   constexpr int kThreads = 8;
@@ -767,12 +741,12 @@ TEST_CASE("many threads create and map and access and unmap and release concurre
     first_line.compare_exchange_strong(expected, line);
     ++failures;
   };
-#define T_CHECK(cond)           \
-  do {                          \
-    if (!(cond)) {              \
-      fail(__LINE__);           \
-      return;                   \
-    }                           \
+#define T_CHECK(cond) \
+  do {                \
+    if (!(cond)) {    \
+      fail(__LINE__); \
+      return;         \
+    }                 \
   } while (0)
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -803,8 +777,7 @@ TEST_CASE("many threads create and map and access and unmap and release concurre
         T_CHECK(cuMemcpyDtoH_v2(back.data(), at, back.size() * 4) == CUDA_SUCCESS);
         T_CHECK(back == pattern);
         CUmemGenericAllocationHandle again = 0;
-        T_CHECK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + kGran)) ==
-                CUDA_SUCCESS);
+        T_CHECK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + kGran)) == CUDA_SUCCESS);
         T_CHECK(again == h2);
         T_CHECK(cuMemRelease(again) == CUDA_SUCCESS);
         if (i % 5 == 0) {

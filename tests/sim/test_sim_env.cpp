@@ -34,8 +34,8 @@ bool shm_exists(const std::string& node) {
 
 TEST_CASE("VLAKE_SIM_DEVICE_MEMORY takes a byte count or a binary unit", "[sim][env]") {
   const std::pair<const char*, size_t> good[] = {
-      {"512MiB", size_t{512} << 20}, {"4GiB", size_t{4} << 30},   {"3Gi", size_t{3} << 30},
-      {"2048Ki", size_t{2} << 20},   {"2097152", size_t{2} << 20}, {"1TiB", size_t{1} << 40},
+      {"512MiB", size_t{512} << 20}, {"4GiB", size_t{4} << 30},     {"3Gi", size_t{3} << 30},
+      {"2048Ki", size_t{2} << 20},   {"2097152", size_t{2} << 20},  {"1TiB", size_t{1} << 40},
       {" 5MiB", size_t{5} << 20},    {"4194304B", size_t{4} << 20}, {"6144 KiB ", size_t{6} << 20},
   };
   for (const auto& [text, bytes] : good) {
@@ -50,14 +50,13 @@ TEST_CASE("VLAKE_SIM_DEVICE_MEMORY takes a byte count or a binary unit", "[sim][
 }
 
 TEST_CASE("a bad VLAKE_SIM_DEVICE_MEMORY fails cuInit with one clear line", "[sim][env]") {
-  const char* bad[] = {"",      "abc",    "12XB",       "-5",   "0",
-                       "1.5GiB", "3G",    "1GB",        "1KiB", "99999999999999999999",
-                       "20000000TiB", "1gib", "0x100000", "5M"};
+  const char* bad[] = {
+      "",     "abc",      "12XB", "-5", "0", "1.5GiB", "3G", "1GB", "1KiB", "99999999999999999999", "20000000TiB",
+      "1gib", "0x100000", "5M"};
   for (const char* text : bad) {
     INFO("VLAKE_SIM_DEVICE_MEMORY='" << text << "'");
     std::string out;
-    CHECK(init_with({{"VLAKE_SIM_DEVICE_MEMORY", text}}, &out) ==
-          std::to_string(CUDA_ERROR_INVALID_VALUE));
+    CHECK(init_with({{"VLAKE_SIM_DEVICE_MEMORY", text}}, &out) == std::to_string(CUDA_ERROR_INVALID_VALUE));
     CHECK(out.find("vlake-sim: VLAKE_SIM_DEVICE_MEMORY") != std::string::npos);
   }
   std::string out;
@@ -75,12 +74,10 @@ TEST_CASE("VLAKE_SIM_DEVICE_COUNT is 1..16 and VLAKE_SIM_NODE a plain name", "[s
   CHECK(init_with({{"VLAKE_SIM_DEVICE_COUNT", "16"}}, &out) == "0");
   for (const char* text : {"0", "17", "x", "2x", "", "-1"}) {
     INFO("VLAKE_SIM_DEVICE_COUNT='" << text << "'");
-    CHECK(init_with({{"VLAKE_SIM_DEVICE_COUNT", text}}, &out) ==
-          std::to_string(CUDA_ERROR_INVALID_VALUE));
+    CHECK(init_with({{"VLAKE_SIM_DEVICE_COUNT", text}}, &out) == std::to_string(CUDA_ERROR_INVALID_VALUE));
     CHECK(out.find("vlake-sim: VLAKE_SIM_DEVICE_COUNT") != std::string::npos);
   }
-  for (const std::string& text : {std::string("a/b"), std::string(""), std::string(101, 'n'),
-                                 std::string("sp ace")}) {
+  for (const std::string& text : {std::string("a/b"), std::string(""), std::string(101, 'n'), std::string("sp ace")}) {
     INFO("VLAKE_SIM_NODE='" << text << "'");
     std::string o;
     Env env{{"VLAKE_SIM_NODE", text}};
@@ -112,8 +109,7 @@ TEST_CASE("device UUIDs are stable per node and ordinal across processes", "[sim
   CHECK(value_of(out, "uuid") != hex);
 }
 
-TEST_CASE("processes of one node share its capacity and a killed holder's memory comes back",
-          "[sim][node]") {
+TEST_CASE("processes of one node share its capacity and a killed holder's memory comes back", "[sim][node]") {
   init_ctx();
   const size_t base = used_bytes();
   Child holder = spawn_probe({"hold", std::to_string(size_t{256} << 20)});
@@ -143,8 +139,7 @@ TEST_CASE("an exported allocation stays charged while any process holds it", "[s
   set_access(va, kGran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   REQUIRE(cuMemsetD32_v2(va, 0xC0FFEEu, kGran / 4) == CUDA_SUCCESS);
   int fd = -1;
-  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
   Child importer = spawn_probe({"import", std::to_string(fd)});  // the fd is inherited
   ::close(fd);
   REQUIRE(read_until(importer, "ready=1"));
@@ -161,8 +156,7 @@ TEST_CASE("an exported allocation stays charged while any process holds it", "[s
   CHECK(used_bytes() == base);
 }
 
-TEST_CASE("a node in use refuses other parameters and an unused node is reset and removed",
-          "[sim][node]") {
+TEST_CASE("a node in use refuses other parameters and an unused node is reset and removed", "[sim][node]") {
   init_ctx();
   std::string out;
   REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_DEVICE_MEMORY", "2GiB"}}, out) == 0);
@@ -178,8 +172,7 @@ TEST_CASE("a node in use refuses other parameters and an unused node is reset an
   REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}}, out) == 0);
   CHECK(value_of(out, "rc") == "0");
   CHECK_FALSE(shm_exists(node));
-  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}, {"VLAKE_SIM_DEVICE_MEMORY", "2GiB"}},
-                    out) == 0);
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}, {"VLAKE_SIM_DEVICE_MEMORY", "2GiB"}}, out) == 0);
   CHECK(value_of(out, "total") == std::to_string(size_t{2} << 30));
 
   // A node whose only user was killed while holding memory: the file stays, harmlessly.
@@ -188,8 +181,7 @@ TEST_CASE("a node in use refuses other parameters and an unused node is reset an
   ::kill(holder.pid, SIGKILL);
   finish(holder);
   CHECK(shm_exists(node));
-  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}, {"VLAKE_SIM_DEVICE_MEMORY", "4GiB"}},
-                    out) == 0);
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", node}, {"VLAKE_SIM_DEVICE_MEMORY", "4GiB"}}, out) == 0);
   CHECK(value_of(out, "rc") == "0");
   CHECK(value_of(out, "total") == std::to_string(size_t{4} << 30));
   CHECK_FALSE(shm_exists(node));

@@ -151,8 +151,7 @@ unsigned self_pid() { return static_cast<unsigned>(::getpid()); }
 
 }  // namespace
 
-TEST_CASE("nvml exports only nvml* and every call but nvmlErrorString needs init",
-          "[sim][nvml]") {
+TEST_CASE("nvml exports only nvml* and every call but nvmlErrorString needs init", "[sim][nvml]") {
   const Nvml& n = nvml();
   CHECK(::dlsym(n.lib, "_ZN5vlake3sim10parse_sizeEPKcRm") == nullptr);  // internals are hidden
   CHECK(std::string(n.error_string(NVML_SUCCESS)) == "Success");
@@ -161,8 +160,7 @@ TEST_CASE("nvml exports only nvml* and every call but nvmlErrorString needs init
   CHECK(std::string(n.error_string(NVML_ERROR_NOT_FOUND)) == "Not Found");
   CHECK(std::string(n.error_string(NVML_ERROR_INSUFFICIENT_SIZE)) == "Insufficient Size");
   CHECK(std::string(n.error_string(NVML_ERROR_FUNCTION_NOT_FOUND)) == "Function Not Found");
-  CHECK(std::string(n.error_string(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)) ==
-        "Argument version mismatch");
+  CHECK(std::string(n.error_string(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)) == "Argument version mismatch");
   CHECK(std::string(n.error_string(NVML_ERROR_UNKNOWN)) == "Unknown Error");
   CHECK(std::string(n.error_string(12345)) == "Unknown Error");
 
@@ -272,8 +270,8 @@ TEST_CASE("nvml memory equals cuMemGetInfo_v2 and includes each context", "[sim]
   CHECK(m2.reserved == 0);
   CHECK(m2.used == base + 2 * kGran);
   CHECK(m2.reserved + m2.used + m2.free == m2.total);  // as on the H100
-  for (unsigned version : {0u, static_cast<unsigned>(sizeof(nvmlMemory_v2_t) | (1u << 24)),
-                           static_cast<unsigned>(32u | (2u << 24))}) {
+  for (unsigned version :
+       {0u, static_cast<unsigned>(sizeof(nvmlMemory_v2_t) | (1u << 24)), static_cast<unsigned>(32u | (2u << 24))}) {
     m2.version = version;
     CHECK(n.memory_v2(device(0), &m2) == NVML_ERROR_FUNCTION_NOT_FOUND);  // measured
   }
@@ -322,8 +320,7 @@ TEST_CASE("nvml charges an allocation to its first live holder", "[sim][nvml]") 
   REQUIRE(cuMemMap(va, size, 0, h, 0) == CUDA_SUCCESS);
   set_access(va, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   int fd = -1;
-  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
   Child importer = spawn_probe({"import", std::to_string(fd), std::to_string(size)});
   ::close(fd);
   REQUIRE(read_until(importer, "ready=1"));
@@ -375,8 +372,7 @@ TEST_CASE("nvml charges follow holder order, not the last one in", "[sim][nvml]"
   CUmemGenericAllocationHandle h = 0;
   REQUIRE(cuMemCreate(&h, kGran, &prop, 0) == CUDA_SUCCESS);
   int fd = -1;
-  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
-          CUDA_SUCCESS);
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
   Child first = spawn_probe({"import", std::to_string(fd)});
   REQUIRE(read_until(first, "ready=1"));
   Child second = spawn_probe({"import", std::to_string(fd)});
@@ -384,27 +380,21 @@ TEST_CASE("nvml charges follow holder order, not the last one in", "[sim][nvml]"
   ::close(fd);
   const auto a = static_cast<unsigned>(first.pid);
   const auto b = static_cast<unsigned>(second.pid);
-  CHECK(charges(0) == std::map<unsigned, unsigned long long>{
-                          {me, kContext + kGran}, {a, kContext}, {b, kContext}});
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext + kGran}, {a, kContext}, {b, kContext}});
   REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);
-  CHECK(charges(0) == std::map<unsigned, unsigned long long>{
-                          {me, kContext}, {a, kContext + kGran}, {b, kContext}});
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}, {a, kContext + kGran}, {b, kContext}});
   ::kill(first.pid, SIGKILL);
   finish(first);
-  CHECK(charges(0) ==
-        std::map<unsigned, unsigned long long>{{me, kContext}, {b, kContext + kGran}});
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}, {b, kContext + kGran}});
   ::kill(second.pid, SIGKILL);
   finish(second);
   CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}});
   CHECK(memory(0).used == kContext);
 }
 
-TEST_CASE("nvml reads the machine from the node, or from the environment when unused",
-          "[sim][nvml]") {
+TEST_CASE("nvml reads the machine from the node, or from the environment when unused", "[sim][nvml]") {
   const std::string node = fresh_node("nvml");
-  ScopedEnv env(Env{{"VLAKE_SIM_NODE", node},
-                 {"VLAKE_SIM_DEVICE_COUNT", "3"},
-                 {"VLAKE_SIM_DEVICE_MEMORY", "2GiB"}});
+  ScopedEnv env(Env{{"VLAKE_SIM_NODE", node}, {"VLAKE_SIM_DEVICE_COUNT", "3"}, {"VLAKE_SIM_DEVICE_MEMORY", "2GiB"}});
   const Nvml& n = nvml();
   {
     NvmlSession session;  // nobody uses the node: this process's environment describes it
@@ -426,8 +416,8 @@ TEST_CASE("nvml reads the machine from the node, or from the environment when un
     CHECK(count == 1);
     CHECK(memory(0).total == (size_t{512} << 20));
     CHECK(memory(0).used == kContext + 4 * kGran);
-    CHECK(charges(0) == std::map<unsigned, unsigned long long>{
-                            {static_cast<unsigned>(holder.pid), kContext + 4 * kGran}});
+    CHECK(charges(0) ==
+          std::map<unsigned, unsigned long long>{{static_cast<unsigned>(holder.pid), kContext + 4 * kGran}});
     ::kill(holder.pid, SIGKILL);
     finish(holder);
     CHECK(memory(0).used == 0);
@@ -445,17 +435,13 @@ TEST_CASE("VLAKE_SIM_CONTEXT_MEMORY is a size or 0", "[sim][env]") {
   std::string out;
   for (const char* good : {"0", "518MiB", "4096"}) {
     INFO(good);
-    REQUIRE(run_probe({"used"}, {{"VLAKE_SIM_NODE", fresh_node("ctx")},
-                                 {"VLAKE_SIM_CONTEXT_MEMORY", good}},
-                      out) == 0);
+    REQUIRE(run_probe({"used"}, {{"VLAKE_SIM_NODE", fresh_node("ctx")}, {"VLAKE_SIM_CONTEXT_MEMORY", good}}, out) == 0);
     std::uint64_t expected = 0;
     if (std::string(good) == "518MiB") expected = size_t{518} << 20;
     if (std::string(good) == "4096") expected = 4096;
     CHECK(value_of(out, "used") == std::to_string(expected));
   }
-  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", fresh_node("ctx")},
-                               {"VLAKE_SIM_CONTEXT_MEMORY", "much"}},
-                    out) == 0);
+  REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", fresh_node("ctx")}, {"VLAKE_SIM_CONTEXT_MEMORY", "much"}}, out) == 0);
   CHECK(value_of(out, "rc") == std::to_string(CUDA_ERROR_INVALID_VALUE));
   CHECK(out.find("vlake-sim: VLAKE_SIM_CONTEXT_MEMORY") != std::string::npos);
 }

@@ -40,17 +40,15 @@ int main(int argc, char** argv) {
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
       const auto& r = s->devices[d];
       if (r.in_use == 0) continue;
-      std::printf("%s{\"ordinal\":%u,\"uuid\":\"%s\",\"total\":%llu,\"pool_bytes\":%llu,"
-                  "\"free_bytes\":%llu,\"free_handles\":%llu,\"granted_bytes\":%llu,"
-                  "\"orphaned_bytes\":%llu,\"counted_bytes\":%llu,\"nonpool_bytes\":%llu}",
-                  first ? "" : ",", r.ordinal, hex(r.uuid, 16).c_str(),
-                  static_cast<unsigned long long>(r.total), static_cast<unsigned long long>(r.pool_bytes),
-                  static_cast<unsigned long long>(r.free_bytes),
-                  static_cast<unsigned long long>(r.free_handles),
-                  static_cast<unsigned long long>(r.granted_bytes),
-                  static_cast<unsigned long long>(r.orphaned_bytes),
-                  static_cast<unsigned long long>(r.counted_bytes),
-                  static_cast<unsigned long long>(r.nonpool_bytes));
+      std::printf(
+          "%s{\"ordinal\":%u,\"uuid\":\"%s\",\"total\":%llu,\"pool_bytes\":%llu,"
+          "\"free_bytes\":%llu,\"free_handles\":%llu,\"granted_bytes\":%llu,"
+          "\"orphaned_bytes\":%llu,\"counted_bytes\":%llu,\"nonpool_bytes\":%llu}",
+          first ? "" : ",", r.ordinal, hex(r.uuid, 16).c_str(), static_cast<unsigned long long>(r.total),
+          static_cast<unsigned long long>(r.pool_bytes), static_cast<unsigned long long>(r.free_bytes),
+          static_cast<unsigned long long>(r.free_handles), static_cast<unsigned long long>(r.granted_bytes),
+          static_cast<unsigned long long>(r.orphaned_bytes), static_cast<unsigned long long>(r.counted_bytes),
+          static_cast<unsigned long long>(r.nonpool_bytes));
       first = false;
     }
     std::printf("],\"tenants\":[");
@@ -77,20 +75,18 @@ int main(int argc, char** argv) {
     first = true;
     for (const auto& ses : s->sessions) {
       if (ses.state == kSessionFree) continue;
-      std::printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":%u,\"state\":%u,\"grants\":%u}",
-                  first ? "" : ",", static_cast<unsigned long long>(ses.id), ses.pid, ses.uid,
-                  ses.tenant, ses.state, ses.grant_count);
+      std::printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":%u,\"state\":%u,\"grants\":%u}", first ? "" : ",",
+                  static_cast<unsigned long long>(ses.id), ses.pid, ses.uid, ses.tenant, ses.state, ses.grant_count);
       first = false;
     }
     const auto& c = s->counters;
-    std::printf("],\"counters\":{\"grants\":%llu,\"denials_over_limit\":%llu,\"releases\":%llu,"
-                "\"scrubs\":%llu,\"reuses\":%llu,\"handles_created\":%llu,\"malformed\":%llu}}\n",
-                static_cast<unsigned long long>(c.grants),
-                static_cast<unsigned long long>(c.denials_over_limit),
-                static_cast<unsigned long long>(c.releases), static_cast<unsigned long long>(c.scrubs),
-                static_cast<unsigned long long>(c.reuses),
-                static_cast<unsigned long long>(c.handles_created),
-                static_cast<unsigned long long>(c.malformed));
+    std::printf(
+        "],\"counters\":{\"grants\":%llu,\"denials_over_limit\":%llu,\"releases\":%llu,"
+        "\"scrubs\":%llu,\"reuses\":%llu,\"handles_created\":%llu,\"malformed\":%llu}}\n",
+        static_cast<unsigned long long>(c.grants), static_cast<unsigned long long>(c.denials_over_limit),
+        static_cast<unsigned long long>(c.releases), static_cast<unsigned long long>(c.scrubs),
+        static_cast<unsigned long long>(c.reuses), static_cast<unsigned long long>(c.handles_created),
+        static_cast<unsigned long long>(c.malformed));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vlake_state_json: %s\n", e.what());
     return 1;

@@ -37,21 +37,21 @@ extern "C" {
 
 enum vlake_share_status {
   VLAKE_SHARE_OK = 0,
-  VLAKE_SHARE_NOT_VLAKE = 1,    /* ptr is not in an allocation served by vlake (or the hook is disabled) */
-  VLAKE_SHARE_INVALID = 2,      /* the range leaves its allocation, or is empty */
-  VLAKE_SHARE_UNREACHABLE = 3,  /* vlaked cannot be reached */
-  VLAKE_SHARE_REFUSED = 4,      /* vlaked refused: allocation shared already, or guard canary mode */
-  VLAKE_SHARE_NO_MEMORY = 5,    /* no GPU memory for the temporary copies */
-  VLAKE_SHARE_DRIVER = 6,       /* a driver call failed; the old mapping is back */
-  VLAKE_SHARE_FAULTED = 7,      /* the allocation's context has a sticky error (synchronize failed) */
-  VLAKE_SHARE_INTERNAL = 8      /* anything else (see the hook's stderr line) */
+  VLAKE_SHARE_NOT_VLAKE = 1,   /* ptr is not in an allocation served by vlake (or the hook is disabled) */
+  VLAKE_SHARE_INVALID = 2,     /* the range leaves its allocation, or is empty */
+  VLAKE_SHARE_UNREACHABLE = 3, /* vlaked cannot be reached */
+  VLAKE_SHARE_REFUSED = 4,     /* vlaked refused: allocation shared already, or guard canary mode */
+  VLAKE_SHARE_NO_MEMORY = 5,   /* no GPU memory for the temporary copies */
+  VLAKE_SHARE_DRIVER = 6,      /* a driver call failed; the old mapping is back */
+  VLAKE_SHARE_FAULTED = 7,     /* the allocation's context has a sticky error (synchronize failed) */
+  VLAKE_SHARE_INTERNAL = 8     /* anything else (see the hook's stderr line) */
 };
 
 struct vlake_share_result {
-  uint64_t chunk_bytes;   /* the chunk size used */
-  uint64_t shared_bytes;  /* bytes of the range now shared read-only (whole chunks) */
-  uint64_t merged_bytes;  /* of those, chunks another allocation (any tenant) already held */
-  uint64_t copied_bytes;  /* bytes the daemon copied into new private chunks (edges, rest) */
+  uint64_t chunk_bytes;  /* the chunk size used */
+  uint64_t shared_bytes; /* bytes of the range now shared read-only (whole chunks) */
+  uint64_t merged_bytes; /* of those, chunks another allocation (any tenant) already held */
+  uint64_t copied_bytes; /* bytes the daemon copied into new private chunks (edges, rest) */
 };
 
 /* 0 (VLAKE_SHARE_OK) or a vlake_share_status. */

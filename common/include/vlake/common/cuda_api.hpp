@@ -20,8 +20,8 @@
 
 namespace vlake::cuda {
 
-#define VLAKE_CU_API(base, symbol, version)                                              \
-  static_assert(std::is_same_v<decltype(&::symbol), PFN_##base##_v##version>,           \
+#define VLAKE_CU_API(base, symbol, version)                                   \
+  static_assert(std::is_same_v<decltype(&::symbol), PFN_##base##_v##version>, \
                 #symbol " does not match cudaTypedefs.h PFN_" #base "_v" #version);
 #include "vlake/common/cuda_api.def"
 #undef VLAKE_CU_API

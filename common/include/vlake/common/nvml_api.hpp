@@ -61,8 +61,7 @@ typedef nvmlReturn_t (*PFN_nvmlDeviceGetHandleByUUID)(const char*, nvmlDevice_t*
 typedef nvmlReturn_t (*PFN_nvmlDeviceGetUUID)(nvmlDevice_t, char*, unsigned int);
 typedef nvmlReturn_t (*PFN_nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t*);
 typedef nvmlReturn_t (*PFN_nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t*);
-typedef nvmlReturn_t (*PFN_nvmlDeviceGetComputeRunningProcesses_v3)(nvmlDevice_t, unsigned int*,
-                                                                   nvmlProcessInfo_t*);
+typedef nvmlReturn_t (*PFN_nvmlDeviceGetComputeRunningProcesses_v3)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_t*);
 
 // Added for sim/'s NVML (values and texts measured on the H100, driver 580.159.04).
 enum : int {

@@ -40,8 +40,14 @@ class Bytes {
   constexpr explicit Bytes(std::uint64_t v) noexcept : value_(v) {}
   [[nodiscard]] constexpr std::uint64_t value() const noexcept { return value_; }
   friend constexpr auto operator<=>(Bytes, Bytes) = default;
-  constexpr Bytes& operator+=(Bytes o) noexcept { value_ += o.value_; return *this; }
-  constexpr Bytes& operator-=(Bytes o) noexcept { value_ -= o.value_; return *this; }
+  constexpr Bytes& operator+=(Bytes o) noexcept {
+    value_ += o.value_;
+    return *this;
+  }
+  constexpr Bytes& operator-=(Bytes o) noexcept {
+    value_ -= o.value_;
+    return *this;
+  }
   friend constexpr Bytes operator+(Bytes a, Bytes b) noexcept { return Bytes{a.value_ + b.value_}; }
   friend constexpr Bytes operator-(Bytes a, Bytes b) noexcept { return Bytes{a.value_ - b.value_}; }
   friend constexpr Bytes operator*(Bytes a, std::uint64_t k) noexcept { return Bytes{a.value_ * k}; }
@@ -74,7 +80,5 @@ static_assert(std::is_trivially_copyable_v<TenantId> && sizeof(TenantId) == 4);
 
 template <class Tag, class Rep>
 struct std::hash<vlake::StrongId<Tag, Rep>> {
-  std::size_t operator()(vlake::StrongId<Tag, Rep> v) const noexcept {
-    return std::hash<Rep>{}(v.value());
-  }
+  std::size_t operator()(vlake::StrongId<Tag, Rep> v) const noexcept { return std::hash<Rep>{}(v.value()); }
 };

@@ -44,11 +44,11 @@ namespace vlake::proto {
 template <class T>
 struct MessageTraits;
 
-#define VLAKE_PROTO_MESSAGE(T, enumerator)                \
-  template <>                                             \
-  struct MessageTraits<T> {                               \
-    static constexpr MsgType type = MsgType::enumerator;  \
-    static constexpr const char* name = #T;               \
+#define VLAKE_PROTO_MESSAGE(T, enumerator)               \
+  template <>                                            \
+  struct MessageTraits<T> {                              \
+    static constexpr MsgType type = MsgType::enumerator; \
+    static constexpr const char* name = #T;              \
   }
 VLAKE_PROTO_MESSAGE(Hello, hello);
 VLAKE_PROTO_MESSAGE(HelloAck, hello_ack);
@@ -75,9 +75,9 @@ concept Message = std::is_trivially_copyable_v<T> && requires {
 };
 
 // Every message, alternative i being the struct of MsgType i + 1.
-using AnyMessage = std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery,
-                                UsageReply, Error, GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply,
-                                ShareCommit, ShareAck>;
+using AnyMessage =
+    std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
+                 GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {
@@ -99,7 +99,8 @@ constexpr const char* message_name(MsgType t) noexcept {
           : false) ||
      ...);
     return name;
-  }(std::make_index_sequence<std::variant_size_v<AnyMessage>>());
+  }
+  (std::make_index_sequence<std::variant_size_v<AnyMessage>>());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -324,10 +325,10 @@ Decoded decode_body(std::span<const std::byte> datagram, std::size_t descriptors
     return Decoded(DecodeError{DecodeError::Kind::fields, std::move(*why)}, m.h);
   }
   if (const std::size_t want = descriptor_count(m); want != descriptors) {
-    std::string why = want == 0 ? std::string("descriptors attached to a ") + MessageTraits<T>::name +
-                                      ", which carries none"
-                                : std::string(MessageTraits<T>::name) + " with " + std::to_string(descriptors) +
-                                      " descriptors instead of " + std::to_string(want);
+    std::string why = want == 0
+                          ? std::string("descriptors attached to a ") + MessageTraits<T>::name + ", which carries none"
+                          : std::string(MessageTraits<T>::name) + " with " + std::to_string(descriptors) +
+                                " descriptors instead of " + std::to_string(want);
     return Decoded(DecodeError{DecodeError::Kind::descriptors, std::move(why)}, m.h);
   }
   return Decoded(AnyMessage(std::in_place_type<T>, m));
@@ -352,12 +353,12 @@ inline Decoded decode(std::span<const std::byte> datagram, std::size_t descripto
   return [&]<std::size_t... I>(std::index_sequence<I...>) {
     std::optional<Decoded> out;
     ((MessageTraits<std::variant_alternative_t<I, AnyMessage>>::type == h.type
-          ? (out.emplace(detail::decode_body<std::variant_alternative_t<I, AnyMessage>>(datagram, descriptors)),
-             true)
+          ? (out.emplace(detail::decode_body<std::variant_alternative_t<I, AnyMessage>>(datagram, descriptors)), true)
           : false) ||
      ...);
     return std::move(*out);  // check_frame() accepted the type: one alternative matched
-  }(std::make_index_sequence<std::variant_size_v<AnyMessage>>());
+  }
+  (std::make_index_sequence<std::variant_size_v<AnyMessage>>());
 }
 
 }  // namespace vlake::proto

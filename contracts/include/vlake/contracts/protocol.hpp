@@ -48,7 +48,7 @@ enum class MsgType : std::uint16_t {
   usage_query = 7,
   usage_reply = 8,
   error = 9,
-  guard_event = 10,  // client -> daemon, no reply: an out-of-bounds access the hook saw
+  guard_event = 10,     // client -> daemon, no reply: an out-of-bounds access the hook saw
   pressure = 11,        // daemon -> client, unsolicited, no reply: return reserve memory
   reserve_report = 12,  // client -> daemon, no reply: the bytes the hook keeps in its reserve
   share_request = 13,   // client -> daemon: share whole chunks of a grant read-only (docs/dedup.md)
@@ -61,19 +61,19 @@ enum class MsgType : std::uint16_t {
 // refusal (values may be added within a protocol version; none is ever reused).
 enum class Status : std::int32_t {
   ok = 0,
-  over_limit = 1,       // the tenant's limit would be exceeded (nothing was charged)
-  out_of_memory = 2,    // the GPU has no memory left for the pool
-  bad_request = 3,      // a field was out of range (the connection is closed after the reply)
-  unknown_device = 4,   // no such GPU on this node
-  unknown_grant = 5,    // release of a grant this session does not hold
-  version_mismatch = 6, // Hello with a protocol version the daemon does not speak
-  internal = 7,         // the daemon failed; see its log
+  over_limit = 1,            // the tenant's limit would be exceeded (nothing was charged)
+  out_of_memory = 2,         // the GPU has no memory left for the pool
+  bad_request = 3,           // a field was out of range (the connection is closed after the reply)
+  unknown_device = 4,        // no such GPU on this node
+  unknown_grant = 5,         // release of a grant this session does not hold
+  version_mismatch = 6,      // Hello with a protocol version the daemon does not speak
+  internal = 7,              // the daemon failed; see its log
   namespace_over_limit = 8,  // the tenant's namespace would exceed its limit (GrantReply limit/used
                              // are the namespace's)
-  guarantee = 9,        // the rest of the GPU is guaranteed to other namespaces (limit/used are
-                        // the tenant's)
-  dedup_disabled = 10,  // a transparent ShareRequest (kShareTransparent) from a tenant whose
-                        // namespace is not in `dedup: transparent` mode (docs/dedup.md)
+  guarantee = 9,             // the rest of the GPU is guaranteed to other namespaces (limit/used are
+                             // the tenant's)
+  dedup_disabled = 10,       // a transparent ShareRequest (kShareTransparent) from a tenant whose
+                             // namespace is not in `dedup: transparent` mode (docs/dedup.md)
 };
 
 struct Header {
@@ -200,9 +200,9 @@ enum class GuardKind : std::uint32_t { fault = 1, canary = 2, readonly = 3 };
 // a synchronizing call): the driver does not say which address. The hook sends its most
 // recently allocated live allocations on that GPU (newest first) as the likely suspects.
 struct GuardSuspect {
-  std::uint64_t address;   // the pointer the application got
-  std::uint64_t bytes;     // requested size
-  std::uint64_t age_ns;    // time since it was allocated
+  std::uint64_t address;  // the pointer the application got
+  std::uint64_t bytes;    // requested size
+  std::uint64_t age_ns;   // time since it was allocated
 };
 inline constexpr std::uint32_t kMaxGuardSuspects = 8;
 struct GuardEvent {
@@ -274,12 +274,12 @@ struct ShareRequest {
   std::uint64_t offset;  // multiple of the granularity
   std::uint64_t bytes;   // > 0, multiple of the granularity
   std::uint32_t first_piece;
-  std::uint32_t flags;   // ShareRequestFlags (was `reserved`: 0 = an explicit share)
+  std::uint32_t flags;  // ShareRequestFlags (was `reserved`: 0 = an explicit share)
 };
 struct ShareReply {
   Header h;
-  Status status;           // ok, unknown_grant, bad_request (the grant cannot be shared), internal,
-                           // out_of_memory (no room for the copies)
+  Status status;              // ok, unknown_grant, bad_request (the grant cannot be shared), internal,
+                              // out_of_memory (no room for the copies)
   std::uint32_t piece_count;  // pieces in this batch; a descriptor per piece without kShareKeep
   std::uint32_t first_piece;
   std::uint32_t total_pieces;
@@ -309,7 +309,7 @@ struct Error {
   char message[128];
 };
 
-#define VLAKE_PROTO_CHECK(T, bytes)                                        \
+#define VLAKE_PROTO_CHECK(T, bytes)                                       \
   static_assert(std::is_trivially_copyable_v<T>, #T " must be POD");      \
   static_assert(std::is_standard_layout_v<T>, #T " must be standard");    \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kVersion"); \

@@ -52,18 +52,18 @@ inline constexpr std::size_t kConfigErrorBytes = 512;
 // grant_latency_count. Readers make them cumulative.
 inline constexpr std::size_t kGrantLatencyBuckets = 13;
 inline constexpr std::uint64_t kGrantLatencyBoundsNs[kGrantLatencyBuckets] = {
-    50'000,     100'000,     250'000,     500'000,     1'000'000,   2'500'000,    5'000'000,
-    10'000'000, 25'000'000,  50'000'000,  100'000'000, 250'000'000, 1'000'000'000};
+    50'000,     100'000,    250'000,    500'000,     1'000'000,   2'500'000,    5'000'000,
+    10'000'000, 25'000'000, 50'000'000, 100'000'000, 250'000'000, 1'000'000'000};
 
 struct Header {
   std::uint64_t magic;
   std::uint32_t layout_version;
-  std::uint32_t header_bytes;       // sizeof(Header)
-  std::uint64_t total_bytes;        // sizeof(State)
-  std::uint64_t generation;         // seqlock: odd while the daemon writes
+  std::uint32_t header_bytes;  // sizeof(Header)
+  std::uint64_t total_bytes;   // sizeof(State)
+  std::uint64_t generation;    // seqlock: odd while the daemon writes
   std::uint64_t next_session_id;
   std::uint64_t next_grant_id;
-  std::uint32_t daemon_pid;         // the daemon that last wrote
+  std::uint32_t daemon_pid;  // the daemon that last wrote
   std::uint32_t device_count;
   std::uint64_t daemon_start_time;  // /proc/<pid>/stat start time of that daemon
   std::uint64_t updated_unix_ns;    // last sample (CLOCK_REALTIME)
@@ -71,26 +71,26 @@ struct Header {
   std::uint32_t max_sessions;
   std::uint32_t max_grants;
   std::uint32_t max_devices;
-  std::uint32_t starts;             // daemon starts on this segment (1 = never restarted)
-  std::uint32_t clean;              // 1 after a graceful stop, 0 while running
+  std::uint32_t starts;  // daemon starts on this segment (1 = never restarted)
+  std::uint32_t clean;   // 1 after a graceful stop, 0 while running
   std::uint32_t max_namespaces;
   std::uint32_t sample_interval_ms;  // layout 3: --sample-interval-ms (updated_unix_ns refresh period)
 };
 
 struct Counters {
-  std::uint64_t grants;                 // successful grants
-  std::uint64_t denials_over_limit;     // all quota refusals (the three reasons below together)
+  std::uint64_t grants;              // successful grants
+  std::uint64_t denials_over_limit;  // all quota refusals (the three reasons below together)
   std::uint64_t denials_out_of_memory;
   std::uint64_t denials_unknown_device;
-  std::uint64_t denials_other;          // internal errors, table full
-  std::uint64_t releases;               // grants returned (client release or process exit)
-  std::uint64_t releases_exported;      // releases that retired their handles
-  std::uint64_t process_exits;          // sessions ended by their process dying
-  std::uint64_t scrubs;                 // handles zeroed before a grant
-  std::uint64_t reuses;                 // grants served from the free pool
+  std::uint64_t denials_other;      // internal errors, table full
+  std::uint64_t releases;           // grants returned (client release or process exit)
+  std::uint64_t releases_exported;  // releases that retired their handles
+  std::uint64_t process_exits;      // sessions ended by their process dying
+  std::uint64_t scrubs;             // handles zeroed before a grant
+  std::uint64_t reuses;             // grants served from the free pool
   std::uint64_t handles_created;
   std::uint64_t handles_released;
-  std::uint64_t malformed;              // connections dropped for a malformed message
+  std::uint64_t malformed;  // connections dropped for a malformed message
   std::uint64_t sessions_opened;
   std::uint64_t sessions_rebound;
   std::uint64_t nvml_samples;
@@ -109,16 +109,16 @@ struct Counters {
   std::uint64_t guard_violations_canary;
   std::uint64_t guard_violations_readonly;
   // Layout 5: pool performance (docs/pool.md).
-  std::uint64_t requests;             // well-formed messages handled (all types)
+  std::uint64_t requests;  // well-formed messages handled (all types)
   std::uint64_t usage_queries;
-  std::uint64_t grants_exact;         // served by one free handle of the grant's size
-  std::uint64_t grants_stitched;      // served by several free handles mapped as one range
-  std::uint64_t grants_new;           // served by creating a handle (maybe after releasing free ones)
-  std::uint64_t handles_stitched;     // handles in stitched grants
+  std::uint64_t grants_exact;           // served by one free handle of the grant's size
+  std::uint64_t grants_stitched;        // served by several free handles mapped as one range
+  std::uint64_t grants_new;             // served by creating a handle (maybe after releasing free ones)
+  std::uint64_t handles_stitched;       // handles in stitched grants
   std::uint64_t stitched_cross_tenant;  // stitched grants using a handle another tenant freed
-  std::uint64_t pressure_sent;        // Pressure messages sent
-  std::uint64_t grants_parked;        // grants that waited for reserves to be returned
-  std::uint64_t parked_timeouts;      // of those, refused when the wait ended
+  std::uint64_t pressure_sent;          // Pressure messages sent
+  std::uint64_t grants_parked;          // grants that waited for reserves to be returned
+  std::uint64_t parked_timeouts;        // of those, refused when the wait ended
   std::uint64_t reserve_reports;
   std::uint64_t reserved_counters[5];
 };
@@ -140,7 +140,7 @@ struct DeviceRecord {
   std::uint8_t uuid[16];
   std::uint64_t total;
   std::uint64_t granularity;
-  std::uint64_t pool_bytes;      // handles this daemon holds: free + granted (not orphaned)
+  std::uint64_t pool_bytes;  // handles this daemon holds: free + granted (not orphaned)
   std::uint64_t free_bytes;
   std::uint64_t free_handles;
   std::uint64_t granted_bytes;   // bytes of live grants with handles
@@ -157,30 +157,30 @@ struct DeviceRecord {
   std::uint64_t dedup_logical_bytes;   // shared read-only weights as tenants see them (0 until dedup)
   std::uint64_t dedup_physical_bytes;  // what those take on the GPU (0 until dedup)
   // Layout 5.
-  std::uint64_t free_small_handles;    // free handles of the granularity (tails, fragments)
-  std::uint64_t free_bulk_handles;     // free handles of the bulk size
-  std::uint64_t warm_target_bytes;     // --warm-reserve on this GPU
-  std::uint64_t hook_reserve_bytes;    // sum of the hooks' reported local reserves
-  std::uint64_t pool_peak_bytes;       // highest pool_bytes since start
+  std::uint64_t free_small_handles;  // free handles of the granularity (tails, fragments)
+  std::uint64_t free_bulk_handles;   // free handles of the bulk size
+  std::uint64_t warm_target_bytes;   // --warm-reserve on this GPU
+  std::uint64_t hook_reserve_bytes;  // sum of the hooks' reported local reserves
+  std::uint64_t pool_peak_bytes;     // highest pool_bytes since start
   std::uint64_t reserved5[3];
 };
 
 enum NamespaceFlags : std::uint32_t {
-  kNamespaceHasLimit = 1,   // `limit` configured (else limit[] is the GPU's total)
-  kNamespaceImplicit = 2,   // the implicit "default" namespace (not declared in the file)
+  kNamespaceHasLimit = 1,  // `limit` configured (else limit[] is the GPU's total)
+  kNamespaceImplicit = 2,  // the implicit "default" namespace (not declared in the file)
 };
 
 struct NamespaceRecord {
   std::uint32_t in_use;
-  std::uint32_t id;                    // index + 1; TenantRecord::namespace_id refers to it
+  std::uint32_t id;  // index + 1; TenantRecord::namespace_id refers to it
   char name[kNamespaceNameBytes];
   std::int32_t priority;
-  std::uint32_t flags;                 // NamespaceFlags
+  std::uint32_t flags;                    // NamespaceFlags
   std::uint64_t limit[kMaxDevices];       // per GPU, bytes (percentages resolved on each GPU)
   std::uint64_t guaranteed[kMaxDevices];  // per GPU, bytes
   std::uint64_t used[kMaxDevices];        // granted + non-pool of its tenants
-  std::uint32_t over_limit;            // bit d: used[d] > limit[d] (a lowered limit; no revocation)
-  std::uint32_t tenant_count;          // tenants in it
+  std::uint32_t over_limit;               // bit d: used[d] > limit[d] (a lowered limit; no revocation)
+  std::uint32_t tenant_count;             // tenants in it
 };
 
 struct TenantRecord {
@@ -204,8 +204,8 @@ struct SessionRecord {
   std::uint32_t pid;
   std::uint32_t uid;
   std::uint32_t gid;
-  std::uint32_t tenant;      // TenantId
-  std::uint32_t state;       // SessionState
+  std::uint32_t tenant;  // TenantId
+  std::uint32_t state;   // SessionState
   std::uint32_t grant_count;
 };
 
@@ -216,11 +216,11 @@ struct GrantRecord {
   std::uint64_t session;
   std::uint64_t bytes;
   std::uint32_t tenant;
-  std::uint32_t device;       // ordinal at grant time (uuid in devices[device])
-  std::uint32_t purpose;      // proto::GrantPurpose
+  std::uint32_t device;   // ordinal at grant time (uuid in devices[device])
+  std::uint32_t purpose;  // proto::GrantPurpose
   std::uint32_t handle_count;
-  std::uint32_t state;        // GrantState
-  std::uint32_t guard;        // layout 4: proto::GuardMode in force for this grant
+  std::uint32_t state;  // GrantState
+  std::uint32_t guard;  // layout 4: proto::GuardMode in force for this grant
   // Layout 4.
   std::uint64_t requested;        // the bytes the client asked for (GrantRequest::bytes)
   std::uint64_t created_unix_ns;  // when it was granted (CLOCK_REALTIME)
@@ -232,23 +232,23 @@ inline constexpr std::uint32_t kGuardEventSuspects = 4;  // the hook's first sus
 inline constexpr std::uint32_t kGuardNoDevice = 0xffffffffu;
 
 struct GuardEventRecord {
-  std::uint64_t seq;               // 1-based event number; 0: slot never written
-  std::uint64_t time_unix_ns;      // when the daemon recorded it
-  std::uint32_t kind;              // proto::GuardKind
-  std::uint32_t tenant;            // TenantId
-  std::uint32_t device;            // ordinal; kGuardNoDevice: the hook named an unknown GPU
-  std::uint32_t pid;               // the tenant process (canary: the grant's session's pid)
+  std::uint64_t seq;           // 1-based event number; 0: slot never written
+  std::uint64_t time_unix_ns;  // when the daemon recorded it
+  std::uint32_t kind;          // proto::GuardKind
+  std::uint32_t tenant;        // TenantId
+  std::uint32_t device;        // ordinal; kGuardNoDevice: the hook named an unknown GPU
+  std::uint32_t pid;           // the tenant process (canary: the grant's session's pid)
   char tenant_name[kTenantNameBytes];
-  std::uint64_t grant_id;          // canary: the grant; fault: 0
-  std::uint64_t address;           // fault: the first suspect's pointer; canary: 0 (unknown)
-  std::uint64_t requested_bytes;   // canary: the allocation's size; fault: the first suspect's
-  std::uint64_t first_bad_offset;  // canary: offset of the first changed byte from the grant's start
-  std::uint64_t allocated_unix_ns; // canary: the grant's creation time; fault: now - suspect age
-  std::int32_t cuda_status;        // fault: the CUresult the application sees; else 0
-  std::uint32_t suspect_count;     // fault: suspects the hook sent (<= proto::kMaxGuardSuspects)
-  std::uint32_t live_allocations;  // fault: the process's live allocations
+  std::uint64_t grant_id;           // canary: the grant; fault: 0
+  std::uint64_t address;            // fault: the first suspect's pointer; canary: 0 (unknown)
+  std::uint64_t requested_bytes;    // canary: the allocation's size; fault: the first suspect's
+  std::uint64_t first_bad_offset;   // canary: offset of the first changed byte from the grant's start
+  std::uint64_t allocated_unix_ns;  // canary: the grant's creation time; fault: now - suspect age
+  std::int32_t cuda_status;         // fault: the CUresult the application sees; else 0
+  std::uint32_t suspect_count;      // fault: suspects the hook sent (<= proto::kMaxGuardSuspects)
+  std::uint32_t live_allocations;   // fault: the process's live allocations
   std::uint32_t reserved;
-  char call[32];                   // fault: the driver call; canary: "release" or "sweep"
+  char call[32];  // fault: the driver call; canary: "release" or "sweep"
   proto::GuardSuspect suspects[kGuardEventSuspects];
 };
 
@@ -271,9 +271,9 @@ struct State {
   GuardLog guard;  // layout 4
 };
 
-#define VLAKE_STATE_CHECK(T, bytes)                                      \
-  static_assert(std::is_trivially_copyable_v<T>, #T " must be POD");    \
-  static_assert(std::is_standard_layout_v<T>, #T " must be standard");  \
+#define VLAKE_STATE_CHECK(T, bytes)                                    \
+  static_assert(std::is_trivially_copyable_v<T>, #T " must be POD");   \
+  static_assert(std::is_standard_layout_v<T>, #T " must be standard"); \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
 VLAKE_STATE_CHECK(Header, 104);
 VLAKE_STATE_CHECK(Counters, 440);
@@ -285,8 +285,7 @@ VLAKE_STATE_CHECK(SessionRecord, 40);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
-VLAKE_STATE_CHECK(State, 104 + 440 + 808 + 200 * 16 + 472 * 256 + 656 * 256 + 40 * 1024 + 64 * 16384 +
-                             16 + 344 * 256);
+VLAKE_STATE_CHECK(State, 104 + 440 + 808 + 200 * 16 + 472 * 256 + 656 * 256 + 40 * 1024 + 64 * 16384 + 16 + 344 * 256);
 #undef VLAKE_STATE_CHECK
 
 class StateError : public std::runtime_error {

@@ -34,13 +34,13 @@ inline constexpr double kMinWatchSeconds = 0.1;
 inline constexpr double kMaxWatchSeconds = 86400.0;
 
 struct CtlOptions {
-  std::string state = kDefaultState;      // POSIX shm name: /dev/shm/<state>
+  std::string state = kDefaultState;  // POSIX shm name: /dev/shm/<state>
   bool json = false;
   bool help = false;
   Command command = Command::none;
-  std::optional<double> watch_seconds;    // top --watch: redraw period
-  std::string quota_file;                 // quota check FILE
-  std::optional<Bytes> gpu_memory;        // quota check --gpu-memory SIZE: check sums against it
+  std::optional<double> watch_seconds;  // top --watch: redraw period
+  std::string quota_file;               // quota check FILE
+  std::optional<Bytes> gpu_memory;      // quota check --gpu-memory SIZE: check sums against it
 
   // `args` excludes argv[0]. `env_state`: the value of $VLAKE_STATE, or nullptr if unset
   // (an empty value counts as unset).

@@ -21,9 +21,9 @@ namespace vlake::ctl {
 
 struct QuotaIssue {
   std::string file;
-  int line = 0;     // 1-based; 0 when no position applies
+  int line = 0;  // 1-based; 0 when no position applies
   int column = 0;
-  std::string message;  // without the "file:line:col: " prefix
+  std::string message;                     // without the "file:line:col: " prefix
   [[nodiscard]] std::string text() const;  // "file:line:col: message"
 };
 
@@ -40,7 +40,7 @@ struct QuotaCheckResult {
 // Runs vlaked's own validation (quota::check_file); with `gpu_memory`, also checks that the
 // guarantees fit a GPU of that size.
 QuotaCheckResult check_quota_file(const std::string& path, std::optional<Bytes> gpu_memory = std::nullopt);
-std::string render_quota_text(const QuotaCheckResult& r);   // "FILE: ok" + summary, or errors
+std::string render_quota_text(const QuotaCheckResult& r);  // "FILE: ok" + summary, or errors
 std::string render_quota_json(const QuotaCheckResult& r);
 
 }  // namespace vlake::ctl

@@ -5,8 +5,8 @@
 // version, size) before mapping it with state::StateReader, so each failure has its own
 // StateAccessError::Kind and a message that says what to do (no "vlakectl: " prefix: the caller
 // adds it). snapshot() returns a consistent copy; it is const and may be called from several
-// threads. The object owns its read-only mapping until destroyed. process_alive() checks that the recorded daemon pid exists and (where /proc is readable) has
-// the recorded start time.
+// threads. The object owns its read-only mapping until destroyed. process_alive() checks that the recorded daemon pid
+// exists and (where /proc is readable) has the recorded start time.
 #pragma once
 
 #include <memory>

@@ -19,9 +19,9 @@
 namespace vlake::ctl {
 
 struct GpuView {
-  std::uint32_t index = 0;       // device ordinal
-  std::string uuid;              // "GPU-xxxxxxxx-..."
-  std::string uuid_short;        // "GPU-xxxxxxxx"
+  std::uint32_t index = 0;  // device ordinal
+  std::string uuid;         // "GPU-xxxxxxxx-..."
+  std::string uuid_short;   // "GPU-xxxxxxxx"
   std::uint64_t total = 0;
   std::uint64_t granularity = 0;
   std::uint64_t pool_bytes = 0;  // handles the daemon holds (free + granted)
@@ -41,26 +41,26 @@ struct SessionView {
   std::uint32_t uid = 0;
   std::uint32_t gid = 0;
   std::uint32_t tenant = 0;
-  std::string state;             // "connected" | "detached"
+  std::string state;  // "connected" | "detached"
   std::uint32_t grants = 0;
 };
 
 // One tenant on one GPU.
 struct TenantGpuView {
   std::uint32_t gpu = 0;
-  std::uint64_t used = 0;        // granted + nonpool (what the quota counts)
+  std::uint64_t used = 0;  // granted + nonpool (what the quota counts)
   std::uint64_t granted = 0;
   std::uint64_t nonpool = 0;
   std::uint64_t limit = 0;
   std::optional<std::uint64_t> guaranteed;  // its namespace's guarantee; none: "-" / null
-  bool over_limit = false;       // a lowered limit left it above: grants refused until it drops
-  double share_percent = 0;      // used / GPU total * 100
+  bool over_limit = false;                  // a lowered limit left it above: grants refused until it drops
+  double share_percent = 0;                 // used / GPU total * 100
 };
 
 struct TenantView {
   std::uint32_t id = 0;
-  std::string name;              // the tenant name ("research/user:alice", "uid:1000")
-  std::string namespace_name;    // "default" for tenants outside any namespace
+  std::string name;                   // the tenant name ("research/user:alice", "uid:1000")
+  std::string namespace_name;         // "default" for tenants outside any namespace
   std::vector<TenantGpuView> gpus;    // one per GPU in use, in GpuView order
   std::vector<SessionView> sessions;  // by session id
   std::vector<std::uint32_t> pids;    // of `sessions`, sorted, unique
@@ -82,8 +82,8 @@ struct DaemonView {
   std::uint32_t pid = 0;
   std::uint64_t start_time = 0;
   std::uint32_t starts = 0;
-  bool clean = false;             // the last daemon stopped gracefully
-  bool alive = false;             // `pid` runs and has `start_time` (caller-supplied)
+  bool clean = false;  // the last daemon stopped gracefully
+  bool alive = false;  // `pid` runs and has `start_time` (caller-supplied)
   std::uint64_t updated_unix_ns = 0;
 };
 
@@ -91,7 +91,7 @@ struct DaemonView {
 struct GuardEventView {
   std::uint64_t seq = 0;
   std::uint64_t time_unix_ns = 0;
-  std::string kind;          // "fault", "canary", "readonly"
+  std::string kind;  // "fault", "canary", "readonly"
   std::uint32_t tenant_id = 0;
   std::string tenant;
   std::optional<std::uint32_t> gpu;  // none: the hook named a GPU the daemon does not know
@@ -109,12 +109,12 @@ struct GuardEventView {
 
 struct NodeView {
   DaemonView daemon;
-  std::vector<GpuView> gpus;                                // by index
-  std::vector<TenantView> tenants;                          // by id
+  std::vector<GpuView> gpus;                                    // by index
+  std::vector<TenantView> tenants;                              // by id
   std::vector<std::pair<std::string, std::uint64_t>> counters;  // stable order, stable names
-  std::uint64_t sessions = 0;     // sessions in the table
-  std::uint64_t grants = 0;       // grants in the table
-  std::vector<GuardEventView> events;  // the guard ring, oldest first
+  std::uint64_t sessions = 0;                                   // sessions in the table
+  std::uint64_t grants = 0;                                     // grants in the table
+  std::vector<GuardEventView> events;                           // the guard ring, oldest first
 };
 
 NodeView build_view(const state::State& s, bool daemon_alive);

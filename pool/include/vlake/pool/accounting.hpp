@@ -82,9 +82,9 @@ class Accounting {
   };
   struct DeviceEntry {
     DeviceOrdinal device;
-    Bytes capacity;     // 0: not set (rule 3 off)
-    Bytes guaranteed;   // sum of the namespaces' guarantees
-    Bytes borrowed;     // sum of max(0, held - guaranteed)
+    Bytes capacity;    // 0: not set (rule 3 off)
+    Bytes guaranteed;  // sum of the namespaces' guarantees
+    Bytes borrowed;    // sum of max(0, held - guaranteed)
   };
   // Everything, under one lock: what an invariant checker needs.
   struct Snapshot {

@@ -31,16 +31,16 @@
 #include <vector>
 
 #include "vlake/common/driver.hpp"
+#include "vlake/common/log.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/common/unique_fd.hpp"
-#include "vlake/common/log.hpp"
 #include "vlake/pool/planner.hpp"
 
 namespace vlake::pool {
 
 struct PoolHandle {
   PhysicalHandle handle;
-  UniqueFd fd;                          // the one export, kept for the handle's life
+  UniqueFd fd;  // the one export, kept for the handle's life
   Bytes size;
   DevicePtr va;                         // the daemon's read-write mapping
   std::optional<TenantId> last_tenant;  // nullopt: never granted
@@ -68,10 +68,10 @@ class DevicePool {
   struct Served {
     std::vector<std::unique_ptr<PoolHandle>> handles;  // in VA order; sizes sum to the grant
     PlanKind kind = PlanKind::none;
-    std::uint32_t reused = 0;     // handles that came from the free pool
-    std::uint32_t scrubbed = 0;   // handles zeroed for this grant
-    bool cross_tenant = false;    // a handle another tenant freed
-    std::uint64_t released = 0;   // free handles released to make room
+    std::uint32_t reused = 0;    // handles that came from the free pool
+    std::uint32_t scrubbed = 0;  // handles zeroed for this grant
+    bool cross_tenant = false;   // a handle another tenant freed
+    std::uint64_t released = 0;  // free handles released to make room
   };
   // `size` must be a positive multiple of granularity(); max_handles 1..32 (1: the handle goes
   // to the application).

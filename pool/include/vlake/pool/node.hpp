@@ -46,15 +46,15 @@
 #include <variant>
 #include <vector>
 
-#include "vlake/contracts/allocation.hpp"
 #include "vlake/common/driver.hpp"
-#include "vlake/contracts/protocol.hpp"
 #include "vlake/common/strong_types.hpp"
+#include "vlake/contracts/allocation.hpp"
+#include "vlake/contracts/protocol.hpp"
+#include "vlake/contracts/state.hpp"
 #include "vlake/pool/accounting.hpp"
 #include "vlake/pool/device_pool.hpp"
 #include "vlake/pool/log.hpp"
 #include "vlake/pool/nvml_source.hpp"
-#include "vlake/contracts/state.hpp"
 #include "vlake/quota/quota_config.hpp"
 
 namespace vlake::pool {
@@ -160,13 +160,13 @@ struct AllocationInfo {
 
 // What changed since the last take_changes(): what the publisher writes.
 struct Changes {
-  bool all = false;                      // everything (start-up, resume, reload, tick)
-  std::set<std::uint32_t> tenants;       // tenant slots
-  std::set<std::uint32_t> sessions;      // session slots (free slots are cleared)
-  std::set<std::uint32_t> grants;        // grant slots (free slots are cleared)
-  std::set<std::uint32_t> namespaces;    // namespace slots (free slots are cleared)
+  bool all = false;                    // everything (start-up, resume, reload, tick)
+  std::set<std::uint32_t> tenants;     // tenant slots
+  std::set<std::uint32_t> sessions;    // session slots (free slots are cleared)
+  std::set<std::uint32_t> grants;      // grant slots (free slots are cleared)
+  std::set<std::uint32_t> namespaces;  // namespace slots (free slots are cleared)
   bool devices = false;
-  bool guard = false;                    // the guard event log
+  bool guard = false;  // the guard event log
   [[nodiscard]] bool empty() const noexcept {
     return !all && !devices && !guard && tenants.empty() && sessions.empty() && grants.empty() && namespaces.empty();
   }
@@ -204,8 +204,8 @@ class Node {
     TenantId tenant;
     ConnId conn = 0;  // 0: detached
     std::vector<std::uint64_t> grants;
-    std::string alloc_id;  // opened through that allocation's socket
-    bool pressure = false;  // its latest Hello set kHelloPressure
+    std::string alloc_id;                                  // opened through that allocation's socket
+    bool pressure = false;                                 // its latest Hello set kHelloPressure
     std::array<std::uint64_t, st::kMaxDevices> reserve{};  // last ReserveReport per GPU
   };
   struct Grant {
@@ -219,7 +219,7 @@ class Node {
     bool orphaned = false;  // its handles died with a previous daemon
     std::vector<std::unique_ptr<PoolHandle>> handles;
     std::uint32_t handle_count = 0;  // handles the tenant mapped (kept when orphaned)
-    std::uint64_t requested = 0;  // GrantRequest::bytes
+    std::uint64_t requested = 0;     // GrantRequest::bytes
     std::uint64_t created_unix_ns = 0;
     bool canary = false;  // its slack holds the canary pattern (docs/guard.md)
   };
@@ -229,9 +229,9 @@ class Node {
     Bytes total{0};
     Bytes granularity{0};
     std::unique_ptr<DevicePool> pool;
-    Bytes granted{0};   // grants with handles
-    Bytes orphaned{0};  // grants whose handles died with a previous daemon
-    Bytes counted{0};   // `counted` grants
+    Bytes granted{0};             // grants with handles
+    Bytes orphaned{0};            // grants whose handles died with a previous daemon
+    Bytes counted{0};             // `counted` grants
     std::uint64_t pool_peak = 0;  // highest pool bytes ever published (across restarts)
   };
 
@@ -387,9 +387,9 @@ class Node {
   std::unordered_map<std::uint64_t, Session> sessions_;
   std::unordered_map<std::uint64_t, Grant> grants_;
   std::map<std::string, AllocationInfo> allocs_;  // by allocation id
-  std::unique_ptr<Dedup> dedup_;  // created on first use
-  std::vector<ParkedGrant> parked_;    // FIFO
-  bool memory_returned_ = false;  // a release since the last retry of parked grants
+  std::unique_ptr<Dedup> dedup_;                  // created on first use
+  std::vector<ParkedGrant> parked_;               // FIFO
+  bool memory_returned_ = false;                  // a release since the last retry of parked grants
 
   // slot tables (mirroring the state segment's)
   std::vector<bool> tenant_slots_ = std::vector<bool>(st::kMaxTenants);

@@ -45,7 +45,7 @@ std::unique_ptr<NvmlSource> open_nvml(const std::string& library);
 
 struct NonpoolInputs {
   std::vector<std::pair<DeviceOrdinal, Uuid>> devices;
-  std::unordered_map<std::uint32_t, TenantId> pid_tenant;  // pids holding a session
+  std::unordered_map<std::uint32_t, TenantId> pid_tenant;            // pids holding a session
   std::map<std::pair<std::uint32_t, std::int32_t>, Bytes> orphaned;  // (pid, ordinal) → bytes
   std::uint32_t daemon_pid = 0;
 };

@@ -22,17 +22,17 @@ class OptionsError : public std::runtime_error {
 struct DaemonOptions {
   std::string config = "/etc/vlake/vlake.yaml";  // missing file: built-in default (100%)
   std::string socket = "/run/vlake/vlaked.sock";
-  std::string state = "vlake-state";             // POSIX shm name, /dev/shm/<state>
+  std::string state = "vlake-state";  // POSIX shm name, /dev/shm/<state>
   std::string driver = "libcuda.so.1";
-  std::string nvml = "libnvidia-ml.so.1";         // "" or "none": no NVML
+  std::string nvml = "libnvidia-ml.so.1";  // "" or "none": no NVML
   LogLevel log_level = LogLevel::info;
   std::chrono::milliseconds sample_interval{1000};
   std::chrono::milliseconds canary_interval{10000};  // canary sweep period; 0: only at release
-  unsigned state_mode = 0644;                    // who may read the state (vlakectl)
-  long state_gid = -1;                           // group of the state segment; -1: unchanged
-  std::string metrics_address = ":9400";         // exporter [HOST]:PORT; "" (--metrics-address none): off
-  bool metrics_address_given = false;            // explicit --metrics-address: failing to listen is fatal
-                                                 // (the default only warns: see docs/metrics.md)
+  unsigned state_mode = 0644;                        // who may read the state (vlakectl)
+  long state_gid = -1;                               // group of the state segment; -1: unchanged
+  std::string metrics_address = ":9400";             // exporter [HOST]:PORT; "" (--metrics-address none): off
+  bool metrics_address_given = false;                // explicit --metrics-address: failing to listen is fatal
+                                                     // (the default only warns: see docs/metrics.md)
   // Pool performance (docs/pool.md).
   std::uint64_t bulk_size = 64ull << 20;         // --bulk-size: bulk handle size class
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up

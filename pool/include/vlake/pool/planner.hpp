@@ -66,11 +66,11 @@ struct FreeHandleView {
 };
 
 struct PlanInput {
-  Bytes bytes;                    // a positive multiple of the granularity
+  Bytes bytes;  // a positive multiple of the granularity
   TenantId tenant;
   std::vector<FreeHandleView> free;
-  Bytes device_free{0};           // what the GPU can still give (cuMemGetInfo free)
-  std::uint32_t max_handles = 32; // 1 for grants whose handle goes to the application
+  Bytes device_free{0};            // what the GPU can still give (cuMemGetInfo free)
+  std::uint32_t max_handles = 32;  // 1 for grants whose handle goes to the application
 };
 
 enum class PlanKind { none, exact, stitch, create, release_create };
@@ -81,8 +81,8 @@ struct Plan {
   std::vector<std::size_t> use;      // indices into PlanInput::free, in VA order
   std::vector<std::size_t> release;  // indices into PlanInput::free to release first
   double cost_ns = 0;
-  std::uint32_t scrubs = 0;          // handles that need zeroing
-  bool cross_tenant = false;         // uses a handle another tenant freed
+  std::uint32_t scrubs = 0;   // handles that need zeroing
+  bool cross_tenant = false;  // uses a handle another tenant freed
 };
 
 // True if handing `h` to `tenant` needs a scrub.

@@ -12,8 +12,8 @@
 
 #include <cstdint>
 
-#include "vlake/pool/node.hpp"
 #include "vlake/contracts/state.hpp"
+#include "vlake/pool/node.hpp"
 
 namespace vlake::pool {
 

@@ -111,11 +111,11 @@ const char* dedup_mode_name(DedupMode m) noexcept;
 enum class GuardMode : std::uint8_t { off = 0, canary = 1, fault = 2 };
 
 struct TenantSpec {
-  std::string name;                          // e.g. "research/user:alice", "uid:1000"
-  Limit limit;                               // per GPU
-  std::string ns = kDefaultNamespace;        // its namespace
-  GuardMode guard = GuardMode::off;          // out-of-bounds guard mode (docs/guard.md)
-  DedupMode dedup = DedupMode::off;          // its namespace's dedup mode (resolved)
+  std::string name;                    // e.g. "research/user:alice", "uid:1000"
+  Limit limit;                         // per GPU
+  std::string ns = kDefaultNamespace;  // its namespace
+  GuardMode guard = GuardMode::off;    // out-of-bounds guard mode (docs/guard.md)
+  DedupMode dedup = DedupMode::off;    // its namespace's dedup mode (resolved)
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -126,10 +126,10 @@ struct NamespaceSpec {
   std::optional<Limit> limit;       // nullopt: no limit beyond the GPU
   std::optional<Limit> guaranteed;  // nullopt: nothing guaranteed
   std::int32_t priority = 0;
-  std::optional<Limit> pod_limit;   // nullopt: `limit` (or 100%)
-  bool declared = true;             // false: the implicit "default" namespace
+  std::optional<Limit> pod_limit;  // nullopt: `limit` (or 100%)
+  bool declared = true;            // false: the implicit "default" namespace
   std::optional<GuardMode> guard;  // nullopt: the top-level default's (or off)
-  std::optional<DedupMode> dedup;         // nullopt: the top-level default's (or off)
+  std::optional<DedupMode> dedup;  // nullopt: the top-level default's (or off)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
   int limit_line = 0, limit_column = 0;
@@ -177,7 +177,9 @@ class QuotaConfig {
   // The top-level `default.dedup` (off when absent).
   [[nodiscard]] DedupMode default_dedup() const noexcept { return default_dedup_.value_or(DedupMode::off); }
   // The dedup mode in force for namespace `ns`: its own, else default_dedup().
-  [[nodiscard]] DedupMode dedup_of(const NamespaceSpec& ns) const noexcept { return ns.dedup.value_or(default_dedup()); }
+  [[nodiscard]] DedupMode dedup_of(const NamespaceSpec& ns) const noexcept {
+    return ns.dedup.value_or(default_dedup());
+  }
   // Every namespace: the declared ones in file order; the implicit "default" (declared ==
   // false) last unless the file declares it.
   [[nodiscard]] const std::vector<NamespaceSpec>& namespaces() const noexcept { return namespaces_; }
@@ -189,7 +191,7 @@ class QuotaConfig {
     uid_t uid;
     std::string label;  // name or uid as written
     std::optional<Limit> limit;
-    std::size_t ns;     // index into namespaces_
+    std::size_t ns;  // index into namespaces_
     std::optional<GuardMode> guard;
   };
   struct GroupEntry {
@@ -200,9 +202,8 @@ class QuotaConfig {
     std::optional<GuardMode> guard;
   };
   [[nodiscard]] std::size_t default_index() const noexcept;
-  [[nodiscard]] TenantSpec make_spec(const std::string& kind, const std::string& label,
-                                     const std::optional<Limit>& own, std::size_t ns,
-                                     const std::optional<GuardMode>& guard) const;
+  [[nodiscard]] TenantSpec make_spec(const std::string& kind, const std::string& label, const std::optional<Limit>& own,
+                                     std::size_t ns, const std::optional<GuardMode>& guard) const;
 
   std::string file_ = "<built-in>";
   Limit default_;
