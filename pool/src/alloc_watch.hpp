@@ -18,8 +18,8 @@
 #include <unordered_map>
 
 #include "poller.hpp"
+#include "vlake/common/log.hpp"
 #include "vlake/common/unique_fd.hpp"
-#include "vlake/pool/log.hpp"
 #include "vlake/pool/node.hpp"
 
 namespace vlake::pool {

@@ -15,8 +15,8 @@
 #include <string>
 
 #include "poller.hpp"
+#include "vlake/common/log.hpp"
 #include "vlake/common/unique_fd.hpp"
-#include "vlake/pool/log.hpp"
 
 namespace vlake::pool {
 

@@ -47,13 +47,13 @@
 #include <vector>
 
 #include "vlake/common/driver.hpp"
+#include "vlake/common/log.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/contracts/allocation.hpp"
 #include "vlake/contracts/protocol.hpp"
 #include "vlake/contracts/state.hpp"
 #include "vlake/pool/accounting.hpp"
 #include "vlake/pool/device_pool.hpp"
-#include "vlake/pool/log.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/quota/quota_config.hpp"
 
