@@ -14,9 +14,6 @@
 #                 costs 60% more compile time (tests/driver/main.cpp under ASan: 24 s against
 #                 15 s of CPU) for tests that mostly wait on processes and sockets. (At -O1 GCC 12
 #                 also reports libstdc++'s std::regex with -Wmaybe-uninitialized under ASan.)
-#   no scheduler  VLAKE_BUILD_SCHEDULER=OFF: the device plugin's gRPC and protobuf code is the
-#                 slowest part of the tree to compile, and its tests talk to a fake kubelet
-#                 through gRPC, whose own code is not instrumented; the release run covers them.
 #   -Wno-tsan     tsan only: GCC warns that TSan does not model atomic_thread_fence, which only
 #                 the state segment's seqlock uses (contracts/src/state.cpp); its readers map the
 #                 segment at an address of their own, so TSan never pairs their reads with the
@@ -24,9 +21,9 @@
 #   tsan          builds only the targets of vlake_tsan_tests (tests/CMakeLists.txt): the test
 #                 folders that opt in with vlake_test_labels(<target> ... tsan).
 # Not run under any sanitizer: `gpu` (skipped without a GPU anyway), `charts` (helm and node.js
-# checks of the chart: no vlake code runs under a sanitizer there), and prometheus.rules and
-# prometheus.chart (promtool over YAML; prometheus.dashboard_queries, which runs vlaked and
-# hooked tenants, does run).
+# checks of the chart; the vlake code they call, vlakectl quota check and --help, the ctl and
+# pool tests cover), and prometheus.rules and prometheus.chart (promtool over YAML;
+# prometheus.dashboard_queries, which runs vlaked and hooked tenants, does run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,8 +72,7 @@ step configure
 flags="-O0 -g1"
 [[ "$san" == tsan ]] && flags+=" -Wno-tsan"
 cmake --preset "$san" -B "$dir" -DVLAKE_CUDA_ROOT="$cuda_root" \
-  -DCMAKE_C_FLAGS_DEBUG="$flags" -DCMAKE_CXX_FLAGS_DEBUG="$flags" \
-  -DVLAKE_BUILD_SCHEDULER=OFF >/dev/null
+  -DCMAKE_C_FLAGS_DEBUG="$flags" -DCMAKE_CXX_FLAGS_DEBUG="$flags" >/dev/null
 
 step build
 ctest_args=(--test-dir "$dir" --output-on-failure -j "$jobs")
