@@ -74,6 +74,10 @@ enum class Status : std::int32_t {
                              // the tenant's)
   dedup_disabled = 10,       // a transparent ShareRequest (kShareTransparent) from a tenant whose
                              // namespace is not in `dedup: transparent` mode (docs/dedup.md)
+  passthrough = 11,          // HelloAck to a Hello with kHelloPassthrough that the quota file allows:
+                             // no session was opened; the hook passes every call through
+  limit_reached = 12,        // a per-tenant or per-uid cap (sessions, grants) or the tenant table is
+                             // full; Error text / reply names which (docs/security.md)
 };
 
 struct Header {
@@ -91,8 +95,12 @@ enum HelloFlags : std::uint32_t {
   // one before any reply, and must skip it while waiting for that reply). The daemon sends
   // Pressure only to clients that set this flag.
   kHelloPressure = 1u << 0,
+  // The process was started with VLAKE_DISABLE=1 and asks to pass everything through. The daemon
+  // answers Status::passthrough (no session) where the tenant's namespace has `allow_disable:
+  // true`, else a normal HelloAck: the hook then stays on (docs/security.md).
+  kHelloPassthrough = 1u << 1,
 };
-inline constexpr std::uint32_t kHelloKnownFlags = kHelloPressure;
+inline constexpr std::uint32_t kHelloKnownFlags = kHelloPressure | kHelloPassthrough;
 
 // client -> daemon, first message.
 struct Hello {

@@ -35,7 +35,7 @@ class mapped_region;
 namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 5;
+inline constexpr std::uint32_t kLayoutVersion = 6;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -121,6 +121,21 @@ struct Counters {
   std::uint64_t parked_timeouts;        // of those, refused when the wait ended
   std::uint64_t reserve_reports;
   std::uint64_t reserved_counters[5];
+  // Layout 6: hostile tenants (docs/security.md). Every refusal names its reason.
+  std::uint64_t denials_session_cap;      // Hello refused: the tenant holds its session cap
+  std::uint64_t denials_grant_cap;        // grants refused: the tenant holds its grant cap
+  std::uint64_t denials_connection_cap;   // connections closed at accept: the uid holds its connection cap
+  std::uint64_t denials_unauthenticated;  // connections closed: too many awaiting Hello, or no Hello in time
+  std::uint64_t denials_tenant_table;     // Hello refused: the tenant table is full
+  std::uint64_t denials_unhooked;         // grants refused: memory outside vlake puts the tenant over its limit
+  std::uint64_t guard_events_rejected;    // guard events naming nothing the sender holds
+  std::uint64_t guard_events_limited;     // guard events over the per-tenant rate
+  std::uint64_t log_suppressed;           // log lines dropped by rate limits
+  std::uint64_t unhooked_kills;           // processes killed under `enforce: kill`
+  std::uint64_t tenants_freed;            // tenant records freed (no session, grant or memory left)
+  std::uint64_t handles_retired_held;     // retired handles whose descriptor another process still held
+  std::uint64_t passthrough_refused;      // VLAKE_DISABLE requests the quota file does not allow
+  std::uint64_t reserved6[3];
 };
 
 // The quota configuration in force.
@@ -163,6 +178,12 @@ struct DeviceRecord {
   std::uint64_t hook_reserve_bytes;  // sum of the hooks' reported local reserves
   std::uint64_t pool_peak_bytes;     // highest pool_bytes since start
   std::uint64_t reserved5[3];
+  // Layout 6 (docs/security.md).
+  std::uint64_t retained_bytes;   // sum of the tenants' retained[] on this GPU
+  std::uint64_t unhooked_bytes;   // sum of the tenants' unhooked[] on this GPU
+  std::uint64_t nvml_used_bytes;  // device memory in use as NVML reports it (0: no NVML)
+  std::uint64_t held_fd_bytes;    // retired handles still alive through another process's descriptor
+  std::uint64_t reserved6[4];
 };
 
 enum NamespaceFlags : std::uint32_t {
@@ -194,6 +215,13 @@ struct TenantRecord {
   std::uint32_t over_limit;    // bit d: granted[d] + nonpool[d] > limit[d] (a lowered limit)
   // Layout 5: of granted[d], what its processes keep unused in their local reserves.
   std::uint64_t reserve[kMaxDevices];
+  // Layout 6 (docs/security.md).
+  std::uint64_t retained[kMaxDevices];  // released memory it can still reach (descriptors it kept,
+                                        // handles bound to it): charged like granted
+  std::uint64_t unhooked[kMaxDevices];  // NVML's figure for its processes without a session
+  std::uint32_t enforce;                // quota::Enforce of its namespace (0 account, 1 refuse, 2 kill)
+  std::uint32_t unhooked_processes;     // processes on a GPU without a session
+  std::uint64_t reserved6[2];
 };
 
 enum SessionState : std::uint32_t { kSessionFree = 0, kSessionConnected = 1, kSessionDetached = 2 };
@@ -276,16 +304,16 @@ struct State {
   static_assert(std::is_standard_layout_v<T>, #T " must be standard"); \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
 VLAKE_STATE_CHECK(Header, 104);
-VLAKE_STATE_CHECK(Counters, 440);
+VLAKE_STATE_CHECK(Counters, 440 + 8 * 16);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
-VLAKE_STATE_CHECK(DeviceRecord, 200);
+VLAKE_STATE_CHECK(DeviceRecord, 200 + 64);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
-VLAKE_STATE_CHECK(TenantRecord, 656);
+VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16);
 VLAKE_STATE_CHECK(SessionRecord, 40);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
-VLAKE_STATE_CHECK(State, 104 + 440 + 808 + 200 * 16 + 472 * 256 + 656 * 256 + 40 * 1024 + 64 * 16384 + 16 + 344 * 256);
+VLAKE_STATE_CHECK(State, 104 + 568 + 808 + 264 * 16 + 472 * 256 + 936 * 256 + 40 * 1024 + 64 * 16384 + 16 + 344 * 256);
 #undef VLAKE_STATE_CHECK
 
 class StateError : public std::runtime_error {
