@@ -20,7 +20,18 @@
 //   reserve BYTES BLOCKS           ReserveReport for device 0
 //   pressure TIMEOUT_MS            got=1 bytes= reason= if a Pressure came, else got=0
 //   sizes ID                       the grant's handle sizes, comma-separated (sizes=)
+// What a hostile tenant does (docs/security.md):
+//   grant BYTES alloc keep         as grant, and keeps a duplicate of every descriptor received
+//   reimport ID                    imports the kept descriptors of grant ID again and maps them
+//                                  read-write; prints id= (a new id for fill/check/poke)
+//   closekept ID                   closes the kept descriptors of grant ID
+//   forget ID                      unmaps and releases this process's handles of ID (a reimport
+//                                  or share mapping, or a grant) without telling the daemon
+//   share ID                       explicit ShareRequest of the whole grant, then ShareCommit;
+//                                  maps the new layout read-write whatever the pieces' flags say
+//                                  (prints status, shared, merged, pieces, id= of that mapping)
 //   exit
+#include <fcntl.h>
 #include <grp.h>
 #include <unistd.h>
 
@@ -84,7 +95,8 @@ class Tool {
     if (cmd == "grant") {
       std::uint64_t bytes = 0;
       std::string purpose = "alloc";
-      in >> bytes >> purpose;
+      std::string keep;
+      in >> bytes >> purpose >> keep;
       const auto p = purpose == "counted"  ? proto::GrantPurpose::counted
                      : purpose == "create" ? proto::GrantPurpose::create
                                            : proto::GrantPurpose::alloc;
@@ -99,6 +111,7 @@ class Tool {
           h.handles.push_back(driver().import_fd(g.fds[i].get()));
           h.sizes.push_back(g.reply.handles[i].size);
         }
+        sizes_[g.reply.grant_id] = h.sizes;
         if (!h.handles.empty()) {
           h.va = driver().reserve(Bytes{h.bytes}, Bytes{ack_.granularity});
           for (std::size_t i = 0; i < h.handles.size(); ++i) {
@@ -106,6 +119,9 @@ class Tool {
           }
           driver().set_access(h.va, Bytes{h.bytes}, DeviceOrdinal{0}, Access::read_write);
           h.mapped = true;
+        }
+        if (keep == "keep") {
+          for (auto& fd : g.fds) kept_[g.reply.grant_id].emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
         }
         held_[g.reply.grant_id] = std::move(h);
       }
@@ -175,6 +191,40 @@ class Tool {
       for (std::size_t i = 0; i < h.sizes.size(); ++i) out += (i ? "," : "") + std::to_string(h.sizes[i]);
       return out;
     }
+    if (cmd == "reimport") {
+      std::uint64_t id = 0;
+      in >> id;
+      const auto& fds = kept_.at(id);
+      // The handle sizes are the grant's (recorded when it was granted, kept after release).
+      const auto& known = sizes_.at(id);
+      Held h;
+      for (std::size_t i = 0; i < fds.size(); ++i) {
+        h.handles.push_back(driver().import_fd(fds[i].get()));
+        h.sizes.push_back(known[i]);
+        h.bytes += known[i];
+      }
+      return "ok id=" + std::to_string(map_new(std::move(h), kReimportBase + id));
+    }
+    if (cmd == "forget") {
+      std::uint64_t id = 0;
+      in >> id;
+      auto it = held_.find(id);
+      if (it == held_.end()) return "err no such mapping";
+      unmap(it->second);
+      held_.erase(it);
+      return "ok";
+    }
+    if (cmd == "closekept") {
+      std::uint64_t id = 0;
+      in >> id;
+      kept_.erase(id);
+      return "ok";
+    }
+    if (cmd == "share") {
+      std::uint64_t id = 0;
+      in >> id;
+      return share(id);
+    }
     if (cmd == "usage") {
       const auto r = need_client().usage(uuid_);
       return "ok status=" + std::to_string(static_cast<int>(r.status)) + " total=" + std::to_string(r.total) +
@@ -207,6 +257,79 @@ class Tool {
   }
 
  private:
+  static constexpr std::uint64_t kReimportBase = 1'000'000'000'000ull;
+  static constexpr std::uint64_t kShareBase = 2'000'000'000'000ull;
+
+  // Maps `h`'s handles back to back in a new reservation, read-write; returns the id it is kept under.
+  std::uint64_t map_new(Held h, std::uint64_t id) {
+    h.va = driver().reserve(Bytes{h.bytes}, Bytes{ack_.granularity});
+    std::uint64_t off = 0;
+    for (std::size_t i = 0; i < h.handles.size(); ++i) {
+      driver().map(h.va + Bytes{off}, Bytes{h.sizes[i]}, h.handles[i]);
+      off += h.sizes[i];
+    }
+    driver().set_access(h.va, Bytes{h.bytes}, DeviceOrdinal{0}, Access::read_write);
+    h.mapped = true;
+    if (auto it = held_.find(id); it != held_.end()) {
+      unmap(it->second);
+      held_.erase(it);
+    }
+    held_[id] = std::move(h);
+    return id;
+  }
+
+  // An explicit share of the whole grant `id`; the new layout is mapped read-write (a hostile
+  // tenant ignores kShareReadOnly), kept under kShareBase + id.
+  std::string share(std::uint64_t id) {
+    const Held& old = held_.at(id);
+    PoolClient& c = need_client();
+    Held h;
+    proto::ShareReply first{};
+    std::uint32_t next = 0;
+    std::uint32_t total = 1;
+    while (next < total) {
+      auto m = proto::make<proto::ShareRequest>(c.next_request_id());
+      m.grant_id = id;
+      m.offset = 0;
+      m.bytes = old.bytes;
+      m.first_piece = next;
+      c.send(m);
+      auto reply = c.recv();
+      if (!reply || reply->closed) return "err no ShareReply";
+      const auto r = reply->as<proto::ShareReply>();
+      if (next == 0) first = r;
+      if (r.status != proto::Status::ok) return "ok status=" + std::to_string(static_cast<int>(r.status));
+      std::size_t fd_index = 0;
+      for (std::uint32_t i = 0; i < r.piece_count; ++i) {
+        const auto& p = r.pieces[i];
+        if ((p.flags & proto::kShareKeep) != 0) {
+          // The grant's old handle number keep_index: retained from the old mapping.
+          std::uint64_t at = 0;
+          for (std::uint32_t k = 0; k < p.keep_index; ++k) at += old.sizes.at(k);
+          h.handles.push_back(driver().retain(old.va + Bytes{at}));
+        } else {
+          h.handles.push_back(driver().import_fd(reply->fds.at(fd_index++).get()));
+        }
+        h.sizes.push_back(p.size);
+        h.bytes += p.size;
+      }
+      total = r.total_pieces;
+      next = r.first_piece + r.piece_count;
+      if (r.piece_count == 0) break;
+    }
+    auto commit = proto::make<proto::ShareCommit>(c.next_request_id());
+    commit.grant_id = id;
+    commit.commit = 1;
+    c.send(commit);
+    auto ack = c.recv();
+    if (!ack || ack->closed) return "err no ShareAck";
+    const auto a = ack->as<proto::ShareAck>();
+    const std::uint64_t mapped = map_new(std::move(h), kShareBase + id);
+    return "ok status=" + std::to_string(static_cast<int>(a.status)) + " shared=" + std::to_string(first.shared_bytes) +
+           " merged=" + std::to_string(first.merged_bytes) + " pieces=" + std::to_string(first.total_pieces) +
+           " id=" + std::to_string(mapped);
+  }
+
   PoolClient& need_client() {
     if (!client_) throw std::runtime_error("not connected");
     return *client_;
@@ -284,6 +407,8 @@ class Tool {
   proto::HelloAck ack_{};
   Uuid uuid_{};
   std::map<std::uint64_t, Held> held_;
+  std::map<std::uint64_t, std::vector<UniqueFd>> kept_;        // grant id → kept descriptors
+  std::map<std::uint64_t, std::vector<std::uint64_t>> sizes_;  // grant id → handle sizes
   std::vector<PhysicalHandle> own_;
 };
 

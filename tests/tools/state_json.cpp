@@ -1,5 +1,6 @@
 // vlake_state_json --state NAME --json: prints a consistent snapshot of vlaked's state segment
-// as JSON (devices, tenants with per-device used = granted + non-pool, sessions, counters).
+// as JSON (devices, tenants with per-device used = granted + non-pool + retained + unhooked: all
+// it holds on the GPU, sessions, counters).
 // A test tool for scripts (tests/gpu/node_slice.py); operators get vlakectl.
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
     StateReader reader(name);
     const auto s = reader.snapshot();
     const auto& h = s->header;
+    using ull = unsigned long long;
     std::printf("{\"daemon_pid\":%u,\"starts\":%u,\"devices\":[", h.daemon_pid, h.starts);
     bool first = true;
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
@@ -43,32 +45,36 @@ int main(int argc, char** argv) {
       std::printf(
           "%s{\"ordinal\":%u,\"uuid\":\"%s\",\"total\":%llu,\"pool_bytes\":%llu,"
           "\"free_bytes\":%llu,\"free_handles\":%llu,\"granted_bytes\":%llu,"
-          "\"orphaned_bytes\":%llu,\"counted_bytes\":%llu,\"nonpool_bytes\":%llu}",
-          first ? "" : ",", r.ordinal, hex(r.uuid, 16).c_str(), static_cast<unsigned long long>(r.total),
-          static_cast<unsigned long long>(r.pool_bytes), static_cast<unsigned long long>(r.free_bytes),
-          static_cast<unsigned long long>(r.free_handles), static_cast<unsigned long long>(r.granted_bytes),
-          static_cast<unsigned long long>(r.orphaned_bytes), static_cast<unsigned long long>(r.counted_bytes),
-          static_cast<unsigned long long>(r.nonpool_bytes));
+          "\"orphaned_bytes\":%llu,\"counted_bytes\":%llu,\"nonpool_bytes\":%llu,"
+          "\"retained_bytes\":%llu,\"unhooked_bytes\":%llu,\"nvml_used_bytes\":%llu,\"held_fd_bytes\":%llu}",
+          first ? "" : ",", r.ordinal, hex(r.uuid, 16).c_str(), static_cast<ull>(r.total),
+          static_cast<ull>(r.pool_bytes), static_cast<ull>(r.free_bytes), static_cast<ull>(r.free_handles),
+          static_cast<ull>(r.granted_bytes), static_cast<ull>(r.orphaned_bytes), static_cast<ull>(r.counted_bytes),
+          static_cast<ull>(r.nonpool_bytes), static_cast<ull>(r.retained_bytes), static_cast<ull>(r.unhooked_bytes),
+          static_cast<ull>(r.nvml_used_bytes), static_cast<ull>(r.held_fd_bytes));
       first = false;
     }
     std::printf("],\"tenants\":[");
     first = true;
+    const auto array = [&](const char* key, auto value) {
+      std::printf(",\"%s\":[", key);
+      for (std::uint32_t d = 0; d < h.device_count; ++d)
+        std::printf("%s%llu", d ? "," : "", static_cast<ull>(value(d)));
+      std::printf("]");
+    };
     for (const auto& t : s->tenants) {
       if (t.in_use == 0) continue;
       std::string name_s(t.name, strnlen(t.name, kTenantNameBytes));
-      std::printf("%s{\"id\":%u,\"name\":\"%s\",\"limit\":[", first ? "" : ",", t.id, name_s.c_str());
-      for (std::uint32_t d = 0; d < h.device_count; ++d)
-        std::printf("%s%llu", d ? "," : "", static_cast<unsigned long long>(t.limit[d]));
-      std::printf("],\"granted\":[");
-      for (std::uint32_t d = 0; d < h.device_count; ++d)
-        std::printf("%s%llu", d ? "," : "", static_cast<unsigned long long>(t.granted[d]));
-      std::printf("],\"nonpool\":[");
-      for (std::uint32_t d = 0; d < h.device_count; ++d)
-        std::printf("%s%llu", d ? "," : "", static_cast<unsigned long long>(t.nonpool[d]));
-      std::printf("],\"used\":[");
-      for (std::uint32_t d = 0; d < h.device_count; ++d)
-        std::printf("%s%llu", d ? "," : "", static_cast<unsigned long long>(t.granted[d] + t.nonpool[d]));
-      std::printf("]}");
+      std::printf("%s{\"id\":%u,\"name\":\"%s\",\"enforce\":%u,\"unhooked_processes\":%u", first ? "" : ",", t.id,
+                  name_s.c_str(), t.enforce, t.unhooked_processes);
+      array("limit", [&](std::uint32_t d) { return t.limit[d]; });
+      array("granted", [&](std::uint32_t d) { return t.granted[d]; });
+      array("nonpool", [&](std::uint32_t d) { return t.nonpool[d]; });
+      array("retained", [&](std::uint32_t d) { return t.retained[d]; });
+      array("unhooked", [&](std::uint32_t d) { return t.unhooked[d]; });
+      // Everything the tenant holds on the GPU, whatever the policy charges.
+      array("used", [&](std::uint32_t d) { return t.granted[d] + t.nonpool[d] + t.retained[d] + t.unhooked[d]; });
+      std::printf("}");
       first = false;
     }
     std::printf("],\"sessions\":[");
@@ -76,17 +82,41 @@ int main(int argc, char** argv) {
     for (const auto& ses : s->sessions) {
       if (ses.state == kSessionFree) continue;
       std::printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":%u,\"state\":%u,\"grants\":%u}", first ? "" : ",",
-                  static_cast<unsigned long long>(ses.id), ses.pid, ses.uid, ses.tenant, ses.state, ses.grant_count);
+                  static_cast<ull>(ses.id), ses.pid, ses.uid, ses.tenant, ses.state, ses.grant_count);
       first = false;
     }
     const auto& c = s->counters;
-    std::printf(
-        "],\"counters\":{\"grants\":%llu,\"denials_over_limit\":%llu,\"releases\":%llu,"
-        "\"scrubs\":%llu,\"reuses\":%llu,\"handles_created\":%llu,\"malformed\":%llu}}\n",
-        static_cast<unsigned long long>(c.grants), static_cast<unsigned long long>(c.denials_over_limit),
-        static_cast<unsigned long long>(c.releases), static_cast<unsigned long long>(c.scrubs),
-        static_cast<unsigned long long>(c.reuses), static_cast<unsigned long long>(c.handles_created),
-        static_cast<unsigned long long>(c.malformed));
+    const std::pair<const char*, std::uint64_t> counters[] = {
+        {"grants", c.grants},
+        {"denials_over_limit", c.denials_over_limit},
+        {"releases", c.releases},
+        {"releases_exported", c.releases_exported},
+        {"scrubs", c.scrubs},
+        {"reuses", c.reuses},
+        {"handles_created", c.handles_created},
+        {"handles_released", c.handles_released},
+        {"malformed", c.malformed},
+        {"denials_session_cap", c.denials_session_cap},
+        {"denials_grant_cap", c.denials_grant_cap},
+        {"denials_connection_cap", c.denials_connection_cap},
+        {"denials_unauthenticated", c.denials_unauthenticated},
+        {"denials_tenant_table", c.denials_tenant_table},
+        {"denials_unhooked", c.denials_unhooked},
+        {"guard_events_rejected", c.guard_events_rejected},
+        {"guard_events_limited", c.guard_events_limited},
+        {"log_suppressed", c.log_suppressed},
+        {"unhooked_kills", c.unhooked_kills},
+        {"tenants_freed", c.tenants_freed},
+        {"handles_retired_held", c.handles_retired_held},
+        {"passthrough_refused", c.passthrough_refused},
+    };
+    std::printf("],\"counters\":{");
+    first = true;
+    for (const auto& [k, v] : counters) {
+      std::printf("%s\"%s\":%llu", first ? "" : ",", k, static_cast<ull>(v));
+      first = false;
+    }
+    std::printf("}}\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vlake_state_json: %s\n", e.what());
     return 1;
