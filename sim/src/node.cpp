@@ -2,6 +2,7 @@
 
 #include "rules.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
@@ -30,7 +31,9 @@ namespace {
 constexpr std::uint64_t kMagic = 0x4d49532d454b4c56ULL;  // "VLKE-SIM"
 // 2: holders are kept in the order they took the allocation (creator first); primary contexts
 // are records keyed (kContextDev, context_ino(pid, device)).
-constexpr std::uint32_t kLayoutVersion = 2;
+// 3: a record without holders stays charged while an attached process keeps a descriptor of it
+// (`fd_held`), as on the real driver.
+constexpr std::uint32_t kLayoutVersion = 3;
 constexpr std::uint32_t kMaxAttached = 512;   // processes attached to one node at once
 constexpr std::uint32_t kMaxRecords = 32768;  // live physical allocations per node
 constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocation at once
@@ -45,9 +48,15 @@ struct Record {
   std::uint64_t ino;
   std::uint64_t size;
   std::int32_t device;
-  std::uint32_t nholders;  // the record is in use iff nholders > 0
+  std::uint32_t nholders;  // processes holding a handle, an imported handle or a mapping
+  std::uint32_t fd_held;   // no holder, but maybe a descriptor somewhere: still charged (see sweep)
+  std::uint32_t reserved;
   ProcessId holders[kMaxHolders];
 };
+
+// A record is in use (charged to its device) while it has a holder or may be held through a
+// descriptor.
+bool in_use(const Record& r) { return r.nholders > 0 || r.fd_held != 0; }
 
 }  // namespace
 
@@ -96,7 +105,7 @@ class Lock {
     for (std::uint32_t i = 0; i < s_->record_hwm; ++i) {
       Record& r = s_->records[i];
       if (r.nholders > kMaxHolders) r.nholders = kMaxHolders;
-      if (r.nholders == 0) continue;
+      if (!in_use(r)) continue;
       if (r.device < 0 || r.device >= rules::kMaxDevices) {
         r.nholders = 0;
         continue;
@@ -110,29 +119,81 @@ class Lock {
 Record* find(NodeState* s, std::uint64_t dev, std::uint64_t ino) {
   for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
     Record& r = s->records[i];
-    if (r.nholders > 0 && r.dev == dev && r.ino == ino) return &r;
+    if (in_use(r) && r.dev == dev && r.ino == ino) return &r;
   }
   return nullptr;
 }
 
 Record* free_slot(NodeState* s) {
   for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
-    if (s->records[i].nholders == 0) return &s->records[i];
+    if (!in_use(s->records[i])) return &s->records[i];
   }
   if (s->record_hwm < kMaxRecords) return &s->records[s->record_hwm++];
   return nullptr;
 }
 
 void shrink_hwm(NodeState* s) {
-  while (s->record_hwm > 0 && s->records[s->record_hwm - 1].nholders == 0) --s->record_hwm;
+  while (s->record_hwm > 0 && !in_use(s->records[s->record_hwm - 1])) --s->record_hwm;
 }
 
-// Drops holder `idx` of `r`, keeping the others in order; uncharges the record when it was the
-// last one.
+// Drops holder `idx` of `r`, keeping the others in order. When it was the last one, a context
+// record is uncharged; an allocation stays charged as `fd_held` until a sweep finds no
+// descriptor of it (an exported or received descriptor keeps the memory alive on the real
+// driver: docs/driver.md).
 void drop_holder(NodeState* s, Record& r, std::uint32_t idx) {
   for (std::uint32_t i = idx + 1; i < r.nholders; ++i) r.holders[i - 1] = r.holders[i];
   --r.nholders;
-  if (r.nholders == 0) s->used[r.device] -= r.size;
+  if (r.nholders > 0) return;
+  if (r.dev == kContextDev) {
+    s->used[r.device] -= r.size;
+  } else {
+    r.fd_held = 1;
+  }
+}
+
+// Uncharges every fd_held record of which no attached process (but `skip`, a process about to
+// close all of its descriptors) has a descriptor: /proc/<pid>/fd of each attached process is
+// read and each entry's target compared by (st_dev, st_ino). A process whose descriptors cannot
+// be read keeps every such record charged (it may hold one). Only attached processes count: a
+// descriptor passed to a process that never initialized the driver is not seen.
+void sweep_fd_held(NodeState* s, const ProcessId* skip) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> pending;
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    const Record& r = s->records[i];
+    if (r.nholders == 0 && r.fd_held != 0) pending.emplace_back(r.dev, r.ino);
+  }
+  if (pending.empty()) return;
+  std::sort(pending.begin(), pending.end());
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> seen;
+  bool unreadable = false;
+  for (std::uint32_t a = 0; a < s->nattached && !unreadable; ++a) {
+    const ProcessId p = s->attached[a];
+    if (skip != nullptr && same(p, *skip)) continue;
+    const std::string dir = "/proc/" + std::to_string(p.pid) + "/fd";
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+      unreadable = errno != ENOENT;
+      continue;
+    }
+    const int dfd = ::dirfd(d);
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      struct stat st {};
+      if (::fstatat(dfd, e->d_name, &st, 0) != 0) continue;
+      const std::pair<std::uint64_t, std::uint64_t> key{st.st_dev, st.st_ino};
+      if (std::binary_search(pending.begin(), pending.end(), key)) seen.push_back(key);
+    }
+    ::closedir(d);
+  }
+  if (unreadable) return;
+  std::sort(seen.begin(), seen.end());
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    Record& r = s->records[i];
+    if (r.nholders != 0 || r.fd_held == 0) continue;
+    if (std::binary_search(seen.begin(), seen.end(), std::make_pair(r.dev, r.ino))) continue;
+    r.fd_held = 0;
+    s->used[r.device] -= r.size;
+  }
 }
 
 // Removes dead attached processes and every hold they had.
@@ -147,8 +208,7 @@ void purge_dead(NodeState* s, const ProcessId& self) {
       ++i;
     }
   }
-  if (dead.empty()) return;
-  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+  for (std::uint32_t i = 0; !dead.empty() && i < s->record_hwm; ++i) {
     Record& r = s->records[i];
     for (std::uint32_t h = 0; h < r.nholders;) {
       bool gone = false;
@@ -160,6 +220,7 @@ void purge_dead(NodeState* s, const ProcessId& self) {
       }
     }
   }
+  sweep_fd_held(s, nullptr);
   shrink_hwm(s);
 }
 
@@ -305,6 +366,8 @@ void Node::detach() {
       }
     }
     purge_dead(state_, self_);
+    sweep_fd_held(state_, &self_);  // this process's descriptors close with it
+    shrink_hwm(state_);
     unused = state_->nattached == 0 && state_->record_hwm == 0;
   }
   if (same_file && unused) ::shm_unlink(shm_name_.c_str());
@@ -330,6 +393,7 @@ CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t si
   r->device = device;
   r->holders[0] = self_;
   r->nholders = 1;
+  r->fd_held = 0;
   state_->used[device] += size;
   return CUDA_SUCCESS;
 }
@@ -346,8 +410,10 @@ CUresult Node::hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, in
     r->size = size;
     r->device = device;
     r->nholders = 0;
+    r->fd_held = 0;
     state_->used[device] += size;
   }
+  r->fd_held = 0;  // held again (still charged once)
   for (std::uint32_t h = 0; h < r->nholders; ++h) {
     if (same(r->holders[h], self_)) return CUDA_SUCCESS;
   }
@@ -500,6 +566,7 @@ bool NodeObserver::read(NodeSnapshot& out) {
     std::vector<std::map<std::int32_t, std::uint64_t>> charges(static_cast<std::size_t>(snap.device_count));
     for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
       const Record& r = s->records[i];
+      // A record held only through descriptors is charged to the device and to no process.
       if (r.nholders == 0 || r.device < 0 || r.device >= snap.device_count) continue;
       charges[static_cast<std::size_t>(r.device)][r.holders[0].pid] += r.size;
     }

@@ -8,10 +8,12 @@ Checks, printing a table at the end (exit 0 only if every check passed; 77 = ski
   2. torch.cuda.mem_get_info() and nvidia-smi under the hook report the tenant's limit;
   3. an allocation beyond the limit raises torch.OutOfMemoryError and the process goes on;
   4. two tenants (two uids) train at the same time;
-  5. accounting reconciles with NVML: per GPU, the tenants' usage (pool grants + their
-     processes' own memory) + the daemon's free pool + the daemon's own context equals NVML's
+  5. accounting reconciles with NVML while 4 tenants hold memory, one of them without the hook:
+     per GPU, the tenants' usage as the daemon accounts it (pool grants, their processes' own
+     memory, memory outside vlake, retained memory) + the daemon's free pool + the daemon's own
+     context (its NVML figure minus its pool, measured once before any tenant came) equals NVML's
      used memory (nvmlDeviceGetMemoryInfo_v2, which keeps the driver's reserve apart) within
-     64 MiB.
+     64 MiB. Granted bytes appear on one side only, so wrong grant accounting fails it.
 
   node_slice.py --vlaked PATH --hook PATH --state-tool PATH [--keep]
 """
@@ -31,6 +33,8 @@ GiB = 1 << 30
 MiB = 1 << 20
 SKIP = 77
 OTHER_UID = 1001
+THIRD_UID = 1002
+UNHOOKED_UID = 1003
 
 results = []
 
@@ -130,6 +134,10 @@ def main():
     config = ("version: 1\ndefault:\n  limit: %dGiB\nusers:\n  - uid: %d\n    limit: %dGiB\n"
               % (root_limit // GiB, OTHER_UID, other_limit // GiB))
     daemon = Daemon(args.vlaked, work, config)
+    # The daemon's own context, before any tenant: its NVML figure less the pool it holds.
+    time.sleep(2)
+    idle = state_json(args.state_tool, daemon.state)
+    daemon_context = nv.processes().get(daemon.proc.pid, 0) - idle["devices"][0]["pool_bytes"]
     hooked = dict(base, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock)
     # The second tenant's uid has no passwd entry: give Python what getpass needs.
     other_env = dict(hooked, HOME=home, USER="tenant%d" % OTHER_UID, LOGNAME="tenant%d" % OTHER_UID)
@@ -181,24 +189,32 @@ def main():
         check("two tenants train at once, losses equal the reference", same,
               "; ".join("rc=%d %s" % (p.returncode, o[1][-200:]) for p, o in zip(procs, outs) if p.returncode))
 
-        # 5. accounting reconciliation while two tenants hold memory
+        # 5. accounting reconciliation while 4 tenants hold memory, the last one without the hook
         holders = []
-        for user, mib, env in ((None, 3000, hooked), (OTHER_UID, 2000, other_env)):
+        for uid in (THIRD_UID, UNHOOKED_UID):
+            h = os.path.join(work, "home-%d" % uid)
+            os.makedirs(h, exist_ok=True)
+            os.chown(h, uid, uid)
+        third_env = dict(hooked, HOME=os.path.join(work, "home-%d" % THIRD_UID), USER="tenant%d" % THIRD_UID)
+        unhooked_env = dict(base, HOME=os.path.join(work, "home-%d" % UNHOOKED_UID), USER="tenant%d" % UNHOOKED_UID)
+        for user, mib, env in ((None, 3000, hooked), (OTHER_UID, 2000, other_env), (THIRD_UID, 1500, third_env),
+                               (UNHOOKED_UID, 1000, unhooked_env)):
             kw = {"user": user, "group": user, "extra_groups": []} if user else {}
             p = subprocess.Popen([sys.executable, os.path.join(HERE, "hold.py"), str(mib)], env=env,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
             line = p.stdout.readline()
             holders.append((p, json.loads(line)))
-        time.sleep(3)  # two NVML sampling intervals of the daemon
+        time.sleep(3)  # several NVML sampling intervals of the daemon
         st = state_json(args.state_tool, daemon.state)
         mem = nv.memory()
-        procs_nv = nv.processes()
         dev = st["devices"][0]
         tenants_used = sum(t["used"][0] for t in st["tenants"])
-        daemon_nv = procs_nv.get(daemon.proc.pid, 0)
-        daemon_context = daemon_nv - dev["pool_bytes"]
+        unhooked = [t for t in st["tenants"] if t["name"].endswith("uid:%d" % UNHOOKED_UID)]
+        check("the process without the hook is attributed to its tenant",
+              unhooked and unhooked[0]["unhooked"][0] >= 1000 * MiB,
+              "tenant uid:%d: %s" % (UNHOOKED_UID, unhooked[0] if unhooked else "absent"))
         lhs = tenants_used + dev["free_bytes"] + daemon_context
-        check("accounting reconciles with NVML within 64 MiB", abs(lhs - mem["used"]) <= 64 * MiB,
+        check("accounting reconciles with NVML within 64 MiB (4 tenants, one unhooked)", abs(lhs - mem["used"]) <= 64 * MiB,
               "NVML used %.1f MiB (reserve %.1f apart); tenants %.1f + free pool %.1f + daemon context %.1f = %.1f MiB"
               % (mem["used"] / MiB, mem["reserved"] / MiB, tenants_used / MiB, dev["free_bytes"] / MiB,
                  daemon_context / MiB, lhs / MiB))

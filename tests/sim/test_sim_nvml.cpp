@@ -362,6 +362,35 @@ TEST_CASE("nvml charges an allocation to its first live holder", "[sim][nvml]") 
   CHECK(memory(0).used == used_bytes());
 }
 
+TEST_CASE("an allocation held only through a descriptor stays on the device, charged to no process", "[sim][nvml]") {
+  // Measured on the H100 (docs/driver.md): after the creator released its handle, an exported
+  // descriptor still open keeps the memory in use; NVML charges it to no process until the last
+  // descriptor closes.
+  init_ctx();
+  NvmlSession session;
+  const unsigned me = self_pid();
+  const unsigned long long before = memory(0).used;
+  const size_t size = 16 * kMiB;
+  CUmemAllocationProp prop = device_prop(0);
+  CUmemGenericAllocationHandle h = 0;
+  REQUIRE(cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
+  int fd = -1;
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);
+  CHECK(memory(0).used == before + size);
+  CHECK(used_bytes() == before + size);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}});
+  // The descriptor still reaches the memory: importing it again needs no new capacity.
+  CUmemGenericAllocationHandle again = 0;
+  REQUIRE(cuMemImportFromShareableHandle(&again, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
+  CHECK(memory(0).used == before + size);
+  REQUIRE(cuMemRelease(again) == CUDA_SUCCESS);
+  ::close(fd);
+  CHECK(memory(0).used == before);
+  CHECK(used_bytes() == before);
+}
+
 TEST_CASE("nvml charges follow holder order, not the last one in", "[sim][nvml]") {
   // Two importers of one allocation: after the creator lets go, the first importer is charged,
   // and when it goes the second one is.

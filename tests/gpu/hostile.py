@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Hostile tenants against a real vlaked: what an untrusted tenant tries, and what must happen.
+
+Runs on the real driver (label gpu) or on the simulator (--sim, label sim). Tenants are
+vlake_pool_test_client processes under their own uids: they speak the protocol themselves,
+keep descriptors, map what they get read-write and call the driver directly. Checks (a table
+at the end; exit 0 only if every check passed, 77 = skipped):
+  1. keep a grant's descriptor, release, let another tenant get memory of that size, import the
+     kept descriptor again: it is not the other tenant's memory (no read, no write crosses), and
+     the memory stays charged to the tenant that kept it until it lets go;
+  2. release a grant as exported while keeping its descriptor: still charged (the tenant's next
+     grant is refused at its limit), NVML shows the memory alive; charge and memory go once the
+     descriptor is closed;
+  3. share identical content from two tenants outside any trust domain: nothing is merged (no
+     content oracle), and writing through a read-write mapping of one's "shared" chunk leaves
+     the other's data intact;
+  4. VLAKE_DISABLE=1 where the quota file does not allow it: the hook stays on and the
+     over-limit allocation fails; where it allows it: passes through and is attributed to the
+     tenant as memory outside vlake;
+  5. memory allocated by a process that loads the driver itself (no hook, no session): attributed
+     to its uid's tenant; that tenant's grants are refused (enforce: refuse/kill), and with
+     enforce: kill the process is killed after the grace period;
+  6. reconciliation while 4 tenants (one unhooked) hold memory: NVML's used memory equals the
+     daemon's per-tenant usage + its free pool + its own context (measured before any tenant
+     came) within 64 MiB. No term is derived from another.
+
+  hostile.py --vlaked PATH --client PATH --tenant PATH --hook PATH --state-tool PATH
+             [--driver LIB] [--nvml LIB] [--sim] [--keep]
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+MiB = 1 << 20
+GiB = 1 << 30
+SKIP = 77
+UID_A, UID_B, UID_C, UID_D, UID_E, UID_F = 2001, 2002, 2003, 2004, 2005, 2006
+
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append((name, bool(ok), detail))
+    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
+    return ok
+
+
+class Client:
+    """One vlake_pool_test_client process (one tenant process)."""
+
+    def __init__(self, path, driver, uid, env):
+        self.p = subprocess.Popen([path, "--driver", driver, "--uid", str(uid), "--gid", str(uid)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        first = self.p.stdout.readline()
+        if not first.startswith("ok ready"):
+            raise RuntimeError("client did not start: " + first)
+        self.pid = int(first.split("pid=")[1])
+
+    def cmd(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        out = self.p.stdout.readline().strip()
+        if not out.startswith("ok"):
+            raise RuntimeError("%s -> %s" % (line, out or "(no answer: exited %s)" % self.p.poll()))
+        kv = {}
+        for tok in out.split()[1:]:
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                kv[k] = int(v) if v.lstrip("-").isdigit() else v
+        return kv
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.write("exit\n")
+                self.p.stdin.flush()
+                self.p.wait(timeout=30)
+            except Exception:
+                self.p.kill()
+                self.p.wait()
+
+
+class Daemon:
+    def __init__(self, vlaked, work, config, driver, nvml, env):
+        self.sock = os.path.join(work, "vlaked.sock")
+        self.state = "vlake-hostile-%d" % os.getpid()
+        self.cfg = os.path.join(work, "vlake.yaml")
+        with open(self.cfg, "w") as f:
+            f.write(config)
+        self.log_path = os.path.join(work, "vlaked.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([vlaked, "--config", self.cfg, "--socket", self.sock, "--state", self.state,
+                                      "--driver", driver, "--nvml", nvml, "--sample-interval-ms", "200",
+                                      "--metrics-address", "none", "--log-level", "info"],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 60
+        while not os.path.exists(self.sock):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("vlaked did not start; see " + self.log_path)
+            time.sleep(0.1)
+        os.chmod(os.path.dirname(self.sock), 0o755)
+        os.chmod(self.sock, 0o666)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+        try:
+            os.unlink("/dev/shm/" + self.state)
+        except OSError:
+            pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ("--vlaked", "--client", "--tenant", "--hook", "--state-tool"):
+        ap.add_argument(a, required=True)
+    ap.add_argument("--driver", default="libcuda.so.1")
+    ap.add_argument("--nvml", default="libnvidia-ml.so.1")
+    ap.add_argument("--sim", action="store_true", help="the driver and NVML are the simulator's")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("SKIP: needs root (tenants run under their own uids)")
+        return SKIP
+
+    env = dict(os.environ)
+    if args.sim:
+        node = "hostile-%d" % os.getpid()
+        env.update(VLAKE_SIM_NODE=node, VLAKE_SIM_DEVICE_MEMORY="16GiB", VLAKE_SIM_CONTEXT_MEMORY="8MiB",
+                   LD_LIBRARY_PATH=os.path.dirname(os.path.abspath(args.driver)))
+    else:
+        try:
+            from nvml import Nvml
+            Nvml()
+        except Exception as e:  # no GPU, no NVML
+            print("SKIP: no GPU here (%s)" % e)
+            return SKIP
+    from nvml import Nvml
+    nv = Nvml(library=args.nvml) if args.sim else Nvml()
+    if args.sim:
+        os.environ.update(VLAKE_SIM_NODE=env["VLAKE_SIM_NODE"], VLAKE_SIM_DEVICE_MEMORY="16GiB")
+
+    limit = 4 * GiB
+    unit = 64 * MiB
+    config = """version: 1
+default:
+  limit: 4GiB
+namespaces:
+  - name: open
+    pod_limit: 4GiB
+    dedup: transparent
+    users: [%d, %d, %d]
+  - name: strict
+    pod_limit: 4GiB
+    enforce: kill
+    kill_grace: 3s
+    users: [%d]
+  - name: lax
+    pod_limit: 4GiB
+    enforce: account
+    allow_disable: true
+    users: [%d]
+  - name: plain
+    pod_limit: 4GiB
+    enforce: refuse
+    users: [%d]
+""" % (UID_A, UID_B, UID_C, UID_D, UID_E, UID_F)
+
+    work = tempfile.mkdtemp(prefix="vlake-hostile-")
+    os.chmod(work, 0o755)
+    daemon = Daemon(args.vlaked, work, config, args.driver, args.nvml, env)
+    clients = []
+
+    def state():
+        out = subprocess.run([args.state_tool, "--state", daemon.state, "--json"], capture_output=True, text=True,
+                             timeout=30)
+        if out.returncode != 0:
+            raise RuntimeError("state tool: " + out.stderr)
+        return json.loads(out.stdout)
+
+    def tenant(st, uid):
+        for t in st["tenants"]:
+            if t["name"].endswith("uid:%d" % uid) or t["name"].endswith(":%d" % uid):
+                return t
+        return None
+
+    def client(uid):
+        c = Client(args.client, args.driver, uid, env)
+        clients.append(c)
+        return c
+
+    def settle(seconds=1.5):
+        time.sleep(seconds)  # several sampling intervals (200 ms) of the daemon
+
+    try:
+        settle()
+        st0 = state()
+        daemon_ctx = nv.processes().get(daemon.proc.pid, 0) - st0["devices"][0]["pool_bytes"]
+        print("daemon context at idle: %.1f MiB" % (daemon_ctx / MiB))
+
+        # 1. keep a descriptor, then read/write after another tenant got memory of that size
+        a = client(UID_A)
+        b = client(UID_B)
+        a.cmd("connect " + daemon.sock)
+        b.cmd("connect " + daemon.sock)
+        g = a.cmd("grant %d alloc keep" % unit)
+        a.cmd("fill %d 161" % g["id"])
+        a.cmd("release %d" % g["id"])
+        gb = b.cmd("grant %d" % unit)
+        b.cmd("fill %d 178" % gb["id"])
+        k = a.cmd("reimport %d" % g["id"])["id"]
+        sees_b = a.cmd("check %d 178" % k)["match"] == 1
+        check("kept descriptor does not reach the next tenant's data", not sees_b,
+              "tenant A's re-imported memory %s tenant B's bytes" % ("holds" if sees_b else "does not hold"))
+        a.cmd("fill %d 17" % k)
+        b_ok = b.cmd("check %d 178" % gb["id"])["match"] == 1
+        check("writing through a kept descriptor leaves the next tenant's data intact", b_ok)
+        settle()
+        ta = tenant(state(), UID_A)
+        check("memory reachable through a kept descriptor stays charged to its tenant",
+              ta is not None and ta["retained"][0] >= unit,
+              "tenant A: granted %s retained %s" % (ta and ta["granted"][0], ta and ta["retained"][0]))
+        a.cmd("forget %d" % k)
+        a.cmd("closekept %d" % g["id"])
+        settle()
+        ta = tenant(state(), UID_A)
+        check("the charge goes once the descriptor is closed", ta is None or ta["retained"][0] == 0,
+              "tenant A retained %s" % (ta and ta["retained"][0]))
+
+        # 2. release-as-exported, keep the memory
+        used_before = nv.memory()["used"]
+        big = 4 * unit
+        g = a.cmd("grant %d alloc keep" % big)
+        a.cmd("release %d 1" % g["id"])  # kReleaseExported
+        settle()
+        st = state()
+        ta = tenant(st, UID_A)
+        alive = nv.memory()["used"] - used_before
+        check("released-as-exported memory kept through a descriptor stays charged",
+              ta is not None and ta["retained"][0] >= big and st["counters"]["handles_retired_held"] >= 1,
+              "retained %s, held-descriptor retirements %s, NVML shows %.0f MiB still in use"
+              % (ta and ta["retained"][0], st["counters"]["handles_retired_held"], alive / MiB))
+        u = a.cmd("usage")
+        over = a.cmd("grant %d" % (limit - u["used"] + unit))
+        check("its next grant beyond the limit (counting the kept memory) is refused", over["status"] != 0,
+              "usage %d MiB, grant status %d" % (u["used"] // MiB, over["status"]))
+        a.cmd("closekept %d" % g["id"])
+        settle()
+        ta = tenant(state(), UID_A)
+        freed = used_before + unit >= nv.memory()["used"]
+        check("closing the descriptor uncharges it and the GPU gets the memory back",
+              (ta is None or ta["retained"][0] == 0) and freed,
+              "retained %s; NVML used %.0f MiB (before %.0f MiB)"
+              % (ta and ta["retained"][0], nv.memory()["used"] / MiB, used_before / MiB))
+
+        # 3. dedup outside a trust domain
+        c = client(UID_C)
+        c.cmd("connect " + daemon.sock)
+        ga = a.cmd("grant %d" % unit)
+        a.cmd("fill %d 92" % ga["id"])
+        sa = a.cmd("share %d" % ga["id"])
+        gc = c.cmd("grant %d" % unit)
+        c.cmd("fill %d 92" % gc["id"])
+        sc = c.cmd("share %d" % gc["id"])
+        check("identical content of two tenants without a shared trust domain is not merged (no oracle)",
+              sc.get("merged", -1) == 0, "C's share: %s" % sc)
+        if "id" in sc and "id" in sa:
+            c.cmd("fill %d 153" % sc["id"])
+            intact = a.cmd("check %d 92" % sa["id"])["match"] == 1
+            check("writing into one's 'shared' chunk read-write leaves the other tenant's data intact", intact)
+
+        # 4. VLAKE_DISABLE
+        hooked = dict(env, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock, VLAKE_DISABLE="1")
+        over_limit = "%dM" % ((limit + 512 * MiB) // MiB)
+        p = subprocess.run([args.tenant, "init", "alloc:1:" + over_limit], env=hooked, capture_output=True,
+                           text=True, timeout=120, user=UID_F, group=UID_F, extra_groups=[])
+        line = [x for x in p.stdout.splitlines() if x.startswith("alloc:1")]
+        refused = bool(line) and "rc=0" not in line[0]
+        check("VLAKE_DISABLE=1 where the quota file does not allow it: the limit still holds", refused,
+              (line[0] if line else p.stdout[-200:]) + " | " + p.stderr.strip()[-200:])
+        e_proc = subprocess.Popen([args.tenant, "init", "alloc:1:" + over_limit, "sleep:6000"], env=hooked,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user=UID_E,
+                                  group=UID_E, extra_groups=[])
+        settle(3)
+        te = tenant(state(), UID_E)
+        check("VLAKE_DISABLE=1 where allowed: passes through, attributed as memory outside vlake",
+              te is not None and te["unhooked"][0] >= limit,
+              "tenant E unhooked %s MiB" % (te and te["unhooked"][0] // MiB))
+        e_out = e_proc.communicate(timeout=60)
+
+        # 5. a process that loads the driver itself
+        d_raw = client(UID_D)
+        d_raw.cmd("own %d" % (limit // 2))
+        d = client(UID_D)
+        d.cmd("connect " + daemon.sock)
+        settle()
+        td = tenant(state(), UID_D)
+        check("memory of a process without the hook is attributed to its uid's tenant",
+              td is not None and td["unhooked"][0] >= limit // 2,
+              "tenant D unhooked %s MiB" % (td and td["unhooked"][0] // MiB))
+        r = d.cmd("grant %d" % (limit // 2 + unit))
+        check("grants that would pass the limit with that memory are refused", r["status"] != 0,
+              "status %d used %d MiB" % (r["status"], r.get("used", 0) // MiB))
+        d_raw.cmd("own %d" % (limit // 2 + unit))  # now over the limit outside vlake
+        deadline = time.time() + 20
+        while d_raw.p.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        killed = d_raw.p.poll() == -signal.SIGKILL
+        st = state()
+        check("enforce: kill ends the process over its limit after the grace period",
+              killed and st["counters"]["unhooked_kills"] >= 1,
+              "exit %s, kills counted %s" % (d_raw.p.poll(), st["counters"]["unhooked_kills"]))
+
+        # 6. reconciliation: 4 tenants hold memory, one of them unhooked
+        holders = [client(UID_B), client(UID_C), client(UID_F)]
+        for h, n in zip(holders, (6, 10, 3)):
+            h.cmd("connect " + daemon.sock)
+            h.cmd("grant %d" % (n * unit))
+        raw = client(UID_E)
+        raw.cmd("own %d" % (5 * unit))
+        settle(2)
+        st = state()
+        mem = nv.memory()
+        dev = st["devices"][0]
+        tenants_used = sum(t["used"][0] for t in st["tenants"])
+        lhs = tenants_used + dev["free_bytes"] + daemon_ctx
+        check("NVML used = Σ tenants + free pool + daemon context (within 64 MiB)",
+              abs(lhs - mem["used"]) <= 64 * MiB,
+              "NVML used %.1f MiB; tenants %.1f + free pool %.1f + daemon context %.1f = %.1f MiB"
+              % (mem["used"] / MiB, tenants_used / MiB, dev["free_bytes"] / MiB, daemon_ctx / MiB, lhs / MiB))
+        per = {t["name"]: {k: t[k][0] // MiB for k in ("granted", "nonpool", "retained", "unhooked")}
+               for t in st["tenants"]}
+        print("tenants (MiB):", json.dumps(per))
+        del e_out
+    finally:
+        for c in clients:
+            c.close()
+        daemon.stop()
+        if any(not r[1] for r in results):
+            with open(daemon.log_path) as f:
+                print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-40:]))
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print("\n%-90s %s" % ("check", "result"))
+    for name, ok, _ in results:
+        print("%-90s %s" % (name[:90], "PASS" if ok else "FAIL"))
+    failed = sum(1 for r in results if not r[1])
+    print("%d passed, %d failed" % (len(results) - failed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
