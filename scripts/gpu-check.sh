@@ -3,7 +3,10 @@
 # tests and the benchmarks (bench/run.sh) — in one go, then prints a summary table and the
 # benchmark table.
 #
-#   ./scripts/gpu-check.sh [--all]     # --all also runs the simulator-backed tests
+#   ./scripts/gpu-check.sh [--all] [--no-bench] [--tests REGEX]
+#     --all          also run the simulator-backed tests
+#     --tests REGEX  only the tests whose names match (ctest -R), e.g. to split the GPU tests over
+#                    several calls of a machine that limits each command's time
 #
 # Needs g++, CMake >= 3.25, ninja, the CUDA headers and an NVIDIA driver. Third-party packages
 # the machine lacks are taken from .deps/debs/*.deb (see scripts/gpu-deps.sh), unpacked into
@@ -17,11 +20,14 @@ cd "$(dirname "$0")/.."
 
 run_all=0
 run_bench=1
-for arg in "$@"; do
-  case "$arg" in
+only=()
+while (($#)); do
+  case "$1" in
     --all) run_all=1 ;;
     --no-bench) run_bench=0 ;;
+    --tests) only=(-R "$2"); shift ;;
   esac
+  shift
 done
 build=build/gpu
 mkdir -p "$build"
@@ -50,7 +56,7 @@ fi
 echo "== tests"
 label=(-L gpu)
 ((run_all)) && label=()
-( cd "$build" && ctest --output-on-failure --output-junit results.xml "${label[@]}" -j 4 ) 2>&1 |
+( cd "$build" && ctest --output-on-failure --output-junit results.xml "${label[@]}" "${only[@]}" -j 4 ) 2>&1 |
   tee -a "$log"
 rc=${PIPESTATUS[0]}
 # Every test's full output (passing ones too), for the record.
