@@ -1,5 +1,7 @@
 #include "vlake/common/size.hpp"
 
+#include "vlake/common/excerpt.hpp"
+
 #include <limits>
 #include <optional>
 
@@ -159,7 +161,8 @@ Bytes parse_bytes(std::string_view text, const Parsed& p) {
   return Bytes{*w << shift};
 }
 
-std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
+// Bounded: a size read from a file may be any length (vlake/common/excerpt.hpp).
+std::string quoted(std::string_view text) { return "\"" + excerpt(text) + "\""; }
 
 }  // namespace
 

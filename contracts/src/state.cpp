@@ -1,13 +1,19 @@
 #include "vlake/contracts/state.hpp"
 
+#include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
+#include "vlake/common/unique_fd.hpp"
+
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -51,50 +57,110 @@ std::uint64_t load_generation(const State* s) noexcept {
 std::string segment_path(const std::string& name) { return "/dev/shm/" + name; }
 
 namespace {
+
 // The pid recorded by the daemon that holds a segment, for the error message (0 if unknown).
-std::uint32_t peek_daemon_pid(const bip::shared_memory_object& shm) {
-  try {
-    bip::mapped_region r(shm, bip::read_only, 0, sizeof(Header));
-    const auto* h = static_cast<const Header*>(r.get_address());
-    return h->magic == kMagic ? h->daemon_pid : 0;
-  } catch (const bip::interprocess_exception&) {
-    return 0;
+std::uint32_t peek_daemon_pid(int fd) {
+  Header h{};
+  if (::pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return 0;
+  return h.magic == kMagic ? h.daemon_pid : 0;
+}
+
+std::string octal(unsigned mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%04o", mode & 07777u);
+  return buf;
+}
+
+// An existing segment is resumed only when nobody but this daemon's user can have written it:
+// a regular file, owned by the effective uid, without group/other write permission, with no
+// second name. Anything else may be a file a local user planted (and still maps writable).
+void check_trusted(const std::string& name, int fd) {
+  const std::string path = segment_path(name);
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0) throw StateError("cannot stat state segment " + path + ": " + std::strerror(errno));
+  const std::string untrusted =
+      "; vlaked only resumes a segment it created. If no tenant process holds GPU memory from vlake, stop vlaked, "
+      "remove " +
+      path + " and start it again (or start with another --state)";
+  if (!S_ISREG(sb.st_mode)) throw StateError("state segment " + path + " is not a regular file" + untrusted);
+  if (sb.st_uid != ::geteuid()) {
+    throw StateError("state segment " + path + " is owned by uid " + std::to_string(sb.st_uid) +
+                     ", not by vlaked's uid " + std::to_string(::geteuid()) +
+                     ": another user created it and may hold a writable mapping of it" + untrusted);
+  }
+  if ((sb.st_mode & 022) != 0) {
+    throw StateError("state segment " + path + " has mode " + octal(sb.st_mode) +
+                     ": group or others may write it, and a process that opened it may still hold a writable "
+                     "mapping" +
+                     untrusted);
+  }
+  if (sb.st_nlink != 1) {
+    throw StateError("state segment " + path + " has " + std::to_string(sb.st_nlink) +
+                     " hard links: another name reaches the same memory" + untrusted);
   }
 }
+
 }  // namespace
 
 StateSegment::StateSegment(const std::string& name, unsigned mode, long gid) : name_(name) {
-  try {
-    try {
-      shm_ = std::make_unique<bip::shared_memory_object>(bip::create_only, name.c_str(), bip::read_write,
-                                                         bip::permissions(0644));
-      origin_ = Origin::created;
-    } catch (const bip::interprocess_exception& e) {
-      if (e.get_error_code() != bip::already_exists_error) throw;
-      shm_ = std::make_unique<bip::shared_memory_object>(bip::open_only, name.c_str(), bip::read_write);
-      origin_ = Origin::resumed;
-    }
-    // One writer per segment, before anything is touched: a second daemon (other socket, same
-    // --state) must not reset or write a live segment.
-    const int fd = shm_->get_mapping_handle().handle;
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      throw StateError("state segment " + segment_path(name) + " is in use by another vlaked (pid " +
-                       std::to_string(peek_daemon_pid(*shm_)) + "); give this daemon its own --state");
-    }
-    if (::fchmod(fd, static_cast<mode_t>(mode)) != 0 ||
-        (gid >= 0 && ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0)) {
-      throw StateError("cannot set mode/group of state segment " + segment_path(name) + ": " + std::strerror(errno));
-    }
-    bip::offset_t size = 0;
-    if (!shm_->get_size(size)) size = 0;
-    if (origin_ == Origin::resumed && size == 0) origin_ = Origin::created;  // died while creating
-    if (origin_ == Origin::created) shm_->truncate(static_cast<bip::offset_t>(sizeof(State)));
-    region_ = std::make_unique<bip::mapped_region>(*shm_, bip::read_write);
-    if (origin_ == Origin::resumed) check_existing(name, region_->get_address(), region_->get_size());
-  } catch (const bip::interprocess_exception& e) {
-    throw StateError("cannot open state segment " + segment_path(name) + ": " + e.what());
+  const std::string path = segment_path(name);
+  if (mode > 0777 || (mode & 0600) != 0600 || (mode & 022) != 0) {
+    throw StateError("state segment mode " + octal(mode) + " must give the owner read-write and nobody else write");
   }
-  state_ = static_cast<State*>(region_->get_address());
+  // Create exclusively: a name that already exists (a file, a symlink, a FIFO) is never
+  // created through; it is opened without following a symlink and checked before use.
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  origin_ = Origin::created;
+  if (!fd) {
+    if (errno != EEXIST) throw StateError("cannot create state segment " + path + ": " + std::strerror(errno));
+    fd.reset(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd) {
+      if (errno == ELOOP) {
+        throw StateError("state segment " + path +
+                         " is a symbolic link; vlaked never follows one there. Remove the link (rm " + path +
+                         ") and start vlaked again");
+      }
+      throw StateError("cannot open state segment " + path + ": " + std::strerror(errno) +
+                       "; remove it when no tenant process holds GPU memory from vlake");
+    }
+    origin_ = Origin::resumed;
+    check_trusted(name, fd.get());
+  }
+  // One writer per segment, before anything is touched: a second daemon (other socket, same
+  // --state) must not reset or write a live segment.
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    throw StateError("state segment " + path + " is in use by another vlaked (pid " +
+                     std::to_string(peek_daemon_pid(fd.get())) + "); give this daemon its own --state");
+  }
+  // The configured mode and group, on creation (whatever the umask) and on resume.
+  if (::fchmod(fd.get(), static_cast<mode_t>(mode)) != 0 ||
+      (gid >= 0 && ::fchown(fd.get(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0)) {
+    throw StateError("cannot set mode/group of state segment " + path + ": " + std::strerror(errno));
+  }
+  struct stat sb {};
+  if (::fstat(fd.get(), &sb) != 0) throw StateError("cannot stat state segment " + path + ": " + std::strerror(errno));
+  if (origin_ == Origin::resumed && sb.st_size == 0) origin_ = Origin::created;  // died while creating
+  std::size_t size = static_cast<std::size_t>(sb.st_size);
+  if (origin_ == Origin::created) {
+    if (::ftruncate(fd.get(), static_cast<off_t>(sizeof(State))) != 0) {
+      throw StateError("cannot size state segment " + path + ": " + std::strerror(errno));
+    }
+    size = sizeof(State);
+  } else if (size < sizeof(Header)) {
+    check_existing(name, nullptr, size);  // throws: too small
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) throw StateError("cannot map state segment " + path + ": " + std::strerror(errno));
+  base_ = base;
+  mapped_ = size;
+  fd_ = fd.release();
+  try {
+    if (origin_ == Origin::resumed) check_existing(name, base_, mapped_);
+  } catch (...) {
+    release();
+    throw;
+  }
+  state_ = static_cast<State*>(base_);
   if (origin_ == Origin::created) {
     std::memset(static_cast<void*>(state_), 0, sizeof(State));
     Header& h = state_->header;
@@ -117,9 +183,18 @@ StateSegment::StateSegment(const std::string& name, unsigned mode, long gid) : n
   }
 }
 
-StateSegment::~StateSegment() = default;
+void StateSegment::release() noexcept {
+  if (base_ != nullptr) ::munmap(base_, mapped_);
+  if (fd_ >= 0) ::close(fd_);
+  base_ = nullptr;
+  mapped_ = 0;
+  fd_ = -1;
+  state_ = nullptr;
+}
 
-void StateSegment::remove() noexcept { bip::shared_memory_object::remove(name_.c_str()); }
+StateSegment::~StateSegment() { release(); }
+
+void StateSegment::remove() noexcept { ::unlink(segment_path(name_).c_str()); }
 
 StateSegment::Write::Write(StateSegment& s) noexcept : s_(s) {
   if (s_.depth_++ == 0) {

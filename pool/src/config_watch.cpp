@@ -1,6 +1,7 @@
 #include "config_watch.hpp"
 
 #include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
@@ -10,6 +11,10 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
 
 namespace vlake::pool {
 
@@ -33,54 +38,159 @@ std::string parent_dir(const std::string& path) {
 
 }  // namespace
 
-// Reads the file (following symlinks) and fingerprints what was read.
-ConfigWatch::Fingerprint ConfigWatch::fingerprint(std::string* content) const {
-  Fingerprint f;
-  UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return f;
-  struct stat sb {};
-  if (::fstat(fd.get(), &sb) != 0) return f;
-  std::string data;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    data.append(buf, static_cast<std::size_t>(n));
-    if (data.size() > (64u << 20)) break;  // not a quota file; parsing will say so
+struct ConfigWatch::Shared {
+  std::mutex mutex;
+  std::optional<Result> result;  // guarded by mutex
+  UniqueFd event;                // eventfd: written once per finished job
+};
+
+namespace {
+
+// One look: reads the file (following symlinks) and fingerprints what was read; parses it
+// when the job asks for this version. Runs on the worker (or at start-up); never throws.
+ConfigWatch::Result run_job(const ConfigWatch::Job& job) {
+  ConfigWatch::Result r;
+  r.outcome.why = job.why;
+  using Kind = ConfigWatch::Outcome::Kind;
+  try {
+    quota::FileRead read = quota::read_file(job.path);
+    ConfigWatch::Fingerprint& f = r.fp;
+    f.status = static_cast<int>(read.status);
+    if (read.status != quota::FileRead::Status::missing) {
+      f.exists = true;
+      f.error = read.error;
+      char real[PATH_MAX];
+      if (::realpath(job.path.c_str(), real) != nullptr) f.real = real;
+      f.dev = read.dev;
+      f.ino = read.ino;
+      f.type = read.type;
+      f.mtime_ns = read.mtime_ns;
+      f.size = read.size;
+      f.hash = fnv1a(read.text);
+    }
+    if (job.poll) {
+      // Only a change that held still for one period.
+      if (f == job.seen || !(f == job.pending)) return r;
+    } else if (!job.force && f == job.seen) {
+      return r;
+    }
+    switch (read.status) {
+      case quota::FileRead::Status::missing:
+        r.outcome.kind = Kind::missing;
+        r.outcome.error = read.error;
+        return r;
+      case quota::FileRead::Status::rejected:
+        r.outcome.kind = Kind::rejected;
+        r.outcome.error = quota::ConfigError(job.path, 0, 0, read.error).what();
+        return r;
+      case quota::FileRead::Status::ok: break;
+    }
+    try {
+      r.outcome.config = quota::QuotaConfig::parse(read.text, job.path);
+      r.outcome.kind = Kind::changed;
+    } catch (const quota::ConfigError& e) {
+      r.outcome.kind = Kind::rejected;
+      r.outcome.error = e.what();
+    }
+  } catch (const std::exception& e) {
+    r.outcome.config.reset();
+    r.outcome.kind = Kind::rejected;
+    r.outcome.error = quota::ConfigError(job.path, 0, 0, std::string("cannot load the file: ") + e.what()).what();
   }
-  char real[PATH_MAX];
-  if (::realpath(path_.c_str(), real) != nullptr) f.real = real;
-  f.exists = true;
-  f.dev = static_cast<std::uint64_t>(sb.st_dev);
-  f.ino = static_cast<std::uint64_t>(sb.st_ino);
-  f.mtime_ns = static_cast<std::int64_t>(sb.st_mtim.tv_sec) * 1'000'000'000LL + sb.st_mtim.tv_nsec;
-  f.size = static_cast<std::int64_t>(sb.st_size);
-  f.hash = fnv1a(data);
-  if (content != nullptr) *content = std::move(data);
-  return f;
+  return r;
 }
 
-ConfigWatch::Look ConfigWatch::look(bool force, std::string& text) {
-  const Fingerprint fp = fingerprint(&text);
-  pending_ = fp;
-  if (!force && fp == seen_) return Look::unchanged;
-  seen_ = fp;
-  return fp.exists ? Look::changed : Look::missing;
+}  // namespace
+
+ConfigWatch::ConfigWatch(std::string path, const Logger& log)
+    : path_(std::move(path)), log_(log), shared_(std::make_shared<Shared>()) {}
+
+// A worker still running keeps `Shared` (and its eventfd) alive until it finishes.
+ConfigWatch::~ConfigWatch() = default;
+
+ConfigWatch::Outcome ConfigWatch::load_now() {
+  Job job{path_, "start-up", true, false, seen_, pending_};
+  Result r = run_job(job);
+  seen_ = pending_ = r.fp;
+  return std::move(r.outcome);
 }
 
-bool ConfigWatch::settled() {
-  const Fingerprint now = fingerprint(nullptr);
-  if (now == seen_) {
-    pending_ = now;
-    return false;
+void ConfigWatch::start_job(Job job) {
+  std::shared_ptr<Shared> shared = shared_;
+  try {
+    std::thread([shared, job = std::move(job)] {
+      Result r;
+      try {
+        r = run_job(job);
+      } catch (...) {  // std::bad_alloc: report it rather than end the process
+        r.outcome.kind = Outcome::Kind::rejected;
+        r.outcome.error = "out of memory while reading the quota file";
+      }
+      {
+        std::lock_guard<std::mutex> lock(shared->mutex);
+        shared->result = std::move(r);
+      }
+      const std::uint64_t one = 1;
+      (void)!::write(shared->event.get(), &one, sizeof one);
+    }).detach();
+  } catch (const std::system_error& e) {
+    log_.warn(std::string("cannot start the quota file reader: ") + e.what() + "; the next change retries");
+    return;
   }
-  if (now == pending_) return true;
-  pending_ = now;
-  return false;
+  busy_ = true;
+  busy_since_ = std::chrono::steady_clock::now();
+  stuck_logged_ = false;
+}
+
+void ConfigWatch::request(const std::string& why, bool force) {
+  if (busy_) {
+    queued_force_ = queued_force_ || force;
+    if (!queued_) queued_why_ = why;
+    queued_ = true;
+    return;
+  }
+  start_job(Job{path_, why, force, false, seen_, pending_});
+}
+
+void ConfigWatch::poll() {
+  if (busy_) {
+    const auto held = std::chrono::steady_clock::now() - busy_since_;
+    if (held > std::chrono::seconds(10) && !stuck_logged_) {
+      log_.warn("reading the quota file " + path_ + " has not finished for " +
+                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(held).count()) +
+                " s (a hung file system?); reloads wait for it, the daemon keeps serving");
+      stuck_logged_ = true;
+    }
+    return;
+  }
+  start_job(Job{path_, "file changed", false, true, seen_, pending_});
+}
+
+std::optional<ConfigWatch::Outcome> ConfigWatch::on_result() {
+  std::uint64_t count = 0;
+  (void)!::read(shared_->event.get(), &count, sizeof count);
+  std::optional<Result> r;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    r.swap(shared_->result);
+  }
+  if (!r) return std::nullopt;
+  busy_ = false;
+  pending_ = r->fp;
+  if (r->outcome.kind != Outcome::Kind::unchanged) seen_ = r->fp;
+  if (queued_) {
+    queued_ = false;
+    const bool force = std::exchange(queued_force_, false);
+    start_job(Job{path_, queued_why_, force, false, seen_, pending_});
+  }
+  if (r->outcome.kind == Outcome::Kind::unchanged) return std::nullopt;
+  return std::move(r->outcome);
 }
 
 void ConfigWatch::start(Poller& poller) {
+  shared_->event.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!shared_->event) throw std::system_error(errno, std::generic_category(), "eventfd");
+  poller.add(shared_->event.get(), Source::config_result, 0);
   inotify_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
   settle_timer_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (!inotify_ || !settle_timer_) {

@@ -32,6 +32,7 @@
 #include "alloc_watch.hpp"
 #include "config_watch.hpp"
 #include "poller.hpp"
+#include "vlake/common/excerpt.hpp"
 #include "vlake/common/fixed_chars.hpp"
 #include "vlake/common/proc.hpp"
 #include "vlake/common/unix_socket.hpp"
@@ -101,6 +102,9 @@ UniqueFd make_timer() {
   return fd;
 }
 
+// A rejected quota file's error in the log: one bounded line.
+constexpr std::size_t kMaxErrorLogBytes = 1024;
+
 void drain(int fd) {
   std::uint64_t expirations = 0;
   (void)!::read(fd, &expirations, sizeof expirations);
@@ -138,6 +142,7 @@ class Daemon::Impl {
   void on_message(ConnId serial, Connection& c, const proto::AnyMessage& msg);
   void on_process_exit(std::uint64_t session);
   void reload(const std::string& why, bool force);
+  void apply_config(ConfigWatch::Outcome o);
   void retry_parked();
   void arm_park_timer();
   void shutdown();
@@ -315,24 +320,16 @@ void Daemon::Impl::take_lock() {
 }
 
 quota::QuotaConfig Daemon::Impl::load_config(bool& from_file) {
-  struct stat sb {};
-  if (::stat(opts_.config.c_str(), &sb) != 0 && errno == ENOENT) {
+  ConfigWatch::Outcome o = config_watch_.load_now();
+  if (o.kind == ConfigWatch::Outcome::Kind::missing) {
     log_.info("no quota file at " + opts_.config + ": every uid is its own tenant with 100% of each GPU");
     return quota::QuotaConfig();
   }
-  std::string text;
-  if (config_watch_.look(true, text) != ConfigWatch::Look::changed) {
-    throw StartupError("bad quota file: " + opts_.config + ":0:0: cannot read the file");
-  }
-  try {
-    quota::QuotaConfig cfg = quota::QuotaConfig::parse(text, opts_.config);
-    from_file = true;
-    log_.info("quota file " + opts_.config + " loaded (default limit " + cfg.default_limit().to_string() + ", " +
-              std::to_string(cfg.namespaces().size()) + " namespace(s))");
-    return cfg;
-  } catch (const quota::ConfigError& e) {
-    throw StartupError(std::string("bad quota file: ") + e.what());
-  }
+  if (o.kind != ConfigWatch::Outcome::Kind::changed || !o.config) throw StartupError("bad quota file: " + o.error);
+  from_file = true;
+  log_.info("quota file " + opts_.config + " loaded (default limit " + o.config->default_limit().to_string() + ", " +
+            std::to_string(o.config->namespaces().size()) + " namespace(s))");
+  return std::move(*o.config);
 }
 
 void Daemon::Impl::open_state() {
@@ -408,6 +405,9 @@ int Daemon::Impl::run() {
             config_watch_.on_settle();
             break;
           case Source::park: drain(park_timer_fd_.get()); break;
+          case Source::config_result:
+            if (auto o = config_watch_.on_result()) apply_config(std::move(*o));
+            break;
           case Source::alloc_listen: {
             const auto [fd, id] = alloc_watch_->listener(serial);
             if (fd >= 0) on_accept(fd, id);
@@ -473,7 +473,7 @@ void Daemon::Impl::on_timer() {
   }
   for (std::uint64_t id : dead) on_process_exit(id);
   // Fallback for missed inotify events: a changed file that held still for one interval.
-  if (config_watch_.settled()) reload("file changed", false);
+  config_watch_.poll();
   const Now t = now();
   node_->tick(t);
   if (nvml_) {
@@ -488,30 +488,33 @@ void Daemon::Impl::on_timer() {
   publisher_->publish(*node_, t.unix_ns);
 }
 
-void Daemon::Impl::reload(const std::string& why, bool force) {
-  std::string text;
-  const ConfigWatch::Look look = config_watch_.look(force, text);
-  if (look == ConfigWatch::Look::unchanged) return;
-  if (look == ConfigWatch::Look::missing) {
+void Daemon::Impl::reload(const std::string& why, bool force) { config_watch_.request(why, force); }
+
+void Daemon::Impl::apply_config(ConfigWatch::Outcome o) {
+  using Kind = ConfigWatch::Outcome::Kind;
+  if (o.kind == Kind::missing) {
     // A vanished file is not an invalid one (an editor may be between unlink and create).
     if (!config_missing_logged_) {
-      log_.warn("quota file " + opts_.config + " is gone (" + why + "); keeping the configuration in force");
+      log_.warn("quota file " + opts_.config + " is gone (" + o.why + "); keeping the configuration in force");
     }
     config_missing_logged_ = true;
     return;
   }
   config_missing_logged_ = false;
-  quota::QuotaConfig next;
-  try {
-    next = quota::QuotaConfig::parse(text, opts_.config);
-    node_->validate(next);
-  } catch (const quota::ConfigError& e) {
-    node_->config_rejected(e.what(), now());
-    log_.error(std::string("quota file rejected (") + why + "): " + e.what() +
-               "; the previous configuration stays in force");
-    return;
+  std::string error = o.error;
+  if (o.kind == Kind::changed && o.config) {
+    try {
+      node_->validate(*o.config);
+      node_->apply(std::move(*o.config), opts_.config, true, now(), o.why);
+      return;
+    } catch (const quota::ConfigError& e) {
+      error = e.what();
+    }
   }
-  node_->apply(std::move(next), opts_.config, true, now(), why);
+  // Every value quoted in a quota error is already cut (quota_config.hpp); this bounds the line.
+  error = excerpt(error, kMaxErrorLogBytes);
+  node_->config_rejected(error, now());
+  log_.error("quota file rejected (" + o.why + "): " + error + "; the previous configuration stays in force");
 }
 
 void Daemon::Impl::on_readable(ConnId serial) {

@@ -1,19 +1,28 @@
 #include "vlake/quota/quota_config.hpp"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <yaml-cpp/yaml.h>
 
+#include "vlake/common/excerpt.hpp"
 #include "vlake/common/size.hpp"
+#include "vlake/common/unique_fd.hpp"
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 namespace vlake::quota {
 
@@ -136,7 +145,7 @@ class Parser {
       if (!ok) {
         std::string list;
         for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-        fail(key.Mark(), "unknown key '" + k + "' in " + where + " (allowed: " + list + ")");
+        fail(key.Mark(), "unknown key '" + excerpt(k) + "' in " + where + " (allowed: " + list + ")");
       }
     }
   }
@@ -157,10 +166,10 @@ class Parser {
     if (!v.IsScalar()) fail(v.Mark(), std::string(what) + " must be a number");
     const std::string s = trim(v.Scalar());
     if (s.size() > 10 || !all_digits(s)) {
-      fail(v.Mark(), std::string("bad ") + what + " '" + s + "': expected a number 0..4294967294");
+      fail(v.Mark(), std::string("bad ") + what + " '" + excerpt(s) + "': expected a number 0..4294967294");
     }
     const std::uint64_t n = std::stoull(s);
-    if (n >= 0xffffffffULL) fail(v.Mark(), std::string("bad ") + what + " '" + s + "': out of range");
+    if (n >= 0xffffffffULL) fail(v.Mark(), std::string("bad ") + what + " '" + excerpt(s) + "': out of range");
     return static_cast<std::uint32_t>(n);
   }
 
@@ -172,14 +181,23 @@ class Parser {
     }
     const std::string s = trim(v.Scalar());
     if (all_digits(s)) return id(v, group ? "gid" : "uid");
+    std::vector<char> buf(16384);
     if (group) {
-      const struct group* gr = ::getgrnam(s.c_str());
-      if (gr == nullptr) fail(v.Mark(), "unknown group '" + s + "'");
-      return gr->gr_gid;
+      struct group gr {};
+      struct group* res = nullptr;
+      while (::getgrnam_r(s.c_str(), &gr, buf.data(), buf.size(), &res) == ERANGE && buf.size() < (1u << 20)) {
+        buf.resize(buf.size() * 4);
+      }
+      if (res == nullptr) fail(v.Mark(), "unknown group '" + excerpt(s) + "'");
+      return gr.gr_gid;
     }
-    const passwd* pw = ::getpwnam(s.c_str());
-    if (pw == nullptr) fail(v.Mark(), "unknown user '" + s + "'");
-    return pw->pw_uid;
+    passwd pw{};
+    passwd* res = nullptr;
+    while (::getpwnam_r(s.c_str(), &pw, buf.data(), buf.size(), &res) == ERANGE && buf.size() < (1u << 20)) {
+      buf.resize(buf.size() * 4);
+    }
+    if (res == nullptr) fail(v.Mark(), "unknown user '" + excerpt(s) + "'");
+    return pw.pw_uid;
   }
 
   std::int32_t priority(const YAML::Node& v) const {
@@ -187,10 +205,11 @@ class Parser {
     const bool neg = !s.empty() && s[0] == '-';
     const std::string digits = neg ? s.substr(1) : s;
     if (!v.IsScalar() || digits.size() > 10 || !all_digits(digits)) {
-      fail(v.Mark(), "bad priority '" + s + "': expected an integer");
+      fail(v.Mark(), "bad priority '" + excerpt(s) + "': expected an integer");
     }
     const long long n = (neg ? -1 : 1) * std::stoll(digits);
-    if (n < -1'000'000 || n > 1'000'000) fail(v.Mark(), "bad priority '" + s + "': must be within -1000000..1000000");
+    if (n < -1'000'000 || n > 1'000'000)
+      fail(v.Mark(), "bad priority '" + excerpt(s) + "': must be within -1000000..1000000");
     return static_cast<std::int32_t>(n);
   }
 
@@ -204,7 +223,7 @@ class Parser {
       if (s == "canary") return GuardMode::canary;
       if (s == "fault") return GuardMode::fault;
     }
-    fail(v.Mark(), "bad guard mode '" + s + "' in " + where + " (use off, canary or fault)");
+    fail(v.Mark(), "bad guard mode '" + excerpt(s) + "' in " + where + " (use off, canary or fault)");
   }
 
   // The dedup mode under `dedup` of `entry`, if present.
@@ -216,7 +235,43 @@ class Parser {
       if (s == "off") return DedupMode::off;
       if (s == "transparent") return DedupMode::transparent;
     }
-    fail(v.Mark(), "bad dedup mode '" + s + "' in " + where + " (use off or transparent)");
+    fail(v.Mark(), "bad dedup mode '" + excerpt(s) + "' in " + where + " (use off or transparent)");
+  }
+
+  // No mapping anywhere in the document has the same key twice (YAML forbids it; yaml-cpp
+  // keeps both and a lookup would silently take one). Iterative, with a visit budget: aliases
+  // may make a small document a very wide tree.
+  void check_duplicate_keys(const YAML::Node& root) const {
+    constexpr std::size_t kMaxVisits = 1'000'000;
+    std::vector<YAML::Node> stack{root};
+    std::size_t visits = 0;
+    while (!stack.empty()) {
+      const YAML::Node n = stack.back();
+      stack.pop_back();
+      if (++visits > kMaxVisits) {
+        fail(n.Mark(), "the document expands to more than " + std::to_string(kMaxVisits) +
+                           " nodes (aliases?); a quota file is a few mappings and lists");
+      }
+      if (n.IsSequence()) {
+        for (const YAML::Node& item : n) stack.push_back(item);
+      } else if (n.IsMap()) {
+        std::map<std::string, YAML::Mark> seen;
+        for (auto it = n.begin(); it != n.end(); ++it) {
+          const YAML::Node key = it->first;
+          if (key.IsScalar()) {
+            const auto [at, inserted] = seen.emplace(key.Scalar(), key.Mark());
+            if (!inserted) {
+              fail(key.Mark(), "duplicate key '" + excerpt(key.Scalar()) + "' (first at line " +
+                                   std::to_string(line(at->second)) + ", column " + std::to_string(column(at->second)) +
+                                   ")");
+            }
+          } else {
+            stack.push_back(key);
+          }
+          stack.push_back(it->second);
+        }
+      }
+    }
   }
 
   static int line(const YAML::Mark& m) { return m.is_null() ? 0 : m.line + 1; }
@@ -265,13 +320,74 @@ const NamespaceSpec* QuotaConfig::find_namespace(const std::string& name) const 
   return nullptr;
 }
 
+FileRead read_file(const std::string& path, std::size_t max_bytes) {
+  FileRead r;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    r.status = (err == ENOENT || err == ENOTDIR) ? FileRead::Status::missing : FileRead::Status::rejected;
+    r.error = std::string("cannot open the file: ") + std::strerror(err);
+    return r;
+  }
+  struct stat sb {};
+  if (::fstat(fd.get(), &sb) != 0) {
+    r.status = FileRead::Status::rejected;
+    r.error = std::string("cannot stat the file: ") + std::strerror(errno);
+    return r;
+  }
+  r.dev = static_cast<std::uint64_t>(sb.st_dev);
+  r.ino = static_cast<std::uint64_t>(sb.st_ino);
+  r.mtime_ns = static_cast<std::int64_t>(sb.st_mtim.tv_sec) * 1'000'000'000LL + sb.st_mtim.tv_nsec;
+  r.size = static_cast<std::int64_t>(sb.st_size);
+  r.type = static_cast<std::uint32_t>(sb.st_mode & S_IFMT);
+  r.status = FileRead::Status::rejected;
+  if (!S_ISREG(sb.st_mode)) {
+    const char* kind = S_ISFIFO(sb.st_mode)   ? "a FIFO"
+                       : S_ISCHR(sb.st_mode)  ? "a character device"
+                       : S_ISBLK(sb.st_mode)  ? "a block device"
+                       : S_ISDIR(sb.st_mode)  ? "a directory"
+                       : S_ISSOCK(sb.st_mode) ? "a socket"
+                                              : "not a file";
+    r.error = std::string("not a regular file (") + kind +
+              "); the quota file must be a regular file (a symlink to one is fine)";
+    return r;
+  }
+  auto too_large = [&](const std::string& size) {
+    r.error = "the file is " + size + " bytes, over the " + std::to_string(max_bytes) + "-byte (" +
+              format_size(Bytes{max_bytes}) + ") limit for a quota file";
+  };
+  if (static_cast<std::uint64_t>(sb.st_size) > max_bytes) {
+    too_large(std::to_string(sb.st_size));
+    return r;
+  }
+  std::string data;
+  data.resize(max_bytes + 1);
+  std::size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = ::read(fd.get(), data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      r.error = std::string("cannot read the file: ") + std::strerror(errno);
+      return r;
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got > max_bytes) {
+    too_large("at least " + std::to_string(got));  // it grew while being read
+    return r;
+  }
+  data.resize(got);
+  r.text = std::move(data);
+  r.status = FileRead::Status::ok;
+  return r;
+}
+
 QuotaConfig QuotaConfig::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path, 0, 0, "cannot read the file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw ConfigError(path, 0, 0, "cannot read the file");
-  return parse(ss.str(), path);
+  FileRead r = read_file(path);
+  if (r.status == FileRead::Status::missing) throw ConfigError(path, 0, 0, "cannot read the file");
+  if (r.status != FileRead::Status::ok) throw ConfigError(path, 0, 0, r.error);
+  return parse(r.text, path);
 }
 
 QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name) {
@@ -282,6 +398,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   } catch (const YAML::ParserException& e) {
     p.fail(e.mark, "YAML syntax: " + e.msg);
   }
+  p.check_duplicate_keys(root);
   if (!root || root.IsNull()) throw ConfigError(name, 0, 0, "empty configuration (expected 'version: 1')");
   if (!root.IsMap()) p.fail(root.Mark(), "the configuration must be a mapping");
   p.check_keys(root, {"version", "default", "namespaces", "users", "groups"}, "the top level");
@@ -289,7 +406,8 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   const YAML::Node version = root["version"];
   if (!version) p.fail(root.Mark(), "missing 'version' (expected 1)");
   if (!version.IsScalar() || trim(version.Scalar()) != "1") {
-    p.fail(version.Mark(), "unsupported version '" + (version.IsScalar() ? version.Scalar() : std::string("?")) +
+    p.fail(version.Mark(), "unsupported version '" +
+                               (version.IsScalar() ? excerpt(version.Scalar()) : std::string("?")) +
                                "' (this vlake reads version 1)");
   }
 
@@ -322,7 +440,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
       if (!nm.IsScalar() || !dns_label(nm.Scalar())) {
-        p.fail(nm.Mark(), "bad namespace name '" + (nm.IsScalar() ? nm.Scalar() : std::string("?")) +
+        p.fail(nm.Mark(), "bad namespace name '" + (nm.IsScalar() ? excerpt(nm.Scalar()) : std::string("?")) +
                               "': use a DNS label (a-z, 0-9 and '-', at most 63, not starting or ending with '-')");
       }
       NamespaceSpec ns;
@@ -408,7 +526,8 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
     for (std::size_t i = 0; i < cfg.namespaces_.size(); ++i) {
       if (cfg.namespaces_[i].name == want) idx = i;
     }
-    if (idx == cfg.namespaces_.size()) p.fail(nsn.Mark(), "unknown namespace '" + want + "' (not in 'namespaces')");
+    if (idx == cfg.namespaces_.size())
+      p.fail(nsn.Mark(), "unknown namespace '" + excerpt(want) + "' (not in 'namespaces')");
     if (in_list != nullptr && in_list->ns != idx) {
       p.fail(nsn.Mark(), what + " is listed in namespace '" + cfg.namespaces_[in_list->ns].name + "' (line " +
                              std::to_string(in_list->line) + "), not '" + want + "'");

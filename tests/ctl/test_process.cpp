@@ -184,7 +184,12 @@ TEST_CASE("vlakectl: unprivileged users read a readable segment or are told how"
   const std::string path = "/dev/shm/" + d.state;
   struct stat sb {};
   REQUIRE(::stat(path.c_str(), &sb) == 0);
-  CHECK((sb.st_mode & 0777) == 0644);  // vlaked's default: world-readable
+  CHECK((sb.st_mode & 0777) == 0600);  // vlaked's default: root only
+  const CtlResult denied = run_ctl({"--state", d.state, "pool"}, 4303, 4303);
+  CHECK(denied.exit_code == 2);
+  CHECK_THAT(denied.err, Catch::Contains("permission denied (mode 0600, owner root"));
+  // An operator who lets everyone read it (--state-mode 0644).
+  REQUIRE(::chmod(path.c_str(), 0644) == 0);
   CHECK(run_ctl({"--state", d.state, "--json", "pool"}, 4303, 4303).exit_code == 0);
 
   // The operator restricts the segment to a group: others are refused with a hint.

@@ -51,7 +51,7 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
   CHECK(o.sample_interval.count() == 250);
   CHECK(parse({"--help"}).help);
   CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--sample-interval-ms"));
-  CHECK(parse({}).state_mode == 0644);
+  CHECK(parse({}).state_mode == 0600);
   CHECK(parse({"--state-mode", "0640", "--state-group", "4242"}).state_mode == 0640);
   CHECK(parse({"--state-group", "4242"}).state_gid == 4242);
 

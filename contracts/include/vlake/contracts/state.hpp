@@ -1,5 +1,6 @@
 // vlake::state — the daemon's state segment: node accounting that survives a daemon
-// restart and that read-only mappers (vlakectl, hooks, tests) can inspect.
+// restart and that read-only mappers (vlakectl, the exporter, the device plugin, tests) can
+// inspect. Hooks never map it.
 //
 // Layout (POSIX shared memory /dev/shm/<name>, Boost.Interprocess shared_memory_object +
 // mapped_region): one fixed-layout struct `State` — Header (magic, layout version, sizes, a
@@ -11,6 +12,10 @@
 // Concurrency: only the daemon writes, on one thread, inside StateSegment::Write brackets
 // (generation odd while writing, even when consistent). Readers copy the whole struct and retry
 // until they saw the same even generation before and after (StateReader::snapshot()).
+//
+// Trust: the segment holds every tenant's names, pids and usage, so the daemon creates it
+// exclusively with mode 0600 (0640 with a group for vlakectl users) and resumes only a segment
+// its own uid created that nobody else can write (StateSegment below).
 //
 // Compatibility: a layout change bumps kLayoutVersion. A daemon finding a segment with another
 // magic, version or size refuses to start and says how to reset it (remove the segment when no
@@ -329,12 +334,16 @@ class StateSegment {
  public:
   enum class Origin { created, resumed };
 
-  // Creates the segment (zeroed, header filled) or maps an existing one after checking its
-  // magic, layout version and size. Throws StateError (with how to reset) on a mismatch, and
-  // when another daemon holds the segment (an exclusive flock, held for this object's life:
-  // two daemons never write one segment). `mode` (e.g. 0644) and `gid` (-1: unchanged) set who
-  // may map it read-only (vlakectl), on creation and on resume.
-  explicit StateSegment(const std::string& name, unsigned mode = 0644, long gid = -1);
+  // Creates the segment exclusively (O_CREAT|O_EXCL|O_NOFOLLOW: never through a name that
+  // already exists), zeroed, header filled; or resumes an existing one after checking that
+  // nobody but this process's user can have written it (a regular file, not a symlink, owned
+  // by the effective uid, no group/other write, one hard link) and its magic, layout version
+  // and size. Throws StateError saying what is wrong and how to reset (remove the segment when
+  // no tenant holds memory) on any of these, and when another daemon holds the segment (an
+  // exclusive flock, held for this object's life: two daemons never write one segment). `mode`
+  // (owner read-write, no group/other write; e.g. 0600, or 0640 with a group) and `gid` (-1:
+  // unchanged) set who may map it read-only (vlakectl), on creation and on resume.
+  explicit StateSegment(const std::string& name, unsigned mode = 0600, long gid = -1);
   ~StateSegment();
   StateSegment(const StateSegment&) = delete;
   StateSegment& operator=(const StateSegment&) = delete;
@@ -359,9 +368,12 @@ class StateSegment {
   void remove() noexcept;
 
  private:
+  void release() noexcept;
+
   std::string name_;
-  std::unique_ptr<boost::interprocess::shared_memory_object> shm_;
-  std::unique_ptr<boost::interprocess::mapped_region> region_;
+  int fd_ = -1;  // open for this object's life: holds the flock
+  void* base_ = nullptr;
+  std::size_t mapped_ = 0;
   State* state_ = nullptr;
   Origin origin_ = Origin::created;
   int depth_ = 0;

@@ -28,7 +28,7 @@ struct DaemonOptions {
   LogLevel log_level = LogLevel::info;
   std::chrono::milliseconds sample_interval{1000};
   std::chrono::milliseconds canary_interval{10000};  // canary sweep period; 0: only at release
-  unsigned state_mode = 0644;                        // who may read the state (vlakectl)
+  unsigned state_mode = 0600;                        // who may read the state (vlakectl)
   long state_gid = -1;                               // group of the state segment; -1: unchanged
   std::string metrics_address = ":9400";             // exporter [HOST]:PORT; "" (--metrics-address none): off
   bool metrics_address_given = false;                // explicit --metrics-address: failing to listen is fatal

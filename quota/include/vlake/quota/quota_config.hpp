@@ -45,9 +45,17 @@
 // both are absolute or both percentages, percentage guarantees adding up to more than 100%.
 // check_device(total) adds the checks that need a GPU size (absolute or mixed guarantees).
 //
+// Also checked at parse: duplicate keys in any mapping ("duplicate key 'limit' (first at line
+// 3, column 5)"). Every value quoted in an error is cut to vlake::kExcerptBytes with
+// "…(N bytes)" (vlake/common/excerpt.hpp), so an error stays one bounded line.
+//
+// Reading (read_file, load): the file is opened with O_NONBLOCK and must be a regular file (a
+// symlink to one is followed: ConfigMap mounts are symlinks) of at most kMaxFileBytes; a FIFO,
+// a device, a directory or a larger file is rejected without being read.
+//
 // Thread-safety: a QuotaConfig is immutable after construction; every const method may be
-// called from any thread. Names given as `name:` are resolved (getpwnam/getgrnam) at parse
-// time.
+// called from any thread. parse() and load() may run on any thread (names given as `name:` are
+// resolved at parse time with getpwnam_r/getgrnam_r).
 #pragma once
 
 #include <sys/types.h>
@@ -149,13 +157,37 @@ Limit parse_limit(const std::string& text);
 // ("1536MiB", "1000B"), else the bytes and an approximation ("1610612737 bytes (1.5GiB)").
 std::string describe_size(Bytes b);
 
+// The largest quota file read (1 MiB); real ones are a few KiB.
+inline constexpr std::size_t kMaxFileBytes = 1u << 20;
+
+// One read of a quota file and what identifies that version of it.
+struct FileRead {
+  enum class Status { ok, missing, rejected };
+  Status status = Status::missing;
+  std::string text;   // ok: the content
+  std::string error;  // rejected (and missing): why, without the file name ("not a regular file (a FIFO) ...")
+  // fstat of what was opened (symlinks followed); zero when missing.
+  std::uint64_t dev = 0;
+  std::uint64_t ino = 0;
+  std::int64_t mtime_ns = 0;
+  std::int64_t size = 0;
+  std::uint32_t type = 0;  // st_mode & S_IFMT
+};
+
+// Opens `path` with O_RDONLY|O_NONBLOCK|O_CLOEXEC (following symlinks), fstats it and reads it
+// only when it is a regular file of at most `max_bytes` (a file that grows past the cap while
+// being read is rejected too). missing: ENOENT/ENOTDIR. Never blocks on a FIFO or a device;
+// never throws except std::bad_alloc. Thread-safe.
+FileRead read_file(const std::string& path, std::size_t max_bytes = kMaxFileBytes);
+
 class QuotaConfig {
  public:
   // The built-in configuration used when no file exists: every uid its own tenant, 100%,
   // only the implicit "default" namespace.
   QuotaConfig();
 
-  // Throw ConfigError (see above).
+  // Throw ConfigError (see above). load() reads with read_file(): a file that is missing, not
+  // regular or over kMaxFileBytes is a ConfigError at 0:0 saying so.
   static QuotaConfig load(const std::string& path);
   static QuotaConfig parse(const std::string& text, const std::string& name);
 

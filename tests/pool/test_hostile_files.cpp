@@ -1,0 +1,228 @@
+// vlaked against files a local user may plant or swap in (docs/daemon.md, "State segment
+// ownership" and "Reading the quota file"): a state segment it did not create is refused at
+// start-up with what is wrong and how to fix it; a quota file that is a FIFO, a device or too
+// large is rejected without being read, bad values are quoted in bounded form, and the loop
+// keeps serving throughout while the configuration in force stays.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "harness.hpp"
+
+using namespace vlake;
+using namespace vlake::pooltest;
+namespace st = vlake::state;
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ULL << 20;
+const std::string kConfig = "version: 1\ndefault:\n  limit: 16MiB\n";
+
+// A new tenant process connects (Hello) and asks for its usage; returns how long the daemon
+// took to answer both, and the limit it reported.
+std::chrono::milliseconds serve(DaemonProcess& d, std::uint64_t& limit) {
+  Helper h(d.node);  // spawned and ready before the clock starts
+  const auto t0 = std::chrono::steady_clock::now();
+  h.ok("connect " + d.socket);
+  limit = num(h.ok("usage"), "limit");
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+}
+
+std::string last_error(const DaemonProcess& d) { return snapshot(d.state)->config.last_error; }
+
+// Puts `make(tmp)`'s result in place of the config file with one rename (as tools do).
+template <class F>
+void swap_in(const DaemonProcess& d, F&& make) {
+  const std::string tmp = d.dir + "/swap.tmp";
+  make(tmp);
+  REQUIRE(::rename(tmp.c_str(), d.config.c_str()) == 0);
+}
+
+std::size_t file_size(const std::string& path) {
+  struct stat sb {};
+  return ::stat(path.c_str(), &sb) == 0 ? static_cast<std::size_t>(sb.st_size) : 0;
+}
+
+// The longest line of the daemon's log.
+std::size_t longest_log_line(const DaemonProcess& d) {
+  std::ifstream in(d.log_path);
+  std::string line;
+  std::size_t longest = 0;
+  while (std::getline(in, line)) longest = std::max(longest, line.size());
+  return longest;
+}
+
+}  // namespace
+
+TEST_CASE("daemon state: a segment created by another uid is refused at start-up", "[daemon][hostile]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to create a file owned by another uid; not run");
+    return;
+  }
+  DaemonProcess d("seg-owner", kConfig);
+  const std::string path = st::segment_path(d.state);
+  {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::fchown(fd, 65534, 65534) == 0);
+    ::close(fd);
+  }
+  CHECK_FALSE(d.start());
+  CHECK_THAT(d.log(), Catch::Contains("state segment " + path + " is owned by uid 65534, not by vlaked's uid 0"));
+  CHECK_THAT(d.log(), Catch::Contains("remove " + path));
+  struct stat sb {};
+  REQUIRE(::lstat(path.c_str(), &sb) == 0);
+  CHECK(sb.st_uid == 65534);  // left as found
+  CHECK(sb.st_size == 0);
+}
+
+TEST_CASE("daemon state: a symlink at the segment path is refused at start-up", "[daemon][hostile]") {
+  DaemonProcess d("seg-link", kConfig);
+  const std::string path = st::segment_path(d.state);
+  const std::string target = d.dir + "/target";
+  { std::ofstream(target) << "precious"; }
+  struct stat before {};
+  REQUIRE(::stat(target.c_str(), &before) == 0);
+  REQUIRE(::symlink(target.c_str(), path.c_str()) == 0);
+  CHECK_FALSE(d.start());
+  CHECK_THAT(d.log(), Catch::Contains("state segment " + path + " is a symbolic link"));
+  struct stat after {};
+  REQUIRE(::stat(target.c_str(), &after) == 0);
+  CHECK(after.st_size == 8);  // not truncated, not written
+  CHECK(after.st_mode == before.st_mode);
+  CHECK(after.st_gid == before.st_gid);
+}
+
+TEST_CASE("daemon state: a segment group/others may write (mode 0666) is refused, not fixed", "[daemon][hostile]") {
+  DaemonProcess d("seg-0666", kConfig);
+  const std::string path = st::segment_path(d.state);
+  {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::fchmod(fd, 0666) == 0);
+    ::close(fd);
+  }
+  CHECK_FALSE(d.start());
+  CHECK_THAT(d.log(), Catch::Contains("state segment " + path + " has mode 0666: group or others may write it"));
+  struct stat sb {};
+  REQUIRE(::stat(path.c_str(), &sb) == 0);
+  CHECK((sb.st_mode & 0777) == 0666);
+}
+
+TEST_CASE("daemon state: the segment is created with mode 0600 by default", "[daemon][hostile]") {
+  DaemonProcess d("seg-default", kConfig);
+  REQUIRE(d.start());
+  struct stat sb {};
+  REQUIRE(::lstat(st::segment_path(d.state).c_str(), &sb) == 0);
+  CHECK(S_ISREG(sb.st_mode));
+  CHECK((sb.st_mode & 0777) == 0600);
+  CHECK(sb.st_uid == ::geteuid());
+  CHECK(sb.st_nlink == 1);
+}
+
+TEST_CASE("daemon quota file: a FIFO swapped in is rejected and the daemon keeps serving", "[daemon][hostile]") {
+  DaemonProcess d("cfg-fifo", kConfig);
+  REQUIRE(d.start());
+  std::uint64_t limit = 0;
+  serve(d, limit);
+  REQUIRE(limit == 16 * kMiB);
+  swap_in(d, [](const std::string& tmp) { REQUIRE(::mkfifo(tmp.c_str(), 0644) == 0); });
+  const std::string want = d.config + ":0:0: not a regular file (a FIFO)";
+  REQUIRE(eventually([&] { return last_error(d).rfind(want, 0) == 0; }, 2000));
+  CHECK(serve(d, limit) < std::chrono::seconds(1));
+  CHECK(limit == 16 * kMiB);  // the configuration in force stays
+  auto s = snapshot(d.state);
+  CHECK(s->config.rejected == 1);
+  CHECK(s->config.generation == 1);
+  CHECK_THAT(d.log(), Catch::Contains("quota file rejected (file changed): " + want));
+  // SIGHUP reads it again: rejected again, still serving.
+  const std::uint64_t errors = s->counters.config_reload_errors;
+  d.signal(SIGHUP);
+  REQUIRE(eventually([&] { return snapshot(d.state)->counters.config_reload_errors == errors + 1; }, 2000));
+  CHECK(serve(d, limit) < std::chrono::seconds(1));
+  CHECK(snapshot(d.state)->config.generation == 1);
+}
+
+TEST_CASE("daemon quota file: a symlink to /dev/zero and a 6.7 MB file are rejected quickly", "[daemon][hostile]") {
+  DaemonProcess d("cfg-big", kConfig);
+  REQUIRE(d.start());
+  std::uint64_t limit = 0;
+
+  auto t0 = std::chrono::steady_clock::now();
+  swap_in(d, [](const std::string& tmp) { REQUIRE(::symlink("/dev/zero", tmp.c_str()) == 0); });
+  const std::string zero = d.config + ":0:0: not a regular file (a character device)";
+  REQUIRE(eventually([&] { return last_error(d).rfind(zero, 0) == 0; }, 2000));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK(serve(d, limit) < std::chrono::seconds(1));
+  CHECK(limit == 16 * kMiB);
+  // The periodic look (every 50 ms here) sees the same rejected version and does not log it again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string log = d.log();
+  std::size_t count = 0;
+  for (std::size_t at = log.find(zero); at != std::string::npos; at = log.find(zero, at + 1)) ++count;
+  CHECK(count == 1);
+
+  // 6.7 MB of valid YAML (comments): over the 1 MiB cap, rejected with its size and the cap.
+  const std::size_t big = 6'700'000;
+  t0 = std::chrono::steady_clock::now();
+  swap_in(d, [&](const std::string& tmp) {
+    std::string text = kConfig;
+    const std::string line = "# " + std::string(97, 'c') + "\n";
+    while (text.size() + line.size() <= big) text += line;
+    text.resize(big, '\n');
+    std::ofstream(tmp) << text;
+  });
+  const std::string too_big =
+      d.config + ":0:0: the file is 6700000 bytes, over the 1048576-byte (1MiB) limit for a quota file";
+  REQUIRE(eventually([&] { return last_error(d) == too_big; }, 2000));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK(serve(d, limit) < std::chrono::seconds(1));
+  CHECK(limit == 16 * kMiB);
+  CHECK_THAT(d.log(), Catch::Contains("quota file rejected (file changed): " + too_big));
+
+  // A valid file again is applied.
+  swap_in(d, [](const std::string& tmp) { std::ofstream(tmp) << "version: 1\ndefault:\n  limit: 24MiB\n"; });
+  REQUIRE(eventually([&] { return snapshot(d.state)->config.generation == 2; }, 2000));
+  CHECK(serve(d, limit) < std::chrono::seconds(1));
+  CHECK(limit == 24 * kMiB);
+  CHECK(snapshot(d.state)->config.rejected == 0);
+}
+
+TEST_CASE("daemon quota file: a huge bad string leaves the log line and last_error bounded", "[daemon][hostile]") {
+  DaemonProcess d("cfg-string", kConfig);
+  REQUIRE(d.start());
+  std::uint64_t limit = 0;
+
+  // 10 MB: over the cap, so never read or quoted.
+  const std::size_t ten = 10u << 20;
+  swap_in(d, [&](const std::string& tmp) {
+    std::ofstream(tmp) << "version: 1\ndefault:\n  limit: " << std::string(ten, 'x') << "\n";
+  });
+  REQUIRE(eventually([&] { return last_error(d).find("over the 1048576-byte") != std::string::npos; }, 5000));
+  CHECK(last_error(d).size() < 200);
+
+  // 1000000 bytes, under the cap: parsed, and the bad value is quoted cut to 120 bytes.
+  const std::size_t under = 1'000'000;
+  swap_in(d, [&](const std::string& tmp) {
+    std::ofstream(tmp) << "version: 1\ndefault:\n  limit: " << std::string(under, 'y') << "\n";
+  });
+  const std::string quoted =
+      d.config + ":3:10: bad limit \"" + std::string(120, 'y') + "\xE2\x80\xA6(" + std::to_string(under) + " bytes)\"";
+  REQUIRE(eventually([&] { return last_error(d).rfind(quoted, 0) == 0; }, 10000));
+  CHECK(last_error(d).size() < st::kConfigErrorBytes);
+  CHECK_THAT(d.log(), Catch::Contains("quota file rejected (file changed): " + quoted));
+  CHECK(longest_log_line(d) < 1200);
+  CHECK(file_size(d.log_path) < 16384);
+  CHECK(serve(d, limit) < std::chrono::seconds(1));
+  CHECK(limit == 16 * kMiB);
+  CHECK(snapshot(d.state)->config.generation == 1);
+}
