@@ -18,6 +18,7 @@ cuda_root="${VLAKE_CUDA_ROOT:-/usr/local/cuda}"
 packages=(
   g++ cmake ninja-build pkg-config          # toolchain
   clang-format                              # scripts/format.sh
+  clang-14 libclang-rt-14-dev               # scripts/fuzz.sh: libFuzzer, ASan, UBSan (tests/fuzz)
   libboost-dev libyaml-cpp-dev              # Boost.Interprocess, yaml-cpp
   prometheus-cpp-dev libcivetweb-dev prometheus  # exporter; promtool + a real server in tests
   python3                                   # test scripts (Prometheus queries, GPU checks)

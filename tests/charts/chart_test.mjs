@@ -13,8 +13,9 @@
 //           a message naming the field
 //   quota   the rendered quota ConfigMap's vlake.yaml passes `vlakectl quota check`; a file
 //           the schema allows but the quota model rejects is rejected
-//   args    the DaemonSet's command lines are accepted by the real parsers: `vlaked ARGS --help`
-//           and `vlake-device-plugin ARGS --help` exit 0 (both parse every option first)
+//   args    the DaemonSet's command lines, with $(VAR) expanded as the kubelet does (POD_IP: a
+//           sample pod IP), are accepted by the real parsers: `vlaked ARGS --help` and
+//           `vlake-device-plugin ARGS --help` exit 0 (both parse every option first)
 // Exit 0 pass, 1 fail, 77 skipped (helm or the npm packages are not installed).
 import { spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -159,8 +160,14 @@ function checkConsistency(objs, label, { devicePlugin = true } = {}) {
     volumes[m.name].hostPath && volumes[m.name].hostPath.path === m.mountPath);
   const socket = argValue(vlaked, "--socket");
   check(hostMount(vlaked, socket), `${label}: vlaked socket ${socket} on a host path`);
-  check(argValue(vlaked, "--metrics-address") === `:${vlaked.ports[0].containerPort}` && vlaked.ports[0].name === "metrics",
-    `${label}: vlaked listens for metrics on its declared port`);
+  const metricsAddress = argValue(vlaked, "--metrics-address") || "";
+  check(metricsAddress.endsWith(`:${vlaked.ports[0].containerPort}`) && vlaked.ports[0].name === "metrics",
+    `${label}: vlaked listens for metrics on its declared port`, metricsAddress);
+  // The metrics host is the pod's IP, from the downward API: where the Service, Prometheus and
+  // the probes connect, and not every interface (vlaked's own default is loopback only).
+  const podIp = (vlaked.env || []).find((e) => e.name === "POD_IP");
+  check(podIp && podIp.valueFrom && podIp.valueFrom.fieldRef && podIp.valueFrom.fieldRef.fieldPath === "status.podIP" &&
+    podIp.value === undefined, `${label}: vlaked's POD_IP is the downward API's status.podIP`, JSON.stringify(podIp));
   const shm = vlaked.volumeMounts.find((m) => m.mountPath === "/dev/shm");
   check(shm && volumes[shm.name].hostPath && volumes[shm.name].hostPath.path === "/dev/shm", `${label}: state segment on the host's /dev/shm`);
   if (plugin) {
@@ -215,6 +222,10 @@ function caseRender() {
       x.securityContext.allowPrivilegeEscalation === false), "defaults: no container is privileged");
     check(argValue(c.plugin, "--unit") === "1GiB" && argValue(c.plugin, "--gpu-visibility") === "both",
       "defaults: plugin unit 1GiB, gpu visibility both");
+    check(argValue(c.vlaked, "--metrics-address") === "$(POD_IP):9400", "defaults: metrics on $(POD_IP):9400",
+      argValue(c.vlaked, "--metrics-address"));
+    check(c.vlaked.env.some((e) => e.name === "NVIDIA_VISIBLE_DEVICES" && e.value === "all"),
+      "defaults: daemon.env kept next to POD_IP");
     const cm = find(objs, "ConfigMap", (o) => o.metadata.name === c.volumes.quota.configMap.name);
     check(cm.length === 1 && /^version: 1$/m.test(cm[0].data["vlake.yaml"]), "defaults: quota ConfigMap rendered with version: 1");
   }
@@ -239,7 +250,7 @@ function caseRender() {
       "full: kubelet paths follow hostPaths.kubeletRoot");
     check(argValue(c.plugin, "--unit") === "512MiB" && argValue(c.plugin, "--gpu-visibility") === "cdi" &&
       argValue(c.plugin, "--preload") === "false", "full: plugin unit, visibility, preload from values");
-    check(c.vlaked.args.includes("--state-group=0") && argValue(c.vlaked, "--metrics-address") === ":9500",
+    check(c.vlaked.args.includes("--state-group=0") && argValue(c.vlaked, "--metrics-address") === "$(POD_IP):9500",
       "full: daemon extraArgs and metrics port");
   }
   const rq = Object.fromEntries(find(objs, "ResourceQuota").map((o) => [o.metadata.namespace, o.spec.hard["requests.vlake.io/gpu-memory"]]));
@@ -316,6 +327,8 @@ const BAD = [
   ["relative host path", { hostPaths: { hookDir: "lib/vlake" } }, "hostPaths.hookDir"],
   ["state mode with group write", { daemon: { stateMode: "0664" } }, "daemon.stateMode"],
   ["bad duration", { devicePlugin: { gcGrace: "30" } }, "devicePlugin.gcGrace"],
+  ["metrics host a name", { daemon: { metricsHost: "node.example" } }, "daemon.metricsHost"],
+  ["metrics host an unbracketed IPv6 pod IP", { daemon: { metricsHost: "$(POD_IP6)" } }, "daemon.metricsHost"],
 ];
 
 function caseSchema() {
@@ -365,21 +378,42 @@ function caseQuota() {
   }
 }
 
+// A container's arguments as the kubelet passes them: $(VAR) is replaced by the container's env
+// var VAR (a literal value, or the pod IP `podIp` for the downward API's status.podIP), $$(VAR)
+// stays $(VAR) unexpanded, and a reference to an unknown variable stays as written.
+function kubeletArgs(c, podIp) {
+  const vars = {};
+  for (const e of c.env || []) {
+    if (e.value !== undefined) vars[e.name] = String(e.value);
+    else if (e.valueFrom && e.valueFrom.fieldRef && e.valueFrom.fieldRef.fieldPath === "status.podIP") vars[e.name] = podIp;
+  }
+  return (c.args || []).map((a) => a.replace(/\$(\$|\(([A-Za-z_][A-Za-z0-9_]*)\))/g,
+    (all, inner, name) => (inner === "$" ? "$" : name in vars ? vars[name] : all)));
+}
+
 function caseArgs() {
   const binaries = { vlaked: opts.vlaked, "device-plugin": opts.plugin };
   check(opts.vlaked && existsSync(opts.vlaked), `vlaked binary ${opts.vlaked} exists`);
-  for (const [what, args] of [["defaults", []], ["full-values.yaml", ["-f", fullValues]],
-    ["devicePlugin.enabled=false", ["--set", "devicePlugin.enabled=false"]]]) {
+  for (const [what, args, podIp, metrics] of [["defaults", [], "10.1.2.3", "10.1.2.3:9400"],
+    ["full-values.yaml", ["-f", fullValues], "10.1.2.3", "10.1.2.3:9500"],
+    ["devicePlugin.enabled=false", ["--set", "devicePlugin.enabled=false"], "10.1.2.3", "10.1.2.3:9400"],
+    ["IPv6 pod IP", ["-f", valuesFile({ daemon: { metricsHost: "[$(POD_IP)]" } })], "fd00:10::7", "[fd00:10::7]:9400"],
+    ["every interface", ["-f", valuesFile({ daemon: { metricsHost: "" } })], "10.1.2.3", ":9400"]]) {
     const r = template(...args);
     if (!check(r.code === 0, `helm template (${what})`, r.err)) continue;
     const pod = find(objects(r.out), "DaemonSet")[0].spec.template.spec;
     for (const c of pod.containers) {
       const bin = binaries[c.name];
       if (!check(c.name in binaries, `${what}: container ${c.name} is known`)) continue;
+      const cargs = kubeletArgs(c, podIp);
+      if (c.name === "vlaked") {
+        check(argValue({ args: cargs }, "--metrics-address") === metrics, `${what}: vlaked --metrics-address=${metrics}`,
+          cargs.join(" "));
+      }
       if (!bin) { console.log(`skip ${what}: ${c.name} (binary not built)`); continue; }
       if (!existsSync(bin)) { check(false, `${c.name} binary ${bin} exists`); continue; }
-      const q = run(bin, [...c.args, "--help"]);
-      check(q.code === 0, `${what}: ${c.command[0]} accepts the chart's arguments`, `${c.args.join(" ")}\n${q.out}${q.err}`);
+      const q = run(bin, [...cargs, "--help"]);
+      check(q.code === 0, `${what}: ${c.command[0]} accepts the chart's arguments`, `${cargs.join(" ")}\n${q.out}${q.err}`);
     }
   }
 }

@@ -1,6 +1,15 @@
 // The exporter's Collectable over a synthetic State (no daemon), the text format it produces,
-// health, listen addresses, and the HTTP server in-process with a fake snapshot source.
+// health, listen addresses, and the HTTP server in-process with a fake snapshot source
+// (loopback addresses reachable on loopback only).
 #include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
@@ -437,4 +446,64 @@ TEST_CASE("exporter: HTTP server over a fake snapshot source", "[unit]") {
   } catch (const std::runtime_error& err) {
     CHECK_THAT(err.what(), Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(port)));
   }
+}
+
+namespace {
+
+// The first IPv4 address of an interface that is up and not loopback; "" if there is none.
+std::string non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (const ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    sockaddr_in a{};
+    std::memcpy(&a, i->ifa_addr, sizeof a);
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &a.sin_addr, text, sizeof text) != nullptr) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// Whether a TCP connection to host:port (an address of this host) is accepted; at most 2 s.
+bool connects(const std::string& host, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  const timeval limit{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  REQUIRE(::inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1);
+  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+// vlaked's default --metrics-address is 127.0.0.1:9400 (tests/pool's options test): such a
+// server must not be reachable on the host's other addresses. Where the host has no other IPv4
+// address, only loopback is checked (a warning says so).
+TEST_CASE("exporter: a loopback address is reachable on loopback only", "[unit]") {
+  std::shared_ptr<const st::State> shared(synthetic());
+  auto collector = std::make_shared<exporter::StateCollector>([shared] { return std::make_unique<st::State>(*shared); },
+                                                              [] { return kNow; }, kBuild);
+  const int port = exptest::free_port();
+  exporter::MetricsServer loopback("127.0.0.1:" + std::to_string(port), collector);
+  CHECK(connects("127.0.0.1", port));
+  const std::string other = non_loopback_ipv4();
+  if (other.empty()) {
+    WARN("this host has no non-loopback IPv4 address: only loopback checked");
+    return;
+  }
+  INFO("non-loopback address " << other);
+  CHECK_FALSE(connects(other, port));
+  // The probe can tell: a server on every interface is reachable there.
+  const int all_port = exptest::free_port();
+  exporter::MetricsServer all(":" + std::to_string(all_port), collector);
+  CHECK(connects(other, all_port));
+  CHECK(connects("127.0.0.1", all_port));
 }

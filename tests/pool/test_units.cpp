@@ -85,7 +85,11 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
 }
 
 TEST_CASE("options: --metrics-address", "[pool][options]") {
-  CHECK(parse({}).metrics_address == ":9400");
+  // The default listens on loopback only: the metrics name tenants, namespaces and usage, which
+  // other hosts need not see unless --metrics-address says so.
+  CHECK(parse({}).metrics_address == "127.0.0.1:9400");
+  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("default 127.0.0.1:9400"));
+  CHECK(parse({"--metrics-address", ":9400"}).metrics_address == ":9400");
   CHECK_FALSE(parse({}).metrics_address_given);
   CHECK(parse({"--metrics-address", "none"}).metrics_address.empty());
   CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address == "127.0.0.1:9500");

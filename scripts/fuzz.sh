@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (preset `fuzz`: clang-14, ASan + UBSan; tests/fuzz), replays
+# each over its seed corpus (ctest -L fuzz), then fuzzes each for SECONDS (default 60) in turn,
+# niced. Prints per target the executions, executions per second, corpus size and coverage;
+# exits non-zero if the build, a replay or any fuzzing run fails (a crash, a sanitizer report, a
+# broken invariant, a timeout of one input, memory over the limit).
+#
+#   ./scripts/fuzz.sh              # 60 s per target
+#   ./scripts/fuzz.sh 600          # 10 minutes per target
+#   ./scripts/fuzz.sh 0            # build and replay the seeds only
+#   VLAKE_BUILD_DIR=build/my-fuzz ./scripts/fuzz.sh 30
+#   VLAKE_FUZZ_TARGETS=quota ./scripts/fuzz.sh   # only these targets (codec, quota)
+#
+# Inputs that found new coverage are kept in <build>/corpus/<target> and reused by the next run
+# (the seeds themselves are never written). A failing input is written to
+# <build>/artifacts/<target>/ (crash-*, timeout-*, oom-*); replay it with
+# `<build>/tests/fuzz/vlake_fuzz_<target> FILE`, and once fixed add it to the seeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-60}"
+if ! [[ "$seconds" =~ ^[0-9]+$ ]]; then
+  echo "usage: scripts/fuzz.sh [SECONDS]" >&2
+  exit 2
+fi
+dir="${VLAKE_BUILD_DIR:-build/fuzz}"
+cuda_root="${VLAKE_CUDA_ROOT:-/usr/local/cuda}"
+read -r -a targets <<<"${VLAKE_FUZZ_TARGETS:-codec quota}"
+start=$SECONDS
+
+# Like scripts/sanitizers.sh: the sanitizer runtimes of this toolchain cannot map their shadow
+# memory when the kernel randomizes mmap with more than 28 bits; run without address-space
+# randomization where the kernel allows it.
+runner=()
+if [[ -r /proc/sys/vm/mmap_rnd_bits && "$(cat /proc/sys/vm/mmap_rnd_bits)" -gt 28 ]]; then
+  if setarch "$(uname -m)" -R true 2>/dev/null; then
+    runner=(setarch "$(uname -m)" -R)
+  else
+    echo "fuzz.sh: vm.mmap_rnd_bits > 28 and setarch -R is not allowed; the targets may fail" >&2
+  fi
+fi
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+
+echo "fuzz.sh: configure and build $dir"
+cmake --preset fuzz -B "$dir" -DVLAKE_CUDA_ROOT="$cuda_root" >/dev/null
+nice cmake --build "$dir" -j "$(nproc)"
+echo "fuzz.sh: replay the seed corpora"
+"${runner[@]}" ctest --test-dir "$dir" -L '^fuzz$' --output-on-failure
+build_took=$((SECONDS - start))
+
+# Per target: its extra libFuzzer flags and its seed directory.
+declare -A flags=(
+  [codec]="-max_len=4096"
+  [quota]="-max_len=16384 -dict=tests/fuzz/quota.dict"
+)
+declare -A seeds=(
+  [codec]="$dir/seeds/codec"
+  [quota]="tests/fuzz/seeds/quota"
+)
+
+summary=()
+failed=()
+if ((seconds > 0)); then
+  for t in "${targets[@]}"; do
+    if [[ -z "${seeds[$t]:-}" ]]; then
+      echo "fuzz.sh: unknown target '$t' (codec, quota)" >&2
+      exit 2
+    fi
+    corpus="$dir/corpus/$t"
+    artifacts="$dir/artifacts/$t"
+    log="$dir/fuzz-$t.log"
+    mkdir -p "$corpus" "$artifacts"
+    echo "fuzz.sh: $t for ${seconds}s (log: $log)"
+    rc=0
+    # shellcheck disable=SC2086  # flags are words
+    nice -n 15 "${runner[@]}" "$dir/tests/fuzz/vlake_fuzz_$t" ${flags[$t]} -max_total_time="$seconds" \
+      -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$artifacts/" \
+      "$corpus" "${seeds[$t]}" >"$log" 2>&1 || rc=$?
+    execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
+    rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
+    last="$(grep -a -E '^#[0-9]+' "$log" | tail -1 || true)"
+    cov="$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")"
+    corp="$(sed -n 's/.* corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p' <<<"$last")"
+    status=ok
+    if ((rc != 0)); then
+      status="FAILED (exit $rc)"
+      failed+=("$t")
+      echo "fuzz.sh: $t failed; the end of its log:" >&2
+      tail -n 40 "$log" >&2
+      ls "$artifacts" >&2
+    fi
+    summary+=("$(printf '%-6s %6ss %12s execs %9s/s  corpus %-12s cov %-6s %s' "$t" "$seconds" "${execs:-?}" \
+      "${rate:-?}" "${corp:-?}" "${cov:-?}" "$status")")
+  done
+fi
+
+took=$((SECONDS - start))
+echo "fuzz.sh: summary (build and seed replay $((build_took / 60))m$((build_took % 60))s," \
+  "total $((took / 60))m$((took % 60))s)"
+((${#summary[@]})) && printf '  %s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi
