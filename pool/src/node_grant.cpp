@@ -39,21 +39,11 @@ Refused Node::refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal wh
     ++counters_.denials_tenant_limit;
     detail = "tenant limit: used " + std::to_string(reply.used) + " of " + std::to_string(reply.limit);
   }
-  // One line per tenant and second; the rest are counted into the next line.
-  Tenant& tm = tenants_.at(t.id.value());
-  const std::string line = "tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
-                           std::to_string(dev.ordinal.value()) + " refused (" + detail + ")";
-  if (now.steady - tm.last_refusal_log >= std::chrono::seconds(1)) {
-    const std::string note = tm.refusals_unlogged == 0
-                                 ? std::string()
-                                 : " (" + std::to_string(tm.refusals_unlogged) + " earlier refusal(s) not logged)";
-    log_.info(line + note);
-    tm.last_refusal_log = now.steady;
-    tm.refusals_unlogged = 0;
-  } else {
-    ++tm.refusals_unlogged;
-    log_.debug(line);
-  }
+  // Rate-limited per tenant (a refused flood must not flood the log).
+  limited_.info("refusal " + t.name,
+                "tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+                    std::to_string(dev.ordinal.value()) + " refused (" + detail + ")",
+                now.steady);
   return Refused{reply};
 }
 
@@ -73,6 +63,19 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   const Tenant& t = tenants_.at(s.tenant.value());
   const Bytes bytes = round_up(Bytes{m.bytes}, dev->granularity);
   reply.bytes = bytes.value();
+  last_now_ = std::max(last_now_, now.steady);
+  if (const std::size_t held = grants_of(t.id); held >= settings_.max_grants_per_tenant) {
+    // The grant cap (docs/daemon.md, "Limits"): used/limit carry the grant count and the cap.
+    ++counters_.denials_grant_cap;
+    reply.status = proto::Status::limit_reached;
+    reply.used = held;
+    reply.limit = settings_.max_grants_per_tenant;
+    limited_.warn("grant cap " + t.name,
+                  "tenant " + t.name + ": grant refused: grant cap: " + std::to_string(held) + " of " +
+                      std::to_string(settings_.max_grants_per_tenant) + " grants (vlaked --max-grants-per-tenant)",
+                  now.steady);
+    return Refused{reply};
+  }
 
   Accounting::Usage before{};
   Refusal why = Refusal::none;
@@ -84,8 +87,13 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
   if (!slot) {
     ++counters_.denials_other;
-    log_.error("grant table full (" + std::to_string(st::kMaxGrants) + " grants)");
-    reply.status = proto::Status::internal;
+    limited_.write(LogLevel::error, "grant table",
+                   "tenant " + t.name + ": grant refused: grant table full: " + std::to_string(grants_.size()) +
+                       " of " + std::to_string(st::kMaxGrants) + " grants in use",
+                   now.steady);
+    reply.status = proto::Status::limit_reached;
+    reply.used = grants_.size();
+    reply.limit = st::kMaxGrants;
     return Refused{reply};  // the reservation rolls back
   }
   Grant g;
