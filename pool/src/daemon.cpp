@@ -468,7 +468,8 @@ int Daemon::Impl::run() {
         }
         retry_parked();
       } catch (const std::exception& e) {
-        log_.error(std::string("event handling failed: ") + e.what());
+        node_->log_limiter().write(LogLevel::error, "event", std::string("event handling failed: ") + e.what(),
+                                   std::chrono::steady_clock::now());
       }
       publisher_->publish(*node_);
     }

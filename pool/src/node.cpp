@@ -188,8 +188,14 @@ bool Node::free_tenant_if_idle(TenantId id) {
 }
 
 std::size_t Node::free_idle_tenants() {
+  // One pass over sessions and grants; only tenants holding neither are checked further.
+  std::set<std::uint32_t> busy;
+  for (const auto& [id, sess] : sessions_) busy.insert(sess.tenant.value());
+  for (const auto& [id, g] : grants_) busy.insert(g.tenant.value());
   std::vector<TenantId> ids;
-  for (const auto& [tid, t] : tenants_) ids.push_back(t.id);
+  for (const auto& [tid, t] : tenants_) {
+    if (busy.count(tid) == 0) ids.push_back(t.id);
+  }
   std::size_t n = 0;
   for (TenantId id : ids) n += free_tenant_if_idle(id) ? 1 : 0;
   return n;

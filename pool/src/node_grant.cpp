@@ -140,31 +140,38 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       if (retry != nullptr) {
         if (now.steady < retry->deadline) return Parked{};
         ++counters_.parked_timeouts;
-        log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " + std::to_string(bytes.value()) +
-                  " bytes (session " + std::to_string(s.id) + ") waited " +
-                  std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory");
+        limited_.write(LogLevel::info, "parked " + t.name,
+                       "GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " +
+                           std::to_string(bytes.value()) + " bytes (session " + std::to_string(s.id) + ") waited " +
+                           std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory",
+                       steady_now());
       } else if (settings_.pressure_wait.count() > 0) {
         const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
         std::vector<PressureNote> notes = pressure_for(s, *dev, shortfall);
         if (!notes.empty()) {
           parked_.push_back(ParkedGrant{conn, s.id, m, now.steady, now.steady + settings_.pressure_wait});
           ++counters_.grants_parked;
-          log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
-                    " bytes (session " + std::to_string(s.id) + ") parked for up to " +
-                    std::to_string(settings_.pressure_wait.count()) + " ms while reserves are returned");
+          limited_.write(LogLevel::info, "parked " + t.name,
+                         "GPU " + std::to_string(dev->ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
+                             " bytes (session " + std::to_string(s.id) + ") parked for up to " +
+                             std::to_string(settings_.pressure_wait.count()) + " ms while reserves are returned",
+                         steady_now());
           return Parked{std::move(notes)};
         }
       }
       ++counters_.denials_out_of_memory;
       reply.status = proto::Status::out_of_memory;
-      log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " + std::to_string(bytes.value()) +
-                " bytes (tenant " + t.name + ")");
+      limited_.write(LogLevel::info, "no memory " + t.name,
+                     "GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " +
+                         std::to_string(bytes.value()) + " bytes (tenant " + t.name + ")",
+                     steady_now());
       return Refused{reply};
     } catch (const std::exception& e) {
       grant_slots_[*slot] = false;
       ++counters_.denials_other;
       reply.status = proto::Status::internal;
-      log_.error("GPU " + std::to_string(dev->ordinal.value()) + ": grant failed: " + e.what());
+      limited_.write(LogLevel::error, "grant failed",
+                     "GPU " + std::to_string(dev->ordinal.value()) + ": grant failed: " + e.what(), steady_now());
       return Refused{reply};
     }
   }
@@ -323,9 +330,11 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
     n.msg.bytes = shortfall.value();
     n.msg.reason = proto::PressureReason::pool_exhausted;
     notes.push_back(n);
-    log_.info("GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
-              std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes) for " +
-              std::to_string(shortfall.value()) + " bytes");
+    limited_.write(LogLevel::info, "pressure",
+                   "GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
+                       std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes) for " +
+                       std::to_string(shortfall.value()) + " bytes",
+                   steady_now());
   }
   counters_.pressure_sent += notes.size();
   return notes;

@@ -267,26 +267,34 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
   if ((m.flags & proto::kShareTransparent) != 0 && m.first_piece == 0 && t.dedup != quota::DedupMode::transparent) {
     // Transparent mode (docs/dedup.md): only for tenants of a `dedup: transparent` namespace.
     // Cheap: nothing is planned. The hook asks once per connection and then stops.
-    log_.info("tenant " + t.name + ": transparent share of grant " + std::to_string(g.id) +
-              " refused: its namespace is not in dedup transparent mode");
+    limited_.write(LogLevel::info, "share " + t.name,
+                   "tenant " + t.name + ": transparent share of grant " + std::to_string(g.id) +
+                       " refused: its namespace is not in dedup transparent mode",
+                   steady_now());
     return answer(proto::Status::dedup_disabled);
   }
   const Dedup::Plan* plan = nullptr;
   if (m.first_piece == 0) {
     if (g.purpose != proto::GrantPurpose::alloc || g.orphaned || g.canary || g.handles.empty() ||
         dedup().is_shared(g.id)) {
-      log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) +
-                " cannot be shared (not a live alloc grant, canary guard, or shared already)");
+      limited_.write(LogLevel::info, "share " + t.name,
+                     "tenant " + t.name + ": grant " + std::to_string(g.id) +
+                         " cannot be shared (not a live alloc grant, canary guard, or shared already)",
+                     steady_now());
       return answer(proto::Status::bad_request);
     }
     changes_.devices = true;
     try {
       plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, g.handles, Bytes{m.offset}, Bytes{m.bytes});
     } catch (const PoolOutOfMemory&) {
-      log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies");
+      limited_.write(LogLevel::info, "share " + t.name,
+                     "tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies",
+                     steady_now());
       return answer(proto::Status::out_of_memory);
     } catch (const std::exception& e) {
-      log_.error("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " failed: " + e.what());
+      limited_.write(LogLevel::error, "share " + t.name,
+                     "tenant " + t.name + ": share of grant " + std::to_string(g.id) + " failed: " + e.what(),
+                     steady_now());
       return answer(proto::Status::internal);
     }
   } else {
@@ -351,12 +359,17 @@ std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t sessio
     dedup().commit(s.id, g.handles, *dev.pool, s.tenant);
     g.handle_count = static_cast<std::uint32_t>(g.handles.size());
     ack.shared_bytes = shared;
-    log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) + " shares " + std::to_string(shared) +
-              " bytes read-only on GPU " + std::to_string(dev.ordinal.value()) + " (" + std::to_string(merged) +
-              " merged with existing chunks, " + std::to_string(copied) + " copied privately)");
+    limited_.write(LogLevel::info, "share " + t.name,
+                   "tenant " + t.name + ": grant " + std::to_string(g.id) + " shares " + std::to_string(shared) +
+                       " bytes read-only on GPU " + std::to_string(dev.ordinal.value()) + " (" +
+                       std::to_string(merged) + " merged with existing chunks, " + std::to_string(copied) +
+                       " copied privately)",
+                   steady_now());
   } else {
     dedup().abort(s.id, *dev.pool, s.tenant);
-    log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook");
+    limited_.write(LogLevel::info, "share " + t.name,
+                   "tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook",
+                   steady_now());
   }
   changes_.grants.insert(g.slot);
   changes_.devices = true;
