@@ -611,3 +611,42 @@ TEST_CASE("node: log lines a tenant triggers are rate-limited and counted", "[no
   // 20 lines in a row (the burst) at one instant; the other 180 are suppressed and counted.
   CHECK(w.node->counters().log_suppressed == 180);
 }
+
+TEST_CASE("node: a full session table refuses with limit_reached and a clear text", "[node][limits]") {
+  NodeSettings settings;
+  settings.max_sessions_per_tenant = st::kMaxSessions;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i) w.hello(i + 1, 1000 + i, 1000 + i % 8);
+  const Fatal f = refused_hello(w, 9000, 9000, 1001);
+  CHECK(f.status == proto::Status::limit_reached);
+  CHECK(f.text == "session table full: 1024 of 1024 sessions in use");
+  CHECK(w.node->counters().denials_other == 1);
+  // A new uid refused for the table does not keep a tenant record.
+  const Fatal g = refused_hello(w, 9001, 9001, 5555);
+  CHECK(g.text == "session table full: 1024 of 1024 sessions in use");
+  CHECK_FALSE(has_tenant(*w.node, "uid:5555"));
+}
+
+TEST_CASE("node: an allocation's tenant lives while its allocation or a session does", "[node][limits][k8s]") {
+  World w("version: 1\ndefault: {limit: 100%}\n");
+  AllocationInfo a;
+  a.id = "00000000000000aa";
+  a.device = DeviceOrdinal{0};
+  a.bytes = 64_MiB;
+  w.node->allocation_added(a);
+  const auto s = w.hello(1, 100, 0, false, a.id);
+  CHECK(w.tenant_of(s) == "alloc:00000000000000aa");
+  w.granted(1, s, 2 * kMiB);
+  w.node->end_session(s, "test");
+  // The allocation is still there: its tenant stays (a pod's next process gets it back).
+  CHECK(has_tenant(*w.node, "alloc:00000000000000aa"));
+  CHECK(w.node->free_idle_tenants() == 0);
+  const auto s2 = w.hello(2, 101, 0, false, a.id);
+  // The allocation goes while a session lives: the tenant goes with the session's end.
+  w.node->allocation_removed(a.id);
+  CHECK(has_tenant(*w.node, "alloc:00000000000000aa"));
+  const std::uint64_t freed = w.node->counters().tenants_freed;
+  w.node->end_session(s2, "test");
+  CHECK_FALSE(has_tenant(*w.node, "alloc:00000000000000aa"));
+  CHECK(w.node->counters().tenants_freed == freed + 1);
+}
