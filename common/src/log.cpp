@@ -87,3 +87,56 @@ void Logger::write(LogLevel l, std::string_view msg) const noexcept {
 }
 
 }  // namespace vlake
+
+namespace vlake {
+
+LogLimiter::Bucket& LogLimiter::bucket(std::string_view key, Clock::time_point now) {
+  auto it = buckets_.find(std::string(key));
+  if (it != buckets_.end()) return it->second;
+  if (buckets_.size() >= kMaxKeys) {
+    // Forget keys that refilled and hold nothing pending: they would start the same way.
+    for (auto k = buckets_.begin(); k != buckets_.end();) {
+      const double elapsed = std::chrono::duration<double>(now - k->second.last).count();
+      if (k->second.dropped == 0 && k->second.tokens + elapsed * rate_ >= burst_) {
+        k = buckets_.erase(k);
+      } else {
+        ++k;
+      }
+    }
+    if (buckets_.size() >= kMaxKeys) return overflow_;
+  }
+  Bucket fresh;
+  fresh.tokens = burst_;
+  fresh.last = now;
+  return buckets_.emplace(std::string(key), fresh).first->second;
+}
+
+bool LogLimiter::write(LogLevel level, std::string_view key, std::string_view msg, Clock::time_point now) noexcept {
+  try {
+    Bucket& b = bucket(key, now);
+    if (now > b.last) {
+      b.tokens = std::min(burst_, b.tokens + std::chrono::duration<double>(now - b.last).count() * rate_);
+      b.last = now;
+    }
+    if (b.tokens < 1.0) {
+      ++b.dropped;
+      ++suppressed_;
+      if (counter_ != nullptr) ++*counter_;
+      return false;
+    }
+    b.tokens -= 1.0;
+    if (b.dropped == 0) {
+      log_.write(level, msg);
+    } else {
+      const std::uint64_t n = b.dropped;
+      b.dropped = 0;
+      log_.write(level,
+                 std::string(msg) + " (" + std::to_string(n) + " similar line" + (n == 1 ? "" : "s") + " suppressed)");
+    }
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace vlake

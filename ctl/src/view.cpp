@@ -159,6 +159,15 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
       {"denials_guarantee", c.denials_guarantee},
       {"config_reloads", c.config_reloads},
       {"config_reload_errors", c.config_reload_errors},
+      {"denials_session_cap", c.denials_session_cap},
+      {"denials_grant_cap", c.denials_grant_cap},
+      {"denials_tenant_table", c.denials_tenant_table},
+      {"denials_connection_cap", c.denials_connection_cap},
+      {"denials_unauthenticated", c.denials_unauthenticated},
+      {"guard_events_rejected", c.guard_events_rejected},
+      {"guard_events_limited", c.guard_events_limited},
+      {"log_suppressed", c.log_suppressed},
+      {"tenants_freed", c.tenants_freed},
   };
   return v;
 }

@@ -252,6 +252,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   set(denials, {{"reason", "out_of_memory"}}, d(c.denials_out_of_memory));
   set(denials, {{"reason", "unknown_device"}}, d(c.denials_unknown_device));
   set(denials, {{"reason", "other"}}, d(c.denials_other));
+  set(denials, {{"reason", "grant_cap"}}, d(c.denials_grant_cap));
   set(F.counter("vlake_releases_total", "grants returned"), {}, d(c.releases));
   set(F.counter("vlake_process_exits_total", "sessions ended by their process dying"), {}, d(c.process_exits));
   set(F.counter("vlake_scrubs_total", "handles zeroed before changing tenant"), {}, d(c.scrubs));
@@ -306,6 +307,18 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   set(guard, {{"kind", "fault"}}, d(c.guard_violations_fault));
   set(guard, {{"kind", "canary"}}, d(c.guard_violations_canary));
   set(guard, {{"kind", "readonly"}}, d(c.guard_violations_readonly));
+  // Limits against hostile tenants (docs/daemon.md, "Limits").
+  MetricFamily& refused =
+      F.counter("vlake_connection_denials_total", "Hellos and connections refused by a limit (docs/daemon.md)");
+  set(refused, {{"reason", "session_cap"}}, d(c.denials_session_cap));
+  set(refused, {{"reason", "tenant_table"}}, d(c.denials_tenant_table));
+  set(refused, {{"reason", "connection_cap"}}, d(c.denials_connection_cap));
+  set(refused, {{"reason", "unauthenticated"}}, d(c.denials_unauthenticated));
+  MetricFamily& dropped = F.counter("vlake_guard_events_dropped_total", "guard events from hooks not recorded");
+  set(dropped, {{"reason", "rejected"}}, d(c.guard_events_rejected));
+  set(dropped, {{"reason", "limited"}}, d(c.guard_events_limited));
+  set(F.counter("vlake_log_lines_suppressed_total", "log lines dropped by rate limits"), {}, d(c.log_suppressed));
+  set(F.counter("vlake_tenants_freed_total", "tenant records freed (nothing held)"), {}, d(c.tenants_freed));
   return F.take();
 }
 

@@ -149,9 +149,15 @@ std::string DaemonClient::last_error() const {
   return last_error_;
 }
 
+bool DaemonClient::refused() const {
+  std::lock_guard lock(mu_);
+  return refused_;
+}
+
 // Opens the socket and says Hello (with the old session, if any). Caller holds mu_.
 bool DaemonClient::connect_locked() {
   fd_.reset();
+  refused_ = false;
   UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!s) {
     last_error_ = std::string("socket: ") + std::strerror(errno);
@@ -183,9 +189,15 @@ bool DaemonClient::connect_locked() {
   hello.flags = pressure_ ? proto::kHelloPressure : 0u;
   std::snprintf(hello.client, sizeof hello.client, "vlake-hook 0.1.0");
   proto::HelloAck ack{};
+  last_error_status_ = proto::Status::ok;
   const Io io = roundtrip_locked(hello, ack, nullptr);
   if (io != Io::ok) {
     if (io == Io::broken) last_error_ = "the daemon closed the connection during Hello";
+    if (last_error_status_ == proto::Status::limit_reached) {
+      // Reachable, but at a limit: last_error_ carries the daemon's text.
+      refused_ = true;
+      last_error_ = "vlaked refused this process (" + last_error_.substr(std::string("daemon error: ").size()) + ")";
+    }
     fd_.reset();
     return false;
   }
@@ -253,6 +265,7 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::v
     keep_pressure_locked(*p);
   }
   if (const proto::Error* err = d->get<proto::Error>()) {
+    last_error_status_ = err->status;
     last_error_ = "daemon error: ";
     last_error_.append(err->message, strnlen(err->message, sizeof err->message));
     return Io::failed;

@@ -11,7 +11,10 @@
 //   cannot be opened is not retried within the same call, and later calls try again at most
 //   once per second (so a missing daemon costs a failed connect(), not a wait, per call).
 // - grant()/usage() return nullopt when the daemon is unreachable (last_error() says why);
-//   the caller applies the VLAKE_ON_UNREACHABLE policy. A timeout or a malformed reply closes
+//   the caller applies the VLAKE_ON_UNREACHABLE policy. A daemon that answered the Hello with
+//   Error(limit_reached) (a cap or a full table: docs/daemon.md, "Limits") is reachable but
+//   refuses this process: refused() is then true and last_error() is the daemon's text; the
+//   caller refuses (no passthrough). A timeout or a malformed reply closes
 //   the connection and counts as unreachable for that call.
 // - release() that cannot reach the daemon is queued and sent after the next successful
 //   (re)connection.
@@ -95,6 +98,8 @@ class DaemonClient {
   [[nodiscard]] std::uint64_t granularity() const;
   [[nodiscard]] std::string tenant_name() const;
   [[nodiscard]] std::string last_error() const;
+  // The last failure was the daemon refusing the Hello for a limit (not unreachability).
+  [[nodiscard]] bool refused() const;
   [[nodiscard]] const std::string& socket_path() const noexcept { return path_; }
 
   void prepare_fork() noexcept;
@@ -126,6 +131,8 @@ class DaemonClient {
   proto::GuardMode guard_mode_ = proto::GuardMode::off;
   std::uint64_t granularity_ = 0;
   std::string last_error_;
+  bool refused_ = false;               // the last connect failed on Error(limit_reached)
+  proto::Status last_error_status_{};  // status of the last Error reply (ok: none)
   std::chrono::steady_clock::time_point retry_after_{};
   std::vector<std::pair<std::uint64_t, std::uint32_t>> pending_releases_;
   std::mutex pressure_mu_;  // after mu_ when both are held

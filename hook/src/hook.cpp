@@ -172,6 +172,12 @@ void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t reque
         "%s refused%s",
         dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
         format_bytes(requested).c_str(), note.c_str());
+  } else if (g.status == Status::limit_reached) {
+    log(LogLevel::error,
+        "out of memory on GPU %d: tenant %s holds %llu of its %llu grants (vlaked's grant cap, or its grant table "
+        "is full); request of %s refused%s",
+        dev, tenant.c_str(), static_cast<unsigned long long>(g.used), static_cast<unsigned long long>(g.limit),
+        format_bytes(requested).c_str(), note.c_str());
   } else if (g.status == Status::guarantee) {
     log(LogLevel::error,
         "out of memory on GPU %d: the rest of the GPU is guaranteed to other namespaces; tenant %s "
@@ -213,6 +219,16 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
   }();
   if (!g) {
     const std::string why = s.client.last_error();
+    if (s.client.refused()) {
+      // The daemon is there and refuses this process for a limit: never a passthrough.
+      std::uint64_t suppressed = 0;
+      if (s.refusals.allow(suppressed)) {
+        log(LogLevel::error, "%s; request of %s on GPU %d refused%s", why.c_str(), format_bytes(bytes).c_str(), dev,
+            suppressed_note(suppressed).c_str());
+      }
+      out.rc = CUDA_ERROR_OUT_OF_MEMORY;
+      return out;
+    }
     if (s.config.on_unreachable == OnUnreachable::passthrough) {
       if (!s.passthrough_warned.exchange(true)) {
         log(LogLevel::warn,

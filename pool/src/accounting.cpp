@@ -104,6 +104,19 @@ void Accounting::assign(TenantId t, NamespaceId n) {
   tenant_ns_[t.value()] = n;
 }
 
+bool Accounting::remove_tenant(TenantId t) {
+  std::lock_guard lock(mu_);
+  for (const auto& [k, u] : map_) {
+    if (k.t == t && (u.granted.value() != 0 || u.nonpool.value() != 0 || u.reserved.value() != 0)) return false;
+  }
+  for (auto it = map_.begin(); it != map_.end();) {
+    if (it->first.t == t) it = map_.erase(it);
+    else ++it;
+  }
+  tenant_ns_.erase(t.value());
+  return true;
+}
+
 NamespaceId Accounting::namespace_of(TenantId t) const {
   std::lock_guard lock(mu_);
   return ns_of_locked(t);

@@ -8,6 +8,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -39,6 +40,7 @@
 #include "vlake/contracts/codec.hpp"
 #include "vlake/contracts/state.hpp"
 #include "vlake/exporter/server.hpp"
+#include "vlake/pool/conn_limits.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/publisher.hpp"
@@ -110,6 +112,21 @@ void drain(int fd) {
   (void)!::read(fd, &expirations, sizeof expirations);
 }
 
+// Raises the descriptor limit's soft value to the hard one (every connection is a descriptor);
+// returns the soft limit in force.
+rlim_t raise_nofile() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    want.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &want) == 0) return want.rlim_cur;
+  }
+  return rl.rlim_cur;
+}
+
+UniqueFd open_reserve_fd() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
+
 }  // namespace
 
 class Daemon::Impl {
@@ -135,7 +152,11 @@ class Daemon::Impl {
   void bind_socket();
 
   // loop
-  void on_accept(int listen_fd, const std::string& alloc_id);
+  void on_accept(int listen_fd, const std::string& alloc_id, Source src, std::uint64_t src_serial);
+  bool accept_without_descriptors(int listen_fd, int err, Source src, std::uint64_t src_serial);
+  void resume_accepting();
+  void on_hello_timer();
+  void arm_hello_timer();
   void on_signal();
   void on_timer();
   void on_readable(ConnId serial);
@@ -177,6 +198,15 @@ class Daemon::Impl {
   UniqueFd signal_fd_;
   UniqueFd timer_fd_;
   UniqueFd park_timer_fd_;
+  UniqueFd hello_timer_fd_;
+  ConnLimits conn_limits_;
+  UniqueFd reserve_fd_;  // closed to accept-and-close a connection when out of descriptors
+  struct Paused {
+    int fd;
+    Source src;
+    std::uint64_t serial;
+  };
+  std::vector<Paused> paused_;  // listeners not polled until the next tick (out of descriptors)
   bool stop_ = false;
   bool socket_bound_ = false;
 };
@@ -184,7 +214,12 @@ class Daemon::Impl {
 // ---------------------------------------------------------------------------------------------
 // start-up
 
-Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log), config_watch_(o.config, log) {
+Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
+    : opts_(o),
+      log_(log),
+      config_watch_(o.config, log),
+      conn_limits_(ConnLimitSettings{o.max_connections_per_uid, o.max_unauthenticated, o.max_unauthenticated_per_uid,
+                                     o.hello_timeout}) {
   // SIGTERM/SIGINT/SIGHUP arrive through the signalfd; SIGPIPE never kills the daemon.
   sigset_t set;
   sigemptyset(&set);
@@ -195,6 +230,8 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log), c
   ::signal(SIGPIPE, SIG_IGN);
 
   take_lock();
+  const rlim_t nofile = raise_nofile();
+  reserve_fd_ = open_reserve_fd();
   bool from_file = false;
   quota::QuotaConfig config = load_config(from_file);
   try {
@@ -209,6 +246,10 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log), c
   settings.pressure_wait = opts_.pressure_wait;
   settings.canary_interval = opts_.canary_interval;
   settings.daemon_pid = static_cast<std::uint32_t>(::getpid());
+  settings.max_sessions_per_tenant = opts_.max_sessions_per_tenant;
+  settings.max_grants_per_tenant = opts_.max_grants_per_tenant;
+  settings.guard_event_rate = opts_.guard_event_rate;
+  settings.guard_event_burst = opts_.guard_event_burst;
   try {
     node_ = std::make_unique<Node>(*driver_, log_, settings, NodeEnv{supplementary_groups, now});
   } catch (const std::exception& e) {
@@ -269,7 +310,9 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log), c
   timer_fd_ = make_timer();
   arm(timer_fd_.get(), opts_.sample_interval, opts_.sample_interval);
   park_timer_fd_ = make_timer();
+  hello_timer_fd_ = make_timer();
   poller_.add(listen_fd_.get(), Source::listen, 0);
+  poller_.add(hello_timer_fd_.get(), Source::hello, 0);
   poller_.add(signal_fd_.get(), Source::signal, 0);
   poller_.add(timer_fd_.get(), Source::timer, 0);
   poller_.add(park_timer_fd_.get(), Source::park, 0);
@@ -286,6 +329,12 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log), c
   publisher_->publish(*node_, now().unix_ns);
   log_.info("serving " + opts_.socket + " (" + std::to_string(node_->devices().size()) + " GPU(s), driver " +
             driver_->name() + ", state " + st::segment_path(opts_.state) + ")");
+  log_.info("limits: " + std::to_string(opts_.max_sessions_per_tenant) + " sessions and " +
+            std::to_string(opts_.max_grants_per_tenant) + " grants per tenant, " +
+            std::to_string(opts_.max_connections_per_uid) + " connections per uid, " +
+            std::to_string(opts_.max_unauthenticated) + " awaiting Hello (" +
+            std::to_string(opts_.max_unauthenticated_per_uid) + " per uid, " +
+            std::to_string(opts_.hello_timeout.count()) + " ms), " + std::to_string(nofile) + " descriptors");
 }
 
 Daemon::Impl::~Impl() {
@@ -394,7 +443,7 @@ int Daemon::Impl::run() {
       const std::uint64_t serial = Poller::serial_of(t);
       try {
         switch (Poller::source_of(t)) {
-          case Source::listen: on_accept(listen_fd_.get(), std::string()); break;
+          case Source::listen: on_accept(listen_fd_.get(), std::string(), Source::listen, 0); break;
           case Source::signal: on_signal(); break;
           case Source::timer: on_timer(); break;
           case Source::conn: on_readable(serial); break;
@@ -408,9 +457,10 @@ int Daemon::Impl::run() {
           case Source::config_result:
             if (auto o = config_watch_.on_result()) apply_config(std::move(*o));
             break;
+          case Source::hello: on_hello_timer(); break;
           case Source::alloc_listen: {
             const auto [fd, id] = alloc_watch_->listener(serial);
-            if (fd >= 0) on_accept(fd, id);
+            if (fd >= 0) on_accept(fd, id, Source::alloc_listen, serial);
             break;
           }
           case Source::alloc_watch: alloc_watch_->on_watch(poller_, *node_); break;
@@ -418,7 +468,8 @@ int Daemon::Impl::run() {
         }
         retry_parked();
       } catch (const std::exception& e) {
-        log_.error(std::string("event handling failed: ") + e.what());
+        node_->log_limiter().write(LogLevel::error, "event", std::string("event handling failed: ") + e.what(),
+                                   std::chrono::steady_clock::now());
       }
       publisher_->publish(*node_);
     }
@@ -427,28 +478,111 @@ int Daemon::Impl::run() {
   return 0;
 }
 
-void Daemon::Impl::on_accept(int listen_fd, const std::string& alloc_id) {
-  for (;;) {
+void Daemon::Impl::on_accept(int listen_fd, const std::string& alloc_id, Source src, std::uint64_t src_serial) {
+  // A bounded batch per event, so that a connection flood cannot starve the other sources.
+  for (int batch = 0; batch < 256; ++batch) {
     UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      log_.warn(std::string("accept: ") + std::strerror(errno));
+      if ((errno == EMFILE || errno == ENFILE) && accept_without_descriptors(listen_fd, errno, src, src_serial))
+        continue;
+      node_->log_limiter().warn("accept", std::string("accept: ") + std::strerror(errno),
+                                std::chrono::steady_clock::now());
       return;
     }
+    const auto t = std::chrono::steady_clock::now();
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      log_.warn(std::string("SO_PEERCRED: ") + std::strerror(errno));
+      node_->log_limiter().warn("accept", std::string("SO_PEERCRED: ") + std::strerror(errno), t);
       continue;
     }
     const ConnId serial = next_conn_++;
+    const std::string peer = ConnLimits::peer_of(cred.uid, alloc_id);
+    const ConnLimits::Admit admit = conn_limits_.admit(serial, peer, t);
+    if (admit != ConnLimits::Admit::ok) {
+      // Closed at once: nothing is read from it, nothing is sent.
+      if (admit == ConnLimits::Admit::peer_cap) node_->count_connection_cap();
+      else node_->count_unauthenticated();
+      node_->log_limiter().warn(
+          "connection refused " + peer,
+          "connection from pid " + std::to_string(cred.pid) + " closed: " + conn_limits_.describe(admit, peer), t);
+      continue;
+    }
     poller_.add(fd.get(), Source::conn, serial);
     log_.debug("connection " + std::to_string(serial) + " from pid " + std::to_string(cred.pid) + " uid " +
                std::to_string(cred.uid) + (alloc_id.empty() ? std::string() : " on allocation " + alloc_id));
     conns_.emplace(serial,
                    Connection{std::move(fd), static_cast<std::uint32_t>(cred.pid), cred.uid, cred.gid, 0, alloc_id});
+    if (conn_limits_.unauthenticated() == 1) arm_hello_timer();
   }
+}
+
+// Out of descriptors: the pending connection would make the listener readable forever. Closes
+// the reserve descriptor to accept it and close it at once, then takes the reserve back; when
+// even that fails, the listener is not polled until the next tick. Returns true if a connection
+// was taken off the queue.
+bool Daemon::Impl::accept_without_descriptors(int listen_fd, int err, Source src, std::uint64_t src_serial) {
+  const auto t = std::chrono::steady_clock::now();
+  node_->count_connection_cap();
+  node_->log_limiter().warn("accept descriptors",
+                            std::string("accept: ") + std::strerror(err) +
+                                ": out of descriptors; closing new connections at once (see --max-connections-per-uid)",
+                            t);
+  reserve_fd_.reset();
+  UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
+  const bool took = static_cast<bool>(fd);
+  fd.reset();
+  reserve_fd_ = open_reserve_fd();
+  if (took && reserve_fd_) return true;
+  // Stop polling this listener until the next tick (no busy loop).
+  poller_.del(listen_fd);
+  paused_.push_back(Paused{listen_fd, src, src_serial});
+  return false;
+}
+
+void Daemon::Impl::resume_accepting() {
+  if (!reserve_fd_) reserve_fd_ = open_reserve_fd();
+  for (const Paused& p : paused_) {
+    // An allocation's socket may have gone (and its number been reused) meanwhile.
+    if (p.src == Source::alloc_listen && (!alloc_watch_ || alloc_watch_->listener(p.serial).first != p.fd)) continue;
+    try {
+      poller_.add(p.fd, p.src, p.serial);
+    } catch (const std::exception&) {
+      // already polled again, or gone
+    }
+  }
+  paused_.clear();
+}
+
+void Daemon::Impl::arm_hello_timer() {
+  const auto deadline = conn_limits_.next_deadline();
+  if (!deadline) {
+    arm(hello_timer_fd_.get(), std::chrono::nanoseconds(0), std::chrono::nanoseconds(0));
+    return;
+  }
+  const auto wait =
+      std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(1), *deadline - std::chrono::steady_clock::now());
+  arm(hello_timer_fd_.get(), wait, std::chrono::nanoseconds(0));
+}
+
+void Daemon::Impl::on_hello_timer() {
+  drain(hello_timer_fd_.get());
+  const auto t = std::chrono::steady_clock::now();
+  const std::vector<std::uint64_t> late = conn_limits_.expired(t);
+  for (std::uint64_t serial : late) {
+    auto it = conns_.find(serial);
+    if (it == conns_.end()) continue;
+    node_->count_unauthenticated();
+    node_->log_limiter().warn("hello timeout uid " + std::to_string(it->second.uid),
+                              "connection " + std::to_string(serial) + " (pid " + std::to_string(it->second.pid) +
+                                  ", uid " + std::to_string(it->second.uid) + ") closed: no Hello within " +
+                                  std::to_string(opts_.hello_timeout.count()) + " ms (vlaked --hello-timeout-ms)",
+                              t);
+    close_connection(serial);
+  }
+  arm_hello_timer();
 }
 
 void Daemon::Impl::on_signal() {
@@ -466,6 +600,7 @@ void Daemon::Impl::on_signal() {
 
 void Daemon::Impl::on_timer() {
   drain(timer_fd_.get());
+  resume_accepting();
   // Safety net: a process whose pidfd event was somehow missed.
   std::vector<std::uint64_t> dead;
   for (const auto& [id, fd] : pidfds_) {
@@ -485,6 +620,8 @@ void Daemon::Impl::on_timer() {
       nvml_failed_logged_ = true;
     }
   }
+  // Tenants left holding nothing (non-pool usage gone, a reload moved them) are freed.
+  node_->free_idle_tenants();
   publisher_->publish(*node_, t.unix_ns);
 }
 
@@ -549,9 +686,11 @@ void Daemon::Impl::on_readable(ConnId serial) {
   const proto::Header* h = d.header();
   if (!d && d.error().kind != proto::DecodeError::Kind::fields) {
     if (d.error().kind == proto::DecodeError::Kind::version && h != nullptr && h->type == proto::MsgType::hello) {
-      log_.warn("connection " + std::to_string(serial) + " (pid " + std::to_string(c.pid) +
-                "): Hello with protocol version " + std::to_string(h->version) + ", this vlaked speaks " +
-                std::to_string(proto::kVersion) + "; closing");
+      node_->log_limiter().warn("hello version uid " + std::to_string(c.uid),
+                                "connection " + std::to_string(serial) + " (pid " + std::to_string(c.pid) +
+                                    "): Hello with protocol version " + std::to_string(h->version) +
+                                    ", this vlaked speaks " + std::to_string(proto::kVersion) + "; closing",
+                                std::chrono::steady_clock::now());
       return fail(serial, h->request_id, proto::Status::version_mismatch,
                   "vlaked speaks protocol version " + std::to_string(proto::kVersion));
     }
@@ -581,7 +720,9 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
     UniqueFd pidfd(start != 0 ? pidfd_open(c.pid) : -1);
     if (start != 0 && !pidfd) {
       const std::string why = std::string("pidfd_open: ") + std::strerror(errno);
-      log_.error("cannot open a session for pid " + std::to_string(c.pid) + ": " + why);
+      node_->log_limiter().write(LogLevel::error, "pidfd",
+                                 "cannot open a session for pid " + std::to_string(c.pid) + ": " + why,
+                                 std::chrono::steady_clock::now());
       return fail(serial, hello->h.request_id, proto::Status::internal, why);
     }
     HelloOut out = node_->open_session(Peer{serial, c.pid, c.uid, c.gid, start, c.alloc_id}, *hello);
@@ -594,6 +735,7 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
       close_connection(out.close);
     }
     c.session = out.session;
+    conn_limits_.authenticated(serial);
     if (out.opened) {
       poller_.add(pidfd.get(), Source::pidfd, out.session);
       pidfds_[out.session] = std::move(pidfd);
@@ -692,8 +834,10 @@ bool Daemon::Impl::send(ConnId serial, const T& msg, std::span<const int> fds) {
     send_with_fds(it->second.fd.get(), proto::encode(msg), fds);
     return true;
   } catch (const std::exception& e) {
-    log_.warn("connection " + std::to_string(serial) + " (pid " + std::to_string(it->second.pid) +
-              "): cannot send a reply: " + e.what() + "; closing it");
+    node_->log_limiter().warn("send uid " + std::to_string(it->second.uid),
+                              "connection " + std::to_string(serial) + " (pid " + std::to_string(it->second.pid) +
+                                  "): cannot send a reply: " + e.what() + "; closing it",
+                              std::chrono::steady_clock::now());
     return false;
   }
 }
@@ -718,7 +862,9 @@ void Daemon::Impl::deliver(ConnId serial, GrantOut out, std::chrono::steady_cloc
         send_with_fds(it->second.fd.get(), proto::encode(n.msg), {});
       } catch (const std::exception& e) {
         // A client that does not read its socket gets no more; its connection stays.
-        log_.warn("session " + std::to_string(n.session) + ": cannot send Pressure: " + e.what());
+        node_->log_limiter().warn("pressure",
+                                  "session " + std::to_string(n.session) + ": cannot send Pressure: " + e.what(),
+                                  std::chrono::steady_clock::now());
       }
     }
   } else {
@@ -744,8 +890,11 @@ void Daemon::Impl::fail(ConnId serial, std::uint64_t request_id, proto::Status s
 void Daemon::Impl::malformed(ConnId serial, const std::string& reason) {
   auto it = conns_.find(serial);
   if (it == conns_.end()) return;
-  log_.warn("dropping connection " + std::to_string(serial) + " (pid " + std::to_string(it->second.pid) + ", uid " +
-            std::to_string(it->second.uid) + "): malformed message: " + reason);
+  node_->log_limiter().warn("malformed uid " + std::to_string(it->second.uid),
+                            "dropping connection " + std::to_string(serial) + " (pid " +
+                                std::to_string(it->second.pid) + ", uid " + std::to_string(it->second.uid) +
+                                "): malformed message: " + reason,
+                            std::chrono::steady_clock::now());
   node_->count_malformed();
   fail(serial, 0, proto::Status::bad_request, reason);
 }
@@ -755,6 +904,7 @@ void Daemon::Impl::close_connection(ConnId serial) {
   if (it == conns_.end()) return;
   Connection c = std::move(it->second);
   conns_.erase(it);
+  conn_limits_.closed(serial);
   poller_.del(c.fd.get());
   c.fd.reset();
   if (c.session == 0) return;

@@ -242,6 +242,12 @@ std::uint64_t DevicePool::refill(Bytes target, std::uint64_t max_handles) {
   return made;
 }
 
+void DevicePool::forget_tenant(TenantId tenant) noexcept {
+  for (auto& h : free_) {
+    if (h->last_tenant == tenant) h->last_tenant.reset();
+  }
+}
+
 void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser) {
   if (!h) return;
   h->last_tenant = releaser;

@@ -17,10 +17,20 @@ namespace {
 
 std::string cut_name(const std::string& name) { return name.substr(0, st::kTenantNameBytes - 1); }
 
+// The tenant table is full: a Hello is refused with limit_reached (not an internal error).
+class TenantTableFull : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace
 
 Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env)
-    : driver_(driver), log_(log), settings_(settings), env_(std::move(env)) {
+    : driver_(driver),
+      log_(log),
+      settings_(settings),
+      env_(std::move(env)),
+      limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed) {
   const int n = driver_.device_count();
   if (n <= 0) throw std::runtime_error("no GPU found");
   if (static_cast<std::uint32_t>(n) > st::kMaxDevices) {
@@ -126,6 +136,71 @@ void Node::touch_tenant(TenantId id) {
   changes_.devices = true;
 }
 
+std::chrono::steady_clock::time_point Node::steady_now() const { return env_.clock ? env_.clock().steady : last_now_; }
+
+std::size_t Node::sessions_of(TenantId t) const {
+  std::size_t n = 0;
+  for (const auto& [id, s] : sessions_) n += s.tenant == t ? 1 : 0;
+  return n;
+}
+
+std::size_t Node::grants_of(TenantId t) const {
+  std::size_t n = 0;
+  for (const auto& [id, s] : sessions_) n += s.tenant == t ? s.grants.size() : 0;
+  return n;
+}
+
+// Holds nothing: no session (grants belong to sessions), no usage on any GPU, and for an
+// allocation's tenant, no live allocation.
+bool Node::tenant_idle(const Tenant& t) const {
+  if (!t.alloc_id.empty() && allocs_.count(t.alloc_id) != 0) return false;
+  for (const auto& [id, s] : sessions_) {
+    if (s.tenant == t.id) return false;
+  }
+  for (const auto& [id, g] : grants_) {
+    if (g.tenant == t.id) return false;
+  }
+  for (const Device& d : devices_) {
+    const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
+    if (u.granted.value() != 0 || u.nonpool.value() != 0 || u.reserved.value() != 0) return false;
+  }
+  return true;
+}
+
+bool Node::free_tenant_if_idle(TenantId id) {
+  auto it = tenants_.find(id.value());
+  if (it == tenants_.end() || !tenant_idle(it->second)) return false;
+  if (!acct_.remove_tenant(id)) return false;
+  const Tenant& t = it->second;
+  for (const auto& [name, n] : namespaces_) {
+    if (n.id == t.ns) changes_.namespaces.insert(n.slot);  // its tenant count
+  }
+  changes_.tenants.insert(t.slot);
+  changes_.devices = true;
+  // Its id may be reused by another tenant: memory it freed must be scrubbed for anyone.
+  for (Device& d : devices_) d.pool->forget_tenant(id);
+  tenant_slots_[t.slot] = false;
+  tenant_ids_.erase(t.name);
+  log_.debug("tenant " + t.name + " (id " + std::to_string(id.value()) + ") freed: holds nothing");
+  tenants_.erase(it);
+  ++counters_.tenants_freed;
+  return true;
+}
+
+std::size_t Node::free_idle_tenants() {
+  // One pass over sessions and grants; only tenants holding neither are checked further.
+  std::set<std::uint32_t> busy;
+  for (const auto& [id, sess] : sessions_) busy.insert(sess.tenant.value());
+  for (const auto& [id, g] : grants_) busy.insert(g.tenant.value());
+  std::vector<TenantId> ids;
+  for (const auto& [tid, t] : tenants_) {
+    if (busy.count(tid) == 0) ids.push_back(t.id);
+  }
+  std::size_t n = 0;
+  for (TenantId id : ids) n += free_tenant_if_idle(id) ? 1 : 0;
+  return n;
+}
+
 Changes Node::take_changes() {
   Changes c = std::move(changes_);
   changes_ = Changes{};
@@ -159,7 +234,10 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
     t = &tenants_.at(it->second.value());
   } else {
     const std::optional<std::uint32_t> slot = free_slot(tenant_slots_);
-    if (!slot) throw std::runtime_error("tenant table full (" + std::to_string(st::kMaxTenants) + " tenants)");
+    if (!slot) {
+      throw TenantTableFull("tenant table full: " + std::to_string(tenants_.size()) + " of " +
+                            std::to_string(st::kMaxTenants) + " tenants in use; tenant " + name + " cannot be added");
+    }
     const TenantId id{*slot + 1};
     tenant_ids_[name] = id;
     Tenant fresh;
@@ -241,12 +319,17 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       // The process reconnected before the loop saw its old connection close.
       if (sess->conn != 0 && sess->conn != peer.conn) out.close = sess->conn;
     } else {
-      log_.warn("connection " + std::to_string(peer.conn) + " (pid " + std::to_string(peer.pid) +
-                "): cannot re-bind session " + std::to_string(m.old_session) +
-                " (unknown, or opened by another process); opening a new session");
+      limited_.warn("rebind uid " + std::to_string(peer.uid),
+                    "connection " + std::to_string(peer.conn) + " (pid " + std::to_string(peer.pid) +
+                        "): cannot re-bind session " + std::to_string(m.old_session) +
+                        " (unknown, or opened by another process); opening a new session",
+                    steady_now());
     }
   }
   if (sess == nullptr) {
+    const std::chrono::steady_clock::time_point when = steady_now();
+    const std::string who = "pid " + std::to_string(peer.pid) + " uid " + std::to_string(peer.uid) +
+                            (peer.alloc_id.empty() ? std::string() : " allocation " + peer.alloc_id);
     Tenant* t = nullptr;
     try {
       if (!peer.alloc_id.empty()) {
@@ -257,15 +340,35 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       } else {
         t = &tenant_for_uid(peer.uid, peer.gid);
       }
+    } catch (const TenantTableFull& e) {
+      ++counters_.denials_tenant_table;
+      limited_.warn("tenant table", "session refused for " + who + ": " + e.what(), when);
+      out.answer = Fatal{proto::Status::limit_reached, e.what()};
+      return out;
     } catch (const std::exception& e) {
-      log_.error(e.what());
+      limited_.write(LogLevel::error, "session error", "session refused for " + who + ": " + e.what(), when);
       out.answer = Fatal{proto::Status::internal, e.what()};
+      return out;
+    }
+    const TenantId tid = t->id;
+    const std::size_t held = sessions_of(tid);
+    if (held >= settings_.max_sessions_per_tenant) {
+      ++counters_.denials_session_cap;
+      const std::string text = "session cap: tenant " + t->name + " holds " + std::to_string(held) + " of " +
+                               std::to_string(settings_.max_sessions_per_tenant) +
+                               " sessions (vlaked --max-sessions-per-tenant)";
+      limited_.warn("session cap " + t->name, "session refused for " + who + ": " + text, when);
+      out.answer = Fatal{proto::Status::limit_reached, text};
       return out;
     }
     const std::optional<std::uint32_t> slot = free_slot(session_slots_);
     if (!slot) {
-      log_.error("cannot open a session for pid " + std::to_string(peer.pid) + ": session table full");
-      out.answer = Fatal{proto::Status::internal, "session table full"};
+      ++counters_.denials_other;
+      const std::string text = "session table full: " + std::to_string(sessions_.size()) + " of " +
+                               std::to_string(st::kMaxSessions) + " sessions in use";
+      limited_.write(LogLevel::error, "session table", "session refused for " + who + ": " + text, when);
+      out.answer = Fatal{proto::Status::limit_reached, text};
+      free_tenant_if_idle(tid);
       return out;
     }
     Session ns;
@@ -280,12 +383,16 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
     sess = &sessions_.emplace(ns.id, std::move(ns)).first->second;
     ++counters_.sessions_opened;
     out.opened = true;
-    log_.info("session " + std::to_string(sess->id) + ": pid " + std::to_string(peer.pid) + " uid " +
-              std::to_string(peer.uid) + " -> tenant " + t->name + " (limit " + t->limit.to_string() + ")");
+    limited_.info("session",
+                  "session " + std::to_string(sess->id) + ": pid " + std::to_string(peer.pid) + " uid " +
+                      std::to_string(peer.uid) + " -> tenant " + t->name + " (limit " + t->limit.to_string() + ")",
+                  when);
   } else {
     ++counters_.sessions_rebound;
-    log_.info("session " + std::to_string(sess->id) + ": re-bound by pid " + std::to_string(peer.pid) + " (" +
-              std::to_string(sess->grants.size()) + " grant(s))");
+    limited_.info("session",
+                  "session " + std::to_string(sess->id) + ": re-bound by pid " + std::to_string(peer.pid) + " (" +
+                      std::to_string(sess->grants.size()) + " grant(s))",
+                  steady_now());
   }
   sess->conn = peer.conn;
   // Pressure is sent only to sessions whose (latest) Hello asked for it.
@@ -318,8 +425,10 @@ void Node::connection_closed(ConnId conn, std::uint64_t session, bool exited) {
     return;
   }
   touch_session(s);
-  log_.info("session " + std::to_string(s.id) + ": connection closed, process " + std::to_string(s.pid) +
-            " alive: detached with " + std::to_string(s.grants.size()) + " grant(s)");
+  limited_.info("session",
+                "session " + std::to_string(s.id) + ": connection closed, process " + std::to_string(s.pid) +
+                    " alive: detached with " + std::to_string(s.grants.size()) + " grant(s)",
+                steady_now());
 }
 
 ConnId Node::end_session(std::uint64_t session, const char* why) {
@@ -342,9 +451,13 @@ void Node::end_session_locked(Session& s, const char* why) {
   // Its reserve leaves the tenant's and the GPU's figures.
   touch_tenant(s.tenant);
   ++counters_.process_exits;
-  log_.info("session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
-            std::to_string(grant_ids.size()) + " grant(s) returned");
+  limited_.info("session",
+                "session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
+                    std::to_string(grant_ids.size()) + " grant(s) returned",
+                steady_now());
+  const TenantId tenant = s.tenant;
   sessions_.erase(id);
+  free_tenant_if_idle(tenant);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -494,8 +607,16 @@ void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
   reattribute(it->second);
 }
 
-// Sessions opened through it keep their tenant until they end.
-void Node::allocation_removed(const std::string& id) { allocs_.erase(id); }
+// Sessions opened through it keep their tenant until they end; a tenant left holding nothing
+// is freed.
+void Node::allocation_removed(const std::string& id) {
+  allocs_.erase(id);
+  std::vector<TenantId> ids;
+  for (const auto& [tid, t] : tenants_) {
+    if (t.alloc_id == id) ids.push_back(t.id);
+  }
+  for (TenantId t : ids) free_tenant_if_idle(t);
+}
 
 void Node::reattribute(const AllocationInfo& a) {
   Tenant& t = tenant_for_alloc(a);
@@ -629,12 +750,14 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     ++kept_grants;
   }
   changes_.all = true;
+  // Tenants of dead processes are not resurrected: those left holding nothing are freed.
+  const std::size_t freed = free_idle_tenants();
 
   log_.info(std::string("resumed the state of a previous vlaked") +
             (s.header.clean != 0 ? " (graceful stop)" : " (previous daemon died)") + ": " +
             std::to_string(kept.size()) + " live session(s) detached, " + std::to_string(dropped_sessions) +
             " of dead processes dropped; " + std::to_string(kept_grants) + " grant(s) kept (orphaned), " +
-            std::to_string(dropped_grants) + " dropped");
+            std::to_string(dropped_grants) + " dropped; " + std::to_string(freed) + " idle tenant(s) freed");
   return kept;
 }
 

@@ -39,21 +39,11 @@ Refused Node::refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal wh
     ++counters_.denials_tenant_limit;
     detail = "tenant limit: used " + std::to_string(reply.used) + " of " + std::to_string(reply.limit);
   }
-  // One line per tenant and second; the rest are counted into the next line.
-  Tenant& tm = tenants_.at(t.id.value());
-  const std::string line = "tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
-                           std::to_string(dev.ordinal.value()) + " refused (" + detail + ")";
-  if (now.steady - tm.last_refusal_log >= std::chrono::seconds(1)) {
-    const std::string note = tm.refusals_unlogged == 0
-                                 ? std::string()
-                                 : " (" + std::to_string(tm.refusals_unlogged) + " earlier refusal(s) not logged)";
-    log_.info(line + note);
-    tm.last_refusal_log = now.steady;
-    tm.refusals_unlogged = 0;
-  } else {
-    ++tm.refusals_unlogged;
-    log_.debug(line);
-  }
+  // Rate-limited per tenant (a refused flood must not flood the log).
+  limited_.info("refusal " + t.name,
+                "tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
+                    std::to_string(dev.ordinal.value()) + " refused (" + detail + ")",
+                now.steady);
   return Refused{reply};
 }
 
@@ -73,6 +63,19 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   const Tenant& t = tenants_.at(s.tenant.value());
   const Bytes bytes = round_up(Bytes{m.bytes}, dev->granularity);
   reply.bytes = bytes.value();
+  last_now_ = std::max(last_now_, now.steady);
+  if (const std::size_t held = grants_of(t.id); held >= settings_.max_grants_per_tenant) {
+    // The grant cap (docs/daemon.md, "Limits"): used/limit carry the grant count and the cap.
+    ++counters_.denials_grant_cap;
+    reply.status = proto::Status::limit_reached;
+    reply.used = held;
+    reply.limit = settings_.max_grants_per_tenant;
+    limited_.warn("grant cap " + t.name,
+                  "tenant " + t.name + ": grant refused: grant cap: " + std::to_string(held) + " of " +
+                      std::to_string(settings_.max_grants_per_tenant) + " grants (vlaked --max-grants-per-tenant)",
+                  now.steady);
+    return Refused{reply};
+  }
 
   Accounting::Usage before{};
   Refusal why = Refusal::none;
@@ -84,8 +87,13 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
   if (!slot) {
     ++counters_.denials_other;
-    log_.error("grant table full (" + std::to_string(st::kMaxGrants) + " grants)");
-    reply.status = proto::Status::internal;
+    limited_.write(LogLevel::error, "grant table",
+                   "tenant " + t.name + ": grant refused: grant table full: " + std::to_string(grants_.size()) +
+                       " of " + std::to_string(st::kMaxGrants) + " grants in use",
+                   now.steady);
+    reply.status = proto::Status::limit_reached;
+    reply.used = grants_.size();
+    reply.limit = st::kMaxGrants;
     return Refused{reply};  // the reservation rolls back
   }
   Grant g;
@@ -132,31 +140,38 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       if (retry != nullptr) {
         if (now.steady < retry->deadline) return Parked{};
         ++counters_.parked_timeouts;
-        log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " + std::to_string(bytes.value()) +
-                  " bytes (session " + std::to_string(s.id) + ") waited " +
-                  std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory");
+        limited_.write(LogLevel::info, "parked " + t.name,
+                       "GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " +
+                           std::to_string(bytes.value()) + " bytes (session " + std::to_string(s.id) + ") waited " +
+                           std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory",
+                       steady_now());
       } else if (settings_.pressure_wait.count() > 0) {
         const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
         std::vector<PressureNote> notes = pressure_for(s, *dev, shortfall);
         if (!notes.empty()) {
           parked_.push_back(ParkedGrant{conn, s.id, m, now.steady, now.steady + settings_.pressure_wait});
           ++counters_.grants_parked;
-          log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
-                    " bytes (session " + std::to_string(s.id) + ") parked for up to " +
-                    std::to_string(settings_.pressure_wait.count()) + " ms while reserves are returned");
+          limited_.write(LogLevel::info, "parked " + t.name,
+                         "GPU " + std::to_string(dev->ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
+                             " bytes (session " + std::to_string(s.id) + ") parked for up to " +
+                             std::to_string(settings_.pressure_wait.count()) + " ms while reserves are returned",
+                         steady_now());
           return Parked{std::move(notes)};
         }
       }
       ++counters_.denials_out_of_memory;
       reply.status = proto::Status::out_of_memory;
-      log_.info("GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " + std::to_string(bytes.value()) +
-                " bytes (tenant " + t.name + ")");
+      limited_.write(LogLevel::info, "no memory " + t.name,
+                     "GPU " + std::to_string(dev->ordinal.value()) + ": no memory for " +
+                         std::to_string(bytes.value()) + " bytes (tenant " + t.name + ")",
+                     steady_now());
       return Refused{reply};
     } catch (const std::exception& e) {
       grant_slots_[*slot] = false;
       ++counters_.denials_other;
       reply.status = proto::Status::internal;
-      log_.error("GPU " + std::to_string(dev->ordinal.value()) + ": grant failed: " + e.what());
+      limited_.write(LogLevel::error, "grant failed",
+                     "GPU " + std::to_string(dev->ordinal.value()) + ": grant failed: " + e.what(), steady_now());
       return Refused{reply};
     }
   }
@@ -315,9 +330,11 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
     n.msg.bytes = shortfall.value();
     n.msg.reason = proto::PressureReason::pool_exhausted;
     notes.push_back(n);
-    log_.info("GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
-              std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes) for " +
-              std::to_string(shortfall.value()) + " bytes");
+    limited_.write(LogLevel::info, "pressure",
+                   "GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
+                       std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes) for " +
+                       std::to_string(shortfall.value()) + " bytes",
+                   steady_now());
   }
   counters_.pressure_sent += notes.size();
   return notes;

@@ -141,15 +141,78 @@ void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns)
     }
   }
   l << " pid=" << e.pid << " seq=" << e.seq;
-  log_.warn(l.str());
+  // Recorded events are bounded by the per-tenant rate; the line is rate-limited as well.
+  limited_.warn(std::string("guard event ") + e.tenant_name, l.str(), steady_now());
 }
 
 std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now) {
   const Session* s = this->session(session);
   if (s == nullptr) return Malformed{"session is gone"};
   // A client can only report on itself: tenant and pid are the session's.
-  const Tenant& t = tenants_.at(s->tenant.value());
+  Tenant& t = tenants_.at(s->tenant.value());
   const Device* dev = device_by_uuid(m.device_uuid);
+  last_now_ = std::max(last_now_, now.steady);
+  // The event must name memory this session holds. The daemon cannot see the process's
+  // addresses; it checks that the GPU is one where the session holds grants and that the
+  // suspects (at least one, non-null, distinct, no more than the live allocations reported)
+  // fit in the bytes the session holds there.
+  std::string bad;
+  std::uint64_t held = 0;
+  if (dev != nullptr) {
+    for (std::uint64_t gid : s->grants) {
+      const Grant& g = grants_.at(gid);
+      if (g.device == dev->ordinal) held += g.bytes.value();
+    }
+  }
+  std::uint64_t suspected = 0;
+  if (dev == nullptr) {
+    bad = "names a GPU this node does not have";
+  } else if (held == 0) {
+    bad = "names GPU " + std::to_string(dev->ordinal.value()) + ", where the session holds no grant";
+  } else if (m.suspect_count == 0 || m.suspect_count > m.live_allocations) {
+    bad = "has " + std::to_string(m.suspect_count) + " suspect(s) for " + std::to_string(m.live_allocations) +
+          " live allocation(s)";
+  } else {
+    for (std::uint32_t i = 0; i < m.suspect_count && bad.empty(); ++i) {
+      const proto::GuardSuspect& x = m.suspects[i];
+      if (x.address == 0 || x.bytes == 0) bad = "has a null suspect";
+      for (std::uint32_t j = 0; j < i && bad.empty(); ++j) {
+        if (m.suspects[j].address == x.address) bad = "names one suspect twice";
+      }
+      suspected += std::min<std::uint64_t>(x.bytes, UINT64_MAX / proto::kMaxGuardSuspects);
+    }
+    if (bad.empty() && suspected > held) {
+      bad = "names " + std::to_string(suspected) + " suspect bytes, more than the " + std::to_string(held) +
+            " the session holds on GPU " + std::to_string(dev->ordinal.value());
+    }
+  }
+  if (!bad.empty()) {
+    ++counters_.guard_events_rejected;
+    limited_.warn("guard rejected " + t.name,
+                  "tenant " + t.name + " (pid " + std::to_string(s->pid) + "): guard event rejected: it " + bad,
+                  now.steady);
+    return std::nullopt;
+  }
+  // Rate per tenant (a token bucket): excess events are counted, not recorded, so that one
+  // tenant cannot push the other tenants' alarms out of the ring.
+  const double burst = settings_.guard_event_burst;
+  if (t.guard_tokens < 0) {
+    t.guard_tokens = burst;
+    t.guard_last = now.steady;
+  } else if (now.steady > t.guard_last) {
+    t.guard_tokens = std::min(burst, t.guard_tokens + std::chrono::duration<double>(now.steady - t.guard_last).count() *
+                                                          settings_.guard_event_rate);
+    t.guard_last = now.steady;
+  }
+  if (t.guard_tokens < 1.0) {
+    ++counters_.guard_events_limited;
+    limited_.warn("guard limited " + t.name,
+                  "tenant " + t.name + " (pid " + std::to_string(s->pid) +
+                      "): guard event dropped: over the tenant's rate (vlaked --guard-event-rate)",
+                  now.steady);
+    return std::nullopt;
+  }
+  t.guard_tokens -= 1.0;
   st::GuardEventRecord e{};
   e.kind = static_cast<std::uint32_t>(m.kind);
   e.tenant = t.id.value();
@@ -204,26 +267,34 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
   if ((m.flags & proto::kShareTransparent) != 0 && m.first_piece == 0 && t.dedup != quota::DedupMode::transparent) {
     // Transparent mode (docs/dedup.md): only for tenants of a `dedup: transparent` namespace.
     // Cheap: nothing is planned. The hook asks once per connection and then stops.
-    log_.info("tenant " + t.name + ": transparent share of grant " + std::to_string(g.id) +
-              " refused: its namespace is not in dedup transparent mode");
+    limited_.write(LogLevel::info, "share " + t.name,
+                   "tenant " + t.name + ": transparent share of grant " + std::to_string(g.id) +
+                       " refused: its namespace is not in dedup transparent mode",
+                   steady_now());
     return answer(proto::Status::dedup_disabled);
   }
   const Dedup::Plan* plan = nullptr;
   if (m.first_piece == 0) {
     if (g.purpose != proto::GrantPurpose::alloc || g.orphaned || g.canary || g.handles.empty() ||
         dedup().is_shared(g.id)) {
-      log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) +
-                " cannot be shared (not a live alloc grant, canary guard, or shared already)");
+      limited_.write(LogLevel::info, "share " + t.name,
+                     "tenant " + t.name + ": grant " + std::to_string(g.id) +
+                         " cannot be shared (not a live alloc grant, canary guard, or shared already)",
+                     steady_now());
       return answer(proto::Status::bad_request);
     }
     changes_.devices = true;
     try {
       plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, g.handles, Bytes{m.offset}, Bytes{m.bytes});
     } catch (const PoolOutOfMemory&) {
-      log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies");
+      limited_.write(LogLevel::info, "share " + t.name,
+                     "tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies",
+                     steady_now());
       return answer(proto::Status::out_of_memory);
     } catch (const std::exception& e) {
-      log_.error("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " failed: " + e.what());
+      limited_.write(LogLevel::error, "share " + t.name,
+                     "tenant " + t.name + ": share of grant " + std::to_string(g.id) + " failed: " + e.what(),
+                     steady_now());
       return answer(proto::Status::internal);
     }
   } else {
@@ -288,12 +359,17 @@ std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t sessio
     dedup().commit(s.id, g.handles, *dev.pool, s.tenant);
     g.handle_count = static_cast<std::uint32_t>(g.handles.size());
     ack.shared_bytes = shared;
-    log_.info("tenant " + t.name + ": grant " + std::to_string(g.id) + " shares " + std::to_string(shared) +
-              " bytes read-only on GPU " + std::to_string(dev.ordinal.value()) + " (" + std::to_string(merged) +
-              " merged with existing chunks, " + std::to_string(copied) + " copied privately)");
+    limited_.write(LogLevel::info, "share " + t.name,
+                   "tenant " + t.name + ": grant " + std::to_string(g.id) + " shares " + std::to_string(shared) +
+                       " bytes read-only on GPU " + std::to_string(dev.ordinal.value()) + " (" +
+                       std::to_string(merged) + " merged with existing chunks, " + std::to_string(copied) +
+                       " copied privately)",
+                   steady_now());
   } else {
     dedup().abort(s.id, *dev.pool, s.tenant);
-    log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook");
+    limited_.write(LogLevel::info, "share " + t.name,
+                   "tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook",
+                   steady_now());
   }
   changes_.grants.insert(g.slot);
   changes_.devices = true;

@@ -39,6 +39,17 @@ std::string DaemonOptions::usage() {
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
          "  --alloc-root DIR         Kubernetes allocation directories of vlake-device-plugin: one\n"
          "                           socket per allocation, tenant = its pod (default: off)\n"
+         "  limits against hostile tenants (docs/daemon.md, \"Limits\"):\n"
+         "  --max-sessions-per-tenant N      sessions one tenant may hold, 1..1024 (default 128)\n"
+         "  --max-grants-per-tenant N        grants one tenant may hold, 1..16384 (default 2048)\n"
+         "  --max-connections-per-uid N      connections one uid (one allocation) may hold, 1..65536\n"
+         "                                   (default 256)\n"
+         "  --max-unauthenticated N          connections awaiting their Hello, in all, 1..65536 (default 512)\n"
+         "  --max-unauthenticated-per-uid N  connections awaiting their Hello per uid, 1..65536 (default 64)\n"
+         "  --hello-timeout-ms N             a connection without Hello is closed after this, 10..600000\n"
+         "                                   (default 5000)\n"
+         "  --guard-event-rate N             guard events recorded per second per tenant, 1..10000 (default 10)\n"
+         "  --guard-event-burst N            guard events recorded in a row per tenant, 1..10000 (default 20)\n"
          "  --help                   this text\n";
 }
 
@@ -59,7 +70,15 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--bulk-size",
                                                   "--warm-reserve",
                                                   "--pressure-wait-ms",
-                                                  "--alloc-root"};
+                                                  "--alloc-root",
+                                                  "--max-sessions-per-tenant",
+                                                  "--max-grants-per-tenant",
+                                                  "--max-connections-per-uid",
+                                                  "--max-unauthenticated",
+                                                  "--max-unauthenticated-per-uid",
+                                                  "--hello-timeout-ms",
+                                                  "--guard-event-rate",
+                                                  "--guard-event-burst"};
     const cli::Option opt = cli::read_option<OptionsError>(argc, argv, i, kKnown);
     if (opt.help) {
       o.help = true;
@@ -67,6 +86,17 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
     }
     const std::string& arg = opt.name;
     std::string value = opt.value;
+    // A decimal number in [lo, hi], or an error naming the option and the range.
+    auto number = [&](long long lo, long long hi) {
+      bool digits = !value.empty() && value.size() <= 9;
+      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
+      const long long n = digits ? std::stoll(value) : -1;
+      if (n < lo || n > hi) {
+        throw OptionsError(arg + " must be a number " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" +
+                           value + "'");
+      }
+      return n;
+    };
     auto nonempty = [&](std::string& dst) {
       if (value.empty()) throw OptionsError("option " + arg + " needs a non-empty value");
       dst = value;
@@ -148,6 +178,22 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       while (o.alloc_root.size() > 1 && o.alloc_root.back() == '/') o.alloc_root.pop_back();
       // <alloc-root>/<16 hex digits>/vlaked.sock must fit a Unix socket address.
       if (o.alloc_root.size() + 29 >= 108) throw OptionsError("--alloc-root is too long for the sockets in it");
+    } else if (arg == "--max-sessions-per-tenant") {
+      o.max_sessions_per_tenant = static_cast<std::uint32_t>(number(1, 1024));
+    } else if (arg == "--max-grants-per-tenant") {
+      o.max_grants_per_tenant = static_cast<std::uint32_t>(number(1, 16384));
+    } else if (arg == "--max-connections-per-uid") {
+      o.max_connections_per_uid = static_cast<std::uint32_t>(number(1, 65536));
+    } else if (arg == "--max-unauthenticated") {
+      o.max_unauthenticated = static_cast<std::uint32_t>(number(1, 65536));
+    } else if (arg == "--max-unauthenticated-per-uid") {
+      o.max_unauthenticated_per_uid = static_cast<std::uint32_t>(number(1, 65536));
+    } else if (arg == "--hello-timeout-ms") {
+      o.hello_timeout = std::chrono::milliseconds(number(10, 600000));
+    } else if (arg == "--guard-event-rate") {
+      o.guard_event_rate = static_cast<std::uint32_t>(number(1, 10000));
+    } else if (arg == "--guard-event-burst") {
+      o.guard_event_burst = static_cast<std::uint32_t>(number(1, 10000));
     } else if (arg == "--state-group") {
       nonempty(value);
       bool digits = value.size() <= 9;

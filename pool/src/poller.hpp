@@ -24,6 +24,7 @@ enum class Source : std::uint64_t {
   config_settle = 7,
   park = 8,
   config_result = 9,  // the quota file reader finished (ConfigWatch)
+  hello = 10,         // the Hello deadline of connections that have not said Hello
   alloc_listen = 20,  // Kubernetes allocations (--alloc-root): their sockets,
   alloc_watch = 21,   // the directory watch,
   alloc_timer = 22,   // the periodic rescan

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "pool_client.hpp"
 #include "tenant_process.hpp"
 #include "vlake/common/driver.hpp"
 #include "vlake/contracts/state.hpp"
@@ -211,7 +212,9 @@ TEST_CASE("4 processes x 4 threads of random alloc/free never exceed the tenant'
   CHECK(max_mapped > 0);
   CHECK(max_mapped <= kLimit);
   const auto s = snapshot(d);
-  CHECK(tenant(*s, "uid:0")->granted[0] == 0);
+  // Its processes are gone: the tenant holds nothing, so its record has been freed.
+  const auto* t0 = tenant(*s, "uid:0");
+  CHECK((t0 == nullptr || t0->granted[0] == 0));
   // Accounting matches the driver: what the daemon holds is what the simulated GPU has in use.
   ::setenv("VLAKE_SIM_NODE", d.node.c_str(), 1);
   for (const auto& kv : pooltest::child_env(d.node)) {
@@ -345,4 +348,21 @@ namespaces:
   const auto s = snapshot(d);
   CHECK(s->counters.denials_namespace_limit == 1);
   CHECK(s->counters.denials_guarantee == 1);
+}
+
+TEST_CASE("a tenant at vlaked's session cap gets CUDA_ERROR_OUT_OF_MEMORY and the daemon's reason", "[e2e]") {
+  DaemonProcess d("scap", limits_yaml("64MiB"));
+  REQUIRE(d.start({"--max-sessions-per-tenant", "1"}));
+  // This process holds uid 0's one session.
+  pooltest::PoolClient holder(d.socket);
+  holder.hello();
+  TenantProcess t(d, {"init", "alloc:a:4M"});
+  REQUIRE(exited_ok(t.finish()));
+  INFO(t.out() << t.err());
+  CHECK(t.line("alloc:a")["rc"] == std::to_string(kOutOfMemory));
+  // The daemon's text, not "cannot reach vlaked".
+  CHECK(t.err().find("vlake: vlaked refused this process (session cap: tenant uid:0 holds 1 of 1 sessions "
+                     "(vlaked --max-sessions-per-tenant)); request of 4 MiB on GPU 0 refused") != std::string::npos);
+  CHECK(t.err().find("cannot reach") == std::string::npos);
+  CHECK(snapshot(d)->counters.denials_session_cap >= 1);
 }

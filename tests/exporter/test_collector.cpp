@@ -145,6 +145,15 @@ std::unique_ptr<st::State> synthetic() {
   k.config_reloads = 15;
   k.config_reload_errors = 16;
   k.guard_violations_canary = 17;
+  k.denials_grant_cap = 18;
+  k.denials_session_cap = 19;
+  k.denials_tenant_table = 20;
+  k.denials_connection_cap = 21;
+  k.denials_unauthenticated = 22;
+  k.guard_events_rejected = 23;
+  k.guard_events_limited = 24;
+  k.log_suppressed = 25;
+  k.tenants_freed = 26;
   // 3 grants <= 50us, 2 in (100us, 250us], 1 in (0.25 s, 1 s], 1 above 1 s.
   k.grant_latency_bucket[0] = 3;
   k.grant_latency_bucket[2] = 2;
@@ -247,6 +256,10 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_dedup_logical_bytes", T::Gauge, gpu},
       {"vlake_dedup_physical_bytes", T::Gauge, gpu},
       {"vlake_guard_violations_total", T::Counter, {"kind"}},
+      {"vlake_connection_denials_total", T::Counter, {"reason"}},
+      {"vlake_guard_events_dropped_total", T::Counter, {"reason"}},
+      {"vlake_log_lines_suppressed_total", T::Counter, none},
+      {"vlake_tenants_freed_total", T::Counter, none},
   };
   CHECK(fs.size() == want.size());
   for (const Want& w : want) {
@@ -262,7 +275,9 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
   CHECK(family(fs, "vlake_tenant_used_bytes").metric.size() == 6);
   CHECK(family(fs, "vlake_tenant_sessions").metric.size() == 3);
   CHECK(family(fs, "vlake_namespace_used_bytes").metric.size() == 4);
-  CHECK(family(fs, "vlake_grant_denials_total").metric.size() == 6);
+  CHECK(family(fs, "vlake_grant_denials_total").metric.size() == 7);
+  CHECK(family(fs, "vlake_connection_denials_total").metric.size() == 4);
+  CHECK(family(fs, "vlake_guard_events_dropped_total").metric.size() == 2);
   CHECK(family(fs, "vlake_guard_violations_total").metric.size() == 3);
   CHECK(family(fs, "vlake_sessions").metric.size() == 2);
 }
@@ -336,6 +351,15 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_guard_violations_total", {{"kind", "fault"}}) == 0);
   CHECK(e.value("vlake_guard_violations_total", {{"kind", "canary"}}) == 17);
   CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly"}}) == 0);
+  CHECK(e.value("vlake_grant_denials_total", {{"reason", "grant_cap"}}) == 18);
+  CHECK(e.value("vlake_connection_denials_total", {{"reason", "session_cap"}}) == 19);
+  CHECK(e.value("vlake_connection_denials_total", {{"reason", "tenant_table"}}) == 20);
+  CHECK(e.value("vlake_connection_denials_total", {{"reason", "connection_cap"}}) == 21);
+  CHECK(e.value("vlake_connection_denials_total", {{"reason", "unauthenticated"}}) == 22);
+  CHECK(e.value("vlake_guard_events_dropped_total", {{"reason", "rejected"}}) == 23);
+  CHECK(e.value("vlake_guard_events_dropped_total", {{"reason", "limited"}}) == 24);
+  CHECK(e.value("vlake_log_lines_suppressed_total") == 25);
+  CHECK(e.value("vlake_tenants_freed_total") == 26);
   CHECK(e.types.at("vlake_grant_duration_seconds") == "histogram");
   CHECK(e.types.at("vlake_grants_total") == "counter");
 }

@@ -158,6 +158,8 @@ TEST_CASE("guard: a valid GuardEvent is recorded, a malformed one closes the con
   REQUIRE(d.start());
   PoolClient c(d.socket);
   const auto ack = c.hello();
+  // A guard event must name memory the session holds (docs/daemon.md, "Limits").
+  REQUIRE(c.grant(Uuid::from_bytes(ack.devices[0].uuid), 8 << 20).reply.status == proto::Status::ok);
   proto::GuardEvent ev{};
   ev.h = proto::make_header<proto::GuardEvent>(proto::MsgType::guard_event, c.next_request_id());
   ev.kind = proto::GuardKind::fault;

@@ -212,6 +212,9 @@ TEST_CASE("node: a process exit returns every grant, another tenant gets the mem
   CHECK(w.node->counters().process_exits == 1);
 
   const auto b = w.hello(2, 102, 1002);
+  // A's tenant record was freed with its session: B gets its id, and still A's memory is zeroed.
+  CHECK(w.node->counters().tenants_freed == 1);
+  CHECK(w.node->session(b)->tenant == TenantId{1});
   const std::uint64_t scrubs = w.node->counters().scrubs;
   w.granted(2, b, 8 * kMiB);
   CHECK(w.node->counters().grants_exact == 1);
@@ -414,4 +417,236 @@ TEST_CASE("node: the publisher writes what changed, a resumed node keeps live se
   CHECK(w2.granted(3, s, 2 * kMiB) == 4);
   w2.node->end_session(live, "test");
   CHECK(w2.node->devices().front().orphaned == 0_B);
+}
+
+// ---- limits against hostile tenants (docs/daemon.md, "Limits")
+
+namespace {
+
+// A Hello that must be refused: returns the Fatal.
+Fatal refused_hello(World& w, ConnId conn, std::uint32_t pid, std::uint32_t uid) {
+  proto::Hello m = proto::make<proto::Hello>(1);
+  HelloOut out = w.node->open_session(Peer{conn, pid, uid, uid, 1000 + pid, ""}, m);
+  REQUIRE(std::holds_alternative<Fatal>(out.answer));
+  return std::get<Fatal>(out.answer);
+}
+
+bool has_tenant(const Node& n, const std::string& name) {
+  for (const auto& [id, t] : n.tenants()) {
+    if (t.name == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("node: a tenant at its session cap is refused with limit_reached, others are served", "[node][limits]") {
+  NodeSettings settings;
+  settings.max_sessions_per_tenant = 3;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  std::vector<std::uint64_t> mine;
+  for (std::uint32_t i = 0; i < 3; ++i) mine.push_back(w.hello(10 + i, 100 + i, 1000));
+  const Fatal f = refused_hello(w, 20, 110, 1000);
+  CHECK(f.status == proto::Status::limit_reached);
+  CHECK(f.text == "session cap: tenant uid:1000 holds 3 of 3 sessions (vlaked --max-sessions-per-tenant)");
+  CHECK(w.node->counters().denials_session_cap == 1);
+  CHECK(w.node->sessions().size() == 3);
+  // Another tenant is served; the capped one again once a session ends.
+  w.hello(21, 111, 1001);
+  w.node->end_session(mine[0], "test");
+  w.hello(22, 112, 1000);
+  CHECK(w.node->counters().denials_session_cap == 1);
+}
+
+TEST_CASE("node: a tenant at its grant cap is refused with limit_reached, others are served", "[node][limits]") {
+  NodeSettings settings;
+  settings.max_grants_per_tenant = 4;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  const auto a = w.hello(1, 100, 1000);
+  const auto a2 = w.hello(2, 101, 1000);  // the cap is the tenant's, over its sessions
+  const auto b = w.hello(3, 102, 1001);
+  std::vector<std::uint64_t> grants;
+  for (int i = 0; i < 2; ++i) grants.push_back(w.granted(1, a, 2 * kMiB));
+  for (int i = 0; i < 2; ++i) grants.push_back(w.granted(2, a2, 2 * kMiB));
+  GrantOut out = w.grant(1, a, 2 * kMiB);
+  const auto* r = std::get_if<Refused>(&out);
+  REQUIRE(r != nullptr);
+  CHECK(r->reply.status == proto::Status::limit_reached);
+  CHECK(r->reply.used == 4);
+  CHECK(r->reply.limit == 4);
+  CHECK(w.refused(2, a2, 2 * kMiB) == proto::Status::limit_reached);
+  CHECK(w.node->counters().denials_grant_cap == 2);
+  CHECK(w.used(a) == 8_MiB);  // nothing charged by the refusals
+  w.granted(3, b, 2 * kMiB);
+  w.release(a, grants[0]);
+  w.granted(1, a, 2 * kMiB);
+}
+
+TEST_CASE("node: tenant records are freed when they hold nothing, 300 uids in turn, then a full table",
+          "[node][limits]") {
+  World w("version: 1\ndefault: {limit: 100%}\n");
+  // 300 distinct uids, one after the other: each tenant is freed when its session ends.
+  for (std::uint32_t i = 0; i < 300; ++i) {
+    const auto s = w.hello(i + 1, 1000 + i, 5000 + i);
+    if (i % 2 == 0) w.granted(i + 1, s, 2 * kMiB);  // its grant returns at the end
+    w.node->end_session(s, "test");
+  }
+  CHECK(w.node->counters().sessions_opened == 300);
+  CHECK(w.node->counters().tenants_freed == 300);
+  CHECK(w.node->counters().denials_tenant_table == 0);
+  CHECK(w.node->tenants().empty());
+  // A detached session keeps its tenant; the table fills with 256 live uids.
+  std::vector<std::uint64_t> live;
+  for (std::uint32_t i = 0; i < st::kMaxTenants; ++i) live.push_back(w.hello(1000 + i, 2000 + i, 7000 + i));
+  w.node->connection_closed(1000, live[0], false);
+  CHECK(has_tenant(*w.node, "uid:7000"));
+  const Fatal f = refused_hello(w, 5000, 9000, 9999);
+  CHECK(f.status == proto::Status::limit_reached);
+  CHECK(f.text == "tenant table full: 256 of 256 tenants in use; tenant uid:9999 cannot be added");
+  CHECK(w.node->counters().denials_tenant_table == 1);
+  // A uid already in the table is still served.
+  w.hello(5001, 9001, 7001);
+  // One tenant goes: the next uid is served in its slot.
+  w.node->end_session(live[5], "test");
+  CHECK_FALSE(has_tenant(*w.node, "uid:7005"));
+  w.hello(5002, 9002, 9999);
+  CHECK(has_tenant(*w.node, "uid:9999"));
+}
+
+TEST_CASE("node: a resumed node does not resurrect the tenants of dead processes", "[node][limits][state]") {
+  const std::string name = "vlake-node-test-rs-" + std::to_string(::getpid());
+  struct Cleanup {
+    std::string n;
+    ~Cleanup() { ::unlink(("/dev/shm/" + n).c_str()); }
+  } cleanup{name};
+  st::StateSegment seg(name);
+  std::uint64_t live = 0;
+  {
+    World w("version: 1\ndefault: {limit: 100%}\n");
+    StatePublisher pub(seg, 1, 2, 1000);
+    live = w.hello(1, 101, 1001);
+    const auto dead = w.hello(2, 102, 1002);
+    w.granted(1, live, 2 * kMiB);
+    w.granted(2, dead, 2 * kMiB);
+    pub.publish_all(*w.node, w.t.unix_ns);
+    w.node->shutdown();
+    pub.publish(*w.node);
+  }
+  World w2("version: 1\ndefault: {limit: 100%}\n");
+  const std::uint64_t freed_before = seg.state().counters.tenants_freed;
+  w2.node->resume(seg.state(), {live});
+  CHECK(has_tenant(*w2.node, "uid:1001"));
+  CHECK_FALSE(has_tenant(*w2.node, "uid:1002"));
+  CHECK(w2.node->counters().tenants_freed == freed_before + 1);
+  StatePublisher pub(seg, 1, 2, 1000);
+  pub.publish_all(*w2.node, w2.t.unix_ns);
+  std::size_t records = 0;
+  for (const st::TenantRecord& r : seg.state().tenants) {
+    if (r.in_use == 0) continue;
+    ++records;
+    CHECK(std::string(r.name) == "uid:1001");
+  }
+  CHECK(records == 1);
+  w2.node->end_session(live, "test");
+  CHECK(w2.node->tenants().empty());
+}
+
+TEST_CASE("node: guard events must name the sender's grants and are rate-limited per tenant", "[node][limits][guard]") {
+  NodeSettings settings;
+  settings.guard_event_rate = 10;
+  settings.guard_event_burst = 20;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  const auto forger = w.hello(1, 100, 1000);
+  const auto victim = w.hello(2, 101, 1001);
+  auto event = [&](std::uint64_t bytes) {
+    proto::GuardEvent m = proto::make<proto::GuardEvent>(3);
+    m.kind = proto::GuardKind::fault;
+    w.node->devices().front().uuid.copy_to(m.device_uuid);
+    m.cuda_status = 700;
+    m.live_allocations = 1;
+    m.suspect_count = 1;
+    m.suspects[0] = proto::GuardSuspect{0x7f0000000000ULL, bytes, 1000};
+    return m;
+  };
+  // No grant on that GPU: nothing of the sender's can have faulted.
+  CHECK_FALSE(w.node->guard_event(forger, event(4096), w.t).has_value());
+  CHECK(w.node->counters().guard_events_rejected == 1);
+  CHECK(w.node->guard_log().next_seq <= 1);
+  w.granted(1, forger, 2 * kMiB);
+  // Suspects larger than what the session holds, or none at all.
+  CHECK_FALSE(w.node->guard_event(forger, event(4 * kMiB), w.t).has_value());
+  proto::GuardEvent none = event(4096);
+  none.suspect_count = 0;
+  CHECK_FALSE(w.node->guard_event(forger, none, w.t).has_value());
+  proto::GuardEvent unknown_gpu = event(4096);
+  std::memset(unknown_gpu.device_uuid, 0x5a, sizeof unknown_gpu.device_uuid);
+  CHECK_FALSE(w.node->guard_event(forger, unknown_gpu, w.t).has_value());
+  CHECK(w.node->counters().guard_events_rejected == 4);
+  CHECK(w.node->counters().guard_violations_fault == 0);
+  // A flood of plausible events: the burst is recorded (some of the ring, not all of it), the
+  // rest counted.
+  for (int i = 0; i < 1000; ++i) CHECK_FALSE(w.node->guard_event(forger, event(4096), w.t).has_value());
+  CHECK(w.node->counters().guard_violations_fault == 20);
+  CHECK(w.node->counters().guard_events_limited == 980);
+  // Another tenant's real alarm is recorded, and is the newest event.
+  w.granted(2, victim, 2 * kMiB);
+  CHECK_FALSE(w.node->guard_event(victim, event(4096), w.t).has_value());
+  CHECK(w.node->counters().guard_violations_fault == 21);
+  const st::GuardLog& g = w.node->guard_log();
+  const st::GuardEventRecord& newest = g.events[(g.next_seq - 2) % st::kGuardEvents];
+  CHECK(newest.tenant == w.node->session(victim)->tenant.value());
+  // The rate refills: one more second, ten more events.
+  w.advance(std::chrono::milliseconds(1000));
+  for (int i = 0; i < 30; ++i) (void)w.node->guard_event(forger, event(4096), w.t);
+  CHECK(w.node->counters().guard_violations_fault == 31);
+}
+
+TEST_CASE("node: log lines a tenant triggers are rate-limited and counted", "[node][limits]") {
+  NodeSettings settings;
+  settings.max_sessions_per_tenant = 1;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  w.hello(1, 100, 1000);
+  for (std::uint32_t i = 0; i < 200; ++i) (void)refused_hello(w, 10 + i, 200 + i, 1000);
+  CHECK(w.node->counters().denials_session_cap == 200);
+  // 20 lines in a row (the burst) at one instant; the other 180 are suppressed and counted.
+  CHECK(w.node->counters().log_suppressed == 180);
+}
+
+TEST_CASE("node: a full session table refuses with limit_reached and a clear text", "[node][limits]") {
+  NodeSettings settings;
+  settings.max_sessions_per_tenant = st::kMaxSessions;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i) w.hello(i + 1, 1000 + i, 1000 + i % 8);
+  const Fatal f = refused_hello(w, 9000, 9000, 1001);
+  CHECK(f.status == proto::Status::limit_reached);
+  CHECK(f.text == "session table full: 1024 of 1024 sessions in use");
+  CHECK(w.node->counters().denials_other == 1);
+  // A new uid refused for the table does not keep a tenant record.
+  const Fatal g = refused_hello(w, 9001, 9001, 5555);
+  CHECK(g.text == "session table full: 1024 of 1024 sessions in use");
+  CHECK_FALSE(has_tenant(*w.node, "uid:5555"));
+}
+
+TEST_CASE("node: an allocation's tenant lives while its allocation or a session does", "[node][limits][k8s]") {
+  World w("version: 1\ndefault: {limit: 100%}\n");
+  AllocationInfo a;
+  a.id = "00000000000000aa";
+  a.device = DeviceOrdinal{0};
+  a.bytes = 64_MiB;
+  w.node->allocation_added(a);
+  const auto s = w.hello(1, 100, 0, false, a.id);
+  CHECK(w.tenant_of(s) == "alloc:00000000000000aa");
+  w.granted(1, s, 2 * kMiB);
+  w.node->end_session(s, "test");
+  // The allocation is still there: its tenant stays (a pod's next process gets it back).
+  CHECK(has_tenant(*w.node, "alloc:00000000000000aa"));
+  CHECK(w.node->free_idle_tenants() == 0);
+  const auto s2 = w.hello(2, 101, 0, false, a.id);
+  // The allocation goes while a session lives: the tenant goes with the session's end.
+  w.node->allocation_removed(a.id);
+  CHECK(has_tenant(*w.node, "alloc:00000000000000aa"));
+  const std::uint64_t freed = w.node->counters().tenants_freed;
+  w.node->end_session(s2, "test");
+  CHECK_FALSE(has_tenant(*w.node, "alloc:00000000000000aa"));
+  CHECK(w.node->counters().tenants_freed == freed + 1);
 }

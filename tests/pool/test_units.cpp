@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "vlake/pool/accounting.hpp"
+#include "vlake/pool/conn_limits.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/options.hpp"
 
@@ -82,6 +84,104 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
       CHECK_THAT(e.what(), Catch::Contains(b.msg));
     }
   }
+}
+
+TEST_CASE("options: limits against hostile tenants", "[pool][options][limits]") {
+  const DaemonOptions d = parse({});
+  CHECK(d.max_sessions_per_tenant == 128);
+  CHECK(d.max_grants_per_tenant == 2048);
+  CHECK(d.max_connections_per_uid == 256);
+  CHECK(d.max_unauthenticated == 512);
+  CHECK(d.max_unauthenticated_per_uid == 64);
+  CHECK(d.hello_timeout.count() == 5000);
+  CHECK(d.guard_event_rate == 10);
+  CHECK(d.guard_event_burst == 20);
+  const DaemonOptions o =
+      parse({"--max-sessions-per-tenant", "4", "--max-grants-per-tenant=100", "--max-connections-per-uid", "9",
+             "--max-unauthenticated", "7", "--max-unauthenticated-per-uid", "3", "--hello-timeout-ms", "250",
+             "--guard-event-rate", "2", "--guard-event-burst", "5"});
+  CHECK(o.max_sessions_per_tenant == 4);
+  CHECK(o.max_grants_per_tenant == 100);
+  CHECK(o.max_connections_per_uid == 9);
+  CHECK(o.max_unauthenticated == 7);
+  CHECK(o.max_unauthenticated_per_uid == 3);
+  CHECK(o.hello_timeout.count() == 250);
+  CHECK(o.guard_event_rate == 2);
+  CHECK(o.guard_event_burst == 5);
+  CHECK_THROWS_WITH(parse({"--max-sessions-per-tenant", "1025"}),
+                    "--max-sessions-per-tenant must be a number 1..1024, got '1025'");
+  CHECK_THROWS_WITH(parse({"--max-grants-per-tenant", "0"}),
+                    "--max-grants-per-tenant must be a number 1..16384, got '0'");
+  CHECK_THROWS_AS(parse({"--hello-timeout-ms", "5s"}), OptionsError);
+}
+
+TEST_CASE("connection limits: per-peer cap, awaiting-Hello caps, Hello deadline", "[pool][limits]") {
+  using namespace std::chrono;
+  ConnLimits l(ConnLimitSettings{3, 4, 2, milliseconds(100)});
+  const auto t0 = steady_clock::time_point(hours(1));
+  const std::string a = ConnLimits::peer_of(1000, "");
+  const std::string b = ConnLimits::peer_of(1001, "");
+  CHECK(a == "uid 1000");
+  CHECK(ConnLimits::peer_of(0, "abc") == "allocation abc");
+  CHECK(l.admit(1, a, t0) == ConnLimits::Admit::ok);
+  CHECK(l.admit(2, a, t0) == ConnLimits::Admit::ok);
+  CHECK(l.admit(3, a, t0) == ConnLimits::Admit::unauthenticated_peer_cap);
+  CHECK(l.describe(ConnLimits::Admit::unauthenticated_peer_cap, a) ==
+        "unauthenticated cap: uid 1000 has 2 of 2 connections awaiting Hello (vlaked --max-unauthenticated-per-uid)");
+  l.authenticated(1);
+  CHECK(l.admit(4, a, t0) == ConnLimits::Admit::ok);
+  l.authenticated(4);
+  CHECK(l.admit(5, a, t0) == ConnLimits::Admit::peer_cap);  // 1, 2, 4 held
+  CHECK(l.describe(ConnLimits::Admit::peer_cap, a) ==
+        "connection cap: uid 1000 holds 3 of 3 connections (vlaked --max-connections-per-uid)");
+  CHECK(l.admit(6, b, t0) == ConnLimits::Admit::ok);
+  CHECK(l.admit(7, b, t0 + milliseconds(50)) == ConnLimits::Admit::ok);
+  CHECK(l.unauthenticated() == 3);  // 2, 6, 7
+  CHECK(l.admit(8, ConnLimits::peer_of(1002, ""), t0) == ConnLimits::Admit::ok);
+  CHECK(l.admit(9, ConnLimits::peer_of(1003, ""), t0) == ConnLimits::Admit::unauthenticated_cap);
+  CHECK(l.next_deadline() == t0 + milliseconds(100));
+  CHECK(l.expired(t0 + milliseconds(99)).empty());
+  std::vector<std::uint64_t> late = l.expired(t0 + milliseconds(100));
+  std::sort(late.begin(), late.end());
+  CHECK(late == std::vector<std::uint64_t>{2, 6, 8});
+  CHECK(l.next_deadline() == t0 + milliseconds(150));
+  CHECK(l.connections(a) == 2);  // 1 and 4; 2 expired
+  l.closed(1);
+  l.closed(4);
+  l.closed(4);  // twice: ignored
+  CHECK(l.connections(a) == 0);
+  CHECK(l.expired(t0 + seconds(1)) == std::vector<std::uint64_t>{7});
+  CHECK_FALSE(l.next_deadline().has_value());
+}
+
+TEST_CASE("log limiter: a burst per key, then one line per token with the suppressed count", "[pool][limits]") {
+  using namespace std::chrono;
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  {
+    Logger log("t", LogLevel::info, fds[1]);
+    std::uint64_t counter = 0;
+    LogLimiter l(log, 1.0, 2.0, &counter);
+    const auto t0 = steady_clock::time_point(hours(1));
+    CHECK(l.warn("k", "one", t0));
+    CHECK(l.warn("k", "two", t0));
+    CHECK_FALSE(l.warn("k", "three", t0));
+    CHECK_FALSE(l.warn("k", "four", t0));
+    CHECK(l.warn("other", "x", t0));  // keys are independent
+    CHECK(l.info("k", "five", t0 + seconds(1)));
+    CHECK(counter == 2);
+    CHECK(l.suppressed() == 2);
+    // Many made-up keys: memory stays bounded, lines are still limited.
+    int logged = 0;
+    for (int i = 0; i < 10000; ++i) logged += l.warn("key " + std::to_string(i), "y", t0 + seconds(1)) ? 1 : 0;
+    CHECK(logged <= static_cast<int>(LogLimiter::kMaxKeys) + 2);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  CHECK(out.rfind("t: warn: one\nt: warn: two\nt: warn: x\nt: info: five (2 similar lines suppressed)\n", 0) == 0);
 }
 
 TEST_CASE("options: --metrics-address", "[pool][options]") {

@@ -20,9 +20,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 
 namespace vlake {
@@ -65,6 +68,54 @@ class Logger {
   std::atomic<LogLevel> level_;
   int fd_;
   std::string tag_;  // "": "<program>[<pid>]"
+};
+
+// LogLimiter: rate limits for log lines that someone else (a tenant, a peer) can trigger.
+//
+// Contract
+// - One token bucket per key (a short text naming the site and, where useful, who triggered
+//   it: "malformed uid 1000", "guard tenant alice"): `rate` lines per second, at most `burst`
+//   in a row. write() logs the line when the key's bucket holds a token; otherwise it drops the
+//   line, counts it (per key, in suppressed(), and in *counter when given) and returns false.
+//   The first line a key logs after dropping some ends in " (N similar lines suppressed)".
+// - Time comes from the caller (`now`); no clock is read. A limiter tracks at most
+//   kMaxKeys keys: when full, keys whose bucket refilled (nothing pending) are forgotten, and
+//   if none refilled, a new key shares one overflow bucket, so memory stays bounded whatever
+//   keys a peer makes up.
+// - Not thread-safe (one owner, e.g. the daemon's event loop). Never throws from write().
+class LogLimiter {
+ public:
+  static constexpr std::size_t kMaxKeys = 4096;
+  using Clock = std::chrono::steady_clock;
+
+  // `counter` (optional) is incremented once per dropped line; it must outlive the limiter.
+  LogLimiter(const Logger& log, double rate_per_s, double burst, std::uint64_t* counter = nullptr) noexcept
+      : log_(log), rate_(rate_per_s), burst_(burst), counter_(counter) {}
+
+  bool write(LogLevel level, std::string_view key, std::string_view msg, Clock::time_point now) noexcept;
+  bool warn(std::string_view key, std::string_view msg, Clock::time_point now) noexcept {
+    return write(LogLevel::warn, key, msg, now);
+  }
+  bool info(std::string_view key, std::string_view msg, Clock::time_point now) noexcept {
+    return write(LogLevel::info, key, msg, now);
+  }
+  [[nodiscard]] std::uint64_t suppressed() const noexcept { return suppressed_; }
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    Clock::time_point last{};
+    std::uint64_t dropped = 0;  // since the key's last line
+  };
+  Bucket& bucket(std::string_view key, Clock::time_point now);
+
+  const Logger& log_;
+  double rate_;
+  double burst_;
+  std::uint64_t* counter_;
+  std::uint64_t suppressed_ = 0;
+  std::unordered_map<std::string, Bucket> buckets_;
+  Bucket overflow_;
 };
 
 }  // namespace vlake

@@ -130,6 +130,9 @@ class Accounting {
   // Puts a tenant in a namespace, moving its usage (on every device) along.
   void assign(TenantId t, NamespaceId n);
   [[nodiscard]] NamespaceId namespace_of(TenantId t) const;
+  // Forgets a tenant (its id may be reused). Returns false, forgetting nothing, while it still
+  // has usage (granted, non-pool or reserved) on any device.
+  bool remove_tenant(TenantId t);
 
   // nullopt when the bytes do not fit; `usage_out` (optional) receives the tenant's usage seen,
   // `why` (optional) the reason of a refusal (Refusal::none on success).

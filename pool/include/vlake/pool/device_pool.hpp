@@ -89,6 +89,9 @@ class DevicePool {
   void retire(std::unique_ptr<PoolHandle> h) noexcept;
   // Releases every free handle.
   void release_free() noexcept;
+  // The tenant's record was freed and its id may be reused: free handles it last held lose
+  // their last tenant (so they are scrubbed before anyone's next grant).
+  void forget_tenant(TenantId tenant) noexcept;
 
   [[nodiscard]] DeviceOrdinal device() const noexcept { return device_; }
   [[nodiscard]] Bytes granularity() const noexcept { return granularity_; }

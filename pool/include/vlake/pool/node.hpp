@@ -18,6 +18,19 @@
 //   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
 //   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
 //   - tick(now): warm-reserve refill and the canary sweep; set_nonpool: NVML's view.
+//   - free_idle_tenants(): tenant records holding nothing are freed (see "Tenant records").
+//
+// Bounds (docs/daemon.md, "Limits"): every table is fixed (state.hpp). A tenant holds at most
+//   settings.max_sessions_per_tenant sessions and max_grants_per_tenant grants; at a cap, and
+//   when a table is full, the Hello is answered Fatal{limit_reached, "<which>: <n> of <max> …"}
+//   and a grant Refused with status limit_reached (GrantReply used/limit then carry the grant
+//   count and the cap), each counted under its reason (Counters layout 6). GuardEvents are
+//   checked against the sender's grants and rate-limited per tenant; log lines a tenant can
+//   trigger go through log_limiter() (Counters::log_suppressed).
+// Tenant records: a tenant is freed (slot, id and name reusable, Counters::tenants_freed) as soon
+//   as it has no session, no grant, no usage (granted, reserved, non-pool) and, for an
+//   allocation's tenant, no live allocation: at session end, at allocation removal, after
+//   resume (tenants of dead processes are not resurrected) and on free_idle_tenants().
 //   - resume(old state): the accounting of a previous daemon (state segment), see docs/daemon.md.
 //   What changed since the last publish is recorded (take_changes) so that one publisher
 //   (publisher.hpp) writes exactly that to the state segment after each event.
@@ -87,6 +100,14 @@ struct NodeSettings {
   std::chrono::milliseconds pressure_wait{500};      // --pressure-wait-ms (0: never park)
   std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
   std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
+  // Caps against hostile tenants (docs/daemon.md, "Limits"). A tenant at a cap is refused with
+  // Status::limit_reached; other tenants are unaffected.
+  std::uint32_t max_sessions_per_tenant = 128;  // --max-sessions-per-tenant (of kMaxSessions 1024)
+  std::uint32_t max_grants_per_tenant = 2048;   // --max-grants-per-tenant (of kMaxGrants 16384)
+  double guard_event_rate = 10;                 // --guard-event-rate: GuardEvents per second per tenant
+  double guard_event_burst = 20;                // --guard-event-burst
+  double log_rate = 5;                          // lines per second per tenant-triggered log site and key
+  double log_burst = 20;
 };
 
 // Effects the Node needs from the system, as small functions (tests pass fakes).
@@ -131,7 +152,8 @@ struct Granted {
 };
 struct Refused {
   proto::GrantReply reply{};  // status says why (over_limit, namespace_over_limit, guarantee,
-                              // out_of_memory, unknown_device, internal)
+                              // out_of_memory, unknown_device, internal, limit_reached: the
+                              // tenant's grant cap or the grant table, used/limit = grants/cap)
 };
 struct Parked {
   std::vector<PressureNote> pressure;  // to send now (empty when a retried grant stays parked)
@@ -185,9 +207,9 @@ class Node {
     std::uint32_t gid = 0;
     quota::GuardMode guard = quota::GuardMode::off;
     quota::DedupMode dedup = quota::DedupMode::off;
-    std::string alloc_id;  // a Kubernetes allocation's tenant; "": a uid/gid tenant
-    std::chrono::steady_clock::time_point last_refusal_log{};
-    std::uint64_t refusals_unlogged = 0;
+    std::string alloc_id;      // a Kubernetes allocation's tenant; "": a uid/gid tenant
+    double guard_tokens = -1;  // GuardEvent token bucket (-1: full, not yet used)
+    std::chrono::steady_clock::time_point guard_last{};
   };
   struct Namespace {
     NamespaceId id;
@@ -261,6 +283,15 @@ class Node {
   // A well-formed message arrived / a connection was dropped for a malformed one (counters).
   void count_request() noexcept { ++counters_.requests; }
   void count_malformed() noexcept { ++counters_.malformed; }
+  // Connections the loop closed for a cap (docs/daemon.md, "Limits"): over a uid's connection
+  // cap (or no descriptor left), or awaiting Hello (over the caps, or past the Hello timeout).
+  void count_connection_cap() noexcept { ++counters_.denials_connection_cap; }
+  void count_unauthenticated() noexcept { ++counters_.denials_unauthenticated; }
+  // The rate limiter for log lines a tenant or peer can trigger (counts Counters::log_suppressed).
+  LogLimiter& log_limiter() noexcept { return limited_; }
+  // Sessions and grants a tenant holds now (what the caps count).
+  [[nodiscard]] std::size_t sessions_of(TenantId t) const;
+  [[nodiscard]] std::size_t grants_of(TenantId t) const;
 
   // ---- requests of a bound session (`session` is the connection's)
   GrantOut grant(ConnId conn, std::uint64_t session, const proto::GrantRequest& m, Now now);
@@ -302,6 +333,8 @@ class Node {
   // ---- periodic work
   // Warm-reserve refill (a bounded step) and, when due, a canary sweep.
   void tick(Now now);
+  // Frees every tenant record that holds nothing (after NVML sampling, a reload). Returns how many.
+  std::size_t free_idle_tenants();
   [[nodiscard]] NonpoolInputs nonpool_inputs() const;
   void set_nonpool(const NonpoolResult& r);
 
@@ -360,6 +393,9 @@ class Node {
   std::optional<std::uint32_t> free_slot(std::vector<bool>& used);
   void touch_tenant(TenantId id);
   void touch_session(const Session& s) { changes_.sessions.insert(s.slot); }
+  [[nodiscard]] bool tenant_idle(const Tenant& t) const;
+  bool free_tenant_if_idle(TenantId id);
+  [[nodiscard]] std::chrono::steady_clock::time_point steady_now() const;
 
   // grants (node_grant.cpp)
   GrantOut grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry);
@@ -399,6 +435,8 @@ class Node {
 
   // what the state segment carries across restarts
   st::Counters counters_{};
+  LogLimiter limited_;                                // counts into counters_.log_suppressed
+  std::chrono::steady_clock::time_point last_now_{};  // the latest Now seen (for untimed operations)
   st::GuardLog guard_{};
   st::ConfigRecord config_record_{};
   std::uint64_t next_session_id_ = 1;

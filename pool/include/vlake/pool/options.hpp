@@ -39,6 +39,15 @@ struct DaemonOptions {
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up
   std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms: parked grant's longest wait
   std::string alloc_root;                        // Kubernetes allocation directories (docs/device-plugin.md); "": off
+  // Limits against hostile tenants (docs/daemon.md, "Limits").
+  std::uint32_t max_sessions_per_tenant = 128;     // of the 1,024-session table
+  std::uint32_t max_grants_per_tenant = 2048;      // of the 16,384-grant table
+  std::uint32_t max_connections_per_uid = 256;     // per uid (per allocation on its socket)
+  std::uint32_t max_unauthenticated = 512;         // connections awaiting Hello, in all
+  std::uint32_t max_unauthenticated_per_uid = 64;  // connections awaiting Hello, per uid
+  std::chrono::milliseconds hello_timeout{5000};   // a connection's Hello must come within this
+  std::uint32_t guard_event_rate = 10;             // GuardEvents per second per tenant
+  std::uint32_t guard_event_burst = 20;            // GuardEvents in a row per tenant
   bool help = false;
 
   static DaemonOptions parse(int argc, const char* const* argv);
