@@ -171,6 +171,9 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
   t->limit = spec.limit;
   t->guard = spec.guard;
   t->dedup = spec.dedup;
+  t->enforce = spec.enforce;
+  t->kill_grace = spec.kill_grace;
+  t->allow_disable = spec.allow_disable;
   t->have_ids = alloc == nullptr;
   t->uid = uid;
   t->gid = gid;
@@ -182,6 +185,7 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
     const bool here = alloc == nullptr || alloc->device == d.ordinal;
     acct_.set_limit(t->id, d.ordinal, here ? spec.limit.on_device(d.total) : Bytes{0});
   }
+  charge_unhooked(*t);  // its policy may have changed
   touch_tenant(t->id);
   if (old_ns != t->ns) {
     for (const auto& [ns_name, n] : namespaces_) {
@@ -261,6 +265,25 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       log_.error(e.what());
       out.answer = Fatal{proto::Status::internal, e.what()};
       return out;
+    }
+    if ((m.flags & proto::kHelloPassthrough) != 0) {
+      // VLAKE_DISABLE=1: only where the quota file allows it; the process then has no session
+      // and its memory is attributed through NVML like any process without the hook.
+      if (t->allow_disable) {
+        log_.info("pid " + std::to_string(peer.pid) + " (tenant " + t->name +
+                  "): VLAKE_DISABLE allowed (allow_disable: true): passing through, no session");
+        proto::HelloAck ack{};
+        ack.h = proto::make_header<proto::HelloAck>(proto::MsgType::hello_ack, m.h.request_id);
+        ack.status = proto::Status::passthrough;
+        ack.tenant_id = t->id.value();
+        copy_chars(ack.tenant_name, t->name);
+        out.answer = ack;
+        return out;
+      }
+      ++counters_.passthrough_refused;
+      log_.info("pid " + std::to_string(peer.pid) + " (tenant " + t->name +
+                "): VLAKE_DISABLE refused: the quota file does not allow it (allow_disable) for this tenant's "
+                "namespace; the hook stays on");
     }
     const std::optional<std::uint32_t> slot = free_slot(session_slots_);
     if (!slot) {
