@@ -42,8 +42,10 @@ void rewrite(const DaemonProcess& d, const std::string& yaml) {
 
 }  // namespace
 
-TEST_CASE("daemon unhooked: a process without a session is its uid's unhooked memory that refuse counts and account only shows",
-          "[daemon][unhooked]") {
+TEST_CASE(
+    "daemon unhooked: a process without a session is its uid's unhooked memory that refuse counts and account only "
+    "shows",
+    "[daemon][unhooked]") {
   DaemonProcess d("unhooked", config("enforce: refuse"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper outside(d.node, 4242, 0);  // never says Hello: the driver called without the hook
