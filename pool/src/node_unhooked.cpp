@@ -81,8 +81,8 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
                                        [&](const Tenant::UnhookedProcess& o) { return o.pid == up.pid; });
         if (!known) {
           log_.info("tenant " + t.name + ": pid " + std::to_string(up.pid) + " uses " +
-                    std::to_string(up.bytes.value()) + " bytes of GPU memory outside vlake (enforce: " +
-                    quota::enforce_name(t.enforce) + ")");
+                    std::to_string(up.bytes.value()) +
+                    " bytes of GPU memory outside vlake (enforce: " + quota::enforce_name(t.enforce) + ")");
         }
       }
     }

@@ -83,7 +83,8 @@ std::vector<std::string> alloc_ids_from_mountinfo(std::string_view mountinfo) {
     for (std::size_t i = 0; i < parts.size(); ++i) {
       if (!alloc::valid_id(parts[i])) continue;
       const bool last = i + 1 == parts.size();
-      const bool file = i + 2 == parts.size() && (parts[i + 1] == alloc::kPreloadFile || parts[i + 1] == alloc::kSocketFile);
+      const bool file =
+          i + 2 == parts.size() && (parts[i + 1] == alloc::kPreloadFile || parts[i + 1] == alloc::kSocketFile);
       if (!last && !file) continue;
       const std::string id(parts[i]);
       bool seen = false;
