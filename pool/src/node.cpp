@@ -459,6 +459,7 @@ void Node::retarget_tenants() {
 void Node::apply(quota::QuotaConfig cfg, const std::string& source, bool from_file, Now now, const std::string& why) {
   config_ = std::move(cfg);
   apply_namespaces();
+  unhooked_tenants_.clear();
   retarget_tenants();
   // Namespaces gone from the file: their tenants have moved; drop them.
   std::vector<std::string> gone;
@@ -497,6 +498,7 @@ void Node::config_rejected(const std::string& error, Now now) {
 // Kubernetes allocations (docs/device-plugin.md)
 
 void Node::allocation_added(const AllocationInfo& a) {
+  unhooked_tenants_.clear();
   allocs_[a.id] = a;
   // Sessions resumed from a previous vlaked that came through this allocation (by tenant name).
   const std::string tname = alloc::tenant_name(a.id, a.owner);
@@ -511,6 +513,7 @@ void Node::allocation_added(const AllocationInfo& a) {
 }
 
 void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
+  unhooked_tenants_.clear();
   auto it = allocs_.find(id);
   if (it == allocs_.end() || it->second.owner == owner) return;
   it->second.owner = owner;
@@ -518,7 +521,10 @@ void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
 }
 
 // Sessions opened through it keep their tenant until they end.
-void Node::allocation_removed(const std::string& id) { allocs_.erase(id); }
+void Node::allocation_removed(const std::string& id) {
+  allocs_.erase(id);
+  unhooked_tenants_.clear();
+}
 
 void Node::reattribute(const AllocationInfo& a) {
   Tenant& t = tenant_for_alloc(a);

@@ -16,14 +16,34 @@ void Node::charge_unhooked(Tenant& t) {
   }
 }
 
+// Over its own limit on a GPU, or its namespace over its limit on a GPU where this tenant has
+// memory outside vlake (tenants of the namespace that use none are not what broke it).
 bool Node::over_a_limit(const Tenant& t) const {
   for (const Device& d : devices_) {
     const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
     if (u.used() > u.limit) return true;
+    if (t.unhooked[static_cast<std::size_t>(d.ordinal.value())] == 0) continue;
     const Accounting::NamespaceUsage nu = acct_.namespace_usage(t.ns, d.ordinal);
     if (nu.used() > nu.limit) return true;
   }
   return false;
+}
+
+Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
+  const auto key = std::make_pair(p.pid, p.start_time);
+  if (auto it = unhooked_tenants_.find(key); it != unhooked_tenants_.end()) {
+    if (Tenant* t = tenant_mut(it->second)) return t;
+  }
+  Tenant* t = nullptr;
+  for (const std::string& a : p.alloc_ids) {
+    if (auto it = allocs_.find(a); it != allocs_.end()) {
+      t = &tenant_for_alloc(it->second);
+      break;
+    }
+  }
+  if (t == nullptr) t = &tenant_for_uid(p.uid, p.gid);
+  unhooked_tenants_[key] = t->id;
+  return t;
 }
 
 std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
@@ -48,13 +68,7 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
       const ProcessIdentity& pi = *id->second;
       Tenant* t = nullptr;
       try {
-        for (const std::string& a : pi.alloc_ids) {
-          if (auto it = allocs_.find(a); it != allocs_.end()) {
-            t = &tenant_for_alloc(it->second);
-            break;
-          }
-        }
-        if (t == nullptr) t = &tenant_for_uid(pi.uid, pi.gid);
+        t = unhooked_tenant(pi);
       } catch (const std::exception& e) {
         log_.warn("pid " + std::to_string(p.pid) + " uses GPU memory outside vlake but has no tenant: " + e.what());
         continue;
@@ -65,6 +79,13 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
       up.start_time = pi.start_time;
       up.bytes += p.used;
     }
+  }
+
+  // Forget processes that left the GPUs.
+  for (auto it = unhooked_tenants_.begin(); it != unhooked_tenants_.end();) {
+    const auto p = by_pid.find(it->first.first);
+    const bool live = p != by_pid.end() && p->second->start_time == it->first.second;
+    it = live ? std::next(it) : unhooked_tenants_.erase(it);
   }
 
   std::vector<KillOrder> kills;
@@ -120,7 +141,7 @@ void Node::unhooked_killed(const KillOrder& k, bool killed) {
               " bytes of GPU memory outside vlake while the tenant stayed over its limit (enforce: kill)");
   } else {
     log_.info("pid " + std::to_string(k.pid) + " of tenant " + k.tenant_name +
-              " was to be killed (enforce: kill) but is gone");
+              " was to be killed (enforce: kill) but is gone or could not be signalled");
   }
   changes_.all = true;
 }

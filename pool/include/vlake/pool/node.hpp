@@ -390,6 +390,7 @@ class Node {
   void apply_namespaces();
   void charge_unhooked(Tenant& t);
   [[nodiscard]] bool over_a_limit(const Tenant& t) const;
+  Tenant* unhooked_tenant(const ProcessIdentity& p);
   void reattribute(const AllocationInfo& a);
   [[nodiscard]] NamespaceId namespace_id(const std::string& name) const;
   [[nodiscard]] NamespaceId namespace_of_name(const std::string& tenant_name) const;
@@ -430,7 +431,11 @@ class Node {
   std::map<std::string, AllocationInfo> allocs_;  // by allocation id
   std::unique_ptr<Dedup> dedup_;                  // created on first use
   std::vector<ParkedGrant> parked_;               // FIFO
-  bool memory_returned_ = false;                  // a release since the last retry of parked grants
+  // Tenants of processes without a session by (pid, start time), so that a sample does not
+  // resolve (user and group databases) every process again; cleared when the quota file or the
+  // allocations change, pruned to the processes of the latest sample.
+  std::map<std::pair<std::uint32_t, std::uint64_t>, TenantId> unhooked_tenants_;
+  bool memory_returned_ = false;  // a release since the last retry of parked grants
 
   // slot tables (mirroring the state segment's)
   std::vector<bool> tenant_slots_ = std::vector<bool>(st::kMaxTenants);
