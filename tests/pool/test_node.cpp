@@ -588,3 +588,21 @@ TEST_CASE("node: on Kubernetes an unhooked process is charged to the allocation 
   REQUIRE(root != nullptr);
   CHECK(root->unhooked[0] == 6 * kMiB);
 }
+
+TEST_CASE("node: enforce kill also acts on a namespace that memory outside vlake put over its limit",
+          "[node][unhooked]") {
+  World w(R"(version: 1
+default: {enforce: kill, kill_grace: 0s}
+namespaces: [{name: team, limit: 32MiB, pod_limit: 64MiB, users: [1000, 2000]}]
+)");
+  const auto s = w.hello(1, 100, 2000);
+  w.granted(1, s, 16 * kMiB);
+  // uid 1000 holds 24 MiB outside vlake: within its own 64 MiB, but the namespace holds 40 of 32.
+  const std::vector<KillOrder> kills = w.node->observe_gpus({gpu0(24_MiB, {{200, 24_MiB}})}, {who(200, 1000)}, w.t);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].pid == 200);
+  CHECK(kills[0].tenant_name == "team/user:1000");
+  // The hooked tenant of the namespace is refused meanwhile, and the refusal is the unhooked memory's doing.
+  CHECK(w.refused(1, s, 8 * kMiB) == proto::Status::namespace_over_limit);
+  CHECK(w.node->counters().denials_unhooked == 1);
+}
