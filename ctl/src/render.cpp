@@ -68,6 +68,7 @@ void usage_json(JsonWriter& j, const TenantGpuView& u) {
   j.field_uint("used", u.used);
   j.field_uint("granted", u.granted);
   j.field_uint("nonpool", u.nonpool);
+  j.field_uint("unhooked", u.unhooked);
   j.field_uint("limit", u.limit);
   uint_or_null(j, "guaranteed", u.guaranteed);
   j.key("share_percent").number(u.share_percent, 2);
@@ -89,10 +90,12 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
   for (const GpuView& g : v.gpus) {
     out += "\nGPU " + std::to_string(g.index) + "  " + g.uuid_short + "  total " + sz(g.total) + "  pool: granted " +
            sz(g.granted) + " / free " + sz(g.free) + "  non-pool " + sz(g.nonpool) + "  guaranteed " +
-           sz(g.guaranteed) + " (borrowed " + sz(g.borrowed) + ")\n";
+           sz(g.guaranteed) + " (borrowed " + sz(g.borrowed) + ")" +
+           (g.unhooked != 0 ? "  outside vlake " + sz(g.unhooked) : std::string()) + "\n";
     Table t({{"NAMESPACE"},
              {"TENANT"},
              {"USED", Table::Align::right},
+             {"OUTSIDE", Table::Align::right},
              {"LIMIT", Table::Align::right},
              {"GUARANTEED", Table::Align::right},
              {"SHARE", Table::Align::right},
@@ -101,8 +104,9 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
     for (const TopRow& r : rows) {
       if (r.gpu != g.index) continue;
       over = over || r.usage.over_limit;
-      t.add_row({r.namespace_name, r.tenant, used_text(r.usage), sz(r.usage.limit), guaranteed_text(r.usage),
-                 percent(r.usage.share_percent), std::to_string(r.pids.size()), join_pids(r.pids)});
+      t.add_row({r.namespace_name, r.tenant, used_text(r.usage), sz(r.usage.unhooked), sz(r.usage.limit),
+                 guaranteed_text(r.usage), percent(r.usage.share_percent), std::to_string(r.pids.size()),
+                 join_pids(r.pids)});
     }
     if (t.rows() == 0) {
       out += "  no tenant holds memory\n";
@@ -177,6 +181,7 @@ std::string render_tenants_text(const NodeView& v, const std::string& state) {
            {"USED", Table::Align::right},
            {"GRANTED", Table::Align::right},
            {"NON-POOL", Table::Align::right},
+           {"OUTSIDE", Table::Align::right},
            {"LIMIT", Table::Align::right},
            {"GRANTS", Table::Align::right},
            {"SESSIONS (PIDS)"}});
@@ -186,12 +191,12 @@ std::string render_tenants_text(const NodeView& v, const std::string& state) {
     bool first = true;
     for (const TenantGpuView& u : x.gpus) {
       t.add_row({first ? std::to_string(x.id) : "", first ? x.name : "", std::to_string(u.gpu), used_text(u),
-                 sz(u.granted), sz(u.nonpool), sz(u.limit), first ? std::to_string(x.grant_count) : "",
+                 sz(u.granted), sz(u.nonpool), sz(u.unhooked), sz(u.limit), first ? std::to_string(x.grant_count) : "",
                  first ? sessions : ""});
       first = false;
     }
     if (x.gpus.empty()) {
-      t.add_row({std::to_string(x.id), x.name, "-", "-", "-", "-", "-", std::to_string(x.grant_count), sessions});
+      t.add_row({std::to_string(x.id), x.name, "-", "-", "-", "-", "-", "-", std::to_string(x.grant_count), sessions});
     }
   }
   return out + "\n" + t.render();
@@ -207,6 +212,8 @@ std::string render_tenants_json(const NodeView& v, const std::string& state) {
     j.field_uint("id", x.id);
     j.field("name", x.name);
     j.field("namespace", x.namespace_name);
+    j.field("enforce", x.enforce);
+    j.field_uint("unhooked_processes", x.unhooked_processes);
     j.field_uint("grant_count", x.grant_count);
     pids_json(j, x.pids);
     j.key("sessions").begin_array();
@@ -287,6 +294,8 @@ std::string render_pool_json(const NodeView& v, const std::string& state) {
     j.field_uint("orphaned", g.orphaned);
     j.field_uint("counted", g.counted);
     j.field_uint("nonpool", g.nonpool);
+    j.field_uint("unhooked", g.unhooked);
+    j.field_uint("nvml_used", g.nvml_used);
     j.field_uint("guaranteed", g.guaranteed);
     j.field_uint("borrowed", g.borrowed);
     j.end_object();

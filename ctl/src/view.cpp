@@ -44,6 +44,8 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     g.orphaned = r.orphaned_bytes;
     g.counted = r.counted_bytes;
     g.nonpool = r.nonpool_bytes;
+    g.unhooked = r.unhooked_bytes;
+    g.nvml_used = r.nvml_used_bytes;
     g.guaranteed = r.guaranteed_bytes;
     g.borrowed = r.borrowed_bytes;
     v.gpus.push_back(std::move(g));
@@ -84,12 +86,15 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     const auto ns = namespaces.find(r.namespace_id);
     const st::NamespaceRecord* nsr = ns == namespaces.end() ? nullptr : ns->second;
     t.namespace_name = nsr != nullptr ? bounded(nsr->name, sizeof nsr->name) : "default";
+    t.enforce = r.enforce == 0 ? "account" : r.enforce == 2 ? "kill" : "refuse";
+    t.unhooked_processes = r.unhooked_processes;
     for (const GpuView& g : v.gpus) {
       TenantGpuView u;
       u.gpu = g.index;
       u.granted = r.granted[g.index];
       u.nonpool = r.nonpool[g.index];
-      u.used = u.granted + u.nonpool;
+      u.unhooked = r.unhooked[g.index];
+      u.used = u.granted + u.nonpool + (r.enforce != 0 ? u.unhooked : 0);
       u.limit = r.limit[g.index];
       if (nsr != nullptr && nsr->guaranteed[g.index] != 0) u.guaranteed = nsr->guaranteed[g.index];
       u.over_limit = (r.over_limit & (1u << g.index)) != 0;
@@ -157,6 +162,9 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
       {"denials_tenant_limit", c.denials_tenant_limit},
       {"denials_namespace_limit", c.denials_namespace_limit},
       {"denials_guarantee", c.denials_guarantee},
+      {"denials_unhooked", c.denials_unhooked},
+      {"unhooked_kills", c.unhooked_kills},
+      {"passthrough_refused", c.passthrough_refused},
       {"config_reloads", c.config_reloads},
       {"config_reload_errors", c.config_reload_errors},
       {"denials_session_cap", c.denials_session_cap},
@@ -178,7 +186,7 @@ std::vector<TopRow> top_rows(const NodeView& v) {
     std::vector<TopRow> here;
     for (const TenantView& t : v.tenants) {
       const TenantGpuView& u = t.gpus[gi];
-      if (u.used == 0) continue;
+      if (u.used == 0 && u.unhooked == 0) continue;
       TopRow r;
       r.gpu = v.gpus[gi].index;
       r.tenant_id = t.id;
@@ -201,7 +209,7 @@ std::vector<TenantView> idle_tenants(const NodeView& v) {
   for (const TenantView& t : v.tenants) {
     if (t.sessions.empty()) continue;
     bool uses = false;
-    for (const TenantGpuView& u : t.gpus) uses = uses || u.used != 0;
+    for (const TenantGpuView& u : t.gpus) uses = uses || u.used != 0 || u.unhooked != 0;
     if (!uses) out.push_back(t);
   }
   std::sort(out.begin(), out.end(),

@@ -149,6 +149,10 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
           [](const st::DeviceRecord& r) { return d(r.guaranteed_bytes); });
   per_gpu("vlake_pool_borrowed_bytes", "memory held above guarantees",
           [](const st::DeviceRecord& r) { return d(r.borrowed_bytes); });
+  per_gpu("vlake_gpu_nvml_used_bytes", "device memory in use as NVML reports it (0 without NVML)",
+          [](const st::DeviceRecord& r) { return d(r.nvml_used_bytes); });
+  per_gpu("vlake_gpu_unhooked_bytes", "memory of processes without a vlake session (NVML), all tenants",
+          [](const st::DeviceRecord& r) { return d(r.unhooked_bytes); });
   per_gpu("vlake_pool_peak_bytes", "highest vlake_pool_reserved_bytes since the daemon started",
           [](const st::DeviceRecord& r) { return d(r.pool_peak_bytes); });
   {
@@ -181,10 +185,15 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   }
 
   // Tenants
-  MetricFamily& t_used = F.gauge("vlake_tenant_used_bytes", "what the quota counts: granted + non-pool");
+  MetricFamily& t_used = F.gauge("vlake_tenant_used_bytes",
+                                 "what the quota counts: granted + non-pool + unhooked (unless enforce: account)");
   MetricFamily& t_granted = F.gauge("vlake_tenant_granted_bytes", "pool memory granted");
   MetricFamily& t_nonpool =
       F.gauge("vlake_tenant_nonpool_bytes", "sampled device memory of its processes outside the pool");
+  MetricFamily& t_unhooked = F.gauge("vlake_tenant_unhooked_bytes",
+                                     "memory of its processes without a vlake session (NVML): memory outside vlake");
+  MetricFamily& t_unhooked_procs =
+      F.gauge("vlake_tenant_unhooked_processes", "its processes on a GPU without a vlake session");
   MetricFamily& t_limit = F.gauge("vlake_tenant_limit_bytes", "its limit");
   MetricFamily& t_over = F.gauge("vlake_tenant_over_limit", "1 when a lowered limit left it above (grants refused)");
   MetricFamily& t_sessions = F.gauge("vlake_tenant_sessions", "connected or detached processes");
@@ -211,7 +220,10 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     const Labels tl{{"tenant", tname}, {"namespace", ns_name}, {"pod", pod}, {"container", container}};
     for (const Gpu& g : gpus) {
       const Labels l = join(g.labels, tl);
-      set(t_used, l, d(r.granted[g.index] + r.nonpool[g.index]));
+      // Memory outside vlake counts unless its namespace only accounts it (enforce: account).
+      const std::uint64_t outside = r.enforce != 0 ? r.unhooked[g.index] : 0;
+      set(t_used, l, d(r.granted[g.index] + r.nonpool[g.index] + outside));
+      set(t_unhooked, l, d(r.unhooked[g.index]));
       set(t_granted, l, d(r.granted[g.index]));
       set(t_nonpool, l, d(r.nonpool[g.index]));
       set(t_limit, l, d(r.limit[g.index]));
@@ -220,6 +232,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     }
     const auto it = tenant_sessions.find(r.id);
     set(t_sessions, tl, it == tenant_sessions.end() ? 0 : d(it->second));
+    set(t_unhooked_procs, tl, d(r.unhooked_processes));
   }
 
   // Namespaces
@@ -253,6 +266,12 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   set(denials, {{"reason", "unknown_device"}}, d(c.denials_unknown_device));
   set(denials, {{"reason", "other"}}, d(c.denials_other));
   set(denials, {{"reason", "grant_cap"}}, d(c.denials_grant_cap));
+  set(F.counter("vlake_grant_denials_unhooked_total",
+                "of the refused grants, those memory outside vlake caused (also counted under their limit's reason)"),
+      {}, d(c.denials_unhooked));
+  set(F.counter("vlake_unhooked_kills_total", "processes killed under enforce: kill"), {}, d(c.unhooked_kills));
+  set(F.counter("vlake_passthrough_refused_total", "VLAKE_DISABLE requests the quota file does not allow"), {},
+      d(c.passthrough_refused));
   set(F.counter("vlake_releases_total", "grants returned"), {}, d(c.releases));
   set(F.counter("vlake_process_exits_total", "sessions ended by their process dying"), {}, d(c.process_exits));
   set(F.counter("vlake_scrubs_total", "handles zeroed before changing tenant"), {}, d(c.scrubs));

@@ -144,6 +144,17 @@ bool DaemonClient::send_guard_event(proto::GuardEvent event) {
   return false;
 }
 
+DaemonClient::Passthrough DaemonClient::ask_passthrough() {
+  std::lock_guard lock(mu_);
+  ask_passthrough_ = true;
+  const bool connected = connect_locked();
+  ask_passthrough_ = false;
+  if (passthrough_) return Passthrough::allowed;
+  if (connected) return Passthrough::refused;
+  retry_after_ = std::chrono::steady_clock::now() + kConnectHoldOff;
+  return Passthrough::unreachable;
+}
+
 std::string DaemonClient::last_error() const {
   std::lock_guard lock(mu_);
   return last_error_;
@@ -186,7 +197,7 @@ bool DaemonClient::connect_locked() {
   auto hello = proto::make<proto::Hello>(next_request_++);
   hello.pid = static_cast<std::uint32_t>(::getpid());
   hello.old_session = session_;
-  hello.flags = pressure_ ? proto::kHelloPressure : 0u;
+  hello.flags = (pressure_ ? proto::kHelloPressure : 0u) | (ask_passthrough_ ? proto::kHelloPassthrough : 0u);
   std::snprintf(hello.client, sizeof hello.client, "vlake-hook 0.1.0");
   proto::HelloAck ack{};
   last_error_status_ = proto::Status::ok;
@@ -198,6 +209,13 @@ bool DaemonClient::connect_locked() {
       refused_ = true;
       last_error_ = "vlaked refused this process (" + last_error_.substr(std::string("daemon error: ").size()) + ")";
     }
+    fd_.reset();
+    return false;
+  }
+  if (ack.status == proto::Status::passthrough && ask_passthrough_) {
+    passthrough_ = true;
+    tenant_name_.assign(ack.tenant_name, strnlen(ack.tenant_name, sizeof ack.tenant_name));
+    last_error_ = "passing through (VLAKE_DISABLE allowed)";
     fd_.reset();
     return false;
   }

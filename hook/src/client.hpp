@@ -31,6 +31,11 @@
 //   connection without blocking (it gives up at once if another thread holds the connection)
 //   and take_pressure() hands over everything kept so far.
 // - send_reserve_report() sends one ReserveReport if a connection is open (never connects).
+// - ask_passthrough() (VLAKE_DISABLE=1, docs/hook.md): opens the connection with a Hello that
+//   says kHelloPassthrough. allowed: the daemon answered Status::passthrough (no session; the
+//   connection is closed); refused: a normal HelloAck (the quota file does not allow it: the
+//   session is open and the hook stays on); unreachable: no daemon answered. Later reconnections
+//   never set the flag.
 // - Thread-safety: every public method may be called from any thread.
 #pragma once
 
@@ -88,6 +93,9 @@ class DaemonClient {
   [[nodiscard]] std::optional<proto::ShareReply> share(const proto::ShareRequest& request, std::vector<UniqueFd>& fds);
   [[nodiscard]] std::optional<proto::ShareAck> share_commit(const proto::ShareCommit& request);
 
+  enum class Passthrough { allowed, refused, unreachable };
+  [[nodiscard]] Passthrough ask_passthrough();
+
   bool send_guard_event(proto::GuardEvent event);
   bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks);
   void poll_pressure();
@@ -128,6 +136,8 @@ class DaemonClient {
   std::uint64_t session_ = 0;
   std::uint64_t next_request_ = 1;
   std::string tenant_name_;
+  bool ask_passthrough_ = false;  // the next Hello says kHelloPassthrough
+  bool passthrough_ = false;      // the daemon answered Status::passthrough
   proto::GuardMode guard_mode_ = proto::GuardMode::off;
   std::uint64_t granularity_ = 0;
   std::string last_error_;

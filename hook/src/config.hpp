@@ -10,7 +10,8 @@
 //     VLAKE_RECONNECT_TIMEOUT  duration                  default 5 s
 //     VLAKE_TIMEOUT            duration (per socket op)  default 10 s
 //     VLAKE_LOG                error|warn|info|debug     default warn
-//     VLAKE_DISABLE            1/true/yes/on = pass everything through
+//     VLAKE_DISABLE            1/true/yes/on = ask vlaked to pass everything through (granted
+//                              only where the quota file has allow_disable: true; docs/hook.md)
 //     VLAKE_RESERVE            local reserve cap (size)  default 2GiB; 0 = no reserve
 //     VLAKE_RESERVE_AGE        idle time before a reserved block goes back   default 30 s
 //     VLAKE_PROFILE            1 = print the cold path's time per phase at exit

@@ -119,7 +119,7 @@ void* substitute(const char* symbol, void* real, int version, cuuint64_t flags) 
 
 bool substitution_off() {
   State* s = state();
-  return s != nullptr && s->config.disabled;
+  return s != nullptr && s->passthrough;
 }
 
 }  // namespace

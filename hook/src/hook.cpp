@@ -89,7 +89,28 @@ void create_state() {
   for (const std::string& p : c.problems) log(LogLevel::warn, "%s", p.c_str());
   auto* s = new State(std::move(c));  // never destroyed: wrappers may run during exit
   ::pthread_atfork(fork_prepare, fork_parent, fork_child);
-  if (s->config.disabled) log(LogLevel::info, "VLAKE_DISABLE is set: passing everything through");
+  if (s->config.disabled) {
+    // VLAKE_DISABLE only where the quota file allows it (allow_disable); without a daemon there
+    // is nothing to enforce (NVML attribution still charges the process's memory).
+    switch (s->client.ask_passthrough()) {
+      case DaemonClient::Passthrough::allowed:
+        s->passthrough = true;
+        log(LogLevel::info, "VLAKE_DISABLE is set and allowed for tenant %s: passing everything through",
+            s->client.tenant_name().c_str());
+        break;
+      case DaemonClient::Passthrough::unreachable:
+        s->passthrough = true;
+        log(LogLevel::info, "VLAKE_DISABLE is set and vlaked is unreachable (%s): passing everything through",
+            s->client.last_error().c_str());
+        break;
+      case DaemonClient::Passthrough::refused:
+        log(LogLevel::warn,
+            "VLAKE_DISABLE is set but the quota file does not allow it for tenant %s (allow_disable): the hook "
+            "stays on",
+            s->client.tenant_name().c_str());
+        break;
+    }
+  }
   if (s->config.profile) Profile::get().enable();
   g_state.store(s, std::memory_order_release);
 }
@@ -114,7 +135,7 @@ namespace {
 // The state, or nullptr when the call must pass straight through (disabled or initializing).
 State* active() noexcept {
   State* s = state();
-  return s != nullptr && !s->config.disabled ? s : nullptr;
+  return s != nullptr && !s->passthrough ? s : nullptr;
 }
 
 std::uint64_t addr(CUdeviceptr p) { return static_cast<std::uint64_t>(p); }

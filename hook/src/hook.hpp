@@ -33,6 +33,9 @@ struct State {
 
   const Config config;
   DaemonClient client;
+  // Every call passes straight through: VLAKE_DISABLE=1 and the daemon allowed it or could not
+  // be reached (decided once, before the state is published; docs/hook.md).
+  bool passthrough = false;
   AllocTable allocs;
   CreateTable creates;
   ManagedTable managed;

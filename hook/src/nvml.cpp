@@ -66,7 +66,7 @@ void remember_mem_v2(void* fn, bool) noexcept { remember(g_mem_v2, fn); }
 // The tenant's view of `device`, when the daemon answers for it.
 bool tenant_usage(nvmlDevice_t device, UsageResult& u) {
   State* s = state();
-  if (s == nullptr || s->config.disabled) return false;
+  if (s == nullptr || s->passthrough) return false;
   auto get_uuid = resolved(g_get_uuid, "nvmlDeviceGetUUID");
   if (get_uuid == nullptr) return false;
   char text[VLAKE_NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};

@@ -377,7 +377,7 @@ __attribute__((visibility("default"))) int vlake_share_readonly_ex(const void* p
                                                                    vlake_share_result* out) {
   try {
     vlake::hook::State* s = vlake::hook::state();
-    if (s == nullptr || s->config.disabled) return VLAKE_SHARE_NOT_VLAKE;
+    if (s == nullptr || s->passthrough) return VLAKE_SHARE_NOT_VLAKE;
     return vlake::hook::share::share_readonly(*s, reinterpret_cast<std::uint64_t>(ptr), bytes, out);
   } catch (...) {
     return VLAKE_SHARE_INTERNAL;

@@ -97,8 +97,10 @@ void Accounting::assign(TenantId t, NamespaceId n) {
     from.granted -= std::min(from.granted, u.granted);
     from.nonpool -= std::min(from.nonpool, u.nonpool);
     from.reserved -= std::min(from.reserved, u.reserved);
+    from.unhooked -= std::min(from.unhooked, u.unhooked);
     to.granted += u.granted;
     to.nonpool += u.nonpool;
+    to.unhooked += u.unhooked;
     to.reserved += u.reserved;
   }
   tenant_ns_[t.value()] = n;
@@ -132,7 +134,7 @@ std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrd
     return std::nullopt;
   };
   // 1. the tenant's limit
-  const std::uint64_t held = u.granted.value() + u.nonpool.value() + u.reserved.value();
+  const std::uint64_t held = u.granted.value() + u.nonpool.value() + u.unhooked.value() + u.reserved.value();
   if (!fits(held, n.value(), u.limit.value())) return refuse(Refusal::tenant_limit);
   // 2. its namespace's limit
   const NamespaceId nsid = ns_of_locked(t);
@@ -199,6 +201,15 @@ void Accounting::set_nonpool(TenantId t, DeviceOrdinal d, Bytes n) {
   nu.nonpool -= std::min(nu.nonpool, u.nonpool);
   nu.nonpool += n;
   u.nonpool = n;
+}
+
+void Accounting::set_unhooked(TenantId t, DeviceOrdinal d, Bytes n) {
+  std::lock_guard lock(mu_);
+  Usage& u = map_[Key{t, d}];
+  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
+  nu.unhooked -= std::min(nu.unhooked, u.unhooked);
+  nu.unhooked += n;
+  u.unhooked = n;
 }
 
 Accounting::Usage Accounting::usage(TenantId t, DeviceOrdinal d) const {

@@ -51,6 +51,14 @@ namespace {
 
 int pidfd_open(std::uint32_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0)); }
 
+// Kills (pid, start_time) with SIGKILL through a pidfd, so that a reused pid is never hit: the
+// pidfd pins the process whose start time is checked after opening it. False: gone or refused.
+bool kill_process(std::uint32_t pid, std::uint64_t start_time) {
+  UniqueFd fd(pidfd_open(pid));
+  if (!fd || process_start_time(pid) != start_time) return false;
+  return ::syscall(SYS_pidfd_send_signal, fd.get(), SIGKILL, nullptr, 0) == 0;
+}
+
 bool pidfd_exited(int pidfd) {
   pollfd p{pidfd, POLLIN, 0};
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
@@ -613,7 +621,25 @@ void Daemon::Impl::on_timer() {
   node_->tick(t);
   if (nvml_) {
     try {
-      node_->set_nonpool(attribute_nonpool(*nvml_, node_->nonpool_inputs()));
+      std::vector<std::pair<DeviceOrdinal, Uuid>> devs;
+      for (const Node::Device& d : node_->devices()) devs.emplace_back(d.ordinal, d.uuid);
+      const std::vector<GpuSample> sample = sample_nvml(*nvml_, devs);
+      // Who the processes without a session are (/proc); the Node decides what it means.
+      std::set<std::uint32_t> session_pids;
+      for (const auto& [id, sess] : node_->sessions()) session_pids.insert(sess.pid);
+      std::set<std::uint32_t> seen;
+      std::vector<ProcessIdentity> ids;
+      for (const GpuSample& g : sample) {
+        for (const ProcessUsage& p : g.processes) {
+          if (p.pid == node_->settings().daemon_pid || session_pids.count(p.pid) != 0 || !seen.insert(p.pid).second) {
+            continue;
+          }
+          if (auto id = read_process_identity(p.pid, alloc_watch_.has_value())) ids.push_back(std::move(*id));
+        }
+      }
+      for (const KillOrder& k : node_->observe_gpus(sample, ids, t)) {
+        node_->unhooked_killed(k, kill_process(k.pid, k.start_time));
+      }
       nvml_failed_logged_ = false;
     } catch (const std::exception& e) {
       if (!nvml_failed_logged_) log_.warn(std::string("NVML sampling failed: ") + e.what());
@@ -733,6 +759,12 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
       auto old = conns_.find(out.close);
       if (old != conns_.end()) old->second.session = 0;
       close_connection(out.close);
+    }
+    if (const auto& ack = std::get<proto::HelloAck>(out.answer); ack.status == proto::Status::passthrough) {
+      // VLAKE_DISABLE allowed: no session; the process passes through and NVML attributes it.
+      (void)send(serial, ack);
+      close_connection(serial);
+      return;
     }
     c.session = out.session;
     conn_limits_.authenticated(serial);

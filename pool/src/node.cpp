@@ -150,10 +150,15 @@ std::size_t Node::grants_of(TenantId t) const {
   return n;
 }
 
-// Holds nothing: no session (grants belong to sessions), no usage on any GPU, and for an
-// allocation's tenant, no live allocation.
+// Holds nothing: no session (grants belong to sessions), no usage on any GPU (memory outside
+// vlake included), no process without a session on a GPU, and for an allocation's tenant, no
+// live allocation.
 bool Node::tenant_idle(const Tenant& t) const {
   if (!t.alloc_id.empty() && allocs_.count(t.alloc_id) != 0) return false;
+  if (!t.unhooked_procs.empty()) return false;
+  for (const std::uint64_t b : t.unhooked) {
+    if (b != 0) return false;
+  }
   for (const auto& [id, s] : sessions_) {
     if (s.tenant == t.id) return false;
   }
@@ -162,7 +167,9 @@ bool Node::tenant_idle(const Tenant& t) const {
   }
   for (const Device& d : devices_) {
     const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
-    if (u.granted.value() != 0 || u.nonpool.value() != 0 || u.reserved.value() != 0) return false;
+    if (u.granted.value() != 0 || u.nonpool.value() != 0 || u.reserved.value() != 0 || u.unhooked.value() != 0) {
+      return false;
+    }
   }
   return true;
 }
@@ -249,6 +256,9 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
   t->limit = spec.limit;
   t->guard = spec.guard;
   t->dedup = spec.dedup;
+  t->enforce = spec.enforce;
+  t->kill_grace = spec.kill_grace;
+  t->allow_disable = spec.allow_disable;
   t->have_ids = alloc == nullptr;
   t->uid = uid;
   t->gid = gid;
@@ -260,6 +270,7 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
     const bool here = alloc == nullptr || alloc->device == d.ordinal;
     acct_.set_limit(t->id, d.ordinal, here ? spec.limit.on_device(d.total) : Bytes{0});
   }
+  charge_unhooked(*t);  // its policy may have changed
   touch_tenant(t->id);
   if (old_ns != t->ns) {
     for (const auto& [ns_name, n] : namespaces_) {
@@ -349,6 +360,29 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       limited_.write(LogLevel::error, "session error", "session refused for " + who + ": " + e.what(), when);
       out.answer = Fatal{proto::Status::internal, e.what()};
       return out;
+    }
+    if ((m.flags & proto::kHelloPassthrough) != 0) {
+      // VLAKE_DISABLE=1: only where the quota file allows it; the process then has no session
+      // and its memory is attributed through NVML like any process without the hook.
+      if (t->allow_disable) {
+        limited_.info("passthrough " + t->name,
+                      "pid " + std::to_string(peer.pid) + " (tenant " + t->name +
+                          "): VLAKE_DISABLE allowed (allow_disable: true): passing through, no session",
+                      when);
+        proto::HelloAck ack{};
+        ack.h = proto::make_header<proto::HelloAck>(proto::MsgType::hello_ack, m.h.request_id);
+        ack.status = proto::Status::passthrough;
+        ack.tenant_id = t->id.value();
+        copy_chars(ack.tenant_name, t->name);
+        out.answer = ack;
+        return out;
+      }
+      ++counters_.passthrough_refused;
+      limited_.info("passthrough " + t->name,
+                    "pid " + std::to_string(peer.pid) + " (tenant " + t->name +
+                        "): VLAKE_DISABLE refused: the quota file does not allow it (allow_disable) for this tenant's "
+                        "namespace; the hook stays on",
+                    when);
     }
     const TenantId tid = t->id;
     const std::size_t held = sessions_of(tid);
@@ -549,6 +583,7 @@ void Node::retarget_tenants() {
 void Node::apply(quota::QuotaConfig cfg, const std::string& source, bool from_file, Now now, const std::string& why) {
   config_ = std::move(cfg);
   apply_namespaces();
+  unhooked_tenants_.clear();
   retarget_tenants();
   // Namespaces gone from the file: their tenants have moved; drop them.
   std::vector<std::string> gone;
@@ -587,6 +622,7 @@ void Node::config_rejected(const std::string& error, Now now) {
 // Kubernetes allocations (docs/device-plugin.md)
 
 void Node::allocation_added(const AllocationInfo& a) {
+  unhooked_tenants_.clear();
   allocs_[a.id] = a;
   // Sessions resumed from a previous vlaked that came through this allocation (by tenant name).
   const std::string tname = alloc::tenant_name(a.id, a.owner);
@@ -601,6 +637,7 @@ void Node::allocation_added(const AllocationInfo& a) {
 }
 
 void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
+  unhooked_tenants_.clear();
   auto it = allocs_.find(id);
   if (it == allocs_.end() || it->second.owner == owner) return;
   it->second.owner = owner;
@@ -610,6 +647,7 @@ void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
 // Sessions opened through it keep their tenant until they end; a tenant left holding nothing
 // is freed.
 void Node::allocation_removed(const std::string& id) {
+  unhooked_tenants_.clear();
   allocs_.erase(id);
   std::vector<TenantId> ids;
   for (const auto& [tid, t] : tenants_) {

@@ -39,6 +39,26 @@ Refused Node::refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal wh
     ++counters_.denials_tenant_limit;
     detail = "tenant limit: used " + std::to_string(reply.used) + " of " + std::to_string(reply.limit);
   }
+  // Memory outside vlake (docs/quota.md, `enforce`): the refusal is its doing when the grant
+  // would have fit without it.
+  if (why == Refusal::tenant_limit || why == Refusal::namespace_limit) {
+    std::uint64_t outside = 0;
+    bool fits_without = false;
+    if (why == Refusal::tenant_limit) {
+      const Accounting::Usage u = acct_.usage(t.id, dev.ordinal);
+      outside = u.unhooked.value();
+      fits_without = (u.granted + u.nonpool + u.reserved + bytes) <= u.limit;
+    } else {
+      const auto nu = acct_.namespace_usage(t.ns, dev.ordinal);
+      outside = nu.unhooked.value();
+      fits_without = (nu.granted + nu.nonpool + nu.reserved + bytes) <= nu.limit;
+    }
+    if (outside > 0) {
+      detail +=
+          "; " + std::to_string(outside) + " bytes of it are GPU memory outside vlake (processes without the hook)";
+      if (fits_without) ++counters_.denials_unhooked;
+    }
+  }
   // Rate-limited per tenant (a refused flood must not flood the log).
   limited_.info("refusal " + t.name,
                 "tenant " + t.name + ": " + std::to_string(bytes.value()) + " bytes on GPU " +

@@ -25,6 +25,7 @@ class DlNvml final : public NvmlSource {
     by_index_ = sym<PFN_nvmlDeviceGetHandleByIndex_v2>("nvmlDeviceGetHandleByIndex_v2");
     uuid_ = sym<PFN_nvmlDeviceGetUUID>("nvmlDeviceGetUUID");
     procs_ = sym<PFN_nvmlDeviceGetComputeRunningProcesses_v3>("nvmlDeviceGetComputeRunningProcesses_v3");
+    meminfo_ = sym<PFN_nvmlDeviceGetMemoryInfo>("nvmlDeviceGetMemoryInfo");
     if (const nvmlReturn_t r = init_(); r != NVML_SUCCESS) {
       throw std::runtime_error(library + ": nvmlInit_v2 failed (" + std::to_string(r) + ")");
     }
@@ -63,6 +64,16 @@ class DlNvml final : public NvmlSource {
     throw std::runtime_error("nvmlDeviceGetComputeRunningProcesses_v3: process list keeps growing");
   }
 
+  std::optional<Bytes> used(const Uuid& gpu) override {
+    nvmlDevice_t dev = find(gpu);
+    if (dev == nullptr) return std::nullopt;
+    nvmlMemory_t m{};
+    if (const nvmlReturn_t r = meminfo_(dev, &m); r != NVML_SUCCESS) {
+      throw std::runtime_error("nvmlDeviceGetMemoryInfo failed (" + std::to_string(r) + ")");
+    }
+    return Bytes{m.used};
+  }
+
  private:
   void enumerate() {
     devices_.clear();
@@ -97,6 +108,7 @@ class DlNvml final : public NvmlSource {
   PFN_nvmlDeviceGetHandleByIndex_v2 by_index_ = nullptr;
   PFN_nvmlDeviceGetUUID uuid_ = nullptr;
   PFN_nvmlDeviceGetComputeRunningProcesses_v3 procs_ = nullptr;
+  PFN_nvmlDeviceGetMemoryInfo meminfo_ = nullptr;
   std::vector<std::pair<Uuid, nvmlDevice_t>> devices_;
 };
 
@@ -104,13 +116,30 @@ class DlNvml final : public NvmlSource {
 
 std::unique_ptr<NvmlSource> open_nvml(const std::string& library) { return std::make_unique<DlNvml>(library); }
 
-NonpoolResult attribute_nonpool(NvmlSource& nvml, const NonpoolInputs& in) {
-  NonpoolResult out;
-  for (const auto& [ordinal, uuid] : in.devices) {
-    const auto procs = nvml.processes(uuid);
+std::vector<GpuSample> sample_nvml(NvmlSource& nvml, const std::vector<std::pair<DeviceOrdinal, Uuid>>& devices) {
+  std::vector<GpuSample> out;
+  for (const auto& [ordinal, uuid] : devices) {
+    auto procs = nvml.processes(uuid);
     if (!procs) continue;
+    GpuSample g;
+    g.device = ordinal;
+    g.used = nvml.used(uuid).value_or(Bytes{0});
+    g.processes = std::move(*procs);
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+NonpoolResult attribute_nonpool(NvmlSource& nvml, const NonpoolInputs& in) {
+  return attribute_nonpool(sample_nvml(nvml, in.devices), in);
+}
+
+NonpoolResult attribute_nonpool(const std::vector<GpuSample>& sample, const NonpoolInputs& in) {
+  NonpoolResult out;
+  for (const GpuSample& g : sample) {
+    const DeviceOrdinal ordinal = g.device;
     for (const auto& [pid, tenant] : in.pid_tenant) out[{tenant.value(), ordinal.value()}] = Bytes{0};
-    for (const ProcessUsage& p : *procs) {
+    for (const ProcessUsage& p : g.processes) {
       if (p.pid == in.daemon_pid) continue;
       const auto t = in.pid_tenant.find(p.pid);
       if (t == in.pid_tenant.end()) continue;

@@ -135,6 +135,7 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     r.limit[i] = u.limit.value();
     r.granted[i] = u.granted.value();
     r.nonpool[i] = u.nonpool.value();
+    r.unhooked[i] = t->unhooked[i];  // NVML's figure, charged (in used()) unless `enforce: account`
     if (u.used() > u.limit) over |= 1u << i;
     std::uint64_t reserve = 0;
     for (const auto& [sid, ss] : node.sessions()) {
@@ -144,6 +145,8 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
   }
   r.namespace_id = t->ns.value();
   r.over_limit = over;
+  r.enforce = static_cast<std::uint32_t>(t->enforce);
+  r.unhooked_processes = static_cast<std::uint32_t>(t->unhooked_procs.size());
 }
 
 void StatePublisher::namespace_record(const Node& node, const Node::Namespace& ns, st::State& s) noexcept {
@@ -196,6 +199,10 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     std::uint64_t nonpool = 0;
     for (const auto& [tid, t] : node.tenants()) nonpool += node.accounting().usage(t.id, d.ordinal).nonpool.value();
     r.nonpool_bytes = nonpool;
+    std::uint64_t unhooked = 0;
+    for (const auto& [tid, t] : node.tenants()) unhooked += t.unhooked[i];
+    r.unhooked_bytes = unhooked;
+    r.nvml_used_bytes = d.nvml_used.value();
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
     const Accounting::DeviceEntry du = node.accounting().device_usage(d.ordinal);

@@ -53,6 +53,28 @@ const char* guard_mode_name(GuardMode m) noexcept {
   return "unknown";
 }
 
+const char* enforce_name(Enforce e) noexcept {
+  switch (e) {
+    case Enforce::account: return "account";
+    case Enforce::refuse: return "refuse";
+    case Enforce::kill: return "kill";
+  }
+  return "unknown";
+}
+
+std::chrono::milliseconds parse_duration(const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
+  const std::string num = text.substr(0, i);
+  const std::string unit = text.substr(i);
+  if (num.empty() || num.size() > 9) throw std::invalid_argument("bad duration \"" + text + "\" (e.g. 500ms, 30s, 2m)");
+  const long long n = std::stoll(num);
+  if (unit.empty() || unit == "ms") return std::chrono::milliseconds(n);
+  if (unit == "s") return std::chrono::milliseconds(n * 1000);
+  if (unit == "m") return std::chrono::milliseconds(n * 60'000);
+  throw std::invalid_argument("bad duration \"" + text + "\": unknown unit '" + unit + "' (use ms, s or m)");
+}
+
 ConfigError::ConfigError(const std::string& file, int line, int column, const std::string& what)
     : std::runtime_error(format_position(file, line, column, what)), line_(line), column_(column) {}
 
@@ -274,6 +296,43 @@ class Parser {
     }
   }
 
+  // The policy for memory outside vlake under `enforce` of `entry`, if present.
+  std::optional<Enforce> enforce(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["enforce"];
+    if (!v) return std::nullopt;
+    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
+    if (v.IsScalar()) {
+      if (s == "account") return Enforce::account;
+      if (s == "refuse") return Enforce::refuse;
+      if (s == "kill") return Enforce::kill;
+    }
+    fail(v.Mark(), "bad enforce mode '" + s + "' in " + where + " (use account, refuse or kill)");
+  }
+
+  // `kill_grace` of `entry`, if present.
+  std::optional<std::chrono::milliseconds> kill_grace(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["kill_grace"];
+    if (!v) return std::nullopt;
+    if (!v.IsScalar()) fail(v.Mark(), "'kill_grace' in " + where + " must be a duration (e.g. 30s)");
+    try {
+      return parse_duration(trim(v.Scalar()));
+    } catch (const std::invalid_argument& e) {
+      fail(v.Mark(), std::string(e.what()) + " in 'kill_grace' of " + where);
+    }
+  }
+
+  // `allow_disable` of `entry`, if present.
+  std::optional<bool> allow_disable(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["allow_disable"];
+    if (!v) return std::nullopt;
+    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
+    if (v.IsScalar()) {
+      if (s == "true") return true;
+      if (s == "false") return false;
+    }
+    fail(v.Mark(), "bad allow_disable '" + s + "' in " + where + " (use true or false)");
+  }
+
   static int line(const YAML::Mark& m) { return m.is_null() ? 0 : m.line + 1; }
   static int column(const YAML::Mark& m) { return m.is_null() ? 0 : m.column + 1; }
 
@@ -416,11 +475,17 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(def, {"limit", "guard", "dedup"}, "'default'");
+    p.check_keys(def, {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable"}, "'default'");
     const auto l = p.size(def, "limit", "'default'");
     cfg.default_guard_ = p.guard(def, "'default'");
     cfg.default_dedup_ = p.dedup(def, "'default'");
-    if (!l && !cfg.default_guard_ && !cfg.default_dedup_) p.fail(def.Mark(), "missing 'limit' in 'default'");
+    cfg.default_enforce_ = p.enforce(def, "'default'");
+    cfg.default_kill_grace_ = p.kill_grace(def, "'default'");
+    cfg.default_allow_disable_ = p.allow_disable(def, "'default'");
+    if (!l && !cfg.default_guard_ && !cfg.default_dedup_ && !cfg.default_enforce_ && !cfg.default_kill_grace_ &&
+        !cfg.default_allow_disable_) {
+      p.fail(def.Mark(), "missing 'limit' in 'default'");
+    }
     if (l) {
       cfg.default_ = *l;
       cfg.default_given_ = true;
@@ -435,7 +500,9 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
     std::uint64_t percent_sum = 0;
     for (const YAML::Node& n : nss) {
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
-      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup"},
+      p.check_keys(n,
+                   {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup",
+                    "enforce", "kill_grace", "allow_disable"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -458,6 +525,9 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.pod_limit = p.size(n, "pod_limit", where);
       ns.guard = p.guard(n, where);
       ns.dedup = p.dedup(n, where);
+      ns.enforce = p.enforce(n, where);
+      ns.kill_grace = p.kill_grace(n, where);
+      ns.allow_disable = p.allow_disable(n, where);
       if (ns.limit) {
         ns.limit_line = Parser::line(n["limit"].Mark());
         ns.limit_column = Parser::column(n["limit"].Mark());
@@ -616,8 +686,14 @@ TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& la
   else if (n.name == kDefaultNamespace && default_given_) limit = default_;
   else if (n.pod_limit) limit = *n.pod_limit;
   else if (n.limit) limit = *n.limit;
-  TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label, limit, n.name,
-               guard.value_or(n.guard.value_or(default_guard())), dedup_of(n)};
+  TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label,
+               limit,
+               n.name,
+               guard.value_or(n.guard.value_or(default_guard())),
+               dedup_of(n),
+               enforce_of(n),
+               kill_grace_of(n),
+               allow_disable_of(n)};
   return t;
 }
 
@@ -639,7 +715,8 @@ TenantSpec QuotaConfig::resolve_allocation(const std::string& name, const std::s
   if (n == nullptr) n = &namespaces_.at(default_index());
   Bytes limit = allocated;
   if (n->pod_limit) limit = std::min(limit, n->pod_limit->on_device(total));
-  return TenantSpec{name, Limit::bytes(limit), n->name, n->guard.value_or(default_guard()), dedup_of(*n)};
+  return TenantSpec{name,         Limit::bytes(limit), n->name,           n->guard.value_or(default_guard()),
+                    dedup_of(*n), enforce_of(*n),      kill_grace_of(*n), allow_disable_of(*n)};
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

@@ -133,8 +133,8 @@ TEST_CASE("vlakectl: top, tenants and pool match the grants of two tenants", "[p
   REQUIRE(text.exit_code == 0);
   CHECK(text.out.find("GPU 0  GPU-") != std::string::npos);
   CHECK(text.out.find("total 1.0 GiB  pool: granted 28.0 MiB") != std::string::npos);
-  CHECK(text.out.find("user:4301  12.0 MiB   64.0 MiB           -   1.2%      1  " + std::to_string(a.pid())) !=
-        std::string::npos);
+  CHECK(text.out.find("user:4301  12.0 MiB      0 B   64.0 MiB           -   1.2%      1  " +
+                      std::to_string(a.pid())) != std::string::npos);
   CHECK(text.out.find("\x1b[") == std::string::npos);  // no ANSI codes in a pipe
 
   // A refused grant and a release show up at once.
@@ -264,3 +264,35 @@ TEST_CASE("vlakectl: quota check on a good and a bad file", "[process]") {
   ::unlink(bad.c_str());
   ::rmdir(dir.c_str());
 }
+
+#ifdef VLAKE_SIM_NVML_LIB
+TEST_CASE("vlakectl: memory outside vlake of a process without a session shows per tenant", "[process]") {
+  DaemonProcess d("ctl-outside", kConfig);
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  Helper outside(d.node, 4301, 0);  // never says Hello
+  outside.ok("own " + std::to_string(24 * kMiB));
+  Json tenants;
+  const bool seen = pooltest::eventually(
+      [&] {
+        tenants = ctl_json({"--state", d.state, "--json", "tenants"});
+        for (const Json& t : tenants.at("tenants").items) {
+          if (t.at("name").str() == "user:4301") return t.at("gpus").at(0).at("unhooked").u64() == 24 * kMiB;
+        }
+        return false;
+      },
+      5000);
+  REQUIRE(seen);
+  const Json& t = find_named(tenants.at("tenants"), "user:4301");
+  CHECK(t.at("enforce").str() == "refuse");
+  CHECK(t.at("unhooked_processes").u64() == 1);
+  CHECK(t.at("gpus").at(0).at("used").u64() == 24 * kMiB);  // refuse: it counts
+  CHECK(t.at("sessions").size() == 0);
+  const CtlResult text = run_ctl({"--state", d.state, "top"});
+  INFO(text.out);
+  CHECK(text.out.find("outside vlake 24.0 MiB") != std::string::npos);
+  CHECK(text.out.find("user:4301  24.0 MiB  24.0 MiB  64.0 MiB") != std::string::npos);
+  const Json pool = ctl_json({"--state", d.state, "--json", "pool"});
+  CHECK(pool.at("gpus").at(0).at("unhooked").u64() == 24 * kMiB);
+  CHECK(pool.at("gpus").at(0).at("nvml_used").u64() >= 24 * kMiB);
+}
+#endif

@@ -373,13 +373,15 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string top = render_top_text(v, "st1", "");
   INFO(top);
   CHECK(top.rfind("vlaked pid 4242 (not running), state st1, 4 sessions, 4 grants\n", 0) == 0);
-  CHECK(top.find("GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
-                 "  guaranteed 0 B (borrowed 0 B)\n"
-                 "  NAMESPACE  TENANT            USED     LIMIT  GUARANTEED  SHARE  PROCS  PIDS\n"
-                 "  default    user:alice  548.0 MiB*  16.0 GiB           -   0.7%      2  5001,5002\n\nGPU 1") !=
+  CHECK(top.find(
+            "GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
+            "  guaranteed 0 B (borrowed 0 B)\n"
+            "  NAMESPACE  TENANT            USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  PROCS  PIDS\n"
+            "  default    user:alice  548.0 MiB*      0 B  16.0 GiB           -   0.7%      2  5001,5002\n\nGPU 1") !=
         std::string::npos);
-  CHECK(top.find("\n  NAMESPACE  TENANT       USED     LIMIT  GUARANTEED  SHARE  PROCS  PIDS\n"
-                 "  research   group:ml  8.0 GiB  40.0 GiB    16.0 GiB  10.0%      1  6001\n") != std::string::npos);
+  CHECK(top.find("\n  NAMESPACE  TENANT       USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  PROCS  PIDS\n"
+                 "  research   group:ml  8.0 GiB      0 B  40.0 GiB    16.0 GiB  10.0%      1  6001\n") !=
+        std::string::npos);
   CHECK(top.find("\n* above its limit") != std::string::npos);
   CHECK(top.find("\nconnected, no memory: uid:9 (7001)\n") != std::string::npos);
   CHECK(top.find("xxxx") == std::string::npos);  // the idle tenant is not in top
@@ -419,8 +421,9 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string tt = render_tenants_text(v, "st1");
   INFO(tt);
   CHECK(tt.find("\n 1  user:alice ") != std::string::npos);
-  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB  512.0 MiB  16.0 GiB       3  2 (5001,5002)\n") != std::string::npos);
-  CHECK(tt.find(" 1     8.0 GiB   8.0 GiB        0 B  40.0 GiB\n") != std::string::npos);
+  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB  512.0 MiB      0 B  16.0 GiB       3  2 (5001,5002)\n") !=
+        std::string::npos);
+  CHECK(tt.find(" 1     8.0 GiB   8.0 GiB        0 B      0 B  40.0 GiB\n") != std::string::npos);
 
   const Json pj = parse_json(render_pool_json(v, "st1"));
   CHECK(pj.at("daemon").at("starts").u64() == 3);
@@ -604,4 +607,45 @@ TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {
   INFO(text);
   CHECK_THAT(text, Catch::Contains("canary  team/user:4242"));
   CHECK_THAT(text, Catch::Contains("cuStreamSynchronize (newest allocations: 0x7000+4.0 KiB 0x9000+256 B)"));
+}
+
+TEST_CASE("render: memory outside vlake per tenant, counted in USED unless enforce is account", "[unit]") {
+  auto s = synthetic_state();
+  auto& alice = s->tenants[0];  // refuse: counted
+  alice.enforce = 1;
+  alice.unhooked[0] = 64 * kMiB;
+  alice.unhooked_processes = 1;
+  auto& ml = s->tenants[1];  // account: shown only
+  ml.enforce = 0;
+  ml.unhooked[0] = 32 * kMiB;
+  ml.unhooked_processes = 2;
+  s->devices[0].unhooked_bytes = 96 * kMiB;
+  s->devices[0].nvml_used_bytes = 700 * kMiB;
+  s->counters.unhooked_kills = 5;
+  const NodeView v = build_view(*s, false);
+
+  const Json tn = parse_json(render_tenants_json(v, "st1"));
+  const Json& a = tn.at("tenants").at(0);
+  CHECK(a.at("enforce").str() == "refuse");
+  CHECK(a.at("unhooked_processes").u64() == 1);
+  CHECK(a.at("gpus").at(0).at("unhooked").u64() == 64 * kMiB);
+  CHECK(a.at("gpus").at(0).at("used").u64() == (36 + 512 + 64) * kMiB);
+  const Json& m = tn.at("tenants").at(1);
+  CHECK(m.at("enforce").str() == "account");
+  CHECK(m.at("gpus").at(0).at("unhooked").u64() == 32 * kMiB);
+  CHECK(m.at("gpus").at(0).at("used").u64() == 0);
+
+  // top lists a tenant whose only memory on a GPU is outside vlake, with its OUTSIDE figure.
+  const std::string top = render_top_text(v, "st1", "");
+  INFO(top);
+  CHECK(top.find("(borrowed 0 B)  outside vlake 96.0 MiB\n") != std::string::npos);
+  CHECK(top.find("  research   group:ml           0 B  32.0 MiB  40.0 GiB") != std::string::npos);
+  const std::string tt = render_tenants_text(v, "st1");
+  INFO(tt);
+  CHECK(tt.find(" 0  612.0 MiB*  36.0 MiB  512.0 MiB  64.0 MiB  16.0 GiB") != std::string::npos);
+
+  const Json pj = parse_json(render_pool_json(v, "st1"));
+  CHECK(pj.at("gpus").at(0).at("unhooked").u64() == 96 * kMiB);
+  CHECK(pj.at("gpus").at(0).at("nvml_used").u64() == 700 * kMiB);
+  CHECK(pj.at("counters").at("unhooked_kills").u64() == 5);
 }

@@ -45,7 +45,7 @@ std::string sim_dir() {
 }  // namespace
 
 TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon, const std::vector<std::string>& steps, long uid,
-                             std::string reserve)
+                             std::string reserve, const std::vector<std::string>& extra_env)
     : reserve_(std::move(reserve)) {
   int out_pipe[2];
   int err_pipe[2];
@@ -74,6 +74,7 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon, const std::v
   env.push_back("VLAKE_RECONNECT_TIMEOUT=10");
   // These tests follow every alloc/free at the daemon; the reserve is tested on its own.
   env.push_back("VLAKE_RESERVE=" + reserve_);
+  for (const std::string& kv : extra_env) env.push_back(kv);
   // Sanitizer builds: the preloaded hook comes before the sanitizer runtime in the tenant.
   env.push_back("ASAN_OPTIONS=" + asan_options + "verify_asan_link_order=0");
   std::vector<std::string> args{VLAKE_TENANT_PATH};

@@ -16,9 +16,10 @@ namespace vlake::e2e {
 class TenantProcess {
  public:
   // uid < 0: stay root. Steps are tenant.cpp's command-line steps. `reserve` is the tenant's
-  // VLAKE_RESERVE ("0": no local reserve, every alloc/free reaches the daemon).
+  // VLAKE_RESERVE ("0": no local reserve, every alloc/free reaches the daemon). `extra_env`:
+  // more "KEY=value" entries (e.g. VLAKE_DISABLE=1).
   TenantProcess(const pooltest::DaemonProcess& daemon, const std::vector<std::string>& steps, long uid = -1,
-                std::string reserve = "0");
+                std::string reserve = "0", const std::vector<std::string>& extra_env = {});
   ~TenantProcess();  // SIGKILLs and reaps a tenant still running
   TenantProcess(const TenantProcess&) = delete;
   TenantProcess& operator=(const TenantProcess&) = delete;

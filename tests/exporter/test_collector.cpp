@@ -65,6 +65,8 @@ std::unique_ptr<st::State> synthetic() {
     r.granularity = 2 * kMiB;
   }
   st::DeviceRecord& g0 = s->devices[0];
+  g0.nvml_used_bytes = 90 * kMiB;
+  g0.unhooked_bytes = 3 * kMiB;
   g0.pool_bytes = 100 * kMiB;
   g0.free_bytes = 40 * kMiB;
   g0.free_handles = 3;
@@ -108,6 +110,9 @@ std::unique_ptr<st::State> synthetic() {
   a.granted[0] = 48 * kMiB;
   a.nonpool[0] = 2 * kMiB;
   a.over_limit = 1;  // GPU 0
+  a.enforce = 1;     // refuse: memory outside vlake counts
+  a.unhooked[0] = 3 * kMiB;
+  a.unhooked_processes = 1;
   st::TenantRecord& b = s->tenants[3];
   b.in_use = 1;
   b.id = 4;
@@ -116,6 +121,9 @@ std::unique_ptr<st::State> synthetic() {
   b.limit[0] = b.limit[1] = 80 * kGiB;
   b.granted[0] = 10 * kMiB;
   b.granted[1] = 6 * kMiB;
+  b.enforce = 0;  // account: shown, not counted
+  b.unhooked[1] = 5 * kMiB;
+  b.unhooked_processes = 2;
   st::TenantRecord& c = s->tenants[5];  // namespace id unknown: "default"
   c.in_use = 1;
   c.id = 6;
@@ -129,6 +137,9 @@ std::unique_ptr<st::State> synthetic() {
   st::Counters& k = s->counters;
   k.grants = 11;
   k.denials_tenant_limit = 1;
+  k.denials_unhooked = 4;
+  k.unhooked_kills = 1;
+  k.passthrough_refused = 2;
   k.denials_namespace_limit = 2;
   k.denials_guarantee = 3;
   k.denials_out_of_memory = 4;
@@ -215,12 +226,16 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_pool_guaranteed_bytes", T::Gauge, gpu},
       {"vlake_pool_borrowed_bytes", T::Gauge, gpu},
       {"vlake_pool_peak_bytes", T::Gauge, gpu},
+      {"vlake_gpu_nvml_used_bytes", T::Gauge, gpu},
+      {"vlake_gpu_unhooked_bytes", T::Gauge, gpu},
       {"vlake_pool_free_handles_by_class", T::Gauge, {"gpu", "gpu_index", "class"}},
       {"vlake_pool_warm_target_bytes", T::Gauge, gpu},
       {"vlake_hook_reserve_bytes", T::Gauge, gpu},
       {"vlake_tenant_used_bytes", T::Gauge, tenant},
       {"vlake_tenant_granted_bytes", T::Gauge, tenant},
       {"vlake_tenant_nonpool_bytes", T::Gauge, tenant},
+      {"vlake_tenant_unhooked_bytes", T::Gauge, tenant},
+      {"vlake_tenant_unhooked_processes", T::Gauge, tenant_only},
       {"vlake_tenant_limit_bytes", T::Gauge, tenant},
       {"vlake_tenant_over_limit", T::Gauge, tenant},
       {"vlake_tenant_sessions", T::Gauge, tenant_only},
@@ -233,6 +248,9 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_sessions", T::Gauge, {"state"}},
       {"vlake_grants_total", T::Counter, none},
       {"vlake_grant_denials_total", T::Counter, {"reason"}},
+      {"vlake_grant_denials_unhooked_total", T::Counter, none},
+      {"vlake_unhooked_kills_total", T::Counter, none},
+      {"vlake_passthrough_refused_total", T::Counter, none},
       {"vlake_releases_total", T::Counter, none},
       {"vlake_process_exits_total", T::Counter, none},
       {"vlake_scrubs_total", T::Counter, none},
@@ -306,7 +324,15 @@ TEST_CASE("collector: values from the state", "[unit]") {
 
   const std::map<std::string, std::string> alice0{
       {"tenant", "research/user:alice"}, {"namespace", "research"}, {"pod", ""}, {"container", ""}, {"gpu_index", "0"}};
-  CHECK(e.value("vlake_tenant_used_bytes", alice0) == 50.0 * kMiB);
+  CHECK(e.value("vlake_tenant_used_bytes", alice0) == 53.0 * kMiB);
+  CHECK(e.value("vlake_tenant_unhooked_bytes", alice0) == 3.0 * kMiB);
+  CHECK(e.value("vlake_tenant_unhooked_processes", {{"tenant", "uid:1000"}}) == 2);
+  CHECK(e.value("vlake_tenant_unhooked_bytes", {{"tenant", "uid:1000"}, {"gpu_index", "1"}}) == 5.0 * kMiB);
+  CHECK(e.value("vlake_gpu_nvml_used_bytes", g0) == 90.0 * kMiB);
+  CHECK(e.value("vlake_gpu_unhooked_bytes", g0) == 3.0 * kMiB);
+  CHECK(e.value("vlake_grant_denials_unhooked_total") == 4);
+  CHECK(e.value("vlake_unhooked_kills_total") == 1);
+  CHECK(e.value("vlake_passthrough_refused_total") == 2);
   CHECK(e.value("vlake_tenant_granted_bytes", alice0) == 48.0 * kMiB);
   CHECK(e.value("vlake_tenant_nonpool_bytes", alice0) == 2.0 * kMiB);
   CHECK(e.value("vlake_tenant_limit_bytes", alice0) == 1.0 * kGiB);

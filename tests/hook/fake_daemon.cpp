@@ -229,6 +229,13 @@ void FakeDaemon::on_hello(int fd, const Hello& m) {
   ++counters_.hellos;
   counters_.hello_flags = m.flags;
   counters_.hello_pids.insert(cred.pid);
+  if ((m.flags & vlake::proto::kHelloPassthrough) != 0 && options_.allow_disable) {
+    ack.status = Status::passthrough;
+    ack.tenant_id = 1;
+    std::snprintf(ack.tenant_name, sizeof ack.tenant_name, "%s", options_.tenant.c_str());
+    send_msg(fd, ack);
+    return;
+  }
   std::uint64_t session = 0;
   if (m.old_session != 0) {
     ++counters_.hellos_with_old_session;

@@ -51,6 +51,9 @@ struct FakeDaemonOptions {
   vlake::proto::Status grant_status = vlake::proto::Status::ok;
   bool stall = false;  // never answer requests (after Hello)
   vlake::proto::GuardMode guard_mode = vlake::proto::GuardMode::off;
+  // A Hello with kHelloPassthrough (VLAKE_DISABLE=1) is answered Status::passthrough (no session)
+  // as vlaked does for `allow_disable: true`; false: a normal HelloAck.
+  bool allow_disable = false;
   // Pressure injection: answer every ReserveReport of a non-empty reserve with a Pressure
   // (bytes 0 = all), and/or send a Pressure just before the reply to the Nth alloc grant.
   bool pressure_on_report = false;

@@ -403,20 +403,50 @@ TEST_CASE("fork: the child connects afresh and does not use the parent's connect
   }
 }
 
-TEST_CASE("VLAKE_DISABLE=1 passes everything through") {
-  Fixture f(with_limit(64 * MiB));
-  const auto r = f.run({"init", "alloc:a:2M", "fill:a:2M:8", "info", "totalmem", "create:h:2M", "release:h", "free:a"},
+TEST_CASE("VLAKE_DISABLE=1 passes everything through where the daemon allows it") {
+  FakeDaemonOptions o = with_limit(4 * MiB);
+  o.allow_disable = true;
+  Fixture f(o);
+  const auto r = f.run({"init", "alloc:a:2M", "fill:a:2M:8", "alloc:b:8M", "info", "totalmem", "create:h:2M",
+                        "release:h", "free:a", "free:b"},
                        {{"VLAKE_DISABLE", "1"}});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:a:2M")["rc"] == "0");
   CHECK(line_of(r.out, "fill:a:2M:8")["ok"] == "1");
+  CHECK(line_of(r.out, "alloc:b:8M")["rc"] == "0");  // over the 4 MiB limit: not the hook's business
   CHECK(line_of(r.out, "info")["total"] == num(kCapacity));
   CHECK(line_of(r.out, "totalmem")["bytes"] == num(kCapacity));
   CHECK(line_of(r.out, "create:h:2M")["rc"] == "0");
   CHECK(line_of(r.out, "free:a")["rc"] == "0");
   const Counters c = f.daemon->counters();
-  CHECK(c.hellos == 0);
+  CHECK(c.hellos == 1);  // the one that asked
+  CHECK((c.hello_flags & vlake::proto::kHelloPassthrough) != 0);
+  CHECK(c.grants_alloc == 0);
   CHECK(c.usage_queries == 0);
+}
+
+TEST_CASE("VLAKE_DISABLE=1 that the quota file does not allow leaves the hook on") {
+  Fixture f(with_limit(4 * MiB));
+  const auto r = f.run({"init", "alloc:a:2M", "alloc:b:8M", "info", "free:a"}, {{"VLAKE_DISABLE", "1"}});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:a:2M")["rc"] == "0");
+  CHECK(line_of(r.out, "alloc:b:8M")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));
+  CHECK(line_of(r.out, "info")["total"] == num(4 * MiB));
+  CHECK(count_lines(r.err, "VLAKE_DISABLE is set but the quota file does not allow it for tenant user:test") == 1);
+  const Counters c = f.daemon->counters();
+  CHECK(c.hellos == 1);  // the session of the Hello that asked is kept
+  CHECK(c.grants_alloc == 1);
+  CHECK(c.refusals == 1);
+}
+
+TEST_CASE("VLAKE_DISABLE=1 without a reachable daemon passes everything through") {
+  const auto r = run_tenant({"init", "alloc:a:2M", "fill:a:2M:5", "free:a"},
+                            {{"VLAKE_SOCKET", fresh_socket_path()}, {"VLAKE_DISABLE", "1"}});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:a:2M")["rc"] == "0");
+  CHECK(line_of(r.out, "fill:a:2M:5")["ok"] == "1");
+  CHECK(line_of(r.out, "free:a")["rc"] == "0");
+  CHECK(count_lines(r.err, "cannot reach vlaked") == 0);
 }
 
 TEST_CASE("threads allocating concurrently") {

@@ -2,6 +2,7 @@
 // the file named by $VLAKE_FAKE_NVML_FILE, re-read on every call:
 //   line 1: the GPU's UUID ("GPU-xxxxxxxx-...")      (no file: no GPU)
 //   then:   "<pid> <bytes>" per process
+// The GPU's used memory (nvmlDeviceGetMemoryInfo) is the sum of the processes' bytes.
 // Only the entry points vlaked uses exist. Every entry point catches everything.
 #include <cstdint>
 #include <cstdlib>
@@ -81,6 +82,19 @@ __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetComputeRunningP
       infos[i] = nvmlProcessInfo_t{s.procs[i].first, s.procs[i].second, 0, 0};
     }
     *count = static_cast<unsigned>(s.procs.size());
+    return NVML_SUCCESS;
+  } catch (...) {
+    return NVML_ERROR_UNKNOWN;
+  }
+}
+
+__attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t* m) {
+  try {
+    Snapshot s;
+    if (d != the_device() || !read_file(s)) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long used = 0;
+    for (const auto& p : s.procs) used += p.second;
+    *m = nvmlMemory_t{80ULL << 30, 80ULL << 30 > used ? (80ULL << 30) - used : 0, used};
     return NVML_SUCCESS;
   } catch (...) {
     return NVML_ERROR_UNKNOWN;

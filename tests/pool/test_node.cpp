@@ -650,3 +650,194 @@ TEST_CASE("node: an allocation's tenant lives while its allocation or a session 
   CHECK_FALSE(has_tenant(*w.node, "alloc:00000000000000aa"));
   CHECK(w.node->counters().tenants_freed == freed + 1);
 }
+
+// ---- memory outside vlake (docs/daemon.md, "Memory outside vlake") ------------------------
+
+namespace {
+
+ProcessIdentity who(std::uint32_t pid, std::uint32_t uid, std::vector<std::string> allocs = {}) {
+  ProcessIdentity p;
+  p.pid = pid;
+  p.start_time = 5000 + pid;
+  p.uid = uid;
+  p.gid = uid;
+  p.alloc_ids = std::move(allocs);
+  return p;
+}
+
+GpuSample gpu0(Bytes used, std::vector<ProcessUsage> procs) {
+  GpuSample g;
+  g.device = DeviceOrdinal{0};
+  g.used = used;
+  g.processes = std::move(procs);
+  return g;
+}
+
+const Node::Tenant* tenant_named(const Node& n, const std::string& name) {
+  for (const auto& [id, t] : n.tenants()) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("node: every process on a GPU is attributed and one without a session is its uid's unhooked memory",
+          "[node][unhooked]") {
+  World w(
+      "version: 1\ndefault: {limit: 64MiB}\nusers: [{uid: 3000, limit: 8MiB, namespace: lab}]\n"
+      "namespaces: [{name: lab}]\n");
+  const auto s = w.hello(1, 100, 1000);
+  const std::vector<GpuSample> sample = {gpu0(
+      700_MiB, {{1, 600_MiB}, {100, 10_MiB}, {200, 20_MiB}, {201, 2_MiB}, {300, 8_MiB}, {301, 6_MiB}, {400, 4_MiB}})};
+  // pid 1 is the daemon (World's daemon_pid); pid 400 has no identity (gone before /proc was read).
+  const std::vector<ProcessIdentity> ids = {who(1, 0),      who(100, 1000), who(200, 1000),
+                                            who(201, 1000), who(300, 2000), who(301, 3000)};
+  CHECK(w.node->observe_gpus(sample, ids, w.t).empty());
+  const Node::Tenant* mine = w.node->tenant(w.node->session(s)->tenant);
+  REQUIRE(mine != nullptr);
+  CHECK(mine->name == "uid:1000");
+  // The session's pid keeps the non-pool path; the two pids without a session are unhooked.
+  const Accounting::Usage u = w.node->accounting().usage(mine->id, DeviceOrdinal{0});
+  CHECK(u.nonpool == 10_MiB);
+  CHECK(mine->unhooked[0] == 22 * kMiB);
+  CHECK(mine->unhooked_procs.size() == 2);
+  CHECK(u.unhooked == 22_MiB);  // enforce defaults to refuse: charged
+  CHECK(u.used() == 32_MiB);
+  // A uid the quota file does not name: the built-in default rule, as a session would resolve.
+  const Node::Tenant* other = tenant_named(*w.node, "uid:2000");
+  REQUIRE(other != nullptr);
+  CHECK(other->unhooked[0] == 8 * kMiB);
+  CHECK(other->enforce == quota::Enforce::refuse);
+  // A named user goes to its namespace's tenant.
+  const Node::Tenant* lab = tenant_named(*w.node, "lab/user:3000");
+  REQUIRE(lab != nullptr);
+  CHECK(lab->unhooked[0] == 6 * kMiB);
+  CHECK(w.node->accounting().namespace_usage(lab->ns, DeviceOrdinal{0}).unhooked == 6_MiB);
+  // The daemon's own pid is nobody's; NVML's device figure is recorded.
+  std::uint64_t total = 0;
+  for (const auto& [id, t] : w.node->tenants()) total += t.unhooked[0];
+  CHECK(total == 36 * kMiB);
+  CHECK(w.node->devices().front().nvml_used == 700_MiB);
+
+  // The unhooked process exits: its memory is no longer anyone's.
+  CHECK(w.node->observe_gpus({gpu0(610_MiB, {{1, 600_MiB}, {100, 10_MiB}})}, {who(100, 1000)}, w.t).empty());
+  CHECK(mine->unhooked[0] == 0);
+  CHECK(mine->unhooked_procs.empty());
+  CHECK(w.node->accounting().usage(mine->id, DeviceOrdinal{0}).used() == 10_MiB);
+}
+
+TEST_CASE("node: enforce refuse counts unhooked memory at admission and account only shows it", "[node][unhooked]") {
+  const std::string mode = GENERATE(std::string("refuse"), std::string("account"));
+  World w("version: 1\ndefault: {limit: 64MiB, enforce: " + mode + "}\n");
+  const auto s = w.hello(1, 100, 1000);
+  w.granted(1, s, 16 * kMiB);
+  CHECK(w.node->observe_gpus({gpu0(40_MiB, {{200, 24_MiB}})}, {who(200, 1000)}, w.t).empty());
+  const Node::Tenant* t = w.node->tenant(w.node->session(s)->tenant);
+  CHECK(t->unhooked[0] == 24 * kMiB);  // shown either way
+  if (mode == "refuse") {
+    // 16 granted + 24 outside + 32 asked > 64: refused, and it is the unhooked memory's doing.
+    CHECK(w.refused(1, s, 32 * kMiB) == proto::Status::over_limit);
+    CHECK(w.node->counters().denials_unhooked == 1);
+    CHECK(w.node->counters().denials_tenant_limit == 1);
+    w.granted(1, s, 24 * kMiB);
+    CHECK(w.used(s) == 64_MiB);
+  } else {
+    w.granted(1, s, 32 * kMiB);
+    CHECK(w.node->counters().denials_unhooked == 0);
+    CHECK(w.used(s) == 48_MiB);
+  }
+}
+
+TEST_CASE("node: enforce kill orders the unhooked processes of a tenant still over its limit after the grace",
+          "[node][unhooked]") {
+  World w(R"(version: 1
+default: {limit: 16MiB, enforce: kill, kill_grace: 1s}
+namespaces: [{name: calm, enforce: account}]
+users: [{uid: 2000, namespace: calm}]
+)");
+  const std::vector<GpuSample> over = {gpu0(60_MiB, {{200, 20_MiB}, {201, 4_MiB}, {300, 30_MiB}, {400, 2_MiB}})};
+  // uid 1000: 24 MiB outside vlake, over 16; uid 2000 is over too but its namespace only
+  // accounts; uid 4000 is under its limit.
+  const std::vector<ProcessIdentity> ids = {who(200, 1000), who(201, 1000), who(300, 2000), who(400, 4000)};
+  CHECK(w.node->observe_gpus(over, ids, w.t).empty());  // the grace starts
+  w.advance(std::chrono::milliseconds(900));
+  CHECK(w.node->observe_gpus(over, ids, w.t).empty());
+  w.advance(std::chrono::milliseconds(200));
+  std::vector<KillOrder> kills = w.node->observe_gpus(over, ids, w.t);
+  REQUIRE(kills.size() == 2);
+  CHECK(kills[0].pid == 200);
+  CHECK(kills[0].start_time == 5200);
+  CHECK(kills[0].tenant_name == "uid:1000");
+  CHECK(kills[1].pid == 201);
+  CHECK(kills[1].bytes == 4_MiB);
+  for (const KillOrder& k : kills) w.node->unhooked_killed(k, true);
+  CHECK(w.node->counters().unhooked_kills == 2);
+  // Back under the limit before the grace ends: nothing is killed and the grace starts again.
+  CHECK(w.node->observe_gpus({gpu0(8_MiB, {{200, 8_MiB}})}, ids, w.t).empty());
+  CHECK(w.node->observe_gpus(over, ids, w.t).empty());
+  w.advance(std::chrono::milliseconds(600));
+  CHECK(w.node->observe_gpus({gpu0(8_MiB, {{200, 8_MiB}})}, ids, w.t).empty());
+  w.advance(std::chrono::milliseconds(600));
+  CHECK(w.node->observe_gpus(over, ids, w.t).empty());
+}
+
+TEST_CASE("node: VLAKE_DISABLE passes through only where the quota file allows it", "[node][unhooked]") {
+  World w(
+      "version: 1\ndefault: {limit: 64MiB}\nnamespaces: [{name: free, allow_disable: true}]\n"
+      "users: [{uid: 2000, namespace: free}]\n");
+  proto::Hello m = proto::make<proto::Hello>(1);
+  m.flags = proto::kHelloPassthrough;
+  HelloOut allowed = w.node->open_session(Peer{1, 100, 2000, 2000, 7, ""}, m);
+  const auto* ack = std::get_if<proto::HelloAck>(&allowed.answer);
+  REQUIRE(ack != nullptr);
+  CHECK(ack->status == proto::Status::passthrough);
+  CHECK(allowed.session == 0);
+  CHECK_FALSE(allowed.opened);
+  CHECK(w.node->sessions().empty());
+  HelloOut refused = w.node->open_session(Peer{2, 101, 1000, 1000, 8, ""}, m);
+  ack = std::get_if<proto::HelloAck>(&refused.answer);
+  REQUIRE(ack != nullptr);
+  CHECK(ack->status == proto::Status::ok);
+  CHECK(refused.opened);
+  CHECK(w.node->counters().passthrough_refused == 1);
+}
+
+TEST_CASE("node: on Kubernetes an unhooked process is charged to the allocation mounted into it",
+          "[node][unhooked][k8s]") {
+  World w("version: 1\ndefault: {limit: 100%}\n");
+  AllocationInfo a;
+  a.id = "0123456789abcdef";
+  a.device = DeviceOrdinal{0};
+  a.bytes = 32_MiB;
+  w.node->allocation_added(a);
+  w.node->allocation_owner(a.id, alloc::Owner{"team", "trainer-0", "main"});
+  CHECK(w.node
+            ->observe_gpus({gpu0(50_MiB, {{200, 40_MiB}, {201, 6_MiB}})},
+                           {who(200, 0, {"ffffffffffffffff", a.id}), who(201, 0)}, w.t)
+            .empty());
+  const Node::Tenant* pod = tenant_named(*w.node, "pod:team/trainer-0/main");
+  REQUIRE(pod != nullptr);
+  CHECK(pod->unhooked[0] == 40 * kMiB);
+  const Node::Tenant* root = tenant_named(*w.node, "uid:0");
+  REQUIRE(root != nullptr);
+  CHECK(root->unhooked[0] == 6 * kMiB);
+}
+
+TEST_CASE("node: enforce kill also acts on a namespace that memory outside vlake put over its limit",
+          "[node][unhooked]") {
+  World w(R"(version: 1
+default: {enforce: kill, kill_grace: 0s}
+namespaces: [{name: team, limit: 32MiB, pod_limit: 64MiB, users: [1000, 2000]}]
+)");
+  const auto s = w.hello(1, 100, 2000);
+  w.granted(1, s, 16 * kMiB);
+  // uid 1000 holds 24 MiB outside vlake: within its own 64 MiB, but the namespace holds 40 of 32.
+  const std::vector<KillOrder> kills = w.node->observe_gpus({gpu0(24_MiB, {{200, 24_MiB}})}, {who(200, 1000)}, w.t);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].pid == 200);
+  CHECK(kills[0].tenant_name == "team/user:1000");
+  // The hooked tenant of the namespace is refused meanwhile, and the refusal is the unhooked memory's doing.
+  CHECK(w.refused(1, s, 8 * kMiB) == proto::Status::namespace_over_limit);
+  CHECK(w.node->counters().denials_unhooked == 1);
+}

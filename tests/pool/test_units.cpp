@@ -12,10 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include "vlake/common/proc.hpp"
 #include "vlake/pool/accounting.hpp"
 #include "vlake/pool/conn_limits.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/options.hpp"
+#include "vlake/pool/proc_identity.hpp"
 
 using namespace vlake;
 using namespace vlake::pool;
@@ -322,6 +324,13 @@ class FakeNvml final : public NvmlSource {
     if (it == gpus.end()) return std::nullopt;
     return it->second;
   }
+  std::optional<Bytes> used(const Uuid& gpu) override {
+    auto it = gpus.find(gpu);
+    if (it == gpus.end()) return std::nullopt;
+    Bytes sum{0};
+    for (const ProcessUsage& p : it->second) sum += p.used;
+    return sum;
+  }
 };
 }  // namespace
 
@@ -357,4 +366,29 @@ TEST_CASE("nvml: non-pool usage is attributed to session tenants", "[pool][nvml]
 
 TEST_CASE("nvml: a missing library is an error, not a crash", "[pool][nvml]") {
   CHECK_THROWS_WITH(open_nvml("/nonexistent/libnvidia-ml.so.1"), Catch::Contains("cannot load"));
+}
+
+TEST_CASE("proc identity: uid and gid and pod UID and allocation mounts are read from /proc text", "[pool][unhooked]") {
+  CHECK(parse_status_ids("Name:\tpython\nUid:\t1000\t1001\t1001\t1001\nGid:\t50\t60\t60\t60\n") ==
+        std::make_pair(std::uint32_t{1001}, std::uint32_t{60}));
+  CHECK_FALSE(parse_status_ids("Name:\tx\nUid:\t1\t1\t1\t1\n").has_value());
+  CHECK(pod_uid_from_cgroup(
+            "0::/kubepods.slice/kubepods-burstable.slice/"
+            "kubepods-burstable-pod4f0a1b2c_1111_2222_3333_444455556666.slice/cri-containerd-ab.scope\n") ==
+        "4f0a1b2c-1111-2222-3333-444455556666");
+  CHECK(pod_uid_from_cgroup("11:memory:/kubepods/besteffort/pod4f0a1b2c-1111-2222-3333-444455556666/abcdef\n") ==
+        "4f0a1b2c-1111-2222-3333-444455556666");
+  CHECK(pod_uid_from_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n").empty());
+  const std::string mountinfo =
+      "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+      "600 500 8:1 /var/lib/vlake/alloc/0123456789abcdef /run/vlake rw - ext4 /dev/sda1 rw\n"
+      "601 500 8:1 /var/lib/vlake/alloc/0123456789abcdef/ld.so.preload /etc/ld.so.preload ro - ext4 /dev/sda1 rw\n"
+      "602 500 8:1 /data/fedcba9876543210/model.bin /model ro - ext4 /dev/sda1 rw\n";
+  CHECK(alloc_ids_from_mountinfo(mountinfo) == std::vector<std::string>{"0123456789abcdef"});
+  // The test process itself: root here, no pod.
+  const auto me = read_process_identity(static_cast<std::uint32_t>(::getpid()), true);
+  REQUIRE(me.has_value());
+  CHECK(me->uid == ::geteuid());
+  CHECK(me->start_time == process_start_time(static_cast<std::uint32_t>(::getpid())));
+  CHECK_FALSE(read_process_identity(0x7ffffff0u, false).has_value());
 }

@@ -278,3 +278,55 @@ TEST_CASE("guard modes: user/group entry, then namespace, then default, else off
   CHECK(cfg.resolve(9999, 1, none).guard == GuardMode::canary);    // uid tenant: default
   CHECK(std::string(vlake::quota::guard_mode_name(GuardMode::canary)) == "canary");
 }
+
+TEST_CASE("memory outside vlake: enforce, kill_grace and allow_disable per namespace, then default", "[quota]") {
+  using vlake::quota::Enforce;
+  using namespace std::chrono_literals;
+  const std::vector<gid_t> none;
+  // Built in: refuse, 30 s, VLAKE_DISABLE not allowed.
+  const auto builtin = QuotaConfig().resolve(1000, 1000, none);
+  CHECK(builtin.enforce == Enforce::refuse);
+  CHECK(builtin.kill_grace == 30s);
+  CHECK_FALSE(builtin.allow_disable);
+  const QuotaConfig cfg = QuotaConfig::parse(
+      "version: 1\n"
+      "default: {enforce: kill, kill_grace: 2m}\n"
+      "namespaces:\n"
+      "  - {name: lab, enforce: account, allow_disable: true, users: [7001]}\n"
+      "  - {name: prod, kill_grace: 500ms, users: [7002]}\n",
+      "e.yaml");
+  const auto lab = cfg.resolve(7001, 1, none);
+  CHECK(lab.enforce == Enforce::account);
+  CHECK(lab.kill_grace == 2min);
+  CHECK(lab.allow_disable);
+  const auto prod = cfg.resolve(7002, 1, none);
+  CHECK(prod.enforce == Enforce::kill);
+  CHECK(prod.kill_grace == 500ms);
+  CHECK_FALSE(prod.allow_disable);
+  const auto other = cfg.resolve(9999, 1, none);
+  CHECK(other.enforce == Enforce::kill);
+  CHECK(other.limit == Limit::percent_ppm(1'000'000));  // `default` without a limit: 100%
+  // A Kubernetes allocation's tenant gets its namespace's policy too.
+  CHECK(cfg.resolve_allocation("pod:lab/p/c", "lab", 64_MiB, 1024_MiB).allow_disable);
+  CHECK(std::string(vlake::quota::enforce_name(Enforce::kill)) == "kill");
+
+  const std::vector<std::pair<const char*, const char*>> bad = {
+      {"version: 1\ndefault:\n  enforce: block\n",
+       "bad.yaml:3:12: bad enforce mode 'block' in 'default' (use account, refuse or kill)"},
+      {"version: 1\nnamespaces:\n  - name: lab\n    kill_grace: 30sec\n",
+       "bad.yaml:4:17: bad duration \"30sec\": unknown unit 'sec' (use ms, s or m) in 'kill_grace' of namespace 'lab'"},
+      {"version: 1\nnamespaces:\n  - name: lab\n    allow_disable: yes\n",
+       "bad.yaml:4:20: bad allow_disable 'yes' in namespace 'lab' (use true or false)"},
+      {"version: 1\nusers:\n  - {uid: 5, limit: 1GiB, enforce: kill}\n",
+       "bad.yaml:3:27: unknown key 'enforce' in a 'users' entry"},
+  };
+  for (const auto& [text, expect] : bad) {
+    INFO(text);
+    try {
+      (void)QuotaConfig::parse(text, "bad.yaml");
+      FAIL("accepted");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Catch::StartsWith(expect));
+    }
+  }
+}

@@ -3,15 +3,17 @@
 //
 // JSON documents (keys are stable; new keys may be added, none removed or renamed):
 //   top:     {state, daemon{...}, gpus[{index, uuid, total, pool_bytes, granted, free, nonpool,
-//             tenants[{id, name, used, granted, nonpool, limit, guaranteed|null,
+//             tenants[{id, name, used, granted, nonpool, unhooked, limit, guaranteed|null,
 //             share_percent, sessions, pids[]}]}], idle_tenants[{id, name, sessions, pids[]}]}
 //            (gpus[].tenants: tenants holding memory on that GPU; idle_tenants: connected
 //            tenants holding none anywhere)
-//   tenants: {state, tenants[{id, name, grant_count, pids[], sessions[{id, pid, uid, gid,
-//             state, grants}], gpus[{index, used, granted, nonpool, limit, guaranteed|null,
+//   tenants: {state, tenants[{id, name, enforce, unhooked_processes, grant_count, pids[],
+//             sessions[{id, pid, uid, gid, state, grants}], gpus[{index, used, granted, nonpool,
+//             unhooked, limit, guaranteed|null,
 //             share_percent}]}]}
 //   pool:    {state, daemon{...}, sessions, grants, gpus[{index, uuid, total, granularity,
-//             pool_bytes, granted, free, free_handles, orphaned, counted, nonpool}],
+//             pool_bytes, granted, free, free_handles, orphaned, counted, nonpool, unhooked,
+//             nvml_used, guaranteed, borrowed}],
 //             counters{grants, denials_over_limit, ...}}
 //   daemon{} = {layout_version, pid, start_time, starts, clean, running, updated_unix_ns}
 //

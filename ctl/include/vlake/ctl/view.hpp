@@ -31,6 +31,8 @@ struct GpuView {
   std::uint64_t orphaned = 0;    // grants whose handle died with a previous daemon
   std::uint64_t counted = 0;     // `counted` grants (no handle)
   std::uint64_t nonpool = 0;     // sampled memory outside the pool, all tenants
+  std::uint64_t unhooked = 0;    // memory of processes without a session (NVML), all tenants
+  std::uint64_t nvml_used = 0;   // device memory in use as NVML reports it (0: no NVML)
   std::uint64_t guaranteed = 0;  // sum of the namespaces' guarantees on this GPU
   std::uint64_t borrowed = 0;    // memory held above their guarantees, all namespaces
 };
@@ -48,9 +50,10 @@ struct SessionView {
 // One tenant on one GPU.
 struct TenantGpuView {
   std::uint32_t gpu = 0;
-  std::uint64_t used = 0;  // granted + nonpool (what the quota counts)
+  std::uint64_t used = 0;  // granted + nonpool + unhooked unless `enforce: account` (what the quota counts)
   std::uint64_t granted = 0;
   std::uint64_t nonpool = 0;
+  std::uint64_t unhooked = 0;  // memory of its processes without a session: memory outside vlake
   std::uint64_t limit = 0;
   std::optional<std::uint64_t> guaranteed;  // its namespace's guarantee; none: "-" / null
   bool over_limit = false;                  // a lowered limit left it above: grants refused until it drops
@@ -59,12 +62,14 @@ struct TenantGpuView {
 
 struct TenantView {
   std::uint32_t id = 0;
-  std::string name;                   // the tenant name ("research/user:alice", "uid:1000")
-  std::string namespace_name;         // "default" for tenants outside any namespace
-  std::vector<TenantGpuView> gpus;    // one per GPU in use, in GpuView order
-  std::vector<SessionView> sessions;  // by session id
-  std::vector<std::uint32_t> pids;    // of `sessions`, sorted, unique
-  std::uint64_t grant_count = 0;      // live + orphaned grants
+  std::string name;                      // the tenant name ("research/user:alice", "uid:1000")
+  std::string namespace_name;            // "default" for tenants outside any namespace
+  std::vector<TenantGpuView> gpus;       // one per GPU in use, in GpuView order
+  std::vector<SessionView> sessions;     // by session id
+  std::vector<std::uint32_t> pids;       // of `sessions`, sorted, unique
+  std::uint64_t grant_count = 0;         // live + orphaned grants
+  std::string enforce;                   // its namespace's `enforce`: "account" | "refuse" | "kill"
+  std::uint32_t unhooked_processes = 0;  // its processes on a GPU without a session
 };
 
 // One line of `top`: a tenant on a GPU.

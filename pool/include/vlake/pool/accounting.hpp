@@ -2,10 +2,11 @@
 // with namespace guarantees.
 //
 // What it tracks, per (tenant, device): the limit, pool bytes granted (committed), non-pool
-// bytes (sampled from NVML: contexts, modules, passthrough allocations) and bytes reserved by
-// grants in flight. A tenant's usage is granted + nonpool; "held" is granted + nonpool +
-// reserved. Per (namespace, device): its limit, its guarantee, and the sums of its tenants'
-// figures. Per device: its capacity C (set_capacity).
+// bytes (sampled from NVML: contexts, modules, passthrough allocations of processes holding a
+// session), unhooked bytes (sampled from NVML: processes of the tenant without a session, as far
+// as its `enforce` policy charges them; set_unhooked) and bytes reserved by grants in flight. A
+// tenant's usage is granted + nonpool + unhooked; "held" is usage + reserved. Per (namespace, device): its limit, its
+// guarantee, and the sums of its tenants' figures. Per device: its capacity C (set_capacity).
 //
 // Grant rule — reserve(t, d, r) for tenant t in namespace n succeeds only if, atomically with
 // respect to every other call:
@@ -58,7 +59,8 @@ class Accounting {
     Bytes granted;
     Bytes nonpool;
     Bytes reserved;
-    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool; }
+    Bytes unhooked{0};
+    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + unhooked; }
   };
   struct NamespaceUsage {
     Bytes limit = kUnlimited;
@@ -66,8 +68,9 @@ class Accounting {
     Bytes granted{0};
     Bytes nonpool{0};
     Bytes reserved{0};
-    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool; }
-    [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + reserved; }
+    Bytes unhooked{0};
+    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + unhooked; }
+    [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + unhooked + reserved; }
   };
   struct Entry {
     TenantId tenant;
@@ -143,6 +146,8 @@ class Accounting {
   // Charges bytes that are already held (state recovered after a restart), limit or not.
   void restore(TenantId t, DeviceOrdinal d, Bytes n);
   void set_nonpool(TenantId t, DeviceOrdinal d, Bytes n);
+  // The charged memory of the tenant's processes without a session (0 under `enforce: account`).
+  void set_unhooked(TenantId t, DeviceOrdinal d, Bytes n);
 
   [[nodiscard]] Usage usage(TenantId t, DeviceOrdinal d) const;
   [[nodiscard]] NamespaceUsage namespace_usage(NamespaceId n, DeviceOrdinal d) const;

@@ -17,7 +17,9 @@
 //   - connection_closed / end_session (process exited): a session's grants return to the pool.
 //   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
 //   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
-//   - tick(now): warm-reserve refill and the canary sweep; set_nonpool: NVML's view.
+//   - tick(now): warm-reserve refill and the canary sweep; set_nonpool: NVML's view of session
+//     pids; observe_gpus: NVML's view of every process (memory outside vlake, docs/daemon.md),
+//     which answers the processes to kill under `enforce: kill`.
 //   - free_idle_tenants(): tenant records holding nothing are freed (see "Tenant records").
 //
 // Bounds (docs/daemon.md, "Limits"): every table is fixed (state.hpp). A tenant holds at most
@@ -68,6 +70,7 @@
 #include "vlake/pool/accounting.hpp"
 #include "vlake/pool/device_pool.hpp"
 #include "vlake/pool/nvml_source.hpp"
+#include "vlake/pool/proc_identity.hpp"
 #include "vlake/quota/quota_config.hpp"
 
 namespace vlake::pool {
@@ -108,6 +111,17 @@ struct NodeSettings {
   double guard_event_burst = 20;                // --guard-event-burst
   double log_rate = 5;                          // lines per second per tenant-triggered log site and key
   double log_burst = 20;
+};
+
+// A process to kill under `enforce: kill`: its tenant stayed over a limit for kill_grace while
+// the process used GPU memory without a session. The loop kills (pid, start_time) only, and
+// reports with Node::unhooked_killed().
+struct KillOrder {
+  std::uint32_t pid = 0;
+  std::uint64_t start_time = 0;
+  TenantId tenant;
+  std::string tenant_name;
+  Bytes bytes{0};  // its NVML figure, all GPUs
 };
 
 // Effects the Node needs from the system, as small functions (tests pass fakes).
@@ -210,6 +224,20 @@ class Node {
     std::string alloc_id;      // a Kubernetes allocation's tenant; "": a uid/gid tenant
     double guard_tokens = -1;  // GuardEvent token bucket (-1: full, not yet used)
     std::chrono::steady_clock::time_point guard_last{};
+    // Memory outside vlake (docs/quota.md): its namespace's policy, and the latest NVML figure of
+    // its processes without a session (per GPU, and the processes).
+    quota::Enforce enforce = quota::Enforce::refuse;
+    std::chrono::milliseconds kill_grace = quota::kDefaultKillGrace;
+    bool allow_disable = false;
+    std::array<std::uint64_t, st::kMaxDevices> unhooked{};
+    struct UnhookedProcess {
+      std::uint32_t pid = 0;
+      std::uint64_t start_time = 0;
+      Bytes bytes{0};
+    };
+    std::vector<UnhookedProcess> unhooked_procs;
+    // Under `enforce: kill`: since when it has been over a limit with unhooked processes.
+    std::optional<std::chrono::steady_clock::time_point> over_since;
   };
   struct Namespace {
     NamespaceId id;
@@ -255,6 +283,7 @@ class Node {
     Bytes orphaned{0};            // grants whose handles died with a previous daemon
     Bytes counted{0};             // `counted` grants
     std::uint64_t pool_peak = 0;  // highest pool bytes ever published (across restarts)
+    Bytes nvml_used{0};           // NVML's used memory at the latest sample (0: none)
   };
 
   // Opens a pool on every GPU of `driver` (throws std::runtime_error: none, or too many).
@@ -337,6 +366,16 @@ class Node {
   std::size_t free_idle_tenants();
   [[nodiscard]] NonpoolInputs nonpool_inputs() const;
   void set_nonpool(const NonpoolResult& r);
+  // One NVML reading of every process (docs/daemon.md, "Memory outside vlake"): pids holding a
+  // session get set_nonpool's rule; every other pid but the daemon's is attributed to a tenant
+  // (its Kubernetes allocation, else its uid/gid through the quota file's rules, creating the
+  // tenant as a session would) as unhooked memory, charged per its namespace's `enforce`.
+  // Pids without an identity in `ids` (gone, unreadable) are not attributed. Records NVML's used
+  // figure per GPU. Returns the processes to kill now under `enforce: kill`.
+  std::vector<KillOrder> observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
+                                      Now now);
+  // What became of a KillOrder (`killed` false: it was already gone or could not be signalled).
+  void unhooked_killed(const KillOrder& k, bool killed);
 
   // ---- shutdown: every handle released (tenants' imports keep granted memory alive). Returns
   // the number of grants still held by live processes.
@@ -382,6 +421,9 @@ class Node {
   void move_session(Session& s, Tenant& to);
   void retarget_tenants();
   void apply_namespaces();
+  void charge_unhooked(Tenant& t);
+  [[nodiscard]] bool over_a_limit(const Tenant& t) const;
+  Tenant* unhooked_tenant(const ProcessIdentity& p);
   void reattribute(const AllocationInfo& a);
   [[nodiscard]] NamespaceId namespace_id(const std::string& name) const;
   [[nodiscard]] NamespaceId namespace_of_name(const std::string& tenant_name) const;
@@ -425,7 +467,11 @@ class Node {
   std::map<std::string, AllocationInfo> allocs_;  // by allocation id
   std::unique_ptr<Dedup> dedup_;                  // created on first use
   std::vector<ParkedGrant> parked_;               // FIFO
-  bool memory_returned_ = false;                  // a release since the last retry of parked grants
+  // Tenants of processes without a session by (pid, start time), so that a sample does not
+  // resolve (user and group databases) every process again; cleared when the quota file or the
+  // allocations change, pruned to the processes of the latest sample.
+  std::map<std::pair<std::uint32_t, std::uint64_t>, TenantId> unhooked_tenants_;
+  bool memory_returned_ = false;  // a release since the last retry of parked grants
 
   // slot tables (mirroring the state segment's)
   std::vector<bool> tenant_slots_ = std::vector<bool>(st::kMaxTenants);

@@ -22,6 +22,15 @@
 // Dedup (docs/dedup.md): `dedup: off|transparent` may appear in `default` and in a namespace. A
 // namespace's mode: its own `dedup`, else the top-level `default.dedup`, else off. `transparent`:
 // the hook offers whole-allocation host-to-device uploads for sharing without code changes.
+// Memory outside vlake (docs/quota.md, "Memory outside vlake"): `enforce: account|refuse|kill`,
+// `kill_grace: <duration>` and `allow_disable: true|false` may appear in `default` and in a
+// namespace; a namespace's value is its own, else the top-level default's, else refuse / 30s /
+// false. `enforce` says what the GPU memory of a tenant's processes without a session (NVML's
+// per-process figure) does: account = shown only; refuse = it counts toward the tenant's and its
+// namespace's usage when grants are admitted; kill = refuse, and those processes are killed when
+// the tenant is still over a limit `kill_grace` later. `allow_disable`: whether VLAKE_DISABLE=1
+// turns the hook off for the namespace's tenants. A duration is a whole number with ms, s or m
+// ("500ms", "30s", "2m"; a bare number is milliseconds), 0 allowed.
 // Sizes: vlake's one size grammar (vlake/common/size.hpp): a byte count, or a whole number with
 // B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 8GB are errors. Here also a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
@@ -60,6 +69,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -118,12 +128,28 @@ const char* dedup_mode_name(DedupMode m) noexcept;
 // protocol; the numbering is quota's own.
 enum class GuardMode : std::uint8_t { off = 0, canary = 1, fault = 2 };
 
+// What memory of a tenant's processes without a session does (docs/quota.md). The numbering
+// is TenantRecord::enforce's (contracts/state.hpp).
+enum class Enforce : std::uint8_t { account = 0, refuse = 1, kill = 2 };
+
+// "account" / "refuse" / "kill" (for logs and messages).
+const char* enforce_name(Enforce e) noexcept;
+
+inline constexpr std::chrono::milliseconds kDefaultKillGrace{30'000};
+
+// "500ms", "30s", "2m", "250" (milliseconds): a whole number, 0 allowed. Throws
+// std::invalid_argument naming the text and what is wrong.
+std::chrono::milliseconds parse_duration(const std::string& text);
+
 struct TenantSpec {
   std::string name;                    // e.g. "research/user:alice", "uid:1000"
   Limit limit;                         // per GPU
   std::string ns = kDefaultNamespace;  // its namespace
   GuardMode guard = GuardMode::off;    // out-of-bounds guard mode (docs/guard.md)
   DedupMode dedup = DedupMode::off;    // its namespace's dedup mode (resolved)
+  Enforce enforce = Enforce::refuse;   // its namespace's (resolved)
+  std::chrono::milliseconds kill_grace = kDefaultKillGrace;
+  bool allow_disable = false;  // VLAKE_DISABLE=1 honoured for it
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -134,10 +160,13 @@ struct NamespaceSpec {
   std::optional<Limit> limit;       // nullopt: no limit beyond the GPU
   std::optional<Limit> guaranteed;  // nullopt: nothing guaranteed
   std::int32_t priority = 0;
-  std::optional<Limit> pod_limit;  // nullopt: `limit` (or 100%)
-  bool declared = true;            // false: the implicit "default" namespace
-  std::optional<GuardMode> guard;  // nullopt: the top-level default's (or off)
-  std::optional<DedupMode> dedup;  // nullopt: the top-level default's (or off)
+  std::optional<Limit> pod_limit;                       // nullopt: `limit` (or 100%)
+  bool declared = true;                                 // false: the implicit "default" namespace
+  std::optional<GuardMode> guard;                       // nullopt: the top-level default's (or off)
+  std::optional<DedupMode> dedup;                       // nullopt: the top-level default's (or off)
+  std::optional<Enforce> enforce;                       // nullopt: the top-level default's (or refuse)
+  std::optional<std::chrono::milliseconds> kill_grace;  // nullopt: the top-level default's (or 30s)
+  std::optional<bool> allow_disable;                    // nullopt: the top-level default's (or false)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
   int limit_line = 0, limit_column = 0;
@@ -212,6 +241,17 @@ class QuotaConfig {
   [[nodiscard]] DedupMode dedup_of(const NamespaceSpec& ns) const noexcept {
     return ns.dedup.value_or(default_dedup());
   }
+  // The policy for memory outside vlake in force for namespace `ns`: its own, else the
+  // top-level default's, else refuse / 30s / false.
+  [[nodiscard]] Enforce enforce_of(const NamespaceSpec& ns) const noexcept {
+    return ns.enforce.value_or(default_enforce_.value_or(Enforce::refuse));
+  }
+  [[nodiscard]] std::chrono::milliseconds kill_grace_of(const NamespaceSpec& ns) const noexcept {
+    return ns.kill_grace.value_or(default_kill_grace_.value_or(kDefaultKillGrace));
+  }
+  [[nodiscard]] bool allow_disable_of(const NamespaceSpec& ns) const noexcept {
+    return ns.allow_disable.value_or(default_allow_disable_.value_or(false));
+  }
   // Every namespace: the declared ones in file order; the implicit "default" (declared ==
   // false) last unless the file declares it.
   [[nodiscard]] const std::vector<NamespaceSpec>& namespaces() const noexcept { return namespaces_; }
@@ -242,6 +282,9 @@ class QuotaConfig {
   bool default_given_ = false;
   std::optional<GuardMode> default_guard_;
   std::optional<DedupMode> default_dedup_;
+  std::optional<Enforce> default_enforce_;
+  std::optional<std::chrono::milliseconds> default_kill_grace_;
+  std::optional<bool> default_allow_disable_;
   std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
   std::vector<GroupEntry> groups_;

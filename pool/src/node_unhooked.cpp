@@ -1,0 +1,149 @@
+// vlake::pool::Node: memory outside vlake — NVML's view of every process on the node's GPUs,
+// attributed to tenants whether or not the process holds a session, and the `enforce` policy
+// (account, refuse, kill) of docs/quota.md. See docs/daemon.md, "Memory outside vlake".
+#include <algorithm>
+#include <unordered_set>
+
+#include "vlake/pool/node.hpp"
+
+namespace vlake::pool {
+
+void Node::charge_unhooked(Tenant& t) {
+  for (const Device& d : devices_) {
+    const auto i = static_cast<std::size_t>(d.ordinal.value());
+    const bool charged = t.enforce != quota::Enforce::account;
+    acct_.set_unhooked(t.id, d.ordinal, Bytes{charged ? t.unhooked[i] : 0});
+  }
+}
+
+// Over its own limit on a GPU, or its namespace over its limit on a GPU where this tenant has
+// memory outside vlake (tenants of the namespace that use none are not what broke it).
+bool Node::over_a_limit(const Tenant& t) const {
+  for (const Device& d : devices_) {
+    const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
+    if (u.used() > u.limit) return true;
+    if (t.unhooked[static_cast<std::size_t>(d.ordinal.value())] == 0) continue;
+    const Accounting::NamespaceUsage nu = acct_.namespace_usage(t.ns, d.ordinal);
+    if (nu.used() > nu.limit) return true;
+  }
+  return false;
+}
+
+Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
+  const auto key = std::make_pair(p.pid, p.start_time);
+  if (auto it = unhooked_tenants_.find(key); it != unhooked_tenants_.end()) {
+    if (Tenant* t = tenant_mut(it->second)) return t;
+  }
+  Tenant* t = nullptr;
+  for (const std::string& a : p.alloc_ids) {
+    if (auto it = allocs_.find(a); it != allocs_.end()) {
+      t = &tenant_for_alloc(it->second);
+      break;
+    }
+  }
+  if (t == nullptr) t = &tenant_for_uid(p.uid, p.gid);
+  unhooked_tenants_[key] = t->id;
+  return t;
+}
+
+std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
+                                          Now now) {
+  // Pids holding a session (connected or detached): today's non-pool rule.
+  set_nonpool(attribute_nonpool(sample, nonpool_inputs()));
+  std::unordered_set<std::uint32_t> session_pids;
+  for (const auto& [sid, s] : sessions_) session_pids.insert(s.pid);
+  std::unordered_map<std::uint32_t, const ProcessIdentity*> by_pid;
+  for (const ProcessIdentity& id : ids) by_pid[id.pid] = &id;
+
+  // Every other pid: its tenant, as a session of that process would resolve.
+  std::map<std::uint32_t, std::array<std::uint64_t, st::kMaxDevices>> unhooked;  // by tenant id
+  std::map<std::uint32_t, std::map<std::uint32_t, Tenant::UnhookedProcess>> procs;
+  for (const GpuSample& g : sample) {
+    Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+    dev.nvml_used = g.used;
+    for (const ProcessUsage& p : g.processes) {
+      if (p.pid == settings_.daemon_pid || session_pids.count(p.pid) != 0) continue;
+      const auto id = by_pid.find(p.pid);
+      if (id == by_pid.end()) continue;
+      const ProcessIdentity& pi = *id->second;
+      Tenant* t = nullptr;
+      try {
+        t = unhooked_tenant(pi);
+      } catch (const std::exception& e) {
+        log_.warn("pid " + std::to_string(p.pid) + " uses GPU memory outside vlake but has no tenant: " + e.what());
+        continue;
+      }
+      unhooked[t->id.value()][static_cast<std::size_t>(g.device.value())] += p.used.value();
+      Tenant::UnhookedProcess& up = procs[t->id.value()][p.pid];
+      up.pid = p.pid;
+      up.start_time = pi.start_time;
+      up.bytes += p.used;
+    }
+  }
+
+  // Forget processes that left the GPUs.
+  for (auto it = unhooked_tenants_.begin(); it != unhooked_tenants_.end();) {
+    const auto p = by_pid.find(it->first.first);
+    const bool live = p != by_pid.end() && p->second->start_time == it->first.second;
+    it = live ? std::next(it) : unhooked_tenants_.erase(it);
+  }
+
+  std::vector<KillOrder> kills;
+  for (auto& [tid, t] : tenants_) {
+    std::array<std::uint64_t, st::kMaxDevices> now_bytes{};
+    if (auto it = unhooked.find(tid); it != unhooked.end()) now_bytes = it->second;
+    std::vector<Tenant::UnhookedProcess> now_procs;
+    if (auto it = procs.find(tid); it != procs.end()) {
+      for (const auto& [pid, up] : it->second) now_procs.push_back(up);
+    }
+    if (now_procs.size() > t.unhooked_procs.size()) {
+      for (const auto& up : now_procs) {
+        const bool known = std::any_of(t.unhooked_procs.begin(), t.unhooked_procs.end(),
+                                       [&](const Tenant::UnhookedProcess& o) { return o.pid == up.pid; });
+        if (!known) {
+          log_.info("tenant " + t.name + ": pid " + std::to_string(up.pid) + " uses " +
+                    std::to_string(up.bytes.value()) +
+                    " bytes of GPU memory outside vlake (enforce: " + quota::enforce_name(t.enforce) + ")");
+        }
+      }
+    }
+    if (now_bytes != t.unhooked || now_procs.size() != t.unhooked_procs.size()) touch_tenant(t.id);
+    t.unhooked = now_bytes;
+    t.unhooked_procs = std::move(now_procs);
+    charge_unhooked(t);
+
+    // enforce: kill — over a limit for kill_grace with processes outside vlake: they go.
+    if (t.enforce != quota::Enforce::kill || t.unhooked_procs.empty() || !over_a_limit(t)) {
+      t.over_since.reset();
+      continue;
+    }
+    if (!t.over_since) {
+      t.over_since = now.steady;
+      log_.warn("tenant " + t.name + " is over its limit with " + std::to_string(t.unhooked_procs.size()) +
+                " process(es) using GPU memory outside vlake; they are killed in " +
+                std::to_string(t.kill_grace.count()) + " ms unless it gets back under (enforce: kill)");
+    }
+    if (now.steady - *t.over_since < t.kill_grace) continue;
+    t.over_since.reset();
+    for (const Tenant::UnhookedProcess& up : t.unhooked_procs) {
+      kills.push_back(KillOrder{up.pid, up.start_time, t.id, t.name, up.bytes});
+    }
+  }
+  changes_.devices = true;
+  return kills;
+}
+
+void Node::unhooked_killed(const KillOrder& k, bool killed) {
+  if (killed) {
+    ++counters_.unhooked_kills;
+    log_.warn("killed pid " + std::to_string(k.pid) + " of tenant " + k.tenant_name + ": " +
+              std::to_string(k.bytes.value()) +
+              " bytes of GPU memory outside vlake while the tenant stayed over its limit (enforce: kill)");
+  } else {
+    log_.info("pid " + std::to_string(k.pid) + " of tenant " + k.tenant_name +
+              " was to be killed (enforce: kill) but is gone or could not be signalled");
+  }
+  changes_.all = true;
+}
+
+}  // namespace vlake::pool

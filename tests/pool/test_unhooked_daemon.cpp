@@ -1,0 +1,100 @@
+// vlaked on the simulator with the simulator's NVML: GPU memory of processes without a session
+// (no hook, VLAKE_DISABLE, the driver called directly) is attributed to the tenant of their uid
+// and handled per the quota file's `enforce` (docs/daemon.md, "Memory outside vlake").
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "harness.hpp"
+#include "vlake/common/proc.hpp"
+#include "vlake/contracts/protocol.hpp"
+
+using namespace vlake;
+using namespace vlake::pooltest;
+namespace st = vlake::state;
+
+#ifdef VLAKE_SIM_NVML_LIB
+namespace {
+
+constexpr std::uint64_t kMiB = 1ULL << 20;
+
+std::string config(const std::string& policy) {
+  return "version: 1\ndefault: {limit: 16MiB, " + policy + "}\nusers:\n  - {uid: 4242, limit: 64MiB}\n";
+}
+
+std::uint64_t unhooked(const std::string& state, const std::string& name) {
+  const auto snap = snapshot(state);
+  const st::TenantRecord* t = tenant(*snap, name);
+  return t == nullptr ? ~0ULL : t->unhooked[0];
+}
+
+void rewrite(const DaemonProcess& d, const std::string& yaml) {
+  {
+    std::ofstream out(d.config + ".tmp");
+    out << yaml;
+  }
+  REQUIRE(::rename((d.config + ".tmp").c_str(), d.config.c_str()) == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "daemon unhooked: a process without a session is its uid's unhooked memory that refuse counts and account only "
+    "shows",
+    "[daemon][unhooked]") {
+  DaemonProcess d("unhooked", config("enforce: refuse"));
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  Helper outside(d.node, 4242, 0);  // never says Hello: the driver called without the hook
+  outside.ok("own " + std::to_string(40 * kMiB));
+  Helper hooked(d.node, 4242, 0);
+  hooked.ok("connect " + d.socket);
+  REQUIRE(eventually([&] { return unhooked(d.state, "user:4242") == 40 * kMiB; }, 5000));
+  auto snap = snapshot(d.state);
+  const st::TenantRecord* t = tenant(*snap, "user:4242");
+  REQUIRE(t != nullptr);
+  CHECK(t->unhooked_processes == 1);
+  CHECK(t->enforce == 1);
+  CHECK(t->nonpool[0] == 0);
+  CHECK(snap->devices[0].unhooked_bytes == 40 * kMiB);
+  CHECK(snap->devices[0].nvml_used_bytes >= 40 * kMiB);
+  // 40 MiB outside vlake + 32 asked > 64: refused, counted as the unhooked memory's doing.
+  CHECK(num(hooked.ok("grant " + std::to_string(32 * kMiB)), "status") == static_cast<int>(proto::Status::over_limit));
+  CHECK(snapshot(d.state)->counters.denials_unhooked == 1);
+  CHECK(num(hooked.ok("grant " + std::to_string(24 * kMiB)), "status") == 0);
+  CHECK_THAT(d.log(), Catch::Contains("GPU memory outside vlake"));
+
+  // enforce: account shows the memory and no longer counts it.
+  rewrite(d, config("enforce: account"));
+  d.signal(SIGHUP);
+  REQUIRE(eventually([&] { return tenant(*snapshot(d.state), "user:4242")->enforce == 0; }, 5000));
+  CHECK(num(hooked.ok("grant " + std::to_string(32 * kMiB)), "status") == 0);
+  CHECK(unhooked(d.state, "user:4242") == 40 * kMiB);
+}
+
+TEST_CASE("daemon unhooked: enforce kill kills the unhooked process after the grace and counts it",
+          "[daemon][unhooked]") {
+  DaemonProcess d("unhooked-kill", config("enforce: kill, kill_grace: 300ms"));
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  Helper under(d.node, 0, 0);  // uid 0: 16 MiB limit, uses 8 outside: never killed
+  under.ok("own " + std::to_string(8 * kMiB));
+  Helper over(d.node, 4242, 0);
+  over.ok("own " + std::to_string(80 * kMiB));  // over the 64 MiB limit on its own
+  const auto pid = static_cast<std::uint32_t>(over.pid());
+  auto gone = [&] {
+    const auto st = read_proc_stat(pid);
+    return !st || st->state == 'Z';
+  };
+  REQUIRE(eventually(gone, 10000));
+  CHECK(eventually([&] { return snapshot(d.state)->counters.unhooked_kills == 1; }, 3000));
+  CHECK_THAT(d.log(), Catch::Contains("killed pid " + std::to_string(pid) + " of tenant user:4242"));
+  const auto st = read_proc_stat(static_cast<std::uint32_t>(under.pid()));
+  REQUIRE(st.has_value());
+  CHECK(st->state != 'Z');
+  CHECK(eventually([&] { return unhooked(d.state, "uid:0") == 8 * kMiB; }, 3000));
+  CHECK(snapshot(d.state)->counters.unhooked_kills == 1);
+}
+#endif
