@@ -97,6 +97,8 @@ void Accounting::assign(TenantId t, NamespaceId n) {
     from.granted -= std::min(from.granted, u.granted);
     from.nonpool -= std::min(from.nonpool, u.nonpool);
     from.reserved -= std::min(from.reserved, u.reserved);
+    from.retained -= std::min(from.retained, u.retained);
+    to.retained += u.retained;
     to.granted += u.granted;
     to.nonpool += u.nonpool;
     to.reserved += u.reserved;
@@ -119,7 +121,7 @@ std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrd
     return std::nullopt;
   };
   // 1. the tenant's limit
-  const std::uint64_t held = u.granted.value() + u.nonpool.value() + u.reserved.value();
+  const std::uint64_t held = u.granted.value() + u.nonpool.value() + u.retained.value() + u.reserved.value();
   if (!fits(held, n.value(), u.limit.value())) return refuse(Refusal::tenant_limit);
   // 2. its namespace's limit
   const NamespaceId nsid = ns_of_locked(t);
@@ -186,6 +188,19 @@ void Accounting::set_nonpool(TenantId t, DeviceOrdinal d, Bytes n) {
   nu.nonpool -= std::min(nu.nonpool, u.nonpool);
   nu.nonpool += n;
   u.nonpool = n;
+}
+
+bool Accounting::set_retained(TenantId t, DeviceOrdinal d, Bytes n) {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(Key{t, d});
+  if (it == map_.end() && n.value() == 0) return false;
+  Usage& u = it == map_.end() ? map_[Key{t, d}] : it->second;
+  if (u.retained == n) return false;
+  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
+  nu.retained -= std::min(nu.retained, u.retained);
+  nu.retained += n;
+  u.retained = n;
+  return true;
 }
 
 Accounting::Usage Accounting::usage(TenantId t, DeviceOrdinal d) const {

@@ -38,6 +38,7 @@
 #include "vlake/contracts/codec.hpp"
 #include "vlake/contracts/state.hpp"
 #include "vlake/exporter/server.hpp"
+#include "vlake/pool/holder_scan.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/publisher.hpp"
@@ -204,8 +205,10 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log) : opts_(o), log_(log), c
   settings.pressure_wait = opts_.pressure_wait;
   settings.canary_interval = opts_.canary_interval;
   settings.daemon_pid = static_cast<std::uint32_t>(::getpid());
+  settings.bind_handles = opts_.bind_handles;
   try {
-    node_ = std::make_unique<Node>(*driver_, log_, settings, NodeEnv{supplementary_groups, now});
+    node_ =
+        std::make_unique<Node>(*driver_, log_, settings, NodeEnv{supplementary_groups, now, make_holder_scan(log_)});
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }

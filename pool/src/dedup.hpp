@@ -116,8 +116,8 @@ class Dedup {
   // The chunk id holding the `size` bytes at src.va + src_offset, whose hash_chunk() is `hash`
   // (a reference taken), creating one if needed; `merged` tells whether it existed. Only
   // candidates with an equal hash are copied to the host and compared byte for byte.
-  std::uint64_t find_or_add(DevicePool& pool, std::uint64_t hash, Bytes size, PoolHandle& src, Bytes src_offset,
-                            bool& merged);
+  std::uint64_t find_or_add(DevicePool& pool, TenantId tenant, std::uint64_t hash, Bytes size, PoolHandle& src,
+                            Bytes src_offset, bool& merged);
   void unref(std::uint64_t chunk, DevicePool& pool) noexcept;
   void drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept;
 

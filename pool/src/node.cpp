@@ -34,6 +34,8 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
     d.total = driver_.total_memory(d.ordinal);
     d.granularity = driver_.granularity(d.ordinal);
     d.pool = std::make_unique<DevicePool>(driver_, d.ordinal, log_, settings_.bulk_size);
+    d.pool->set_binding(settings_.bind_handles);
+    d.pool->set_holder_scan(env_.holders);
     acct_.set_capacity(d.ordinal, d.total);
     devices_.push_back(std::move(d));
   }
@@ -141,8 +143,13 @@ proto::DeviceQuota Node::device_quota(const Tenant& t, const Device& d) const {
   const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
   q.total = d.total.value();
   q.limit = u.limit.value();
-  q.used = u.used().value();
+  q.used = reported_used(t.id, d, u).value();
   return q;
+}
+
+Bytes Node::reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const {
+  const Bytes used = u.used();
+  return used - std::min(used, d.pool->bound_free_bytes(t));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,6 +343,18 @@ void Node::end_session_locked(Session& s, const char* why) {
   for (std::uint64_t gid : grant_ids) {
     auto it = grants_.find(gid);
     if (it != grants_.end()) finish_grant(it->second, s.tenant, false);
+  }
+  // A tenant with no session left holds nothing it gave back unless a descriptor survives:
+  // its bound free handles are retired now (docs/pool.md, "Handle binding").
+  const TenantId tenant = s.tenant;
+  const bool last = std::none_of(sessions_.begin(), sessions_.end(),
+                                 [&](const auto& kv) { return kv.first != id && kv.second.tenant == tenant; });
+  if (last) {
+    for (Device& d : devices_) {
+      if (d.pool->bound_free_bytes(tenant).value() == 0 && d.pool->held_fds() == 0) continue;
+      (void)d.pool->retire_bound(tenant, Bytes{~0ULL});
+      if (settle_device(d) && !parked_.empty()) memory_returned_ = true;
+    }
   }
   session_slots_[s.slot] = false;
   changes_.sessions.insert(s.slot);

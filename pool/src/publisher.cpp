@@ -135,6 +135,7 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     r.limit[i] = u.limit.value();
     r.granted[i] = u.granted.value();
     r.nonpool[i] = u.nonpool.value();
+    r.retained[i] = u.retained.value();
     if (u.used() > u.limit) over |= 1u << i;
     std::uint64_t reserve = 0;
     for (const auto& [sid, ss] : node.sessions()) {
@@ -196,6 +197,10 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     std::uint64_t nonpool = 0;
     for (const auto& [tid, t] : node.tenants()) nonpool += node.accounting().usage(t.id, d.ordinal).nonpool.value();
     r.nonpool_bytes = nonpool;
+    std::uint64_t retained = 0;
+    for (const auto& [tid, t] : node.tenants()) retained += node.accounting().usage(t.id, d.ordinal).retained.value();
+    r.retained_bytes = retained;
+    r.held_fd_bytes = pool.held_fd_bytes().value();
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
     const Accounting::DeviceEntry du = node.accounting().device_usage(d.ordinal);

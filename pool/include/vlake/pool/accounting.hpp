@@ -2,8 +2,10 @@
 // with namespace guarantees.
 //
 // What it tracks, per (tenant, device): the limit, pool bytes granted (committed), non-pool
-// bytes (sampled from NVML: contexts, modules, passthrough allocations) and bytes reserved by
-// grants in flight. A tenant's usage is granted + nonpool; "held" is granted + nonpool +
+// bytes (sampled from NVML: contexts, modules, passthrough allocations), retained bytes
+// (released memory the tenant can still reach: free handles bound to it and retired handles
+// whose descriptor a process still holds, docs/pool.md "Handle binding") and bytes reserved by
+// grants in flight. A tenant's usage is granted + nonpool + retained; "held" is usage +
 // reserved. Per (namespace, device): its limit, its guarantee, and the sums of its tenants'
 // figures. Per device: its capacity C (set_capacity).
 //
@@ -58,7 +60,8 @@ class Accounting {
     Bytes granted;
     Bytes nonpool;
     Bytes reserved;
-    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool; }
+    Bytes retained;
+    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + retained; }
   };
   struct NamespaceUsage {
     Bytes limit = kUnlimited;
@@ -66,8 +69,9 @@ class Accounting {
     Bytes granted{0};
     Bytes nonpool{0};
     Bytes reserved{0};
-    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool; }
-    [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + reserved; }
+    Bytes retained{0};
+    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + retained; }
+    [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + retained + reserved; }
   };
   struct Entry {
     TenantId tenant;
@@ -140,6 +144,9 @@ class Accounting {
   // Charges bytes that are already held (state recovered after a restart), limit or not.
   void restore(TenantId t, DeviceOrdinal d, Bytes n);
   void set_nonpool(TenantId t, DeviceOrdinal d, Bytes n);
+  // Records the tenant's retained bytes on `d` (a fact, like set_nonpool: may exceed the limit).
+  // Returns true if the figure changed.
+  bool set_retained(TenantId t, DeviceOrdinal d, Bytes n);
 
   [[nodiscard]] Usage usage(TenantId t, DeviceOrdinal d) const;
   [[nodiscard]] NamespaceUsage namespace_usage(NamespaceId n, DeviceOrdinal d) const;

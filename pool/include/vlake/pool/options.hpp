@@ -37,7 +37,9 @@ struct DaemonOptions {
   std::uint64_t bulk_size = 64ull << 20;         // --bulk-size: bulk handle size class
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up
   std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms: parked grant's longest wait
-  std::string alloc_root;                        // Kubernetes allocation directories (docs/device-plugin.md); "": off
+  // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
+  bool bind_handles = true;
+  std::string alloc_root;  // Kubernetes allocation directories (docs/device-plugin.md); "": off
   bool help = false;
 
   static DaemonOptions parse(int argc, const char* const* argv);
