@@ -24,9 +24,9 @@ const Dedup::Plan* Dedup::pending(std::uint64_t session) const {
   return it == pending_.end() ? nullptr : &it->second;
 }
 
-std::uint64_t Dedup::find_or_add(DevicePool& pool, TenantId tenant, std::uint64_t h, Bytes size, PoolHandle& src,
-                                 Bytes src_offset, bool& merged) {
-  const Key key{pool.device().value(), size.value(), h};
+std::uint64_t Dedup::find_or_add(DevicePool& pool, TenantId tenant, const std::string& domain, std::uint64_t h,
+                                 Bytes size, PoolHandle& src, Bytes src_offset, bool& merged) {
+  const Key key{domain, pool.device().value(), size.value(), h};
   auto [lo, hi] = index_.equal_range(key);
   bool loaded = false;
   for (auto it = lo; it != hi; ++it) {
@@ -59,6 +59,7 @@ std::uint64_t Dedup::find_or_add(DevicePool& pool, TenantId tenant, std::uint64_
   c->id = next_chunk_++;
   c->device = pool.device();
   c->hash = h;
+  c->domain = domain;
   c->refs = 1;
   const std::uint64_t id = c->id;
   index_.emplace(key, id);
@@ -75,7 +76,7 @@ void Dedup::unref(std::uint64_t chunk, DevicePool& pool) noexcept {
     --c.refs;
     return;
   }
-  const Key key{c.device.value(), c.handle->size.value(), c.hash};
+  const Key key{c.domain, c.device.value(), c.handle->size.value(), c.hash};
   auto [lo, hi] = index_.equal_range(key);
   for (auto x = lo; x != hi; ++x) {
     if (x->second == chunk) {
@@ -110,7 +111,8 @@ void Dedup::drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept {
 }
 
 const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, DevicePool& pool, TenantId tenant,
-                               const std::vector<std::unique_ptr<PoolHandle>>& handles, Bytes offset, Bytes bytes) {
+                               const std::string& domain, const std::vector<std::unique_ptr<PoolHandle>>& handles,
+                               Bytes offset, Bytes bytes) {
   abort(session, pool, tenant);
   const std::uint64_t g = pool.granularity().value();
   std::uint64_t total = 0;
@@ -162,7 +164,7 @@ const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, De
         s.offset = Bytes{c};
         s.size = Bytes{g};
         s.kind = PieceKind::shared;
-        s.chunk = find_or_add(pool, tenant, hash, Bytes{g}, h, Bytes{c - o}, merged);
+        s.chunk = find_or_add(pool, tenant, domain, hash, Bytes{g}, h, Bytes{c - o}, merged);
         p.shared += Bytes{g};
         if (merged) p.merged += Bytes{g};
         p.pieces.push_back(std::move(s));

@@ -178,6 +178,7 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
   t->limit = spec.limit;
   t->guard = spec.guard;
   t->dedup = spec.dedup;
+  t->dedup_domain = spec.dedup_domain;
   t->have_ids = alloc == nullptr;
   t->uid = uid;
   t->gid = gid;

@@ -218,7 +218,10 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
     }
     changes_.devices = true;
     try {
-      plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, g.handles, Bytes{m.offset}, Bytes{m.bytes});
+      // Chunks match only inside the tenant's trust domain (docs/dedup.md, "Trust domains"); a
+      // tenant without one matches only its own chunks (':' never appears in a domain name).
+      const std::string domain = t.dedup_domain.empty() ? "tenant:" + std::to_string(t.id.value()) : t.dedup_domain;
+      plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, domain, g.handles, Bytes{m.offset}, Bytes{m.bytes});
     } catch (const PoolOutOfMemory&) {
       log_.info("tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies");
       return answer(proto::Status::out_of_memory);

@@ -219,6 +219,18 @@ class Parser {
     fail(v.Mark(), "bad dedup mode '" + s + "' in " + where + " (use off or transparent)");
   }
 
+  // The dedup trust domain under `dedup_domain` of `entry`, if present (a DNS label).
+  std::optional<std::string> dedup_domain(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["dedup_domain"];
+    if (!v) return std::nullopt;
+    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
+    if (!v.IsScalar() || !dns_label(s)) {
+      fail(v.Mark(), "bad dedup_domain '" + s + "' in " + where +
+                         " (use a DNS label: a-z, 0-9 and '-', at most 63, not starting or ending with '-')");
+    }
+    return s;
+  }
+
   static int line(const YAML::Mark& m) { return m.is_null() ? 0 : m.line + 1; }
   static int column(const YAML::Mark& m) { return m.is_null() ? 0 : m.column + 1; }
 
@@ -298,11 +310,14 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(def, {"limit", "guard", "dedup"}, "'default'");
+    p.check_keys(def, {"limit", "guard", "dedup", "dedup_domain"}, "'default'");
     const auto l = p.size(def, "limit", "'default'");
     cfg.default_guard_ = p.guard(def, "'default'");
     cfg.default_dedup_ = p.dedup(def, "'default'");
-    if (!l && !cfg.default_guard_ && !cfg.default_dedup_) p.fail(def.Mark(), "missing 'limit' in 'default'");
+    cfg.default_dedup_domain_ = p.dedup_domain(def, "'default'");
+    if (!l && !cfg.default_guard_ && !cfg.default_dedup_ && !cfg.default_dedup_domain_) {
+      p.fail(def.Mark(), "missing 'limit' in 'default'");
+    }
     if (l) {
       cfg.default_ = *l;
       cfg.default_given_ = true;
@@ -317,8 +332,10 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
     std::uint64_t percent_sum = 0;
     for (const YAML::Node& n : nss) {
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
-      p.check_keys(n, {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup"},
-                   "a 'namespaces' entry");
+      p.check_keys(
+          n,
+          {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup", "dedup_domain"},
+          "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
       if (!nm.IsScalar() || !dns_label(nm.Scalar())) {
@@ -340,6 +357,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.pod_limit = p.size(n, "pod_limit", where);
       ns.guard = p.guard(n, where);
       ns.dedup = p.dedup(n, where);
+      ns.dedup_domain = p.dedup_domain(n, where);
       if (ns.limit) {
         ns.limit_line = Parser::line(n["limit"].Mark());
         ns.limit_column = Parser::column(n["limit"].Mark());
@@ -497,8 +515,12 @@ TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& la
   else if (n.name == kDefaultNamespace && default_given_) limit = default_;
   else if (n.pod_limit) limit = *n.pod_limit;
   else if (n.limit) limit = *n.limit;
-  TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label, limit, n.name,
-               guard.value_or(n.guard.value_or(default_guard())), dedup_of(n)};
+  TenantSpec t{(n.name == kDefaultNamespace ? std::string() : n.name + "/") + kind + ":" + label,
+               limit,
+               n.name,
+               guard.value_or(n.guard.value_or(default_guard())),
+               dedup_of(n),
+               dedup_domain_of(n)};
   return t;
 }
 
@@ -520,7 +542,8 @@ TenantSpec QuotaConfig::resolve_allocation(const std::string& name, const std::s
   if (n == nullptr) n = &namespaces_.at(default_index());
   Bytes limit = allocated;
   if (n->pod_limit) limit = std::min(limit, n->pod_limit->on_device(total));
-  return TenantSpec{name, Limit::bytes(limit), n->name, n->guard.value_or(default_guard()), dedup_of(*n)};
+  return TenantSpec{name,         Limit::bytes(limit), n->name, n->guard.value_or(default_guard()),
+                    dedup_of(*n), dedup_domain_of(*n)};
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

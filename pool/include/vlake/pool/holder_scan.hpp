@@ -30,8 +30,8 @@
 namespace vlake::pool {
 
 struct HolderScanStats {
-  bool kcmp_denied = false;   // kcmp refused (counted as held)
-  bool fd_dir_denied = false; // some /proc/<pid>/fd could not be read (skipped)
+  bool kcmp_denied = false;    // kcmp refused (counted as held)
+  bool fd_dir_denied = false;  // some /proc/<pid>/fd could not be read (skipped)
   std::uint64_t processes = 0;
   std::uint64_t candidates = 0;  // descriptors whose target matched (kcmp calls)
 };

@@ -194,7 +194,8 @@ class Node {
     std::uint32_t gid = 0;
     quota::GuardMode guard = quota::GuardMode::off;
     quota::DedupMode dedup = quota::DedupMode::off;
-    std::string alloc_id;  // a Kubernetes allocation's tenant; "": a uid/gid tenant
+    std::string dedup_domain;  // its namespace's dedup trust domain; "": shares only with itself
+    std::string alloc_id;      // a Kubernetes allocation's tenant; "": a uid/gid tenant
     std::chrono::steady_clock::time_point last_refusal_log{};
     std::uint64_t refusals_unlogged = 0;
   };

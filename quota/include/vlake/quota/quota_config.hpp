@@ -22,6 +22,11 @@
 // Dedup (docs/dedup.md): `dedup: off|transparent` may appear in `default` and in a namespace. A
 // namespace's mode: its own `dedup`, else the top-level `default.dedup`, else off. `transparent`:
 // the hook offers whole-allocation host-to-device uploads for sharing without code changes.
+// Dedup trust domains: `dedup_domain: <DNS label>` may appear in `default` and in a namespace. A
+// namespace's domain: its own, else the top-level `default.dedup_domain`, else none. Tenants
+// share chunks only with tenants of the same domain (a tenant holding a chunk's descriptor can
+// map it writable: a domain is a set of tenants that trust each other); without a domain a
+// tenant dedups only with its own processes.
 // Sizes: vlake's one size grammar (vlake/common/size.hpp): a byte count, or a whole number with
 // B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 8GB are errors. Here also a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
@@ -116,6 +121,7 @@ struct TenantSpec {
   std::string ns = kDefaultNamespace;  // its namespace
   GuardMode guard = GuardMode::off;    // out-of-bounds guard mode (docs/guard.md)
   DedupMode dedup = DedupMode::off;    // its namespace's dedup mode (resolved)
+  std::string dedup_domain;            // its namespace's dedup trust domain; "": none
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -126,10 +132,11 @@ struct NamespaceSpec {
   std::optional<Limit> limit;       // nullopt: no limit beyond the GPU
   std::optional<Limit> guaranteed;  // nullopt: nothing guaranteed
   std::int32_t priority = 0;
-  std::optional<Limit> pod_limit;  // nullopt: `limit` (or 100%)
-  bool declared = true;            // false: the implicit "default" namespace
-  std::optional<GuardMode> guard;  // nullopt: the top-level default's (or off)
-  std::optional<DedupMode> dedup;  // nullopt: the top-level default's (or off)
+  std::optional<Limit> pod_limit;           // nullopt: `limit` (or 100%)
+  bool declared = true;                     // false: the implicit "default" namespace
+  std::optional<GuardMode> guard;           // nullopt: the top-level default's (or off)
+  std::optional<DedupMode> dedup;           // nullopt: the top-level default's (or off)
+  std::optional<std::string> dedup_domain;  // nullopt: the top-level default's (or none)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
   int limit_line = 0, limit_column = 0;
@@ -180,6 +187,10 @@ class QuotaConfig {
   [[nodiscard]] DedupMode dedup_of(const NamespaceSpec& ns) const noexcept {
     return ns.dedup.value_or(default_dedup());
   }
+  // The dedup trust domain of namespace `ns`: its own, else `default.dedup_domain`, else "".
+  [[nodiscard]] std::string dedup_domain_of(const NamespaceSpec& ns) const {
+    return ns.dedup_domain.value_or(default_dedup_domain_.value_or(std::string()));
+  }
   // Every namespace: the declared ones in file order; the implicit "default" (declared ==
   // false) last unless the file declares it.
   [[nodiscard]] const std::vector<NamespaceSpec>& namespaces() const noexcept { return namespaces_; }
@@ -210,6 +221,7 @@ class QuotaConfig {
   bool default_given_ = false;
   std::optional<GuardMode> default_guard_;
   std::optional<DedupMode> default_dedup_;
+  std::optional<std::string> default_dedup_domain_;
   std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
   std::vector<GroupEntry> groups_;
