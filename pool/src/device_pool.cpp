@@ -328,32 +328,38 @@ Bytes DevicePool::retire_bound(TenantId t, Bytes bytes) noexcept {
   return done;
 }
 
-bool DevicePool::settle() noexcept {
-  if (held_.empty()) return false;
+bool DevicePool::settle(bool all) noexcept {
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < held_.size(); ++i) {
+    if (all || !held_[i].scanned) which.push_back(i);
+  }
+  if (which.empty()) return false;
   std::vector<std::uint32_t> holders;
   if (scan_) {
     try {
       std::vector<int> fds;
-      fds.reserve(held_.size());
-      for (const Held& h : held_) fds.push_back(h.fd.get());
+      fds.reserve(which.size());
+      for (std::size_t i : which) fds.push_back(held_[i].fd.get());
       holders = scan_(fds);
     } catch (const std::exception& e) {
       log_.warn(std::string("holder scan failed (descriptors stay held): ") + e.what());
       holders.clear();
     }
-    if (holders.size() != held_.size()) holders.assign(held_.size(), 1);  // failed: all held
+    if (holders.size() != which.size()) holders.assign(which.size(), 1);  // failed: all held
   } else {
-    holders.assign(held_.size(), 0);
+    holders.assign(which.size(), 0);
   }
   bool closed = false;
-  for (std::size_t i = 0; i < held_.size(); ++i) {
-    Held& h = held_[i];
-    if (holders[i] > 0) {
+  for (std::size_t k = 0; k < which.size(); ++k) {
+    Held& h = held_[which[k]];
+    h.scanned = true;
+    const std::uint32_t n = holders[k];
+    if (n > 0) {
       if (!h.seen_held) {
         h.seen_held = true;
         ++retired_held_;
         log_.info("device " + std::to_string(device_.value()) + ": a retired handle of " +
-                  std::to_string(h.size.value()) + " bytes is still held by " + std::to_string(holders[i]) +
+                  std::to_string(h.size.value()) + " bytes is still held by " + std::to_string(n) +
                   " other process(es); it stays charged to tenant " + std::to_string(h.tenant.value()));
       }
       continue;

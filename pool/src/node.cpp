@@ -219,6 +219,10 @@ void Node::move_session(Session& s, Tenant& to) {
     acct_.uncharge(g.tenant, g.device, g.bytes);
     acct_.restore(to.id, g.device, g.bytes);  // already held: may exceed the new limit
     g.tenant = to.id;
+    // The process holding these handles' descriptors is now `to`'s: they are bound to it.
+    for (auto& h : g.handles) {
+      if (h->bound) h->bound = to.id;
+    }
     changes_.grants.insert(g.slot);
   }
   s.tenant = to.id;

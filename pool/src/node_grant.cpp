@@ -421,7 +421,7 @@ void Node::tick(Now now) {
   }
   // Retired handles still held by another process: scan again.
   for (Device& d : devices_) {
-    if (d.pool->held_fds() > 0 && settle_device(d) && !parked_.empty()) memory_returned_ = true;
+    if (d.pool->held_fds() > 0 && settle_device(d, true) && !parked_.empty()) memory_returned_ = true;
   }
   if (settings_.canary_interval.count() > 0 && now.steady - last_canary_sweep_ >= settings_.canary_interval) {
     last_canary_sweep_ = now.steady;
@@ -430,8 +430,8 @@ void Node::tick(Now now) {
   changes_.all = true;
 }
 
-bool Node::settle_device(Device& d) {
-  const bool closed = d.pool->settle();
+bool Node::settle_device(Device& d, bool all) {
+  const bool closed = d.pool->settle(all);
   sync_retained(d);
   return closed;
 }

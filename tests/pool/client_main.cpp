@@ -5,7 +5,10 @@
 //
 // Commands:
 //   connect SOCKET [OLD_SESSION]   Hello; prints session, tenant, name, gran, total, limit, used
-//   grant BYTES [alloc|create|counted]   prints status, id, bytes, used, limit, handles
+//   grant BYTES [alloc|create|counted] [keep]   prints status, id, bytes, used, limit, handles;
+//                                  keep: a copy of its descriptors stays open past release
+//   kept ID BYTE                   imports the kept descriptors again and fills what they reach
+//   unkeep ID                      closes the kept descriptors
 //   fill ID BYTE                   fills the grant's mapping (copy engine)
 //   poke ID OFFSET LEN BYTE        fills LEN bytes at OFFSET of the grant's mapping (may hit the slack)
 //   check ID BYTE                  match=1 if every byte equals BYTE, else match=0 offset= value=
@@ -84,7 +87,8 @@ class Tool {
     if (cmd == "grant") {
       std::uint64_t bytes = 0;
       std::string purpose = "alloc";
-      in >> bytes >> purpose;
+      std::string keep;  // "keep": a copy of the descriptors stays open after release (see `kept`)
+      in >> bytes >> purpose >> keep;
       const auto p = purpose == "counted"  ? proto::GrantPurpose::counted
                      : purpose == "create" ? proto::GrantPurpose::create
                                            : proto::GrantPurpose::alloc;
@@ -107,6 +111,7 @@ class Tool {
           driver().set_access(h.va, Bytes{h.bytes}, DeviceOrdinal{0}, Access::read_write);
           h.mapped = true;
         }
+        if (keep == "keep") kept_[g.reply.grant_id] = Kept{std::move(g.fds), h.sizes};
         held_[g.reply.grant_id] = std::move(h);
       }
       return o.str();
@@ -139,6 +144,32 @@ class Tool {
         if (buf[i] != value) return "ok match=0 offset=" + std::to_string(i) + " value=" + std::to_string(buf[i]);
       }
       return "ok match=1";
+    }
+    if (cmd == "kept" || cmd == "unkeep") {
+      // kept ID VALUE: import the kept descriptors again (after release) and fill the memory
+      // they reach with VALUE; unkeep ID: close them.
+      std::uint64_t id = 0;
+      unsigned value = 0;
+      in >> id >> value;
+      auto it = kept_.find(id);
+      if (it == kept_.end()) return "err nothing kept";
+      if (cmd == "unkeep") {
+        kept_.erase(it);
+        return "ok";
+      }
+      for (std::size_t i = 0; i < it->second.fds.size(); ++i) {
+        const PhysicalHandle ph = driver().import_fd(it->second.fds[i].get());
+        const Bytes size{it->second.sizes.at(i)};
+        const DevicePtr va = driver().reserve(size, Bytes{ack_.granularity});
+        driver().map(va, size, ph);
+        driver().set_access(va, size, DeviceOrdinal{0}, Access::read_write);
+        driver().fill_u8(va, static_cast<std::uint8_t>(value), size);
+        driver().synchronize();
+        driver().unmap(va, size);
+        driver().free_reservation(va, size);
+        driver().release(ph);
+      }
+      return "ok";
     }
     if (cmd == "release") {
       std::uint64_t id = 0;
@@ -284,6 +315,11 @@ class Tool {
   proto::HelloAck ack_{};
   Uuid uuid_{};
   std::map<std::uint64_t, Held> held_;
+  struct Kept {
+    std::vector<UniqueFd> fds;
+    std::vector<std::uint64_t> sizes;
+  };
+  std::map<std::uint64_t, Kept> kept_;  // grant id -> descriptors kept past its release
   std::vector<PhysicalHandle> own_;
 };
 

@@ -112,9 +112,11 @@ class DevicePool {
   // Retires free handles bound to `t`, least recently freed first, until at least `bytes`
   // (all of them for Bytes{~0}) were retired; returns the bytes retired. Call settle() after.
   Bytes retire_bound(TenantId t, Bytes bytes) noexcept;
-  // Scans the held descriptors (one HolderScan call) and closes those nobody else holds. No
-  // scan configured: every held descriptor is closed. Returns true if any was closed.
-  bool settle() noexcept;
+  // Scans held descriptors (one HolderScan call) and closes those nobody else holds: all of
+  // them (`all`, the periodic rescan), or only those retired since the last scan (cheap when
+  // nothing new was retired: no scan at all). No scan configured: every held descriptor is
+  // closed. Returns true if any was closed.
+  bool settle(bool all = false) noexcept;
   // Releases every free handle and closes every held descriptor (shutdown).
   void release_free() noexcept;
 
@@ -160,6 +162,7 @@ class DevicePool {
     Bytes size{0};
     TenantId tenant{};
     bool seen_held = false;  // a scan found a holder (counted in retired_held_)
+    bool scanned = false;    // a scan has looked at it
   };
   std::unique_ptr<PoolHandle> create(Bytes size);
   void destroy(std::unique_ptr<PoolHandle> h) noexcept;

@@ -370,9 +370,9 @@ class Node {
   // when it needs the room, so they are not memory it cannot have); retained descriptors count.
   [[nodiscard]] Bytes reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const;
   void finish_grant(Grant& g, TenantId releaser, bool exported);
-  // Scans the device's held descriptors and records every tenant's retained bytes there
-  // (accounting, changes, counters). Returns true if memory came back.
-  bool settle_device(Device& d);
+  // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
+  // retained bytes there (accounting, changes, counters). Returns true if memory came back.
+  bool settle_device(Device& d, bool all = false);
   // Records every tenant's retained bytes on `d` (no scan).
   void sync_retained(Device& d);
   void end_session_locked(Session& s, const char* why);
