@@ -191,7 +191,7 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
           scrub(h);
         } catch (...) {
           // A handle that could not be zeroed is never handed out; the others go back.
-          if (taken[k]->bound) destroy_keep_fd(std::move(taken[k]), *taken[k]->bound);
+          if (const std::optional<TenantId> t = taken[k]->bound) destroy_keep_fd(std::move(taken[k]), *t);
           else destroy(std::move(taken[k]));
           for (auto& o : taken) {
             if (o) {
