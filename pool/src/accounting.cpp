@@ -98,6 +98,8 @@ void Accounting::assign(TenantId t, NamespaceId n) {
     from.nonpool -= std::min(from.nonpool, u.nonpool);
     from.reserved -= std::min(from.reserved, u.reserved);
     from.unhooked -= std::min(from.unhooked, u.unhooked);
+    from.retained -= std::min(from.retained, u.retained);
+    to.retained += u.retained;
     to.granted += u.granted;
     to.nonpool += u.nonpool;
     to.unhooked += u.unhooked;
@@ -109,7 +111,7 @@ void Accounting::assign(TenantId t, NamespaceId n) {
 bool Accounting::remove_tenant(TenantId t) {
   std::lock_guard lock(mu_);
   for (const auto& [k, u] : map_) {
-    if (k.t == t && (u.granted.value() != 0 || u.nonpool.value() != 0 || u.reserved.value() != 0)) return false;
+    if (k.t == t && (u.used() + u.reserved).value() != 0) return false;
   }
   for (auto it = map_.begin(); it != map_.end();) {
     if (it->first.t == t) it = map_.erase(it);
@@ -134,7 +136,8 @@ std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrd
     return std::nullopt;
   };
   // 1. the tenant's limit
-  const std::uint64_t held = u.granted.value() + u.nonpool.value() + u.unhooked.value() + u.reserved.value();
+  const std::uint64_t held =
+      u.granted.value() + u.nonpool.value() + u.unhooked.value() + u.retained.value() + u.reserved.value();
   if (!fits(held, n.value(), u.limit.value())) return refuse(Refusal::tenant_limit);
   // 2. its namespace's limit
   const NamespaceId nsid = ns_of_locked(t);
@@ -210,6 +213,19 @@ void Accounting::set_unhooked(TenantId t, DeviceOrdinal d, Bytes n) {
   nu.unhooked -= std::min(nu.unhooked, u.unhooked);
   nu.unhooked += n;
   u.unhooked = n;
+}
+
+bool Accounting::set_retained(TenantId t, DeviceOrdinal d, Bytes n) {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(Key{t, d});
+  if (it == map_.end() && n.value() == 0) return false;
+  Usage& u = it == map_.end() ? map_[Key{t, d}] : it->second;
+  if (u.retained == n) return false;
+  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
+  nu.retained -= std::min(nu.retained, u.retained);
+  nu.retained += n;
+  u.retained = n;
+  return true;
 }
 
 Accounting::Usage Accounting::usage(TenantId t, DeviceOrdinal d) const {

@@ -41,6 +41,7 @@
 #include "vlake/contracts/state.hpp"
 #include "vlake/exporter/server.hpp"
 #include "vlake/pool/conn_limits.hpp"
+#include "vlake/pool/holder_scan.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/publisher.hpp"
@@ -258,8 +259,10 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   settings.max_grants_per_tenant = opts_.max_grants_per_tenant;
   settings.guard_event_rate = opts_.guard_event_rate;
   settings.guard_event_burst = opts_.guard_event_burst;
+  settings.bind_handles = opts_.bind_handles;
   try {
-    node_ = std::make_unique<Node>(*driver_, log_, settings, NodeEnv{supplementary_groups, now});
+    node_ =
+        std::make_unique<Node>(*driver_, log_, settings, NodeEnv{supplementary_groups, now, make_holder_scan(log_)});
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }

@@ -24,9 +24,9 @@ const Dedup::Plan* Dedup::pending(std::uint64_t session) const {
   return it == pending_.end() ? nullptr : &it->second;
 }
 
-std::uint64_t Dedup::find_or_add(DevicePool& pool, std::uint64_t h, Bytes size, PoolHandle& src, Bytes src_offset,
-                                 bool& merged) {
-  const Key key{pool.device().value(), size.value(), h};
+std::uint64_t Dedup::find_or_add(DevicePool& pool, TenantId tenant, const std::string& domain, std::uint64_t h,
+                                 Bytes size, PoolHandle& src, Bytes src_offset, bool& merged) {
+  const Key key{domain, pool.device().value(), size.value(), h};
   auto [lo, hi] = index_.equal_range(key);
   bool loaded = false;
   for (auto it = lo; it != hi; ++it) {
@@ -45,19 +45,21 @@ std::uint64_t Dedup::find_or_add(DevicePool& pool, std::uint64_t h, Bytes size, 
       return c.id;
     }
   }
-  // A new shared chunk: a G handle from the pool, filled on the device from the tenant's chunk.
-  DevicePool::Served s = pool.serve(size, TenantId{0}, 1);
+  // A new shared chunk: a G handle from the pool, filled on the device from the tenant's chunk
+  // (with binding, bound to the tenant that creates it).
+  DevicePool::Served s = pool.serve(size, tenant, 1);
   auto c = std::make_unique<Chunk>();
   c->handle = std::move(s.handles.at(0));
   try {
     driver_.copy_device(c->handle->va, DevicePtr{src.va.value() + src_offset.value()}, size);
   } catch (...) {
-    pool.put_back(std::move(c->handle), TenantId{0});
+    pool.put_back(std::move(c->handle), tenant);
     throw;
   }
   c->id = next_chunk_++;
   c->device = pool.device();
   c->hash = h;
+  c->domain = domain;
   c->refs = 1;
   const std::uint64_t id = c->id;
   index_.emplace(key, id);
@@ -74,7 +76,7 @@ void Dedup::unref(std::uint64_t chunk, DevicePool& pool) noexcept {
     --c.refs;
     return;
   }
-  const Key key{c.device.value(), c.handle->size.value(), c.hash};
+  const Key key{c.domain, c.device.value(), c.handle->size.value(), c.hash};
   auto [lo, hi] = index_.equal_range(key);
   for (auto x = lo; x != hi; ++x) {
     if (x->second == chunk) {
@@ -82,9 +84,12 @@ void Dedup::unref(std::uint64_t chunk, DevicePool& pool) noexcept {
       break;
     }
   }
-  // No tenant: the next grant of this handle scrubs it (it held another tenant's data).
+  // Its descriptor went to every tenant that merged it: with binding it never serves anyone
+  // again (retired, its descriptor kept while another process holds it, charged to the tenant
+  // that created it). Without: no tenant, so the next grant of this handle scrubs it.
   try {
-    pool.put_back(std::move(c.handle), TenantId{0});
+    if (pool.binding()) pool.retire(std::move(c.handle));
+    else pool.put_back(std::move(c.handle), TenantId{0});
   } catch (...) {
     log_.error("dedup: returning a shared chunk to the pool failed");
   }
@@ -106,7 +111,8 @@ void Dedup::drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept {
 }
 
 const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, DevicePool& pool, TenantId tenant,
-                               const std::vector<std::unique_ptr<PoolHandle>>& handles, Bytes offset, Bytes bytes) {
+                               const std::string& domain, const std::vector<std::unique_ptr<PoolHandle>>& handles,
+                               Bytes offset, Bytes bytes) {
   abort(session, pool, tenant);
   const std::uint64_t g = pool.granularity().value();
   std::uint64_t total = 0;
@@ -158,7 +164,7 @@ const Dedup::Plan& Dedup::plan(std::uint64_t session, std::uint64_t grant_id, De
         s.offset = Bytes{c};
         s.size = Bytes{g};
         s.kind = PieceKind::shared;
-        s.chunk = find_or_add(pool, hash, Bytes{g}, h, Bytes{c - o}, merged);
+        s.chunk = find_or_add(pool, tenant, domain, hash, Bytes{g}, h, Bytes{c - o}, merged);
         p.shared += Bytes{g};
         if (merged) p.merged += Bytes{g};
         p.pieces.push_back(std::move(s));

@@ -72,8 +72,11 @@ class Dedup {
   // Plans the share of [offset, offset + bytes) of grant `grant_id` (device pool `pool`,
   // handles `handles` in VA order) for session `session`, replacing any plan the session had
   // pending (aborted). The plan holds references to its shared chunks until commit/abort.
+  // Chunks are matched only against chunks created in the same `domain` (the tenant's trust
+  // domain: docs/dedup.md, "Trust domains").
   const Plan& plan(std::uint64_t session, std::uint64_t grant_id, DevicePool& pool, TenantId tenant,
-                   const std::vector<std::unique_ptr<PoolHandle>>& handles, Bytes offset, Bytes bytes);
+                   const std::string& domain, const std::vector<std::unique_ptr<PoolHandle>>& handles, Bytes offset,
+                   Bytes bytes);
   [[nodiscard]] const Plan* pending(std::uint64_t session) const;
   // Makes the session's pending plan the layout of its grant: `handles` becomes the kept and
   // new private handles (VA order, shared chunks are tracked here); the replaced handles are put
@@ -100,24 +103,27 @@ class Dedup {
     std::uint64_t id = 0;
     DeviceOrdinal device{0};
     std::uint64_t hash = 0;
+    std::string domain;
     std::unique_ptr<PoolHandle> handle;
     std::uint64_t refs = 0;  // committed grants' and pending plans' references
   };
   struct Key {
+    std::string domain;
     int device;
     std::uint64_t size;
     std::uint64_t hash;
     bool operator<(const Key& o) const noexcept {
       if (device != o.device) return device < o.device;
       if (size != o.size) return size < o.size;
-      return hash < o.hash;
+      if (hash != o.hash) return hash < o.hash;
+      return domain < o.domain;
     }
   };
   // The chunk id holding the `size` bytes at src.va + src_offset, whose hash_chunk() is `hash`
   // (a reference taken), creating one if needed; `merged` tells whether it existed. Only
   // candidates with an equal hash are copied to the host and compared byte for byte.
-  std::uint64_t find_or_add(DevicePool& pool, std::uint64_t hash, Bytes size, PoolHandle& src, Bytes src_offset,
-                            bool& merged);
+  std::uint64_t find_or_add(DevicePool& pool, TenantId tenant, const std::string& domain, std::uint64_t hash,
+                            Bytes size, PoolHandle& src, Bytes src_offset, bool& merged);
   void unref(std::uint64_t chunk, DevicePool& pool) noexcept;
   void drop_plan(Plan& p, DevicePool& pool, TenantId tenant) noexcept;
 

@@ -99,6 +99,33 @@ void DevicePool::destroy(std::unique_ptr<PoolHandle> h) noexcept {
   pool_bytes_ -= h->size;
 }
 
+void DevicePool::destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noexcept {
+  if (!h) return;
+  Held held;
+  held.fd = std::move(h->fd);
+  held.size = h->size;
+  held.tenant = t;
+  try {
+    held_.push_back(std::move(held));
+    held_bytes_ += h->size;
+  } catch (...) {
+    // No room to remember it: closing the descriptor now is the only way out (logged).
+    log_.error("device " + std::to_string(device_.value()) + ": a retired handle's descriptor was closed unscanned");
+  }
+  destroy(std::move(h));
+}
+
+void DevicePool::unfree(const PoolHandle& h) noexcept {
+  free_bytes_ -= h.size;
+  if (h.bound) {
+    auto it = bound_free_.find(h.bound->value());
+    if (it != bound_free_.end()) {
+      it->second -= std::min(it->second, h.size);
+      if (it->second.value() == 0) bound_free_.erase(it);
+    }
+  }
+}
+
 void DevicePool::scrub(PoolHandle& h) {
   // memory_info(d) makes device d's primary context current on this thread: the fill runs on
   // the GPU that owns the memory.
@@ -118,7 +145,10 @@ PlanInput DevicePool::plan_input(Bytes size, TenantId tenant, std::uint32_t max_
   in.device_free = dev_free;
   in.max_handles = max_handles;
   in.free.reserve(free_.size());
-  for (const auto& h : free_) in.free.push_back(FreeHandleView{h->size, h->last_tenant, h->clean, h->freed_seq});
+  for (const auto& h : free_) {
+    in.free.push_back(
+        FreeHandleView{h->size, h->last_tenant, h->clean, h->freed_seq, bind_ && h->bound && *h->bound != tenant});
+  }
   return in;
 }
 
@@ -131,8 +161,9 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
   Served out;
   // An exact fit is the cheapest plan whatever the GPU's free memory (cost model, docs/pool.md):
   // skip the driver query (cuMemGetInfo, several microseconds) on that path.
-  const bool exact_fit =
-      std::any_of(free_.begin(), free_.end(), [size](const std::unique_ptr<PoolHandle>& h) { return h->size == size; });
+  const bool exact_fit = std::any_of(free_.begin(), free_.end(), [&](const std::unique_ptr<PoolHandle>& h) {
+    return h->size == size && !(bind_ && h->bound && *h->bound != tenant);
+  });
   Bytes dev_free = exact_fit ? Bytes{0} : device_free();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const PlanInput in = plan_input(size, tenant, max_handles, dev_free);
@@ -151,7 +182,7 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
       std::vector<std::unique_ptr<PoolHandle>> taken;
       for (std::size_t i : p.use) taken.push_back(std::move(free_[i]));
       std::erase_if(free_, [](const std::unique_ptr<PoolHandle>& h) { return !h; });
-      for (const auto& h : taken) free_bytes_ -= h->size;
+      for (const auto& h : taken) unfree(*h);
       for (std::size_t k = 0; k < taken.size(); ++k) {
         PoolHandle& h = *taken[k];
         const FreeHandleView v{h.size, h.last_tenant, h.clean, h.freed_seq};
@@ -160,13 +191,17 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
           scrub(h);
         } catch (...) {
           // A handle that could not be zeroed is never handed out; the others go back.
-          destroy(std::move(taken[k]));
+          if (const std::optional<TenantId> t = taken[k]->bound) destroy_keep_fd(std::move(taken[k]), *t);
+          else destroy(std::move(taken[k]));
           for (auto& o : taken) {
             if (o) {
-              free_bytes_ += o->size;
-              free_.push_back(std::move(o));
+              const std::uint64_t seq = o->freed_seq;
+              const TenantId releaser = o->last_tenant.value_or(tenant);
+              put_back(std::move(o), releaser);
+              free_.back()->freed_seq = seq;
             }
           }
+          (void)settle();
           throw;
         }
         ++out.scrubbed;
@@ -181,12 +216,21 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
     if (p.kind == PlanKind::release_create) {
       log_.info("device " + std::to_string(device_.value()) + ": no room for " + std::to_string(size.value()) +
                 " bytes; releasing " + std::to_string(p.release.size()) + " free handle(s), least recently used first");
+      bool kept_fds = false;
       for (std::size_t i : p.release) {
-        free_bytes_ -= free_[i]->size;
-        destroy(std::move(free_[i]));
+        unfree(*free_[i]);
+        if (free_[i]->bound) {
+          // Its descriptor went to a tenant: the memory returns only once nobody holds one.
+          const TenantId t = *free_[i]->bound;
+          destroy_keep_fd(std::move(free_[i]), t);
+          kept_fds = true;
+        } else {
+          destroy(std::move(free_[i]));
+        }
         ++out.released;
       }
       std::erase_if(free_, [](const std::unique_ptr<PoolHandle>& h) { return !h; });
+      if (kept_fds) (void)settle();
     }
     try {
       out.handles.push_back(create(size));
@@ -211,6 +255,7 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
   for (auto& h : out.handles) {
     h->last_tenant = tenant;
     h->clean = false;
+    if (bind_) h->bound = tenant;
   }
   return out;
 }
@@ -219,8 +264,14 @@ std::uint64_t DevicePool::refill(Bytes target, std::uint64_t max_handles) {
   std::uint64_t made = 0;
   const std::uint64_t small_target =
       std::min<std::uint64_t>(target.value() / 8 / granularity_.value() * granularity_.value(), 32ull << 20);
-  while (made < max_handles && free_bytes_ < target) {
-    const std::uint64_t deficit = (target - free_bytes_).value();
+  // Bound handles serve one tenant only: they do not count toward the warm reserve.
+  auto unbound_free = [&] {
+    Bytes b = free_bytes_;
+    for (const auto& [t, n] : bound_free_) b -= std::min(b, n);
+    return b;
+  };
+  while (made < max_handles && unbound_free() < target) {
+    const std::uint64_t deficit = (target - unbound_free()).value();
     const std::uint64_t small_have = free_small_handles() * granularity_.value();
     Bytes size = granularity_;
     if (small_have >= small_target && deficit >= bulk_.value()) size = bulk_;
@@ -254,17 +305,106 @@ void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser) {
   h->clean = false;
   h->freed_seq = ++freed_seq_;
   free_bytes_ += h->size;
+  if (h->bound) bound_free_[h->bound->value()] += h->size;
   free_.push_back(std::move(h));
 }
 
-void DevicePool::retire(std::unique_ptr<PoolHandle> h) noexcept { destroy(std::move(h)); }
+void DevicePool::retire(std::unique_ptr<PoolHandle> h, std::optional<TenantId> charge) noexcept {
+  if (!h) return;
+  if (h->bound) charge = *h->bound;
+  if (charge) destroy_keep_fd(std::move(h), *charge);
+  else destroy(std::move(h));
+}
+
+Bytes DevicePool::retire_bound(TenantId t, Bytes bytes) noexcept {
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < free_.size(); ++i) {
+    if (free_[i]->bound && *free_[i]->bound == t) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return free_[a]->freed_seq < free_[b]->freed_seq; });
+  Bytes done{0};
+  for (std::size_t i : order) {
+    if (done >= bytes) break;
+    done += free_[i]->size;
+    unfree(*free_[i]);
+    destroy_keep_fd(std::move(free_[i]), t);
+  }
+  std::erase_if(free_, [](const std::unique_ptr<PoolHandle>& h) { return !h; });
+  return done;
+}
+
+bool DevicePool::settle(bool all) noexcept {
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < held_.size(); ++i) {
+    if (all || !held_[i].scanned) which.push_back(i);
+  }
+  if (which.empty()) return false;
+  std::vector<std::uint32_t> holders;
+  if (scan_) {
+    try {
+      std::vector<int> fds;
+      fds.reserve(which.size());
+      for (std::size_t i : which) fds.push_back(held_[i].fd.get());
+      holders = scan_(fds);
+    } catch (const std::exception& e) {
+      log_.warn(std::string("holder scan failed (descriptors stay held): ") + e.what());
+      holders.clear();
+    }
+    if (holders.size() != which.size()) holders.assign(which.size(), 1);  // failed: all held
+  } else {
+    holders.assign(which.size(), 0);
+  }
+  bool closed = false;
+  for (std::size_t k = 0; k < which.size(); ++k) {
+    Held& h = held_[which[k]];
+    h.scanned = true;
+    const std::uint32_t n = holders[k];
+    if (n > 0) {
+      if (!h.seen_held) {
+        h.seen_held = true;
+        ++retired_held_;
+        log_.info("device " + std::to_string(device_.value()) + ": a retired handle of " +
+                  std::to_string(h.size.value()) + " bytes is still held by " + std::to_string(n) +
+                  " other process(es); it stays charged to tenant " + std::to_string(h.tenant.value()));
+      }
+      continue;
+    }
+    held_bytes_ -= std::min(held_bytes_, h.size);
+    h.fd.reset();
+    closed = true;
+  }
+  std::erase_if(held_, [](const Held& h) { return !h.fd.valid(); });
+  return closed;
+}
 
 void DevicePool::release_free() noexcept {
   for (auto& h : free_) {
-    free_bytes_ -= h->size;
+    unfree(*h);
     destroy(std::move(h));
   }
   free_.clear();
+  held_.clear();
+  held_bytes_ = Bytes{0};
+}
+
+Bytes DevicePool::bound_free_bytes(TenantId t) const noexcept {
+  auto it = bound_free_.find(t.value());
+  return it == bound_free_.end() ? Bytes{0} : it->second;
+}
+
+Bytes DevicePool::retained(TenantId t) const noexcept {
+  Bytes b = bound_free_bytes(t);
+  for (const Held& h : held_) {
+    if (h.tenant == t) b += h.size;
+  }
+  return b;
+}
+
+std::map<std::uint32_t, Bytes> DevicePool::retained_all() const {
+  std::map<std::uint32_t, Bytes> m = bound_free_;
+  for (const Held& h : held_) m[h.tenant.value()] += h.size;
+  return m;
 }
 
 std::uint64_t DevicePool::free_small_handles() const noexcept {

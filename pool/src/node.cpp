@@ -44,6 +44,8 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
     d.total = driver_.total_memory(d.ordinal);
     d.granularity = driver_.granularity(d.ordinal);
     d.pool = std::make_unique<DevicePool>(driver_, d.ordinal, log_, settings_.bulk_size);
+    d.pool->set_binding(settings_.bind_handles);
+    d.pool->set_holder_scan(env_.holders);
     acct_.set_capacity(d.ordinal, d.total);
     devices_.push_back(std::move(d));
   }
@@ -167,9 +169,9 @@ bool Node::tenant_idle(const Tenant& t) const {
   }
   for (const Device& d : devices_) {
     const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
-    if (u.granted.value() != 0 || u.nonpool.value() != 0 || u.reserved.value() != 0 || u.unhooked.value() != 0) {
-      return false;
-    }
+    // Retained memory included: a descriptor it kept, or handles bound to it, keep it alive.
+    if ((u.used() + u.reserved).value() != 0) return false;
+    if (d.pool->bound_free_bytes(t.id).value() != 0) return false;
   }
   return true;
 }
@@ -223,8 +225,13 @@ proto::DeviceQuota Node::device_quota(const Tenant& t, const Device& d) const {
   const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
   q.total = d.total.value();
   q.limit = u.limit.value();
-  q.used = u.used().value();
+  q.used = reported_used(t.id, d, u).value();
   return q;
+}
+
+Bytes Node::reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const {
+  const Bytes used = u.used();
+  return used - std::min(used, d.pool->bound_free_bytes(t));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,6 +266,7 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
   t->enforce = spec.enforce;
   t->kill_grace = spec.kill_grace;
   t->allow_disable = spec.allow_disable;
+  t->dedup_domain = spec.dedup_domain;
   t->have_ids = alloc == nullptr;
   t->uid = uid;
   t->gid = gid;
@@ -300,6 +308,10 @@ void Node::move_session(Session& s, Tenant& to) {
     acct_.uncharge(g.tenant, g.device, g.bytes);
     acct_.restore(to.id, g.device, g.bytes);  // already held: may exceed the new limit
     g.tenant = to.id;
+    // The process holding these handles' descriptors is now `to`'s: they are bound to it.
+    for (auto& h : g.handles) {
+      if (h->bound) h->bound = to.id;
+    }
     changes_.grants.insert(g.slot);
   }
   s.tenant = to.id;
@@ -480,6 +492,18 @@ void Node::end_session_locked(Session& s, const char* why) {
     auto it = grants_.find(gid);
     if (it != grants_.end()) finish_grant(it->second, s.tenant, false);
   }
+  // A tenant with no session left holds nothing it gave back unless a descriptor survives:
+  // its bound free handles are retired now (docs/pool.md, "Handle binding").
+  const TenantId tenant = s.tenant;
+  const bool last = std::none_of(sessions_.begin(), sessions_.end(),
+                                 [&](const auto& kv) { return kv.first != id && kv.second.tenant == tenant; });
+  if (last) {
+    for (Device& d : devices_) {
+      if (d.pool->bound_free_bytes(tenant).value() == 0 && d.pool->held_fds() == 0) continue;
+      (void)d.pool->retire_bound(tenant, Bytes{~0ULL});
+      if (settle_device(d) && !parked_.empty()) memory_returned_ = true;
+    }
+  }
   session_slots_[s.slot] = false;
   changes_.sessions.insert(s.slot);
   // Its reserve leaves the tenant's and the GPU's figures.
@@ -489,7 +513,6 @@ void Node::end_session_locked(Session& s, const char* why) {
                 "session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
                     std::to_string(grant_ids.size()) + " grant(s) returned",
                 steady_now());
-  const TenantId tenant = s.tenant;
   sessions_.erase(id);
   free_tenant_if_idle(tenant);
 }

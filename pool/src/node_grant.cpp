@@ -100,8 +100,29 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   Accounting::Usage before{};
   Refusal why = Refusal::none;
   std::optional<Accounting::Reservation> res = acct_.reserve(t.id, dev->ordinal, bytes, &before, &why);
+  if (!res && (why == Refusal::tenant_limit || why == Refusal::namespace_limit) &&
+      dev->pool->bound_free_bytes(t.id).value() > 0) {
+    // Memory the tenant gave back is charged while bound to it; an honest tenant is never
+    // refused for it: retire its bound free handles (least recently freed first) and retry.
+    std::uint64_t over = 0;
+    if (why == Refusal::tenant_limit) {
+      const std::uint64_t held = (before.used() + before.reserved).value();
+      over = held + bytes.value() - std::min(held + bytes.value(), before.limit.value());
+    } else {
+      const Accounting::NamespaceUsage nu = acct_.namespace_usage(t.ns, dev->ordinal);
+      const std::uint64_t held = nu.held().value();
+      over = held + bytes.value() - std::min(held + bytes.value(), nu.limit.value());
+    }
+    const Bytes retired = dev->pool->retire_bound(t.id, Bytes{std::max<std::uint64_t>(over, 1)});
+    (void)settle_device(*dev);
+    changes_.devices = true;
+    log_.debug("tenant " + t.name + ": retired " + std::to_string(retired.value()) +
+               " bytes of its released handles on GPU " + std::to_string(dev->ordinal.value()) + " to admit " +
+               std::to_string(bytes.value()) + " bytes");
+    res = acct_.reserve(t.id, dev->ordinal, bytes, &before, &why);
+  }
   reply.limit = before.limit.value();
-  reply.used = before.used().value();
+  reply.used = reported_used(t.id, *dev, before).value();
   if (!res) return refuse(t, *dev, bytes, why, reply, now);
 
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
@@ -144,6 +165,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
         default: ++counters_.grants_new; break;
       }
       g.handles = std::move(a.handles);
+      if (a.reused > 0 || a.released > 0) sync_retained(*dev);
       if (g.canary) {
         try {
           canary_fill(g);
@@ -217,7 +239,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
 
   reply.status = proto::Status::ok;
   reply.grant_id = gid;
-  reply.used = acct_.usage(t.id, dev->ordinal).used().value();
+  reply.used = reported_used(t.id, *dev, acct_.usage(t.id, dev->ordinal)).value();
   if (log_.enabled(LogLevel::debug)) {
     log_.debug("grant " + std::to_string(gid) + ": " + std::to_string(bytes.value()) + " bytes on GPU " +
                std::to_string(dev->ordinal.value()) + " to " + t.name + " (session " + std::to_string(s.id) + ")");
@@ -251,10 +273,13 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
   }
   Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
   if (dedup_) dedup_->release_grant(g.id, *dev.pool);  // shared chunks: drop its references
+  // An exported release retires the handles; their descriptors stay open (and charged to the
+  // releaser as retained) while another process holds them (docs/pool.md, "Handle binding").
   for (auto& h : g.handles) {
-    if (exported) dev.pool->retire(std::move(h));
+    if (exported) dev.pool->retire(std::move(h), releaser);
     else dev.pool->put_back(std::move(h), releaser);
   }
+  (void)settle_device(dev);
   if (g.purpose == proto::GrantPurpose::counted) dev.counted -= g.bytes;
   else if (g.orphaned) dev.orphaned -= g.bytes;
   else dev.granted -= g.bytes;
@@ -291,7 +316,8 @@ std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, 
   const DeviceOrdinal d = g.device;
   finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);
   ack.status = proto::Status::ok;
-  ack.used = acct_.usage(s.tenant, d).used().value();
+  ack.used =
+      reported_used(s.tenant, devices_.at(static_cast<std::size_t>(d.value())), acct_.usage(s.tenant, d)).value();
   return ack;
 }
 
@@ -310,7 +336,7 @@ std::variant<proto::UsageReply, Malformed> Node::usage(std::uint64_t session, co
   r.status = proto::Status::ok;
   r.total = dev->total.value();
   r.limit = u.limit.value();
-  r.used = u.used().value();
+  r.used = reported_used(sit->second.tenant, *dev, u).value();
   return r;
 }
 
@@ -430,11 +456,35 @@ void Node::tick(Now now) {
       log_.warn(std::string("warm reserve refill failed: ") + e.what());
     }
   }
+  // Retired handles still held by another process: scan again.
+  for (Device& d : devices_) {
+    if (d.pool->held_fds() > 0 && settle_device(d, true) && !parked_.empty()) memory_returned_ = true;
+  }
   if (settings_.canary_interval.count() > 0 && now.steady - last_canary_sweep_ >= settings_.canary_interval) {
     last_canary_sweep_ = now.steady;
     canary_sweep(now.unix_ns);
   }
   changes_.all = true;
+}
+
+bool Node::settle_device(Device& d, bool all) {
+  const bool closed = d.pool->settle(all);
+  sync_retained(d);
+  return closed;
+}
+
+void Node::sync_retained(Device& d) {
+  const std::map<std::uint32_t, Bytes> r = d.pool->retained_all();
+  for (const auto& [tid, t] : tenants_) {
+    const auto it = r.find(tid);
+    if (acct_.set_retained(t.id, d.ordinal, it == r.end() ? Bytes{0} : it->second)) touch_tenant(t.id);
+  }
+  const std::uint64_t held = d.pool->retired_held();
+  if (held > d.retired_held_seen) {
+    counters_.handles_retired_held += held - d.retired_held_seen;
+    d.retired_held_seen = held;
+  }
+  changes_.devices = true;
 }
 
 NonpoolInputs Node::nonpool_inputs() const {

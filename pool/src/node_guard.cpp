@@ -285,7 +285,11 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
     }
     changes_.devices = true;
     try {
-      plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, g.handles, Bytes{m.offset}, Bytes{m.bytes});
+      // Chunks match only inside the tenant's trust domain (docs/dedup.md, "Trust domains"); a
+      // tenant without one matches only its own chunks (':' never appears in a domain name).
+      const std::string domain = t.dedup_domain.empty() ? "tenant:" + std::to_string(t.id.value()) : t.dedup_domain;
+      plan = &dedup().plan(s.id, g.id, *dev.pool, s.tenant, domain, g.handles, Bytes{m.offset}, Bytes{m.bytes});
+      sync_retained(dev);  // the copies may have taken the tenant's bound free handles
     } catch (const PoolOutOfMemory&) {
       limited_.write(LogLevel::info, "share " + t.name,
                      "tenant " + t.name + ": share of grant " + std::to_string(g.id) + ": no memory for the copies",
@@ -334,6 +338,7 @@ void Node::share_undeliverable(std::uint64_t session) {
   if (plan == nullptr) return;
   Device& dev = devices_.at(static_cast<std::size_t>(plan->device.value()));
   dedup_->abort(session, *dev.pool, sit->second.tenant);
+  (void)settle_device(dev);  // chunks that lost their last reference were retired
   changes_.devices = true;
 }
 
@@ -371,6 +376,7 @@ std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t sessio
                    "tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook",
                    steady_now());
   }
+  (void)settle_device(dev);  // replaced handles went back (retained), unused chunks were retired
   changes_.grants.insert(g.slot);
   changes_.devices = true;
   ack.status = proto::Status::ok;

@@ -37,6 +37,10 @@ std::string DaemonOptions::usage() {
          "                           and refilled off the request path (default 0; e.g. 1GiB)\n"
          "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
+         "  --handle-reuse MODE      who a freed handle may serve next: 'tenant' (default) only the\n"
+         "                           tenant that held it (its descriptor may still be open there);\n"
+         "                           'node' any tenant after zeroing: a tenant that keeps a\n"
+         "                           descriptor can read and write the memory's next owner's data\n"
          "  --alloc-root DIR         Kubernetes allocation directories of vlake-device-plugin: one\n"
          "                           socket per allocation, tenant = its pod (default: off)\n"
          "  limits against hostile tenants (docs/daemon.md, \"Limits\"):\n"
@@ -71,6 +75,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--warm-reserve",
                                                   "--pressure-wait-ms",
                                                   "--alloc-root",
+                                                  "--handle-reuse",
                                                   "--max-sessions-per-tenant",
                                                   "--max-grants-per-tenant",
                                                   "--max-connections-per-uid",
@@ -173,6 +178,10 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       if (ms < 0 || ms > 60'000)
         throw OptionsError("--pressure-wait-ms must be a number 0..60000, got '" + value + "'");
       o.pressure_wait = std::chrono::milliseconds(ms);
+    } else if (arg == "--handle-reuse") {
+      if (value == "tenant") o.bind_handles = true;
+      else if (value == "node") o.bind_handles = false;
+      else throw OptionsError("--handle-reuse must be 'tenant' or 'node', got '" + value + "'");
     } else if (arg == "--alloc-root") {
       o.alloc_root = value;
       while (o.alloc_root.size() > 1 && o.alloc_root.back() == '/') o.alloc_root.pop_back();

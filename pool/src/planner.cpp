@@ -98,7 +98,7 @@ Plan plan(const PlanInput& in, const CostModel& m) {
     std::map<std::uint64_t, SizeClass, std::greater<>> by_size;
     for (std::size_t i = 0; i < in.free.size(); ++i) {
       const std::uint64_t s = in.free[i].size.value();
-      if (s == 0 || s > want) continue;
+      if (s == 0 || s > want || in.free[i].foreign) continue;
       auto& c = by_size[s];
       c.size = in.free[i].size;
       c.idx.push_back(i);

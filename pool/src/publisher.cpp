@@ -136,6 +136,7 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     r.granted[i] = u.granted.value();
     r.nonpool[i] = u.nonpool.value();
     r.unhooked[i] = t->unhooked[i];  // NVML's figure, charged (in used()) unless `enforce: account`
+    r.retained[i] = u.retained.value();
     if (u.used() > u.limit) over |= 1u << i;
     std::uint64_t reserve = 0;
     for (const auto& [sid, ss] : node.sessions()) {
@@ -203,6 +204,10 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     for (const auto& [tid, t] : node.tenants()) unhooked += t.unhooked[i];
     r.unhooked_bytes = unhooked;
     r.nvml_used_bytes = d.nvml_used.value();
+    std::uint64_t retained = 0;
+    for (const auto& [tid, t] : node.tenants()) retained += node.accounting().usage(t.id, d.ordinal).retained.value();
+    r.retained_bytes = retained;
+    r.held_fd_bytes = pool.held_fd_bytes().value();
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
     const Accounting::DeviceEntry du = node.accounting().device_usage(d.ordinal);

@@ -333,6 +333,18 @@ class Parser {
     fail(v.Mark(), "bad allow_disable '" + s + "' in " + where + " (use true or false)");
   }
 
+  // The dedup trust domain under `dedup_domain` of `entry`, if present (a DNS label).
+  std::optional<std::string> dedup_domain(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["dedup_domain"];
+    if (!v) return std::nullopt;
+    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
+    if (!v.IsScalar() || !dns_label(s)) {
+      fail(v.Mark(), "bad dedup_domain '" + s + "' in " + where +
+                         " (use a DNS label: a-z, 0-9 and '-', at most 63, not starting or ending with '-')");
+    }
+    return s;
+  }
+
   static int line(const YAML::Mark& m) { return m.is_null() ? 0 : m.line + 1; }
   static int column(const YAML::Mark& m) { return m.is_null() ? 0 : m.column + 1; }
 
@@ -475,15 +487,17 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(def, {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable"}, "'default'");
+    p.check_keys(def, {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable", "dedup_domain"},
+                 "'default'");
     const auto l = p.size(def, "limit", "'default'");
     cfg.default_guard_ = p.guard(def, "'default'");
     cfg.default_dedup_ = p.dedup(def, "'default'");
     cfg.default_enforce_ = p.enforce(def, "'default'");
     cfg.default_kill_grace_ = p.kill_grace(def, "'default'");
     cfg.default_allow_disable_ = p.allow_disable(def, "'default'");
+    cfg.default_dedup_domain_ = p.dedup_domain(def, "'default'");
     if (!l && !cfg.default_guard_ && !cfg.default_dedup_ && !cfg.default_enforce_ && !cfg.default_kill_grace_ &&
-        !cfg.default_allow_disable_) {
+        !cfg.default_allow_disable_ && !cfg.default_dedup_domain_) {
       p.fail(def.Mark(), "missing 'limit' in 'default'");
     }
     if (l) {
@@ -502,7 +516,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
       p.check_keys(n,
                    {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup",
-                    "enforce", "kill_grace", "allow_disable"},
+                    "enforce", "kill_grace", "allow_disable", "dedup_domain"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -528,6 +542,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.enforce = p.enforce(n, where);
       ns.kill_grace = p.kill_grace(n, where);
       ns.allow_disable = p.allow_disable(n, where);
+      ns.dedup_domain = p.dedup_domain(n, where);
       if (ns.limit) {
         ns.limit_line = Parser::line(n["limit"].Mark());
         ns.limit_column = Parser::column(n["limit"].Mark());
@@ -693,7 +708,8 @@ TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& la
                dedup_of(n),
                enforce_of(n),
                kill_grace_of(n),
-               allow_disable_of(n)};
+               allow_disable_of(n),
+               dedup_domain_of(n)};
   return t;
 }
 
@@ -715,8 +731,15 @@ TenantSpec QuotaConfig::resolve_allocation(const std::string& name, const std::s
   if (n == nullptr) n = &namespaces_.at(default_index());
   Bytes limit = allocated;
   if (n->pod_limit) limit = std::min(limit, n->pod_limit->on_device(total));
-  return TenantSpec{name,         Limit::bytes(limit), n->name,           n->guard.value_or(default_guard()),
-                    dedup_of(*n), enforce_of(*n),      kill_grace_of(*n), allow_disable_of(*n)};
+  return TenantSpec{name,
+                    Limit::bytes(limit),
+                    n->name,
+                    n->guard.value_or(default_guard()),
+                    dedup_of(*n),
+                    enforce_of(*n),
+                    kill_grace_of(*n),
+                    allow_disable_of(*n),
+                    dedup_domain_of(*n)};
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

@@ -54,7 +54,8 @@ std::unique_ptr<state::State> wait_state(const DaemonProcess& d, const std::func
 // Physical bytes the pool has out of its free list (grants' private handles + shared chunks).
 std::uint64_t physical(const state::State& s) { return s.devices[0].pool_bytes - s.devices[0].free_bytes; }
 
-std::string quota() { return "version: 1\ndefault:\n  limit: 256MiB\n"; }
+// Every uid tenant in one dedup trust domain: they share chunks across tenants.
+std::string quota() { return "version: 1\ndefault:\n  limit: 256MiB\n  dedup_domain: shared\n"; }
 
 std::vector<std::string> load_and_share(std::uint64_t seed) {
   return {"init", "alloc:w:20M", "upload:w:" + std::to_string(seed) + ":20M", "share:w:1M:18M",
@@ -122,6 +123,39 @@ TEST_CASE("dedup: K tenants upload identical weights and share them", "[dedup]")
   CHECK(after->devices[0].dedup_logical_bytes == 0);
   CHECK(physical(*after) == 0);
   CHECK(after->devices[0].granted_bytes == 0);
+}
+
+TEST_CASE("dedup: tenants share only inside their trust domain", "[dedup]") {
+  // team-a's two tenants trust each other; team-b is another domain; `loner` declares none
+  // (it dedups only with its own processes).
+  DaemonProcess d("dedup-domains",
+                  "version: 1\n"
+                  "default:\n"
+                  "  limit: 256MiB\n"
+                  "namespaces:\n"
+                  "  - {name: team-a, dedup_domain: a, users: [4470, 4471]}\n"
+                  "  - {name: team-b, dedup_domain: b, users: [4472]}\n"
+                  "  - {name: loner, users: [4473]}\n");
+  REQUIRE(d.start());
+  std::vector<std::unique_ptr<TenantProcess>> ts;
+  std::vector<std::uint64_t> merged;
+  for (int i = 0; i < 4; ++i) {
+    auto steps = load_and_share(13);
+    steps.push_back("sleep:1500");
+    ts.push_back(std::make_unique<TenantProcess>(d, steps, 4470 + i));
+    // One after the other: the first of each domain creates the chunks.
+    const auto sh = ts.back()->wait_line("share:w:1M:18M");
+    INFO(ts.back()->out() << ts.back()->err() << "\ndaemon log:\n" << d.log());
+    REQUIRE(sh.count("rc") == 1);
+    CHECK(sh.at("rc") == "0");
+    CHECK(field(sh, "shared") == kShared);
+    merged.push_back(field(sh, "merged"));
+  }
+  CHECK(merged == std::vector<std::uint64_t>{0, kShared, 0, 0});
+  const auto s = snapshot(d);
+  CHECK(s->devices[0].dedup_physical_bytes == 3 * kShared);  // one copy per domain
+  CHECK(s->devices[0].dedup_logical_bytes == 4 * kShared);
+  for (auto& t : ts) REQUIRE(exited_ok(t->finish()));
 }
 
 TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges stay writable", "[dedup]") {
@@ -266,6 +300,7 @@ std::string transparent_quota() {
          "namespaces:\n"
          "  - name: infer\n"
          "    dedup: transparent\n"
+         "    dedup_domain: infer\n"
          "    users: [4450, 4451, 4452, 4453]\n";
 }
 

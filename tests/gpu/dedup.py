@@ -173,7 +173,7 @@ def main():
         maddr = "127.0.0.1:%d" % s.getsockname()[1]
     cfg = os.path.join(work, "vlake.yaml")
     with open(cfg, "w") as f:
-        f.write("version: 1\ndefault:\n  limit: 60GiB\n")
+        f.write("version: 1\ndefault:\n  limit: 60GiB\n  dedup_domain: replicas\n")
     sock = os.path.join(work, "vlaked.sock")
     log = open(os.path.join(work, "vlaked.log"), "w")
     daemon = subprocess.Popen([args.vlaked, "--config", cfg, "--socket", sock, "--state",

@@ -5,7 +5,10 @@
 //
 // Commands:
 //   connect SOCKET [OLD_SESSION]   Hello; prints session, tenant, name, gran, total, limit, used
-//   grant BYTES [alloc|create|counted]   prints status, id, bytes, used, limit, handles
+//   grant BYTES [alloc|create|counted] [keep]   prints status, id, bytes, used, limit, handles;
+//                                  keep: a copy of its descriptors stays open past release
+//   kept ID BYTE                   imports the kept descriptors again and fills what they reach
+//   unkeep ID                      closes the kept descriptors
 //   fill ID BYTE                   fills the grant's mapping (copy engine)
 //   poke ID OFFSET LEN BYTE        fills LEN bytes at OFFSET of the grant's mapping (may hit the slack)
 //   check ID BYTE                  match=1 if every byte equals BYTE, else match=0 offset= value=
@@ -24,7 +27,7 @@
 //   grant BYTES alloc keep         as grant, and keeps a duplicate of every descriptor received
 //   reimport ID                    imports the kept descriptors of grant ID again and maps them
 //                                  read-write; prints id= (a new id for fill/check/poke)
-//   closekept ID                   closes the kept descriptors of grant ID
+//   closekept ID                   closes the kept descriptors of grant ID (as unkeep)
 //   forget ID                      unmaps and releases this process's handles of ID (a reimport
 //                                  or share mapping, or a grant) without telling the daemon
 //   share ID                       explicit ShareRequest of the whole grant, then ShareCommit;
@@ -95,7 +98,7 @@ class Tool {
     if (cmd == "grant") {
       std::uint64_t bytes = 0;
       std::string purpose = "alloc";
-      std::string keep;
+      std::string keep;  // "keep": a copy of the descriptors stays open after release (see `kept`)
       in >> bytes >> purpose >> keep;
       const auto p = purpose == "counted"  ? proto::GrantPurpose::counted
                      : purpose == "create" ? proto::GrantPurpose::create
@@ -111,7 +114,6 @@ class Tool {
           h.handles.push_back(driver().import_fd(g.fds[i].get()));
           h.sizes.push_back(g.reply.handles[i].size);
         }
-        sizes_[g.reply.grant_id] = h.sizes;
         if (!h.handles.empty()) {
           h.va = driver().reserve(Bytes{h.bytes}, Bytes{ack_.granularity});
           for (std::size_t i = 0; i < h.handles.size(); ++i) {
@@ -120,9 +122,7 @@ class Tool {
           driver().set_access(h.va, Bytes{h.bytes}, DeviceOrdinal{0}, Access::read_write);
           h.mapped = true;
         }
-        if (keep == "keep") {
-          for (auto& fd : g.fds) kept_[g.reply.grant_id].emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-        }
+        if (keep == "keep") kept_[g.reply.grant_id] = Kept{std::move(g.fds), h.sizes};
         held_[g.reply.grant_id] = std::move(h);
       }
       return o.str();
@@ -155,6 +155,32 @@ class Tool {
         if (buf[i] != value) return "ok match=0 offset=" + std::to_string(i) + " value=" + std::to_string(buf[i]);
       }
       return "ok match=1";
+    }
+    if (cmd == "kept" || cmd == "unkeep") {
+      // kept ID VALUE: import the kept descriptors again (after release) and fill the memory
+      // they reach with VALUE; unkeep ID: close them.
+      std::uint64_t id = 0;
+      unsigned value = 0;
+      in >> id >> value;
+      auto it = kept_.find(id);
+      if (it == kept_.end()) return "err nothing kept";
+      if (cmd == "unkeep") {
+        kept_.erase(it);
+        return "ok";
+      }
+      for (std::size_t i = 0; i < it->second.fds.size(); ++i) {
+        const PhysicalHandle ph = driver().import_fd(it->second.fds[i].get());
+        const Bytes size{it->second.sizes.at(i)};
+        const DevicePtr va = driver().reserve(size, Bytes{ack_.granularity});
+        driver().map(va, size, ph);
+        driver().set_access(va, size, DeviceOrdinal{0}, Access::read_write);
+        driver().fill_u8(va, static_cast<std::uint8_t>(value), size);
+        driver().synchronize();
+        driver().unmap(va, size);
+        driver().free_reservation(va, size);
+        driver().release(ph);
+      }
+      return "ok";
     }
     if (cmd == "release") {
       std::uint64_t id = 0;
@@ -194,9 +220,9 @@ class Tool {
     if (cmd == "reimport") {
       std::uint64_t id = 0;
       in >> id;
-      const auto& fds = kept_.at(id);
-      // The handle sizes are the grant's (recorded when it was granted, kept after release).
-      const auto& known = sizes_.at(id);
+      const Kept& k = kept_.at(id);
+      const auto& fds = k.fds;
+      const auto& known = k.sizes;  // the grant's handle sizes
       Held h;
       for (std::size_t i = 0; i < fds.size(); ++i) {
         h.handles.push_back(driver().import_fd(fds[i].get()));
@@ -407,8 +433,11 @@ class Tool {
   proto::HelloAck ack_{};
   Uuid uuid_{};
   std::map<std::uint64_t, Held> held_;
-  std::map<std::uint64_t, std::vector<UniqueFd>> kept_;        // grant id → kept descriptors
-  std::map<std::uint64_t, std::vector<std::uint64_t>> sizes_;  // grant id → handle sizes
+  struct Kept {
+    std::vector<UniqueFd> fds;
+    std::vector<std::uint64_t> sizes;
+  };
+  std::map<std::uint64_t, Kept> kept_;  // grant id -> descriptors kept past its release
   std::vector<PhysicalHandle> own_;
 };
 

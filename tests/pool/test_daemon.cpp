@@ -158,8 +158,10 @@ TEST_CASE("daemon: grants within the limit succeed, over the limit charge nothin
   other.hello();
   CHECK(other.release(g1.reply.grant_id).status == Status::unknown_grant);
   CHECK(c.release(g1.reply.grant_id).status == Status::ok);
-  // An exported handle is retired, not pooled.
+  // An exported handle is retired, not pooled; uncharged once no other process holds its
+  // descriptor (this process closes the one it received first).
   const std::uint64_t pool_before = snapshot(d.state)->devices[0].pool_bytes;
+  exact.fds.clear();
   CHECK(c.release(exact.reply.grant_id, proto::kReleaseExported).used == 0);
   s = snapshot(d.state);
   CHECK(granted(*s, "user:0") == 0);
@@ -171,7 +173,7 @@ TEST_CASE("daemon: grants within the limit succeed, over the limit charge nothin
 
 TEST_CASE("daemon: memory changes tenant only after a scrub, the same tenant reuses it as is", "[daemon]") {
   DaemonProcess d("scrub", kConfig);
-  REQUIRE(d.start());
+  REQUIRE(d.start({"--handle-reuse", "node"}));  // another tenant reusing a handle: node mode only
   Helper a(d.node, 4242, 0);
   Helper b(d.node, 4243, 0);
   REQUIRE(a.ok("connect " + d.socket).at("name") == "user:4242");
@@ -208,9 +210,97 @@ TEST_CASE("daemon: memory changes tenant only after a scrub, the same tenant reu
   CHECK(s->devices[0].pool_bytes == 4 * kMiB);  // no new memory was created
 }
 
+namespace {
+
+// Tenant A (uid 4242) is granted 8 MiB, keeps a copy of the descriptor and releases the grant;
+// tenant B (uid 4243) is granted 8 MiB and checks it holds zeros; A imports its kept descriptor
+// again and fills what it reaches with 90. Returns whether B's memory changed.
+bool kept_descriptor_reaches_next_tenant(const std::string& tag, const std::vector<std::string>& extra) {
+  DaemonProcess d(tag, kConfig);
+  REQUIRE(d.start(extra));
+  Helper a(d.node, 4242, 0);
+  Helper b(d.node, 4243, 0);
+  a.ok("connect " + d.socket);
+  b.ok("connect " + d.socket);
+  auto ga = a.ok("grant " + std::to_string(8 * kMiB) + " alloc keep");
+  REQUIRE(num(ga, "status") == 0);
+  a.ok("fill " + ga.at("id") + " 171");
+  a.ok("release " + ga.at("id"));
+  auto gb = b.ok("grant " + std::to_string(8 * kMiB));
+  REQUIRE(num(gb, "status") == 0);
+  CHECK(b.ok("check " + gb.at("id") + " 0").at("match") == "1");  // scrubbed or new: zeros
+  a.ok("kept " + ga.at("id") + " 90");
+  return b.ok("check " + gb.at("id") + " 0").at("match") == "0";
+}
+
+}  // namespace
+
+TEST_CASE("daemon: a descriptor kept after release reaches the next tenant only with --handle-reuse node",
+          "[daemon][binding]") {
+  CHECK_FALSE(kept_descriptor_reaches_next_tenant("keep-tenant", {}));
+  CHECK(kept_descriptor_reaches_next_tenant("keep-node", {"--handle-reuse", "node"}));
+}
+
+TEST_CASE("daemon: an exported release stays charged while the tenant keeps the descriptor", "[daemon][binding]") {
+  DaemonProcess d("keep-exported", kConfig);
+  REQUIRE(d.start());
+  Helper a(d.node, 4242, 0);
+  a.ok("connect " + d.socket);
+  auto g = a.ok("grant " + std::to_string(16 * kMiB) + " alloc keep");
+  REQUIRE(num(g, "status") == 0);
+  // Exported release (flags 1) while the tenant process still holds the descriptor.
+  auto r = a.ok("release " + g.at("id") + " 1");
+  CHECK(num(r, "status") == 0);
+  CHECK(num(r, "used") == 16 * kMiB);
+  auto s = snapshot(d.state);
+  const st::TenantRecord* t = tenant(*s, "user:4242");
+  REQUIRE(t != nullptr);
+  CHECK(t->granted[0] == 0);
+  CHECK(t->retained[0] == 16 * kMiB);
+  CHECK(s->devices[0].held_fd_bytes == 16 * kMiB);
+  CHECK(s->devices[0].retained_bytes == 16 * kMiB);
+  CHECK(s->counters.handles_retired_held == 1);
+  // 64 MiB limit: 48 MiB fit, 50 do not.
+  CHECK(num(a.ok("grant " + std::to_string(50 * kMiB)), "status") == static_cast<int>(proto::Status::over_limit));
+  // The descriptor closes: a sampling tick later nothing is charged and the memory is back.
+  a.ok("unkeep " + g.at("id"));
+  CHECK(eventually(
+      [&] {
+        s = snapshot(d.state);
+        const st::TenantRecord* x = tenant(*s, "user:4242");
+        return x != nullptr && x->retained[0] == 0 && s->devices[0].held_fd_bytes == 0;
+      },
+      2000));
+  CHECK(sim_used(d.node) == 0);
+  CHECK(num(a.ok("grant " + std::to_string(64 * kMiB)), "status") == 0);
+}
+
+TEST_CASE("daemon: a SIGKILLed tenant's last process takes nothing with it: its handles are retired",
+          "[daemon][binding]") {
+  DaemonProcess d("kill-tenant", kConfig);
+  REQUIRE(d.start());
+  auto h = std::make_unique<Helper>(d.node, 4242, 0);
+  h->ok("connect " + d.socket);
+  for (int i = 0; i < 3; ++i) REQUIRE(num(h->ok("grant " + std::to_string(8 * kMiB)), "status") == 0);
+  REQUIRE(snapshot(d.state)->devices[0].pool_bytes == 24 * kMiB);
+  h->kill9();
+  std::shared_ptr<const st::State> s;
+  CHECK(eventually(
+      [&] {
+        s = snapshot(d.state);
+        return live_sessions(*s) == 0 && granted(*s, "user:4242") == 0 && s->devices[0].pool_bytes == 0;
+      },
+      1000));
+  const st::TenantRecord* t = tenant(*s, "user:4242");
+  CHECK((t == nullptr || t->retained[0] == 0));
+  CHECK(s->devices[0].free_handles == 0);
+  CHECK(s->devices[0].held_fd_bytes == 0);
+  CHECK(sim_used(d.node) == 0);  // back to the GPU, not kept for a tenant that is gone
+}
+
 TEST_CASE("daemon: a SIGKILLed client's grants return to the pool within a second", "[daemon]") {
   DaemonProcess d("kill", kConfig);
-  REQUIRE(d.start());
+  REQUIRE(d.start({"--handle-reuse", "node"}));  // another tenant reusing them below: node mode only
   auto h = std::make_unique<Helper>(d.node, 4242, 0);
   h->ok("connect " + d.socket);
   for (int i = 0; i < 3; ++i) REQUIRE(num(h->ok("grant " + std::to_string(8 * kMiB)), "status") == 0);

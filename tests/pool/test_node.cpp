@@ -2,6 +2,7 @@
 // driver is loaded into this test process, time is a value, identities are plain numbers.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,7 +11,9 @@
 #include <string>
 #include <variant>
 
+#include "fd_holder.hpp"
 #include "vlake/contracts/codec.hpp"
+#include "vlake/pool/holder_scan.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/publisher.hpp"
 
@@ -49,11 +52,11 @@ quota::QuotaConfig config(const std::string& yaml) { return quota::QuotaConfig::
 
 // A Node on the simulated GPU with a controllable clock.
 struct World {
-  explicit World(const std::string& yaml, NodeSettings settings = {}) {
+  explicit World(const std::string& yaml, NodeSettings settings = {}, HolderScan holders = {}) {
     settings.daemon_pid = 1;
-    node =
-        std::make_unique<Node>(sim_gpu().driver(), log, settings,
-                               NodeEnv{[](uid_t, gid_t gid) { return std::vector<gid_t>{gid}; }, [this] { return t; }});
+    node = std::make_unique<Node>(
+        sim_gpu().driver(), log, settings,
+        NodeEnv{[](uid_t, gid_t gid) { return std::vector<gid_t>{gid}; }, [this] { return t; }, std::move(holders)});
     quota::QuotaConfig cfg = config(yaml);
     node->validate(cfg);
     node->apply(std::move(cfg), "test.yaml", true, t, "");
@@ -198,7 +201,10 @@ users:
 }
 
 TEST_CASE("node: a process exit returns every grant, another tenant gets the memory scrubbed", "[node]") {
-  World w("version: 1\ndefault: {limit: 100%}\n");
+  // Cross-tenant reuse is `--handle-reuse node` (the default binds handles to their tenant).
+  NodeSettings settings;
+  settings.bind_handles = false;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
   const auto a = w.hello(1, 101, 1001);
   w.granted(1, a, 8 * kMiB);
   w.granted(1, a, 8 * kMiB);
@@ -840,4 +846,174 @@ namespaces: [{name: team, limit: 32MiB, pod_limit: 64MiB, users: [1000, 2000]}]
   // The hooked tenant of the namespace is refused meanwhile, and the refusal is the unhooked memory's doing.
   CHECK(w.refused(1, s, 8 * kMiB) == proto::Status::namespace_over_limit);
   CHECK(w.node->counters().denials_unhooked == 1);
+}
+
+// ---- handle binding (docs/pool.md, "Handle binding")
+
+namespace {
+
+// The bytes of a simulated handle's descriptor (a memfd), mapped shared in this process.
+struct FdView {
+  FdView(int fd, std::size_t bytes) : n(bytes) {
+    p = static_cast<std::uint8_t*>(::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    REQUIRE(p != MAP_FAILED);
+  }
+  ~FdView() { ::munmap(p, n); }
+  FdView(const FdView&) = delete;
+  FdView& operator=(const FdView&) = delete;
+  std::uint8_t* p = nullptr;
+  std::size_t n = 0;
+};
+
+// Tenant A is granted 64 MiB, keeps a copy of the descriptor and releases the grant; tenant B is
+// granted 64 MiB. A writes through its kept descriptor. Returns true if B's memory changed.
+bool a_reaches_b(bool bind_handles) {
+  NodeSettings settings;
+  settings.bind_handles = bind_handles;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings,
+          [](const std::vector<int>& fds) { return scan_holders(fds); });
+  const auto a = w.hello(1, 101, 1001);
+  const auto b = w.hello(2, 102, 1002);
+  GrantOut ga = w.grant(1, a, 64 * kMiB);
+  REQUIRE(std::holds_alternative<Granted>(ga));
+  REQUIRE(std::get<Granted>(ga).fds.size() == 1);
+  const int kept = ::dup(std::get<Granted>(ga).fds[0]);  // what a hostile tenant keeps
+  REQUIRE(kept >= 0);
+  w.release(a, std::get<Granted>(ga).grant);
+
+  GrantOut gb = w.grant(2, b, 64 * kMiB);
+  REQUIRE(std::holds_alternative<Granted>(gb));
+  const Granted& g = std::get<Granted>(gb);
+  REQUIRE(g.fds.size() == 1);
+  bool changed = false;
+  {
+    FdView theirs(g.fds[0], 64 * kMiB);
+    FdView mine(kept, 64 * kMiB);
+    // B's memory starts zeroed either way (scrubbed or new).
+    CHECK(theirs.p[0] == 0);
+    CHECK(theirs.p[64 * kMiB - 1] == 0);
+    std::memset(mine.p, 0xA5, 64 * kMiB);
+    changed = theirs.p[0] == 0xA5 || theirs.p[64 * kMiB - 1] == 0xA5;
+  }
+  ::close(kept);
+  return changed;
+}
+
+}  // namespace
+
+TEST_CASE("node: with --handle-reuse tenant a released handle never reaches another tenant", "[node][binding]") {
+  CHECK_FALSE(a_reaches_b(true));
+}
+
+TEST_CASE("node: with --handle-reuse node a kept descriptor reaches the next tenant's memory", "[node][binding]") {
+  // The risk `node` mode documents; also proves the test above can fail.
+  CHECK(a_reaches_b(false));
+}
+
+TEST_CASE("node: a tenant's released handles are retained, served back to it only, retired at its last exit",
+          "[node][binding]") {
+  World w("version: 1\ndefault: {limit: 100%}\n", {}, [](const std::vector<int>& fds) { return scan_holders(fds); });
+  const auto a = w.hello(1, 101, 1001);
+  const auto b = w.hello(2, 102, 1002);
+  const Node::Device& d = w.node->devices().front();
+  const TenantId ta = w.node->session(a)->tenant;
+  w.release(a, w.granted(1, a, 32 * kMiB));
+  CHECK(w.node->accounting().usage(ta, DeviceOrdinal{0}).retained == 32_MiB);
+  CHECK(w.used(a) == 32_MiB);  // retained counts as used
+  CHECK(d.pool->bound_free_bytes(ta) == 32_MiB);
+  // B does not get it: a new handle.
+  const std::uint64_t created = d.pool->handles_created();
+  w.granted(2, b, 32 * kMiB);
+  CHECK(d.pool->handles_created() == created + 1);
+  CHECK(w.node->counters().stitched_cross_tenant == 0);
+  // A does, without a scrub (it held that memory).
+  const std::uint64_t scrubs = w.node->counters().scrubs;
+  const std::uint64_t g = w.granted(1, a, 32 * kMiB);
+  CHECK(w.node->counters().scrubs == scrubs);
+  CHECK(w.node->accounting().usage(ta, DeviceOrdinal{0}).retained == 0_B);
+  CHECK(w.used(a) == 32_MiB);
+  w.release(a, g);
+  // A's last process exits: its bound handle is retired, nothing stays charged.
+  w.node->end_session(a, "process exited");
+  CHECK(d.pool->bound_free_bytes(ta) == 0_B);
+  CHECK(w.node->accounting().usage(ta, DeviceOrdinal{0}).retained == 0_B);
+  CHECK(d.pool->held_fd_bytes() == 0_B);
+  CHECK(d.pool->pool_bytes() == 32_MiB);  // B's grant only
+}
+
+TEST_CASE("node: an exported release stays charged while another process holds the descriptor", "[node][binding]") {
+  World w("version: 1\ndefault: {limit: 128MiB}\n", {}, [](const std::vector<int>& fds) { return scan_holders(fds); });
+  const auto s = w.hello(1, 101, 1001);
+  const TenantId t = w.node->session(s)->tenant;
+  const Node::Device& d = w.node->devices().front();
+  GrantOut out = w.grant(1, s, 64 * kMiB);
+  REQUIRE(std::holds_alternative<Granted>(out));
+  const Granted& g = std::get<Granted>(out);
+  REQUIRE(g.fds.size() == 1);
+  auto holder = std::make_unique<vlake::pooltest::FdHolder>(g.fds[0]);  // another process keeps it
+
+  proto::Release m = proto::make<proto::Release>(9);
+  m.grant_id = g.grant;
+  m.flags = proto::kReleaseExported;
+  REQUIRE(std::get<proto::ReleaseAck>(w.node->release(s, m)).status == proto::Status::ok);
+  const Accounting::Usage u = w.node->accounting().usage(t, DeviceOrdinal{0});
+  CHECK(u.granted == 0_B);
+  CHECK(u.retained == 64_MiB);
+  CHECK(d.pool->held_fd_bytes() == 64_MiB);
+  CHECK(w.node->counters().handles_retired_held == 1);
+  CHECK(w.node->counters().releases_exported == 1);
+  // Charged like granted: 64 MiB more fits, 128 MiB does not.
+  CHECK(w.refused(1, s, 128 * kMiB) == proto::Status::over_limit);
+  // Published: the tenant's retained[] and the GPU's held_fd_bytes.
+  {
+    const std::string name = "vlake-node-test-" + std::to_string(::getpid());
+    struct Cleanup {
+      std::string n;
+      ~Cleanup() { ::unlink(("/dev/shm/" + n).c_str()); }
+    } cleanup{name};
+    st::StateSegment seg(name);
+    StatePublisher pub(seg, 1, 2, 1000);
+    pub.publish_all(*w.node, w.t.unix_ns);
+    const st::State& state = seg.state();
+    const Node::Tenant* tn = w.node->tenant(t);
+    CHECK(state.tenants[tn->slot].retained[0] == 64 * kMiB);
+    CHECK(state.devices[0].held_fd_bytes == 64 * kMiB);
+    CHECK(state.devices[0].retained_bytes == 64 * kMiB);
+    CHECK(state.counters.handles_retired_held == 1);
+  }
+
+  // The holder goes; the next tick finds nobody and closes the descriptor.
+  holder->end();
+  w.advance(std::chrono::milliseconds(1000));
+  w.node->tick(w.t);
+  CHECK(w.node->accounting().usage(t, DeviceOrdinal{0}).retained == 0_B);
+  CHECK(d.pool->held_fd_bytes() == 0_B);
+  CHECK(w.used(s) == 0_B);
+  w.granted(1, s, 128 * kMiB);
+}
+
+TEST_CASE("node: an honest tenant at its limit with released handles is served (they are retired first)",
+          "[node][binding]") {
+  World w("version: 1\ndefault: {limit: 128MiB}\n", {}, [](const std::vector<int>& fds) { return scan_holders(fds); });
+  const auto s = w.hello(1, 101, 1001);
+  const TenantId t = w.node->session(s)->tenant;
+  const Node::Device& d = w.node->devices().front();
+  const std::uint64_t g1 = w.granted(1, s, 64 * kMiB);
+  const std::uint64_t g2 = w.granted(1, s, 64 * kMiB);
+  w.release(s, g1);
+  w.release(s, g2);
+  CHECK(w.used(s) == 128_MiB);  // both retained
+  CHECK(w.node->accounting().usage(t, DeviceOrdinal{0}).retained == 128_MiB);
+  // 64 MiB: one bound handle is retired (least recently freed), the other is reused.
+  const std::uint64_t reuses = w.node->counters().reuses;
+  const std::uint64_t g = w.granted(1, s, 64 * kMiB);
+  CHECK(w.node->counters().reuses == reuses + 1);
+  CHECK(w.node->accounting().usage(t, DeviceOrdinal{0}).retained == 0_B);
+  CHECK(w.used(s) == 64_MiB);
+  w.release(s, g);
+  // The whole limit in one grant: every bound handle goes first.
+  w.granted(1, s, 128 * kMiB);
+  CHECK(w.used(s) == 128_MiB);
+  CHECK(d.pool->bound_free_bytes(t) == 0_B);
+  CHECK(w.node->counters().denials_tenant_limit == 0);
 }

@@ -176,6 +176,11 @@ TEST_CASE("bad files name file, line, column and the problem", "[quota]") {
        "bad.yaml:4:12: bad dedup mode '?' in namespace 'infer'"},
       {"version: 1\nusers:\n  - uid: 5\n    limit: 1GiB\n    dedup: transparent\n",
        "bad.yaml:5:5: unknown key 'dedup' in a 'users' entry"},
+      {"version: 1\ndefault:\n  dedup_domain: Team_A\n", "bad.yaml:3:17: bad dedup_domain 'Team_A' in 'default'"},
+      {"version: 1\nnamespaces:\n  - name: infer\n    dedup_domain: [a]\n",
+       "bad.yaml:4:19: bad dedup_domain '?' in namespace 'infer'"},
+      {"version: 1\nusers:\n  - uid: 5\n    limit: 1GiB\n    dedup_domain: a\n",
+       "bad.yaml:5:5: unknown key 'dedup_domain' in a 'users' entry"},
   };
   for (const Case& c : cases) {
     INFO(c.text);
@@ -243,6 +248,34 @@ TEST_CASE("dedup modes: namespace, then default, else off", "[quota]") {
   CHECK(def.resolve(7003, 1, none).dedup == DedupMode::transparent);
   CHECK(def.resolve(9999, 1, none).dedup == DedupMode::transparent);
   CHECK(std::string(vlake::quota::dedup_mode_name(DedupMode::transparent)) == "transparent");
+}
+
+TEST_CASE("dedup domains: namespace, then default, else none", "[quota]") {
+  const std::vector<gid_t> none;
+  CHECK(QuotaConfig().resolve(1000, 1000, none).dedup_domain.empty());
+  const QuotaConfig cfg = QuotaConfig::parse(
+      "version: 1\n"
+      "namespaces:\n"
+      "  - {name: infer, dedup_domain: serving, users: [7001]}\n"
+      "  - {name: other, users: [7003]}\n",
+      "d.yaml");
+  CHECK(cfg.resolve(7001, 1, none).dedup_domain == "serving");
+  CHECK(cfg.resolve(7003, 1, none).dedup_domain.empty());
+  CHECK(cfg.resolve(9999, 1, none).dedup_domain.empty());
+  CHECK(cfg.resolve_allocation("pod", "infer", Bytes{1ull << 30}, Bytes{1ull << 34}).dedup_domain == "serving");
+  // `default` may give only `dedup_domain`: namespaces without their own and uid tenants join it.
+  const QuotaConfig def = QuotaConfig::parse(
+      "version: 1\n"
+      "default:\n"
+      "  dedup_domain: node-wide\n"
+      "namespaces:\n"
+      "  - {name: infer, dedup_domain: serving, users: [7001]}\n"
+      "  - {name: other, users: [7003]}\n",
+      "d.yaml");
+  CHECK(def.default_limit() == Limit::percent_ppm(1'000'000));
+  CHECK(def.resolve(7001, 1, none).dedup_domain == "serving");
+  CHECK(def.resolve(7003, 1, none).dedup_domain == "node-wide");
+  CHECK(def.resolve(9999, 1, none).dedup_domain == "node-wide");
 }
 
 TEST_CASE("guard modes: user/group entry, then namespace, then default, else off", "[quota]") {

@@ -4,9 +4,12 @@
 // What it tracks, per (tenant, device): the limit, pool bytes granted (committed), non-pool
 // bytes (sampled from NVML: contexts, modules, passthrough allocations of processes holding a
 // session), unhooked bytes (sampled from NVML: processes of the tenant without a session, as far
-// as its `enforce` policy charges them; set_unhooked) and bytes reserved by grants in flight. A
-// tenant's usage is granted + nonpool + unhooked; "held" is usage + reserved. Per (namespace, device): its limit, its
-// guarantee, and the sums of its tenants' figures. Per device: its capacity C (set_capacity).
+// as its `enforce` policy charges them; set_unhooked), retained bytes (released memory the tenant
+// can still reach: free handles bound to it and retired handles whose descriptor a process still
+// holds, docs/pool.md "Handle binding") and bytes reserved by grants in flight. A tenant's usage
+// is granted + nonpool + unhooked + retained; "held" is usage + reserved. Per (namespace,
+// device): its limit, its guarantee, and the sums of its tenants' figures. Per device: its
+// capacity C (set_capacity).
 //
 // Grant rule — reserve(t, d, r) for tenant t in namespace n succeeds only if, atomically with
 // respect to every other call:
@@ -60,7 +63,8 @@ class Accounting {
     Bytes nonpool;
     Bytes reserved;
     Bytes unhooked{0};
-    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + unhooked; }
+    Bytes retained{0};
+    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + unhooked + retained; }
   };
   struct NamespaceUsage {
     Bytes limit = kUnlimited;
@@ -69,8 +73,9 @@ class Accounting {
     Bytes nonpool{0};
     Bytes reserved{0};
     Bytes unhooked{0};
-    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + unhooked; }
-    [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + unhooked + reserved; }
+    Bytes retained{0};
+    [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + unhooked + retained; }
+    [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + unhooked + retained + reserved; }
   };
   struct Entry {
     TenantId tenant;
@@ -148,6 +153,9 @@ class Accounting {
   void set_nonpool(TenantId t, DeviceOrdinal d, Bytes n);
   // The charged memory of the tenant's processes without a session (0 under `enforce: account`).
   void set_unhooked(TenantId t, DeviceOrdinal d, Bytes n);
+  // Records the tenant's retained bytes on `d` (a fact, like set_nonpool: may exceed the limit).
+  // Returns true if the figure changed.
+  bool set_retained(TenantId t, DeviceOrdinal d, Bytes n);
 
   [[nodiscard]] Usage usage(TenantId t, DeviceOrdinal d) const;
   [[nodiscard]] NamespaceUsage namespace_usage(NamespaceId n, DeviceOrdinal d) const;

@@ -12,6 +12,18 @@
 // (fill_u8 + synchronize) before it is handed out unless it is clean (warm reserve) or its last
 // tenant is the same. Every driver call the pool makes is timed into its CostModel.
 //
+// Binding (set_binding(true): `--handle-reuse tenant`, docs/pool.md "Handle binding"): a
+// handle serve() hands out is bound to the tenant it went to, because that tenant received its
+// descriptor and can import it for as long as it keeps one. A bound free handle is served to
+// that tenant only (the planner never uses another tenant's bound handle); when its memory is
+// needed (serve() makes room, retire_bound()) it is retired. Retiring a handle whose
+// descriptor left the daemon (retire() of a bound handle, or with `charge`) releases the
+// daemon's handle but keeps the daemon's exported descriptor open until settle() finds no
+// other process holding that open file description (HolderScan); only then is it closed. Until
+// then its bytes are "held" and charged to that tenant: retained(t) = bound free bytes of t +
+// held bytes of t. Without binding (`--handle-reuse node`) free handles serve any tenant after
+// a scrub, as before.
+//
 // Size classes: the granularity G (tails, fragments), the bulk size B (warm reserve), and exact
 // handles (a new handle always has the grant's size).
 //
@@ -25,6 +37,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -38,6 +52,11 @@
 
 namespace vlake::pool {
 
+// Holders of descriptors: for each fd (this process's), the number of other processes that
+// hold the same open file description (0: none). A holder the scan cannot rule out counts as
+// one. Called from the event-loop thread; must not throw (a throw counts every fd as held).
+using HolderScan = std::function<std::vector<std::uint32_t>(const std::vector<int>& fds)>;
+
 struct PoolHandle {
   PhysicalHandle handle;
   UniqueFd fd;  // the one export, kept for the handle's life
@@ -46,6 +65,7 @@ struct PoolHandle {
   std::optional<TenantId> last_tenant;  // nullopt: never granted
   bool clean = false;                   // known to hold zeros (warm reserve): no scrub needed
   std::uint64_t freed_seq = 0;          // when it entered the free pool (LRU order)
+  std::optional<TenantId> bound;        // binding on: the tenant its descriptor went to
 };
 
 class PoolOutOfMemory : public std::runtime_error {
@@ -85,13 +105,38 @@ class DevicePool {
   std::uint64_t refill(Bytes target, std::uint64_t max_handles);
   // Returns a granted handle to the free pool; `releaser` becomes its last tenant.
   void put_back(std::unique_ptr<PoolHandle> h, TenantId releaser);
-  // Releases a granted handle for good (it may live on in processes that imported it).
-  void retire(std::unique_ptr<PoolHandle> h) noexcept;
-  // Releases every free handle.
+  // Releases a granted handle for good (it may live on in processes that imported it). A
+  // bound handle, or any handle with `charge` (its descriptor went to that tenant), keeps its
+  // descriptor open, held and charged to that tenant, until settle() finds no other holder.
+  void retire(std::unique_ptr<PoolHandle> h, std::optional<TenantId> charge = std::nullopt) noexcept;
+  // Retires free handles bound to `t`, least recently freed first, until at least `bytes`
+  // (all of them for Bytes{~0}) were retired; returns the bytes retired. Call settle() after.
+  Bytes retire_bound(TenantId t, Bytes bytes) noexcept;
+  // Scans held descriptors (one HolderScan call) and closes those nobody else holds: all of
+  // them (`all`, the periodic rescan), or only those retired since the last scan (cheap when
+  // nothing new was retired: no scan at all). No scan configured: every held descriptor is
+  // closed. Returns true if any was closed.
+  bool settle(bool all = false) noexcept;
+  // Releases every free handle and closes every held descriptor (shutdown).
   void release_free() noexcept;
   // The tenant's record was freed and its id may be reused: free handles it last held lose
   // their last tenant (so they are scrubbed before anyone's next grant).
   void forget_tenant(TenantId tenant) noexcept;
+
+  // Binding and the holder scan (docs/pool.md, "Handle binding"); set before the first serve().
+  void set_binding(bool bind) noexcept { bind_ = bind; }
+  void set_holder_scan(HolderScan scan) { scan_ = std::move(scan); }
+  [[nodiscard]] bool binding() const noexcept { return bind_; }
+  // What tenant `t` can still reach of released memory here: its bound free handles + its held
+  // descriptors' bytes.
+  [[nodiscard]] Bytes retained(TenantId t) const noexcept;
+  // Every tenant with retained bytes here (by TenantId value).
+  [[nodiscard]] std::map<std::uint32_t, Bytes> retained_all() const;
+  [[nodiscard]] Bytes bound_free_bytes(TenantId t) const noexcept;
+  [[nodiscard]] Bytes held_fd_bytes() const noexcept { return held_bytes_; }
+  [[nodiscard]] std::uint64_t held_fds() const noexcept { return held_.size(); }
+  // Retired handles a scan found held by another process (each counted once).
+  [[nodiscard]] std::uint64_t retired_held() const noexcept { return retired_held_; }
 
   [[nodiscard]] DeviceOrdinal device() const noexcept { return device_; }
   [[nodiscard]] Bytes granularity() const noexcept { return granularity_; }
@@ -115,8 +160,19 @@ class DevicePool {
   [[nodiscard]] std::uint64_t handles_released() const noexcept { return released_; }
 
  private:
+  struct Held {
+    UniqueFd fd;
+    Bytes size{0};
+    TenantId tenant{};
+    bool seen_held = false;  // a scan found a holder (counted in retired_held_)
+    bool scanned = false;    // a scan has looked at it
+  };
   std::unique_ptr<PoolHandle> create(Bytes size);
   void destroy(std::unique_ptr<PoolHandle> h) noexcept;
+  // destroy(), keeping the exported descriptor in held_ charged to `t`.
+  void destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noexcept;
+  // A free handle leaves the free pool (bookkeeping of free and bound bytes).
+  void unfree(const PoolHandle& h) noexcept;
   void scrub(PoolHandle& h);
   PlanInput plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes device_free) const;
   Bytes device_free();
@@ -134,6 +190,12 @@ class DevicePool {
   Bytes peak_bytes_{0};
   std::uint64_t freed_seq_ = 0;
   CostModel costs_;
+  bool bind_ = false;
+  HolderScan scan_;
+  std::map<std::uint32_t, Bytes> bound_free_;  // by TenantId value
+  std::vector<Held> held_;
+  Bytes held_bytes_{0};
+  std::uint64_t retired_held_ = 0;
 };
 
 }  // namespace vlake::pool

@@ -103,6 +103,11 @@ struct NodeSettings {
   std::chrono::milliseconds pressure_wait{500};      // --pressure-wait-ms (0: never park)
   std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
   std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
+  // --handle-reuse: true (`tenant`, the default): a handle whose descriptor went to a tenant is
+  // bound to it and never served to another tenant (docs/pool.md, "Handle binding"); false
+  // (`node`): freed handles serve any tenant after a scrub (a tenant that keeps a descriptor can
+  // read and write the memory's next owner's data).
+  bool bind_handles = true;
   // Caps against hostile tenants (docs/daemon.md, "Limits"). A tenant at a cap is refused with
   // Status::limit_reached; other tenants are unaffected.
   std::uint32_t max_sessions_per_tenant = 128;  // --max-sessions-per-tenant (of kMaxSessions 1024)
@@ -131,6 +136,10 @@ struct NodeEnv {
   // The time, for timestamps of records written outside a timed operation (a canary alarm at
   // a release). Unset: 0.
   std::function<Now()> clock;
+  // Which other processes hold the daemon's exported descriptors (holder_scan.hpp: /proc and
+  // kcmp). A retired handle's descriptor stays open, and its bytes charged as retained, until
+  // this finds no holder. Unset: retired descriptors are closed at once (no scan).
+  HolderScan holders;
 };
 
 // ---- outcomes ------------------------------------------------------------------------------
@@ -221,6 +230,7 @@ class Node {
     std::uint32_t gid = 0;
     quota::GuardMode guard = quota::GuardMode::off;
     quota::DedupMode dedup = quota::DedupMode::off;
+    std::string dedup_domain;  // its namespace's dedup trust domain; "": shares only with itself
     std::string alloc_id;      // a Kubernetes allocation's tenant; "": a uid/gid tenant
     double guard_tokens = -1;  // GuardEvent token bucket (-1: full, not yet used)
     std::chrono::steady_clock::time_point guard_last{};
@@ -279,11 +289,12 @@ class Node {
     Bytes total{0};
     Bytes granularity{0};
     std::unique_ptr<DevicePool> pool;
-    Bytes granted{0};             // grants with handles
-    Bytes orphaned{0};            // grants whose handles died with a previous daemon
-    Bytes counted{0};             // `counted` grants
-    std::uint64_t pool_peak = 0;  // highest pool bytes ever published (across restarts)
-    Bytes nvml_used{0};           // NVML's used memory at the latest sample (0: none)
+    Bytes granted{0};                     // grants with handles
+    Bytes orphaned{0};                    // grants whose handles died with a previous daemon
+    Bytes counted{0};                     // `counted` grants
+    std::uint64_t pool_peak = 0;          // highest pool bytes ever published (across restarts)
+    Bytes nvml_used{0};                   // NVML's used memory at the latest sample (0: none)
+    std::uint64_t retired_held_seen = 0;  // pool->retired_held() already in the counters
   };
 
   // Opens a pool on every GPU of `driver` (throws std::runtime_error: none, or too many).
@@ -430,7 +441,15 @@ class Node {
   Tenant* tenant_mut(TenantId id);
   Device* device_mut(const std::uint8_t* uuid);
   [[nodiscard]] proto::DeviceQuota device_quota(const Tenant& t, const Device& d) const;
+  // What replies call `used`: usage minus the tenant's bound free handles (retired on demand
+  // when it needs the room, so they are not memory it cannot have); retained descriptors count.
+  [[nodiscard]] Bytes reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const;
   void finish_grant(Grant& g, TenantId releaser, bool exported);
+  // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
+  // retained bytes there (accounting, changes, counters). Returns true if memory came back.
+  bool settle_device(Device& d, bool all = false);
+  // Records every tenant's retained bytes on `d` (no scan).
+  void sync_retained(Device& d);
   void end_session_locked(Session& s, const char* why);
   std::optional<std::uint32_t> free_slot(std::vector<bool>& used);
   void touch_tenant(TenantId id);

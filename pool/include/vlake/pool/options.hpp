@@ -38,7 +38,9 @@ struct DaemonOptions {
   std::uint64_t bulk_size = 64ull << 20;         // --bulk-size: bulk handle size class
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up
   std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms: parked grant's longest wait
-  std::string alloc_root;                        // Kubernetes allocation directories (docs/device-plugin.md); "": off
+  // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
+  bool bind_handles = true;
+  std::string alloc_root;  // Kubernetes allocation directories (docs/device-plugin.md); "": off
   // Limits against hostile tenants (docs/daemon.md, "Limits").
   std::uint32_t max_sessions_per_tenant = 128;     // of the 1,024-session table
   std::uint32_t max_grants_per_tenant = 2048;      // of the 16,384-grant table

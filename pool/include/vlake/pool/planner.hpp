@@ -3,6 +3,8 @@
 // Pure logic: no driver, no clock. The DevicePool describes its free handles and the GPU's free
 // memory; plan() returns the cheapest way to serve `bytes` as a list of handles whose sizes sum
 // to exactly `bytes`:
+// Free handles marked `foreign` (bound to another tenant, docs/pool.md "Handle binding") are
+// never used for exact/stitch; release_create may release them.
 //   exact          one free handle of that size
 //   stitch         several free handles (any sizes, any previous tenant) mapped back to back
 //   create         one new handle of that size (needs room on the GPU)
@@ -63,6 +65,7 @@ struct FreeHandleView {
   std::optional<TenantId> last_tenant;  // nullopt: never granted
   bool clean = false;                   // holds zeros (warm reserve): no scrub for anyone
   std::uint64_t freed_seq = 0;          // when it entered the free pool (larger: more recent)
+  bool foreign = false;                 // bound to another tenant: never used, may be released
 };
 
 struct PlanInput {

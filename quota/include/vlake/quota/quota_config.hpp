@@ -31,6 +31,11 @@
 // the tenant is still over a limit `kill_grace` later. `allow_disable`: whether VLAKE_DISABLE=1
 // turns the hook off for the namespace's tenants. A duration is a whole number with ms, s or m
 // ("500ms", "30s", "2m"; a bare number is milliseconds), 0 allowed.
+// Dedup trust domains: `dedup_domain: <DNS label>` may appear in `default` and in a namespace. A
+// namespace's domain: its own, else the top-level `default.dedup_domain`, else none. Tenants
+// share chunks only with tenants of the same domain (a tenant holding a chunk's descriptor can
+// map it writable: a domain is a set of tenants that trust each other); without a domain a
+// tenant dedups only with its own processes.
 // Sizes: vlake's one size grammar (vlake/common/size.hpp): a byte count, or a whole number with
 // B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 8GB are errors. Here also a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
@@ -150,6 +155,7 @@ struct TenantSpec {
   Enforce enforce = Enforce::refuse;   // its namespace's (resolved)
   std::chrono::milliseconds kill_grace = kDefaultKillGrace;
   bool allow_disable = false;  // VLAKE_DISABLE=1 honoured for it
+  std::string dedup_domain;    // its namespace's dedup trust domain; "": none
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -167,6 +173,7 @@ struct NamespaceSpec {
   std::optional<Enforce> enforce;                       // nullopt: the top-level default's (or refuse)
   std::optional<std::chrono::milliseconds> kill_grace;  // nullopt: the top-level default's (or 30s)
   std::optional<bool> allow_disable;                    // nullopt: the top-level default's (or false)
+  std::optional<std::string> dedup_domain;              // nullopt: the top-level default's (or none)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
   int limit_line = 0, limit_column = 0;
@@ -252,6 +259,10 @@ class QuotaConfig {
   [[nodiscard]] bool allow_disable_of(const NamespaceSpec& ns) const noexcept {
     return ns.allow_disable.value_or(default_allow_disable_.value_or(false));
   }
+  // The dedup trust domain of namespace `ns`: its own, else `default.dedup_domain`, else "".
+  [[nodiscard]] std::string dedup_domain_of(const NamespaceSpec& ns) const {
+    return ns.dedup_domain.value_or(default_dedup_domain_.value_or(std::string()));
+  }
   // Every namespace: the declared ones in file order; the implicit "default" (declared ==
   // false) last unless the file declares it.
   [[nodiscard]] const std::vector<NamespaceSpec>& namespaces() const noexcept { return namespaces_; }
@@ -285,6 +296,7 @@ class QuotaConfig {
   std::optional<Enforce> default_enforce_;
   std::optional<std::chrono::milliseconds> default_kill_grace_;
   std::optional<bool> default_allow_disable_;
+  std::optional<std::string> default_dedup_domain_;
   std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
   std::vector<GroupEntry> groups_;
