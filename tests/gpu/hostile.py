@@ -212,10 +212,6 @@ namespaces:
 
     try:
         settle()
-        st0 = state()
-        daemon_ctx = nv.processes().get(daemon.proc.pid, 0) - st0["devices"][0]["pool_bytes"]
-        print("daemon context at idle: %.1f MiB (NVML %s, pool %s)"
-              % (daemon_ctx / MiB, nv.processes(), st0["devices"][0]["pool_bytes"]))
 
         # 1. keep a descriptor, then read/write after another tenant got memory of that size
         a = client(UID_A)
@@ -354,20 +350,27 @@ namespaces:
         # outside vlake, retained), the free pool not bound to a tenant (bound free handles are
         # their tenants' retained memory), its own context; shared chunks are counted once per
         # tenant in `granted`, once on the GPU (dedup's logical - physical is what sharing saved).
+        # The daemon's context is measured after the tenants are gone (it creates it lazily, so
+        # it is not there at start), never from the same sample: no term is derived from another.
         tenants_used = sum(t["used"][0] for t in st["tenants"])
         unbound_free = dev["free_bytes"] - (dev["retained_bytes"] - dev["held_fd_bytes"])
         saved = dev["dedup_logical_bytes"] - dev["dedup_physical_bytes"]
+        per = {t["name"]: {k: t[k][0] // MiB for k in ("granted", "nonpool", "retained", "unhooked")}
+               for t in st["tenants"]}
+        print("tenants (MiB):", json.dumps(per))
+        print("device:", json.dumps(dev))
+        print("NVML processes (MiB):", {p: b // MiB for p, b in nv.processes().items()}, "daemon pid", daemon.proc.pid)
+        for c in clients:
+            c.close()
+        settle(2)
+        idle = state()["devices"][0]
+        daemon_ctx = nv.processes().get(daemon.proc.pid, 0) - idle["pool_bytes"]
         lhs = tenants_used + unbound_free + daemon_ctx - saved
         check("NVML used = Σ tenants + free pool + daemon context (within 64 MiB)",
               abs(lhs - mem["used"]) <= 64 * MiB,
               "NVML used %.1f MiB; tenants %.1f + unbound free pool %.1f + daemon context %.1f - dedup saved %.1f"
               " = %.1f MiB" % (mem["used"] / MiB, tenants_used / MiB, unbound_free / MiB, daemon_ctx / MiB,
                                saved / MiB, lhs / MiB))
-        per = {t["name"]: {k: t[k][0] // MiB for k in ("granted", "nonpool", "retained", "unhooked")}
-               for t in st["tenants"]}
-        print("tenants (MiB):", json.dumps(per))
-        print("device:", json.dumps(dev))
-        print("NVML processes (MiB):", {p: b // MiB for p, b in nv.processes().items()}, "daemon pid", daemon.proc.pid)
         del e_out
     finally:
         for c in clients:
