@@ -10,7 +10,7 @@
 //   and resolve() of a few processes gives a tenant with a name in a namespace the config has;
 // - with VLAKE_FUZZ_QUOTA_MESSAGE_LIMIT > 0 (a compile definition, CMake option of the same
 //   name, tests/fuzz/CMakeLists.txt): every what() is at most that many bytes, so a huge file
-//   cannot produce a huge error message. 0 (the default) skips this check.
+//   cannot produce a huge error message (default 4096; 0 skips this check).
 #include <sys/types.h>
 
 #include <cstddef>
@@ -26,7 +26,7 @@
 #include "vlake/quota/quota_config.hpp"
 
 #ifndef VLAKE_FUZZ_QUOTA_MESSAGE_LIMIT
-#define VLAKE_FUZZ_QUOTA_MESSAGE_LIMIT 0
+#define VLAKE_FUZZ_QUOTA_MESSAGE_LIMIT 4096
 #endif
 
 namespace {
