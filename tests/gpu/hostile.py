@@ -40,18 +40,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from checks import Checks  # noqa: E402
 MiB = 1 << 20
 GiB = 1 << 30
 SKIP = 77
 UID_A, UID_B, UID_C, UID_D, UID_E, UID_F = 2001, 2002, 2003, 2004, 2005, 2006
 
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append((name, bool(ok), detail))
-    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
-    return ok
+check = Checks()
 
 
 class Client:
@@ -376,18 +371,13 @@ namespaces:
         for c in clients:
             c.close()
         daemon.stop()
-        if any(not r[1] for r in results):
+        if check.any_failed():
             with open(daemon.log_path) as f:
                 print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-40:]))
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    print("\n%-90s %s" % ("check", "result"))
-    for name, ok, _ in results:
-        print("%-90s %s" % (name[:90], "PASS" if ok else "FAIL"))
-    failed = sum(1 for r in results if not r[1])
-    print("%d passed, %d failed" % (len(results) - failed, failed))
-    return 1 if failed else 0
+    return check.table(90)
 
 
 if __name__ == "__main__":

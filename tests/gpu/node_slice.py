@@ -29,6 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from checks import Checks  # noqa: E402
 GiB = 1 << 30
 MiB = 1 << 20
 SKIP = 77
@@ -36,13 +37,7 @@ OTHER_UID = 1001
 THIRD_UID = 1002
 UNHOOKED_UID = 1003
 
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append((name, bool(ok), detail))
-    print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
-    return ok
+check = Checks()
 
 
 def gpu_present():
@@ -245,18 +240,13 @@ def main():
         print("tenants:", json.dumps(st["tenants"])[:2000])
     finally:
         daemon.stop()
-        if any(not r[1] for r in results):
+        if check.any_failed():
             with open(daemon.log.name) as f:
                 print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-40:]))
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    print("\n%-70s %s" % ("check", "result"))
-    for name, ok, _ in results:
-        print("%-70s %s" % (name[:70], "PASS" if ok else "FAIL"))
-    failed = sum(1 for r in results if not r[1])
-    print("%d passed, %d failed" % (len(results) - failed, failed))
-    return 1 if failed else 0
+    return check.table(70)
 
 
 if __name__ == "__main__":
