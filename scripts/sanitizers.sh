@@ -27,7 +27,9 @@
 # sim.hostile is left out too: its Python driver loads the simulated NVML in-process (ctypes),
 # and an instrumented library cannot be loaded into an uninstrumented interpreter; the daemon
 # paths it drives are run under ASan by the pool.* tests (holder scan, limits, memory outside
-# vlake, handle binding).
+# vlake, handle binding). Under ubsan only, "pool.limits: out of descriptors…" is left out: it
+# runs vlaked with 96 descriptors, and UBSan's runtime needs descriptors of its own (it probes
+# memory with a pipe before each vptr check, and reports an invalid object when it gets none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,6 +89,7 @@ else
   "${runner[@]}" cmake --build "$dir" -j "$jobs"
   exclude='^prometheus\.(rules|chart)$'
   [[ "$san" == asan ]] && exclude='^(prometheus\.(rules|chart)|sim\.hostile)$'
+  [[ "$san" == ubsan ]] && exclude='^(prometheus\.(rules|chart)|pool\.limits: out of descriptors.*)$'
   ctest_args+=(-LE '^(gpu|charts)$' -E "$exclude")
 fi
 
