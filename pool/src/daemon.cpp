@@ -648,8 +648,12 @@ void Daemon::Impl::on_timer() {
       for (const GpuSample& g : sample) {
         for (const ProcessUsage& p : g.processes) listed.insert(p.pid);
       }
+      // The scan reads every process's descriptor table: only when some GPU has memory to place.
+      bool unlisted = false;
+      for (const GpuSample& g : sample) unlisted = unlisted || node_->unlisted_memory(g) > kUnlistedTolerance;
       std::vector<ProcessIdentity> users;
-      for (std::uint32_t pid : device_file_users(device_files_, node_->settings().daemon_pid)) {
+      const std::vector<std::string> none;
+      for (std::uint32_t pid : device_file_users(unlisted ? device_files_ : none, node_->settings().daemon_pid)) {
         if (listed.count(pid) != 0) continue;
         if (auto id = read_process_identity(pid, alloc_watch_.has_value())) users.push_back(std::move(*id));
       }

@@ -30,6 +30,24 @@ bool Node::over_a_limit(const Tenant& t) const {
   return false;
 }
 
+Bytes Node::unlisted_memory(const GpuSample& g) const {
+  const Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  std::set<std::uint32_t> here;
+  std::uint64_t known = 0;
+  for (const ProcessUsage& p : g.processes) {
+    here.insert(p.pid);
+    known += p.used.value();
+  }
+  known += dev.pool->held_fd_bytes().value();
+  if (here.count(settings_.daemon_pid) == 0) known += dev.pool->pool_bytes().value();
+  for (const auto& [gid, gr] : grants_) {
+    if (gr.device != g.device || (!gr.orphaned && gr.purpose != proto::GrantPurpose::counted)) continue;
+    const auto s = sessions_.find(gr.session);
+    if (s == sessions_.end() || here.count(s->second.pid) == 0) known += gr.bytes.value();
+  }
+  return Bytes{g.used.value() > known ? g.used.value() - known : 0};
+}
+
 Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
   const auto key = std::make_pair(p.pid, p.start_time);
   if (auto it = unhooked_tenants_.find(key); it != unhooked_tenants_.end()) {
@@ -96,20 +114,7 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
   }
   for (const GpuSample& g : sample) {
     Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
-    std::set<std::uint32_t> here;
-    std::uint64_t known = 0;
-    for (const ProcessUsage& p : g.processes) {
-      here.insert(p.pid);
-      known += p.used.value();
-    }
-    known += dev.pool->held_fd_bytes().value();
-    if (here.count(settings_.daemon_pid) == 0) known += dev.pool->pool_bytes().value();
-    for (const auto& [gid, gr] : grants_) {
-      if (gr.device != g.device || (!gr.orphaned && gr.purpose != proto::GrantPurpose::counted)) continue;
-      const auto s = sessions_.find(gr.session);
-      if (s == sessions_.end() || here.count(s->second.pid) == 0) known += gr.bytes.value();
-    }
-    const Bytes unlisted{g.used.value() > known ? g.used.value() - known : 0};
+    const Bytes unlisted = unlisted_memory(g);
     if (unlisted != dev.unlisted) changes_.devices = true;
     dev.unlisted = unlisted;
     if (unlisted <= kUnlistedTolerance || unlisted_users.empty()) continue;

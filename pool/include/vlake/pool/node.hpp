@@ -400,6 +400,9 @@ class Node {
   // killed). With no such process it stays unattributed.
   std::vector<KillOrder> observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
                                       Now now, const std::vector<ProcessIdentity>& users = {});
+  // The unlisted memory of one GPU's reading, as observe_gpus computes it (the loop scans for
+  // device-file users only when some GPU has more than kUnlistedTolerance).
+  [[nodiscard]] Bytes unlisted_memory(const GpuSample& g) const;
   // What became of a KillOrder (`killed` false: it was already gone or could not be signalled).
   void unhooked_killed(const KillOrder& k, bool killed);
 
