@@ -111,6 +111,16 @@ class CudaDriver final : public Driver {
   ~CudaDriver() override = default;
 
   std::string name() const override { return library_; }
+
+  std::vector<std::string> device_files() const override {
+    // The simulator names its node file; the real driver's device files are /dev/nvidia*.
+    using DeviceFile = const char* (*)() noexcept;
+    if (auto f = reinterpret_cast<DeviceFile>(::dlsym(dl_, "vlake_sim_device_file")); f != nullptr) {
+      const std::string file = f();
+      return file.empty() ? std::vector<std::string>{} : std::vector<std::string>{file};
+    }
+    return {"/dev/nvidia*"};
+  }
   int device_count() const override { return static_cast<int>(devices_.size()); }
 
   std::string device_name(DeviceOrdinal d) const override {

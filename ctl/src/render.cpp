@@ -296,6 +296,7 @@ std::string render_pool_json(const NodeView& v, const std::string& state) {
     j.field_uint("nonpool", g.nonpool);
     j.field_uint("unhooked", g.unhooked);
     j.field_uint("nvml_used", g.nvml_used);
+    j.field_uint("unlisted", g.unlisted);
     j.field_uint("guaranteed", g.guaranteed);
     j.field_uint("borrowed", g.borrowed);
     j.end_object();

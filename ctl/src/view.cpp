@@ -46,6 +46,7 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     g.nonpool = r.nonpool_bytes;
     g.unhooked = r.unhooked_bytes;
     g.nvml_used = r.nvml_used_bytes;
+    g.unlisted = r.unlisted_bytes;
     g.guaranteed = r.guaranteed_bytes;
     g.borrowed = r.borrowed_bytes;
     v.gpus.push_back(std::move(g));

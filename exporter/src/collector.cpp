@@ -151,6 +151,9 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
           [](const st::DeviceRecord& r) { return d(r.borrowed_bytes); });
   per_gpu("vlake_gpu_nvml_used_bytes", "device memory in use as NVML reports it (0 without NVML)",
           [](const st::DeviceRecord& r) { return d(r.nvml_used_bytes); });
+  per_gpu("vlake_gpu_unlisted_bytes",
+          "device memory NVML charges to no process it lists (memory created without a CUDA context)",
+          [](const st::DeviceRecord& r) { return d(r.unlisted_bytes); });
   per_gpu("vlake_gpu_unhooked_bytes", "memory of processes without a vlake session (NVML), all tenants",
           [](const st::DeviceRecord& r) { return d(r.unhooked_bytes); });
   per_gpu("vlake_pool_peak_bytes", "highest vlake_pool_reserved_bytes since the daemon started",

@@ -191,6 +191,7 @@ class Daemon::Impl {
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<Node> node_;
   std::unique_ptr<NvmlSource> nvml_;
+  std::vector<std::string> device_files_;  // driver_->device_files(), for the GPU-user scan
   bool nvml_failed_logged_ = false;
   std::unique_ptr<st::StateSegment> seg_;
   std::unique_ptr<StatePublisher> publisher_;
@@ -283,6 +284,7 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   } else {
     try {
       nvml_ = open_nvml(opts_.nvml);
+      device_files_ = driver_->device_files();
       log_.info("NVML " + opts_.nvml + ": sampling per-process usage every " +
                 std::to_string(opts_.sample_interval.count()) + " ms");
     } catch (const std::exception& e) {
@@ -640,7 +642,22 @@ void Daemon::Impl::on_timer() {
           if (auto id = read_process_identity(p.pid, alloc_watch_.has_value())) ids.push_back(std::move(*id));
         }
       }
-      for (const KillOrder& k : node_->observe_gpus(sample, ids, t)) {
+      // Who has the driver's device files open (/proc/<pid>/fd): GPU users NVML may not list (a
+      // process that creates memory without a CUDA context is not in its process list).
+      std::set<std::uint32_t> listed;
+      for (const GpuSample& g : sample) {
+        for (const ProcessUsage& p : g.processes) listed.insert(p.pid);
+      }
+      // The scan reads every process's descriptor table: only when some GPU has memory to place.
+      bool unlisted = false;
+      for (const GpuSample& g : sample) unlisted = unlisted || node_->unlisted_memory(g) > kUnlistedTolerance;
+      std::vector<ProcessIdentity> users;
+      const std::vector<std::string> none;
+      for (std::uint32_t pid : device_file_users(unlisted ? device_files_ : none, node_->settings().daemon_pid)) {
+        if (listed.count(pid) != 0) continue;
+        if (auto id = read_process_identity(pid, alloc_watch_.has_value())) users.push_back(std::move(*id));
+      }
+      for (const KillOrder& k : node_->observe_gpus(sample, ids, t, users)) {
         node_->unhooked_killed(k, kill_process(k.pid, k.start_time));
       }
       nvml_failed_logged_ = false;

@@ -2,6 +2,7 @@
 // attributed to tenants whether or not the process holds a session, and the `enforce` policy
 // (account, refuse, kill) of docs/quota.md. See docs/daemon.md, "Memory outside vlake".
 #include <algorithm>
+#include <set>
 #include <unordered_set>
 
 #include "vlake/pool/node.hpp"
@@ -29,6 +30,24 @@ bool Node::over_a_limit(const Tenant& t) const {
   return false;
 }
 
+Bytes Node::unlisted_memory(const GpuSample& g) const {
+  const Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+  std::set<std::uint32_t> here;
+  std::uint64_t known = 0;
+  for (const ProcessUsage& p : g.processes) {
+    here.insert(p.pid);
+    known += p.used.value();
+  }
+  known += dev.pool->held_fd_bytes().value();
+  if (here.count(settings_.daemon_pid) == 0) known += dev.pool->pool_bytes().value();
+  for (const auto& [gid, gr] : grants_) {
+    if (gr.device != g.device || (!gr.orphaned && gr.purpose != proto::GrantPurpose::counted)) continue;
+    const auto s = sessions_.find(gr.session);
+    if (s == sessions_.end() || here.count(s->second.pid) == 0) known += gr.bytes.value();
+  }
+  return Bytes{g.used.value() > known ? g.used.value() - known : 0};
+}
+
 Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
   const auto key = std::make_pair(p.pid, p.start_time);
   if (auto it = unhooked_tenants_.find(key); it != unhooked_tenants_.end()) {
@@ -47,13 +66,14 @@ Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
 }
 
 std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
-                                          Now now) {
+                                          Now now, const std::vector<ProcessIdentity>& users) {
   // Pids holding a session (connected or detached): today's non-pool rule.
   set_nonpool(attribute_nonpool(sample, nonpool_inputs()));
   std::unordered_set<std::uint32_t> session_pids;
   for (const auto& [sid, s] : sessions_) session_pids.insert(s.pid);
   std::unordered_map<std::uint32_t, const ProcessIdentity*> by_pid;
   for (const ProcessIdentity& id : ids) by_pid[id.pid] = &id;
+  for (const ProcessIdentity& id : users) by_pid.emplace(id.pid, &id);
 
   // Every other pid: its tenant, as a session of that process would resolve.
   std::map<std::uint32_t, std::array<std::uint64_t, st::kMaxDevices>> unhooked;  // by tenant id
@@ -78,6 +98,43 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
       up.pid = p.pid;
       up.start_time = pi.start_time;
       up.bytes += p.used;
+    }
+  }
+
+  // Memory NVML charges to no process: split among the GPU users it does not list.
+  std::set<std::uint32_t> listed;
+  for (const GpuSample& g : sample) {
+    for (const ProcessUsage& p : g.processes) listed.insert(p.pid);
+  }
+  std::unordered_map<std::uint32_t, TenantId> session_tenant;
+  for (const auto& [sid, s] : sessions_) session_tenant.emplace(s.pid, s.tenant);
+  std::vector<const ProcessIdentity*> unlisted_users;
+  for (const ProcessIdentity& u : users) {
+    if (u.pid != settings_.daemon_pid && listed.count(u.pid) == 0) unlisted_users.push_back(&u);
+  }
+  for (const GpuSample& g : sample) {
+    Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
+    const Bytes unlisted = unlisted_memory(g);
+    if (unlisted != dev.unlisted) changes_.devices = true;
+    dev.unlisted = unlisted;
+    if (unlisted <= kUnlistedTolerance || unlisted_users.empty()) continue;
+    const std::uint64_t share = unlisted.value() / unlisted_users.size();
+    for (const ProcessIdentity* u : unlisted_users) {
+      Tenant* t = nullptr;
+      const auto st = session_tenant.find(u->pid);
+      try {
+        t = st != session_tenant.end() ? tenant_mut(st->second) : unhooked_tenant(*u);
+      } catch (const std::exception& e) {
+        log_.warn("pid " + std::to_string(u->pid) +
+                  " may use GPU memory NVML does not list but has no tenant: " + e.what());
+      }
+      if (t == nullptr) continue;
+      unhooked[t->id.value()][static_cast<std::size_t>(g.device.value())] += share;
+      if (st != session_tenant.end()) continue;  // a session's process is never killed
+      Tenant::UnhookedProcess& up = procs[t->id.value()][u->pid];
+      up.pid = u->pid;
+      up.start_time = u->start_time;
+      up.bytes += Bytes{share};
     }
   }
 

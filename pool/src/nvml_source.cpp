@@ -26,6 +26,9 @@ class DlNvml final : public NvmlSource {
     uuid_ = sym<PFN_nvmlDeviceGetUUID>("nvmlDeviceGetUUID");
     procs_ = sym<PFN_nvmlDeviceGetComputeRunningProcesses_v3>("nvmlDeviceGetComputeRunningProcesses_v3");
     meminfo_ = sym<PFN_nvmlDeviceGetMemoryInfo>("nvmlDeviceGetMemoryInfo");
+    // v2 keeps the driver's reserve out of `used` (v1 counts it: ~480 MiB on an H100 that no
+    // process is charged); v1 where the library lacks it.
+    meminfo_v2_ = reinterpret_cast<PFN_nvmlDeviceGetMemoryInfo_v2>(::dlsym(dl_, "nvmlDeviceGetMemoryInfo_v2"));
     if (const nvmlReturn_t r = init_(); r != NVML_SUCCESS) {
       throw std::runtime_error(library + ": nvmlInit_v2 failed (" + std::to_string(r) + ")");
     }
@@ -67,6 +70,15 @@ class DlNvml final : public NvmlSource {
   std::optional<Bytes> used(const Uuid& gpu) override {
     nvmlDevice_t dev = find(gpu);
     if (dev == nullptr) return std::nullopt;
+    if (meminfo_v2_ != nullptr) {
+      nvmlMemory_v2_t m2{};
+      m2.version = VLAKE_NVML_MEMORY_V2;
+      const nvmlReturn_t r = meminfo_v2_(dev, &m2);
+      if (r == NVML_SUCCESS) return Bytes{m2.used};
+      if (r != NVML_ERROR_FUNCTION_NOT_FOUND && r != NVML_ERROR_NOT_SUPPORTED) {
+        throw std::runtime_error("nvmlDeviceGetMemoryInfo_v2 failed (" + std::to_string(r) + ")");
+      }
+    }
     nvmlMemory_t m{};
     if (const nvmlReturn_t r = meminfo_(dev, &m); r != NVML_SUCCESS) {
       throw std::runtime_error("nvmlDeviceGetMemoryInfo failed (" + std::to_string(r) + ")");
@@ -109,6 +121,7 @@ class DlNvml final : public NvmlSource {
   PFN_nvmlDeviceGetUUID uuid_ = nullptr;
   PFN_nvmlDeviceGetComputeRunningProcesses_v3 procs_ = nullptr;
   PFN_nvmlDeviceGetMemoryInfo meminfo_ = nullptr;
+  PFN_nvmlDeviceGetMemoryInfo_v2 meminfo_v2_ = nullptr;  // nullptr: v1 only
   std::vector<std::pair<Uuid, nvmlDevice_t>> devices_;
 };
 

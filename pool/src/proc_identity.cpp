@@ -1,6 +1,11 @@
 #include "vlake/pool/proc_identity.hpp"
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -118,6 +123,55 @@ std::optional<ProcessIdentity> read_process_identity(std::uint32_t pid, bool kub
   } catch (...) {
     return std::nullopt;
   }
+}
+
+bool matches_device_file(std::string_view target, const std::vector<std::string>& files) {
+  constexpr std::string_view kDeleted = " (deleted)";
+  if (target.ends_with(kDeleted)) target.remove_suffix(kDeleted.size());
+  for (const std::string& f : files) {
+    if (f.empty()) continue;
+    if (f.back() == '*') {
+      if (target.starts_with(std::string_view(f).substr(0, f.size() - 1))) return true;
+    } else if (target == f) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::uint32_t> device_file_users(const std::vector<std::string>& files, std::uint32_t self) noexcept {
+  std::vector<std::uint32_t> out;
+  if (files.empty()) return out;
+  try {
+    DIR* proc = ::opendir("/proc");
+    if (proc == nullptr) return out;
+    while (const dirent* e = ::readdir(proc)) {
+      char* end = nullptr;
+      const unsigned long pid = std::strtoul(e->d_name, &end, 10);
+      if (end == e->d_name || *end != '\0' || pid == 0 || pid == self) continue;
+      const std::string fd_dir = "/proc/" + std::string(e->d_name) + "/fd";
+      DIR* fds = ::opendir(fd_dir.c_str());
+      if (fds == nullptr) continue;  // gone, or not ours to read
+      bool found = false;
+      while (const dirent* f = ::readdir(fds)) {
+        if (f->d_name[0] == '.') continue;
+        char buf[512];
+        const ssize_t n = ::readlink((fd_dir + "/" + f->d_name).c_str(), buf, sizeof buf);
+        if (n <= 0 || static_cast<std::size_t>(n) >= sizeof buf) continue;
+        if (matches_device_file(std::string_view(buf, static_cast<std::size_t>(n)), files)) {
+          found = true;
+          break;
+        }
+      }
+      ::closedir(fds);
+      if (found) out.push_back(static_cast<std::uint32_t>(pid));
+    }
+    ::closedir(proc);
+    std::sort(out.begin(), out.end());
+  } catch (...) {
+    out.clear();
+  }
+  return out;
 }
 
 }  // namespace vlake::pool

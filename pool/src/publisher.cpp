@@ -204,6 +204,7 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     for (const auto& [tid, t] : node.tenants()) unhooked += t.unhooked[i];
     r.unhooked_bytes = unhooked;
     r.nvml_used_bytes = d.nvml_used.value();
+    r.unlisted_bytes = d.unlisted.value();
     std::uint64_t retained = 0;
     for (const auto& [tid, t] : node.tenants()) retained += node.accounting().usage(t.id, d.ordinal).retained.value();
     r.retained_bytes = retained;

@@ -1950,3 +1950,11 @@ extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_c
 extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_vmm_call_count() noexcept {
   return vlake::sim::calls::vmm_total();
 }
+
+// The file this process keeps open while it uses the simulated GPUs (node.hpp), named for
+// vlake::Driver::device_files(); "" before cuInit succeeded. Not part of the CUDA API.
+extern "C" __attribute__((visibility("default"))) const char* vlake_sim_device_file() noexcept {
+  if (g_proc == nullptr) return "";
+  static const std::string file = vlake::sim::device_file(g_proc->node_name);  // g_proc never changes
+  return file.c_str();
+}

@@ -326,20 +326,22 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
   }
   if (refusal_rc != CUDA_SUCCESS) return fail(refusal, refusal_rc, mem);
   ::flock(fd, LOCK_UN);
-  ::close(fd);  // the mapping keeps the shared memory alive
-  out.reset(new Node(s, device_count, capacity, self, shm_name, st.st_dev, st.st_ino));
+  // The descriptor stays open (O_CLOEXEC) while the process is attached: like an open of the
+  // real driver's device files, it is how /proc/<pid>/fd shows a GPU user (docs/simulator.md).
+  out.reset(new Node(s, device_count, capacity, self, shm_name, st.st_dev, st.st_ino, fd));
   return CUDA_SUCCESS;
 }
 
 Node::Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self, std::string shm_name,
-           std::uint64_t dev, std::uint64_t ino)
+           std::uint64_t dev, std::uint64_t ino, int fd)
     : state_(state),
       device_count_(device_count),
       capacity_(capacity),
       self_(self),
       shm_name_(std::move(shm_name)),
       dev_(dev),
-      ino_(ino) {}
+      ino_(ino),
+      fd_(fd) {}
 
 void Node::detach() {
   int fd = ::shm_open(shm_name_.c_str(), O_RDWR | O_CLOEXEC, 0);
@@ -375,9 +377,14 @@ void Node::detach() {
     if (same_file) ::flock(fd, LOCK_UN);
     ::close(fd);
   }
+  if (fd_ >= 0) ::close(fd_);  // no longer a user of the simulated GPUs
+  fd_ = -1;
 }
 
-Node::~Node() { ::munmap(state_, sizeof(NodeState)); }
+Node::~Node() {
+  ::munmap(state_, sizeof(NodeState));
+  if (fd_ >= 0) ::close(fd_);
+}
 
 CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
   Lock lock(state_);
@@ -501,6 +508,8 @@ std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
 }
 }  // namespace
 
+std::string device_file(const std::string& node) { return "/dev/shm/vlake-sim-" + node; }
+
 std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal) {
   const std::string key = node + "/" + std::to_string(ordinal);
   const std::uint64_t a = fnv1a(0xcbf29ce484222325ULL, key);
@@ -564,11 +573,20 @@ bool NodeObserver::read(NodeSnapshot& out) {
     snap.in_use = s->nattached > 0 || s->record_hwm > 0;
     for (int d = 0; d < rules::kMaxDevices; ++d) snap.used[d] = s->used[d];
     std::vector<std::map<std::int32_t, std::uint64_t>> charges(static_cast<std::size_t>(snap.device_count));
+    // NVML lists only processes with a primary context on the device (measured on the H100: a
+    // process that creates memory without a context is not listed, its memory is in `used`).
     for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
       const Record& r = s->records[i];
-      // A record held only through descriptors is charged to the device and to no process.
+      if (r.nholders == 0 || r.dev != kContextDev || r.device < 0 || r.device >= snap.device_count) continue;
+      charges[static_cast<std::size_t>(r.device)].emplace(r.holders[0].pid, 0);
+    }
+    for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+      const Record& r = s->records[i];
+      // A record held only through descriptors, or whose first live holder has no context on
+      // its device, is charged to the device and to no process.
       if (r.nholders == 0 || r.device < 0 || r.device >= snap.device_count) continue;
-      charges[static_cast<std::size_t>(r.device)][r.holders[0].pid] += r.size;
+      auto& dev = charges[static_cast<std::size_t>(r.device)];
+      if (auto it = dev.find(r.holders[0].pid); it != dev.end()) it->second += r.size;
     }
     snap.processes.resize(charges.size());
     for (std::size_t d = 0; d < charges.size(); ++d) {

@@ -9,10 +9,14 @@
 // - A physical allocation is one record keyed by its memfd's (st_dev, st_ino) with the list of
 //   processes (pid + start time) holding it, in the order they took it (creator first). It is
 //   charged to its device while it has a live holder, and (for NVML's per-process figures) to
-//   its first live holder. Dead processes (exited, SIGKILLed, zombies, or a reused pid with
+//   its first live holder when that process has a primary context on the device (otherwise to
+//   no process, as on the real driver). Dead processes (exited, SIGKILLed, zombies, or a reused pid with
 //   another start time) are purged on every capacity check and usage query.
 // - A primary context is a record too (VLAKE_SIM_CONTEXT_MEMORY bytes, possibly 0) held by its
-//   process only, so it counts against capacity, in usage and in NVML's process list.
+//   process only, so it counts against capacity, in usage and puts the process in NVML's list.
+// - An attached process keeps the node file open (O_CLOEXEC) until it detaches, so a scan of
+//   /proc/<pid>/fd finds the simulated GPU's users as it finds the real driver's
+//   (/dev/nvidia*): device_file() names it.
 // - A node with no live attached process and no record is reset to the capacity of the next
 //   process that attaches; otherwise a process with different parameters is refused. The
 //   last process to detach (normal exit) removes the file; a file left by killed processes
@@ -79,7 +83,7 @@ class Node {
 
  private:
   Node(NodeState* state, int device_count, std::uint64_t capacity, ProcessId self, std::string shm_name,
-       std::uint64_t dev, std::uint64_t ino);
+       std::uint64_t dev, std::uint64_t ino, int fd);
   NodeState* state_;
   int device_count_;
   std::uint64_t capacity_;
@@ -87,6 +91,7 @@ class Node {
   std::string shm_name_;
   std::uint64_t dev_;  // identity of the shm file, to unlink only the file we use
   std::uint64_t ino_;
+  int fd_;  // the node file, open (O_CLOEXEC) while attached: /proc/<pid>/fd shows a GPU user
 };
 
 // The simulated machine as this process's environment describes it.
@@ -99,6 +104,9 @@ struct Config {
 // Reads the VLAKE_SIM_* variables. On a bad value returns false and sets `error` to one line
 // naming the variable (the callers print it with their own prefix).
 bool read_config(Config& out, std::string& error);
+
+// The file every attached process of node `node` keeps open: "/dev/shm/vlake-sim-<node>".
+std::string device_file(const std::string& node);
 
 // The UUID of device `ordinal` of node `node`: stable, derived from both (cuDeviceGetUuid_v2 and
 // nvmlDeviceGetUUID report the same bytes).
@@ -114,8 +122,9 @@ struct NodeSnapshot {
   std::uint64_t capacity = 0;
   bool in_use = false;  // a live process is attached or an allocation is live
   std::uint64_t used[rules::kMaxDevices] = {};
-  // Per device: every process that is the first live holder of a record there (its context
-  // included), with the bytes of those records; sorted by pid.
+  // Per device: every process that has a primary context there (a context record), with the
+  // bytes of the records it is first live holder of (its context included); sorted by pid.
+  // Records whose first live holder has no context there count in used[] under no process.
   std::vector<std::vector<ProcessCharge>> processes;
 };
 

@@ -270,6 +270,7 @@ TEST_CASE("vlakectl: memory outside vlake of a process without a session shows p
   DaemonProcess d("ctl-outside", kConfig);
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper outside(d.node, 4301, 0);  // never says Hello
+  outside.ok("meminfo");            // has a context: NVML lists it
   outside.ok("own " + std::to_string(24 * kMiB));
   Json tenants;
   const bool seen = pooltest::eventually(

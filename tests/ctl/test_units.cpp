@@ -621,6 +621,7 @@ TEST_CASE("render: memory outside vlake per tenant, counted in USED unless enfor
   ml.unhooked_processes = 2;
   s->devices[0].unhooked_bytes = 96 * kMiB;
   s->devices[0].nvml_used_bytes = 700 * kMiB;
+  s->devices[0].unlisted_bytes = 300 * kMiB;
   s->counters.unhooked_kills = 5;
   const NodeView v = build_view(*s, false);
 
@@ -647,5 +648,6 @@ TEST_CASE("render: memory outside vlake per tenant, counted in USED unless enfor
   const Json pj = parse_json(render_pool_json(v, "st1"));
   CHECK(pj.at("gpus").at(0).at("unhooked").u64() == 96 * kMiB);
   CHECK(pj.at("gpus").at(0).at("nvml_used").u64() == 700 * kMiB);
+  CHECK(pj.at("gpus").at(0).at("unlisted").u64() == 300 * kMiB);
   CHECK(pj.at("counters").at("unhooked_kills").u64() == 5);
 }

@@ -66,6 +66,7 @@ std::unique_ptr<st::State> synthetic() {
   }
   st::DeviceRecord& g0 = s->devices[0];
   g0.nvml_used_bytes = 90 * kMiB;
+  g0.unlisted_bytes = 12 * kMiB;
   g0.unhooked_bytes = 3 * kMiB;
   g0.pool_bytes = 100 * kMiB;
   g0.free_bytes = 40 * kMiB;
@@ -227,6 +228,7 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_pool_borrowed_bytes", T::Gauge, gpu},
       {"vlake_pool_peak_bytes", T::Gauge, gpu},
       {"vlake_gpu_nvml_used_bytes", T::Gauge, gpu},
+      {"vlake_gpu_unlisted_bytes", T::Gauge, gpu},
       {"vlake_gpu_unhooked_bytes", T::Gauge, gpu},
       {"vlake_pool_free_handles_by_class", T::Gauge, {"gpu", "gpu_index", "class"}},
       {"vlake_pool_warm_target_bytes", T::Gauge, gpu},
@@ -329,6 +331,7 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_tenant_unhooked_processes", {{"tenant", "uid:1000"}}) == 2);
   CHECK(e.value("vlake_tenant_unhooked_bytes", {{"tenant", "uid:1000"}, {"gpu_index", "1"}}) == 5.0 * kMiB);
   CHECK(e.value("vlake_gpu_nvml_used_bytes", g0) == 90.0 * kMiB);
+  CHECK(e.value("vlake_gpu_unlisted_bytes", g0) == 12.0 * kMiB);
   CHECK(e.value("vlake_gpu_unhooked_bytes", g0) == 3.0 * kMiB);
   CHECK(e.value("vlake_grant_denials_unhooked_total") == 4);
   CHECK(e.value("vlake_unhooked_kills_total") == 1);

@@ -826,6 +826,7 @@ TEST_CASE("daemon: with the simulator's NVML, pool memory is not a tenant's non-
   a.ok("connect " + d.socket);
   auto g = a.ok("grant " + std::to_string(8 * kMiB));
   REQUIRE(num(g, "status") == 0);
+  a.ok("meminfo");                          // a context: NVML lists the helper
   a.ok("own " + std::to_string(6 * kMiB));  // NVML charges this to the helper
   auto nonpool = [&] {
     const auto snap = snapshot(d.state);

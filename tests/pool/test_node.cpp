@@ -1017,3 +1017,119 @@ TEST_CASE("node: an honest tenant at its limit with released handles is served (
   CHECK(d.pool->bound_free_bytes(t) == 0_B);
   CHECK(w.node->counters().denials_tenant_limit == 0);
 }
+
+// ---- memory NVML lists under no process (docs/daemon.md, "Memory outside vlake") ----------
+
+TEST_CASE("node: memory NVML lists under no process goes to the one GPU user it does not list", "[node][unhooked]") {
+  World w("version: 1\ndefault: {limit: 1GiB}\nusers: [{uid: 4000, limit: 128MiB}]\n");
+  // The daemon (pid 1) is listed with its 100 MiB; pid 600 is listed with 10 MiB and has the
+  // device files open too; pid 500 (uid 4000) has them open and is not listed: 256 MiB used on
+  // the GPU is nobody's in NVML's list, so it is pid 500's.
+  const std::vector<GpuSample> sample = {gpu0(366_MiB, {{1, 100_MiB}, {600, 10_MiB}})};
+  const std::vector<ProcessIdentity> users = {who(1, 0), who(500, 4000), who(600, 5000)};
+  CHECK(w.node->observe_gpus(sample, {who(600, 5000)}, w.t, users).empty());
+  CHECK(w.node->devices().front().unlisted == 256_MiB);
+  const Node::Tenant* t = tenant_named(*w.node, "user:4000");
+  REQUIRE(t != nullptr);
+  CHECK(t->unhooked[0] == 256 * kMiB);
+  REQUIRE(t->unhooked_procs.size() == 1);
+  CHECK(t->unhooked_procs[0].pid == 500);
+  CHECK(t->unhooked_procs[0].bytes == 256_MiB);
+  CHECK(w.node->accounting().usage(t->id, DeviceOrdinal{0}).unhooked == 256_MiB);  // refuse: charged
+  const Node::Tenant* listed = tenant_named(*w.node, "uid:5000");
+  REQUIRE(listed != nullptr);
+  CHECK(listed->unhooked[0] == 10 * kMiB);  // its NVML figure only
+  const Node::Tenant* root = tenant_named(*w.node, "uid:0");
+  CHECK((root == nullptr || root->unhooked[0] == 0));  // the daemon is nobody's
+  {
+    const std::string name = "vlake-node-unlisted-" + std::to_string(::getpid());
+    struct Cleanup {
+      std::string n;
+      ~Cleanup() { ::unlink(("/dev/shm/" + n).c_str()); }
+    } cleanup{name};
+    st::StateSegment seg(name);
+    StatePublisher pub(seg, 1, 2, 1000);
+    pub.publish_all(*w.node, w.t.unix_ns);
+    CHECK(seg.state().devices[0].unlisted_bytes == 256 * kMiB);
+    CHECK(seg.state().tenants[t->slot].unhooked[0] == 256 * kMiB);
+  }
+
+  // It exits (no longer a user, memory gone): nothing is left unattributed or charged.
+  CHECK(w.node->observe_gpus({gpu0(110_MiB, {{1, 100_MiB}, {600, 10_MiB}})}, {who(600, 5000)}, w.t, {who(600, 5000)})
+            .empty());
+  CHECK(w.node->devices().front().unlisted == 0_B);
+  t = tenant_named(*w.node, "user:4000");
+  CHECK((t == nullptr || t->unhooked[0] == 0));
+}
+
+TEST_CASE("node: unlisted memory is split equally among the GPU users NVML does not list", "[node][unhooked]") {
+  World w("version: 1\ndefault: {limit: 1GiB}\n");
+  const auto s = w.hello(1, 100, 1000);  // a session whose process may create memory without a context
+  // Without a session: pids 500 and 501; with one: pid 100. 300 MiB unlisted, 100 MiB each.
+  const std::vector<GpuSample> sample = {gpu0(400_MiB, {{1, 100_MiB}})};
+  const std::vector<ProcessIdentity> users = {who(100, 1000), who(500, 2000), who(501, 2000)};
+  CHECK(w.node->observe_gpus(sample, {}, w.t, users).empty());
+  const Node::Tenant* two = tenant_named(*w.node, "uid:2000");
+  REQUIRE(two != nullptr);
+  CHECK(two->unhooked[0] == 200 * kMiB);
+  CHECK(two->unhooked_procs.size() == 2);
+  const Node::Tenant* mine = w.node->tenant(w.node->session(s)->tenant);
+  REQUIRE(mine != nullptr);
+  CHECK(mine->unhooked[0] == 100 * kMiB);  // the session's tenant
+  CHECK(mine->unhooked_procs.empty());     // a session's process is never killed
+  CHECK(w.node->accounting().usage(mine->id, DeviceOrdinal{0}).unhooked == 100_MiB);
+}
+
+TEST_CASE("node: unlisted memory up to the tolerance, or with nobody to charge, stays unattributed",
+          "[node][unhooked]") {
+  World w("version: 1\ndefault: {limit: 1GiB}\n");
+  const std::vector<ProcessIdentity> users = {who(500, 2000)};
+  CHECK(w.node->observe_gpus({gpu0(100_MiB + kUnlistedTolerance, {{1, 100_MiB}})}, {}, w.t, users).empty());
+  CHECK(w.node->devices().front().unlisted == kUnlistedTolerance);
+  const Node::Tenant* t = tenant_named(*w.node, "uid:2000");
+  CHECK((t == nullptr || t->unhooked[0] == 0));
+  // Above it, but no process without NVML's listing has the device files open: nobody's.
+  CHECK(w.node->observe_gpus({gpu0(400_MiB, {{1, 100_MiB}})}, {}, w.t, {}).empty());
+  CHECK(w.node->devices().front().unlisted == 300_MiB);
+  for (const auto& [id, x] : w.node->tenants()) CHECK(x.unhooked[0] == 0);
+  // One byte over the tolerance is charged.
+  CHECK(w.node->observe_gpus({gpu0(100_MiB + kUnlistedTolerance + 1_MiB, {{1, 100_MiB}})}, {}, w.t, users).empty());
+  t = tenant_named(*w.node, "uid:2000");
+  REQUIRE(t != nullptr);
+  CHECK(t->unhooked[0] == kUnlistedTolerance.value() + kMiB);
+}
+
+TEST_CASE("node: unlisted memory leaves out retired handles held by a descriptor and an unlisted daemon's pool",
+          "[node][unhooked]") {
+  World w("version: 1\ndefault: {limit: 1GiB}\n", {}, [](const std::vector<int>& fds) { return scan_holders(fds); });
+  const auto s = w.hello(1, 101, 1001);
+  const Node::Device& d = w.node->devices().front();
+  GrantOut out = w.grant(1, s, 64 * kMiB);
+  REQUIRE(std::holds_alternative<Granted>(out));
+  const Granted& g = std::get<Granted>(out);
+  REQUIRE(g.fds.size() == 1);
+  vlake::pooltest::FdHolder holder(g.fds[0]);  // another process keeps the descriptor
+  proto::Release m = proto::make<proto::Release>(9);
+  m.grant_id = g.grant;
+  m.flags = proto::kReleaseExported;
+  REQUIRE(std::get<proto::ReleaseAck>(w.node->release(s, m)).status == proto::Status::ok);
+  REQUIRE(d.pool->held_fd_bytes() == 64_MiB);
+  const std::vector<ProcessIdentity> users = {who(500, 2000)};
+
+  // The daemon listed (its pool in its figure): used = daemon + held 64 MiB + 100 MiB unlisted.
+  CHECK(w.node->observe_gpus({gpu0(20_MiB + 64_MiB + 100_MiB, {{1, 20_MiB}})}, {}, w.t, users).empty());
+  CHECK(d.unlisted == 100_MiB);
+  const Node::Tenant* t = tenant_named(*w.node, "uid:2000");
+  REQUIRE(t != nullptr);
+  CHECK(t->unhooked[0] == 100 * kMiB);
+
+  // The daemon not listed (no context yet): its pool is in used under no process, and is not
+  // anybody else's.
+  const Bytes pool = d.pool->pool_bytes();
+  CHECK(w.node->observe_gpus({gpu0(pool + 64_MiB + 100_MiB, {})}, {}, w.t, users).empty());
+  CHECK(d.unlisted == 100_MiB);
+  t = tenant_named(*w.node, "uid:2000");
+  REQUIRE(t != nullptr);
+  CHECK(t->unhooked[0] == 100 * kMiB);
+  holder.end();
+}

@@ -1,6 +1,9 @@
 // vlaked on the simulator with the simulator's NVML: GPU memory of processes without a session
 // (no hook, VLAKE_DISABLE, the driver called directly) is attributed to the tenant of their uid
-// and handled per the quota file's `enforce` (docs/daemon.md, "Memory outside vlake").
+// and handled per the quota file's `enforce` (docs/daemon.md, "Memory outside vlake"): processes
+// NVML lists (they have a context: `meminfo` makes one) by their NVML figure, and processes that
+// create memory without a context (NVML does not list them) by the device's unlisted memory,
+// found through the node file they keep open.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -49,6 +52,7 @@ TEST_CASE(
   DaemonProcess d("unhooked", config("enforce: refuse"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper outside(d.node, 4242, 0);  // never says Hello: the driver called without the hook
+  outside.ok("meminfo");            // a context: NVML lists it
   outside.ok("own " + std::to_string(40 * kMiB));
   Helper hooked(d.node, 4242, 0);
   hooked.ok("connect " + d.socket);
@@ -80,8 +84,10 @@ TEST_CASE("daemon unhooked: enforce kill kills the unhooked process after the gr
   DaemonProcess d("unhooked-kill", config("enforce: kill, kill_grace: 300ms"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper under(d.node, 0, 0);  // uid 0: 16 MiB limit, uses 8 outside: never killed
+  under.ok("meminfo");
   under.ok("own " + std::to_string(8 * kMiB));
   Helper over(d.node, 4242, 0);
+  over.ok("meminfo");
   over.ok("own " + std::to_string(80 * kMiB));  // over the 64 MiB limit on its own
   const auto pid = static_cast<std::uint32_t>(over.pid());
   auto gone = [&] {
@@ -96,5 +102,47 @@ TEST_CASE("daemon unhooked: enforce kill kills the unhooked process after the gr
   CHECK(st->state != 'Z');
   CHECK(eventually([&] { return unhooked(d.state, "uid:0") == 8 * kMiB; }, 3000));
   CHECK(snapshot(d.state)->counters.unhooked_kills == 1);
+}
+
+TEST_CASE("daemon unhooked: memory created without a context (not in NVML's list) is its process's tenant's",
+          "[daemon][unhooked]") {
+  DaemonProcess d("unlisted", config("enforce: refuse"));
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  Helper listed(d.node, 0, 0);  // a context, 8 MiB: NVML lists it with its figure
+  listed.ok("meminfo");
+  listed.ok("own " + std::to_string(8 * kMiB));
+  Helper outside(d.node, 4242, 0);  // never connects, never creates a context
+  outside.ok("own " + std::to_string(256 * kMiB));
+  REQUIRE(eventually(
+      [&] {
+        const std::uint64_t u = unhooked(d.state, "user:4242");  // ~0: no such tenant yet
+        return u != ~0ULL && u >= 256 * kMiB;
+      },
+      5000));
+  auto snap = snapshot(d.state);
+  const st::TenantRecord* t = tenant(*snap, "user:4242");
+  REQUIRE(t != nullptr);
+  CHECK(t->unhooked[0] == 256 * kMiB);
+  CHECK(t->unhooked_processes == 1);
+  CHECK(snap->devices[0].unlisted_bytes == 256 * kMiB);
+  CHECK(unhooked(d.state, "uid:0") == 8 * kMiB);
+  CHECK_THAT(d.log(), Catch::Contains("pid " + std::to_string(outside.pid()) + " uses " + std::to_string(256 * kMiB) +
+                                      " bytes of GPU memory outside vlake"));
+}
+
+TEST_CASE("daemon unhooked: enforce kill kills a process that holds memory without a context", "[daemon][unhooked]") {
+  DaemonProcess d("unlisted-kill", config("enforce: kill, kill_grace: 300ms"));
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  Helper over(d.node, 4242, 0);
+  over.ok("own " + std::to_string(256 * kMiB));  // over the 64 MiB limit, and not in NVML's list
+  const auto pid = static_cast<std::uint32_t>(over.pid());
+  auto gone = [&] {
+    const auto st = read_proc_stat(pid);
+    return !st || st->state == 'Z';
+  };
+  REQUIRE(eventually(gone, 10000));
+  CHECK(eventually([&] { return snapshot(d.state)->counters.unhooked_kills == 1; }, 3000));
+  CHECK_THAT(d.log(), Catch::Contains("killed pid " + std::to_string(pid) + " of tenant user:4242"));
+  CHECK(eventually([&] { return snapshot(d.state)->devices[0].unlisted_bytes == 0; }, 3000));
 }
 #endif

@@ -2,6 +2,9 @@
 // threads, NVML attribution (fake NVML). The state segment's tests are in tests/contracts.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -391,4 +394,44 @@ TEST_CASE("proc identity: uid and gid and pod UID and allocation mounts are read
   CHECK(me->uid == ::geteuid());
   CHECK(me->start_time == process_start_time(static_cast<std::uint32_t>(::getpid())));
   CHECK_FALSE(read_process_identity(0x7ffffff0u, false).has_value());
+}
+
+TEST_CASE("proc identity: the GPU's users are the processes with a device file open", "[pool][unhooked]") {
+  const std::vector<std::string> real = {"/dev/nvidia*"};
+  CHECK(matches_device_file("/dev/nvidiactl", real));
+  CHECK(matches_device_file("/dev/nvidia0", real));
+  CHECK(matches_device_file("/dev/nvidia-uvm", real));
+  CHECK_FALSE(matches_device_file("/dev/null", real));
+  CHECK_FALSE(matches_device_file("/dev/nvidi", real));
+  const std::vector<std::string> sim = {"/dev/shm/vlake-sim-a"};
+  CHECK(matches_device_file("/dev/shm/vlake-sim-a", sim));
+  CHECK(matches_device_file("/dev/shm/vlake-sim-a (deleted)", sim));
+  CHECK_FALSE(matches_device_file("/dev/shm/vlake-sim-ab", sim));
+  CHECK_FALSE(matches_device_file("/dev/shm/vlake-sim-a", {}));
+
+  // A child with the file open is a user; this process (`self`), though it has it open, is not.
+  const std::string path = "/dev/shm/vlake-units-devfile-" + std::to_string(::getpid());
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  REQUIRE(fd >= 0);
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const char c = 'r';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+    for (;;) ::pause();
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  const std::vector<std::uint32_t> users = device_file_users({path}, static_cast<std::uint32_t>(::getpid()));
+  CHECK(users == std::vector<std::uint32_t>{static_cast<std::uint32_t>(child)});
+  CHECK(device_file_users({}, 0).empty());
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ::close(fd);
+  ::unlink(path.c_str());
+  CHECK(device_file_users({path}, static_cast<std::uint32_t>(::getpid())).empty());
 }

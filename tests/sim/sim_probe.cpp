@@ -4,6 +4,7 @@
 //   init              cuInit; prints rc, and when it succeeded count, total and uuid (device 0)
 //   preinit           checks what works and what fails before cuInit; prints ok=1 or why not
 //   hold BYTES        allocates BYTES with cuMemCreate, prints ready=1, then sleeps forever
+//   create BYTES      like hold, but without ever creating a context (cuInit + cuMemCreate only)
 //   import FD [BYTES] imports the POSIX fd FD (an allocation of BYTES, default 2 MiB), maps it,
 //                     reads its first word, prints ready=1 and value=..., then sleeps forever
 //   used              prints used=<bytes> (total - free of device 0)
@@ -107,6 +108,16 @@ int cmd_hold(std::size_t bytes) {
   sleep_forever();
 }
 
+int cmd_create(std::size_t bytes) {
+  PROBE_CHECK(cuInit(0));
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp prop = device_prop();
+  PROBE_CHECK(cuMemCreate(&h, bytes, &prop, 0));
+  std::printf("ready=1\n");
+  std::fflush(stdout);
+  sleep_forever();
+}
+
 int cmd_import(int fd, size_t size) {
   if (int rc = init_ctx(); rc != 0) return rc;
   CUmemGenericAllocationHandle h = 0;
@@ -144,13 +155,14 @@ int cmd_used() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: vlake_sim_probe init|preinit|hold BYTES|import FD [BYTES]|used\n");
+    std::fprintf(stderr, "usage: vlake_sim_probe init|preinit|hold BYTES|create BYTES|import FD [BYTES]|used\n");
     return 2;
   }
   const std::string cmd = argv[1];
   if (cmd == "init") return cmd_init();
   if (cmd == "preinit") return cmd_preinit();
   if (cmd == "hold" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10));
+  if (cmd == "create" && argc == 3) return cmd_create(std::strtoull(argv[2], nullptr, 10));
   if (cmd == "import" && argc == 3) return cmd_import(std::atoi(argv[2]), size_t{2} << 20);
   if (cmd == "import" && argc == 4) {
     return cmd_import(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));

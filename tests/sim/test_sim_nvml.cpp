@@ -391,6 +391,45 @@ TEST_CASE("an allocation held only through a descriptor stays on the device, cha
   CHECK(used_bytes() == before);
 }
 
+TEST_CASE("memory created without a context is in used but its process is not listed", "[sim][nvml]") {
+  // Measured on the H100: a process that calls cuMemCreate without ever creating a context is
+  // not in nvmlDeviceGetComputeRunningProcesses_v3, yet its memory is in the device's used
+  // memory. It still has the driver's device file open (here the node file), which is how
+  // vlaked finds it (docs/daemon.md, "Memory outside vlake").
+  init_ctx();
+  NvmlSession session;
+  const unsigned me = self_pid();
+  const unsigned long long before = memory(0).used;
+  const size_t size = 32 * kMiB;
+  Child creator = spawn_probe({"create", std::to_string(size)});
+  REQUIRE(read_until(creator, "ready=1"));
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}});
+  CHECK(memory(0).used == before + size);
+  CHECK(memory(0).used == used_bytes());
+  nvmlMemory_v2_t m2{};
+  m2.version = VLAKE_NVML_MEMORY_V2;
+  REQUIRE(nvml().memory_v2(device(0), &m2) == NVML_SUCCESS);
+  CHECK(m2.used == before + size);
+
+  // The node file stays open in the process (O_CLOEXEC) while it is attached.
+  const char* node = std::getenv("VLAKE_SIM_NODE");
+  const std::string file = std::string("/dev/shm/vlake-sim-") + (node != nullptr ? node : "default");
+  const std::string fd_dir = "/proc/" + std::to_string(creator.pid) + "/fd";
+  bool open_there = false;
+  for (int fd = 0; fd < 64 && !open_there; ++fd) {
+    char buf[256];
+    const ssize_t len = ::readlink((fd_dir + "/" + std::to_string(fd)).c_str(), buf, sizeof buf - 1);
+    open_there = len > 0 && std::string(buf, static_cast<size_t>(len)) == file;
+  }
+  CHECK(open_there);
+
+  // It dies: its memory is gone with it.
+  REQUIRE(::kill(creator.pid, SIGKILL) == 0);
+  CHECK(finish(creator) == 128 + SIGKILL);
+  CHECK(memory(0).used == before);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}});
+}
+
 TEST_CASE("nvml charges follow holder order, not the last one in", "[sim][nvml]") {
   // Two importers of one allocation: after the creator lets go, the first importer is charged,
   // and when it goes the second one is.

@@ -47,12 +47,12 @@ int main(int argc, char** argv) {
           "\"free_bytes\":%llu,\"free_handles\":%llu,\"granted_bytes\":%llu,"
           "\"orphaned_bytes\":%llu,\"counted_bytes\":%llu,\"nonpool_bytes\":%llu,"
           "\"retained_bytes\":%llu,\"unhooked_bytes\":%llu,\"nvml_used_bytes\":%llu,\"held_fd_bytes\":%llu,"
-          "\"dedup_logical_bytes\":%llu,\"dedup_physical_bytes\":%llu}",
+          "\"unlisted_bytes\":%llu,\"dedup_logical_bytes\":%llu,\"dedup_physical_bytes\":%llu}",
           first ? "" : ",", r.ordinal, hex(r.uuid, 16).c_str(), static_cast<ull>(r.total),
           static_cast<ull>(r.pool_bytes), static_cast<ull>(r.free_bytes), static_cast<ull>(r.free_handles),
           static_cast<ull>(r.granted_bytes), static_cast<ull>(r.orphaned_bytes), static_cast<ull>(r.counted_bytes),
           static_cast<ull>(r.nonpool_bytes), static_cast<ull>(r.retained_bytes), static_cast<ull>(r.unhooked_bytes),
-          static_cast<ull>(r.nvml_used_bytes), static_cast<ull>(r.held_fd_bytes),
+          static_cast<ull>(r.nvml_used_bytes), static_cast<ull>(r.held_fd_bytes), static_cast<ull>(r.unlisted_bytes),
           static_cast<ull>(r.dedup_logical_bytes), static_cast<ull>(r.dedup_physical_bytes));
       first = false;
     }

@@ -55,6 +55,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "vlake/common/chunk_hash.hpp"
 #include "vlake/common/strong_types.hpp"
@@ -154,6 +155,12 @@ class Driver {
   // The default copies the range to the host in 2 MiB pieces and hashes it there.
   [[nodiscard]] virtual std::uint64_t hash_chunk(DevicePtr p, Bytes n);
   virtual void synchronize() = 0;
+
+  // The files a process using these GPUs has open (docs/daemon.md, "Memory outside vlake"): a
+  // path, or a prefix ending in '*'. The real driver: "/dev/nvidia*" (nvidiactl, nvidia<N>,
+  // nvidia-uvm); the simulator: its node file "/dev/shm/vlake-sim-<node>", which every process
+  // attached to it keeps open. The default (a driver that cannot tell) is none.
+  [[nodiscard]] virtual std::vector<std::string> device_files() const { return {}; }
 };
 
 // Binds the CUDA driver library `library` (a soname searched the usual way, or a path) and

@@ -188,7 +188,10 @@ struct DeviceRecord {
   std::uint64_t unhooked_bytes;   // sum of the tenants' unhooked[] on this GPU
   std::uint64_t nvml_used_bytes;  // device memory in use as NVML reports it (0: no NVML)
   std::uint64_t held_fd_bytes;    // retired handles still alive through another process's descriptor
-  std::uint64_t reserved6[4];
+  // Of nvml_used_bytes, what NVML charges to no process it lists, less held_fd_bytes and the
+  // memory vlake knows is charged to no listed process (docs/daemon.md, "Memory outside vlake").
+  std::uint64_t unlisted_bytes;
+  std::uint64_t reserved6[3];
 };
 
 enum NamespaceFlags : std::uint32_t {

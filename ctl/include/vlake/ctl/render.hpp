@@ -13,7 +13,7 @@
 //             share_percent}]}]}
 //   pool:    {state, daemon{...}, sessions, grants, gpus[{index, uuid, total, granularity,
 //             pool_bytes, granted, free, free_handles, orphaned, counted, nonpool, unhooked,
-//             nvml_used, guaranteed, borrowed}],
+//             nvml_used, unlisted, guaranteed, borrowed}],
 //             counters{grants, denials_over_limit, ...}}
 //   daemon{} = {layout_version, pid, start_time, starts, clean, running, updated_unix_ns}
 //

@@ -33,6 +33,7 @@ struct GpuView {
   std::uint64_t nonpool = 0;     // sampled memory outside the pool, all tenants
   std::uint64_t unhooked = 0;    // memory of processes without a session (NVML), all tenants
   std::uint64_t nvml_used = 0;   // device memory in use as NVML reports it (0: no NVML)
+  std::uint64_t unlisted = 0;    // of it, charged to no process NVML lists (DeviceRecord)
   std::uint64_t guaranteed = 0;  // sum of the namespaces' guarantees on this GPU
   std::uint64_t borrowed = 0;    // memory held above their guarantees, all namespaces
 };

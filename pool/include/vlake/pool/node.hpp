@@ -118,6 +118,11 @@ struct NodeSettings {
   double log_burst = 20;
 };
 
+// Device memory NVML charges to no process ("unlisted": a process that creates memory without
+// a CUDA context is not in NVML's process list, docs/daemon.md) is attributed only above this:
+// below it, rounding and the driver's own bookkeeping are not worth charging anyone for.
+inline constexpr Bytes kUnlistedTolerance{64ull << 20};
+
 // A process to kill under `enforce: kill`: its tenant stayed over a limit for kill_grace while
 // the process used GPU memory without a session. The loop kills (pid, start_time) only, and
 // reports with Node::unhooked_killed().
@@ -294,6 +299,7 @@ class Node {
     Bytes counted{0};                     // `counted` grants
     std::uint64_t pool_peak = 0;          // highest pool bytes ever published (across restarts)
     Bytes nvml_used{0};                   // NVML's used memory at the latest sample (0: none)
+    Bytes unlisted{0};                    // of it, charged to no process NVML lists (observe_gpus)
     std::uint64_t retired_held_seen = 0;  // pool->retired_held() already in the counters
   };
 
@@ -383,8 +389,20 @@ class Node {
   // tenant as a session would) as unhooked memory, charged per its namespace's `enforce`.
   // Pids without an identity in `ids` (gone, unreadable) are not attributed. Records NVML's used
   // figure per GPU. Returns the processes to kill now under `enforce: kill`.
+  // Unlisted memory, per GPU: NVML's used − Σ what NVML charges to the processes it lists −
+  // held_fd_bytes (retired handles alive through a descriptor, charged as retained) − what vlake
+  // already knows is charged to no listed process (the pool, when NVML does not list the daemon;
+  // orphaned and `counted` grants of session pids it does not list), clamped at 0
+  // (Device::unlisted). Above kUnlistedTolerance it is split equally among `users`' processes
+  // that NVML lists on no GPU (`users`: the processes with the driver's device files open, the
+  // daemon excluded, session pids included), each share being its tenant's unhooked memory like
+  // a listed process's figure (a session pid's share goes to its session's tenant and is never
+  // killed). With no such process it stays unattributed.
   std::vector<KillOrder> observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
-                                      Now now);
+                                      Now now, const std::vector<ProcessIdentity>& users = {});
+  // The unlisted memory of one GPU's reading, as observe_gpus computes it (the loop scans for
+  // device-file users only when some GPU has more than kUnlistedTolerance).
+  [[nodiscard]] Bytes unlisted_memory(const GpuSample& g) const;
   // What became of a KillOrder (`killed` false: it was already gone or could not be signalled).
   void unhooked_killed(const KillOrder& k, bool killed);
 

@@ -1,7 +1,8 @@
 // vlake::pool NVML usage source and non-pool attribution.
 //
 // NvmlSource: per-process device memory on one GPU (nvmlDeviceGetComputeRunningProcesses_v3)
-// and the GPU's used memory (nvmlDeviceGetMemoryInfo), the GPU named by its 16-byte UUID. open_nvml() binds a real or
+// and the GPU's used memory (nvmlDeviceGetMemoryInfo_v2's `used`, which leaves out the driver's
+// reserve; v1 where the library has no v2), the GPU named by its 16-byte UUID. open_nvml() binds a real or
 // simulated libnvidia-ml.so.1 at run time (dlopen); tests substitute a fake implementation.
 //
 // attribute_nonpool(): a tenant's non-pool usage on a GPU is the sum, over the pids that hold
@@ -43,7 +44,7 @@ class NvmlSource {
  public:
   virtual ~NvmlSource() = default;
   [[nodiscard]] virtual std::optional<std::vector<ProcessUsage>> processes(const Uuid& gpu) = 0;
-  // Device memory in use (nvmlDeviceGetMemoryInfo's `used`); nullopt for a GPU NVML does not
+  // Device memory in use (nvmlDeviceGetMemoryInfo_v2's `used`, reserve excluded); nullopt for a GPU NVML does not
   // know. Throws std::runtime_error on an NVML failure.
   [[nodiscard]] virtual std::optional<Bytes> used(const Uuid& gpu) = 0;
 };
@@ -65,7 +66,7 @@ NonpoolResult attribute_nonpool(NvmlSource& nvml, const NonpoolInputs& in);
 // One GPU's NVML reading.
 struct GpuSample {
   DeviceOrdinal device{0};
-  Bytes used{0};  // nvmlDeviceGetMemoryInfo
+  Bytes used{0};  // nvmlDeviceGetMemoryInfo_v2 (reserve excluded)
   std::vector<ProcessUsage> processes;
 };
 // The GPUs of `devices` that NVML knows, in that order (throws like processes()/used()).

@@ -36,6 +36,15 @@ struct ProcessIdentity {
 
 std::optional<ProcessIdentity> read_process_identity(std::uint32_t pid, bool kubernetes) noexcept;
 
+// The GPU's users as the kernel sees them, NVML or not (docs/daemon.md, "Memory outside vlake"):
+// the pids other than `self` with a descriptor (/proc/<pid>/fd/*) whose target matches one of
+// `files` (Driver::device_files(): a path, or a prefix ending in '*'), ascending. A process
+// that exits, or whose descriptor table cannot be read (not root), is skipped. No exceptions.
+std::vector<std::uint32_t> device_file_users(const std::vector<std::string>& files, std::uint32_t self) noexcept;
+// Whether a descriptor's target `target` (readlink text) matches `files` as above; a target
+// with " (deleted)" appended matches like the path itself.
+bool matches_device_file(std::string_view target, const std::vector<std::string>& files);
+
 // (effective uid, effective gid) from /proc/<pid>/status text; nullopt when absent.
 std::optional<std::pair<std::uint32_t, std::uint32_t>> parse_status_ids(std::string_view status);
 // The pod UID in /proc/<pid>/cgroup text (cgroupfs ".../pod<uid>/<container>" or systemd
