@@ -113,13 +113,15 @@ class CudaDriver final : public Driver {
   std::string name() const override { return library_; }
 
   std::vector<std::string> device_files() const override {
-    // The simulator names its node file; the real driver's device files are /dev/nvidia*.
+    // The simulator names its node file. On the real driver, every process that initialized CUDA
+    // has /dev/nvidia-uvm open; NVML clients (nvidia-smi, exporters, this daemon's sampler) open
+    // /dev/nvidiactl and /dev/nvidia<N> but not it, so they are not taken for GPU users.
     using DeviceFile = const char* (*)() noexcept;
     if (auto f = reinterpret_cast<DeviceFile>(::dlsym(dl_, "vlake_sim_device_file")); f != nullptr) {
       const std::string file = f();
       return file.empty() ? std::vector<std::string>{} : std::vector<std::string>{file};
     }
-    return {"/dev/nvidia*"};
+    return {"/dev/nvidia-uvm"};
   }
   int device_count() const override { return static_cast<int>(devices_.size()); }
 

@@ -24,7 +24,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import node_slice as ns  # noqa: E402  (Daemon, run_json, check, results)
+import node_slice as ns  # noqa: E402  (Daemon, run_json, check: the shared check list)
 
 CANARY_UID, FAULT_UID = 1001, 1002
 # 4 MiB + 4 KiB of float32: a multiple of 256 B (so fault mode ends it at a chunk's end) that
@@ -146,16 +146,11 @@ def main():
               "; ".join("%s p50 %.1f us p99 %.1f us" % (k, v["p50_us"], v["p99_us"]) for k, v in lat.items() if v))
     finally:
         daemon.stop()
-        if any(not r[1] for r in ns.results):
+        if ns.check.any_failed():
             with open(daemon.log.name) as f:
                 print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-30:]))
         shutil.rmtree(work, ignore_errors=True)
-    print("\n%-75s %s" % ("check", "result"))
-    for name, ok, _ in ns.results:
-        print("%-75s %s" % (name[:75], "PASS" if ok else "FAIL"))
-    failed = sum(1 for r in ns.results if not r[1])
-    print("%d passed, %d failed" % (len(ns.results) - failed, failed))
-    return 1 if failed else 0
+    return ns.check.table(75)
 
 
 if __name__ == "__main__":
