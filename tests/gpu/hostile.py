@@ -119,6 +119,30 @@ class Daemon:
             pass
 
 
+def gpu_users(nv):
+    """(pid, uid, listed by NVML, command) of every process with a CUDA device file open."""
+    listed = nv.processes()
+    users = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+            targets = set()
+            for fd in fds:
+                try:
+                    targets.add(os.readlink("/proc/%s/fd/%s" % (pid, fd)))
+                except OSError:
+                    pass
+            if not any(t.startswith("/dev/nvidia-uvm") or t.startswith("/dev/shm/vlake-sim-") for t in targets):
+                continue
+            uid = os.stat("/proc/%s" % pid).st_uid
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().split(b"\0")[0].decode(errors="replace").rsplit("/", 1)[-1]
+            users.append((int(pid), uid, int(pid) in listed, cmd))
+        except OSError:
+            continue
+    return users
+
+
 def main():
     ap = argparse.ArgumentParser()
     for a in ("--vlaked", "--client", "--tenant", "--hook", "--state-tool"):
@@ -313,10 +337,15 @@ namespaces:
         d = client(UID_D)
         d.cmd("connect " + daemon.sock)
         settle()
-        td = tenant(state(), UID_D)
+        st = state()
+        td = tenant(st, UID_D)
         check("memory of a process without the hook is attributed to its uid's tenant",
               td is not None and td["unhooked"][0] >= limit // 2,
-              "tenant D unhooked %s MiB" % (td and td["unhooked"][0] // MiB))
+              "tenant D unhooked %s MiB; every tenant's memory outside vlake: %s; unlisted %s MiB; GPU users "
+              "(pid, uid, listed by NVML): %s"
+              % (td and td["unhooked"][0] // MiB,
+                 {t["name"]: t["unhooked"][0] // MiB for t in st["tenants"] if t["unhooked"][0]},
+                 st["devices"][0].get("unlisted_bytes", 0) // MiB, gpu_users(nv)))
         r = d.cmd("grant %d" % (limit // 2 + unit))
         check("grants that would pass the limit with that memory are refused", r["status"] != 0,
               "status %d used %d MiB" % (r["status"], r.get("used", 0) // MiB))
