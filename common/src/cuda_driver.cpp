@@ -113,15 +113,16 @@ class CudaDriver final : public Driver {
   std::string name() const override { return library_; }
 
   std::vector<std::string> device_files() const override {
-    // The simulator names its node file. On the real driver, every process that initialized CUDA
-    // has /dev/nvidia-uvm open; NVML clients (nvidia-smi, exporters, this daemon's sampler) open
-    // /dev/nvidiactl and /dev/nvidia<N> but not it, so they are not taken for GPU users.
+    // The simulator names its node file. On the real driver, cuInit maps /dev/nvidiactl and
+    // /dev/nvidia<N> into the process (measured on the H100, even without a context); NVML
+    // clients (nvidia-smi, exporters, this daemon's sampler) open those files, and
+    // /dev/nvidia-uvm, but map none of them, so they are not taken for GPU users.
     using DeviceFile = const char* (*)() noexcept;
     if (auto f = reinterpret_cast<DeviceFile>(::dlsym(dl_, "vlake_sim_device_file")); f != nullptr) {
       const std::string file = f();
       return file.empty() ? std::vector<std::string>{} : std::vector<std::string>{file};
     }
-    return {"/dev/nvidia-uvm"};
+    return {"map:/dev/nvidia*"};
   }
   int device_count() const override { return static_cast<int>(devices_.size()); }
 

@@ -139,31 +139,63 @@ bool matches_device_file(std::string_view target, const std::vector<std::string>
   return false;
 }
 
+namespace {
+
+// True if a line of /proc/<pid>/maps maps a file that matches `files` (the path is the last
+// field; anonymous mappings have none).
+bool maps_device_file(const std::string& maps_path, const std::vector<std::string>& files) {
+  std::ifstream in(maps_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    if (matches_device_file(std::string_view(line).substr(slash), files)) return true;
+  }
+  return false;
+}
+
+// True if one of the process's descriptors refers to a file that matches `files`.
+bool holds_device_file(const std::string& fd_dir, const std::vector<std::string>& files) {
+  DIR* fds = ::opendir(fd_dir.c_str());
+  if (fds == nullptr) return false;  // gone, or not ours to read
+  bool found = false;
+  while (const dirent* f = ::readdir(fds)) {
+    if (f->d_name[0] == '.') continue;
+    char buf[512];
+    const ssize_t n = ::readlink((fd_dir + "/" + f->d_name).c_str(), buf, sizeof buf);
+    if (n <= 0 || static_cast<std::size_t>(n) >= sizeof buf) continue;
+    if (matches_device_file(std::string_view(buf, static_cast<std::size_t>(n)), files)) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(fds);
+  return found;
+}
+
+}  // namespace
+
 std::vector<std::uint32_t> device_file_users(const std::vector<std::string>& files, std::uint32_t self) noexcept {
   std::vector<std::uint32_t> out;
   if (files.empty()) return out;
   try {
+    // "map:<path>" entries are matched against the process's mappings, the others against its
+    // descriptors.
+    std::vector<std::string> mapped;
+    std::vector<std::string> opened;
+    for (const std::string& f : files) {
+      if (f.rfind("map:", 0) == 0) mapped.push_back(f.substr(4));
+      else opened.push_back(f);
+    }
     DIR* proc = ::opendir("/proc");
     if (proc == nullptr) return out;
     while (const dirent* e = ::readdir(proc)) {
       char* end = nullptr;
       const unsigned long pid = std::strtoul(e->d_name, &end, 10);
       if (end == e->d_name || *end != '\0' || pid == 0 || pid == self) continue;
-      const std::string fd_dir = "/proc/" + std::string(e->d_name) + "/fd";
-      DIR* fds = ::opendir(fd_dir.c_str());
-      if (fds == nullptr) continue;  // gone, or not ours to read
-      bool found = false;
-      while (const dirent* f = ::readdir(fds)) {
-        if (f->d_name[0] == '.') continue;
-        char buf[512];
-        const ssize_t n = ::readlink((fd_dir + "/" + f->d_name).c_str(), buf, sizeof buf);
-        if (n <= 0 || static_cast<std::size_t>(n) >= sizeof buf) continue;
-        if (matches_device_file(std::string_view(buf, static_cast<std::size_t>(n)), files)) {
-          found = true;
-          break;
-        }
-      }
-      ::closedir(fds);
+      const std::string dir = "/proc/" + std::string(e->d_name);
+      const bool found = (!opened.empty() && holds_device_file(dir + "/fd", opened)) ||
+                         (!mapped.empty() && maps_device_file(dir + "/maps", mapped));
       if (found) out.push_back(static_cast<std::uint32_t>(pid));
     }
     ::closedir(proc);

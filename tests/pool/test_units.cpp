@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -396,7 +397,7 @@ TEST_CASE("proc identity: uid and gid and pod UID and allocation mounts are read
   CHECK_FALSE(read_process_identity(0x7ffffff0u, false).has_value());
 }
 
-TEST_CASE("proc identity: the GPU's users are the processes with a device file open", "[pool][unhooked]") {
+TEST_CASE("proc identity: the GPU's users are the processes with a device file open or mapped", "[pool][unhooked]") {
   const std::vector<std::string> real = {"/dev/nvidia*"};
   CHECK(matches_device_file("/dev/nvidiactl", real));
   CHECK(matches_device_file("/dev/nvidia0", real));
@@ -427,11 +428,37 @@ TEST_CASE("proc identity: the GPU's users are the processes with a device file o
   const std::vector<std::uint32_t> users = device_file_users({path}, static_cast<std::uint32_t>(::getpid()));
   CHECK(users == std::vector<std::uint32_t>{static_cast<std::uint32_t>(child)});
   CHECK(device_file_users({}, 0).empty());
+  // "map:" entries ask for a mapping, not a descriptor: the child has the file open, unmapped.
+  CHECK(device_file_users({"map:" + path}, static_cast<std::uint32_t>(::getpid())).empty());
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   ::close(ready[0]);
   ::close(ready[1]);
   ::close(fd);
-  ::unlink(path.c_str());
   CHECK(device_file_users({path}, static_cast<std::uint32_t>(::getpid())).empty());
+
+  // A child that maps the file and closes its descriptor is a user by its mapping only (as a CUDA
+  // process maps /dev/nvidiactl), which "map:" finds and a plain entry does not.
+  REQUIRE(::truncate(path.c_str(), 4096) == 0);
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t mapper = ::fork();
+  REQUIRE(mapper >= 0);
+  if (mapper == 0) {
+    const int mfd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    void* m = mfd < 0 ? MAP_FAILED : ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, mfd, 0);
+    if (m == MAP_FAILED) ::_exit(1);
+    ::close(mfd);
+    const char r = 'r';
+    if (::write(ready[1], &r, 1) != 1) ::_exit(1);
+    for (;;) ::pause();
+  }
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  const auto self = static_cast<std::uint32_t>(::getpid());
+  CHECK(device_file_users({"map:" + path}, self) == std::vector<std::uint32_t>{static_cast<std::uint32_t>(mapper)});
+  CHECK(device_file_users({path}, self).empty());
+  ::kill(mapper, SIGKILL);
+  ::waitpid(mapper, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ::unlink(path.c_str());
 }

@@ -157,8 +157,9 @@ class Driver {
   virtual void synchronize() = 0;
 
   // The files a process using these GPUs has open (docs/daemon.md, "Memory outside vlake"): a
-  // path, or a prefix ending in '*'. The real driver: "/dev/nvidia-uvm" (opened by cuInit; NVML
-  // clients, which open only nvidiactl and nvidia<N>, are not GPU users); the simulator: its node file
+  // path, or a prefix ending in '*'; "map:<path>" means a mapping of it rather than a descriptor.
+  // The real driver: "map:/dev/nvidia*" (cuInit maps nvidiactl and nvidia<N>; NVML clients open
+  // them but map none, so they are not GPU users); the simulator: its node file
   // "/dev/shm/vlake-sim-<node>", which every process attached to it keeps open. The default (a driver that cannot tell)
   // is none.
   [[nodiscard]] virtual std::vector<std::string> device_files() const { return {}; }

@@ -38,8 +38,9 @@ std::optional<ProcessIdentity> read_process_identity(std::uint32_t pid, bool kub
 
 // The GPU's users as the kernel sees them, NVML or not (docs/daemon.md, "Memory outside vlake"):
 // the pids other than `self` with a descriptor (/proc/<pid>/fd/*) whose target matches one of
-// `files` (Driver::device_files(): a path, or a prefix ending in '*'), ascending. A process
-// that exits, or whose descriptor table cannot be read (not root), is skipped. No exceptions.
+// `files` (Driver::device_files(): a path, or a prefix ending in '*'), or, for an entry written
+// "map:<path>", a mapping (/proc/<pid>/maps) of such a file; ascending. A process that exits,
+// or whose tables cannot be read (not root), is skipped. No exceptions.
 std::vector<std::uint32_t> device_file_users(const std::vector<std::string>& files, std::uint32_t self) noexcept;
 // Whether a descriptor's target `target` (readlink text) matches `files` as above; a target
 // with " (deleted)" appended matches like the path itself.
