@@ -220,7 +220,7 @@ struct TenantRecord {
   std::uint64_t granted[kMaxDevices];
   std::uint64_t nonpool[kMaxDevices];
   std::uint32_t namespace_id;  // NamespaceRecord id of its namespace
-  std::uint32_t over_limit;    // bit d: granted[d] + nonpool[d] > limit[d] (a lowered limit)
+  std::uint32_t over_limit;    // bit d: its usage (granted, nonpool, retained, charged unhooked) > limit[d]
   // Layout 5: of granted[d], what its processes keep unused in their local reserves.
   std::uint64_t reserve[kMaxDevices];
   // Layout 6 (docs/security.md).
