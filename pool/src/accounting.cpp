@@ -197,22 +197,24 @@ void Accounting::restore(TenantId t, DeviceOrdinal d, Bytes n) {
   ns_locked(ns_of_locked(t), d).granted += n;
 }
 
+// Replaces one of the tenant's figures (`field`) by `n`, and the same column of its namespace's
+// sums by the difference. mu_ held.
+void Accounting::replace_locked(TenantId t, DeviceOrdinal d, Usage& u, Bytes Usage::*field,
+                                Bytes NamespaceUsage::*ns_field, Bytes n) {
+  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
+  nu.*ns_field -= std::min(nu.*ns_field, u.*field);
+  nu.*ns_field += n;
+  u.*field = n;
+}
+
 void Accounting::set_nonpool(TenantId t, DeviceOrdinal d, Bytes n) {
   std::lock_guard lock(mu_);
-  Usage& u = map_[Key{t, d}];
-  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
-  nu.nonpool -= std::min(nu.nonpool, u.nonpool);
-  nu.nonpool += n;
-  u.nonpool = n;
+  replace_locked(t, d, map_[Key{t, d}], &Usage::nonpool, &NamespaceUsage::nonpool, n);
 }
 
 void Accounting::set_unhooked(TenantId t, DeviceOrdinal d, Bytes n) {
   std::lock_guard lock(mu_);
-  Usage& u = map_[Key{t, d}];
-  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
-  nu.unhooked -= std::min(nu.unhooked, u.unhooked);
-  nu.unhooked += n;
-  u.unhooked = n;
+  replace_locked(t, d, map_[Key{t, d}], &Usage::unhooked, &NamespaceUsage::unhooked, n);
 }
 
 bool Accounting::set_retained(TenantId t, DeviceOrdinal d, Bytes n) {
@@ -221,10 +223,7 @@ bool Accounting::set_retained(TenantId t, DeviceOrdinal d, Bytes n) {
   if (it == map_.end() && n.value() == 0) return false;
   Usage& u = it == map_.end() ? map_[Key{t, d}] : it->second;
   if (u.retained == n) return false;
-  NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
-  nu.retained -= std::min(nu.retained, u.retained);
-  nu.retained += n;
-  u.retained = n;
+  replace_locked(t, d, u, &Usage::retained, &NamespaceUsage::retained, n);
   return true;
 }
 

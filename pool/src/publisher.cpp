@@ -197,17 +197,21 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     r.hook_reserve_bytes = hook_reserve;
     r.orphaned_bytes = d.orphaned.value();
     r.counted_bytes = d.counted.value();
+    // Sums over the tenants of their sampled and retained figures on this GPU.
     std::uint64_t nonpool = 0;
-    for (const auto& [tid, t] : node.tenants()) nonpool += node.accounting().usage(t.id, d.ordinal).nonpool.value();
-    r.nonpool_bytes = nonpool;
     std::uint64_t unhooked = 0;
-    for (const auto& [tid, t] : node.tenants()) unhooked += t.unhooked[i];
+    std::uint64_t retained = 0;
+    for (const auto& [tid, t] : node.tenants()) {
+      const Accounting::Usage u = node.accounting().usage(t.id, d.ordinal);
+      nonpool += u.nonpool.value();
+      retained += u.retained.value();
+      unhooked += t.unhooked[i];  // NVML's figure, whether or not `enforce` charges it
+    }
+    r.nonpool_bytes = nonpool;
     r.unhooked_bytes = unhooked;
+    r.retained_bytes = retained;
     r.nvml_used_bytes = d.nvml_used.value();
     r.unlisted_bytes = d.unlisted.value();
-    std::uint64_t retained = 0;
-    for (const auto& [tid, t] : node.tenants()) retained += node.accounting().usage(t.id, d.ordinal).retained.value();
-    r.retained_bytes = retained;
     r.held_fd_bytes = pool.held_fd_bytes().value();
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());

@@ -98,18 +98,14 @@ int cmd_preinit() {
   return 0;
 }
 
-int cmd_hold(std::size_t bytes) {
-  if (int rc = init_ctx(); rc != 0) return rc;
-  CUmemGenericAllocationHandle h = 0;
-  const CUmemAllocationProp prop = device_prop();
-  PROBE_CHECK(cuMemCreate(&h, bytes, &prop, 0));
-  std::printf("ready=1\n");
-  std::fflush(stdout);
-  sleep_forever();
-}
-
-int cmd_create(std::size_t bytes) {
-  PROBE_CHECK(cuInit(0));
+// Creates `bytes` of device memory and holds it until killed; with_context: after retaining the
+// primary context (as most programs do), else after cuInit only (NVML then lists no process).
+int cmd_hold(std::size_t bytes, bool with_context) {
+  if (with_context) {
+    if (int rc = init_ctx(); rc != 0) return rc;
+  } else {
+    PROBE_CHECK(cuInit(0));
+  }
   CUmemGenericAllocationHandle h = 0;
   const CUmemAllocationProp prop = device_prop();
   PROBE_CHECK(cuMemCreate(&h, bytes, &prop, 0));
@@ -161,8 +157,8 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "init") return cmd_init();
   if (cmd == "preinit") return cmd_preinit();
-  if (cmd == "hold" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10));
-  if (cmd == "create" && argc == 3) return cmd_create(std::strtoull(argv[2], nullptr, 10));
+  if (cmd == "hold" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10), true);
+  if (cmd == "create" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10), false);
   if (cmd == "import" && argc == 3) return cmd_import(std::atoi(argv[2]), size_t{2} << 20);
   if (cmd == "import" && argc == 4) {
     return cmd_import(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));

@@ -180,6 +180,8 @@ class Accounting {
   NamespaceUsage& ns_locked(NamespaceId n, DeviceOrdinal d);
   NamespaceId ns_of_locked(TenantId t) const;
   [[nodiscard]] DeviceEntry device_locked(DeviceOrdinal d) const;
+  void replace_locked(TenantId t, DeviceOrdinal d, Usage& u, Bytes Usage::*field, Bytes NamespaceUsage::*ns_field,
+                      Bytes n);
 
   mutable std::mutex mu_;
   std::unordered_map<Key, Usage, KeyHash> map_;
