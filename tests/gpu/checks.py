@@ -1,5 +1,7 @@
 """The acceptance scripts' check list: one line per check as it happens, a table at the end."""
 
+MiB = 1 << 20
+
 
 class Checks:
     def __init__(self):
@@ -10,6 +12,26 @@ class Checks:
         self.results.append((name, bool(ok), detail))
         print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
         return bool(ok)
+
+    def reconcile(self, name, state, nvml_used, daemon_context, note=""):
+        """Checks NVML's used memory of GPU 0 against the daemon's figures within 64 MiB.
+
+        `state` is vlake_state_json's snapshot taken with `nvml_used`; `daemon_context` was
+        measured at another moment (the daemon's NVML figure less its pool once the tenants had
+        left), so no term is derived from another. The daemon's side: what each tenant holds
+        (granted, its processes' own memory, memory outside vlake, retained), the free pool not
+        bound to a tenant (bound free handles are their tenants' retained memory), its context,
+        less what dedup saved (a shared chunk counts once per tenant in `granted`, once on the GPU).
+        """
+        dev = state["devices"][0]
+        tenants = sum(t["used"][0] for t in state["tenants"])
+        unbound_free = dev["free_bytes"] - (dev["retained_bytes"] - dev["held_fd_bytes"])
+        saved = dev["dedup_logical_bytes"] - dev["dedup_physical_bytes"]
+        ours = tenants + unbound_free + daemon_context - saved
+        return self(name, abs(ours - nvml_used) <= 64 * MiB,
+                    "NVML used %.1f MiB%s; tenants %.1f + unbound free pool %.1f + daemon context %.1f"
+                    " - dedup saved %.1f = %.1f MiB" % (nvml_used / MiB, note, tenants / MiB, unbound_free / MiB,
+                                                        daemon_context / MiB, saved / MiB, ours / MiB))
 
     def any_failed(self):
         return any(not ok for _, ok, _ in self.results)
