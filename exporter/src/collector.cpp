@@ -156,6 +156,11 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
           [](const st::DeviceRecord& r) { return d(r.unlisted_bytes); });
   per_gpu("vlake_gpu_unhooked_bytes", "memory of processes without a vlake session (NVML), all tenants",
           [](const st::DeviceRecord& r) { return d(r.unhooked_bytes); });
+  per_gpu("vlake_gpu_retained_bytes", "released memory tenants can still reach, all tenants",
+          [](const st::DeviceRecord& r) { return d(r.retained_bytes); });
+  per_gpu("vlake_gpu_held_descriptor_bytes",
+          "retired handles another process keeps alive through a descriptor (part of retained)",
+          [](const st::DeviceRecord& r) { return d(r.held_fd_bytes); });
   per_gpu("vlake_pool_peak_bytes", "highest vlake_pool_reserved_bytes since the daemon started",
           [](const st::DeviceRecord& r) { return d(r.pool_peak_bytes); });
   {
@@ -195,6 +200,8 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
       F.gauge("vlake_tenant_nonpool_bytes", "sampled device memory of its processes outside the pool");
   MetricFamily& t_unhooked = F.gauge("vlake_tenant_unhooked_bytes",
                                      "memory of its processes without a vlake session (NVML): memory outside vlake");
+  MetricFamily& t_retained = F.gauge("vlake_tenant_retained_bytes",
+                                     "released memory it can still reach (handles bound to it, descriptors kept)");
   MetricFamily& t_unhooked_procs =
       F.gauge("vlake_tenant_unhooked_processes", "its processes on a GPU without a vlake session");
   MetricFamily& t_limit = F.gauge("vlake_tenant_limit_bytes", "its limit");
@@ -227,6 +234,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
       const std::uint64_t outside = r.enforce != 0 ? r.unhooked[g.index] : 0;
       set(t_used, l, d(r.granted[g.index] + r.nonpool[g.index] + outside));
       set(t_unhooked, l, d(r.unhooked[g.index]));
+      set(t_retained, l, d(r.retained[g.index]));
       set(t_granted, l, d(r.granted[g.index]));
       set(t_nonpool, l, d(r.nonpool[g.index]));
       set(t_limit, l, d(r.limit[g.index]));

@@ -68,6 +68,8 @@ std::unique_ptr<st::State> synthetic() {
   g0.nvml_used_bytes = 90 * kMiB;
   g0.unlisted_bytes = 12 * kMiB;
   g0.unhooked_bytes = 3 * kMiB;
+  g0.retained_bytes = 6 * kMiB;
+  g0.held_fd_bytes = 2 * kMiB;
   g0.pool_bytes = 100 * kMiB;
   g0.free_bytes = 40 * kMiB;
   g0.free_handles = 3;
@@ -114,6 +116,7 @@ std::unique_ptr<st::State> synthetic() {
   a.enforce = 1;     // refuse: memory outside vlake counts
   a.unhooked[0] = 3 * kMiB;
   a.unhooked_processes = 1;
+  a.retained[0] = 6 * kMiB;
   st::TenantRecord& b = s->tenants[3];
   b.in_use = 1;
   b.id = 4;
@@ -230,6 +233,8 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_gpu_nvml_used_bytes", T::Gauge, gpu},
       {"vlake_gpu_unlisted_bytes", T::Gauge, gpu},
       {"vlake_gpu_unhooked_bytes", T::Gauge, gpu},
+      {"vlake_gpu_retained_bytes", T::Gauge, gpu},
+      {"vlake_gpu_held_descriptor_bytes", T::Gauge, gpu},
       {"vlake_pool_free_handles_by_class", T::Gauge, {"gpu", "gpu_index", "class"}},
       {"vlake_pool_warm_target_bytes", T::Gauge, gpu},
       {"vlake_hook_reserve_bytes", T::Gauge, gpu},
@@ -237,6 +242,7 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_tenant_granted_bytes", T::Gauge, tenant},
       {"vlake_tenant_nonpool_bytes", T::Gauge, tenant},
       {"vlake_tenant_unhooked_bytes", T::Gauge, tenant},
+      {"vlake_tenant_retained_bytes", T::Gauge, tenant},
       {"vlake_tenant_unhooked_processes", T::Gauge, tenant_only},
       {"vlake_tenant_limit_bytes", T::Gauge, tenant},
       {"vlake_tenant_over_limit", T::Gauge, tenant},
@@ -333,6 +339,9 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_gpu_nvml_used_bytes", g0) == 90.0 * kMiB);
   CHECK(e.value("vlake_gpu_unlisted_bytes", g0) == 12.0 * kMiB);
   CHECK(e.value("vlake_gpu_unhooked_bytes", g0) == 3.0 * kMiB);
+  CHECK(e.value("vlake_tenant_retained_bytes", alice0) == 6.0 * kMiB);
+  CHECK(e.value("vlake_gpu_retained_bytes", g0) == 6.0 * kMiB);
+  CHECK(e.value("vlake_gpu_held_descriptor_bytes", g0) == 2.0 * kMiB);
   CHECK(e.value("vlake_grant_denials_unhooked_total") == 4);
   CHECK(e.value("vlake_unhooked_kills_total") == 1);
   CHECK(e.value("vlake_passthrough_refused_total") == 2);
