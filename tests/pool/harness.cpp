@@ -198,14 +198,14 @@ Helper::~Helper() {
   if (out_ >= 0) ::close(out_);
 }
 
-std::string Helper::cmd(const std::string& line) {
+std::string Helper::cmd(const std::string& line, std::chrono::seconds timeout) {
   if (!line.empty()) {
     const std::string l = line + "\n";
     if (::write(in_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) {
       throw std::runtime_error("helper: write failed");
     }
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     const auto nl = buf_.find('\n');
     if (nl != std::string::npos) {

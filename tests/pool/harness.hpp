@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -67,8 +68,9 @@ class Helper {
   Helper(const Helper&) = delete;
   Helper& operator=(const Helper&) = delete;
 
-  // Sends one command, returns the reply line (throws on EOF / 30 s timeout).
-  std::string cmd(const std::string& line);
+  // Sends one command, returns the reply line (throws on EOF or when no line arrives within
+  // `timeout`; long storms under a sanitizer on 2 cores pass a longer one).
+  std::string cmd(const std::string& line, std::chrono::seconds timeout = std::chrono::seconds(30));
   // cmd() that must answer "ok ..."; returns its key=value pairs (REQUIREs inside: call it on
   // the test's own thread only, Catch2's assertions are not thread-safe; other threads use cmd()
   // and reply_fields()).

@@ -364,6 +364,9 @@ TEST_CASE("daemon: concurrent clients never exceed the tenant limit", "[daemon]"
       }
       if (s->devices[0].granted_bytes > 64 * kMiB) ++violations;
       ++samples;
+      // Sampling every 200 us still sees thousands of states per run; a busy loop would take
+      // a core from the storm it watches (2-core CI under ThreadSanitizer).
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
   // Physical usage seen by a separate simulator process while the storm runs: the daemon
@@ -372,8 +375,13 @@ TEST_CASE("daemon: concurrent clients never exceed the tenant limit", "[daemon]"
   std::vector<std::string> replies(kProcs);  // checked below: Catch2 assertions are not thread-safe
   for (int i = 0; i < kProcs; ++i) {
     runners.emplace_back([&, i] {
-      replies[static_cast<std::size_t>(i)] =
-          hs[static_cast<std::size_t>(i)]->cmd("stress " + d.socket + " 4 150 6 " + std::to_string(i + 1));
+      // An exception must not leave the thread (std::terminate): it becomes a failed reply.
+      try {
+        replies[static_cast<std::size_t>(i)] = hs[static_cast<std::size_t>(i)]->cmd(
+            "stress " + d.socket + " 4 150 6 " + std::to_string(i + 1), std::chrono::seconds(100));
+      } catch (const std::exception& e) {
+        replies[static_cast<std::size_t>(i)] = std::string("exception: ") + e.what();
+      }
     });
   }
   for (auto& t : runners) t.join();
