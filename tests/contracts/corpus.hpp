@@ -194,6 +194,55 @@ inline proto::ShareAck sample<proto::ShareAck>() {
   return m;
 }
 
+template <>
+inline proto::IpcExport sample<proto::IpcExport>() {
+  auto m = proto::make<proto::IpcExport>(42);
+  m.grant_id = 5;
+  return m;
+}
+template <>
+inline proto::IpcExportReply sample<proto::IpcExportReply>() {
+  auto m = proto::make<proto::IpcExportReply>(42);
+  m.status = proto::Status::ok;
+  m.grant_id = 5;
+  m.token = 9;
+  m.secret = 0x1234567890abcdefULL;
+  m.bytes = 6 * kMiB;
+  return m;
+}
+template <>
+inline proto::IpcOpen sample<proto::IpcOpen>() {
+  auto m = proto::make<proto::IpcOpen>(42);
+  m.token = 9;
+  m.secret = 0x1234567890abcdefULL;
+  return m;
+}
+template <>
+inline proto::IpcOpenReply sample<proto::IpcOpenReply>() {
+  auto m = proto::make<proto::IpcOpenReply>(42);
+  m.status = proto::Status::ok;
+  m.piece_count = 2;
+  m.import_id = 3;
+  m.bytes = 4 * kMiB;
+  sample_uuid().copy_to(m.device_uuid);
+  m.owner_tenant = 1;
+  m.pieces[0] = proto::SharePiece{2 * kMiB, 0, 0, 0};
+  m.pieces[1] = proto::SharePiece{2 * kMiB, 2 * kMiB, proto::kShareReadOnly, 0};
+  return m;
+}
+template <>
+inline proto::IpcClose sample<proto::IpcClose>() {
+  auto m = proto::make<proto::IpcClose>(42);
+  m.import_id = 3;
+  return m;
+}
+template <>
+inline proto::IpcCloseAck sample<proto::IpcCloseAck>() {
+  auto m = proto::make<proto::IpcCloseAck>(42);
+  m.status = proto::Status::ok;
+  return m;
+}
+
 template <proto::Message T>
 std::vector<std::byte> wire(const T& m) {
   const auto s = proto::encode(m);
@@ -329,6 +378,21 @@ inline std::vector<Rejection> field_rejections() {
           "ShareCommit commit 2", client, [](ShareCommit& m) { m.commit = 2; }, "ShareCommit commit out of range"),
       reject<ShareAck>(
           "ShareAck reserved", daemon, [](ShareAck& m) { m.reserved = 1; }, "ShareAck reserved field is not zero"),
+      reject<IpcExportReply>(
+          "IpcExportReply reserved", daemon, [](IpcExportReply& m) { m.reserved = 1; },
+          "IpcExportReply reserved field is not zero"),
+      reject<IpcOpenReply>(
+          "IpcOpenReply reserved", daemon, [](IpcOpenReply& m) { m.reserved = 1; },
+          "IpcOpenReply reserved field is not zero"),
+      reject<IpcOpenReply>(
+          "IpcOpenReply piece_count", daemon, [](IpcOpenReply& m) { m.piece_count = kMaxHandlesPerGrant + 1; },
+          "IpcOpenReply piece_count 33 out of range"),
+      reject<IpcOpenReply>(
+          "IpcOpenReply piece flag", daemon, [](IpcOpenReply& m) { m.pieces[1].flags = proto::kShareKeep; },
+          "IpcOpenReply piece 1 has unknown flags"),
+      reject<IpcCloseAck>(
+          "IpcCloseAck reserved", daemon, [](IpcCloseAck& m) { m.reserved = 1; },
+          "IpcCloseAck reserved field is not zero"),
   };
 }
 

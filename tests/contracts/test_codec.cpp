@@ -161,7 +161,7 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
     CHECK(decode_bytes(b).error().kind == DecodeError::Kind::version);
   }
   SECTION("unknown message types") {
-    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{17}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
+    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{23}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
       const auto b = with(hello, offsetof(proto::Header, type), &t, sizeof t);
       CHECK(reason(b) == "unknown message type");
       CHECK(proto::message_name(static_cast<proto::MsgType>(t)) == nullptr);

@@ -66,6 +66,12 @@ VLAKE_PROTO_MESSAGE(ShareRequest, share_request);
 VLAKE_PROTO_MESSAGE(ShareReply, share_reply);
 VLAKE_PROTO_MESSAGE(ShareCommit, share_commit);
 VLAKE_PROTO_MESSAGE(ShareAck, share_ack);
+VLAKE_PROTO_MESSAGE(IpcExport, ipc_export);
+VLAKE_PROTO_MESSAGE(IpcExportReply, ipc_export_reply);
+VLAKE_PROTO_MESSAGE(IpcOpen, ipc_open);
+VLAKE_PROTO_MESSAGE(IpcOpenReply, ipc_open_reply);
+VLAKE_PROTO_MESSAGE(IpcClose, ipc_close);
+VLAKE_PROTO_MESSAGE(IpcCloseAck, ipc_close_ack);
 #undef VLAKE_PROTO_MESSAGE
 
 // A struct that travels as one message.
@@ -77,7 +83,8 @@ concept Message = std::is_trivially_copyable_v<T> && requires {
 // Every message, alternative i being the struct of MsgType i + 1.
 using AnyMessage =
     std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
-                 GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck>;
+                 GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck, IpcExport,
+                 IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {
@@ -253,15 +260,39 @@ inline std::optional<std::string> check_fields(const ShareAck& m) {
   if (m.reserved != 0) return "ShareAck reserved field is not zero";
   return std::nullopt;
 }
+inline std::optional<std::string> check_fields(const IpcExport&) { return std::nullopt; }
+inline std::optional<std::string> check_fields(const IpcExportReply& m) {
+  if (m.reserved != 0) return "IpcExportReply reserved field is not zero";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const IpcOpen&) { return std::nullopt; }
+inline std::optional<std::string> check_fields(const IpcOpenReply& m) {
+  if (m.reserved != 0) return "IpcOpenReply reserved field is not zero";
+  if (m.piece_count > kMaxHandlesPerGrant) {
+    return "IpcOpenReply piece_count " + detail::number(m.piece_count) + " out of range";
+  }
+  for (std::uint32_t i = 0; i < m.piece_count; ++i) {
+    if ((m.pieces[i].flags & ~std::uint32_t{kShareReadOnly}) != 0) {
+      return "IpcOpenReply piece " + detail::number(i) + " has unknown flags";
+    }
+  }
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const IpcClose&) { return std::nullopt; }
+inline std::optional<std::string> check_fields(const IpcCloseAck& m) {
+  if (m.reserved != 0) return "IpcCloseAck reserved field is not zero";
+  return std::nullopt;
+}
 
 // The descriptors (SCM_RIGHTS) that travel with a well-formed message, in order: one per
-// handle of a GrantReply, one per piece of a ShareReply batch without kShareKeep, none with
-// any other message.
+// handle of a GrantReply, one per piece of a ShareReply batch without kShareKeep, one per piece
+// of an IpcOpenReply, none with any other message.
 template <Message T>
 constexpr std::size_t descriptor_count(const T&) noexcept {
   return 0;
 }
 constexpr std::size_t descriptor_count(const GrantReply& m) noexcept { return m.handle_count; }
+constexpr std::size_t descriptor_count(const IpcOpenReply& m) noexcept { return m.piece_count; }
 constexpr std::size_t descriptor_count(const ShareReply& m) noexcept {
   std::size_t n = 0;
   for (std::uint32_t i = 0; i < m.piece_count && i < kMaxHandlesPerGrant; ++i) {

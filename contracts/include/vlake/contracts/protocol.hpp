@@ -15,8 +15,8 @@
 // - Requests carry a client-chosen `request_id`, echoed in the reply. A connection has at most
 //   one request in flight (the hook serializes), so replies arrive in order.
 // - Handles travel as POSIX file descriptors (SCM_RIGHTS) attached to GrantReply, one per
-//   HandleDesc, in order, and to ShareReply, one per piece without kShareKeep. No other
-//   message carries descriptors.
+//   HandleDesc, in order, to ShareReply, one per piece without kShareKeep, and to IpcOpenReply,
+//   one per piece. No other message carries descriptors.
 // - Restart: grants and usage live in the daemon's state segment and survive a daemon crash.
 //   A hook whose connection broke reconnects and sends Hello{old_session}; the daemon re-binds
 //   that session (and its grants) only if the peer is the very process that opened it (pid
@@ -55,6 +55,12 @@ enum class MsgType : std::uint16_t {
   share_reply = 14,     // daemon -> client: one batch of the grant's new layout, with descriptors
   share_commit = 15,    // client -> daemon: the new layout is mapped (commit) or not (abort)
   share_ack = 16,       // daemon -> client
+  ipc_export = 17,        // client -> daemon: a CUDA IPC handle for an alloc grant (docs/ipc.md)
+  ipc_export_reply = 18,  // daemon -> client
+  ipc_open = 19,          // client -> daemon: open another process's IPC handle
+  ipc_open_reply = 20,    // daemon -> client, with one descriptor per piece
+  ipc_close = 21,         // client -> daemon: the importer unmapped an opened handle
+  ipc_close_ack = 22,     // daemon -> client
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -78,6 +84,10 @@ enum class Status : std::int32_t {
                              // no session was opened; the hook passes every call through
   limit_reached = 12,        // a per-tenant or per-uid cap (sessions, grants) or the tenant table is
                              // full; Error text / reply names which (docs/security.md)
+  ipc_denied = 13,           // IpcOpen of a handle whose owner's tenant the importer may not reach
+                             // (another tenant outside the owner's `ipc_domain`, docs/ipc.md)
+  unknown_handle = 14,       // IpcOpen/IpcClose of a token the daemon does not know (never issued,
+                             // wrong secret, or its grant is gone)
 };
 
 struct Header {
@@ -310,6 +320,72 @@ struct ShareAck {
   std::uint64_t shared_bytes;
 };
 
+// CUDA IPC of pool memory (docs/ipc.md). Served memory is VMM memory, which the driver's legacy
+// IPC refuses, so the hook emulates cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle
+// through the daemon. IpcExport names one of the session's alloc grants; the daemon answers a
+// token and a secret (random, unguessable) that stay the same for that grant until it is gone.
+// The hook writes them into the application's 64-byte CUipcMemHandle (IpcHandleBlob). Another
+// process (same tenant, or a tenant of the owner's `ipc_domain`) sends IpcOpen{token, secret};
+// the daemon answers the grant's current layout, one descriptor per piece, and an import id.
+// The memory stays charged to the owner: a grant the owner releases while imports are open stays
+// held (and charged) until the last import is closed (IpcClose) or its session ends.
+struct IpcExport {
+  Header h;
+  std::uint64_t grant_id;  // an alloc grant of this session
+};
+struct IpcExportReply {
+  Header h;
+  Status status;  // ok, unknown_grant, bad_request (not an alloc grant), limit_reached
+  std::uint32_t reserved;
+  std::uint64_t grant_id;
+  std::uint64_t token;
+  std::uint64_t secret;
+  std::uint64_t bytes;  // the grant's bytes (its VA range)
+};
+struct IpcOpen {
+  Header h;
+  std::uint64_t token;
+  std::uint64_t secret;
+};
+// IpcOpenReply::pieces[].flags use SharePieceFlags: kShareReadOnly marks a shared (dedup) chunk
+// to be mapped read-only; kShareKeep never appears.
+struct IpcOpenReply {
+  Header h;
+  Status status;              // ok, unknown_handle, ipc_denied, limit_reached, internal
+  std::uint32_t piece_count;  // descriptors attached, in order
+  std::uint64_t import_id;    // names this import in IpcClose
+  std::uint64_t bytes;        // the grant's bytes
+  std::uint8_t device_uuid[16];  // the GPU the memory is on
+  std::uint32_t owner_tenant;    // tenant id of the exporting session
+  std::uint32_t reserved;
+  SharePiece pieces[kMaxHandlesPerGrant];
+};
+struct IpcClose {
+  Header h;
+  std::uint64_t import_id;
+};
+struct IpcCloseAck {
+  Header h;
+  Status status;  // ok, unknown_handle
+  std::uint32_t reserved;
+};
+
+// What the hook writes into a CUipcMemHandle (64 bytes, CU_IPC_HANDLE_SIZE) for served memory:
+// processes pass it around as opaque bytes (torch.multiprocessing pickles it). `magic` tells a
+// vlake handle from the driver's own; `offset` is where the exported pointer lies inside the
+// grant's VA range (the importer returns its mapping's base + offset).
+inline constexpr char kIpcHandleMagic[8] = {'v', 'l', 'k', 'I', 'P', 'C', '0', '1'};
+struct IpcHandleBlob {
+  char magic[8];
+  std::uint64_t token;
+  std::uint64_t secret;
+  std::uint64_t offset;
+  std::uint64_t bytes;  // the grant's bytes
+  std::uint8_t device_uuid[16];
+  std::uint64_t reserved;
+};
+static_assert(std::is_trivially_copyable_v<IpcHandleBlob> && sizeof(IpcHandleBlob) == 64);
+
 struct Error {
   Header h;
   Status status;
@@ -341,6 +417,12 @@ VLAKE_PROTO_CHECK(ShareRequest, 56);
 VLAKE_PROTO_CHECK(ShareReply, 840);
 VLAKE_PROTO_CHECK(ShareCommit, 40);
 VLAKE_PROTO_CHECK(ShareAck, 40);
+VLAKE_PROTO_CHECK(IpcExport, 32);
+VLAKE_PROTO_CHECK(IpcExportReply, 64);
+VLAKE_PROTO_CHECK(IpcOpen, 40);
+VLAKE_PROTO_CHECK(IpcOpenReply, 840);
+VLAKE_PROTO_CHECK(IpcClose, 32);
+VLAKE_PROTO_CHECK(IpcCloseAck, 32);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -362,6 +444,12 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::share_reply: return sizeof(ShareReply);
     case MsgType::share_commit: return sizeof(ShareCommit);
     case MsgType::share_ack: return sizeof(ShareAck);
+    case MsgType::ipc_export: return sizeof(IpcExport);
+    case MsgType::ipc_export_reply: return sizeof(IpcExportReply);
+    case MsgType::ipc_open: return sizeof(IpcOpen);
+    case MsgType::ipc_open_reply: return sizeof(IpcOpenReply);
+    case MsgType::ipc_close: return sizeof(IpcClose);
+    case MsgType::ipc_close_ack: return sizeof(IpcCloseAck);
   }
   return 0;
 }

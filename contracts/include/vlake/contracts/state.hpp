@@ -140,7 +140,10 @@ struct Counters {
   std::uint64_t tenants_freed;            // tenant records freed (no session, grant or memory left)
   std::uint64_t handles_retired_held;     // retired handles whose descriptor another process still held
   std::uint64_t passthrough_refused;      // VLAKE_DISABLE requests the quota file does not allow
-  std::uint64_t reserved6[3];
+  // CUDA IPC of pool memory (docs/ipc.md); were reserved6[3] of layout 6 (always 0 there).
+  std::uint64_t ipc_exports;  // IpcExport answered with a token (first export of a grant)
+  std::uint64_t ipc_opens;    // IpcOpen answered with the memory
+  std::uint64_t ipc_refused;  // IpcOpen refused: unknown token or secret, or another tenant not allowed
 };
 
 // The quota configuration in force.
