@@ -6,7 +6,9 @@
 #   ./scripts/gpu-check.sh [--all] [--no-bench] [--tests REGEX]
 #     --all          also run the simulator-backed tests
 #     --tests REGEX  only the tests whose names match (ctest -R), e.g. to split the GPU tests over
-#                    several calls of a machine that limits each command's time
+#                    several calls of a machine that limits each command's time; `'compat|bypass'`
+#                    runs the compatibility matrix (gpu.compat.*, gpu.bypass.*; docs/compat.md);
+#                    2-GPU rows skip on a 1-GPU machine: `--tests compat.torch.nccl` on 2 GPUs
 #
 # Needs g++, CMake >= 3.25, ninja, the CUDA headers and an NVIDIA driver. Third-party packages
 # the machine lacks are taken from .deps/debs/*.deb (see scripts/gpu-deps.sh), unpacked into
@@ -81,6 +83,13 @@ for name, result, t in rows:
 counts = {k: sum(1 for r in rows if r[1] == k) for k in ("passed", "FAILED", "skipped")}
 print(f"{counts['passed']} passed, {counts['FAILED']} failed, {counts['skipped']} skipped")
 PY
+# The compatibility matrix (docs/compat.md): the latest result of every row and mode that ran,
+# with the NCCL row's bus bandwidth.
+if [[ -s "$build/compat-results.jsonl" ]]; then
+  echo
+  echo "== compatibility matrix ($build/compat-results.jsonl)"
+  python3 scripts/compat-table.py "$build/compat-results.jsonl"
+fi
 
 if ((run_bench)); then
   echo

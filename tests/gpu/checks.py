@@ -13,8 +13,8 @@ class Checks:
         print(("PASS " if ok else "FAIL ") + name + (": " + detail if detail else ""), flush=True)
         return bool(ok)
 
-    def reconcile(self, name, state, nvml_used, daemon_context, note=""):
-        """Checks NVML's used memory of GPU 0 against the daemon's figures within 64 MiB.
+    def reconcile(self, name, state, nvml_used, daemon_context, note="", gpu=0):
+        """Checks NVML's used memory of GPU `gpu` against the daemon's figures within 64 MiB.
 
         `state` is vlake_state_json's snapshot taken with `nvml_used`; `daemon_context` was
         measured at another moment (the daemon's NVML figure less its pool once the tenants had
@@ -23,8 +23,8 @@ class Checks:
         bound to a tenant (bound free handles are their tenants' retained memory), its context,
         less what dedup saved (a shared chunk counts once per tenant in `granted`, once on the GPU).
         """
-        dev = state["devices"][0]
-        tenants = sum(t["used"][0] for t in state["tenants"])
+        dev = [d for d in state["devices"] if d["ordinal"] == gpu][0]
+        tenants = sum(t["used"][gpu] for t in state["tenants"])
         unbound_free = dev["free_bytes"] - (dev["retained_bytes"] - dev["held_fd_bytes"])
         saved = dev["dedup_logical_bytes"] - dev["dedup_physical_bytes"]
         ours = tenants + unbound_free + daemon_context - saved

@@ -60,7 +60,7 @@ def run_json(cmd, env, user=None, timeout=600, stdin=None):
 
 
 class Daemon:
-    def __init__(self, vlaked, workdir, config):
+    def __init__(self, vlaked, workdir, config, extra_args=()):
         self.sock = os.path.join(workdir, "vlaked.sock")
         self.state = "vlake-gpu-check-%d" % os.getpid()
         cfg = os.path.join(workdir, "vlake.yaml")
@@ -72,7 +72,7 @@ class Daemon:
             s.bind(("127.0.0.1", 0))
             self.metrics = "127.0.0.1:%d" % s.getsockname()[1]
         self.proc = subprocess.Popen([vlaked, "--config", cfg, "--socket", self.sock, "--state", self.state,
-                                      "--log-level", "info", "--metrics-address", self.metrics],
+                                      "--log-level", "info", "--metrics-address", self.metrics, *extra_args],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while not os.path.exists(self.sock):
