@@ -2,8 +2,8 @@
 """The compatibility matrix (docs/compat.md): one row = one framework in one mode under the hook,
 with a real vlaked on the real driver. Each row:
   1. runs the workload without the hook (reference) where its results can be compared;
-  2. starts vlaked with a quota file (this user's tenant limited to --limit per GPU), runs the
-     workload under the hook and compares its results with the reference;
+  2. starts vlaked with a quota file (this user's tenant limited to 4 GiB per GPU, 2 GiB for the
+     bypass rows), runs the workload under the hook and compares its results with the reference;
   3. while the workload holds its memory: vlakectl --json shows the tenant charged at least what
      the framework says it holds and at most its limit, and NVML's used memory of each GPU equals
      the daemon's accounting (Checks.reconcile: tenants + unbound free pool + daemon context)
@@ -184,11 +184,12 @@ class Ctx:
         return (mine[0] if mine else None), json.dumps(doc["tenants"])[:600]
 
     # -- the hooked run
-    def hooked(self, label, cmds, env, gpus=(0,), timeout=300):
-        """Runs the workload processes under the hook; at each "holding" the accounting checks
-        (charged, within the limit, reconciled with NVML); the processes' results."""
+    def hooked(self, label, cmds, env, gpus=(0,), timeout=300, limit_arg=True):
+        """Runs the workload processes under the hook (with --limit unless `limit_arg` is
+        false); at each "holding" the accounting checks (charged, within the limit, reconciled
+        with NVML); the processes' results."""
         from nvml import Nvml
-        procs = [self._start(c + ["--limit", str(self.limit)], env, "hooked") for c in cmds]
+        procs = [self._start(c + (["--limit", str(self.limit)] if limit_arg else []), env, "hooked") for c in cmds]
         self.last = procs
         snapshots = []  # (stage, state, {gpu: nvml used}, {gpu: held})
         results = [None] * len(procs)
@@ -228,6 +229,15 @@ class Ctx:
                     tenant, raw = self.tenant()
                     snapshots.append((stage or "holding", st, used, held))
                     self._charged(label, stage, tenant, raw, held, gpus)
+                    if tenant:  # for the record: what NVML lists for the tenant's own processes
+                        for g in gpus:
+                            listed = Nvml(g).processes()
+                            mine = sum(listed.get(pid, 0) for pid in tenant.get("pids", []))
+                            e = [x for x in tenant["gpus"] if x["index"] == g] or [{}]
+                            print("INFO %s GPU %d: NVML lists %.1f MiB for the tenant's processes %s; vlakectl: "
+                                  "used %.1f, granted %.1f, non-pool %.1f MiB"
+                                  % (label, g, mine / MiB, tenant.get("pids"), e[0].get("used", 0) / MiB,
+                                     e[0].get("granted", 0) / MiB, e[0].get("nonpool", 0) / MiB), flush=True)
                     for i, p in enumerate(procs):
                         if not done[i]:
                             p.go()
@@ -511,7 +521,8 @@ def row_sanitizer_memcheck(ctx):
     # compute-sanitizer starts the program with this environment: the hook is preloaded into it
     # (and, unused, into the sanitizer's front end).
     label = ctx.row.name
-    (got,) = ctx.hooked(label, [[sanitizer, "--tool", "memcheck", "--error-exitcode", "3", prog]], env)
+    (got,) = ctx.hooked(label, [[sanitizer, "--tool", "memcheck", "--error-exitcode", "3", prog]], env,
+                        limit_arg=False)
     p = ctx.last[0]
     with open(p.err_path, errors="replace") as f:
         report = "".join(p.out) + f.read()
@@ -524,7 +535,7 @@ def row_sanitizer_memcheck(ctx):
         check("%s: the program's result under memcheck" % label,
               got.get("sum") == got.get("want") and got.get("copy") == "cudaSuccess", json.dumps(got))
     # The over-limit allocation without the sanitizer (memcheck reports failed API calls as errors).
-    (plain,) = ctx.hooked(label + " (no sanitizer)", [[prog, str(ctx.limit + GiB)]], env)
+    (plain,) = ctx.hooked(label + " (no sanitizer)", [[prog, str(ctx.limit + GiB)]], env, limit_arg=False)
     ctx.oom(label + " (no sanitizer)", plain, "cudaErrorMemoryAllocation")
     ctx.record("compute-sanitizer --tool memcheck", "compute-sanitizer", (got or {}).get("version"), start)
 
@@ -655,6 +666,8 @@ def main():
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i", "0"],
                          capture_output=True, text=True, timeout=60)
     row.device = smi.stdout.strip()
+    # CUDA ordinals in NVML's (PCI) order, for the daemon and the workloads alike.
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     work_dir = tempfile.mkdtemp(prefix="vlake-compat-")
     os.chmod(work_dir, 0o755)
     ctx = Ctx(args, row, work_dir)
