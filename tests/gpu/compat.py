@@ -570,7 +570,8 @@ def row_bypass_rdma(ctx):
     if got:
         bypass_refused(ctx, ctx.row.name, got["refused_rc"], got["created"], "cuMemCreate(gpuDirectRDMACapable)")
     ctx.record("cuMemCreate, gpuDirectRDMACapable, POSIX fd", "driver API", (got or {}).get("version"), start,
-               {"created_MiB": got and got["created"] // MiB, "rc": got and got["refused_rc"]})
+               {"created_MiB": got and got["created"] // MiB, "rc": got and got["refused_rc"],
+                "rdma_flag": got and got["rdma_flag"]})
 
 
 def pool_row(ctx, mode, opts):

@@ -466,6 +466,7 @@ class _AllocNodeParams(ctypes.Structure):  # CUDA_MEM_ALLOC_NODE_PARAMS_v1
 assert ctypes.sizeof(_AllocProp) == 32 and ctypes.sizeof(_PoolProps) == 88 and ctypes.sizeof(_AllocNodeParams) == 120
 
 PINNED, LOC_DEVICE, HANDLE_POSIX_FD = 1, 1, 1
+ATTR_RDMA_WITH_VMM, ATTR_MEMORY_POOLS = 110, 115  # CU_DEVICE_ATTRIBUTE_*
 RELEASE_THRESHOLD, RESERVED_MEM_CURRENT = 4, 5
 P = ctypes.c_void_p
 U64 = ctypes.c_uint64
@@ -491,6 +492,7 @@ def driver():
         "cuGraphInstantiateWithFlags": [ctypes.POINTER(P), P, ctypes.c_ulonglong], "cuGraphExecDestroy": [P],
         "cuGraphLaunch": [P, P], "cuDeviceGraphMemTrim": [ctypes.c_int],
         "cuMemGetInfo_v2": [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+        "cuDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
     }
     for name, argtypes in sig.items():
         try:
@@ -513,15 +515,21 @@ def ctx_on(cu, ordinal=0):
     return dev.value
 
 
+def attribute(cu, attr, dev):
+    v = ctypes.c_int(0)
+    return v.value if cu.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) == 0 else 0
+
+
 def w_bypass_rdma(args):
-    """cuMemCreate with gpuDirectRDMACapable and POSIX-fd export (what NCCL creates) in 256 MiB
-    handles until refused."""
+    """cuMemCreate with gpuDirectRDMACapable (where the device supports it) and POSIX-fd export
+    (what NCCL creates) in 256 MiB handles until refused."""
     cu = driver()
     dev = ctx_on(cu)
     prop = _AllocProp()
     prop.type, prop.requestedHandleTypes = PINNED, HANDLE_POSIX_FD
     prop.location.type, prop.location.id = LOC_DEVICE, dev
-    prop.allocFlags.gpuDirectRDMACapable = 1
+    rdma = attribute(cu, ATTR_RDMA_WITH_VMM, dev)
+    prop.allocFlags.gpuDirectRDMACapable = 1 if rdma else 0
     handles, rc = [], 0
     while sum(s for _, s in handles) <= args.limit + GiB:
         h = U64()
@@ -533,7 +541,7 @@ def w_bypass_rdma(args):
     hold(args, {"held": created})
     for h, _ in handles:
         cu.cuMemRelease(h)
-    emit({"result": {"version": "driver API (ctypes)", "created": created, "refused_rc": rc}})
+    emit({"result": {"version": "driver API (ctypes)", "created": created, "refused_rc": rc, "rdma_flag": bool(rdma)}})
 
 
 def _pool_fill(cu, alloc, limit):
@@ -555,6 +563,8 @@ def w_bypass_pool(args):
     everything freed (release threshold: all), then is trimmed."""
     cu = driver()
     dev = ctx_on(cu)
+    if not attribute(cu, ATTR_MEMORY_POOLS, dev):
+        skip("CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0 on this device")
     pool = P()
     if args.default_pool:
         rc = cu.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
