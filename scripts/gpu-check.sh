@@ -66,9 +66,21 @@ cp "$build/Testing/Temporary/LastTest.log" "$build/gpu-tests-full.log" 2>/dev/nu
 
 echo
 echo "== summary"
-python3 - "$build/results.xml" <<'PY'
-import sys, xml.etree.ElementTree as ET
+python3 - "$build/results.xml" "$build/compat-results.jsonl" <<'PY'
+import json, os, sys, xml.etree.ElementTree as ET
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+# Key figures of the compatibility rows (latest line per row; the NCCL row's bus bandwidth).
+notes = {}
+if os.path.exists(sys.argv[2]):
+    for line in open(sys.argv[2]):
+        if line.strip():
+            r = json.loads(line)
+            n = r.get("numbers") or {}
+            name = ("gpu." if r["row"].startswith("bypass.") else "gpu.compat.") + r["row"]
+            if n.get("busbw_GBps_hook") is not None:
+                notes[name] = "busbw %.1f GB/s hooked, %.1f native" % (n["busbw_GBps_hook"], n["busbw_GBps_native"])
+            elif r.get("version"):
+                notes[name] = r["version"]
 rows = []
 for c in cases:
     status = c.get("status", "run")
@@ -77,9 +89,9 @@ for c in cases:
     else: result = "passed"
     rows.append((c.get("name"), result, float(c.get("time", "0"))))
 w = max([len(r[0]) for r in rows] + [4])
-print(f"{'test':<{w}}  {'result':<8} {'seconds':>8}")
+print(f"{'test':<{w}}  {'result':<8} {'seconds':>8}  notes")
 for name, result, t in rows:
-    print(f"{name:<{w}}  {result:<8} {t:>8.2f}")
+    print(f"{name:<{w}}  {result:<8} {t:>8.2f}  {notes.get(name, '') if result != 'skipped' else ''}")
 counts = {k: sum(1 for r in rows if r[1] == k) for k in ("passed", "FAILED", "skipped")}
 print(f"{counts['passed']} passed, {counts['FAILED']} failed, {counts['skipped']} skipped")
 PY
