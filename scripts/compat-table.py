@@ -18,8 +18,10 @@ def numbers(n):
             n["busbw_GBps_hook"], n["busbw_GBps_native"], 100.0 * (n.get("ratio") or 0))
     parts = []
     for k, v in n.items():
-        if v is None or isinstance(v, dict):
+        if v is None:
             continue
+        if isinstance(v, dict):
+            v = " ".join("%s=%s" % kv for kv in v.items() if kv[1] is not None)
         parts.append("%s %s" % (k, v))
     return ", ".join(parts)
 

@@ -577,15 +577,15 @@ def row_bypass_rdma(ctx):
 def pool_row(ctx, mode, opts):
     start = len(check.results)
     (got,) = ctx.hooked(ctx.row.name, [work("bypass_pool", *opts)], ctx.start_daemon())
-    if got:
-        if not check("%s: the pool exists" % ctx.row.name, "error" not in got, got.get("error", "")):
-            return
+    if got and check("%s: the pool exists" % ctx.row.name, "error" not in got, got.get("error", "")):
         bypass_refused(ctx, ctx.row.name, got["refused_rc"], got["allocated"], "stream-ordered allocation")
         check("%s: refilling the pool's kept memory stays within the limit" % ctx.row.name,
               got["refilled"] <= ctx.limit and got["refused_again_rc"] == 2,
               "refilled %.0f MiB, then rc %d" % (got["refilled"] / MiB, got["refused_again_rc"]))
-    ctx.record(mode, "driver API", (got or {}).get("version"), start,
-               {"allocated_MiB": got and got.get("allocated", 0) // MiB, "kept_MiB": got and got.get("kept_after_free", 0) // MiB})
+    got = got or {}
+    ctx.record(mode, "driver API", got.get("version"), start,
+               {"allocated_MiB": got.get("allocated", 0) // MiB, "kept_MiB": got.get("kept_after_free", 0) // MiB,
+                "rc": got.get("refused_rc")})
 
 
 def row_bypass_pool(ctx):
