@@ -25,13 +25,13 @@ using pooltest::DaemonProcess;
 namespace {
 
 constexpr std::uint64_t MiB = 1ull << 20;
-constexpr int kOutOfMemory = 2;           // CUDA_ERROR_OUT_OF_MEMORY
-constexpr int kInvalidValue = 1;          // CUDA_ERROR_INVALID_VALUE: a copy without access
-constexpr int kIllegalAddress = 700;      // CUDA_ERROR_ILLEGAL_ADDRESS
-constexpr int kAlreadyEnabled = 704;      // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-constexpr int kNotEnabled = 705;          // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
-constexpr int kPeerUnsupported = 217;     // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
-constexpr unsigned kReadWrite = 3;        // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+constexpr int kOutOfMemory = 2;        // CUDA_ERROR_OUT_OF_MEMORY
+constexpr int kInvalidValue = 1;       // CUDA_ERROR_INVALID_VALUE: a copy without access
+constexpr int kIllegalAddress = 700;   // CUDA_ERROR_ILLEGAL_ADDRESS
+constexpr int kAlreadyEnabled = 704;   // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+constexpr int kNotEnabled = 705;       // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+constexpr int kPeerUnsupported = 217;  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+constexpr unsigned kReadWrite = 3;     // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
 bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
@@ -128,13 +128,41 @@ TEST_CASE("served memory of GPU 1 is reachable from GPU 0 only after cuCtxEnable
   // pre: allocated before enabling; r: freed into the local reserve before enabling and taken
   // back after (reused); post: a fresh grant after enabling.
   TenantProcess t(d,
-                  {"init", "ctx:1", "alloc:pre:4M", "alloc:r:6M", "free:r", "ctx:0", "memset:pre:0:4096:7#before",
-                   "access:pre:0#before", "peer:1", "peer:1#again", "memset:pre:0:4096:7#after", "access:pre:0#after",
-                   "access:pre:1#after", "ctx:1", "alloc:post:8M", "alloc:reused:6M", "fill:post:8M:3",
-                   "ctx:0", "memset:post:0:8M:9", "memset:reused:0:6M:9", "kfill:post:0:1024:0x09090909", "sync#peer",
-                   "ctx:1", "check:post:4096:9", "ctx:0", "unpeer:1", "unpeer:1#again",
-                   "memset:pre:0:4096:7#revoked", "memset:reused:0:4096:7#revoked", "access:pre:0#revoked",
-                   "access:pre:1#revoked", "ctx:1", "fill:pre:4M:5", "ctx:0", "kfill:pre:0:1024#fault",
+                  {"init",
+                   "ctx:1",
+                   "alloc:pre:4M",
+                   "alloc:r:6M",
+                   "free:r",
+                   "ctx:0",
+                   "memset:pre:0:4096:7#before",
+                   "access:pre:0#before",
+                   "peer:1",
+                   "peer:1#again",
+                   "memset:pre:0:4096:7#after",
+                   "access:pre:0#after",
+                   "access:pre:1#after",
+                   "ctx:1",
+                   "alloc:post:8M",
+                   "alloc:reused:6M",
+                   "fill:post:8M:3",
+                   "ctx:0",
+                   "memset:post:0:8M:9",
+                   "memset:reused:0:6M:9",
+                   "kfill:post:0:1024:0x09090909",
+                   "sync#peer",
+                   "ctx:1",
+                   "check:post:4096:9",
+                   "ctx:0",
+                   "unpeer:1",
+                   "unpeer:1#again",
+                   "memset:pre:0:4096:7#revoked",
+                   "memset:reused:0:4096:7#revoked",
+                   "access:pre:0#revoked",
+                   "access:pre:1#revoked",
+                   "ctx:1",
+                   "fill:pre:4M:5",
+                   "ctx:0",
+                   "kfill:pre:0:1024#fault",
                    "sync#fault"},
                   -1, "64MiB");
   REQUIRE(exited_ok(t.finish()));
