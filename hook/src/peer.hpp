@@ -20,7 +20,8 @@
 // - Allocations with shared read-only chunks (transparent dedup) are left alone: giving a peer
 //   read-write access would let it write shared memory.
 // - A revocation the driver refuses is logged (debug) and the access stays.
-// - Thread-safety: everything may run concurrently.
+// - Thread-safety: everything may run concurrently. Lock order: PeerSet's mutex, then the
+//   tables' (it is held across the driver calls of one change).
 #pragma once
 
 #include <array>
