@@ -413,11 +413,12 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
   }
   // Its own device and every peer that enabled access to it (peer.hpp): one call.
   a.peers = s.peers.of(dev);
-  const std::vector<CUmemAccessDesc> access = access_for(dev, a.peers);
+  AccessDescs access;
+  const std::size_t descs = access_for(dev, a.peers, access);
   CUresult arc = CUDA_SUCCESS;
   {
     PhaseTimer t(Phase::access);
-    arc = api.cuMemSetAccess(base, g.bytes, access.data(), access.size());
+    arc = api.cuMemSetAccess(base, g.bytes, access.data(), descs);
   }
   if (CUresult rc = arc; rc != CUDA_SUCCESS) {
     unmap_logical(a);

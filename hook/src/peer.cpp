@@ -98,13 +98,17 @@ std::uint32_t PeerSet::remove(int owner, int accessor) noexcept {
   return peers_[static_cast<std::size_t>(owner)].fetch_and(~bit(accessor)) & ~bit(accessor);
 }
 
-std::vector<CUmemAccessDesc> access_for(int owner, std::uint32_t peers) {
-  std::vector<CUmemAccessDesc> out;
-  add_desc(out, owner, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+std::size_t access_for(int owner, std::uint32_t peers, AccessDescs& out) noexcept {
+  std::size_t n = 0;
   for (int d = 0; d < static_cast<int>(proto::kMaxDevices); ++d) {
-    if (d != owner && (peers & bit(d)) != 0) add_desc(out, d, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    if (d != owner && (peers & bit(d)) == 0) continue;
+    CUmemAccessDesc& desc = out[n++];
+    desc = CUmemAccessDesc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = d;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
-  return out;
+  return n;
 }
 
 void settle(State& s, std::uint64_t base, int device, std::uint32_t peers) {

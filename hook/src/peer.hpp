@@ -10,8 +10,8 @@
 // Contract
 // - PeerSet remembers, per device B, the devices that enabled peer access to B (a bit mask;
 //   per device, not per context). of() is one atomic load: the alloc path reads it.
-// - access_for(owner, peers) are the descriptors of one cuMemSetAccess call giving `owner` and
-//   every device of `peers` read-write access.
+// - access_for(owner, peers, out) fills `out` with the descriptors of one cuMemSetAccess call
+//   giving `owner` and every device of `peers` read-write access; returns how many (no heap).
 // - settle(s, base, device, peers) runs after the allocation at reservation base `base`
 //   (mapped with access for `peers`) was inserted in s.allocs: if the device's peer set changed
 //   in between (or a reserve block carries an old set), it brings the mapping and its record to
@@ -55,7 +55,8 @@ class PeerSet {
   std::mutex mu_;
 };
 
-[[nodiscard]] std::vector<CUmemAccessDesc> access_for(int owner, std::uint32_t peers);
+using AccessDescs = std::array<CUmemAccessDesc, proto::kMaxDevices>;
+[[nodiscard]] std::size_t access_for(int owner, std::uint32_t peers, AccessDescs& out) noexcept;
 
 void settle(State& s, std::uint64_t base, int device, std::uint32_t peers);
 

@@ -246,7 +246,8 @@ std::map<std::uintptr_t, Mapping>::iterator mapping_at(std::uintptr_t addr) {
 }
 
 // True when [addr, addr + n) is covered by mappings giving `device` the access needed. For a
-// kernel (`kernel` = its context) cuMemAlloc memory of another device also needs peer access.
+// kernel (`kernel` = its context) cuMemAlloc memory of another device (not managed memory)
+// also needs peer access.
 bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write, const CUctx_st* kernel = nullptr) {
   if (add_overflows(addr, n)) return false;
   const unsigned need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
@@ -258,7 +259,8 @@ bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write, cons
     const std::uintptr_t limit = it->first + it->second.visible;
     if (cur >= limit) return false;
     if ((it->second.access[device] & need) != need) return false;
-    if (kernel != nullptr && it->second.classic && !vlake::sim::peer_reaches(*kernel, it->second.phys->device)) {
+    if (kernel != nullptr && it->second.classic && !it->second.managed &&
+        !vlake::sim::peer_reaches(*kernel, it->second.phys->device)) {
       return false;
     }
     cur = limit;

@@ -107,7 +107,12 @@ TEST_CASE("a kernel touching another device's cuMemAlloc memory needs peer acces
   CUcontext c1 = init_ctx(1);
   CUdeviceptr p = 0;
   REQUIRE(cuMemAlloc_v2(&p, 4096) == CUDA_SUCCESS);
+  CUdeviceptr managed = 0;
+  REQUIRE(cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
   init_ctx(0);
+  // Managed memory is reachable from every device.
+  CHECK(launch_fill(managed, 1024, 0x02020202u) == CUDA_SUCCESS);
+  CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
   // Copies are staged by the driver: they work without peer access.
   std::vector<unsigned char> back(16, 0);
   CHECK(cuMemsetD8_v2(p, 3, 4096) == CUDA_SUCCESS);
@@ -124,6 +129,7 @@ TEST_CASE("a kernel touching another device's cuMemAlloc memory needs peer acces
   REQUIRE(cuDevicePrimaryCtxReset_v2(0) == CUDA_SUCCESS);
   REQUIRE(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
   CHECK(cuMemFree_v2(p) == CUDA_SUCCESS);
+  CHECK(cuMemFree_v2(managed) == CUDA_SUCCESS);
 }
 
 TEST_CASE("VMM access is per device: several descriptors and cuMemGetAccess per device", "[sim][peer]") {
