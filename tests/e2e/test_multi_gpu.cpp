@@ -193,6 +193,22 @@ TEST_CASE("served memory of GPU 1 is reachable from GPU 0 only after cuCtxEnable
   CHECK(t.line("sync#fault")["rc"] == std::to_string(kIllegalAddress));
 }
 
+TEST_CASE("allocations racing cuCtxEnable/DisablePeerAccess end with the current peer set", "[e2e][gpus][peer]") {
+  DaemonProcess d("peerrace", "version: 1\ndefault:\n  limit: 512MiB\n");
+  d.devices = 2;
+  REQUIRE(d.start());
+  TenantProcess t(d, {"init", "peerrace:400"}, -1, "32MiB");
+  REQUIRE(exited_ok(t.finish()));
+  INFO(t.out() << t.err());
+  const auto r = t.line("peerrace");
+  CHECK(r.at("rc") == "0");
+  CHECK(r.at("errors") == "0");
+  CHECK(r.at("live") == "8");
+  CHECK(r.at("bad_after_race") == "0");
+  CHECK(r.at("bad_enabled") == "0");
+  CHECK(r.at("bad_disabled") == "0");
+}
+
 TEST_CASE("cuCtxEnablePeerAccess the driver refuses is passed back and grants nothing", "[e2e][gpus][peer]") {
   DaemonProcess d("nopeer", "version: 1\ndefault:\n  limit: 256MiB\n");
   d.devices = 2;

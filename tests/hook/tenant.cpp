@@ -40,6 +40,9 @@
 //                              socket PATH (connects, retrying until it exists; SCM_RIGHTS)
 //   recvfd:H:PATH:SIZE         listens on PATH, receives one descriptor and imports it as H
 //   touch:PATH  waitfile:PATH  creates PATH / waits (up to 30 s) until PATH exists
+//   peerrace:ITERS             allocations on device 1 racing peer access toggled from device 0
+//                              (errors= bad_after_race= bad_enabled= bad_disabled=, all 0 when
+//                              consistent)
 //   share:N:OFF:SIZE           vlake_share_readonly_ex (looked up with dlsym) on N's pointer + OFF
 //                              (rc= its status, shared= merged= copied= chunk=)
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -308,6 +311,67 @@ void step_nvml(const std::string& s, unsigned index) {
       "v2_reserved=%llu mem_lib=%s mem2_lib=%s",
       s.c_str(), rc, m.total, m.used, m.free, m2.total, m2.used, m2.free, m2.reserved,
       lib_of(reinterpret_cast<void*>(mem)), lib_of(reinterpret_cast<void*>(mem2)));
+}
+
+// peerrace:ITERS: a thread allocating and freeing on device 1 (sizes 1..4 MiB, up to 8 live)
+// while another toggles peer access of device 0 to device 1 until it is done; then, with access enabled, every
+// live allocation must give device 0 read-write access, and none once disabled.
+void step_peerrace(const std::string& s, const std::vector<std::string>& a) {
+  const int iters = std::atoi(a.at(1).c_str());
+  CUcontext c0 = nullptr;
+  CUcontext c1 = nullptr;
+  CALL(cuDevicePrimaryCtxRetain, &c0, 0);
+  CALL(cuDevicePrimaryCtxRetain, &c1, 1);
+  std::vector<CUdeviceptr> live;
+  std::atomic<int> errors{0};
+  std::atomic<bool> done{false};
+  std::thread allocator([&] {
+    CALL(cuCtxSetCurrent, c1);
+    for (int i = 0; i < iters; ++i) {
+      CUdeviceptr p = 0;
+      if (CALL(cuMemAlloc, &p, (std::uint64_t{1} + static_cast<unsigned>(i) % 4) << 20) != CUDA_SUCCESS) {
+        ++errors;
+        continue;
+      }
+      live.push_back(p);
+      if (live.size() > 8) {
+        if (CALL(cuMemFree, live.front()) != CUDA_SUCCESS) ++errors;
+        live.erase(live.begin());
+      }
+    }
+    done = true;
+  });
+  std::thread toggler([&] {
+    CALL(cuCtxSetCurrent, c0);
+    while (!done) {
+      if (CALL(cuCtxEnablePeerAccess, c1, 0) != CUDA_SUCCESS) ++errors;
+      if (CALL(cuCtxDisablePeerAccess, c1) != CUDA_SUCCESS) ++errors;
+    }
+  });
+  allocator.join();
+  toggler.join();
+  auto count_access = [&](unsigned long long want) {
+    int bad = 0;
+    for (CUdeviceptr p : live) {
+      CUmemLocation loc{};
+      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      loc.id = 0;
+      unsigned long long flags = 99;
+      if (CALL(cuMemGetAccess, &flags, &loc, p) != CUDA_SUCCESS || flags != want) ++bad;
+    }
+    return bad;
+  };
+  // The toggler ended with access disabled: no allocation may still give device 0 access.
+  const int bad_after_race = count_access(CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CALL(cuCtxSetCurrent, c0);
+  CUresult rc = CALL(cuCtxEnablePeerAccess, c1, 0);
+  const int bad_enabled = count_access(CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  if (rc == CUDA_SUCCESS) rc = CALL(cuCtxDisablePeerAccess, c1);
+  const int bad_disabled = count_access(CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CALL(cuCtxSetCurrent, c1);
+  for (CUdeviceptr p : live) CALL(cuMemFree, p);
+  out("%s rc=%d errors=%d live=%zu bad_after_race=%d bad_enabled=%d bad_disabled=%d", s.c_str(), rc, errors.load(),
+      live.size(), bad_after_race, bad_enabled, bad_disabled);
 }
 
 void step_threads(const std::string& s, const std::vector<std::string>& a) {
@@ -767,6 +831,8 @@ void run_step(const std::string& s) {
     step_kstress(s, a);
   } else if (op == "nvml") {
     step_nvml(s, a.size() > 1 ? static_cast<unsigned>(std::atoi(a[1].c_str())) : 0);
+  } else if (op == "peerrace") {
+    step_peerrace(s, a);
   } else if (op == "threads") {
     step_threads(s, a);
   } else if (op == "stress") {
