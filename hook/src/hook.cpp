@@ -338,7 +338,11 @@ void place(State& s, LogicalAlloc a, bool guard, CUcontext ctx, std::uint64_t re
   a.ctx = ctx;
   a.created = std::chrono::steady_clock::now();
   *dptr = static_cast<CUdeviceptr>(a.ptr);
+  const std::uint64_t base = a.base;
+  const int dev = a.device;
+  const std::uint32_t peers = a.peers;
   s.allocs.insert(std::move(a));
+  settle(s, base, dev, peers);  // peer access changed since it was mapped (peer.hpp)
 }
 
 // Imports, reserves, maps and enables the handles of an alloc grant; records the allocation.
@@ -407,14 +411,14 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
     }
     a.mapped = g.handles[i].offset + g.handles[i].size;
   }
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = dev;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // Its own device and every peer that enabled access to it (peer.hpp): one call.
+  a.peers = s.peers.of(dev);
+  AccessDescs access;
+  const std::size_t descs = access_for(dev, a.peers, access);
   CUresult arc = CUDA_SUCCESS;
   {
     PhaseTimer t(Phase::access);
-    arc = api.cuMemSetAccess(base, g.bytes, &access, 1);
+    arc = api.cuMemSetAccess(base, g.bytes, access.data(), descs);
   }
   if (CUresult rc = arc; rc != CUDA_SUCCESS) {
     unmap_logical(a);

@@ -22,6 +22,7 @@
 #include "client.hpp"
 #include "config.hpp"
 #include "log.hpp"
+#include "peer.hpp"
 #include "real.hpp"
 #include "reserve.hpp"
 #include "tables.hpp"
@@ -55,6 +56,8 @@ struct State {
 
   // Local reserve (docs/hook.md): freed alloc-path memory kept mapped for reuse.
   LocalReserve reserve;
+  // Devices that enabled peer access to each device's served memory (peer.hpp).
+  PeerSet peers;
   // From the last grant: read on the hot path without the connection's mutex.
   std::atomic<std::uint64_t> granularity{0};
   std::atomic<bool> canary{false};       // guard canary mode: the reserve is not used
@@ -127,6 +130,9 @@ CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice
 CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
 CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
                                  CUstream hStream);
+// Peer access (peer.cpp): passed through; on success served memory follows (peer.hpp).
+CUresult on_cuCtxEnablePeerAccess(bool ptds, CUcontext peerContext, unsigned int Flags);
+CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext);
 // Defined in exports.cpp (they need the cuGetProcAddress table).
 CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,

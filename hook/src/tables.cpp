@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 namespace vlake::hook {
 
@@ -27,6 +28,7 @@ LogicalAlloc without_handles(const LogicalAlloc& a) {
   out.grant_id = a.grant_id;
   out.device = a.device;
   out.created = a.created;
+  out.peers = a.peers;
   return out;
 }
 
@@ -48,6 +50,24 @@ std::optional<LogicalAlloc> AllocTable::take(std::uint64_t ptr) {
   LogicalAlloc a = std::move(it->second);
   by_base_.erase(it);
   return a;
+}
+
+std::optional<std::uint32_t> AllocTable::set_peers(std::uint64_t base, std::uint32_t peers) {
+  std::lock_guard lock(mu_);
+  auto it = by_base_.find(base);
+  if (it == by_base_.end()) return std::nullopt;
+  return std::exchange(it->second.peers, peers);
+}
+
+std::vector<LogicalAlloc> AllocTable::retag(int device, std::uint32_t peers) {
+  std::lock_guard lock(mu_);
+  std::vector<LogicalAlloc> out;
+  for (auto& [base, a] : by_base_) {
+    if (a.device != device || a.peers == peers) continue;
+    out.push_back(without_handles(a));
+    a.peers = peers;
+  }
+  return out;
 }
 
 std::optional<LogicalAlloc> AllocTable::find(std::uint64_t addr) const {

@@ -41,6 +41,7 @@ struct LogicalAlloc {
   std::uint64_t grant_id = 0;
   int device = 0;
   CUcontext ctx = nullptr;  // the context current when it was allocated (free fences it)
+  std::uint32_t peers = 0;  // devices (bit mask) given read-write access besides `device` (peer.hpp)
   std::chrono::steady_clock::time_point created{};
   std::vector<std::uint64_t> handles;
 };
@@ -58,6 +59,12 @@ class AllocTable {
   // handles omitted).
   [[nodiscard]] std::size_t count(int device) const;
   [[nodiscard]] std::vector<LogicalAlloc> newest(int device, std::size_t n) const;
+  // Peer access (peer.hpp): records that the allocation at reservation base `base` now gives
+  // the devices `peers` access; returns the set it had (nullopt if it is no longer live).
+  std::optional<std::uint32_t> set_peers(std::uint64_t base, std::uint32_t peers);
+  // The same for every live allocation on `device` whose set differs: returns them (handles
+  // omitted) with `peers` holding the set they had.
+  std::vector<LogicalAlloc> retag(int device, std::uint32_t peers);
 
   void lock_all() noexcept { mu_.lock(); }
   void unlock_all() noexcept { mu_.unlock(); }

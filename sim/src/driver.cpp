@@ -4,6 +4,7 @@
 #include "vlake/common/cuda_api.hpp"
 
 #include "call_counts.hpp"
+#include "internal.hpp"
 #include "node.hpp"
 #include "process.hpp"
 #include "rules.hpp"
@@ -244,8 +245,10 @@ std::map<std::uintptr_t, Mapping>::iterator mapping_at(std::uintptr_t addr) {
   return maps.end();
 }
 
-// True when [addr, addr + n) is covered by mappings giving `device` the access needed.
-bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write) {
+// True when [addr, addr + n) is covered by mappings giving `device` the access needed. For a
+// kernel (`kernel` = its context) cuMemAlloc memory of another device (not managed memory)
+// also needs peer access.
+bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write, const CUctx_st* kernel = nullptr) {
   if (add_overflows(addr, n)) return false;
   const unsigned need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
   const std::uintptr_t end = addr + n;
@@ -256,6 +259,10 @@ bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write) {
     const std::uintptr_t limit = it->first + it->second.visible;
     if (cur >= limit) return false;
     if ((it->second.access[device] & need) != need) return false;
+    if (kernel != nullptr && it->second.classic && !it->second.managed &&
+        !vlake::sim::peer_reaches(*kernel, it->second.phys->device)) {
+      return false;
+    }
     cur = limit;
     ++it;
   }
@@ -329,6 +336,7 @@ bool valid_stream(CUstream s) {
 // Frees what a primary context owns (cuMemAlloc memory, streams, events) and clears its
 // sticky error. Caller holds mu exclusively.
 void destroy_ctx_resources(CUctx_st* ctx) {
+  vlake::sim::forget_peers(*g_proc, *ctx);
   auto& maps = g_proc->mappings;
   for (auto it = maps.begin(); it != maps.end();) {
     // cuMemAllocAsync memory belongs to the device's pool and outlives the context (cuda.h).
@@ -414,6 +422,7 @@ CUresult do_init() {
   proc->device_count = config.device_count;
   proc->capacity = config.capacity;
   proc->context_memory = config.context_memory;
+  proc->peer_access = config.peer_access;
   for (int i = 0; i < rules::kMaxDevices; ++i) {
     proc->ctxs[i].device = i;
     proc->pools[i].device = i;
@@ -703,6 +712,19 @@ __attribute__((destructor)) void detach_at_exit() {
 }
 
 }  // namespace
+
+// What driver_peer.cpp needs of this file (internal.hpp).
+namespace vlake::sim::internal {
+Process* process() { return g_proc; }
+CUresult init_checked() { return check_init(); }
+CUresult current_checked(CUctx_st*& ctx) { return check_ctx(ctx); }
+CUctx_st* context_of(CUcontext c) { return ctx_of_handle(c); }
+bool device_valid(CUdevice dev) { return valid_device(dev); }
+bool reachable(std::uintptr_t addr, std::size_t n, int device, bool write) {
+  return accessible(addr, n, device, write);
+}
+CUresult copy_refused(CUctx_st* ctx) { return refused(ctx); }
+}  // namespace vlake::sim::internal
 
 // =================================================================================================
 // Initialization, versions, errors
@@ -1726,9 +1748,9 @@ void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params, std::uint64_t 
     std::memcpy(&n, params[1], sizeof n);
     std::memcpy(&out, params[2], sizeof out);
     if (threads > SIZE_MAX / 8 || as_addr(out) % 8 != 0 ||
-        !accessible(as_addr(out), static_cast<std::size_t>(threads) * 8, ctx->device, true) ||
+        !accessible(as_addr(out), static_cast<std::size_t>(threads) * 8, ctx->device, true, ctx) ||
         (n != 0 && (n > SIZE_MAX / 8 || as_addr(p) % 8 != 0 ||
-                    !accessible(as_addr(p), static_cast<std::size_t>(n) * 8, ctx->device, false)))) {
+                    !accessible(as_addr(p), static_cast<std::size_t>(n) * 8, ctx->device, false, ctx)))) {
       ctx->sticky.store(rules::kIllegalAccess);
       return;
     }
@@ -1751,7 +1773,7 @@ void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params, std::uint64_t 
     std::memcpy(&v, params[2], sizeof v);
     if (n == 0) return;
     if (n > SIZE_MAX / 4 || as_addr(p) % 4 != 0 ||
-        !accessible(as_addr(p), static_cast<std::size_t>(n) * 4, ctx->device, true)) {
+        !accessible(as_addr(p), static_cast<std::size_t>(n) * 4, ctx->device, true, ctx)) {
       ctx->sticky.store(rules::kIllegalAccess);
       return;
     }

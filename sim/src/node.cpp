@@ -494,6 +494,13 @@ bool read_config(Config& out, std::string& error) {
       return false;
     }
   }
+  if (const char* v = std::getenv("VLAKE_SIM_PEER_ACCESS"); v != nullptr) {
+    if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+      error = std::string("VLAKE_SIM_PEER_ACCESS='") + v + "' is not 0 or 1";
+      return false;
+    }
+    c.peer_access = v[0] == '1';
+  }
   out = c;
   return true;
 }

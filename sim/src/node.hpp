@@ -100,6 +100,7 @@ struct Config {
   int device_count = 1;                              // VLAKE_SIM_DEVICE_COUNT
   std::uint64_t capacity = std::uint64_t{16} << 30;  // VLAKE_SIM_DEVICE_MEMORY
   std::uint64_t context_memory = 0;                  // VLAKE_SIM_CONTEXT_MEMORY
+  bool peer_access = true;                           // VLAKE_SIM_PEER_ACCESS (1 or 0)
 };
 // Reads the VLAKE_SIM_* variables. On a bad value returns false and sets `error` to one line
 // naming the variable (the callers print it with their own prefix).

@@ -33,6 +33,10 @@ struct CUctx_st {
   int device = 0;
   std::atomic<int> retains{0};                 // primary-context retain count
   std::atomic<CUresult> sticky{CUDA_SUCCESS};  // sticky error (illegal access)
+  // Bit d: cuCtxEnablePeerAccess(primary context of device d) succeeded in this context, so its
+  // kernels may touch device d's cuMemAlloc memory (driver_peer.cpp). Cleared when either
+  // context is destroyed.
+  std::atomic<std::uint32_t> peers{0};
 };
 
 struct CUstream_st {
@@ -102,6 +106,7 @@ struct Process {
   int device_count = 1;
   std::uint64_t capacity = 0;
   std::uint64_t context_memory = 0;  // VLAKE_SIM_CONTEXT_MEMORY, charged per primary context
+  bool peer_access = true;           // VLAKE_SIM_PEER_ACCESS: devices can access each other
   CUctx_st ctxs[rules::kMaxDevices];
   CUmemPoolHandle_st pools[rules::kMaxDevices];
 

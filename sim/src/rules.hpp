@@ -124,6 +124,20 @@ inline constexpr CUresult kBadStreamOrEvent = CUDA_ERROR_INVALID_HANDLE;
 // cuEventElapsedTime_v2 with an event never recorded, or created with CU_EVENT_DISABLE_TIMING.
 inline constexpr CUresult kElapsedUnrecorded = CUDA_ERROR_INVALID_HANDLE;
 
+// ---- Peer access (driver_peer.cpp) --------------------------------------------------------
+// cuCtxEnablePeerAccess with Flags != 0 (cuda.h: "must be 0").
+inline constexpr CUresult kPeerBadFlags = CUDA_ERROR_INVALID_VALUE;
+// cuCtxEnable/DisablePeerAccess of a peer context that does not exist or is not retained.
+inline constexpr CUresult kPeerBadContext = CUDA_ERROR_INVALID_CONTEXT;
+// cuCtxEnablePeerAccess of the current context's own device (guess: the runtime's
+// cudaDeviceEnablePeerAccess(self) is cudaErrorInvalidDevice).
+inline constexpr CUresult kPeerSelf = CUDA_ERROR_INVALID_DEVICE;
+// The two devices cannot access each other (VLAKE_SIM_PEER_ACCESS=0), documented code.
+inline constexpr CUresult kPeerUnsupported = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+// Enabling twice / disabling what is not enabled (documented codes).
+inline constexpr CUresult kPeerAlreadyEnabled = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+inline constexpr CUresult kPeerNotEnabled = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+
 // ---- Process rules ------------------------------------------------------------------------
 // Any call (except error strings, version, proc address) in a fork()ed child of a process
 // that called cuInit, or before cuInit.

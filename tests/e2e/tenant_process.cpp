@@ -65,7 +65,7 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon, const std::v
     }
     env.push_back(kv);
   }
-  for (const auto& kv : pooltest::child_env(daemon.node)) {
+  for (const auto& kv : pooltest::child_env(daemon.node, daemon.devices)) {
     if (kv.rfind("VLAKE_SIM_", 0) == 0) env.push_back(kv);
   }
   env.push_back(std::string("LD_PRELOAD=") + VLAKE_HOOK_LIB);

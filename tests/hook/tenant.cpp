@@ -14,7 +14,7 @@
 //   managed:N:SIZE  info  totalmem  range:N:OFF  attr:N:OFF
 //   create:H:SIZE[:nofd]  reserve:V:SIZE  map:V:OFF:H  unmap:V:OFF:SIZE  addrfree:V
 //   retain:H2:V:OFF  release:H  props:H  export:H:V:OFF
-//   nvml  threads:T:ITERS:SIZE  stress:T:ITERS:MAXSIZE  fork ... endfork  sleep:MS
+//   nvml[:I]  threads:T:ITERS:SIZE  stress:T:ITERS:MAXSIZE  fork ... endfork  sleep:MS
 //   where:BASE:VERSION[:ptds]  dlsym:SYMBOL  dlsym-next:SYMBOL
 //   kfill:N:OFF:COUNT[:VALUE]  launches vlake_fill_u32 on COUNT u32 elements at N's pointer + OFF
 //                              (OFF may be negative); the launch's rc only (faults are async)
@@ -32,13 +32,27 @@
 //                              synchronize afterwards: the step's rc is the call's)
 //   verify:N:SEED:SIZE[:OFF]   cuMemcpyDtoH and compare with that pattern (ok=, bad= bytes)
 //   poke:N:OFF                 flips the bits of one byte (cuMemcpyDtoH + cuMemcpyHtoD)
+//   ctx:D                      retains device D's primary context and makes it current; later
+//                              create/map/totalmem use device D (init: device 0)
+//   peer:D  unpeer:D           cuCtxEnablePeerAccess / cuCtxDisablePeerAccess(device D's context)
+//   access:N:D                 cuMemGetAccess of N's pointer for device D (flags=)
+//   sendfd:H:PATH              exports handle H (POSIX fd) and sends the descriptor over the Unix
+//                              socket PATH (connects, retrying until it exists; SCM_RIGHTS)
+//   recvfd:H:PATH:SIZE         listens on PATH, receives one descriptor and imports it as H
+//   touch:PATH  waitfile:PATH  creates PATH / waits (up to 30 s) until PATH exists
+//   peerrace:ITERS             allocations on device 1 racing peer access toggled from device 0
+//                              (errors= bad_after_race= bad_enabled= bad_disabled=, all 0 when
+//                              consistent)
 //   share:N:OFF:SIZE           vlake_share_readonly_ex (looked up with dlsym) on N's pointer + OFF
 //                              (rc= its status, shared= merged= copied= chunk=)
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -96,7 +110,10 @@ namespace {
   X(cuCtxSynchronize, cuCtxSynchronize, 2000, 2000)                                               \
   X(cuModuleLoadData, cuModuleLoadData, 2000, 2000)                                               \
   X(cuModuleGetFunction, cuModuleGetFunction, 2000, 2000)                                         \
-  X(cuLaunchKernel, cuLaunchKernel, 4000, 4000)
+  X(cuLaunchKernel, cuLaunchKernel, 4000, 4000)                                                   \
+  X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 4000, 4000)                                     \
+  X(cuCtxDisablePeerAccess, cuCtxDisablePeerAccess, 4000, 4000)                                   \
+  X(cuMemGetAccess, cuMemGetAccess, 10020, 10020)
 
 struct Api {
 #define X(base, symbol, abi, req) PFN_##base##_v##abi base = nullptr;
@@ -118,6 +135,7 @@ struct Named {
 };
 std::map<std::string, Named> vars;
 CUstream g_stream = nullptr;
+int g_device = 0;  // the device of the current context (ctx:D)
 
 void out(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void out(const char* fmt, ...) {
@@ -267,7 +285,7 @@ void step_kstress(const std::string& s, const std::vector<std::string>& a) {
       errors == 0 && mismatches == 0 && sync == CUDA_SUCCESS ? 0 : 1, errors, mismatches, sync);
 }
 
-void step_nvml(const std::string& s) {
+void step_nvml(const std::string& s, unsigned index) {
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     out("%s rc=-1 error=%s", s.c_str(), dlerror());
@@ -283,7 +301,7 @@ void step_nvml(const std::string& s) {
   }
   int rc = init();
   nvmlDevice_t dev = nullptr;
-  if (rc == NVML_SUCCESS) rc = get(0, &dev);
+  if (rc == NVML_SUCCESS) rc = get(index, &dev);
   nvmlMemory_t m{};
   nvmlMemory_v2_t m2{};
   m2.version = VLAKE_NVML_MEMORY_V2;
@@ -293,6 +311,67 @@ void step_nvml(const std::string& s) {
       "v2_reserved=%llu mem_lib=%s mem2_lib=%s",
       s.c_str(), rc, m.total, m.used, m.free, m2.total, m2.used, m2.free, m2.reserved,
       lib_of(reinterpret_cast<void*>(mem)), lib_of(reinterpret_cast<void*>(mem2)));
+}
+
+// peerrace:ITERS: a thread allocating and freeing on device 1 (sizes 1..4 MiB, up to 8 live)
+// while another toggles peer access of device 0 to device 1 until it is done; then, with access enabled, every
+// live allocation must give device 0 read-write access, and none once disabled.
+void step_peerrace(const std::string& s, const std::vector<std::string>& a) {
+  const int iters = std::atoi(a.at(1).c_str());
+  CUcontext c0 = nullptr;
+  CUcontext c1 = nullptr;
+  CALL(cuDevicePrimaryCtxRetain, &c0, 0);
+  CALL(cuDevicePrimaryCtxRetain, &c1, 1);
+  std::vector<CUdeviceptr> live;
+  std::atomic<int> errors{0};
+  std::atomic<bool> done{false};
+  std::thread allocator([&] {
+    CALL(cuCtxSetCurrent, c1);
+    for (int i = 0; i < iters; ++i) {
+      CUdeviceptr p = 0;
+      if (CALL(cuMemAlloc, &p, (std::uint64_t{1} + static_cast<unsigned>(i) % 4) << 20) != CUDA_SUCCESS) {
+        ++errors;
+        continue;
+      }
+      live.push_back(p);
+      if (live.size() > 8) {
+        if (CALL(cuMemFree, live.front()) != CUDA_SUCCESS) ++errors;
+        live.erase(live.begin());
+      }
+    }
+    done = true;
+  });
+  std::thread toggler([&] {
+    CALL(cuCtxSetCurrent, c0);
+    while (!done) {
+      if (CALL(cuCtxEnablePeerAccess, c1, 0) != CUDA_SUCCESS) ++errors;
+      if (CALL(cuCtxDisablePeerAccess, c1) != CUDA_SUCCESS) ++errors;
+    }
+  });
+  allocator.join();
+  toggler.join();
+  auto count_access = [&](unsigned long long want) {
+    int bad = 0;
+    for (CUdeviceptr p : live) {
+      CUmemLocation loc{};
+      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      loc.id = 0;
+      unsigned long long flags = 99;
+      if (CALL(cuMemGetAccess, &flags, &loc, p) != CUDA_SUCCESS || flags != want) ++bad;
+    }
+    return bad;
+  };
+  // The toggler ended with access disabled: no allocation may still give device 0 access.
+  const int bad_after_race = count_access(CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CALL(cuCtxSetCurrent, c0);
+  CUresult rc = CALL(cuCtxEnablePeerAccess, c1, 0);
+  const int bad_enabled = count_access(CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  if (rc == CUDA_SUCCESS) rc = CALL(cuCtxDisablePeerAccess, c1);
+  const int bad_disabled = count_access(CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CALL(cuCtxSetCurrent, c1);
+  for (CUdeviceptr p : live) CALL(cuMemFree, p);
+  out("%s rc=%d errors=%d live=%zu bad_after_race=%d bad_enabled=%d bad_disabled=%d", s.c_str(), rc, errors.load(),
+      live.size(), bad_after_race, bad_enabled, bad_disabled);
 }
 
 void step_threads(const std::string& s, const std::vector<std::string>& a) {
@@ -397,6 +476,70 @@ std::vector<unsigned char> pattern(std::uint64_t seed, std::uint64_t off, std::u
   return v;
 }
 
+// One descriptor over a Unix stream socket (SCM_RIGHTS), as NCCL's proxy passes cuMem fds.
+bool send_fd(const std::string& path, int fd) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  for (int i = 0; i < 3000; ++i) {
+    const int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0) return false;
+    if (::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      char byte = 'F';
+      iovec iov{&byte, 1};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+      const bool ok = ::sendmsg(sock, &msg, 0) == 1;
+      close(sock);
+      return ok;
+    }
+    close(sock);
+    usleep(10000);
+  }
+  return false;
+}
+
+int recv_fd(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  const int ls = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (ls < 0) return -1;
+  ::unlink(path.c_str());
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(ls, 1) != 0) {
+    close(ls);
+    return -1;
+  }
+  const int conn = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
+  close(ls);
+  ::unlink(path.c_str());
+  if (conn < 0) return -1;
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  int fd = -1;
+  if (::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) == 1) {
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    if (c != nullptr && c->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  }
+  close(conn);
+  return fd;
+}
+
 struct ShareResult {
   std::uint64_t chunk_bytes, shared_bytes, merged_bytes, copied_bytes;
 };
@@ -470,7 +613,7 @@ void run_step(const std::string& s) {
     out("%s rc=%d free=%zu total=%zu", s.c_str(), rc, f, t);
   } else if (op == "totalmem") {
     size_t b = 0;
-    const CUresult rc = CALL(cuDeviceTotalMem, &b, 0);
+    const CUresult rc = CALL(cuDeviceTotalMem, &b, a.size() > 1 ? std::atoi(a[1].c_str()) : g_device);
     out("%s rc=%d bytes=%zu", s.c_str(), rc, b);
   } else if (op == "range") {
     const std::uint64_t p = var(a.at(1));
@@ -501,7 +644,7 @@ void run_step(const std::string& s) {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    prop.location.id = g_device;
     prop.requestedHandleTypes =
         a.size() > 3 && a[3] == "nofd" ? CU_MEM_HANDLE_TYPE_NONE : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     CUmemGenericAllocationHandle h = 0;
@@ -522,7 +665,7 @@ void run_step(const std::string& s) {
     if (rc == CUDA_SUCCESS) {
       CUmemAccessDesc d{};
       d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      d.location.id = 0;
+      d.location.id = g_device;
       d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
       rc = CALL(cuMemSetAccess, at, h.size, &d, 1);
     }
@@ -619,6 +762,58 @@ void run_step(const std::string& s) {
     byte = static_cast<unsigned char>(~byte);
     if (rc == CUDA_SUCCESS) rc = CALL(cuMemcpyHtoD, p, &byte, 1);
     out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "ctx") {
+    const int dev = std::atoi(a.at(1).c_str());
+    CUcontext ctx = nullptr;
+    CUresult rc = CALL(cuDevicePrimaryCtxRetain, &ctx, dev);
+    if (rc == CUDA_SUCCESS) rc = CALL(cuCtxSetCurrent, ctx);
+    if (rc == CUDA_SUCCESS) g_device = dev;
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "peer" || op == "unpeer") {
+    CUcontext peer = nullptr;
+    CUresult rc = CALL(cuDevicePrimaryCtxRetain, &peer, std::atoi(a.at(1).c_str()));
+    if (rc == CUDA_SUCCESS) {
+      rc = op == "peer" ? CALL(cuCtxEnablePeerAccess, peer, 0) : CALL(cuCtxDisablePeerAccess, peer);
+    }
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "access") {
+    CUmemLocation loc{};
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = std::atoi(a.at(2).c_str());
+    unsigned long long flags = 0;
+    const CUresult rc = CALL(cuMemGetAccess, &flags, &loc, var(a.at(1)));
+    out("%s rc=%d flags=%llu", s.c_str(), rc, flags);
+  } else if (op == "sendfd") {
+    int fd = -1;
+    CUresult rc = CALL(cuMemExportToShareableHandle, &fd, var(a.at(1)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    bool sent = false;
+    if (rc == CUDA_SUCCESS) {
+      sent = send_fd(a.at(2), fd);
+      close(fd);
+    }
+    out("%s rc=%d sent=%d", s.c_str(), rc, sent ? 1 : 0);
+  } else if (op == "recvfd") {
+    const int fd = recv_fd(a.at(2));
+    CUmemGenericAllocationHandle h = 0;
+    CUresult rc = static_cast<CUresult>(-1);
+    if (fd >= 0) {
+      rc = CALL(cuMemImportFromShareableHandle, &h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      close(fd);  // the importer keeps the memory through its handle (as NCCL does)
+    }
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, size_of(a.at(3))};
+    out("%s rc=%d received=%d", s.c_str(), rc, fd >= 0 ? 1 : 0);
+  } else if (op == "touch") {
+    const int fd = ::open(a.at(1).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd >= 0) close(fd);
+    out("%s rc=%d", s.c_str(), fd >= 0 ? 0 : -1);
+  } else if (op == "waitfile") {
+    int waited = 0;
+    while (::access(a.at(1).c_str(), F_OK) != 0 && waited < 30000) {
+      usleep(10000);
+      waited += 10;
+    }
+    out("%s rc=%d", s.c_str(), ::access(a.at(1).c_str(), F_OK) == 0 ? 0 : -1);
   } else if (op == "share") {
     using ShareFn = int (*)(const void*, size_t, ShareResult*);
     auto fn = reinterpret_cast<ShareFn>(dlsym(RTLD_DEFAULT, "vlake_share_readonly_ex"));
@@ -635,7 +830,9 @@ void run_step(const std::string& s) {
   } else if (op == "kstress") {
     step_kstress(s, a);
   } else if (op == "nvml") {
-    step_nvml(s);
+    step_nvml(s, a.size() > 1 ? static_cast<unsigned>(std::atoi(a[1].c_str())) : 0);
+  } else if (op == "peerrace") {
+    step_peerrace(s, a);
   } else if (op == "threads") {
     step_threads(s, a);
   } else if (op == "stress") {

@@ -183,6 +183,28 @@ TEST_CASE("alloc table: newest allocations of a device, newest first") {
   CHECK(t.newest(1, 8).size() == 6);
 }
 
+TEST_CASE("alloc table: peer sets are retagged per device and reported with the set they had") {
+  AllocTable t;
+  t.insert(logical(0x10000000, 4 << 20, 4 << 20, 0x10000000, 1 << 20, 1, 1));
+  t.insert(logical(0x20000000, 4 << 20, 4 << 20, 0x20000000, 1 << 20, 2, 1));
+  t.insert(logical(0x30000000, 4 << 20, 4 << 20, 0x30000000, 1 << 20, 3, 0));
+  CHECK(t.set_peers(0x20000000, 0b1) == std::optional<std::uint32_t>{0});  // one already has GPU 0
+  auto changed = t.retag(1, 0b1);
+  REQUIRE(changed.size() == 1);
+  CHECK(changed[0].grant_id == 1);
+  CHECK(changed[0].peers == 0);  // the set it had
+  CHECK(changed[0].mapped == (4u << 20));
+  CHECK(t.find(0x10000000)->peers == 0b1);
+  CHECK(t.find(0x30000000)->peers == 0);  // another device: untouched
+  CHECK(t.retag(1, 0b1).empty());
+  changed = t.retag(1, 0);
+  CHECK(changed.size() == 2);
+  auto taken = t.take(0x20000000);
+  REQUIRE(taken);
+  CHECK(taken->peers == 0);  // what a reserve block carries
+  CHECK_FALSE(t.set_peers(0x20000000, 0b1));
+}
+
 TEST_CASE("create table: finished only without references and mappings") {
   CreateTable t;
   t.add(42, 1, 2 << 20, device_prop(), some_fd());

@@ -31,7 +31,7 @@ std::string unique_name(const std::string& tag) {
   return "pt" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + tag;
 }
 
-std::vector<std::string> child_env(const std::string& node) {
+std::vector<std::string> child_env(const std::string& node, int devices) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
@@ -40,7 +40,7 @@ std::vector<std::string> child_env(const std::string& node) {
   }
   env.push_back("VLAKE_SIM_NODE=" + node);
   env.push_back("VLAKE_SIM_DEVICE_MEMORY=1GiB");
-  env.push_back("VLAKE_SIM_DEVICE_COUNT=1");
+  env.push_back("VLAKE_SIM_DEVICE_COUNT=" + std::to_string(devices));
   return env;
 }
 
@@ -117,7 +117,7 @@ pid_t DaemonProcess::spawn(const std::vector<std::string>& extra) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  const pid_t pid = spawn_process(args, child_env(node), &fa);
+  const pid_t pid = spawn_process(args, child_env(node, devices), &fa);
   posix_spawn_file_actions_destroy(&fa);
   return pid;
 }

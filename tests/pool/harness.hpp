@@ -21,8 +21,9 @@ namespace vlake::pooltest {
 // A name no other test (or test process) uses: "pt<pid>-<n>-<tag>".
 std::string unique_name(const std::string& tag);
 
-// Environment of the daemon and its helpers: this process's plus the simulated node.
-std::vector<std::string> child_env(const std::string& node);
+// Environment of the daemon and its helpers: this process's plus the simulated node (with
+// `devices` GPUs).
+std::vector<std::string> child_env(const std::string& node, int devices = 1);
 
 class DaemonProcess {
  public:
@@ -49,6 +50,7 @@ class DaemonProcess {
   std::string node;
   std::string config;
   std::string log_path;
+  int devices = 1;  // GPUs of the simulated node (set before start())
 
  private:
   pid_t spawn(const std::vector<std::string>& extra);

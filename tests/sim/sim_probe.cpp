@@ -70,6 +70,22 @@ int cmd_init() {
   return 0;
 }
 
+// Peer access between devices 0 and 1: cuDeviceCanAccessPeer and cuCtxEnablePeerAccess.
+int cmd_peer() {
+  const CUresult rc = cuInit(0);
+  std::printf("rc=%d\n", static_cast<int>(rc));
+  if (rc != CUDA_SUCCESS) return 0;
+  int can = -1;
+  cuDeviceCanAccessPeer(&can, 0, 1);
+  CUcontext c0 = nullptr;
+  CUcontext c1 = nullptr;
+  cuDevicePrimaryCtxRetain(&c0, 0);
+  cuDevicePrimaryCtxRetain(&c1, 1);
+  cuCtxSetCurrent(c0);
+  std::printf("can=%d\nenable=%d\n", can, static_cast<int>(cuCtxEnablePeerAccess(c1, 0)));
+  return 0;
+}
+
 int cmd_preinit() {
   int version = 0;
   PROBE_CHECK(cuDriverGetVersion(&version));
@@ -157,6 +173,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "init") return cmd_init();
   if (cmd == "preinit") return cmd_preinit();
+  if (cmd == "peer") return cmd_peer();
   if (cmd == "hold" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10), true);
   if (cmd == "create" && argc == 3) return cmd_hold(std::strtoull(argv[2], nullptr, 10), false);
   if (cmd == "import" && argc == 3) return cmd_import(std::atoi(argv[2]), size_t{2} << 20);

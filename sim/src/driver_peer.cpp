@@ -1,0 +1,107 @@
+// The simulated driver's peer access between devices: cuDeviceCanAccessPeer,
+// cuCtxEnablePeerAccess, cuCtxDisablePeerAccess and cuMemcpyPeer (docs/simulator.md, "Several
+// devices"). Peer access is a bit per (context, peer device) in CUctx_st::peers; like the real
+// driver it only concerns cuMemAlloc memory (kernels of a context touching another device's
+// cuMemAlloc memory need it); VMM memory is reached through cuMemSetAccess alone.
+#include "call_counts.hpp"
+#include "internal.hpp"
+#include "rules.hpp"
+
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+
+#define VLAKE_SIM_API extern "C" __attribute__((visibility("default")))
+
+namespace internal = vlake::sim::internal;
+namespace rules = vlake::sim::rules;
+
+namespace {
+
+template <class F>
+CUresult guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+std::uint32_t bit(int device) { return std::uint32_t{1} << device; }
+
+// The live (retained) primary context behind a CUcontext, or nullptr.
+CUctx_st* live_context(CUcontext c) {
+  CUctx_st* ctx = internal::context_of(c);
+  return ctx != nullptr && ctx->retains.load() > 0 ? ctx : nullptr;
+}
+
+}  // namespace
+
+VLAKE_SIM_API CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  VLAKE_SIM_COUNT(cuDeviceCanAccessPeer);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = internal::init_checked(); rc != CUDA_SUCCESS) return rc;
+    if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!internal::device_valid(dev) || !internal::device_valid(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
+    *canAccessPeer = dev != peerDev && internal::process()->peer_access ? 1 : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  VLAKE_SIM_COUNT(cuCtxEnablePeerAccess);
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = internal::current_checked(ctx); rc != CUDA_SUCCESS) return rc;
+    if (Flags != 0) return rules::kPeerBadFlags;
+    std::unique_lock lock(internal::process()->mu);
+    CUctx_st* peer = live_context(peerContext);
+    if (peer == nullptr) return rules::kPeerBadContext;
+    if (peer->device == ctx->device) return rules::kPeerSelf;
+    if (!internal::process()->peer_access) return rules::kPeerUnsupported;
+    if ((ctx->peers.load() & bit(peer->device)) != 0) return rules::kPeerAlreadyEnabled;
+    ctx->peers.fetch_or(bit(peer->device));
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
+  VLAKE_SIM_COUNT(cuCtxDisablePeerAccess);
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = internal::current_checked(ctx); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(internal::process()->mu);
+    CUctx_st* peer = live_context(peerContext);
+    if (peer == nullptr) return rules::kPeerBadContext;
+    if ((ctx->peers.load() & bit(peer->device)) == 0) return rules::kPeerNotEnabled;
+    ctx->peers.fetch_and(~bit(peer->device));
+    return CUDA_SUCCESS;
+  });
+}
+
+// A copy between two contexts' memory: needs no peer access (the driver stages it), but the
+// destination must be writable by its context's device and the source readable by its own.
+VLAKE_SIM_API CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                                    CUcontext srcContext, size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyPeer);
+  return guarded([&]() -> CUresult {
+    CUctx_st* cur = nullptr;
+    if (CUresult rc = internal::current_checked(cur); rc != CUDA_SUCCESS) return rc;
+    std::shared_lock lock(internal::process()->mu);
+    CUctx_st* dst = live_context(dstContext);
+    CUctx_st* src = live_context(srcContext);
+    if (dst == nullptr || src == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ByteCount == 0) return CUDA_SUCCESS;
+    const auto d = static_cast<std::uintptr_t>(dstDevice);
+    const auto s = static_cast<std::uintptr_t>(srcDevice);
+    if (!internal::reachable(d, ByteCount, dst->device, true) ||
+        !internal::reachable(s, ByteCount, src->device, false)) {
+      return internal::copy_refused(cur);
+    }
+    std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), ByteCount);
+    return CUDA_SUCCESS;
+  });
+}
