@@ -127,6 +127,10 @@ CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice
 CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
 CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
                                  CUstream hStream);
+// CUDA IPC of pool memory (ipc.cpp, docs/ipc.md).
+CUresult on_cuIpcGetMemHandle(bool ptds, CUipcMemHandle* pHandle, CUdeviceptr dptr);
+CUresult on_cuIpcOpenMemHandle_v2(bool ptds, CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult on_cuIpcCloseMemHandle(bool ptds, CUdeviceptr dptr);
 // Defined in exports.cpp (they need the cuGetProcAddress table).
 CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
