@@ -4,6 +4,7 @@
 #include "hook.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -33,6 +34,10 @@ std::mutex g_mu;
 std::map<std::uint64_t, Import> g_imports;         // by token
 std::map<std::uint64_t, std::uint64_t> g_by_base;  // mapping base -> token
 std::map<std::uint64_t, std::uint64_t> g_exports;  // grant id -> token (exported by this process)
+// Sizes of g_imports and g_exports, read without the mutex: the free and range-query paths of a
+// process that never used IPC take no lock.
+std::atomic<std::size_t> g_import_count{0};
+std::atomic<std::size_t> g_export_count{0};
 
 std::uint64_t addr(CUdeviceptr p) { return static_cast<std::uint64_t>(p); }
 
@@ -150,6 +155,7 @@ CUresult map_import(State& s, const proto::IpcOpenReply& r, std::vector<UniqueFd
 }  // namespace
 
 bool exported(std::uint64_t grant_id) {
+  if (g_export_count.load(std::memory_order_acquire) == 0) return false;
   std::lock_guard lock(g_mu);
   return g_exports.count(grant_id) != 0;
 }
@@ -157,9 +163,11 @@ bool exported(std::uint64_t grant_id) {
 void forget(std::uint64_t grant_id) {
   std::lock_guard lock(g_mu);
   g_exports.erase(grant_id);
+  g_export_count.store(g_exports.size(), std::memory_order_release);
 }
 
 std::optional<Range> imported(std::uint64_t a) {
+  if (g_import_count.load(std::memory_order_acquire) == 0) return std::nullopt;
   std::lock_guard lock(g_mu);
   if (g_by_base.empty()) return std::nullopt;
   auto it = import_at(a);
@@ -187,6 +195,8 @@ void clear_after_fork() noexcept {
   g_imports.clear();
   g_by_base.clear();
   g_exports.clear();
+  g_import_count.store(0, std::memory_order_relaxed);
+  g_export_count.store(0, std::memory_order_relaxed);
   g_mu.unlock();
   g_open_mu.unlock();
 }
@@ -230,6 +240,7 @@ CUresult on_cuIpcGetMemHandle(bool ptds, CUipcMemHandle* pHandle, CUdeviceptr dp
   {
     std::lock_guard lock(g_mu);
     g_exports[a->grant_id] = rep->token;
+    ipc::g_export_count.store(g_exports.size(), std::memory_order_release);
   }
   return CUDA_SUCCESS;
 }
@@ -282,6 +293,7 @@ CUresult on_cuIpcOpenMemHandle_v2(bool ptds, CUdeviceptr* pdptr, CUipcMemHandle 
   std::lock_guard lock(g_mu);
   g_by_base[imp.base] = imp.token;
   g_imports.emplace(imp.token, std::move(imp));
+  ipc::g_import_count.store(g_imports.size(), std::memory_order_release);
   return CUDA_SUCCESS;
 }
 
@@ -298,6 +310,7 @@ CUresult on_cuIpcCloseMemHandle(bool ptds, CUdeviceptr dptr) {
     gone = std::move(it->second);
     g_by_base.erase(gone.base);
     g_imports.erase(it);
+    ipc::g_import_count.store(g_imports.size(), std::memory_order_release);
   }
   // As cuIpcCloseMemHandle: the memory stays valid until the work using it is done.
   (void)pass<Row::cuCtxSynchronize>(false);
