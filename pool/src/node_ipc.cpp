@@ -5,7 +5,8 @@
 // Rules
 // - IpcExport: an alloc grant of the session with its handles (not orphaned, not sharing dedup
 //   chunks) gets a token and a secret (getrandom), the same for the grant's whole life.
-// - IpcOpen{token, secret}: unknown token or wrong secret -> unknown_handle; the importer's
+// - IpcOpen{token, secret}: unknown token, wrong secret or a grant its owner released (held for
+//   the imports already open) -> unknown_handle; the importer's
 //   tenant is neither the owner's nor in a namespace declaring the owner's `ipc_domain` ->
 //   ipc_denied (both counted in ipc_refused, logged rate-limited); the importer at its grant cap
 //   (grants + imports) or the import table full -> limit_reached. Otherwise the grant's handles
@@ -45,8 +46,12 @@ std::uint64_t random_u64() {
 }  // namespace
 
 std::size_t Node::imports_of(TenantId t) const {
+  // By the importing session's tenant now (a reload may have moved the session).
   std::size_t n = 0;
-  for (const auto& [id, imp] : imports_) n += imp.tenant == t ? 1 : 0;
+  for (const auto& [id, imp] : imports_) {
+    const Session* s = session(imp.session);
+    n += (s != nullptr ? s->tenant : imp.tenant) == t ? 1 : 0;
+  }
   return n;
 }
 
@@ -130,6 +135,9 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
                                                  ", outside this tenant's ipc_domain");
   }
   if (g.handles.empty()) return refuse(proto::Status::unknown_handle, "the grant has no handles left");
+  // Freed by its owner, held only for the imports already open: no new ones (as the driver
+  // refuses a handle of freed memory).
+  if (g.released) return refuse(proto::Status::unknown_handle, "the memory was freed by its owner");
   if (const std::size_t held = grants_of(me.id) + imports_of(me.id); held >= settings_.max_grants_per_tenant) {
     ++counters_.denials_grant_cap;
     limited_.warn("grant cap " + me.name,

@@ -1255,6 +1255,10 @@ TEST_CASE("node: a released grant with IPC imports stays charged to its owner un
   CHECK(w.node->session(owner)->grants.empty());
   REQUIRE(w.node->grants().count(g) == 1);
   CHECK(w.node->grants().at(g).released);
+  // Freed memory opens no more (the imports already open stay).
+  const std::uint64_t refused_before = w.node->counters().ipc_refused;
+  CHECK(ipc_open(w, closer, e.token, e.secret).reply.status == proto::Status::unknown_handle);
+  CHECK(w.node->counters().ipc_refused == refused_before + 1);
   // The owner's process exits: still held for the imports.
   w.node->end_session(owner, "test");
   REQUIRE(w.node->grants().count(g) == 1);
