@@ -141,7 +141,11 @@ CUresult map_import(State& s, const proto::IpcOpenReply& r, std::vector<UniqueFd
       d[k].flags =
           (p.flags & proto::kShareReadOnly) != 0 ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    if (CUresult rc = api.cuMemSetAccess(base + p.offset, p.size, d, n); rc != CUDA_SUCCESS) {
+    CUresult rc = api.cuMemSetAccess(base + p.offset, p.size, d, n);
+    // The current context's GPU cannot reach the memory's (no peer access): as the driver's lazy
+    // peer access, the memory's own GPU only.
+    if (rc != CUDA_SUCCESS && n == 2) rc = api.cuMemSetAccess(base + p.offset, p.size, d, 1);
+    if (rc != CUDA_SUCCESS) {
       undo(addr(base), r.bytes, mapped, handles);
       return rc;
     }
