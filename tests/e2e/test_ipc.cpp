@@ -179,11 +179,16 @@ TEST_CASE("a forged IPC secret is refused and foreign handles go to the driver",
   REQUIRE(d.start());
   HandleDir dir;
   const std::string h = dir.file("h"), forged = dir.file("forged"), zero = dir.file("zero");
-  TenantProcess e(d, {"init", "alloc:a:8M", "ipcget:a:" + h + ":4096", "ipcopen:self:" + h, "sleep:30000"});
+  TenantProcess e(d, {"init", "alloc:a:8M", "ipcget:a:" + h + ":4096", "ipcopen:self:" + h, "managed:m:2M",
+                      "ipcget:m:" + dir.file("m"), "ipcclose:a", "sleep:30000"});
   INFO(e.out() << e.err() << d.log());
   REQUIRE(e.wait_line("ipcget:a")["rc"] == "0");
   // The exporting process opening its own handle (docs/ipc.md).
   CHECK(e.wait_line("ipcopen:self")["rc"] == std::to_string(CUDA_ERROR_INVALID_CONTEXT));
+  // Memory the pool did not serve, and a pointer no open returned: the (simulated) driver's
+  // answers (it refuses managed memory's export and knows no such import).
+  CHECK(e.wait_line("ipcget:m")["rc"] == std::to_string(CUDA_ERROR_INVALID_VALUE));
+  CHECK(e.wait_line("ipcclose:a")["rc"] == std::to_string(CUDA_ERROR_INVALID_VALUE));
   proto::IpcHandleBlob blob{};
   {
     std::ifstream in(h, std::ios::binary);
