@@ -349,6 +349,11 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   set(dropped, {{"reason", "limited"}}, d(c.guard_events_limited));
   set(F.counter("vlake_log_lines_suppressed_total", "log lines dropped by rate limits"), {}, d(c.log_suppressed));
   set(F.counter("vlake_tenants_freed_total", "tenant records freed (nothing held)"), {}, d(c.tenants_freed));
+  // CUDA IPC of pool memory (docs/ipc.md).
+  set(F.counter("vlake_ipc_exports_total", "grants exported for CUDA IPC"), {}, d(c.ipc_exports));
+  set(F.counter("vlake_ipc_opens_total", "CUDA IPC imports served"), {}, d(c.ipc_opens));
+  set(F.counter("vlake_ipc_refused_total", "CUDA IPC opens refused (unknown handle, wrong secret, another tenant)"), {},
+      d(c.ipc_refused));
   return F.take();
 }
 

@@ -93,6 +93,14 @@ class DaemonClient {
   [[nodiscard]] std::optional<proto::ShareReply> share(const proto::ShareRequest& request, std::vector<UniqueFd>& fds);
   [[nodiscard]] std::optional<proto::ShareAck> share_commit(const proto::ShareCommit& request);
 
+  // CUDA IPC (docs/ipc.md, ipc.cpp): IpcExport -> IpcExportReply, IpcOpen -> IpcOpenReply
+  // (descriptors in `fds`), IpcClose -> IpcCloseAck. nullopt when the daemon is unreachable or
+  // answered an Error.
+  [[nodiscard]] std::optional<proto::IpcExportReply> ipc_export(std::uint64_t grant_id);
+  [[nodiscard]] std::optional<proto::IpcOpenReply> ipc_open(std::uint64_t token, std::uint64_t secret,
+                                                            std::vector<UniqueFd>& fds);
+  std::optional<proto::IpcCloseAck> ipc_close(std::uint64_t import_id);
+
   enum class Passthrough { allowed, refused, unreachable };
   [[nodiscard]] Passthrough ask_passthrough();
 

@@ -1,6 +1,7 @@
 // Implementations of the intercepted entry points (see hook.hpp and docs/hook.md).
 #include "hook.hpp"
 
+#include "ipc.hpp"
 #include "profile.hpp"
 #include "share.hpp"
 
@@ -39,6 +40,7 @@ void fork_prepare() {
   if (s == nullptr) return;
   s->busy_mu.lock();
   s->work_mu.lock();
+  ipc::lock_all();
   s->client.prepare_fork();
   s->allocs.lock_all();
   s->creates.lock_all();
@@ -56,6 +58,7 @@ void fork_parent() {
   s->creates.unlock_all();
   s->allocs.unlock_all();
   s->client.parent_after_fork();
+  ipc::unlock_all();
   s->work_mu.unlock();
   s->busy_mu.unlock();
 }
@@ -71,6 +74,7 @@ void fork_child() {
   s->creates.clear_after_fork();
   s->allocs.clear_after_fork();
   s->client.child_after_fork();
+  ipc::clear_after_fork();
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();
   s->worker_started = false;
@@ -602,9 +606,14 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
 // Frees a logical allocation of the alloc path: into the local reserve (after the fence that
 // cuMemFree implies, unless the caller already fenced), or unmapped and its grant released.
 CUresult free_logical(State& s, LogicalAlloc a, bool fenced = false) {
-  // Memory with shared read-only chunks (docs/dedup.md) is never reused: it goes back at once.
-  const bool shared = share::is_shared(a.grant_id);
+  // Memory with shared read-only chunks (docs/dedup.md) is never reused: it goes back at once;
+  // so does exported memory (docs/ipc.md): another process may map it until the daemon says.
+  bool shared = share::is_shared(a.grant_id);
   if (shared) share::forget(a.grant_id);
+  if (ipc::exported(a.grant_id)) {
+    ipc::forget(a.grant_id);
+    shared = true;
+  }
   if (reserve_usable(s) && !shared) {
     CUresult rc = fenced ? CUDA_SUCCESS : fence_allocation(a);
     if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault("cuMemFree", rc);
@@ -970,6 +979,11 @@ CUresult on_cuDeviceTotalMem_v2(bool ptds, size_t* bytes, CUdevice dev) {
 CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
   State* s = active();
   if (s != nullptr) {
+    if (auto r = ipc::imported(addr(dptr))) {  // an IPC import answers its whole range
+      if (pbase != nullptr) *pbase = static_cast<CUdeviceptr>(r->base);
+      if (psize != nullptr) *psize = static_cast<size_t>(r->bytes);
+      return CUDA_SUCCESS;
+    }
     if (auto a = s->allocs.find(addr(dptr)); a && in_mapping(*a, addr(dptr))) {
       if (pbase != nullptr) *pbase = static_cast<CUdeviceptr>(a->ptr);
       if (psize != nullptr) *psize = static_cast<size_t>(a->requested);
@@ -983,6 +997,16 @@ CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute att
   State* s = active();
   if (s != nullptr && data != nullptr &&
       (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+    if (auto r = ipc::imported(addr(ptr))) {
+      if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
+        const auto v = static_cast<CUdeviceptr>(r->base);
+        std::memcpy(data, &v, sizeof v);
+      } else {
+        const auto v = static_cast<size_t>(r->bytes);
+        std::memcpy(data, &v, sizeof v);
+      }
+      return CUDA_SUCCESS;
+    }
     if (auto a = s->allocs.find(addr(ptr)); a && in_mapping(*a, addr(ptr))) {
       if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
         const auto v = static_cast<CUdeviceptr>(a->ptr);
@@ -1002,6 +1026,18 @@ CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes, CUpoin
   const CUresult rc = pass<Row::cuPointerGetAttributes>(ptds, numAttributes, attributes, data, ptr);
   State* s = active();
   if (rc != CUDA_SUCCESS || s == nullptr) return rc;
+  if (auto r = ipc::imported(addr(ptr))) {
+    for (unsigned i = 0; i < numAttributes; ++i) {
+      if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
+        const auto v = static_cast<CUdeviceptr>(r->base);
+        std::memcpy(data[i], &v, sizeof v);
+      } else if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
+        const auto v = static_cast<size_t>(r->bytes);
+        std::memcpy(data[i], &v, sizeof v);
+      }
+    }
+    return rc;
+  }
   auto a = s->allocs.find(addr(ptr));
   if (!a || !in_mapping(*a, addr(ptr))) return rc;
   for (unsigned i = 0; i < numAttributes; ++i) {

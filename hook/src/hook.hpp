@@ -133,6 +133,10 @@ CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* s
 // Peer access (peer.cpp): passed through; on success served memory follows (peer.hpp).
 CUresult on_cuCtxEnablePeerAccess(bool ptds, CUcontext peerContext, unsigned int Flags);
 CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext);
+// CUDA IPC of pool memory (ipc.cpp, docs/ipc.md).
+CUresult on_cuIpcGetMemHandle(bool ptds, CUipcMemHandle* pHandle, CUdeviceptr dptr);
+CUresult on_cuIpcOpenMemHandle_v2(bool ptds, CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult on_cuIpcCloseMemHandle(bool ptds, CUdeviceptr dptr);
 // Defined in exports.cpp (they need the cuGetProcAddress table).
 CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,

@@ -750,7 +750,9 @@ void Daemon::Impl::on_readable(ConnId serial) {
   const bool request = type == proto::MsgType::hello || type == proto::MsgType::grant_request ||
                        type == proto::MsgType::release || type == proto::MsgType::usage_query ||
                        type == proto::MsgType::guard_event || type == proto::MsgType::reserve_report ||
-                       type == proto::MsgType::share_request || type == proto::MsgType::share_commit;
+                       type == proto::MsgType::share_request || type == proto::MsgType::share_commit ||
+                       type == proto::MsgType::ipc_export || type == proto::MsgType::ipc_open ||
+                       type == proto::MsgType::ipc_close;
   if (!request) {
     return malformed(serial,
                      "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
@@ -831,6 +833,18 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
           }
         } else if constexpr (std::is_same_v<T, proto::ShareCommit>) {
           answer(node_->share_commit(s, m));
+        } else if constexpr (std::is_same_v<T, proto::IpcExport>) {
+          answer(node_->ipc_export(s, m));
+        } else if constexpr (std::is_same_v<T, proto::IpcOpen>) {
+          auto out = node_->ipc_open(s, m, now());
+          if (const auto* bad = std::get_if<Malformed>(&out)) return malformed(serial, bad->reason);
+          const Node::IpcOpened& opened = std::get<Node::IpcOpened>(out);
+          if (!send(serial, opened.reply, opened.fds)) {
+            node_->ipc_undeliverable(opened.reply.import_id);
+            close_connection(serial);
+          }
+        } else if constexpr (std::is_same_v<T, proto::IpcClose>) {
+          answer(node_->ipc_close(s, m));
         }  // other types were refused by on_readable
       },
       msg);

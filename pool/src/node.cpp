@@ -267,6 +267,7 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
   t->kill_grace = spec.kill_grace;
   t->allow_disable = spec.allow_disable;
   t->dedup_domain = spec.dedup_domain;
+  t->ipc_domain = spec.ipc_domain;
   t->have_ids = alloc == nullptr;
   t->uid = uid;
   t->gid = gid;
@@ -487,10 +488,11 @@ ConnId Node::end_session(std::uint64_t session, const char* why) {
 
 void Node::end_session_locked(Session& s, const char* why) {
   const std::uint64_t id = s.id;
+  drop_imports_of(id);  // CUDA IPC imports it held (docs/ipc.md)
   const std::vector<std::uint64_t> grant_ids = s.grants;
   for (std::uint64_t gid : grant_ids) {
     auto it = grants_.find(gid);
-    if (it != grants_.end()) finish_grant(it->second, s.tenant, false);
+    if (it != grants_.end() && !hold_for_imports(it->second)) finish_grant(it->second, s.tenant, false);
   }
   // A tenant with no session left holds nothing it gave back unless a descriptor survives:
   // its bound free handles are retired now (docs/pool.md, "Handle binding").

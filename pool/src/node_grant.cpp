@@ -84,7 +84,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   const Bytes bytes = round_up(Bytes{m.bytes}, dev->granularity);
   reply.bytes = bytes.value();
   last_now_ = std::max(last_now_, now.steady);
-  if (const std::size_t held = grants_of(t.id); held >= settings_.max_grants_per_tenant) {
+  if (const std::size_t held = grants_of(t.id) + imports_of(t.id); held >= settings_.max_grants_per_tenant) {
     // The grant cap (docs/daemon.md, "Limits"): used/limit carry the grant count and the cap.
     ++counters_.denials_grant_cap;
     reply.status = proto::Status::limit_reached;
@@ -273,6 +273,10 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
   }
   Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
   if (dedup_) dedup_->release_grant(g.id, *dev.pool);  // shared chunks: drop its references
+  // CUDA IPC (docs/ipc.md): the token dies with the grant; handles another process mapped
+  // are retired like exported ones, never pooled.
+  if (g.ipc_token != 0) ipc_tokens_.erase(g.ipc_token);
+  exported = exported || g.ipc_imported;
   // An exported release retires the handles; their descriptors stay open (and charged to the
   // releaser as retained) while another process holds them (docs/pool.md, "Handle binding").
   for (auto& h : g.handles) {
@@ -314,7 +318,7 @@ std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, 
   }
   Grant& g = grants_.at(m.grant_id);
   const DeviceOrdinal d = g.device;
-  finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);
+  if (!hold_for_imports(g)) finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);
   ack.status = proto::Status::ok;
   ack.used =
       reported_used(s.tenant, devices_.at(static_cast<std::size_t>(d.value())), acct_.usage(s.tenant, d)).value();

@@ -257,6 +257,8 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
     return answer(proto::Status::unknown_grant);
   }
   Grant& g = grants_.at(m.grant_id);
+  // Another process maps its handles through CUDA IPC (docs/ipc.md): the layout stays.
+  if (g.imports > 0) return answer(proto::Status::bad_request);
   Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
   const std::uint64_t gran = dev.granularity.value();
   if (m.bytes == 0 || m.offset % gran != 0 || m.bytes % gran != 0 || m.offset > g.bytes.value() ||

@@ -335,11 +335,15 @@ class Parser {
 
   // The dedup trust domain under `dedup_domain` of `entry`, if present (a DNS label).
   std::optional<std::string> dedup_domain(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["dedup_domain"];
+    return domain(entry, "dedup_domain", where);
+  }
+  // A trust domain under `key` of `entry` (dedup_domain, ipc_domain), if present (a DNS label).
+  std::optional<std::string> domain(const YAML::Node& entry, const char* key, const std::string& where) const {
+    const YAML::Node v = entry[key];
     if (!v) return std::nullopt;
     const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
     if (!v.IsScalar() || !dns_label(s)) {
-      fail(v.Mark(), "bad dedup_domain '" + s + "' in " + where +
+      fail(v.Mark(), "bad " + std::string(key) + " '" + s + "' in " + where +
                          " (use a DNS label: a-z, 0-9 and '-', at most 63, not starting or ending with '-')");
     }
     return s;
@@ -516,7 +520,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
       p.check_keys(n,
                    {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup",
-                    "enforce", "kill_grace", "allow_disable", "dedup_domain"},
+                    "enforce", "kill_grace", "allow_disable", "dedup_domain", "ipc_domain"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -543,6 +547,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.kill_grace = p.kill_grace(n, where);
       ns.allow_disable = p.allow_disable(n, where);
       ns.dedup_domain = p.dedup_domain(n, where);
+      ns.ipc_domain = p.domain(n, "ipc_domain", where);
       if (ns.limit) {
         ns.limit_line = Parser::line(n["limit"].Mark());
         ns.limit_column = Parser::column(n["limit"].Mark());
@@ -709,7 +714,8 @@ TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& la
                enforce_of(n),
                kill_grace_of(n),
                allow_disable_of(n),
-               dedup_domain_of(n)};
+               dedup_domain_of(n),
+               n.ipc_domain.value_or(std::string())};
   return t;
 }
 
@@ -739,7 +745,8 @@ TenantSpec QuotaConfig::resolve_allocation(const std::string& name, const std::s
                     enforce_of(*n),
                     kill_grace_of(*n),
                     allow_disable_of(*n),
-                    dedup_domain_of(*n)};
+                    dedup_domain_of(*n),
+                    n->ipc_domain.value_or(std::string())};
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

@@ -1167,6 +1167,45 @@ VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize
   });
 }
 
+// Legacy CUDA IPC (docs/simulator.md): VMM memory is refused as the driver does; cuMemAlloc
+// memory is not carried across processes (a simulator limit), so no handle is ever issued.
+VLAKE_SIM_API CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  VLAKE_SIM_COUNT(cuIpcGetMemHandle);
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_lock lock(g_proc->mu);
+    auto it = mapping_at(as_addr(dptr));
+    if (it == g_proc->mappings.end()) return rules::kIpcUnknownPointer;
+    if (!it->second.classic || it->second.managed || it->second.async) return rules::kIpcNotCapable;
+    return rules::kIpcClassicUnsupported;
+  });
+}
+
+VLAKE_SIM_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  VLAKE_SIM_COUNT(cuIpcOpenMemHandle_v2);
+  (void)handle;
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (pdptr == nullptr || (Flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return rules::kIpcBadHandle;
+  });
+}
+
+VLAKE_SIM_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  VLAKE_SIM_COUNT(cuIpcCloseMemHandle);
+  (void)dptr;
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    return rules::kIpcBadHandle;
+  });
+}
+
 VLAKE_SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyHtoD_v2);
   return guarded([&] {

@@ -112,6 +112,19 @@ inline constexpr CUresult kBadManagedRequest = CUDA_ERROR_INVALID_VALUE;
 // address succeeds (measured), and so does cuMemAlloc memory (measured: freed).
 inline constexpr CUresult kFreeAsyncUnknown = CUDA_ERROR_INVALID_VALUE;
 
+// ---- Legacy CUDA IPC (cuIpc*Mem*, docs/simulator.md) ----------------------------------------
+// cuIpcGetMemHandle of VMM memory (cuMemCreate + cuMemMap): the driver refuses it (measured:
+// IS_LEGACY_CUDA_IPC_CAPABLE is 0; the code is a guess, not measured).
+inline constexpr CUresult kIpcNotCapable = CUDA_ERROR_INVALID_VALUE;
+// cuIpcGetMemHandle of an address the driver does not know (guess: not measured).
+inline constexpr CUresult kIpcUnknownPointer = CUDA_ERROR_INVALID_VALUE;
+// cuIpcGetMemHandle of cuMemAlloc memory: the simulator does not carry classic memory across
+// processes (a simulator limit; the real driver answers a handle).
+inline constexpr CUresult kIpcClassicUnsupported = CUDA_ERROR_NOT_SUPPORTED;
+// cuIpcOpenMemHandle_v2 of a handle the simulator never issued (every handle, see above), and
+// cuIpcCloseMemHandle of a pointer no cuIpcOpenMemHandle returned (guesses: not measured).
+inline constexpr CUresult kIpcBadHandle = CUDA_ERROR_INVALID_VALUE;
+
 // ---- Contexts, streams, events ------------------------------------------------------------
 // A context-requiring call with no current context, or with a released primary context.
 inline constexpr CUresult kNoContext = CUDA_ERROR_INVALID_CONTEXT;

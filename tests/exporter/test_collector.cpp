@@ -169,6 +169,9 @@ std::unique_ptr<st::State> synthetic() {
   k.guard_events_limited = 24;
   k.log_suppressed = 25;
   k.tenants_freed = 26;
+  k.ipc_exports = 27;
+  k.ipc_opens = 28;
+  k.ipc_refused = 29;
   // 3 grants <= 50us, 2 in (100us, 250us], 1 in (0.25 s, 1 s], 1 above 1 s.
   k.grant_latency_bucket[0] = 3;
   k.grant_latency_bucket[2] = 2;
@@ -286,6 +289,9 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_guard_events_dropped_total", T::Counter, {"reason"}},
       {"vlake_log_lines_suppressed_total", T::Counter, none},
       {"vlake_tenants_freed_total", T::Counter, none},
+      {"vlake_ipc_exports_total", T::Counter, none},
+      {"vlake_ipc_opens_total", T::Counter, none},
+      {"vlake_ipc_refused_total", T::Counter, none},
   };
   CHECK(fs.size() == want.size());
   for (const Want& w : want) {
@@ -398,6 +404,9 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_guard_events_dropped_total", {{"reason", "limited"}}) == 24);
   CHECK(e.value("vlake_log_lines_suppressed_total") == 25);
   CHECK(e.value("vlake_tenants_freed_total") == 26);
+  CHECK(e.value("vlake_ipc_exports_total") == 27);
+  CHECK(e.value("vlake_ipc_opens_total") == 28);
+  CHECK(e.value("vlake_ipc_refused_total") == 29);
   CHECK(e.types.at("vlake_grant_duration_seconds") == "histogram");
   CHECK(e.types.at("vlake_grants_total") == "counter");
 }

@@ -45,6 +45,12 @@
 //                              consistent)
 //   share:N:OFF:SIZE           vlake_share_readonly_ex (looked up with dlsym) on N's pointer + OFF
 //                              (rc= its status, shared= merged= copied= chunk=)
+//   ipcget:N:FILE[:OFF]        cuIpcGetMemHandle of N's pointer + OFF; the 64 bytes go to FILE
+//                              (written whole: a temporary file renamed)
+//   ipcopen:N:FILE             waits (20 s at most) for FILE, cuIpcOpenMemHandle_v2 of its bytes
+//                              (lazy peer access); N is the pointer it returns
+//   ipcclose:N                 cuIpcCloseMemHandle of N's pointer
+//   touch:FILE  waitfile:FILE  create an empty FILE / wait (20 s at most) until FILE exists
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -113,7 +119,10 @@ namespace {
   X(cuLaunchKernel, cuLaunchKernel, 4000, 4000)                                                   \
   X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 4000, 4000)                                     \
   X(cuCtxDisablePeerAccess, cuCtxDisablePeerAccess, 4000, 4000)                                   \
-  X(cuMemGetAccess, cuMemGetAccess, 10020, 10020)
+  X(cuMemGetAccess, cuMemGetAccess, 10020, 10020)                                                 \
+  X(cuIpcGetMemHandle, cuIpcGetMemHandle, 4010, 4010)                                             \
+  X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2, 11000, 11000)                                      \
+  X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, 4010, 4010)
 
 struct Api {
 #define X(base, symbol, abi, req) PFN_##base##_v##abi base = nullptr;
@@ -827,6 +836,42 @@ void run_step(const std::string& s) {
     out("%s rc=%d shared=%llu merged=%llu copied=%llu chunk=%llu", s.c_str(), rc,
         static_cast<unsigned long long>(r.shared_bytes), static_cast<unsigned long long>(r.merged_bytes),
         static_cast<unsigned long long>(r.copied_bytes), static_cast<unsigned long long>(r.chunk_bytes));
+  } else if (op == "ipcget") {
+    CUipcMemHandle h{};
+    const CUresult rc = CALL(cuIpcGetMemHandle, &h, var(a.at(1)) + (a.size() > 3 ? size_of(a.at(3)) : 0));
+    if (rc == CUDA_SUCCESS) {
+      const std::string tmp = a.at(2) + ".tmp";
+      FILE* f = std::fopen(tmp.c_str(), "wb");
+      const bool ok = f != nullptr && std::fwrite(&h, sizeof h, 1, f) == 1;
+      if (f != nullptr) std::fclose(f);
+      if (!ok || std::rename(tmp.c_str(), a.at(2).c_str()) != 0) std::fprintf(stderr, "ipcget: cannot write\n");
+    }
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "ipcopen") {
+    CUipcMemHandle h{};
+    bool read = false;
+    for (int i = 0; i < 2000 && !read; ++i) {
+      if (FILE* f = std::fopen(a.at(2).c_str(), "rb")) {
+        read = std::fread(&h, sizeof h, 1, f) == 1;
+        std::fclose(f);
+      }
+      if (!read) usleep(10000);
+    }
+    CUdeviceptr p = 0;
+    const CUresult rc =
+        read ? CALL(cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) : static_cast<CUresult>(-1);
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, 0};
+    out("%s rc=%d ptr=0x%llx", s.c_str(), rc, static_cast<unsigned long long>(p));
+  } else if (op == "ipcclose") {
+    out("%s rc=%d", s.c_str(), CALL(cuIpcCloseMemHandle, var(a.at(1))));
+  } else if (op == "touch") {
+    FILE* f = std::fopen(a.at(1).c_str(), "wb");
+    if (f != nullptr) std::fclose(f);
+    out("%s rc=%d", s.c_str(), f != nullptr ? 0 : -1);
+  } else if (op == "waitfile") {
+    bool there = false;
+    for (int i = 0; i < 2000 && !(there = ::access(a.at(1).c_str(), F_OK) == 0); ++i) usleep(10000);
+    out("%s rc=%d", s.c_str(), there ? 0 : -1);
   } else if (op == "kstress") {
     step_kstress(s, a);
   } else if (op == "nvml") {

@@ -630,6 +630,17 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
        },
        "reserved field is not zero"},
       {"grant before hello", false, [&](PoolClient& c) { c.send(grant_msg(kMiB)); }, "request before Hello"},
+      // CUDA IPC (docs/ipc.md): the same framing rules.
+      {"IpcOpen before hello", false, [&](PoolClient& c) { c.send(proto::make<proto::IpcOpen>(3)); },
+       "request before Hello"},
+      {"IpcOpen with descriptors", true,
+       [&](PoolClient& c) {
+         const int fds[] = {devnull};
+         c.send(proto::make<proto::IpcOpen>(3), fds);
+       },
+       "descriptors attached"},
+      {"IpcOpenReply from a client", true, [&](PoolClient& c) { c.send(proto::make<proto::IpcOpenReply>(3)); },
+       "not a client request"},
       {"second hello", true, [&](PoolClient& c) { c.send(hello_msg()); }, "second Hello"},
   };
   for (const Case& k : cases) {

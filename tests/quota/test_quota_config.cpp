@@ -278,6 +278,27 @@ TEST_CASE("dedup domains: namespace, then default, else none", "[quota]") {
   CHECK(def.resolve(9999, 1, none).dedup_domain == "node-wide");
 }
 
+TEST_CASE("ipc_domain: a namespace's own, never default's, and a bad name is a positioned error", "[quota]") {
+  const std::vector<gid_t> none;
+  CHECK(QuotaConfig().resolve(1000, 1000, none).ipc_domain.empty());
+  const QuotaConfig cfg = QuotaConfig::parse(
+      "version: 1\n"
+      "namespaces:\n"
+      "  - {name: train, ipc_domain: team, users: [7001]}\n"
+      "  - {name: serve, ipc_domain: team, users: [7002]}\n"
+      "  - {name: other, users: [7003]}\n",
+      "i.yaml");
+  CHECK(cfg.resolve(7001, 1, none).ipc_domain == "team");
+  CHECK(cfg.resolve(7002, 1, none).ipc_domain == "team");
+  CHECK(cfg.resolve(7003, 1, none).ipc_domain.empty());
+  CHECK(cfg.resolve(9999, 1, none).ipc_domain.empty());
+  CHECK(cfg.resolve_allocation("pod", "serve", Bytes{1ull << 30}, Bytes{1ull << 34}).ipc_domain == "team");
+  CHECK_THROWS_WITH(QuotaConfig::parse("version: 1\nnamespaces:\n  - {name: a, ipc_domain: Team_A}\n", "i.yaml"),
+                    Catch::Contains("i.yaml:3:") && Catch::Contains("bad ipc_domain 'Team_A' in namespace 'a'"));
+  CHECK_THROWS_WITH(QuotaConfig::parse("version: 1\ndefault:\n  ipc_domain: team\n", "i.yaml"),
+                    Catch::Contains("ipc_domain"));
+}
+
 TEST_CASE("guard modes: user/group entry, then namespace, then default, else off", "[quota]") {
   using vlake::quota::GuardMode;
   const QuotaConfig builtin;

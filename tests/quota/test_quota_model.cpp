@@ -178,7 +178,7 @@ TEST_CASE("model: malformed configurations, each with its positioned message", "
       {ns + "  - research\n", "q.yaml:3:5: a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)"},
       {a + "    limits: 8GiB\n",
        "q.yaml:4:5: unknown key 'limits' in a 'namespaces' entry (allowed: name, limit, guaranteed, priority, "
-       "pod_limit, users, groups, guard, dedup, enforce, kill_grace, allow_disable, dedup_domain)"},
+       "pod_limit, users, groups, guard, dedup, enforce, kill_grace, allow_disable, dedup_domain, ipc_domain)"},
       {a + "    guard: strict\n", "q.yaml:4:12: bad guard mode 'strict' in namespace 'a' (use off, canary or fault)"},
       {"version: 1\ndefault:\n  guard: yes\n",
        "q.yaml:3:10: bad guard mode 'yes' in 'default' (use off, canary or fault)"},

@@ -21,7 +21,8 @@
 //   A hook whose connection broke reconnects and sends Hello{old_session}; the daemon re-binds
 //   that session (and its grants) only if the peer is the very process that opened it (pid
 //   and start time). Memory granted before the crash stays with the tenant (an imported handle
-//   cannot be exported back); releasing such a grant just uncharges it.
+//   cannot be exported back); releasing such a grant just uncharges it. CUDA IPC imports and
+//   tokens (IpcExport/IpcOpen) are not kept: after a restart an old token is unknown_handle.
 // - All structs are trivially copyable with fixed sizes (static_asserts below); fields are
 //   host-endian (both ends are on one machine). Adding a field means a new version.
 #pragma once

@@ -14,6 +14,13 @@
 //     pool cannot serve is parked (Pressure to flagged sessions holding reserve) until memory
 //     comes back (retry_parked) or its deadline passes (then out_of_memory).
 //   - release, usage, reserve_report, guard_event, share_request/share_commit.
+//   - ipc_export/ipc_open/ipc_close (node_ipc.cpp, docs/ipc.md): CUDA IPC of alloc grants. An
+//     exported grant gets a token and a secret (getrandom); IpcOpen{token, secret} from a session
+//     of the owner's tenant, or of a tenant whose namespace declares the owner's `ipc_domain`,
+//     answers the grant's handles (one descriptor each) and an import id. An import counts
+//     against the importer's grant cap. The memory stays charged to the owner: a grant released
+//     (or whose session ended) while imports are open is held until the last import closes or
+//     its importer's session ends; an imported grant's handles are then retired, never pooled.
 //   - connection_closed / end_session (process exited): a session's grants return to the pool.
 //   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
 //   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
@@ -236,6 +243,7 @@ class Node {
     quota::GuardMode guard = quota::GuardMode::off;
     quota::DedupMode dedup = quota::DedupMode::off;
     std::string dedup_domain;  // its namespace's dedup trust domain; "": shares only with itself
+    std::string ipc_domain;    // its namespace's CUDA IPC domain (docs/ipc.md); "": only itself
     std::string alloc_id;      // a Kubernetes allocation's tenant; "": a uid/gid tenant
     double guard_tokens = -1;  // GuardEvent token bucket (-1: full, not yet used)
     std::chrono::steady_clock::time_point guard_last{};
@@ -287,6 +295,21 @@ class Node {
     std::uint64_t requested = 0;     // GrantRequest::bytes
     std::uint64_t created_unix_ns = 0;
     bool canary = false;  // its slack holds the canary pattern (docs/guard.md)
+    // CUDA IPC (node_ipc.cpp): token and secret once exported (0: never), open imports, whether
+    // it was ever imported (its handles are then retired at the end, never pooled), and whether
+    // its owner released it (held for its imports; no longer in its session's list).
+    std::uint64_t ipc_token = 0;
+    std::uint64_t ipc_secret = 0;
+    std::uint32_t imports = 0;
+    bool ipc_imported = false;
+    bool released = false;
+  };
+  // An open IPC import: `session` (of `tenant`) maps grant `grant` (docs/ipc.md).
+  struct Import {
+    std::uint64_t id = 0;
+    std::uint64_t session = 0;
+    TenantId tenant;
+    std::uint64_t grant = 0;
   };
   struct Device {
     DeviceOrdinal ordinal{0};
@@ -353,6 +376,20 @@ class Node {
   // The ShareReply could not be delivered: the pending share is aborted.
   void share_undeliverable(std::uint64_t session);
   std::variant<proto::ShareAck, Malformed> share_commit(std::uint64_t session, const proto::ShareCommit& m);
+  // CUDA IPC (node_ipc.cpp, docs/ipc.md). Descriptors in an IpcOpened are borrowed (valid until
+  // the next call on the Node); an IpcOpenReply that could not be delivered is undone with
+  // ipc_undeliverable(import id).
+  std::variant<proto::IpcExportReply, Malformed> ipc_export(std::uint64_t session, const proto::IpcExport& m);
+  struct IpcOpened {
+    proto::IpcOpenReply reply{};
+    std::vector<int> fds;
+  };
+  std::variant<IpcOpened, Malformed> ipc_open(std::uint64_t session, const proto::IpcOpen& m, Now now);
+  void ipc_undeliverable(std::uint64_t import_id);
+  std::variant<proto::IpcCloseAck, Malformed> ipc_close(std::uint64_t session, const proto::IpcClose& m);
+  [[nodiscard]] const std::unordered_map<std::uint64_t, Import>& imports() const noexcept { return imports_; }
+  // Imports a tenant's sessions hold (they count against its grant cap).
+  [[nodiscard]] std::size_t imports_of(TenantId t) const;
 
   // ---- parked grants (docs/pool.md, "Pressure protocol")
   // True when memory came back since the last retry or a deadline passed at `now`.
@@ -482,6 +519,15 @@ class Node {
   std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall);
   void refill_warm(std::uint64_t max_handles_per_gpu);
 
+  // CUDA IPC (node_ipc.cpp)
+  // Drops one import; a released grant whose last import this was is finished (retired).
+  void drop_import(std::uint64_t import_id);
+  // Every import of the session (it ended).
+  void drop_imports_of(std::uint64_t session);
+  // A grant that is being released (by its owner, or at its session's end): true if it is held
+  // for open imports (marked released, out of its session's list) instead of being finished.
+  bool hold_for_imports(Grant& g);
+
   // guards and dedup (node_guard.cpp)
   void canary_fill(const Grant& g);
   bool canary_check(const Grant& g, const char* when, std::uint64_t now_unix_ns);
@@ -503,6 +549,9 @@ class Node {
   std::unordered_map<std::uint64_t, Grant> grants_;
   std::map<std::string, AllocationInfo> allocs_;  // by allocation id
   std::unique_ptr<Dedup> dedup_;                  // created on first use
+  std::unordered_map<std::uint64_t, Import> imports_;            // by import id
+  std::unordered_map<std::uint64_t, std::uint64_t> ipc_tokens_;  // token -> grant id
+  std::uint64_t next_import_id_ = 1;
   std::vector<ParkedGrant> parked_;               // FIFO
   // Tenants of processes without a session by (pid, start time), so that a sample does not
   // resolve (user and group databases) every process again; cleared when the quota file or the

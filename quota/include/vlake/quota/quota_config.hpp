@@ -36,6 +36,9 @@
 // share chunks only with tenants of the same domain (a tenant holding a chunk's descriptor can
 // map it writable: a domain is a set of tenants that trust each other); without a domain a
 // tenant dedups only with its own processes.
+// CUDA IPC domains: `ipc_domain: <DNS label>` may appear in a namespace only (not in `default`).
+// A tenant's IPC handles may be opened by its own processes and by tenants of namespaces that
+// declare the same domain (docs/ipc.md); without a domain only by the tenant itself.
 // Sizes: vlake's one size grammar (vlake/common/size.hpp): a byte count, or a whole number with
 // B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 8GB are errors. Here also a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
@@ -156,6 +159,7 @@ struct TenantSpec {
   std::chrono::milliseconds kill_grace = kDefaultKillGrace;
   bool allow_disable = false;  // VLAKE_DISABLE=1 honoured for it
   std::string dedup_domain;    // its namespace's dedup trust domain; "": none
+  std::string ipc_domain;      // its namespace's CUDA IPC domain (docs/ipc.md); "": none
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -174,6 +178,7 @@ struct NamespaceSpec {
   std::optional<std::chrono::milliseconds> kill_grace;  // nullopt: the top-level default's (or 30s)
   std::optional<bool> allow_disable;                    // nullopt: the top-level default's (or false)
   std::optional<std::string> dedup_domain;              // nullopt: the top-level default's (or none)
+  std::optional<std::string> ipc_domain;                // nullopt: none (namespace-level only)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
   int line = 0, column = 0;
   int limit_line = 0, limit_column = 0;
