@@ -50,7 +50,6 @@
 //   ipcopen:N:FILE             waits (20 s at most) for FILE, cuIpcOpenMemHandle_v2 of its bytes
 //                              (lazy peer access); N is the pointer it returns
 //   ipcclose:N                 cuIpcCloseMemHandle of N's pointer
-//   touch:FILE  waitfile:FILE  create an empty FILE / wait (20 s at most) until FILE exists
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -864,14 +863,6 @@ void run_step(const std::string& s) {
     out("%s rc=%d ptr=0x%llx", s.c_str(), rc, static_cast<unsigned long long>(p));
   } else if (op == "ipcclose") {
     out("%s rc=%d", s.c_str(), CALL(cuIpcCloseMemHandle, var(a.at(1))));
-  } else if (op == "touch") {
-    FILE* f = std::fopen(a.at(1).c_str(), "wb");
-    if (f != nullptr) std::fclose(f);
-    out("%s rc=%d", s.c_str(), f != nullptr ? 0 : -1);
-  } else if (op == "waitfile") {
-    bool there = false;
-    for (int i = 0; i < 2000 && !(there = ::access(a.at(1).c_str(), F_OK) == 0); ++i) usleep(10000);
-    out("%s rc=%d", s.c_str(), there ? 0 : -1);
   } else if (op == "kstress") {
     step_kstress(s, a);
   } else if (op == "nvml") {
