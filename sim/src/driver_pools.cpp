@@ -640,6 +640,40 @@ VLAKE_SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUg
   });
 }
 
+namespace {
+CUresult instantiate_with_params(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  return guarded([&]() -> CUresult {
+    if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const cuuint64_t known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+                             CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+    if ((params->flags & ~known) != 0) return CUDA_ERROR_INVALID_VALUE;
+    params->hErrNode_out = nullptr;
+    CUresult rc = instantiate(phGraphExec, hGraph);
+    if (rc == CUDA_SUCCESS && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) {
+      rc = launch_or_upload(*phGraphExec, params->hUploadStream, false);
+      if (rc != CUDA_SUCCESS) {
+        std::lock_guard lock(st().mu);
+        st().execs.erase(*phGraphExec);
+        delete *phGraphExec;
+        *phGraphExec = nullptr;
+      }
+    }
+    params->result_out = rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return rc;
+  });
+}
+}  // namespace
+
+VLAKE_SIM_API CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph,
+                                                    CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
+  return instantiate_with_params(phGraphExec, hGraph, instantiateParams);
+}
+
+VLAKE_SIM_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, CUgraph hGraph,
+                                                         CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
+  return instantiate_with_params(phGraphExec, hGraph, instantiateParams);
+}
+
 VLAKE_SIM_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   return guarded([&] { return launch_or_upload(hGraphExec, hStream, true); });
 }
