@@ -1966,6 +1966,7 @@ CUresult context(CUctx_st*& ctx) { return check_ctx(ctx); }
 CUresult initialized() { return check_init(); }
 int device_count() { return g_proc->device_count; }
 CUctx_st* device_context(int device) { return &g_proc->ctxs[device]; }
+CUmemoryPool default_pool(int device) { return &g_proc->pools[device]; }
 
 bool stream_ok(CUstream s) {
   std::shared_lock lock(g_proc->mu);

@@ -21,6 +21,8 @@ CUresult initialized();
 int device_count();
 // The primary context of `device` (for allocations on a pool's device).
 CUctx_st* device_context(int device);
+// The device's default memory pool (also CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE of its memory).
+CUmemoryPool default_pool(int device);
 // A known stream (the legacy/per-thread handles included).
 bool stream_ok(CUstream s);
 // cuMemAllocAsync-like memory on `ctx`'s device: charged to the node rounded to 2 MiB.

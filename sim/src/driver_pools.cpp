@@ -108,7 +108,6 @@ struct State {
   std::mutex mu;  // taken before the process's mu (driver_internal calls take that one)
   std::map<CUmemoryPool, std::unique_ptr<Pool>> pools;
   std::map<CUdeviceptr, CUmemoryPool> owner;  // pool allocation -> its pool
-  CUmemPoolHandle_st defaults[vlake::sim::rules::kMaxDevices];
   CUmemoryPool current[vlake::sim::rules::kMaxDevices] = {};
   std::map<CUstream, CUgraph_st*> captures;
   std::set<CUgraph_st*> graphs;
@@ -129,7 +128,7 @@ Pool* find_pool(CUmemoryPool h) {
   State& s = st();
   if (auto it = s.pools.find(h); it != s.pools.end()) return it->second->destroyed ? nullptr : it->second.get();
   for (int d = 0; d < internal::device_count(); ++d) {
-    if (h == &s.defaults[d]) {
+    if (h == internal::default_pool(d)) {
       auto p = std::make_unique<Pool>();
       p->device = d;
       p->is_default = true;
@@ -141,7 +140,7 @@ Pool* find_pool(CUmemoryPool h) {
   return nullptr;
 }
 
-CUmemoryPool default_pool(int dev) { return &st().defaults[dev]; }
+CUmemoryPool default_pool(int dev) { return internal::default_pool(dev); }
 
 void note_highs(Pool& p) {
   p.reserved_high = std::max(p.reserved_high, p.reserved());
