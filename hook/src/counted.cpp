@@ -327,6 +327,42 @@ CUresult create_counted(State& s, bool ptds, CUmemGenericAllocationHandle* handl
   return rc;
 }
 
+// ---- The pre-3.2 cuMemAlloc ABI ----------------------------------------------------------------
+// Charged like cuMemAllocManaged: the driver allocates, the hook counts (whatever the 64-bit
+// driver does with a 32-bit pointer: its failure uncharges).
+
+CUresult on_cuMemAlloc(bool ptds, CUdeviceptr_v1* dptr, unsigned int bytesize) {
+  State* s = active_state();
+  if (s == nullptr || dptr == nullptr || bytesize == 0) return pass<Row::cuMemAlloc>(ptds, dptr, bytesize);
+  int dev = 0;
+  if (CUresult rc = current_device_of(dev); rc != CUDA_SUCCESS) return rc;
+  const Charge c = charge_counted(*s, dev, bytesize);
+  if (c.outcome == Charge::Outcome::refused) return c.rc;
+  const CUresult rc = pass<Row::cuMemAlloc>(ptds, dptr, bytesize);
+  if (c.outcome == Charge::Outcome::passthrough) return rc;
+  if (rc != CUDA_SUCCESS) {
+    uncharge(*s, c.grant_id);
+    return rc;
+  }
+  s->managed.insert(*dptr, c.grant_id);  // cuMemFree_v2 of the zero-extended pointer uncharges too
+  return rc;
+}
+
+CUresult on_cuMemFree(bool ptds, CUdeviceptr_v1 dptr) {
+  State* s = active_state();
+  if (s == nullptr) return pass<Row::cuMemFree>(ptds, dptr);
+  auto grant = s->managed.take(dptr);
+  const CUresult rc = pass<Row::cuMemFree>(ptds, dptr);
+  if (grant) {
+    if (rc == CUDA_SUCCESS) {
+      uncharge(*s, *grant);
+    } else {
+      s->managed.insert(dptr, *grant);
+    }
+  }
+  return rc;
+}
+
 // ---- Stream-ordered memory pools -----------------------------------------------------------------
 
 CUresult free_unserved(State& s, bool ptds, CUdeviceptr dptr, CUstream stream, bool has_stream) {

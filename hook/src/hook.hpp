@@ -156,6 +156,9 @@ CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHos
 CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
                                  CUstream hStream);
 // Stream-ordered pools and graph memory: counted (counted.cpp).
+// The pre-3.2 cuMemAlloc/cuMemFree ABI (32-bit device pointer and size): counted.
+CUresult on_cuMemAlloc(bool ptds, CUdeviceptr_v1* dptr, unsigned int bytesize);
+CUresult on_cuMemFree(bool ptds, CUdeviceptr_v1 dptr);
 CUresult on_cuDeviceGetDefaultMemPool(bool ptds, CUmemoryPool* pool_out, CUdevice dev);
 CUresult on_cuDeviceGetMemPool(bool ptds, CUmemoryPool* pool, CUdevice dev);
 CUresult on_cuDeviceSetMemPool(bool ptds, CUdevice dev, CUmemoryPool pool);

@@ -14,6 +14,8 @@
 //   allocations (plus graph allocations still live) as physical memory charged to the node;
 //   the reservation stays until cuDeviceGraphMemTrim (down to what live allocations need).
 //   Graph allocation addresses are PROT_NONE VA: the simulator does not back them with pages.
+#include "vlake/common/cuda_api.hpp"  // first: the legacy (pre-3.2) declarations too
+
 #include "driver_internal.hpp"
 #include "process.hpp"
 
@@ -359,6 +361,24 @@ bool capturing(CUstream stream) {
 }
 
 }  // namespace vlake::sim::pools
+
+// ---- The pre-3.2 cuMemAlloc ABI ---------------------------------------------------------------------
+// A 32-bit CUdeviceptr cannot address the simulator's memory (host VA above 4 GiB): refused after
+// the usual checks. What the 64-bit driver does is not measured (docs/simulator.md).
+
+VLAKE_SIM_API CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+VLAKE_SIM_API CUresult cuMemFree(CUdeviceptr_v1 dptr) {
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
+  (void)dptr;
+  return CUDA_ERROR_INVALID_VALUE;  // nothing was ever allocated through it
+}
 
 // ---- Memory pools -----------------------------------------------------------------------------------
 

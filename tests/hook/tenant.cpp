@@ -36,6 +36,7 @@
 //                              (rc= its status, shared= merged= copied= chunk=)
 //   Counted paths (pools and graphs), on the tenant's stream:
 //   createx:H:SIZE:rdma|compress  cuMemCreate with gpuDirectRDMACapable / generic compression
+//   alloc1:N:SIZE              the pre-3.2 cuMemAlloc ABI ("cuMemAlloc"@2000)
 //   pool:P[:THRESHOLD]  defpool:P  palloc:N:P:SIZE  pfree:N  ptrim:P:KEEP  pdestroy:P
 //   pattr:P                    reserved= used= of the pool
 //   capture  capalloc:N:SIZE  capfree:N  endcapture:G
@@ -451,6 +452,11 @@ bool run_counted_step(const std::string& s, const std::vector<std::string>& a) {
     const CUresult rc = CALL(cuMemCreate, &h, size, &prop, 0);
     if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, size};
     out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
+  } else if (op == "alloc1") {
+    CUdeviceptr_v1 p = 0;
+    const CUresult rc = XCALL(cuMemAlloc, 2000, &p, static_cast<unsigned>(size_of(a.at(2))));
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size_of(a.at(2))};
+    out("%s rc=%d ptr=0x%x", s.c_str(), rc, p);
   } else if (op == "pool") {
     CUmemPoolProps props{};
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -208,3 +208,20 @@ TEST_CASE("cuMemAllocAsync during stream capture becomes counted graph memory") 
   CHECK(charged(r.out, "info#3") == 0);
   CHECK(f.daemon->counters().grants_alloc == 0);  // the captured allocation was not served
 }
+
+TEST_CASE("the pre-3.2 cuMemAlloc ABI is charged first and uncharged when the driver fails") {
+  Fixture f(with_limit(kLimit));
+  const auto r = f.run({"where:cuMemAlloc:2000", "init", "alloc1:a:4M", "alloc1:big:80M", "info", "procmem"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "where:cuMemAlloc:2000")["lib"] == "libvlake-hook.so");
+  // The simulator refuses the 32-bit ABI: the charge made before the call is given back.
+  CHECK(line_of(r.out, "alloc1:a:4M")["rc"] == num(CUDA_ERROR_NOT_SUPPORTED));
+  CHECK(line_of(r.out, "alloc1:big:80M")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));  // refused before the driver
+  CHECK(charged(r.out, "info") == 0);
+  CHECK(procmem(r.out, "procmem") == 0);
+  const Counters c = f.daemon->counters();
+  CHECK(c.grants_counted == 1);
+  CHECK(c.releases == 1);
+  CHECK(c.refusals == 1);
+  CHECK(c.outstanding == 0);
+}
