@@ -44,9 +44,13 @@ struct Book {
   std::mutex mu;
   std::unordered_map<CUmemoryPool, PoolEntry> pools;
   std::unordered_map<CUdeviceptr, CUmemoryPool> ptrs;  // live pool allocations
-  std::unordered_map<CUgraphExec, DeviceBytes> execs;  // execs with allocation nodes
-  std::array<Ledger, kDevices> graph;                  // per device: its graph memory
-  std::atomic<bool> dirty{false};                      // a pool allocation was freed
+  struct Exec {
+    DeviceBytes bytes{};     // its allocation nodes, per device
+    bool auto_free = false;  // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+  };
+  std::unordered_map<CUgraphExec, Exec> execs;  // execs with allocation nodes
+  std::array<Ledger, kDevices> graph;           // per device: its graph memory
+  std::atomic<bool> dirty{false};               // a pool allocation was freed
 };
 
 std::atomic<Book*> g_book{nullptr};
@@ -202,12 +206,14 @@ bool any(const DeviceBytes& d) {
   return std::any_of(d.begin(), d.end(), [](std::uint64_t v) { return v != 0; });
 }
 
-// What launching allocations of `bytes` on `dev` would add to its graph memory.
-std::uint64_t graph_growth(Book& b, int dev, std::uint64_t bytes) {
+// What launching allocations of `bytes` on `dev` would add to its graph memory; `freed`: bytes
+// the launch frees first (an auto-free exec's previous allocations, if still live).
+std::uint64_t graph_growth(Book& b, int dev, std::uint64_t bytes, std::uint64_t freed = 0) {
   std::uint64_t reserved = 0;
   std::uint64_t in_use = 0;
   graph_attr(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, reserved);
   graph_attr(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, in_use);
+  in_use -= std::min(in_use, freed);
   const std::uint64_t expect = std::max(reserved, in_use + bytes);
   std::lock_guard lock(b.mu);
   const std::uint64_t charged = b.graph[static_cast<std::size_t>(dev)].charged();
@@ -252,7 +258,7 @@ void settle_graphs(State& s, Book& b, const DeviceBytes& per_dev) {
 }
 
 template <class Instantiate>
-CUresult instantiate(CUgraph graph, CUgraphExec* exec, Instantiate call) {
+CUresult instantiate(CUgraph graph, CUgraphExec* exec, unsigned long long flags, Instantiate call) {
   State* s = active_state();
   if (s == nullptr) return call();
   Book& b = book();
@@ -264,7 +270,7 @@ CUresult instantiate(CUgraph graph, CUgraphExec* exec, Instantiate call) {
   const CUresult rc = call();
   if (rc == CUDA_SUCCESS && known && exec != nullptr) {
     std::lock_guard lock(b.mu);
-    b.execs[*exec] = per_dev;
+    b.execs[*exec] = Book::Exec{per_dev, (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0};
   }
   return rc;
 }
@@ -272,22 +278,24 @@ CUresult instantiate(CUgraph graph, CUgraphExec* exec, Instantiate call) {
 // Launch or upload: the growth is charged first (refused: nothing runs), the exact reserved
 // figure settled after.
 template <class Run>
-CUresult run_exec(CUgraphExec exec, Run call) {
+CUresult run_exec(CUgraphExec exec, bool launch, Run call) {
   State* s = active_state();
   if (s == nullptr) return call();
   Book& b = book();
   DeviceBytes per_dev{};
+  bool auto_free = false;
   {
     std::lock_guard lock(b.mu);
     auto it = b.execs.find(exec);
     if (it == b.execs.end()) return call();  // no allocation node
-    per_dev = it->second;
+    per_dev = it->second.bytes;
+    auto_free = launch && it->second.auto_free;
   }
   std::lock_guard charge(b.charge_mu);
   for (std::size_t d = 0; d < kDevices; ++d) {
     if (per_dev[d] == 0) continue;
     const int dev = static_cast<int>(d);
-    const std::uint64_t growth = graph_growth(b, dev, per_dev[d]);
+    const std::uint64_t growth = graph_growth(b, dev, per_dev[d], auto_free ? per_dev[d] : 0);
     if (growth == 0) continue;
     const Charge c = charge_counted(*s, dev, growth);
     if (c.outcome == Charge::Outcome::refused) {
@@ -541,7 +549,7 @@ CUresult on_cuMemAllocFromPoolAsync(bool ptds, CUdeviceptr* dptr, size_t bytesiz
 // ---- Graph memory -------------------------------------------------------------------------------
 
 CUresult on_cuGraphInstantiateWithFlags(bool ptds, CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags) {
-  return instantiate(hGraph, phGraphExec,
+  return instantiate(hGraph, phGraphExec, flags,
                      [&] { return pass<Row::cuGraphInstantiateWithFlags>(ptds, phGraphExec, hGraph, flags); });
 }
 
@@ -549,8 +557,9 @@ CUresult on_cuGraphInstantiateWithParams(bool ptds, CUgraphExec* phGraphExec, CU
                                          CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
   const bool upload =
       instantiateParams != nullptr && (instantiateParams->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0;
+  const unsigned long long flags = instantiateParams != nullptr ? instantiateParams->flags : 0;
   if (!upload) {
-    return instantiate(hGraph, phGraphExec, [&] {
+    return instantiate(hGraph, phGraphExec, flags, [&] {
       return pass<Row::cuGraphInstantiateWithParams>(ptds, phGraphExec, hGraph, instantiateParams);
     });
   }
@@ -558,13 +567,13 @@ CUresult on_cuGraphInstantiateWithParams(bool ptds, CUgraphExec* phGraphExec, CU
   // counted upload path (so the graph memory it reserves is charged first).
   CUDA_GRAPH_INSTANTIATE_PARAMS plain = *instantiateParams;
   plain.flags &= ~static_cast<cuuint64_t>(CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
-  CUresult rc = instantiate(hGraph, phGraphExec,
+  CUresult rc = instantiate(hGraph, phGraphExec, flags,
                             [&] { return pass<Row::cuGraphInstantiateWithParams>(ptds, phGraphExec, hGraph, &plain); });
   instantiateParams->result_out = plain.result_out;
   instantiateParams->hErrNode_out = plain.hErrNode_out;
   if (rc != CUDA_SUCCESS || phGraphExec == nullptr) return rc;
   const CUstream stream = instantiateParams->hUploadStream;
-  rc = run_exec(*phGraphExec, [&] { return pass<Row::cuGraphUpload>(ptds, *phGraphExec, stream); });
+  rc = run_exec(*phGraphExec, false, [&] { return pass<Row::cuGraphUpload>(ptds, *phGraphExec, stream); });
   if (rc != CUDA_SUCCESS) {
     on_cuGraphExecDestroy(false, *phGraphExec);
     *phGraphExec = nullptr;
@@ -573,11 +582,11 @@ CUresult on_cuGraphInstantiateWithParams(bool ptds, CUgraphExec* phGraphExec, CU
 }
 
 CUresult on_cuGraphUpload(bool ptds, CUgraphExec hGraphExec, CUstream hStream) {
-  return run_exec(hGraphExec, [&] { return pass<Row::cuGraphUpload>(ptds, hGraphExec, hStream); });
+  return run_exec(hGraphExec, false, [&] { return pass<Row::cuGraphUpload>(ptds, hGraphExec, hStream); });
 }
 
 CUresult on_cuGraphLaunch(bool ptds, CUgraphExec hGraphExec, CUstream hStream) {
-  return run_exec(hGraphExec, [&] { return pass<Row::cuGraphLaunch>(ptds, hGraphExec, hStream); });
+  return run_exec(hGraphExec, true, [&] { return pass<Row::cuGraphLaunch>(ptds, hGraphExec, hStream); });
 }
 
 CUresult on_cuGraphExecDestroy(bool ptds, CUgraphExec hGraphExec) {

@@ -46,6 +46,8 @@ struct CUgraph_st {
 
 struct CUgraphExec_st {
   int device = 0;
+  bool auto_free = false;        // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+  CUgraph_st* source = nullptr;  // its graph, while it has memory nodes
   std::vector<std::pair<CUdeviceptr, std::size_t>> allocs;
   std::vector<CUdeviceptr> frees;
 };
@@ -224,6 +226,9 @@ CUresult launch_or_upload(CUgraphExec e, CUstream stream, bool launch) {
   std::lock_guard lock(s.mu);
   if (e == nullptr || s.execs.count(e) == 0) return CUDA_ERROR_INVALID_VALUE;
   GraphPool& g = s.graph[e->device];
+  if (launch && e->auto_free) {
+    for (const auto& a : e->allocs) g.live.erase(a.first);  // its previous allocations
+  }
   if (launch) {
     for (const auto& a : e->allocs) {
       if (g.live.count(a.first) != 0) return CUDA_ERROR_INVALID_VALUE;  // its allocation is still live
@@ -237,7 +242,7 @@ CUresult launch_or_upload(CUgraphExec e, CUstream stream, bool launch) {
   return CUDA_SUCCESS;
 }
 
-CUresult instantiate(CUgraphExec* out, CUgraph graph) {
+CUresult instantiate(CUgraphExec* out, CUgraph graph, unsigned long long flags) {
   if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
   CUctx_st* ctx = nullptr;
   if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
@@ -246,6 +251,18 @@ CUresult instantiate(CUgraphExec* out, CUgraph graph) {
   if (out == nullptr || graph == nullptr || s.graphs.count(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
   auto e = std::make_unique<CUgraphExec_st>();
   e->device = ctx->device;
+  const bool memory_nodes = std::any_of(graph->nodes.begin(), graph->nodes.end(), [](const auto& n) {
+    return n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE;
+  });
+  if (memory_nodes) {
+    // cuda.h: at most one executable graph at a time for a graph with memory nodes (the
+    // error code is not documented: guessed).
+    for (CUgraphExec_st* other : s.execs) {
+      if (other->source == graph) return CUDA_ERROR_INVALID_VALUE;
+    }
+    e->source = graph;
+  }
+  e->auto_free = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
   for (const auto& n : graph->nodes) {
     if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
       e->device = n->alloc.poolProps.location.id;
@@ -655,7 +672,7 @@ VLAKE_SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUg
                     CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    return instantiate(phGraphExec, hGraph);
+    return instantiate(phGraphExec, hGraph, flags);
   });
 }
 
@@ -667,7 +684,7 @@ CUresult instantiate_with_params(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_
                              CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
     if ((params->flags & ~known) != 0) return CUDA_ERROR_INVALID_VALUE;
     params->hErrNode_out = nullptr;
-    CUresult rc = instantiate(phGraphExec, hGraph);
+    CUresult rc = instantiate(phGraphExec, hGraph, params->flags);
     if (rc == CUDA_SUCCESS && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) {
       rc = launch_or_upload(*phGraphExec, params->hUploadStream, false);
       if (rc != CUDA_SUCCESS) {

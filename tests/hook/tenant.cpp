@@ -40,7 +40,8 @@
 //   pool:P[:THRESHOLD]  defpool:P  palloc:N:P:SIZE  pfree:N  ptrim:P:KEEP  pdestroy:P
 //   pattr:P                    reserved= used= of the pool
 //   capture  capalloc:N:SIZE  capfree:N  endcapture:G
-//   graph:G  gnalloc:G:N:SIZE  gnfree:G:N  ginst:E:G  ginstup:E:G  glaunch:E  gupload:E
+//   graph:G  gnalloc:G:N:SIZE  gnfree:G:N  ginst:E:G  ginstup:E:G (+upload)  ginstaf:E:G (auto-free)
+//   glaunch:E  gupload:E
 //   gexecdestroy:E  gtrim      gattr  reserved= used= of device 0's graph memory
 //   procmem                    bytes= this process's memory on GPU 0 in the simulator's NVML
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -528,11 +529,12 @@ bool run_counted_step(const std::string& s, const std::vector<std::string>& a) {
     CUgraphNode n = nullptr;
     out("%s rc=%d", s.c_str(),
         XCALL(cuGraphAddMemFreeNode, 11040, &n, handle_of<CUgraph>(a.at(1)), nullptr, 0, var(a.at(2))));
-  } else if (op == "ginst" || op == "ginstup") {
+  } else if (op == "ginst" || op == "ginstup" || op == "ginstaf") {
     CUgraphExec e = nullptr;
     CUresult rc;
-    if (op == "ginst") {
-      rc = XCALL(cuGraphInstantiateWithFlags, 11040, &e, handle_of<CUgraph>(a.at(2)), 0);
+    if (op == "ginst" || op == "ginstaf") {
+      const unsigned long long flags = op == "ginstaf" ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
+      rc = XCALL(cuGraphInstantiateWithFlags, 11040, &e, handle_of<CUgraph>(a.at(2)), flags);
     } else {
       CUDA_GRAPH_INSTANTIATE_PARAMS params{};
       params.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;

@@ -225,3 +225,18 @@ TEST_CASE("the pre-3.2 cuMemAlloc ABI is charged first and uncharged when the dr
   CHECK(c.refusals == 1);
   CHECK(c.outstanding == 0);
 }
+
+TEST_CASE("relaunching an auto-free graph reuses its memory instead of charging it again") {
+  Fixture f(with_limit(kLimit));
+  const auto r = f.run({"init", "graph:g", "gnalloc:g:x:40M", "ginstaf:e:g", "glaunch:e#1", "glaunch:e#2", "gattr",
+                        "info", "procmem", "ginst:again:g", "graph:g2", "gnalloc:g2:y:40M", "ginst:plain:g2"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "glaunch:e#1")["rc"] == "0");
+  CHECK(line_of(r.out, "glaunch:e#2")["rc"] == "0");  // 40 MiB twice would not fit 64 MiB
+  CHECK(line_of(r.out, "gattr")["reserved"] == num(40 * MiB));
+  CHECK(charged(r.out, "info") == 40 * MiB);
+  CHECK(procmem(r.out, "procmem") == 40 * MiB);
+  CHECK(line_of(r.out, "ginst:again:g")["rc"] != "0");  // one exec at a time per graph with memory nodes
+  // Another 40 MiB while the first is live (nothing to reuse): refused at instantiation.
+  CHECK(line_of(r.out, "ginst:plain:g2")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));
+}
