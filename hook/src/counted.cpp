@@ -263,12 +263,14 @@ CUresult instantiate(CUgraph graph, CUgraphExec* exec, unsigned long long flags,
   if (s == nullptr) return call();
   Book& b = book();
   DeviceBytes per_dev{};
-  const bool known = alloc_node_bytes(graph, per_dev, 0) == CUDA_SUCCESS && any(per_dev);
-  if (known) {
+  const bool walked = alloc_node_bytes(graph, per_dev, 0) == CUDA_SUCCESS;
+  if (walked && any(per_dev)) {
     if (CUresult rc = check_fits(*s, b, per_dev); rc != CUDA_SUCCESS) return rc;
   }
   const CUresult rc = call();
-  if (rc == CUDA_SUCCESS && known && exec != nullptr) {
+  // Every exec whose allocation nodes are known is remembered (those without any too: their
+  // launches then cost one lookup); an exec the hook could not walk is settled after each launch.
+  if (rc == CUDA_SUCCESS && walked && exec != nullptr) {
     std::lock_guard lock(b.mu);
     b.execs[*exec] = Book::Exec{per_dev, (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0};
   }
@@ -287,9 +289,24 @@ CUresult run_exec(CUgraphExec exec, bool launch, Run call) {
   {
     std::lock_guard lock(b.mu);
     auto it = b.execs.find(exec);
-    if (it == b.execs.end()) return call();  // no allocation node
-    per_dev = it->second.bytes;
-    auto_free = launch && it->second.auto_free;
+    if (it != b.execs.end() && !any(it->second.bytes)) return call();  // no allocation node
+    if (it != b.execs.end()) {
+      per_dev = it->second.bytes;
+      auto_free = launch && it->second.auto_free;
+    }
+  }
+  if (!any(per_dev)) {
+    // An exec the hook did not instantiate (a legacy cuGraphInstantiate ABI) or could not walk:
+    // no refusal is possible before it runs; its graph memory is charged after it, on the
+    // current device.
+    const CUresult rc = call();
+    int dev = -1;
+    if (rc == CUDA_SUCCESS && current_device_of(dev) == CUDA_SUCCESS && valid_device(dev)) {
+      std::lock_guard charge(b.charge_mu);
+      per_dev[static_cast<std::size_t>(dev)] = 1;
+      settle_graphs(*s, b, per_dev);
+    }
+    return rc;
   }
   std::lock_guard charge(b.charge_mu);
   for (std::size_t d = 0; d < kDevices; ++d) {

@@ -665,6 +665,16 @@ VLAKE_SIM_API CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_
   return CUDA_SUCCESS;
 }
 
+// The CUDA 11 ABI (error node and log buffer): what CUDA 11 runtimes call.
+VLAKE_SIM_API CUresult cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode,
+                                             char* logBuffer, size_t bufferSize) {
+  return guarded([&]() -> CUresult {
+    if (phErrorNode != nullptr) *phErrorNode = nullptr;
+    if (logBuffer != nullptr && bufferSize > 0) logBuffer[0] = '\0';
+    return instantiate(phGraphExec, hGraph, 0);
+  });
+}
+
 VLAKE_SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags) {
   return guarded([&]() -> CUresult {
     if (flags & ~static_cast<unsigned long long>(

@@ -41,7 +41,7 @@
 //   pattr:P                    reserved= used= of the pool
 //   capture  capalloc:N:SIZE  capfree:N  endcapture:G
 //   graph:G  gnalloc:G:N:SIZE  gnfree:G:N  ginst:E:G  ginstup:E:G (+upload)  ginstaf:E:G (auto-free)
-//   glaunch:E  gupload:E
+//   ginst11:E:G (the CUDA 11 cuGraphInstantiate_v2)  glaunch:E  gupload:E
 //   gexecdestroy:E  gtrim      gattr  reserved= used= of device 0's graph memory
 //   procmem                    bytes= this process's memory on GPU 0 in the simulator's NVML
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -529,10 +529,12 @@ bool run_counted_step(const std::string& s, const std::vector<std::string>& a) {
     CUgraphNode n = nullptr;
     out("%s rc=%d", s.c_str(),
         XCALL(cuGraphAddMemFreeNode, 11040, &n, handle_of<CUgraph>(a.at(1)), nullptr, 0, var(a.at(2))));
-  } else if (op == "ginst" || op == "ginstup" || op == "ginstaf") {
+  } else if (op == "ginst" || op == "ginstup" || op == "ginstaf" || op == "ginst11") {
     CUgraphExec e = nullptr;
     CUresult rc;
-    if (op == "ginst" || op == "ginstaf") {
+    if (op == "ginst11") {
+      rc = XCALL(cuGraphInstantiate, 11000, &e, handle_of<CUgraph>(a.at(2)), nullptr, nullptr, 0);
+    } else if (op == "ginst" || op == "ginstaf") {
       const unsigned long long flags = op == "ginstaf" ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
       rc = XCALL(cuGraphInstantiateWithFlags, 11040, &e, handle_of<CUgraph>(a.at(2)), flags);
     } else {

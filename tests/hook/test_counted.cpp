@@ -240,3 +240,17 @@ TEST_CASE("relaunching an auto-free graph reuses its memory instead of charging 
   // Another 40 MiB while the first is live (nothing to reuse): refused at instantiation.
   CHECK(line_of(r.out, "ginst:plain:g2")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));
 }
+
+TEST_CASE("a graph instantiated through the CUDA 11 ABI is charged after its launch") {
+  Fixture f(with_limit(kLimit));
+  const auto r = f.run({"where:cuGraphInstantiate:11000", "init", "graph:g", "gnalloc:g:x:6M", "ginst11:e:g",
+                        "glaunch:e", "gattr", "info#1", "procmem", "pfree:x", "gtrim", "info#2"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "where:cuGraphInstantiate:11000")["lib"] == "libcuda.so.1");  // not intercepted
+  CHECK(line_of(r.out, "ginst11:e:g")["rc"] == "0");
+  CHECK(line_of(r.out, "glaunch:e")["rc"] == "0");
+  CHECK(line_of(r.out, "gattr")["reserved"] == num(6 * MiB));
+  CHECK(charged(r.out, "info#1") == 6 * MiB);
+  CHECK(procmem(r.out, "procmem") == 6 * MiB);
+  CHECK(charged(r.out, "info#2") == 0);
+}
