@@ -701,6 +701,28 @@ CUresult device_uuid(State& s, int dev, Uuid& out) {
   return CUDA_SUCCESS;
 }
 
+State* active_state() noexcept { return active(); }
+
+CUresult current_device_of(int& dev) { return current_device(dev); }
+
+Charge charge_counted(State& s, int dev, std::uint64_t bytes) {
+  Obtained o = obtain(s, dev, bytes, GrantPurpose::counted);
+  Charge c;
+  c.rc = o.rc;
+  if (o.decision == Decision::passthrough) {
+    c.outcome = Charge::Outcome::passthrough;
+  } else if (o.decision == Decision::granted) {
+    c.outcome = Charge::Outcome::granted;
+    c.grant_id = o.grant.grant_id;
+    c.bytes = o.grant.bytes;
+  }
+  return c;
+}
+
+void uncharge(State& s, std::uint64_t grant_id) { give_back(s, grant_id, 0); }
+
+bool stream_capturing(bool ptds, CUstream stream) { return capturing(effective_stream(ptds, stream)); }
+
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept {
   const std::uint64_t real_total = total;
   const std::uint64_t real_free = free;
@@ -765,7 +787,7 @@ CUresult on_cuMemFree_v2(bool ptds, CUdeviceptr dptr) {
     }
     return rc;
   }
-  return pass<Row::cuMemFree_v2>(ptds, dptr);
+  return free_unserved(*s, ptds, dptr, nullptr, false);
 }
 
 CUresult on_cuMemAllocAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
@@ -783,7 +805,7 @@ CUresult on_cuMemAllocAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUstr
 CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
   State* s = active();
   if (s == nullptr) return pass<Row::cuMemFreeAsync>(ptds, dptr, hStream);
-  if (!s->allocs.find(addr(dptr))) return pass<Row::cuMemFreeAsync>(ptds, dptr, hStream);
+  if (!s->allocs.find(addr(dptr))) return free_unserved(*s, ptds, dptr, hStream, true);
   const CUstream stream = effective_stream(ptds, hStream);
   if (capturing(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   const UsedApi& api = used();
@@ -800,9 +822,8 @@ CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
 CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                         unsigned long long flags) {
   State* s = active();
-  if (s == nullptr || !served_prop(prop, flags)) {
-    return pass<Row::cuMemCreate>(ptds, handle, size, prop, flags);
-  }
+  if (s == nullptr) return pass<Row::cuMemCreate>(ptds, handle, size, prop, flags);
+  if (!served_prop(prop, flags)) return create_counted(*s, ptds, handle, size, prop, flags);
   if (handle == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
   const UsedApi& api = used();
   if (api.cuMemGetAllocationGranularity == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
@@ -893,7 +914,7 @@ CUresult on_cuMemImportFromShareableHandle(bool ptds, CUmemGenericAllocationHand
 CUresult on_cuMemExportToShareableHandle(bool ptds, void* shareableHandle, CUmemGenericAllocationHandle handle,
                                          CUmemAllocationHandleType handleType, unsigned long long flags) {
   State* s = active();
-  if (s == nullptr || !s->creates.owns(handle)) {
+  if (s == nullptr || !s->creates.serves(handle)) {
     return pass<Row::cuMemExportToShareableHandle>(ptds, shareableHandle, handle, handleType, flags);
   }
   if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1147,6 +1168,7 @@ __attribute__((cold, noinline)) void report_fault(const char* call, CUresult rc)
 
 CUresult on_cuCtxSynchronize(bool ptds) {
   const CUresult rc = pass<Row::cuCtxSynchronize>(ptds);
+  if (rc == CUDA_SUCCESS) after_synchronize();
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuCtxSynchronize", rc);
   return rc;
@@ -1154,6 +1176,7 @@ CUresult on_cuCtxSynchronize(bool ptds) {
 
 CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
   const CUresult rc = pass<Row::cuCtxSynchronize_v2>(ptds, ctx);
+  if (rc == CUDA_SUCCESS) after_synchronize();
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuCtxSynchronize_v2", rc);
   return rc;
@@ -1161,6 +1184,7 @@ CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
 
 CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream) {
   const CUresult rc = pass<Row::cuStreamSynchronize>(ptds, hStream);
+  if (rc == CUDA_SUCCESS) after_synchronize();
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuStreamSynchronize", rc);
   return rc;
@@ -1175,6 +1199,7 @@ CUresult on_cuStreamQuery(bool ptds, CUstream hStream) {
 
 CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent) {
   const CUresult rc = pass<Row::cuEventSynchronize>(ptds, hEvent);
+  if (rc == CUDA_SUCCESS) after_synchronize();
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuEventSynchronize", rc);
   return rc;

@@ -91,6 +91,34 @@ void report_fault(const char* call, CUresult rc) noexcept;
 // Applies the daemon's usage answer to a (free, total) pair the driver reported.
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
 
+// ---- For counted.cpp (hook.cpp) ----
+// The state when calls are intercepted (not passthrough, not initializing), else nullptr.
+[[nodiscard]] State* active_state() noexcept;
+// The device of the calling thread's current context.
+CUresult current_device_of(int& dev);
+// A GrantRequest{counted} of `bytes` on `dev`, with the hook's refusal and unreachable policies
+// (refusals are logged). granted: grant_id and the charged bytes (rounded by the daemon).
+struct Charge {
+  enum class Outcome { granted, refused, passthrough } outcome = Outcome::refused;
+  CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+  std::uint64_t grant_id = 0;
+  std::uint64_t bytes = 0;
+};
+Charge charge_counted(State& s, int dev, std::uint64_t bytes);
+void uncharge(State& s, std::uint64_t grant_id);
+bool stream_capturing(bool ptds, CUstream stream);
+
+// ---- Counted paths (counted.cpp) ----
+// cuMemCreate with properties the node pool cannot serve: charged, then created by the driver.
+CUresult create_counted(State& s, bool ptds, CUmemGenericAllocationHandle* handle, size_t size,
+                        const CUmemAllocationProp* prop, unsigned long long flags);
+// cuMemFree / cuMemFreeAsync (has_stream) of a pointer the pool did not serve: passed to the
+// driver; a memory-pool pointer updates its pool's charge.
+CUresult free_unserved(State& s, bool ptds, CUdeviceptr dptr, CUstream stream, bool has_stream);
+// After a successful stream, event or context synchronization: pools that freed memory are
+// re-read (one atomic load when none did).
+void after_synchronize() noexcept;
+
 CUresult on_cuMemAlloc_v2(bool ptds, CUdeviceptr* dptr, size_t bytesize);
 CUresult on_cuMemAllocPitch_v2(bool ptds, CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
                                unsigned int ElementSizeBytes);
@@ -137,6 +165,24 @@ CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext);
 CUresult on_cuIpcGetMemHandle(bool ptds, CUipcMemHandle* pHandle, CUdeviceptr dptr);
 CUresult on_cuIpcOpenMemHandle_v2(bool ptds, CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult on_cuIpcCloseMemHandle(bool ptds, CUdeviceptr dptr);
+// Stream-ordered pools and graph memory: counted (counted.cpp).
+// The pre-3.2 cuMemAlloc/cuMemFree ABI (32-bit device pointer and size): counted.
+CUresult on_cuMemAlloc(bool ptds, CUdeviceptr_v1* dptr, unsigned int bytesize);
+CUresult on_cuMemFree(bool ptds, CUdeviceptr_v1 dptr);
+CUresult on_cuDeviceGetDefaultMemPool(bool ptds, CUmemoryPool* pool_out, CUdevice dev);
+CUresult on_cuDeviceGetMemPool(bool ptds, CUmemoryPool* pool, CUdevice dev);
+CUresult on_cuDeviceSetMemPool(bool ptds, CUdevice dev, CUmemoryPool pool);
+CUresult on_cuMemPoolCreate(bool ptds, CUmemoryPool* pool, const CUmemPoolProps* poolProps);
+CUresult on_cuMemPoolDestroy(bool ptds, CUmemoryPool pool);
+CUresult on_cuMemPoolTrimTo(bool ptds, CUmemoryPool pool, size_t minBytesToKeep);
+CUresult on_cuMemAllocFromPoolAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+CUresult on_cuGraphInstantiateWithFlags(bool ptds, CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags);
+CUresult on_cuGraphInstantiateWithParams(bool ptds, CUgraphExec* phGraphExec, CUgraph hGraph,
+                                         CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams);
+CUresult on_cuGraphUpload(bool ptds, CUgraphExec hGraphExec, CUstream hStream);
+CUresult on_cuGraphLaunch(bool ptds, CUgraphExec hGraphExec, CUstream hStream);
+CUresult on_cuGraphExecDestroy(bool ptds, CUgraphExec hGraphExec);
+CUresult on_cuDeviceGraphMemTrim(bool ptds, CUdevice device);
 // Defined in exports.cpp (they need the cuGetProcAddress table).
 CUresult on_cuGetProcAddress(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult on_cuGetProcAddress_v2(bool ptds, const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,

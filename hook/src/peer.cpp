@@ -83,11 +83,6 @@ bool devices(CUcontext peer, int& accessor, int& owner) {
   return accessor >= 0 && accessor < n && owner >= 0 && owner < n && accessor != owner;
 }
 
-State* active_state() noexcept {
-  State* s = state();
-  return s != nullptr && !s->passthrough ? s : nullptr;
-}
-
 }  // namespace
 
 std::uint32_t PeerSet::add(int owner, int accessor) noexcept {

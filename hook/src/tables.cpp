@@ -123,9 +123,26 @@ void CreateTable::add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_
   live_[handle] = grant_id;
 }
 
+void CreateTable::add_counted(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size) {
+  std::lock_guard lock(mu_);
+  Grant g;
+  g.handle = handle;
+  g.size = size;
+  g.refs = 1;
+  g.counted = true;
+  grants_.insert_or_assign(grant_id, std::move(g));
+  live_[handle] = grant_id;
+}
+
 bool CreateTable::owns(std::uint64_t handle) const {
   std::lock_guard lock(mu_);
   return live_.count(handle) != 0;
+}
+
+bool CreateTable::serves(std::uint64_t handle) const {
+  std::lock_guard lock(mu_);
+  auto live = live_.find(handle);
+  return live != live_.end() && !grants_.at(live->second).counted;
 }
 
 std::optional<FinishedGrant> CreateTable::finish_if_done(std::uint64_t grant_id) {
@@ -214,7 +231,7 @@ std::optional<int> CreateTable::export_fd(std::uint64_t handle) {
 std::optional<CUmemAllocationProp> CreateTable::props(std::uint64_t handle) const {
   std::lock_guard lock(mu_);
   auto live = live_.find(handle);
-  if (live == live_.end()) return std::nullopt;
+  if (live == live_.end() || grants_.at(live->second).counted) return std::nullopt;
   return grants_.at(live->second).prop;
 }
 

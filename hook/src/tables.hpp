@@ -6,7 +6,8 @@
 //   the returned pointer and requested size, grant id, device, creation time and the imported
 //   handles mapped inside it. Indexed by reservation base; the application's pointer may lie
 //   inside the reservation (guard fault mode right-aligns it), so removal is by that pointer.
-// CreateTable: grants handed to the application as handles (cuMemCreate). Tracks the
+// CreateTable: grants handed to the application as handles (cuMemCreate), and counted grants of
+//   handles the driver created (cuMemCreate with properties the pool cannot serve). Tracks the
 //   application's references to each handle (creation + cuMemRetainAllocationHandle, minus
 //   cuMemRelease) and its mappings of it (cuMemMap/cuMemUnmap, a VA range -> grant). A grant is
 //   finished — to be released to the daemon — when it has no reference and no mapping left.
@@ -85,7 +86,13 @@ class CreateTable {
   // A new pool handle given to the application (one reference, no mapping).
   void add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size, const CUmemAllocationProp& prop,
            UniqueFd fd);
+  // A handle the driver created with properties the pool cannot serve, charged by the counted
+  // grant `grant_id` (one reference, no mapping; no descriptor, no properties kept).
+  void add_counted(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size);
   [[nodiscard]] bool owns(std::uint64_t handle) const;
+  // owns() and served from the pool (not a counted handle): the hook answers export and
+  // properties queries for it.
+  [[nodiscard]] bool serves(std::uint64_t handle) const;
   // After the driver accepted cuMemRelease(handle): drops one reference. `ours` tells whether the
   // handle was a pool handle; the result is the grant if it is now finished.
   std::optional<FinishedGrant> released(std::uint64_t handle, bool& ours);
@@ -119,6 +126,7 @@ class CreateTable {
     int refs = 0;
     int mappings = 0;
     bool exported = false;
+    bool counted = false;  // created by the driver, only charged
     UniqueFd fd;
   };
   struct Mapping {

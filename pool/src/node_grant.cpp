@@ -499,7 +499,9 @@ NonpoolInputs Node::nonpool_inputs() const {
     in.pid_tenant.emplace(sess.pid, sess.tenant);
     for (std::uint64_t gid : sess.grants) {
       const Grant& g = grants_.at(gid);
-      if (g.orphaned) in.orphaned[{sess.pid, g.device.value()}] += g.bytes;
+      // Already charged as granted: orphaned grants (NVML now charges their memory to the
+      // process) and counted grants (memory the process's driver allocated itself).
+      if (g.orphaned || g.purpose == proto::GrantPurpose::counted) in.orphaned[{sess.pid, g.device.value()}] += g.bytes;
     }
   }
   return in;

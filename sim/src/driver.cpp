@@ -5,6 +5,7 @@
 
 #include "call_counts.hpp"
 #include "internal.hpp"
+#include "driver_internal.hpp"
 #include "node.hpp"
 #include "process.hpp"
 #include "rules.hpp"
@@ -979,7 +980,9 @@ VLAKE_SIM_API CUresult cuCtxGetDevice(CUdevice* device) {
 VLAKE_SIM_API CUresult cuCtxSynchronize() {
   VLAKE_SIM_COUNT(cuCtxSynchronize);
   CUctx_st* ctx = nullptr;
-  return check_ctx(ctx);
+  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  vlake::sim::pools::synchronized();
+  return CUDA_SUCCESS;
 }
 
 // =================================================================================================
@@ -1046,6 +1049,9 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
       *dptr = 0;
       return CUDA_SUCCESS;
     }
+    if (CUresult rc = CUDA_SUCCESS; vlake::sim::pools::alloc_captured(dptr, bytesize, hStream, ctx->device, rc)) {
+      return rc;
+    }
     return alloc_classic(ctx, bytesize, ClassicKind::async, dptr);
   });
 }
@@ -1059,6 +1065,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
       if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
     }
     if (dptr == 0) return CUDA_SUCCESS;  // measured
+    if (CUresult rc = CUDA_SUCCESS; vlake::sim::pools::free_async(dptr, hStream, true, rc)) return rc;
     return free_classic(as_addr(dptr), rules::kFreeAsyncUnknown);
   });
 }
@@ -1134,6 +1141,7 @@ VLAKE_SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = CUDA_SUCCESS; vlake::sim::pools::free_async(dptr, nullptr, false, rc)) return rc;
     return free_classic(as_addr(dptr), rules::kFreeUnknown);
   });
 }
@@ -1353,8 +1361,13 @@ CUresult stream_sync(CUstream hStream) {
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-    std::shared_lock lock(g_proc->mu);
-    return valid_stream(hStream) ? CUDA_SUCCESS : rules::kBadStreamOrEvent;
+    {
+      std::shared_lock lock(g_proc->mu);
+      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
+    }
+    if (vlake::sim::pools::capturing(hStream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    vlake::sim::pools::synchronized();
+    return CUDA_SUCCESS;
   });
 }
 }  // namespace
@@ -1435,7 +1448,9 @@ VLAKE_SIM_API CUresult cuEventQuery(CUevent hEvent) {
 
 VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) {
   VLAKE_SIM_COUNT(cuEventSynchronize);
-  return event_query(hEvent);
+  const CUresult rc = event_query(hEvent);
+  if (rc == CUDA_SUCCESS) vlake::sim::pools::synchronized();
+  return rc;
 }
 
 VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
@@ -2003,6 +2018,51 @@ VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, 
 // =================================================================================================
 // Call counters (call_counts.hpp, docs/simulator.md "Call counters"): not part of the CUDA API.
 // =================================================================================================
+
+// ---- What driver_pools.cpp uses (driver_internal.hpp) ------------------------------------------
+
+namespace vlake::sim::internal {
+
+CUresult context(CUctx_st*& ctx) { return check_ctx(ctx); }
+CUresult initialized() { return check_init(); }
+int device_count() { return g_proc->device_count; }
+CUctx_st* device_context(int device) { return &g_proc->ctxs[device]; }
+CUmemoryPool default_pool(int device) { return &g_proc->pools[device]; }
+
+bool stream_ok(CUstream s) {
+  std::shared_lock lock(g_proc->mu);
+  return valid_stream(s);
+}
+
+CUresult device_alloc(CUctx_st* ctx, std::size_t bytes, CUdeviceptr* dptr) {
+  return alloc_classic(ctx, bytes, ClassicKind::async, dptr);
+}
+
+CUresult device_free(CUdeviceptr p) { return free_classic(as_addr(p), CUDA_ERROR_INVALID_VALUE); }
+
+CUresult physical_alloc(std::size_t bytes, int device, std::uint64_t& id) {
+  std::unique_lock lock(g_proc->mu);
+  Phys* p = nullptr;
+  if (CUresult rc = new_phys(bytes, device, 0, true, p); rc != CUDA_SUCCESS) return rc;
+  p->handle_refs = 1;  // held by the pool, not a handle of the application
+  id = p->block_id;
+  return CUDA_SUCCESS;
+}
+
+void physical_free(std::uint64_t id) {
+  std::unique_lock lock(g_proc->mu);
+  for (auto& [key, p] : g_proc->phys) {
+    if (p->block_id != id) continue;
+    Phys* raw = p.get();
+    raw->handle_refs = 0;
+    maybe_destroy(raw);
+    return;
+  }
+}
+
+std::uintptr_t address_range(std::size_t bytes) { return reserve_va(bytes, kGran); }
+
+}  // namespace vlake::sim::internal
 
 extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_call_count(const char* entry) noexcept {
   return vlake::sim::calls::count_of(entry);

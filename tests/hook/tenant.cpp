@@ -50,6 +50,16 @@
 //   ipcopen:N:FILE             waits (20 s at most) for FILE, cuIpcOpenMemHandle_v2 of its bytes
 //                              (lazy peer access); N is the pointer it returns
 //   ipcclose:N                 cuIpcCloseMemHandle of N's pointer
+//   Counted paths (pools and graphs), on the tenant's stream:
+//   createx:H:SIZE:rdma|compress  cuMemCreate with gpuDirectRDMACapable / generic compression
+//   alloc1:N:SIZE              the pre-3.2 cuMemAlloc ABI ("cuMemAlloc"@2000)
+//   pool:P[:THRESHOLD]  defpool:P  palloc:N:P:SIZE  pfree:N  ptrim:P:KEEP  pdestroy:P
+//   pattr:P                    reserved= used= of the pool
+//   capture  capalloc:N:SIZE  capfree:N  endcapture:G
+//   graph:G  gnalloc:G:N:SIZE  gnfree:G:N  ginst:E:G  ginstup:E:G (+upload)  ginstaf:E:G (auto-free)
+//   ginst11:E:G (the CUDA 11 cuGraphInstantiate_v2)  glaunch:E  gupload:E
+//   gexecdestroy:E  gtrim      gattr  reserved= used= of device 0's graph memory
+//   procmem                    bytes= this process's memory on GPU 0 in the simulator's NVML
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -552,6 +562,186 @@ struct ShareResult {
   std::uint64_t chunk_bytes, shared_bytes, merged_bytes, copied_bytes;
 };
 
+// An entry point the TENANT_API list does not name, resolved like the others (cached).
+template <class Pfn>
+Pfn extra(const char* base, int version) {
+  static std::map<std::string, void*> cache;
+  const std::string key = std::string(base) + "@" + std::to_string(version);
+  if (auto it = cache.find(key); it != cache.end()) return reinterpret_cast<Pfn>(it->second);
+  void* p = nullptr;
+  if (g_direct) {
+    p = dlsym(RTLD_DEFAULT, base);
+  } else if (g_gpa1 != nullptr && g_gpa1(base, &p, version, g_flags) != CUDA_SUCCESS) {
+    g_gpa1(base, &p, version, CU_GET_PROC_ADDRESS_DEFAULT);
+  }
+  cache[key] = p;
+  return reinterpret_cast<Pfn>(p);
+}
+#define XCALL(base, version, ...)                                    \
+  (extra<PFN_##base##_v##version>(#base, version) != nullptr         \
+       ? extra<PFN_##base##_v##version>(#base, version)(__VA_ARGS__) \
+       : static_cast<CUresult>(-1))
+
+std::map<std::string, void*> handles;  // pools, graphs, execs by name
+
+template <class T>
+T handle_of(const std::string& n) {
+  return static_cast<T>(handles.count(n) != 0 ? handles[n] : nullptr);
+}
+
+// The counted-path steps (see the header); false if `op` is not one of them.
+bool run_counted_step(const std::string& s, const std::vector<std::string>& a) {
+  const std::string& op = a[0];
+  if (op == "createx") {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    if (a.at(3) == "rdma") prop.allocFlags.gpuDirectRDMACapable = 1;
+    if (a.at(3) == "compress") prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
+    CUmemGenericAllocationHandle h = 0;
+    const std::uint64_t size = size_of(a.at(2));
+    const CUresult rc = CALL(cuMemCreate, &h, size, &prop, 0);
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, size};
+    out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
+  } else if (op == "alloc1") {
+    CUdeviceptr_v1 p = 0;
+    const CUresult rc = XCALL(cuMemAlloc, 2000, &p, static_cast<unsigned>(size_of(a.at(2))));
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size_of(a.at(2))};
+    out("%s rc=%d ptr=0x%x", s.c_str(), rc, p);
+  } else if (op == "pool") {
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool pool = nullptr;
+    CUresult rc = XCALL(cuMemPoolCreate, 11020, &pool, &props);
+    if (rc == CUDA_SUCCESS && a.size() > 2) {
+      cuuint64_t threshold = size_of(a[2]);
+      rc = XCALL(cuMemPoolSetAttribute, 11020, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+    }
+    if (rc == CUDA_SUCCESS) handles[a.at(1)] = pool;
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "defpool") {
+    CUmemoryPool pool = nullptr;
+    const CUresult rc = XCALL(cuDeviceGetDefaultMemPool, 11020, &pool, 0);
+    if (rc == CUDA_SUCCESS) handles[a.at(1)] = pool;
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "palloc") {
+    CUdeviceptr p = 0;
+    const std::uint64_t size = size_of(a.at(3));
+    const CUresult rc = XCALL(cuMemAllocFromPoolAsync, 11020, &p, size, handle_of<CUmemoryPool>(a.at(2)), stream());
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size};
+    out("%s rc=%d ptr=0x%llx", s.c_str(), rc, static_cast<unsigned long long>(p));
+  } else if (op == "pfree" || op == "capfree") {
+    out("%s rc=%d", s.c_str(), CALL(cuMemFreeAsync, var(a.at(1)), stream()));
+  } else if (op == "ptrim") {
+    out("%s rc=%d", s.c_str(), XCALL(cuMemPoolTrimTo, 11020, handle_of<CUmemoryPool>(a.at(1)), size_of(a.at(2))));
+  } else if (op == "pdestroy") {
+    out("%s rc=%d", s.c_str(), XCALL(cuMemPoolDestroy, 11020, handle_of<CUmemoryPool>(a.at(1))));
+  } else if (op == "pattr") {
+    cuuint64_t reserved = 0, in_use = 0;
+    CUresult rc = XCALL(cuMemPoolGetAttribute, 11020, handle_of<CUmemoryPool>(a.at(1)),
+                        CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    if (rc == CUDA_SUCCESS) {
+      rc = XCALL(cuMemPoolGetAttribute, 11020, handle_of<CUmemoryPool>(a.at(1)), CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                 &in_use);
+    }
+    out("%s rc=%d reserved=%llu used=%llu", s.c_str(), rc, static_cast<unsigned long long>(reserved),
+        static_cast<unsigned long long>(in_use));
+  } else if (op == "capture") {
+    out("%s rc=%d", s.c_str(), XCALL(cuStreamBeginCapture, 10010, stream(), CU_STREAM_CAPTURE_MODE_GLOBAL));
+  } else if (op == "capalloc") {
+    CUdeviceptr p = 0;
+    const CUresult rc = CALL(cuMemAllocAsync, &p, size_of(a.at(2)), stream());
+    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size_of(a.at(2))};
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "endcapture") {
+    CUgraph g = nullptr;
+    const CUresult rc = XCALL(cuStreamEndCapture, 10000, stream(), &g);
+    if (rc == CUDA_SUCCESS) handles[a.at(1)] = g;
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "graph") {
+    CUgraph g = nullptr;
+    const CUresult rc = XCALL(cuGraphCreate, 10000, &g, 0);
+    if (rc == CUDA_SUCCESS) handles[a.at(1)] = g;
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "gnalloc") {
+    CUDA_MEM_ALLOC_NODE_PARAMS params{};
+    params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params.poolProps.location.id = 0;
+    params.bytesize = size_of(a.at(3));
+    CUgraphNode n = nullptr;
+    const CUresult rc = XCALL(cuGraphAddMemAllocNode, 11040, &n, handle_of<CUgraph>(a.at(1)), nullptr, 0, &params);
+    if (rc == CUDA_SUCCESS) vars[a.at(2)] = Named{params.dptr, params.bytesize};
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "gnfree") {
+    CUgraphNode n = nullptr;
+    out("%s rc=%d", s.c_str(),
+        XCALL(cuGraphAddMemFreeNode, 11040, &n, handle_of<CUgraph>(a.at(1)), nullptr, 0, var(a.at(2))));
+  } else if (op == "ginst" || op == "ginstup" || op == "ginstaf" || op == "ginst11") {
+    CUgraphExec e = nullptr;
+    CUresult rc;
+    if (op == "ginst11") {
+      rc = XCALL(cuGraphInstantiate, 11000, &e, handle_of<CUgraph>(a.at(2)), nullptr, nullptr, 0);
+    } else if (op == "ginst" || op == "ginstaf") {
+      const unsigned long long flags = op == "ginstaf" ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
+      rc = XCALL(cuGraphInstantiateWithFlags, 11040, &e, handle_of<CUgraph>(a.at(2)), flags);
+    } else {
+      CUDA_GRAPH_INSTANTIATE_PARAMS params{};
+      params.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+      params.hUploadStream = stream();
+      rc = XCALL(cuGraphInstantiateWithParams, 12000, &e, handle_of<CUgraph>(a.at(2)), &params);
+    }
+    if (rc == CUDA_SUCCESS) handles[a.at(1)] = e;
+    out("%s rc=%d", s.c_str(), rc);
+  } else if (op == "glaunch") {
+    out("%s rc=%d", s.c_str(), XCALL(cuGraphLaunch, 10000, handle_of<CUgraphExec>(a.at(1)), stream()));
+  } else if (op == "gupload") {
+    out("%s rc=%d", s.c_str(), XCALL(cuGraphUpload, 11010, handle_of<CUgraphExec>(a.at(1)), stream()));
+  } else if (op == "gexecdestroy") {
+    out("%s rc=%d", s.c_str(), XCALL(cuGraphExecDestroy, 10000, handle_of<CUgraphExec>(a.at(1))));
+  } else if (op == "gtrim") {
+    out("%s rc=%d", s.c_str(), XCALL(cuDeviceGraphMemTrim, 11040, 0));
+  } else if (op == "procmem") {
+    // This process's memory as the simulator's NVML attributes it (not virtualized by the hook).
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    auto init = lib != nullptr ? reinterpret_cast<PFN_nvmlInit_v2>(dlsym(lib, "nvmlInit_v2")) : nullptr;
+    auto get = lib != nullptr
+                   ? reinterpret_cast<PFN_nvmlDeviceGetHandleByIndex_v2>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"))
+                   : nullptr;
+    auto procs = lib != nullptr ? reinterpret_cast<PFN_nvmlDeviceGetComputeRunningProcesses_v3>(
+                                      dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"))
+                                : nullptr;
+    if (init == nullptr || get == nullptr || procs == nullptr) {
+      out("%s rc=-1 error=missing-symbols", s.c_str());
+      return true;
+    }
+    int rc = init();
+    nvmlDevice_t dev = nullptr;
+    if (rc == NVML_SUCCESS) rc = get(0, &dev);
+    nvmlProcessInfo_t infos[64];
+    unsigned n = 64;
+    if (rc == NVML_SUCCESS) rc = procs(dev, &n, infos);
+    unsigned long long bytes = 0;
+    for (unsigned i = 0; rc == NVML_SUCCESS && i < n; ++i) {
+      if (infos[i].pid == static_cast<unsigned>(::getpid())) bytes = infos[i].usedGpuMemory;
+    }
+    out("%s rc=%d bytes=%llu", s.c_str(), rc, bytes);
+  } else if (op == "gattr") {
+    cuuint64_t reserved = 0, in_use = 0;
+    CUresult rc = XCALL(cuDeviceGetGraphMemAttribute, 11040, 0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    if (rc == CUDA_SUCCESS)
+      rc = XCALL(cuDeviceGetGraphMemAttribute, 11040, 0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &in_use);
+    out("%s rc=%d reserved=%llu used=%llu", s.c_str(), rc, static_cast<unsigned long long>(reserved),
+        static_cast<unsigned long long>(in_use));
+  } else {
+    return false;
+  }
+  return true;
+}
+
 void run_step(const std::string& s) {
   // "<step>#tag": the tag only makes repeated steps distinguishable in the output.
   const auto a = split(s.substr(0, s.find('#')));
@@ -892,7 +1082,7 @@ void run_step(const std::string& s) {
   } else if (op == "dlsym") {
     void* p = dlsym(g_lib != nullptr ? g_lib : RTLD_DEFAULT, a.at(1).c_str());
     out("%s rc=0 lib=%s", s.c_str(), lib_of(p));
-  } else {
+  } else if (!run_counted_step(s, a)) {
     out("%s rc=-1 error=unknown-step", s.c_str());
   }
 }

@@ -27,7 +27,7 @@ FakeDaemonOptions with_limit(std::uint64_t limit) {
 TEST_CASE("cudart-style resolution reaches the hook and the daemon serves alloc and free") {
   Fixture f(with_limit(64 * MiB));
   const auto r =
-      f.run({"where:cuMemAlloc:3020", "where:cuMemAlloc:2000", "where:cuMemsetD8:3020", "where:cuNoSuchCall:3020",
+      f.run({"where:cuMemAlloc:3020", "where:cuMemGetInfo:2000", "where:cuMemsetD8:3020", "where:cuNoSuchCall:3020",
              "where:cuGetProcAddress:11030", "where:cuGetProcAddress:12000", "dlsym:cuGetProcAddress_v2",
              "dlsym:cuMemsetD8_v2", "dlsym-next:dlsym", "dlsym-next:cuMemAlloc_v2", "init", "alloc:a:6M", "fill:a:6M:7",
              "range:a:5M", "attr:a:5M", "info#1", "free:a", "info#2"});
@@ -42,9 +42,9 @@ TEST_CASE("cudart-style resolution reaches the hook and the daemon serves alloc 
   CHECK(line_of(r.out, "where:cuMemAlloc:3020")["lib"] == "libvlake-hook.so");
   // Names and versions the hook does not intercept: the driver's answer, status included
   // (compared with the same lookups in a process without the hook).
-  const auto bare = run_tenant({"where:cuMemAlloc:2000", "where:cuNoSuchCall:3020"}, {{"LD_PRELOAD", "\x01"}});
+  const auto bare = run_tenant({"where:cuMemGetInfo:2000", "where:cuNoSuchCall:3020"}, {{"LD_PRELOAD", "\x01"}});
   INFO("without the hook:\n" << bare.out);
-  for (const char* step : {"where:cuMemAlloc:2000", "where:cuNoSuchCall:3020"}) {
+  for (const char* step : {"where:cuMemGetInfo:2000", "where:cuNoSuchCall:3020"}) {
     auto hooked = line_of(r.out, step);
     auto plain = line_of(bare.out, step);
     REQUIRE_FALSE(plain.empty());

@@ -373,3 +373,51 @@ TEST_CASE("LocalReserve: byte cap evicts the oldest; expire and drain") {
   CHECK(out.size() == 1);
   CHECK(r.total_bytes() == 0);
 }
+
+#include "counted.hpp"
+
+TEST_CASE("Ledger: growth is charged, a shrink by at least the slack consolidates") {
+  using vlake::hook::Ledger;
+  constexpr std::uint64_t M = 1 << 20;
+  Ledger l;
+  CHECK(l.charged() == 0);
+  auto p = l.plan(4 * M, 2 * M);
+  CHECK(p.charge == 4 * M);
+  CHECK_FALSE(p.consolidate);
+  l.add(1, 4 * M);
+  l.add(2, 6 * M);
+  CHECK(l.charged() == 10 * M);
+  p = l.plan(10 * M, 2 * M);  // unchanged: nothing to do
+  CHECK(p.charge == 0);
+  CHECK_FALSE(p.consolidate);
+  p = l.plan(9 * M, 2 * M);  // less than the slack below: kept
+  CHECK(p.charge == 0);
+  CHECK_FALSE(p.consolidate);
+  p = l.plan(6 * M, 2 * M);  // released memory: everything goes back, 6 MiB charged afresh
+  CHECK(p.consolidate);
+  CHECK(p.charge == 6 * M);
+  p = l.plan(0, 2 * M);
+  CHECK(p.consolidate);
+  CHECK(p.charge == 0);
+  CHECK(l.take_all() == std::vector<std::uint64_t>{1, 2});
+  CHECK(l.charged() == 0);
+  CHECK(l.empty());
+  CHECK(l.plan(0, 0).charge == 0);  // a zero slack behaves as one byte
+}
+
+TEST_CASE("CreateTable: a counted handle is released like a pool handle but not served") {
+  vlake::hook::CreateTable t;
+  t.add_counted(0x77, 9, 4 << 20);
+  CHECK(t.owns(0x77));
+  CHECK_FALSE(t.serves(0x77));
+  CHECK_FALSE(t.props(0x77).has_value());  // the driver answers for its own handle
+  CHECK_FALSE(t.export_fd(0x77).value_or(0) >= 0);
+  t.mapped(0x1000000, 4 << 20, 0x77);
+  bool ours = false;
+  CHECK_FALSE(t.released(0x77, ours).has_value());  // still mapped
+  CHECK(ours);
+  auto done = t.unmapped(0x1000000, 4 << 20);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].grant_id == 9);
+  CHECK(t.grants() == 0);
+}

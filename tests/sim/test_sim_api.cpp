@@ -86,7 +86,7 @@ TEST_CASE("cuGetProcAddress resolves base name + version over cuda_api.def", "[s
         ::dlsym(lib, "cuMemCreate"));
 
   // Not found: cuGetProcAddress_v2 succeeds with a null pointer and says why (measured).
-  auto r = resolve("cuMemAlloc", 3010, &st);
+  auto r = resolve("cuMemAllocAsync", 11010, &st);
   CHECK(r.first == CUDA_SUCCESS);
   CHECK(r.second == nullptr);
   CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
@@ -107,7 +107,9 @@ TEST_CASE("cuGetProcAddress resolves base name + version over cuda_api.def", "[s
   CHECK(cuGetProcAddress("cuNoSuchFunction", &v1, 13000, 0) == CUDA_ERROR_NOT_FOUND);
   CHECK(v1 == nullptr);
   v1 = &v1;
-  CHECK(cuGetProcAddress("cuMemAlloc", &v1, 3010, 0) == CUDA_ERROR_NOT_FOUND);
+  CHECK(cuGetProcAddress("cuMemAllocAsync", &v1, 11010, 0) == CUDA_ERROR_NOT_FOUND);
+  // Below 3020, "cuMemAlloc" is the pre-3.2 ABI (measured: the exported unversioned symbol).
+  CHECK(resolve("cuMemAlloc", 3010, &st).second == ::dlsym(lib, "cuMemAlloc"));
   CHECK(v1 == nullptr);
   CHECK(resolve("cuInit", 13000, nullptr).first == CUDA_SUCCESS);             // status may be null
   CHECK(resolve("cuInit", 13000, &st, 4).first == CUDA_ERROR_INVALID_VALUE);  // unknown flag

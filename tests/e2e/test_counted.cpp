@@ -1,0 +1,60 @@
+// The counted paths against a real vlaked with the simulator's NVML (docs/hook.md, "What is
+// covered"): memory the driver allocates itself — a cuMemCreate with the GPUDirect-RDMA flag, a
+// stream-ordered pool, graph memory — is in the tenant's figure of the state segment, equal to
+// what NVML attributes to the process, refused at the limit, and not counted again as memory
+// outside vlake.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "harness.hpp"
+#include "tenant_process.hpp"
+#include "vlake/contracts/state.hpp"
+
+using namespace vlake;
+using namespace vlake::e2e;
+using pooltest::DaemonProcess;
+
+#ifdef VLAKE_SIM_NVML_LIB
+namespace {
+
+constexpr std::uint64_t MiB = 1ULL << 20;
+constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+
+const char* kYaml =
+    "version: 1\ndefault: {limit: 32MiB}\nnamespaces:\n  - {name: lab}\n"
+    "users:\n  - {uid: 4242, namespace: lab, limit: 32MiB}\n";
+
+}  // namespace
+
+TEST_CASE("memory the driver allocates for pools graphs and RDMA handles is the tenant's in the state segment",
+          "[e2e][counted]") {
+  DaemonProcess d("counted", kYaml);
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  TenantProcess t(
+      d,
+      {"init", "createx:h:4M:rdma", "pool:p", "palloc:a:p:6M", "graph:g", "gnalloc:g:x:8M", "ginst:e:g", "glaunch:e",
+       "procmem#1", "palloc:b:p:20M", "graph:g2", "gnalloc:g2:y:20M", "ginst:e2:g2", "procmem#2", "sleep:20000"},
+      4242);
+  auto first = t.wait_line("procmem#1");
+  auto second = t.wait_line("procmem#2");
+  INFO(t.out() << t.err());
+  REQUIRE(first["rc"] == "0");
+  const std::uint64_t process = std::stoull(first["bytes"]);
+  CHECK(process == 18 * MiB);  // 4 MiB handle + 6 MiB pool + 8 MiB graph memory
+  // Over the 32 MiB limit: refused, nothing more allocated.
+  CHECK(t.wait_line("palloc:b:p:20M")["rc"] == std::to_string(kOutOfMemory));
+  CHECK(t.wait_line("ginst:e2:g2")["rc"] == std::to_string(kOutOfMemory));
+  CHECK(std::stoull(second["bytes"]) == process);
+  auto record = [&] {
+    const auto s = pooltest::snapshot(d.state);
+    const state::TenantRecord* r = pooltest::tenant(*s, "lab/user:4242");
+    return r == nullptr ? state::TenantRecord{} : *r;
+  };
+  CHECK(record().granted[0] == process);  // the daemon's figure is what NVML sees
+  // Several NVML samples later the process's memory is still fully explained by its grants.
+  CHECK_FALSE(pooltest::eventually([&] { return record().nonpool[0] != 0 || record().unhooked[0] != 0; }, 500));
+  t.kill9();
+  CHECK(pooltest::eventually([&] { return record().granted[0] == 0; }, 5000));
+}
+#endif
