@@ -165,6 +165,7 @@ class Daemon::Impl {
   bool accept_without_descriptors(int listen_fd, int err, Source src, std::uint64_t src_serial);
   void resume_accepting();
   void on_hello_timer();
+  void sample_gpus(const Now& t);
   void arm_hello_timer();
   void on_signal();
   void on_timer();
@@ -193,6 +194,9 @@ class Daemon::Impl {
   std::unique_ptr<NvmlSource> nvml_;
   std::vector<std::string> device_files_;  // driver_->device_files(), for the GPU-user scan
   bool nvml_failed_logged_ = false;
+  // When sample_gpus() last ran; a counted grant resamples when it is older than this.
+  std::chrono::steady_clock::time_point last_sample_{};
+  static constexpr std::chrono::milliseconds kCountedResampleInterval{100};
   std::unique_ptr<st::StateSegment> seg_;
   std::unique_ptr<StatePublisher> publisher_;
   std::unique_ptr<exporter::MetricsServer> metrics_;  // its own threads; reads the segment
@@ -624,6 +628,20 @@ void Daemon::Impl::on_timer() {
   config_watch_.poll();
   const Now t = now();
   node_->tick(t);
+  sample_gpus(t);
+  // Tenants left holding nothing (non-pool usage gone, a reload moved them) are freed.
+  node_->free_idle_tenants();
+  publisher_->publish(*node_, t.unix_ns);
+}
+
+// One NVML reading applied to the Node: per-process usage, the processes without a session,
+// the device-file users NVML does not list. Runs on every timer tick and, at most every
+// kCountedResampleInterval, before a counted grant is decided: counted memory (created by the
+// tenant's own process) is told apart from the rest of that process's memory (its context)
+// by subtracting it from the process's NVML figure, so a reading older than a freshly created
+// context would let the tenant run over its limit by that context.
+void Daemon::Impl::sample_gpus(const Now& t) {
+  last_sample_ = std::chrono::steady_clock::now();
   if (nvml_) {
     try {
       std::vector<std::pair<DeviceOrdinal, Uuid>> devs;
@@ -666,9 +684,6 @@ void Daemon::Impl::on_timer() {
       nvml_failed_logged_ = true;
     }
   }
-  // Tenants left holding nothing (non-pool usage gone, a reload moved them) are freed.
-  node_->free_idle_tenants();
-  publisher_->publish(*node_, t.unix_ns);
 }
 
 void Daemon::Impl::reload(const std::string& why, bool force) { config_watch_.request(why, force); }
@@ -814,6 +829,10 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
       [&](const auto& m) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, proto::GrantRequest>) {
+          if (m.purpose == proto::GrantPurpose::counted && nvml_ &&
+              std::chrono::steady_clock::now() - last_sample_ >= kCountedResampleInterval) {
+            sample_gpus(now());
+          }
           deliver(serial, node_->grant(serial, s, m, now()), std::chrono::steady_clock::now());
         } else if constexpr (std::is_same_v<T, proto::Release>) {
           answer(node_->release(s, m));

@@ -57,4 +57,28 @@ TEST_CASE("memory the driver allocates for pools graphs and RDMA handles is the 
   t.kill9();
   CHECK(pooltest::eventually([&] { return record().granted[0] == 0; }, 5000));
 }
+
+TEST_CASE("a counted grant is decided on a fresh NVML reading that includes the process's new context",
+          "[e2e][counted]") {
+  // The timer samples NVML once an hour here, so only the resample a counted grant triggers can
+  // see the tenant's 8 MiB context: without it 4 x 8 MiB would fit the 32 MiB limit and the
+  // process would hold 40 MiB.
+  DaemonProcess d("counted-fresh", kYaml);
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "3600000"}));
+  TenantProcess t(d,
+                  {"init", "createx:h1:8M:rdma", "createx:h2:8M:rdma", "createx:h3:8M:rdma", "createx:h4:8M:rdma",
+                   "procmem", "sleep:20000"},
+                  4242, "0", {"VLAKE_SIM_CONTEXT_MEMORY=8MiB"});
+  auto mem = t.wait_line("procmem");
+  INFO(t.out() << t.err());
+  CHECK(t.wait_line("createx:h3:8M:rdma")["rc"] == "0");
+  CHECK(t.wait_line("createx:h4:8M:rdma")["rc"] == std::to_string(kOutOfMemory));
+  REQUIRE(mem["rc"] == "0");
+  CHECK(std::stoull(mem["bytes"]) == 32 * MiB);  // context + 3 handles: exactly the limit
+  const auto s = pooltest::snapshot(d.state);
+  const state::TenantRecord* r = pooltest::tenant(*s, "lab/user:4242");
+  REQUIRE(r != nullptr);
+  CHECK(r->granted[0] == 24 * MiB);
+  CHECK(r->nonpool[0] == 8 * MiB);
+}
 #endif

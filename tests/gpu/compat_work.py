@@ -305,15 +305,17 @@ def w_fork(args):
     """A process with CUDA initialized under the hook forks: a child not touching CUDA, then a
     child calling the driver (ctypes on libcuda.so.1); the parent keeps allocating."""
     torch = torch_or_skip()
-    x = torch.ones(256 * MiB, dtype=torch.uint8, device="cuda")
+    # 64 MiB tensors: .sum() of uint8 accumulates in int64, a temporary 8 times the tensor's size.
+    SIZE = 64 * MiB
+    x = torch.ones(SIZE, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     res = {"version": torch.__version__}
     pid = os.fork()
     if pid == 0:
         os._exit(0 if sum(range(1000)) == 499500 else 1)
     res["plain_child"] = _describe(_wait_child(pid, 30))
-    y = torch.ones(256 * MiB, dtype=torch.uint8, device="cuda")
-    res["parent_after_plain_child"] = int(y.sum().item()) == 256 * MiB
+    y = torch.ones(SIZE, dtype=torch.uint8, device="cuda")
+    res["parent_after_plain_child"] = int(y.sum().item()) == SIZE
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -345,9 +347,9 @@ def w_fork(args):
     os.close(r)
     res["cuda_child"] = _describe(status)
     res["cuda_child_results"] = json.loads(got) if got else None
-    z = torch.ones(256 * MiB, dtype=torch.uint8, device="cuda")
+    z = torch.ones(SIZE, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
-    res["parent_after_cuda_child"] = int(z.sum().item()) == 256 * MiB and int(x.sum().item()) == 256 * MiB
+    res["parent_after_cuda_child"] = int(z.sum().item()) == SIZE and int(x.sum().item()) == SIZE
     hold(args, {"held": torch.cuda.memory_reserved()})
     if not args.reference:
         res["oom"] = torch_oom(args)
