@@ -380,14 +380,14 @@ bool capturing(CUstream stream) {
 }  // namespace vlake::sim::pools
 
 // ---- The pre-3.2 cuMemAlloc ABI ---------------------------------------------------------------------
-// A 32-bit CUdeviceptr cannot address the simulator's memory (host VA above 4 GiB): refused after
-// the usual checks. What the 64-bit driver does is not measured (docs/simulator.md).
+// The 64-bit driver refuses it with CUDA_ERROR_INVALID_CONTEXT even in a current context (measured
+// on the H100, driver 580: tests/gpu/driver_facts.py); so does the simulator, after the usual checks.
 
 VLAKE_SIM_API CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_ERROR_INVALID_CONTEXT;
 }
 
 VLAKE_SIM_API CUresult cuMemFree(CUdeviceptr_v1 dptr) {

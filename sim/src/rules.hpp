@@ -114,15 +114,15 @@ inline constexpr CUresult kFreeAsyncUnknown = CUDA_ERROR_INVALID_VALUE;
 
 // ---- Legacy CUDA IPC (cuIpc*Mem*, docs/simulator.md) ----------------------------------------
 // cuIpcGetMemHandle of VMM memory (cuMemCreate + cuMemMap): the driver refuses it (measured:
-// IS_LEGACY_CUDA_IPC_CAPABLE is 0; the code is a guess, not measured).
+// IS_LEGACY_CUDA_IPC_CAPABLE is 0, and the code: docs/driver.md).
 inline constexpr CUresult kIpcNotCapable = CUDA_ERROR_INVALID_VALUE;
-// cuIpcGetMemHandle of an address the driver does not know (guess: not measured).
+// cuIpcGetMemHandle of an address the driver does not know (measured: docs/driver.md).
 inline constexpr CUresult kIpcUnknownPointer = CUDA_ERROR_INVALID_VALUE;
 // cuIpcGetMemHandle of cuMemAlloc memory: the simulator does not carry classic memory across
 // processes (a simulator limit; the real driver answers a handle).
 inline constexpr CUresult kIpcClassicUnsupported = CUDA_ERROR_NOT_SUPPORTED;
 // cuIpcOpenMemHandle_v2 of a handle the simulator never issued (every handle, see above), and
-// cuIpcCloseMemHandle of a pointer no cuIpcOpenMemHandle returned (guesses: not measured).
+// cuIpcCloseMemHandle of a pointer no cuIpcOpenMemHandle returned (measured: docs/driver.md).
 inline constexpr CUresult kIpcBadHandle = CUDA_ERROR_INVALID_VALUE;
 
 // ---- Contexts, streams, events ------------------------------------------------------------
@@ -142,9 +142,9 @@ inline constexpr CUresult kElapsedUnrecorded = CUDA_ERROR_INVALID_HANDLE;
 inline constexpr CUresult kPeerBadFlags = CUDA_ERROR_INVALID_VALUE;
 // cuCtxEnable/DisablePeerAccess of a peer context that does not exist or is not retained.
 inline constexpr CUresult kPeerBadContext = CUDA_ERROR_INVALID_CONTEXT;
-// cuCtxEnablePeerAccess of the current context's own device (guess: the runtime's
-// cudaDeviceEnablePeerAccess(self) is cudaErrorInvalidDevice).
-inline constexpr CUresult kPeerSelf = CUDA_ERROR_INVALID_DEVICE;
+// cuCtxEnablePeerAccess of the current context itself (measured on the H100, driver 580:
+// CUDA_ERROR_PEER_ACCESS_UNSUPPORTED; tests/gpu/driver_facts.py).
+inline constexpr CUresult kPeerSelf = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
 // The two devices cannot access each other (VLAKE_SIM_PEER_ACCESS=0), documented code.
 inline constexpr CUresult kPeerUnsupported = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
 // Enabling twice / disabling what is not enabled (documented codes).

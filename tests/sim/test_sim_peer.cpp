@@ -82,7 +82,7 @@ TEST_CASE("cuDeviceCanAccessPeer and cuCtxEnable/DisablePeerAccess answer with t
 
   CHECK(cuCtxDisablePeerAccess(c1) == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
   CHECK(cuCtxEnablePeerAccess(c1, 1) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_INVALID_DEVICE);
+  CHECK(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);  // itself (measured)
   CHECK(cuCtxEnablePeerAccess(reinterpret_cast<CUcontext>(&can), 0) == CUDA_ERROR_INVALID_CONTEXT);
   CHECK(cuCtxEnablePeerAccess(c1, 0) == CUDA_SUCCESS);
   CHECK(cuCtxEnablePeerAccess(c1, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
