@@ -4,8 +4,8 @@
 #include "vlake/common/cuda_api.hpp"
 
 #include "call_counts.hpp"
-#include "internal.hpp"
 #include "driver_internal.hpp"
+#include "internal.hpp"
 #include "node.hpp"
 #include "process.hpp"
 #include "rules.hpp"

@@ -215,7 +215,7 @@ TEST_CASE("the pre-3.2 cuMemAlloc ABI is charged first and uncharged when the dr
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "where:cuMemAlloc:2000")["lib"] == "libvlake-hook.so");
   // The simulator refuses the 32-bit ABI: the charge made before the call is given back.
-  CHECK(line_of(r.out, "alloc1:a:4M")["rc"] == num(CUDA_ERROR_INVALID_CONTEXT));  // as the H100 answers
+  CHECK(line_of(r.out, "alloc1:a:4M")["rc"] == num(CUDA_ERROR_INVALID_CONTEXT));   // as the H100 answers
   CHECK(line_of(r.out, "alloc1:big:80M")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));  // refused before the driver
   CHECK(charged(r.out, "info") == 0);
   CHECK(procmem(r.out, "procmem") == 0);

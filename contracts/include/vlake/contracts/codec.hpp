@@ -81,10 +81,9 @@ concept Message = std::is_trivially_copyable_v<T> && requires {
 };
 
 // Every message, alternative i being the struct of MsgType i + 1.
-using AnyMessage =
-    std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
-                 GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck, IpcExport,
-                 IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck>;
+using AnyMessage = std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply,
+                                Error, GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit,
+                                ShareAck, IpcExport, IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {

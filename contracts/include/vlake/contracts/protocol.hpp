@@ -49,13 +49,13 @@ enum class MsgType : std::uint16_t {
   usage_query = 7,
   usage_reply = 8,
   error = 9,
-  guard_event = 10,     // client -> daemon, no reply: an out-of-bounds access the hook saw
-  pressure = 11,        // daemon -> client, unsolicited, no reply: return reserve memory
-  reserve_report = 12,  // client -> daemon, no reply: the bytes the hook keeps in its reserve
-  share_request = 13,   // client -> daemon: share whole chunks of a grant read-only (docs/dedup.md)
-  share_reply = 14,     // daemon -> client: one batch of the grant's new layout, with descriptors
-  share_commit = 15,    // client -> daemon: the new layout is mapped (commit) or not (abort)
-  share_ack = 16,       // daemon -> client
+  guard_event = 10,       // client -> daemon, no reply: an out-of-bounds access the hook saw
+  pressure = 11,          // daemon -> client, unsolicited, no reply: return reserve memory
+  reserve_report = 12,    // client -> daemon, no reply: the bytes the hook keeps in its reserve
+  share_request = 13,     // client -> daemon: share whole chunks of a grant read-only (docs/dedup.md)
+  share_reply = 14,       // daemon -> client: one batch of the grant's new layout, with descriptors
+  share_commit = 15,      // client -> daemon: the new layout is mapped (commit) or not (abort)
+  share_ack = 16,         // daemon -> client
   ipc_export = 17,        // client -> daemon: a CUDA IPC handle for an alloc grant (docs/ipc.md)
   ipc_export_reply = 18,  // daemon -> client
   ipc_open = 19,          // client -> daemon: open another process's IPC handle
@@ -352,10 +352,10 @@ struct IpcOpen {
 // to be mapped read-only; kShareKeep never appears.
 struct IpcOpenReply {
   Header h;
-  Status status;              // ok, unknown_handle, ipc_denied, limit_reached, internal
-  std::uint32_t piece_count;  // descriptors attached, in order
-  std::uint64_t import_id;    // names this import in IpcClose
-  std::uint64_t bytes;        // the grant's bytes
+  Status status;                 // ok, unknown_handle, ipc_denied, limit_reached, internal
+  std::uint32_t piece_count;     // descriptors attached, in order
+  std::uint64_t import_id;       // names this import in IpcClose
+  std::uint64_t bytes;           // the grant's bytes
   std::uint8_t device_uuid[16];  // the GPU the memory is on
   std::uint32_t owner_tenant;    // tenant id of the exporting session
   std::uint32_t reserved;

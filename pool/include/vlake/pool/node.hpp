@@ -547,12 +547,12 @@ class Node {
   std::map<std::uint32_t, Tenant> tenants_;  // by TenantId value
   std::unordered_map<std::uint64_t, Session> sessions_;
   std::unordered_map<std::uint64_t, Grant> grants_;
-  std::map<std::string, AllocationInfo> allocs_;  // by allocation id
-  std::unique_ptr<Dedup> dedup_;                  // created on first use
+  std::map<std::string, AllocationInfo> allocs_;                 // by allocation id
+  std::unique_ptr<Dedup> dedup_;                                 // created on first use
   std::unordered_map<std::uint64_t, Import> imports_;            // by import id
   std::unordered_map<std::uint64_t, std::uint64_t> ipc_tokens_;  // token -> grant id
   std::uint64_t next_import_id_ = 1;
-  std::vector<ParkedGrant> parked_;               // FIFO
+  std::vector<ParkedGrant> parked_;  // FIFO
   // Tenants of processes without a session by (pid, start time), so that a sample does not
   // resolve (user and group databases) every process again; cleared when the quota file or the
   // allocations change, pruned to the processes of the latest sample.

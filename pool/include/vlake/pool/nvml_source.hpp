@@ -53,7 +53,7 @@ std::unique_ptr<NvmlSource> open_nvml(const std::string& library);
 
 struct NonpoolInputs {
   std::vector<std::pair<DeviceOrdinal, Uuid>> devices;
-  std::unordered_map<std::uint32_t, TenantId> pid_tenant;            // pids holding a session
+  std::unordered_map<std::uint32_t, TenantId> pid_tenant;  // pids holding a session
   // (pid, ordinal) → bytes of its grants NVML charges to that pid and that are already charged
   // (orphaned grants, counted grants): subtracted from its figure, clamped at 0.
   std::map<std::pair<std::uint32_t, std::int32_t>, Bytes> orphaned;
