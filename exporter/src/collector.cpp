@@ -174,6 +174,12 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   }
   per_gpu("vlake_pool_warm_target_bytes", "warm reserve target (--warm-reserve)",
           [](const st::DeviceRecord& r) { return d(r.warm_target_bytes); });
+  {
+    MetricFamily& f = F.counter("vlake_pool_idle_released_bytes_total",
+                                "free pool memory given back to the driver after staying unused for "
+                                "--pool-idle-release");
+    for (const Gpu& g : gpus) set(f, g.labels, d(g.rec->idle_released_bytes));
+  }
   per_gpu("vlake_hook_reserve_bytes", "granted memory the hooks keep unused in their local reserves",
           [](const st::DeviceRecord& r) { return d(r.hook_reserve_bytes); });
 

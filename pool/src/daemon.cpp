@@ -257,6 +257,8 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   NodeSettings settings;
   settings.bulk_size = Bytes{opts_.bulk_size};
   settings.warm_reserve = Bytes{opts_.warm_reserve};
+  settings.pool_idle_release = opts_.pool_idle_release;
+  settings.pool_keep = Bytes{opts_.pool_keep};
   settings.pressure_wait = opts_.pressure_wait;
   settings.canary_interval = opts_.canary_interval;
   settings.daemon_pid = static_cast<std::uint32_t>(::getpid());

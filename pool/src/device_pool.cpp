@@ -6,6 +6,8 @@
 #include <chrono>
 #include <string>
 
+#include "vlake/pool/idle_release.hpp"
+
 namespace vlake::pool {
 
 namespace {
@@ -196,9 +198,11 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
           for (auto& o : taken) {
             if (o) {
               const std::uint64_t seq = o->freed_seq;
+              const auto at = o->freed_at;
               const TenantId releaser = o->last_tenant.value_or(tenant);
               put_back(std::move(o), releaser);
               free_.back()->freed_seq = seq;
+              free_.back()->freed_at = at;
             }
           }
           (void)settle();
@@ -286,6 +290,7 @@ std::uint64_t DevicePool::refill(Bytes target, std::uint64_t max_handles) {
     }
     h->clean = true;
     h->freed_seq = ++freed_seq_;
+    if (clock_) h->freed_at = clock_();
     free_bytes_ += h->size;
     free_.push_back(std::move(h));
     ++made;
@@ -304,6 +309,14 @@ void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser) {
   h->last_tenant = releaser;
   h->clean = false;
   h->freed_seq = ++freed_seq_;
+  h->freed_at.reset();
+  if (clock_) {
+    try {
+      h->freed_at = clock_();
+    } catch (...) {
+      // No time: release_idle() stamps it.
+    }
+  }
   free_bytes_ += h->size;
   if (h->bound) bound_free_[h->bound->value()] += h->size;
   free_.push_back(std::move(h));
@@ -332,6 +345,40 @@ Bytes DevicePool::retire_bound(TenantId t, Bytes bytes) noexcept {
   }
   std::erase_if(free_, [](const std::unique_ptr<PoolHandle>& h) { return !h; });
   return done;
+}
+
+DevicePool::IdleReleased DevicePool::release_idle(std::chrono::steady_clock::time_point now,
+                                                  std::chrono::milliseconds idle, Bytes keep, Bytes warm) noexcept {
+  IdleReleased out;
+  if (idle.count() <= 0 || free_.empty()) return out;
+  std::vector<IdleHandleView> views;
+  try {
+    views.reserve(free_.size());
+    for (auto& h : free_) {
+      if (!h->freed_at) h->freed_at = now;  // first seen free now
+      views.push_back(IdleHandleView{h->size, bind_ && h->bound.has_value(), h->clean, h->freed_seq, *h->freed_at});
+    }
+    for (std::size_t i : plan_idle_release(views, now, idle, keep, warm)) {
+      std::unique_ptr<PoolHandle>& h = free_[i];
+      out.bytes += h->size;
+      ++out.handles;
+      unfree(*h);
+      if (h->bound) {
+        // Its descriptor went to a tenant: retired as docs/security.md says (held and charged
+        // to that tenant until no other process holds it).
+        ++out.bound;
+        const TenantId t = *h->bound;
+        destroy_keep_fd(std::move(h), t);
+      } else {
+        destroy(std::move(h));
+      }
+    }
+  } catch (const std::exception& e) {
+    log_.error("device " + std::to_string(device_.value()) + ": idle release failed: " + e.what());
+  }
+  std::erase_if(free_, [](const std::unique_ptr<PoolHandle>& h) { return !h; });
+  idle_released_bytes_ += out.bytes;
+  return out;
 }
 
 bool DevicePool::settle(bool all) noexcept {

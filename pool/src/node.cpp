@@ -46,6 +46,7 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
     d.pool = std::make_unique<DevicePool>(driver_, d.ordinal, log_, settings_.bulk_size);
     d.pool->set_binding(settings_.bind_handles);
     d.pool->set_holder_scan(env_.holders);
+    d.pool->set_clock([this] { return steady_now(); });
     acct_.set_capacity(d.ordinal, d.total);
     devices_.push_back(std::move(d));
   }
@@ -719,6 +720,7 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     for (Device& d : devices_) {
       if (std::memcmp(d.uuid.data(), s.devices[i].uuid, 16) == 0) {
         d.pool_peak = std::max(d.pool_peak, s.devices[i].pool_peak_bytes);
+        d.idle_released_base = s.devices[i].idle_released_bytes;
       }
     }
   }

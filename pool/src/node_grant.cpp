@@ -460,6 +460,7 @@ void Node::tick(Now now) {
       log_.warn(std::string("warm reserve refill failed: ") + e.what());
     }
   }
+  release_idle(now);
   // Retired handles still held by another process: scan again.
   for (Device& d : devices_) {
     if (d.pool->held_fds() > 0 && settle_device(d, true) && !parked_.empty()) memory_returned_ = true;
@@ -469,6 +470,24 @@ void Node::tick(Now now) {
     canary_sweep(now.unix_ns);
   }
   changes_.all = true;
+}
+
+void Node::release_idle(Now now) {
+  if (settings_.pool_idle_release.count() <= 0) return;
+  const Bytes keep = std::max(settings_.warm_reserve, settings_.pool_keep);
+  for (Device& d : devices_) {
+    const DevicePool::IdleReleased r = d.pool->release_idle(now.steady, settings_.pool_idle_release, keep, settings_.warm_reserve);
+    if (r.handles == 0) continue;
+    log_.info("GPU " + std::to_string(d.ordinal.value()) + ": " + std::to_string(r.bytes.value() >> 20) + " MiB in " +
+              std::to_string(r.handles) + " handle(s) free for " +
+              std::to_string(settings_.pool_idle_release.count()) + " ms went back to the driver (" +
+              std::to_string(r.bound) + " bound to a tenant)");
+    // Bound handles were retired: their descriptors close (and their tenants' retained charge
+    // goes) once nobody else holds them.
+    settle_device(d);
+    if (!parked_.empty()) memory_returned_ = true;
+    changes_.devices = true;
+  }
 }
 
 bool Node::settle_device(Device& d, bool all) {

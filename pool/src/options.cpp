@@ -3,6 +3,7 @@
 #include "vlake/common/size.hpp"
 
 #include "vlake/exporter/server.hpp"
+#include "vlake/quota/quota_config.hpp"
 
 #include <grp.h>
 
@@ -35,6 +36,11 @@ std::string DaemonOptions::usage() {
          "                           the granularity, 2MiB..1TiB)\n"
          "  --warm-reserve SIZE      per GPU, free handles created (exported, zeroed) before serving\n"
          "                           and refilled off the request path (default 0; e.g. 1GiB)\n"
+         "  --pool-idle-release DURATION  free pool memory unused this long goes back to the driver,\n"
+         "                           oldest first, down to --pool-keep (e.g. 500ms, 30s, 2m; up to 1 day;\n"
+         "                           default 30s; 'off' or 0: kept until a grant needs the room)\n"
+         "  --pool-keep SIZE         per GPU, free pool memory the idle release keeps (default: the\n"
+         "                           warm reserve; never less than it)\n"
          "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
          "  --handle-reuse MODE      who a freed handle may serve next: 'tenant' (default) only the\n"
@@ -74,6 +80,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--bulk-size",
                                                   "--warm-reserve",
                                                   "--pressure-wait-ms",
+                                                  "--pool-idle-release",
+                                                  "--pool-keep",
                                                   "--alloc-root",
                                                   "--handle-reuse",
                                                   "--max-sessions-per-tenant",
@@ -168,6 +176,25 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         const Bytes v = bulk ? parse_size(value, Bytes{2ull << 20}, Bytes{1ull << 40})
                              : parse_size(value, Bytes{0}, Bytes{1ull << 50});
         (bulk ? o.bulk_size : o.warm_reserve) = v.value();
+      } catch (const SizeError& e) {
+        throw OptionsError(arg + ": " + e.what());
+      }
+    } else if (arg == "--pool-idle-release") {
+      if (value == "off") {
+        o.pool_idle_release = std::chrono::milliseconds(0);
+      } else {
+        try {
+          o.pool_idle_release = quota::parse_duration(value);
+        } catch (const std::invalid_argument& e) {
+          throw OptionsError(std::string("--pool-idle-release: ") + e.what());
+        }
+        if (o.pool_idle_release > std::chrono::milliseconds(86'400'000)) {
+          throw OptionsError("--pool-idle-release must be at most 1 day (or 'off'), got '" + value + "'");
+        }
+      }
+    } else if (arg == "--pool-keep") {
+      try {
+        o.pool_keep = parse_size(value, Bytes{0}, Bytes{1ull << 50}).value();
       } catch (const SizeError& e) {
         throw OptionsError(arg + ": " + e.what());
       }

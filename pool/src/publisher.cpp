@@ -189,6 +189,7 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     r.free_bulk_handles = pool.free_bulk_handles();
     r.warm_target_bytes = node.settings().warm_reserve.value();
     r.pool_peak_bytes = std::max({r.pool_peak_bytes, pool.peak_bytes().value(), d.pool_peak});
+    r.idle_released_bytes = d.idle_released_base + pool.idle_released_bytes().value();
     r.dedup_logical_bytes = node.dedup_logical(d.ordinal).value();
     r.dedup_physical_bytes = node.dedup_physical(d.ordinal).value();
     const auto i = static_cast<std::size_t>(d.ordinal.value());

@@ -72,6 +72,7 @@ std::unique_ptr<st::State> synthetic() {
   g0.held_fd_bytes = 2 * kMiB;
   g0.pool_bytes = 100 * kMiB;
   g0.free_bytes = 40 * kMiB;
+  g0.idle_released_bytes = 256 * kMiB;
   g0.free_handles = 3;
   g0.largest_free_handle = 10 * kMiB;  // fragmentation 1 - 10/40 = 0.75
   g0.granted_bytes = 60 * kMiB;
@@ -240,6 +241,7 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_gpu_held_descriptor_bytes", T::Gauge, gpu},
       {"vlake_pool_free_handles_by_class", T::Gauge, {"gpu", "gpu_index", "class"}},
       {"vlake_pool_warm_target_bytes", T::Gauge, gpu},
+      {"vlake_pool_idle_released_bytes_total", T::Counter, gpu},
       {"vlake_hook_reserve_bytes", T::Gauge, gpu},
       {"vlake_tenant_used_bytes", T::Gauge, tenant},
       {"vlake_tenant_granted_bytes", T::Gauge, tenant},
@@ -326,6 +328,7 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_gpu_memory_total_bytes", g0) == 80.0 * kGiB);
   CHECK(e.value("vlake_pool_reserved_bytes", g0) == 100.0 * kMiB);
   CHECK(e.value("vlake_pool_free_bytes", g0) == 40.0 * kMiB);
+  CHECK(e.value("vlake_pool_idle_released_bytes_total", g0) == 256.0 * kMiB);
   CHECK(e.value("vlake_pool_granted_bytes", g0) == 60.0 * kMiB);
   CHECK(e.value("vlake_pool_orphaned_bytes", g0) == 4.0 * kMiB);
   CHECK(e.value("vlake_pool_free_handles", g0) == 3);

@@ -1310,3 +1310,79 @@ TEST_CASE("node: IPC imports and tokens do not survive a daemon restart", "[node
   w2.release(owner, g);
   CHECK(w2.used(owner) == 0_MiB);
 }
+
+TEST_CASE("node: free pool memory idle past the idle period goes back to the driver and a quick reuse stays warm",
+          "[node][idle]") {
+  using std::chrono::milliseconds;
+  NodeSettings ns;
+  ns.pool_idle_release = milliseconds(200);
+  World w("version: 1\ndefault: {limit: 100%}\n", ns);
+  const auto s = w.hello(1, 100, 1000);
+  const TenantId t = w.node->session(s)->tenant;
+  const DevicePool& pool = *w.node->devices().front().pool;
+  const Bytes free_before = sim_gpu().driver().memory_info(DeviceOrdinal{0}).free;
+
+  w.release(s, w.granted(1, s, 64 * kMiB));
+  CHECK(pool.free_bytes() == 64_MiB);
+  CHECK(w.node->accounting().usage(t, DeviceOrdinal{0}).retained == 64_MiB);  // bound to it
+  w.advance(milliseconds(150));
+  w.node->tick(w.t);
+  CHECK(pool.free_bytes() == 64_MiB);  // not idle long enough
+
+  // Allocated again before the period: the warm path (no handle created), and its idle time
+  // starts again when it is freed.
+  const std::uint64_t created = pool.handles_created();
+  w.release(s, w.granted(1, s, 64 * kMiB));
+  CHECK(pool.handles_created() == created);
+  w.advance(milliseconds(150));
+  w.node->tick(w.t);
+  CHECK(pool.free_bytes() == 64_MiB);
+  CHECK(pool.idle_released_bytes() == 0_B);
+
+  w.advance(milliseconds(60));
+  w.node->tick(w.t);
+  CHECK(pool.free_bytes() == 0_B);
+  CHECK(pool.pool_bytes() == 0_B);
+  CHECK(pool.idle_released_bytes() == 64_MiB);
+  CHECK(w.node->accounting().usage(t, DeviceOrdinal{0}).retained == 0_B);  // its charge went with it
+  CHECK(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free == free_before);
+}
+
+TEST_CASE("node: an idle bound handle another process still holds stays charged until the holder goes",
+          "[node][idle][binding]") {
+  using std::chrono::milliseconds;
+  NodeSettings ns;
+  ns.pool_idle_release = milliseconds(200);
+  bool held = true;
+  World w("version: 1\ndefault: {limit: 100%}\n", ns,
+          [&held](const std::vector<int>& fds) { return std::vector<std::uint32_t>(fds.size(), held ? 1u : 0u); });
+  const auto s = w.hello(1, 100, 1000);
+  const TenantId t = w.node->session(s)->tenant;
+  const DevicePool& pool = *w.node->devices().front().pool;
+
+  w.release(s, w.granted(1, s, 32 * kMiB));
+  w.advance(milliseconds(250));
+  w.node->tick(w.t);
+  // Retired (docs/security.md): out of the free pool, its descriptor held and charged.
+  CHECK(pool.free_bytes() == 0_B);
+  CHECK(pool.idle_released_bytes() == 32_MiB);
+  CHECK(pool.held_fd_bytes() == 32_MiB);
+  CHECK(w.node->accounting().usage(t, DeviceOrdinal{0}).retained == 32_MiB);
+
+  held = false;
+  w.advance(milliseconds(1000));
+  w.node->tick(w.t);
+  CHECK(pool.held_fd_bytes() == 0_B);
+  CHECK(w.node->accounting().usage(t, DeviceOrdinal{0}).retained == 0_B);
+}
+
+TEST_CASE("node: idle release off keeps the free pool as before", "[node][idle]") {
+  World w("version: 1\ndefault: {limit: 100%}\n");  // NodeSettings default: off
+  const auto s = w.hello(1, 100, 1000);
+  const DevicePool& pool = *w.node->devices().front().pool;
+  w.release(s, w.granted(1, s, 16 * kMiB));
+  w.advance(std::chrono::milliseconds(3'600'000));
+  w.node->tick(w.t);
+  CHECK(pool.free_bytes() == 16_MiB);
+  CHECK(pool.idle_released_bytes() == 0_B);
+}

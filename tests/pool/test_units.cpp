@@ -462,3 +462,21 @@ TEST_CASE("proc identity: the GPU's users are the processes with a device file o
   ::close(ready[1]);
   ::unlink(path.c_str());
 }
+
+TEST_CASE("options: --pool-idle-release and --pool-keep", "[pool][options][idle]") {
+  using std::chrono::milliseconds;
+  CHECK(parse({}).pool_idle_release == milliseconds(30'000));
+  CHECK(parse({}).pool_keep == 0);
+  CHECK(parse({"--pool-idle-release", "200ms"}).pool_idle_release == milliseconds(200));
+  CHECK(parse({"--pool-idle-release=2m"}).pool_idle_release == milliseconds(120'000));
+  CHECK(parse({"--pool-idle-release", "250"}).pool_idle_release == milliseconds(250));
+  CHECK(parse({"--pool-idle-release", "off"}).pool_idle_release == milliseconds(0));
+  CHECK(parse({"--pool-idle-release", "0"}).pool_idle_release == milliseconds(0));
+  CHECK(parse({"--pool-keep", "1GiB"}).pool_keep == (1ull << 30));
+  CHECK_THROWS_WITH(parse({"--pool-idle-release", "1h"}), Catch::StartsWith("--pool-idle-release: bad duration"));
+  CHECK_THROWS_WITH(parse({"--pool-idle-release", "-5s"}), Catch::StartsWith("--pool-idle-release: bad duration"));
+  CHECK_THROWS_WITH(parse({"--pool-idle-release", "1441m"}), Catch::Contains("at most 1 day"));
+  CHECK_THROWS_WITH(parse({"--pool-keep", "1GB"}), Catch::StartsWith("--pool-keep: \"1GB\""));
+  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--pool-idle-release DURATION"));
+  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--pool-keep SIZE"));
+}

@@ -185,7 +185,10 @@ struct DeviceRecord {
   std::uint64_t warm_target_bytes;   // --warm-reserve on this GPU
   std::uint64_t hook_reserve_bytes;  // sum of the hooks' reported local reserves
   std::uint64_t pool_peak_bytes;     // highest pool_bytes since start
-  std::uint64_t reserved5[3];
+  // Bytes of free handles given back to the driver by the idle release (--pool-idle-release),
+  // across restarts; was reserved5[0] of layout 5 (always 0 there).
+  std::uint64_t idle_released_bytes;
+  std::uint64_t reserved5[2];
   // Layout 6 (docs/security.md).
   std::uint64_t retained_bytes;   // sum of the tenants' retained[] on this GPU
   std::uint64_t unhooked_bytes;   // sum of the tenants' unhooked[] on this GPU

@@ -24,6 +24,13 @@
 // held bytes of t. Without binding (`--handle-reuse node`) free handles serve any tenant after
 // a scrub, as before.
 //
+// Idle release (docs/pool.md, "Idle release"): release_idle() gives free handles that stayed
+// free for the idle period back to the driver (plan_idle_release, idle_release.hpp): bound
+// ones are retired (their descriptor stays held and charged to the tenant until settle() finds
+// no other holder, as for any retired bound handle), unbound ones above the keep bound are
+// released. A handle's time in the free pool starts when it enters it (put_back, refill) by
+// the clock set with set_clock(), or, without one, at the first release_idle() that sees it.
+//
 // Size classes: the granularity G (tails, fragments), the bulk size B (warm reserve), and exact
 // handles (a new handle always has the grant's size).
 //
@@ -36,6 +43,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -66,6 +74,8 @@ struct PoolHandle {
   bool clean = false;                   // known to hold zeros (warm reserve): no scrub needed
   std::uint64_t freed_seq = 0;          // when it entered the free pool (LRU order)
   std::optional<TenantId> bound;        // binding on: the tenant its descriptor went to
+  // When it entered the free pool (idle release); nullopt: not yet seen by a clock.
+  std::optional<std::chrono::steady_clock::time_point> freed_at;
 };
 
 class PoolOutOfMemory : public std::runtime_error {
@@ -117,6 +127,22 @@ class DevicePool {
   // nothing new was retired: no scan at all). No scan configured: every held descriptor is
   // closed. Returns true if any was closed.
   bool settle(bool all = false) noexcept;
+  // Idle release: gives back to the driver the free handles plan_idle_release() picks at `now`
+  // (idle period `idle`, keep bound `keep` on unbound free bytes, `warm` on clean ones), least
+  // recently freed first.
+  // Bound handles are retired (descriptor held and charged until settle(): call it after).
+  // Never throws (failures are logged by destroy()).
+  struct IdleReleased {
+    std::uint64_t handles = 0;
+    Bytes bytes{0};
+    std::uint64_t bound = 0;  // of them, bound handles (retired)
+  };
+  IdleReleased release_idle(std::chrono::steady_clock::time_point now, std::chrono::milliseconds idle, Bytes keep,
+                            Bytes warm = Bytes{0}) noexcept;
+  // Bytes given back by release_idle() since the pool was made.
+  [[nodiscard]] Bytes idle_released_bytes() const noexcept { return idle_released_bytes_; }
+  // The time put_back()/refill() stamp a handle with (unset: release_idle() stamps it).
+  void set_clock(std::function<std::chrono::steady_clock::time_point()> clock) { clock_ = std::move(clock); }
   // Releases every free handle and closes every held descriptor (shutdown).
   void release_free() noexcept;
   // The tenant's record was freed and its id may be reused: free handles it last held lose
@@ -196,6 +222,8 @@ class DevicePool {
   std::vector<Held> held_;
   Bytes held_bytes_{0};
   std::uint64_t retired_held_ = 0;
+  std::function<std::chrono::steady_clock::time_point()> clock_;
+  Bytes idle_released_bytes_{0};
 };
 
 }  // namespace vlake::pool

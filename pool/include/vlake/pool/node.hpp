@@ -24,7 +24,7 @@
 //   - connection_closed / end_session (process exited): a session's grants return to the pool.
 //   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
 //   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
-//   - tick(now): warm-reserve refill and the canary sweep; set_nonpool: NVML's view of session
+//   - tick(now): warm-reserve refill, idle release of the free pools, and the canary sweep; set_nonpool: NVML's view of session
 //     pids; observe_gpus: NVML's view of every process (memory outside vlake, docs/daemon.md),
 //     which answers the processes to kill under `enforce: kill`.
 //   - free_idle_tenants(): tenant records holding nothing are freed (see "Tenant records").
@@ -107,6 +107,11 @@ struct Peer {
 struct NodeSettings {
   Bytes bulk_size{64ull << 20};                      // --bulk-size
   Bytes warm_reserve{0};                             // --warm-reserve, per GPU
+  // Idle release (docs/pool.md): free handles free for this long go back to the driver, down to
+  // max(warm_reserve, pool_keep) unbound free bytes per GPU (bound ones all go). 0: off (the
+  // daemon's default is 30 s: --pool-idle-release).
+  std::chrono::milliseconds pool_idle_release{0};
+  Bytes pool_keep{0};  // --pool-keep, per GPU
   std::chrono::milliseconds pressure_wait{500};      // --pressure-wait-ms (0: never park)
   std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
   std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
@@ -324,6 +329,7 @@ class Node {
     Bytes nvml_used{0};                   // NVML's used memory at the latest sample (0: none)
     Bytes unlisted{0};                    // of it, charged to no process NVML lists (observe_gpus)
     std::uint64_t retired_held_seen = 0;  // pool->retired_held() already in the counters
+    std::uint64_t idle_released_base = 0;  // a previous daemon's idle_released_bytes (resume)
   };
 
   // Opens a pool on every GPU of `driver` (throws std::runtime_error: none, or too many).
@@ -414,7 +420,8 @@ class Node {
   void allocation_removed(const std::string& id);
 
   // ---- periodic work
-  // Warm-reserve refill (a bounded step) and, when due, a canary sweep.
+  // Warm-reserve refill (a bounded step), idle release (settings.pool_idle_release) and, when
+  // due, a canary sweep.
   void tick(Now now);
   // Frees every tenant record that holds nothing (after NVML sampling, a reload). Returns how many.
   std::size_t free_idle_tenants();
@@ -518,6 +525,8 @@ class Node {
   Refused refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now);
   std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall);
   void refill_warm(std::uint64_t max_handles_per_gpu);
+  // Idle release of every GPU's free pool (tick).
+  void release_idle(Now now);
 
   // CUDA IPC (node_ipc.cpp)
   // Drops one import; a released grant whose last import this was is finished (retired).
