@@ -40,7 +40,8 @@ std::vector<std::size_t> plan_idle_release(const std::vector<IdleHandleView>& fr
     spare -= h.size.value();
     out.push_back(i);
   }
-  std::sort(out.begin(), out.end(), [&](std::size_t a, std::size_t b) { return free[a].freed_seq < free[b].freed_seq; });
+  std::sort(out.begin(), out.end(),
+            [&](std::size_t a, std::size_t b) { return free[a].freed_seq < free[b].freed_seq; });
   return out;
 }
 

@@ -476,12 +476,12 @@ void Node::release_idle(Now now) {
   if (settings_.pool_idle_release.count() <= 0) return;
   const Bytes keep = std::max(settings_.warm_reserve, settings_.pool_keep);
   for (Device& d : devices_) {
-    const DevicePool::IdleReleased r = d.pool->release_idle(now.steady, settings_.pool_idle_release, keep, settings_.warm_reserve);
+    const DevicePool::IdleReleased r =
+        d.pool->release_idle(now.steady, settings_.pool_idle_release, keep, settings_.warm_reserve);
     if (r.handles == 0) continue;
     log_.info("GPU " + std::to_string(d.ordinal.value()) + ": " + std::to_string(r.bytes.value() >> 20) + " MiB in " +
-              std::to_string(r.handles) + " handle(s) free for " +
-              std::to_string(settings_.pool_idle_release.count()) + " ms went back to the driver (" +
-              std::to_string(r.bound) + " bound to a tenant)");
+              std::to_string(r.handles) + " handle(s) free for " + std::to_string(settings_.pool_idle_release.count()) +
+              " ms went back to the driver (" + std::to_string(r.bound) + " bound to a tenant)");
     // Bound handles were retired: their descriptors close (and their tenants' retained charge
     // goes) once nobody else holds them.
     settle_device(d);

@@ -81,10 +81,8 @@ TEST_CASE("idle release: bound handles age out whatever the keep bound", "[unit]
                                             view(16, 3, milliseconds(300), true)};
   // Keep 16 MiB: counts unbound bytes only (bound ones serve one tenant); the young bound
   // handle stays.
-  CHECK(plan_idle_release(free, kT0 + milliseconds(400), milliseconds(200), 16_MiB) ==
-        std::vector<std::size_t>{0});
-  CHECK(plan_idle_release(free, kT0 + milliseconds(600), milliseconds(200), 16_MiB) ==
-        std::vector<std::size_t>{0, 2});
+  CHECK(plan_idle_release(free, kT0 + milliseconds(400), milliseconds(200), 16_MiB) == std::vector<std::size_t>{0});
+  CHECK(plan_idle_release(free, kT0 + milliseconds(600), milliseconds(200), 16_MiB) == std::vector<std::size_t>{0, 2});
 }
 
 TEST_CASE("daemon: freed memory goes back to the simulated GPU after the idle period", "[daemon][sim][idle]") {

@@ -24,9 +24,10 @@
 //   - connection_closed / end_session (process exited): a session's grants return to the pool.
 //   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
 //   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
-//   - tick(now): warm-reserve refill, idle release of the free pools, and the canary sweep; set_nonpool: NVML's view of session
-//     pids; observe_gpus: NVML's view of every process (memory outside vlake, docs/daemon.md),
-//     which answers the processes to kill under `enforce: kill`.
+//   - tick(now): warm-reserve refill, idle release of the free pools and the canary sweep;
+//     set_nonpool: NVML's view of session pids; observe_gpus: NVML's view of every process
+//     (memory outside vlake, docs/daemon.md), which answers the processes to kill under
+//     `enforce: kill`.
 //   - free_idle_tenants(): tenant records holding nothing are freed (see "Tenant records").
 //
 // Bounds (docs/daemon.md, "Limits"): every table is fixed (state.hpp). A tenant holds at most
@@ -107,11 +108,6 @@ struct Peer {
 struct NodeSettings {
   Bytes bulk_size{64ull << 20};                      // --bulk-size
   Bytes warm_reserve{0};                             // --warm-reserve, per GPU
-  // Idle release (docs/pool.md): free handles free for this long go back to the driver, down to
-  // max(warm_reserve, pool_keep) unbound free bytes per GPU (bound ones all go). 0: off (the
-  // daemon's default is 30 s: --pool-idle-release).
-  std::chrono::milliseconds pool_idle_release{0};
-  Bytes pool_keep{0};  // --pool-keep, per GPU
   std::chrono::milliseconds pressure_wait{500};      // --pressure-wait-ms (0: never park)
   std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
   std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
@@ -120,6 +116,11 @@ struct NodeSettings {
   // (`node`): freed handles serve any tenant after a scrub (a tenant that keeps a descriptor can
   // read and write the memory's next owner's data).
   bool bind_handles = true;
+  // Idle release (docs/pool.md): free handles free for this long go back to the driver, down to
+  // max(warm_reserve, pool_keep) unbound free bytes per GPU (bound ones all go). 0: off (the
+  // daemon's default is 30 s: --pool-idle-release).
+  std::chrono::milliseconds pool_idle_release{0};
+  Bytes pool_keep{0};  // --pool-keep, per GPU
   // Caps against hostile tenants (docs/daemon.md, "Limits"). A tenant at a cap is refused with
   // Status::limit_reached; other tenants are unaffected.
   std::uint32_t max_sessions_per_tenant = 128;  // --max-sessions-per-tenant (of kMaxSessions 1024)
@@ -329,7 +330,8 @@ class Node {
     Bytes nvml_used{0};                   // NVML's used memory at the latest sample (0: none)
     Bytes unlisted{0};                    // of it, charged to no process NVML lists (observe_gpus)
     std::uint64_t retired_held_seen = 0;  // pool->retired_held() already in the counters
-    std::uint64_t idle_released_base = 0;  // a previous daemon's idle_released_bytes (resume)
+    // A previous daemon's idle_released_bytes (resume).
+    std::uint64_t idle_released_base = 0;
   };
 
   // Opens a pool on every GPU of `driver` (throws std::runtime_error: none, or too many).
