@@ -152,6 +152,9 @@ class Daemon::Impl {
     std::uint32_t gid = 0;
     std::uint64_t session = 0;
     std::string alloc_id;  // accepted on that allocation's socket: its identity
+    // When the process said Hello: its first counted grant needs an NVML reading taken after
+    // this (its context exists by then), whatever kCountedResampleInterval says.
+    std::chrono::steady_clock::time_point hello_at{};
   };
 
   // start-up
@@ -637,8 +640,9 @@ void Daemon::Impl::on_timer() {
 }
 
 // One NVML reading applied to the Node: per-process usage, the processes without a session,
-// the device-file users NVML does not list. Runs on every timer tick and, at most every
-// kCountedResampleInterval, before a counted grant is decided: counted memory (created by the
+// the device-file users NVML does not list. Runs on every timer tick and before a counted grant
+// is decided when the last reading predates the requesting process's Hello or is older than
+// kCountedResampleInterval: counted memory (created by the
 // tenant's own process) is told apart from the rest of that process's memory (its context)
 // by subtracting it from the process's NVML figure, so a reading older than a freshly created
 // context would let the tenant run over its limit by that context.
@@ -806,6 +810,7 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
       return;
     }
     c.session = out.session;
+    c.hello_at = std::chrono::steady_clock::now();
     conn_limits_.authenticated(serial);
     if (out.opened) {
       poller_.add(pidfd.get(), Source::pidfd, out.session);
@@ -832,7 +837,8 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, proto::GrantRequest>) {
           if (m.purpose == proto::GrantPurpose::counted && nvml_ &&
-              std::chrono::steady_clock::now() - last_sample_ >= kCountedResampleInterval) {
+              (last_sample_ <= c.hello_at ||
+               std::chrono::steady_clock::now() - last_sample_ >= kCountedResampleInterval)) {
             sample_gpus(now());
           }
           deliver(serial, node_->grant(serial, s, m, now()), std::chrono::steady_clock::now());
