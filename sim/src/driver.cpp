@@ -5,7 +5,6 @@
 
 #include "call_counts.hpp"
 #include "driver_internal.hpp"
-#include "internal.hpp"
 #include "node.hpp"
 #include "process.hpp"
 #include "rules.hpp"
@@ -94,16 +93,7 @@ thread_local int t_depth = 0;
 
 CUctx_st* current_ctx() { return t_depth > 0 ? t_stack[t_depth - 1] : nullptr; }
 
-template <class F>
-CUresult guarded(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
+using vlake::sim::internal::guarded;
 
 // Initialized and not in a fork()ed child of the process that initialized.
 CUresult check_init() {
@@ -714,11 +704,9 @@ __attribute__((destructor)) void detach_at_exit() {
 
 }  // namespace
 
-// What driver_peer.cpp needs of this file (internal.hpp).
+// What driver_peer.cpp needs of this file (driver_internal.hpp).
 namespace vlake::sim::internal {
 Process* process() { return g_proc; }
-CUresult init_checked() { return check_init(); }
-CUresult current_checked(CUctx_st*& ctx) { return check_ctx(ctx); }
 CUctx_st* context_of(CUcontext c) { return ctx_of_handle(c); }
 bool device_valid(CUdevice dev) { return valid_device(dev); }
 bool reachable(std::uintptr_t addr, std::size_t n, int device, bool write) {

@@ -4,7 +4,7 @@
 // driver it only concerns cuMemAlloc memory (kernels of a context touching another device's
 // cuMemAlloc memory need it); VMM memory is reached through cuMemSetAccess alone.
 #include "call_counts.hpp"
-#include "internal.hpp"
+#include "driver_internal.hpp"
 #include "rules.hpp"
 
 #include <cstring>
@@ -19,16 +19,7 @@ namespace rules = vlake::sim::rules;
 
 namespace {
 
-template <class F>
-CUresult guarded(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
+using vlake::sim::internal::guarded;
 
 std::uint32_t bit(int device) { return std::uint32_t{1} << device; }
 
@@ -43,7 +34,7 @@ CUctx_st* live_context(CUcontext c) {
 VLAKE_SIM_API CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
   VLAKE_SIM_COUNT(cuDeviceCanAccessPeer);
   return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::init_checked(); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
     if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!internal::device_valid(dev) || !internal::device_valid(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
     *canAccessPeer = dev != peerDev && internal::process()->peer_access ? 1 : 0;
@@ -55,7 +46,7 @@ VLAKE_SIM_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int
   VLAKE_SIM_COUNT(cuCtxEnablePeerAccess);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
-    if (CUresult rc = internal::current_checked(ctx); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
     if (Flags != 0) return rules::kPeerBadFlags;
     std::unique_lock lock(internal::process()->mu);
     CUctx_st* peer = live_context(peerContext);
@@ -72,7 +63,7 @@ VLAKE_SIM_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
   VLAKE_SIM_COUNT(cuCtxDisablePeerAccess);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
-    if (CUresult rc = internal::current_checked(ctx); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
     std::unique_lock lock(internal::process()->mu);
     CUctx_st* peer = live_context(peerContext);
     if (peer == nullptr) return rules::kPeerBadContext;
@@ -89,7 +80,7 @@ VLAKE_SIM_API CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
   VLAKE_SIM_COUNT(cuMemcpyPeer);
   return guarded([&]() -> CUresult {
     CUctx_st* cur = nullptr;
-    if (CUresult rc = internal::current_checked(cur); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = internal::context(cur); rc != CUDA_SUCCESS) return rc;
     std::shared_lock lock(internal::process()->mu);
     CUctx_st* dst = live_context(dstContext);
     CUctx_st* src = live_context(srcContext);

@@ -58,16 +58,7 @@ constexpr std::size_t kGran = vlake::sim::rules::kGranularity;
 
 std::size_t round_up(std::size_t v) { return (v + kGran - 1) / kGran * kGran; }
 
-template <class F>
-CUresult guarded(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
+using vlake::sim::internal::guarded;
 
 struct Pool {
   int device = 0;
