@@ -1251,7 +1251,8 @@ CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* s
   // captured stream only records the copy: nothing to share).
   const CUstream stream = effective_stream(ptds, hStream);
   if (capturing(stream)) return rc;
-  if (!s->allocs.find(addr(dstDevice))) return rc;  // not ours: do not synchronize for nothing
+  // Synchronize only for an offer that will be made (not ours, partial, offered before: no wait).
+  if (!share::would_offer(*s, addr(dstDevice), ByteCount)) return rc;
   if (pass<Row::cuStreamSynchronize>(false, stream) != CUDA_SUCCESS) return rc;
   share::offer_upload(*s, addr(dstDevice), ByteCount);
   return rc;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "log.hpp"
@@ -316,23 +317,48 @@ bool may_offer(const State& s, std::uint64_t bytes) noexcept {
   return off == 0 || off != ::getpid();
 }
 
+namespace {
+
+// The allocation an upload of `bytes` to `dst` would be offered for (offer_upload's rules), or
+// nothing. Records nothing.
+std::optional<LogicalAlloc> offer_target(State& s, std::uint64_t dst, std::uint64_t bytes) {
+  if (!may_offer(s, bytes) || s.canary.load(std::memory_order_relaxed)) return std::nullopt;
+  auto found = s.allocs.find(dst);
+  if (!found || found->ptr != dst || bytes < found->requested) return std::nullopt;
+  const std::uint64_t g = s.client.granularity();
+  if (g == 0) return std::nullopt;
+  const std::uint64_t lo = found->ptr - found->base;
+  const std::uint64_t from = (lo + g - 1) / g * g;
+  const std::uint64_t to = (lo + found->requested) / g * g;
+  if (to <= from) return std::nullopt;  // no whole chunk
+  std::lock_guard lock(g_mu);
+  if (g_shared.count(found->grant_id) != 0) return std::nullopt;
+  const auto it = g_offered.find(found->grant_id);
+  if (it != g_offered.end() && it->second == found->created.time_since_epoch().count()) {
+    return std::nullopt;  // offered before (e.g. a re-upload)
+  }
+  return found;
+}
+
+}  // namespace
+
+bool would_offer(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept {
+  try {
+    return offer_target(s, dst, bytes).has_value();
+  } catch (...) {
+    return false;
+  }
+}
+
 void offer_upload(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept {
   try {
-    if (!may_offer(s, bytes) || s.canary.load(std::memory_order_relaxed)) return;
-    const auto found = s.allocs.find(dst);
-    if (!found || found->ptr != dst || bytes < found->requested) return;
-    const std::uint64_t g = s.client.granularity();
-    if (g == 0) return;
-    const std::uint64_t lo = found->ptr - found->base;
-    const std::uint64_t from = (lo + g - 1) / g * g;
-    const std::uint64_t to = (lo + found->requested) / g * g;
-    if (to <= from) return;  // no whole chunk
+    const auto found = offer_target(s, dst, bytes);
+    if (!found) return;
     {
       std::lock_guard lock(g_mu);
-      if (g_shared.count(found->grant_id) != 0) return;
       const std::int64_t born = found->created.time_since_epoch().count();
       auto [it, fresh] = g_offered.try_emplace(found->grant_id, born);
-      if (!fresh && it->second == born) return;  // offered before (e.g. a re-upload)
+      if (!fresh && it->second == born) return;  // another thread offered it meanwhile
       it->second = born;
     }
     vlake_share_result res{};

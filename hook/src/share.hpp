@@ -31,6 +31,9 @@ int share_readonly(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share
 // allocation's context). dedup_disabled is remembered (no more offers) until the process forks
 // (the child asks again). Failures are logged at debug only. Never throws.
 void offer_upload(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept;
+// True if offer_upload(s, dst, bytes) would offer the allocation now (same rules, nothing
+// recorded): the Async wrapper synchronizes its stream only then. Never throws.
+[[nodiscard]] bool would_offer(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept;
 // Cheap pre-check for the wrappers: false once this process was told dedup_disabled, or when
 // `bytes` is too small to hold a whole chunk.
 [[nodiscard]] bool may_offer(const State& s, std::uint64_t bytes) noexcept;

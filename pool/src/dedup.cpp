@@ -199,14 +199,12 @@ bool Dedup::commit(std::uint64_t session, std::vector<std::unique_ptr<PoolHandle
       case PieceKind::shared: refs.push_back(piece.chunk); break;
     }
   }
+  // The replaced handles go back to the driver, not into the free pool: the memory a share
+  // saves must show up as free GPU memory (docs/dedup.md, "Accounting"). Their descriptors went
+  // to `tenant`: retire() keeps each open, held and charged to it, while another process still
+  // holds it (docs/security.md, docs/pool.md "Handle binding"); the caller settles the pool.
   for (std::size_t i = 0; i < handles.size(); ++i) {
-    if (!kept[i] && handles[i]) {
-      try {
-        pool.put_back(std::move(handles[i]), tenant);
-      } catch (...) {
-        log_.error("dedup: returning a replaced handle to the pool failed");
-      }
-    }
+    if (!kept[i] && handles[i]) pool.retire(std::move(handles[i]), tenant);
   }
   handles = std::move(next);
   auto& v = grant_refs_[p.grant_id];

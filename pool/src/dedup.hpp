@@ -10,7 +10,8 @@
 //   whole, every old handle of the grant that overlaps the range is replaced: its parts outside
 //   the range are copied into new private handles (one before, one after the range), its part
 //   inside becomes G-sized shared chunks. Handles wholly outside the range are kept.
-//   commit() makes the plan the grant's layout (the replaced handles go back to the pool);
+//   commit() makes the plan the grant's layout (the replaced handles are retired: released to
+//   the driver, never pooled);
 //   abort() undoes it. release_grant() drops a grant's references; a chunk whose last reference
 //   goes returns to the free pool (with no last tenant, so it is scrubbed before its next grant).
 //
@@ -79,8 +80,10 @@ class Dedup {
                    Bytes bytes);
   [[nodiscard]] const Plan* pending(std::uint64_t session) const;
   // Makes the session's pending plan the layout of its grant: `handles` becomes the kept and
-  // new private handles (VA order, shared chunks are tracked here); the replaced handles are put
-  // back into `pool` with `tenant` as their last tenant. False if there was no pending plan.
+  // new private handles (VA order, shared chunks are tracked here); the replaced handles are
+  // retired in `pool` (released to the driver; a descriptor another process still holds stays
+  // open, charged to `tenant`, until the caller's settle() finds no holder). False if there was
+  // no pending plan.
   bool commit(std::uint64_t session, std::vector<std::unique_ptr<PoolHandle>>& handles, DevicePool& pool,
               TenantId tenant) noexcept;
   // Drops the session's pending plan (new private handles and unused chunks back to `pool`).

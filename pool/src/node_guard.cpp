@@ -378,7 +378,7 @@ std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t sessio
                    "tenant " + t.name + ": share of grant " + std::to_string(g.id) + " aborted by the hook",
                    steady_now());
   }
-  (void)settle_device(dev);  // replaced handles went back (retained), unused chunks were retired
+  (void)settle_device(dev);  // replaced handles and unused chunks were retired: closed unless held
   changes_.grants.insert(g.slot);
   changes_.devices = true;
   ack.status = proto::Status::ok;

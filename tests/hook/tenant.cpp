@@ -40,6 +40,7 @@
 //                              socket PATH (connects, retrying until it exists; SCM_RIGHTS)
 //   recvfd:H:PATH:SIZE         listens on PATH, receives one descriptor and imports it as H
 //   touch:PATH  waitfile:PATH  creates PATH / waits (up to 30 s) until PATH exists
+//   calls:ENTRY  prints count=<the simulator's call count of ENTRY in this process> (docs/simulator.md)
 //   peerrace:ITERS             allocations on device 1 racing peer access toggled from device 0
 //                              (errors= bad_after_race= bad_enabled= bad_disabled=, all 0 when
 //                              consistent)
@@ -1063,6 +1064,10 @@ void run_step(const std::string& s) {
     step_threads(s, a);
   } else if (op == "stress") {
     step_stress(s, a);
+  } else if (op == "calls") {
+    using CountFn = unsigned long long (*)(const char*);
+    auto fn = g_lib != nullptr ? reinterpret_cast<CountFn>(dlsym(g_lib, "vlake_sim_call_count")) : nullptr;
+    out("%s rc=%d count=%llu", s.c_str(), fn != nullptr ? 0 : -1, fn != nullptr ? fn(a.at(1).c_str()) : 0ULL);
   } else if (op == "sleep") {
     usleep(static_cast<useconds_t>(std::atoi(a.at(1).c_str())) * 1000);
     out("%s rc=0", s.c_str());
