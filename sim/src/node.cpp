@@ -33,7 +33,9 @@ constexpr std::uint64_t kMagic = 0x4d49532d454b4c56ULL;  // "VLKE-SIM"
 // are records keyed (kContextDev, context_ino(pid, device)).
 // 3: a record without holders stays charged while an attached process keeps a descriptor of it
 // (`fd_held`), as on the real driver.
-constexpr std::uint32_t kLayoutVersion = 3;
+// 4: `creator_gone`: the creator released a record others still hold; NVML charges it to no
+// process while a descriptor of it is open.
+constexpr std::uint32_t kLayoutVersion = 4;
 constexpr std::uint32_t kMaxAttached = 512;   // processes attached to one node at once
 constexpr std::uint32_t kMaxRecords = 32768;  // live physical allocations per node
 constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocation at once
@@ -50,7 +52,10 @@ struct Record {
   std::int32_t device;
   std::uint32_t nholders;  // processes holding a handle, an imported handle or a mapping
   std::uint32_t fd_held;   // no holder, but maybe a descriptor somewhere: still charged (see sweep)
-  std::uint32_t reserved;
+  // The creator (first holder) let go while others hold it, and a descriptor may be open: the
+  // real driver then charges the memory to no process until no descriptor is left (measured,
+  // docs/driver.md "What NVML reports"). Cleared by the first NVML read that finds none.
+  std::uint32_t creator_gone;
   ProcessId holders[kMaxHolders];
 };
 
@@ -141,6 +146,7 @@ void shrink_hwm(NodeState* s) {
 // descriptor of it (an exported or received descriptor keeps the memory alive on the real
 // driver: docs/driver.md).
 void drop_holder(NodeState* s, Record& r, std::uint32_t idx) {
+  if (idx == 0 && r.nholders > 1 && r.dev != kContextDev && r.creator_gone == 0) r.creator_gone = 1;
   for (std::uint32_t i = idx + 1; i < r.nholders; ++i) r.holders[i - 1] = r.holders[i];
   --r.nholders;
   if (r.nholders > 0) return;
@@ -151,28 +157,30 @@ void drop_holder(NodeState* s, Record& r, std::uint32_t idx) {
   }
 }
 
-// Uncharges every fd_held record of which no attached process (but `skip`, a process about to
-// close all of its descriptors) has a descriptor: /proc/<pid>/fd of each attached process is
-// read and each entry's target compared by (st_dev, st_ino). A process whose descriptors cannot
-// be read keeps every such record charged (it may hold one). Only attached processes count: a
-// descriptor passed to a process that never initialized the driver is not seen.
-void sweep_fd_held(NodeState* s, const ProcessId* skip) {
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> pending;
-  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
-    const Record& r = s->records[i];
-    if (r.nholders == 0 && r.fd_held != 0) pending.emplace_back(r.dev, r.ino);
-  }
-  if (pending.empty()) return;
-  std::sort(pending.begin(), pending.end());
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> seen;
-  bool unreadable = false;
-  for (std::uint32_t a = 0; a < s->nattached && !unreadable; ++a) {
+using FileKey = std::pair<std::uint64_t, std::uint64_t>;  // (st_dev, st_ino)
+struct OpenDescriptor {
+  FileKey key;
+  ProcessId process;
+  bool operator<(const OpenDescriptor& o) const { return key < o.key; }
+};
+
+// The descriptors of `wanted` (sorted) that attached processes but `skip` have open, sorted by
+// key: /proc/<pid>/fd of each attached process is read and each entry's target compared by
+// (st_dev, st_ino). nullopt when a process's descriptors cannot be read (it may hold any of
+// them). Only attached processes count: a descriptor passed to a process that never initialized
+// the driver is not seen. Note that the simulator's own handles are descriptors of their memfd
+// too: a holder's descriptors cannot be told from its handles.
+std::optional<std::vector<OpenDescriptor>> open_descriptors(const NodeState* s, const std::vector<FileKey>& wanted,
+                                                            const ProcessId* skip) {
+  std::vector<OpenDescriptor> seen;
+  if (wanted.empty()) return seen;
+  for (std::uint32_t a = 0; a < s->nattached; ++a) {
     const ProcessId p = s->attached[a];
     if (skip != nullptr && same(p, *skip)) continue;
     const std::string dir = "/proc/" + std::to_string(p.pid) + "/fd";
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) {
-      unreadable = errno != ENOENT;
+      if (errno != ENOENT) return std::nullopt;
       continue;
     }
     const int dfd = ::dirfd(d);
@@ -180,19 +188,60 @@ void sweep_fd_held(NodeState* s, const ProcessId* skip) {
       if (e->d_name[0] == '.') continue;
       struct stat st {};
       if (::fstatat(dfd, e->d_name, &st, 0) != 0) continue;
-      const std::pair<std::uint64_t, std::uint64_t> key{st.st_dev, st.st_ino};
-      if (std::binary_search(pending.begin(), pending.end(), key)) seen.push_back(key);
+      const FileKey key{st.st_dev, st.st_ino};
+      if (std::binary_search(wanted.begin(), wanted.end(), key)) seen.push_back({key, p});
     }
     ::closedir(d);
   }
-  if (unreadable) return;
   std::sort(seen.begin(), seen.end());
+  return seen;
+}
+
+// Uncharges every fd_held record of which no attached process (but `skip`, a process about to
+// close all of its descriptors) has a descriptor. While any process's descriptors cannot be
+// read, every such record stays charged (it may hold one).
+void sweep_fd_held(NodeState* s, const ProcessId* skip) {
+  std::vector<FileKey> pending;
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    const Record& r = s->records[i];
+    if (r.nholders == 0 && r.fd_held != 0) pending.emplace_back(r.dev, r.ino);
+  }
+  if (pending.empty()) return;
+  std::sort(pending.begin(), pending.end());
+  const std::optional<std::vector<OpenDescriptor>> seen = open_descriptors(s, pending, skip);
+  if (!seen) return;
   for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
     Record& r = s->records[i];
     if (r.nholders != 0 || r.fd_held == 0) continue;
-    if (std::binary_search(seen.begin(), seen.end(), std::make_pair(r.dev, r.ino))) continue;
+    if (std::binary_search(seen->begin(), seen->end(), OpenDescriptor{{r.dev, r.ino}, {}})) continue;
     r.fd_held = 0;
     s->used[r.device] -= r.size;
+  }
+}
+
+// Clears `creator_gone` on every held record of which no attached process but its holders has a
+// descriptor left: from then on NVML charges it to its first holder. A holder's descriptors are
+// not counted (the simulator cannot tell them from its handles): a process that keeps both an
+// imported handle and a descriptor is charged, where the real driver charges no one.
+// Unreadable descriptors keep the mark.
+void settle_creator_gone(NodeState* s) {
+  std::vector<FileKey> marked;
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    const Record& r = s->records[i];
+    if (r.nholders != 0 && r.creator_gone != 0) marked.emplace_back(r.dev, r.ino);
+  }
+  if (marked.empty()) return;
+  std::sort(marked.begin(), marked.end());
+  const std::optional<std::vector<OpenDescriptor>> seen = open_descriptors(s, marked, nullptr);
+  if (!seen) return;
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    Record& r = s->records[i];
+    if (r.nholders == 0 || r.creator_gone == 0) continue;
+    const auto [first, last] = std::equal_range(seen->begin(), seen->end(), OpenDescriptor{{r.dev, r.ino}, {}});
+    const bool other = std::any_of(first, last, [&](const OpenDescriptor& d) {
+      return std::none_of(r.holders, r.holders + r.nholders, [&](const ProcessId& h) { return same(h, d.process); });
+    });
+    if (!other) r.creator_gone = 0;
   }
 }
 
@@ -401,6 +450,7 @@ CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t si
   r->holders[0] = self_;
   r->nholders = 1;
   r->fd_held = 0;
+  r->creator_gone = 0;
   state_->used[device] += size;
   return CUDA_SUCCESS;
 }
@@ -418,7 +468,10 @@ CUresult Node::hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, in
     r->device = device;
     r->nholders = 0;
     r->fd_held = 0;
+    r->creator_gone = 0;
     state_->used[device] += size;
+  } else if (r->nholders == 0 && r->fd_held != 0) {
+    r->creator_gone = 1;  // imported again from a kept descriptor: the creator is gone
   }
   r->fd_held = 0;  // held again (still charged once)
   for (std::uint32_t h = 0; h < r->nholders; ++h) {
@@ -579,6 +632,7 @@ bool NodeObserver::read(NodeSnapshot& out) {
     snap.capacity = s->capacity;
     snap.in_use = s->nattached > 0 || s->record_hwm > 0;
     for (int d = 0; d < rules::kMaxDevices; ++d) snap.used[d] = s->used[d];
+    settle_creator_gone(s);
     std::vector<std::map<std::int32_t, std::uint64_t>> charges(static_cast<std::size_t>(snap.device_count));
     // NVML lists only processes with a primary context on the device (measured on the H100: a
     // process that creates memory without a context is not listed, its memory is in `used`).
@@ -589,9 +643,10 @@ bool NodeObserver::read(NodeSnapshot& out) {
     }
     for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
       const Record& r = s->records[i];
-      // A record held only through descriptors, or whose first live holder has no context on
-      // its device, is charged to the device and to no process.
-      if (r.nholders == 0 || r.device < 0 || r.device >= snap.device_count) continue;
+      // A record held only through descriptors, whose creator let go while a descriptor is
+      // open, or whose first live holder has no context on its device, is charged to the
+      // device and to no process.
+      if (r.nholders == 0 || r.creator_gone != 0 || r.device < 0 || r.device >= snap.device_count) continue;
       auto& dev = charges[static_cast<std::size_t>(r.device)];
       if (auto it = dev.find(r.holders[0].pid); it != dev.end()) it->second += r.size;
     }

@@ -7,7 +7,8 @@
 //   the bytes cuDeviceGetUuid_v2 returns, as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
 // - Memory and processes are read from the node at each call: used = what cuMemGetInfo_v2
 //   reports (allocations plus VLAKE_SIM_CONTEXT_MEMORY per primary context), reserved = 0; each
-//   live allocation is charged to its first live holder (creator first), importers are not.
+//   live allocation is charged to its first live holder (creator first), importers are not;
+//   after the creator let go, to no process while a non-holder keeps a descriptor of it.
 // - Return codes follow the real library (measured on the H100, driver 580.159.04; see
 //   docs/simulator.md): every call but nvmlErrorString needs nvmlInit*; init is counted and
 //   each nvmlShutdown undoes one; buffers too small give NVML_ERROR_INSUFFICIENT_SIZE.

@@ -362,6 +362,38 @@ TEST_CASE("nvml charges an allocation to its first live holder", "[sim][nvml]") 
   CHECK(memory(0).used == used_bytes());
 }
 
+TEST_CASE("nvml charges no process while the creator let go and a descriptor is open", "[sim][nvml]") {
+  // Measured on the H100 (docs/driver.md "What NVML reports"): A creates and exports, B imports
+  // and maps; A releases its handle but keeps the descriptor: the memory is charged to no process.
+  // Once the last descriptor closes, the charge moves to B.
+  init_ctx();
+  NvmlSession session;
+  const unsigned me = self_pid();
+  const size_t size = 16 * kMiB;
+  CUmemAllocationProp prop = device_prop(0);
+  CUmemGenericAllocationHandle h = 0;
+  REQUIRE(cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
+  int fd = -1;
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  Child importer = spawn_probe({"import", std::to_string(fd), std::to_string(size)});
+  REQUIRE(read_until(importer, "ready=1"));
+  const auto them = static_cast<unsigned>(importer.pid);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext + size}, {them, kContext}});
+
+  REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);  // this process keeps `fd`
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}, {them, kContext}});
+  CHECK(memory(0).used == 2 * kContext + size);
+  CHECK(memory(0).used == used_bytes());
+
+  ::close(fd);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}, {them, kContext + size}});
+  CHECK(memory(0).used == 2 * kContext + size);
+
+  REQUIRE(::kill(importer.pid, SIGKILL) == 0);
+  CHECK(finish(importer) == 128 + SIGKILL);
+  CHECK(memory(0).used == kContext);
+}
+
 TEST_CASE("an allocation held only through a descriptor stays on the device, charged to no process", "[sim][nvml]") {
   // Measured on the H100 (docs/driver.md): after the creator released its handle, an exported
   // descriptor still open keeps the memory in use; NVML charges it to no process until the last
