@@ -3,8 +3,10 @@
 # tests and the benchmarks (bench/run.sh) — in one go, then prints a summary table and the
 # benchmark table.
 #
-#   ./scripts/gpu-check.sh [--all] [--no-bench] [--tests REGEX]
+#   ./scripts/gpu-check.sh [--all] [--no-bench] [--tests REGEX] [--reserve-profile]
 #     --all          also run the simulator-backed tests
+#     --reserve-profile  also measure how workloads reuse the hook's local reserve
+#                    (bench/hook/reserve_profile.py; docs/hook.md, "Choosing the reserve's defaults")
 #     --tests REGEX  only the tests whose names match (ctest -R), e.g. to split the GPU tests over
 #                    several calls of a machine that limits each command's time; `'compat|bypass'`
 #                    runs the compatibility matrix (gpu.compat.*, gpu.bypass.*; docs/compat.md);
@@ -22,11 +24,13 @@ cd "$(dirname "$0")/.."
 
 run_all=0
 run_bench=1
+run_profile=0
 only=()
 while (($#)); do
   case "$1" in
     --all) run_all=1 ;;
     --no-bench) run_bench=0 ;;
+    --reserve-profile) run_profile=1 ;;
     --tests) only=(-R "$2"); shift ;;
   esac
   shift
@@ -101,6 +105,16 @@ if [[ -s "$build/compat-results.jsonl" ]]; then
   echo
   echo "== compatibility matrix ($build/compat-results.jsonl)"
   python3 scripts/compat-table.py "$build/compat-results.jsonl"
+fi
+
+if ((run_profile)); then
+  echo
+  echo "== local reserve reuse (bench/hook/reserve_profile.py; results in $build/reserve-profile.json)"
+  python3 bench/hook/reserve_profile.py --vlaked "$build/pool/vlaked" --hook "$build/hook/libvlake-hook.so" \
+    --json "$build/reserve-profile.json" 2>"$build/reserve-profile.log" || {
+    echo "gpu-check: reserve_profile.py failed (log: $build/reserve-profile.log)"
+    tail -n 30 "$build/reserve-profile.log"
+  }
 fi
 
 if ((run_bench)); then

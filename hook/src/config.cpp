@@ -110,6 +110,7 @@ Config Config::parse(const Lookup& lookup) {
       c.problems.push_back("ignoring VLAKE_RESERVE=\"" + std::string(v) + "\": " + e.reason());
     }
   }
+  if (const char* v = lookup("VLAKE_RESERVE_STATS"); v != nullptr && *v != '\0') c.reserve_stats = v;
   if (const char* v = lookup("VLAKE_RESERVE_AGE"); v != nullptr) {
     auto d = parse_duration(v);
     if (d && d->count() > 0) {

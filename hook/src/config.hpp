@@ -47,6 +47,7 @@ struct Config {
   std::uint64_t reserve_bytes = 2ULL << 30;
   std::chrono::milliseconds reserve_age{30000};
   bool profile = false;
+  std::string reserve_stats;  // VLAKE_RESERVE_STATS: where to write the reserve's reuse statistics
   std::vector<std::string> problems;
 
   using Lookup = std::function<const char*(const char*)>;

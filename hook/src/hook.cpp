@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -61,6 +63,24 @@ void fork_parent() {
   ipc::unlock_all();
   s->work_mu.unlock();
   s->busy_mu.unlock();
+}
+
+// VLAKE_RESERVE_STATS (docs/hook.md, "Choosing the reserve's defaults"): the local reserve's
+// reuse statistics, written once at exit to "<path>.<pid>.json" (a forked child writes its own).
+void write_reserve_stats() noexcept {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr || !s->reserve.stats_enabled()) return;
+  try {
+    const std::string path = s->config.reserve_stats + "." + std::to_string(::getpid()) + ".json";
+    const std::string json = s->reserve.stats().to_json(s->reserve.max_bytes(), s->reserve.max_age()) + "\n";
+    if (std::FILE* f = std::fopen(path.c_str(), "we")) {
+      const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+      if (std::fclose(f) != 0 || !ok) log(LogLevel::warn, "writing %s failed", path.c_str());
+    } else {
+      log(LogLevel::warn, "cannot write the reserve statistics to %s: %s", path.c_str(), std::strerror(errno));
+    }
+  } catch (...) {
+  }
 }
 
 // The child owns none of the parent's grants and must not talk on its connection: it forgets
@@ -116,6 +136,10 @@ void create_state() {
     }
   }
   if (s->config.profile) Profile::get().enable();
+  if (!s->config.reserve_stats.empty() && s->reserve.enabled()) {
+    s->reserve.enable_stats();
+    std::atexit(write_reserve_stats);
+  }
   g_state.store(s, std::memory_order_release);
 }
 
@@ -584,6 +608,7 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
       place(s, std::move(b.alloc), s.fault_guard.load(std::memory_order_relaxed), ctx, bytes, dptr);
       return CUDA_SUCCESS;
     }
+    if (gran == 0) s.reserve.note_miss(bytes);  // the first grant tells the granularity
   }
   Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, /*report=*/!reserve);
   if (reserve && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {

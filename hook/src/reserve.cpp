@@ -13,13 +13,22 @@ std::uint64_t LocalReserve::fit_limit(std::uint64_t need, std::uint64_t granular
 
 bool LocalReserve::take(int device, std::uint64_t need, std::uint64_t granularity, ReserveBlock& out) {
   std::lock_guard lock(mu_);
-  if (blocks_.empty()) return false;
   auto it = blocks_.lower_bound(Key{device, need});
   if (it == blocks_.end() || it->first.first != device || it->first.second > fit_limit(need, granularity)) {
+    if (stats_on_) {
+      ++stats_.misses;
+      stats_.miss_bytes += need;
+    }
     return false;
   }
   // The most recently freed block of that size: its pages are the likeliest to be warm.
   it = std::prev(blocks_.upper_bound(it->first));
+  if (stats_on_) {
+    const Clock::time_point freed = it->second.freed;
+    std::uint64_t stack = 0;
+    for (const auto& [k, b] : blocks_) stack += b.freed >= freed ? k.second : 0;
+    stats_.record_reuse(Clock::now() - freed, stack, it->first.second);
+  }
   out = std::move(it->second);
   total_ -= it->first.second;
   blocks_.erase(it);
@@ -29,15 +38,19 @@ bool LocalReserve::take(int device, std::uint64_t need, std::uint64_t granularit
 std::vector<ReserveBlock> LocalReserve::put(ReserveBlock b) {
   std::vector<ReserveBlock> out;
   const std::uint64_t size = b.alloc.mapped;
+  std::lock_guard lock(mu_);
+  if (stats_on_) ++stats_.puts;
   if (size > max_bytes_) {
     out.push_back(std::move(b));
+    if (stats_on_) count_leaving(out, stats_.evicted, stats_.evicted_bytes);
     return out;
   }
-  std::lock_guard lock(mu_);
   const int device = b.alloc.device;
   blocks_.emplace(Key{device, size}, std::move(b));
   total_ += size;
+  if (stats_on_) stats_.peak_bytes = std::max(stats_.peak_bytes, total_);
   if (total_ > max_bytes_) out = evict_locked(device, total_ - max_bytes_, true);
+  if (stats_on_) count_leaving(out, stats_.evicted, stats_.evicted_bytes);
   return out;
 }
 
@@ -71,12 +84,43 @@ std::vector<ReserveBlock> LocalReserve::expire(Clock::time_point now) {
       ++it;
     }
   }
+  if (stats_on_) count_leaving(out, stats_.expired, stats_.expired_bytes);
   return out;
 }
 
 std::vector<ReserveBlock> LocalReserve::drain(int device, std::uint64_t bytes) {
   std::lock_guard lock(mu_);
-  return evict_locked(device, bytes, false);
+  std::vector<ReserveBlock> out = evict_locked(device, bytes, false);
+  if (stats_on_) count_leaving(out, stats_.drained, stats_.drained_bytes);
+  return out;
+}
+
+void LocalReserve::count_leaving(const std::vector<ReserveBlock>& out, std::uint64_t& blocks,
+                                 std::uint64_t& bytes) noexcept {
+  blocks += out.size();
+  for (const auto& b : out) bytes += b.alloc.mapped;
+}
+
+void LocalReserve::enable_stats() noexcept {
+  std::lock_guard lock(mu_);
+  stats_on_ = true;
+}
+
+void LocalReserve::note_miss(std::uint64_t bytes) noexcept {
+  std::lock_guard lock(mu_);
+  if (!stats_on_) return;
+  ++stats_.misses;
+  stats_.miss_bytes += bytes;
+}
+
+bool LocalReserve::stats_enabled() const noexcept {
+  std::lock_guard lock(mu_);
+  return stats_on_;
+}
+
+ReuseStats LocalReserve::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
 }
 
 std::uint64_t LocalReserve::bytes(int device) const {

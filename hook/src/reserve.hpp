@@ -13,6 +13,8 @@
 //   A larger waste is never accepted: the grant behind a block stays charged to the tenant.
 // - Byte cap: put() keeps the reserve at most `max_bytes` (all devices together), evicting the
 //   least recently freed blocks; a block larger than the cap is returned at once.
+// - Reuse statistics (reserve_stats.hpp): off unless enable_stats() was called (once, at
+//   initialization); when off they cost one branch per call.
 // - Thread-safety: every method may be called from any thread (one internal mutex). Fork:
 //   lock_all()/unlock_all() bracket fork() in the parent; clear_after_fork() in the child forgets
 //   every block (they belong to the parent's grants) and unlocks.
@@ -24,6 +26,7 @@
 #include <mutex>
 #include <vector>
 
+#include "reserve_stats.hpp"
 #include "tables.hpp"
 
 namespace vlake::hook {
@@ -59,6 +62,12 @@ class LocalReserve {
   [[nodiscard]] std::uint64_t blocks(int device) const;
   [[nodiscard]] std::uint64_t total_bytes() const;
 
+  void enable_stats() noexcept;
+  // Counts an allocation served without asking take() (statistics only).
+  void note_miss(std::uint64_t bytes) noexcept;
+  [[nodiscard]] bool stats_enabled() const noexcept;
+  [[nodiscard]] ReuseStats stats() const;
+
   void lock_all() noexcept { mu_.lock(); }
   void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
@@ -66,12 +75,15 @@ class LocalReserve {
  private:
   using Key = std::pair<int, std::uint64_t>;  // device, mapped bytes
   std::vector<ReserveBlock> evict_locked(int device, std::uint64_t bytes, bool any_device);
+  void count_leaving(const std::vector<ReserveBlock>& out, std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
 
   const std::uint64_t max_bytes_;
   const std::chrono::milliseconds max_age_;
   mutable std::mutex mu_;
   std::multimap<Key, ReserveBlock> blocks_;
   std::uint64_t total_ = 0;
+  bool stats_on_ = false;
+  ReuseStats stats_;
 };
 
 }  // namespace vlake::hook

@@ -1,6 +1,14 @@
 // The hook's local reserve against the fake daemon: warm reuse without daemon messages, the byte
 // cap, the age limit, a refusal that empties the reserve, and the pressure protocol.
+#include <dirent.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "fake_daemon.hpp"
 #include "support.hpp"
@@ -154,4 +162,45 @@ TEST_CASE("reserve: threads allocating and freeing concurrently never share a bl
   const Counters c = f.daemon->counters();
   CHECK(c.grants_alloc <= 16);  // at most 8 live at a time, plus reuse
   CHECK(c.outstanding == 0);
+}
+
+TEST_CASE("reserve: VLAKE_RESERVE_STATS writes the reuse statistics at exit") {
+  char dir[] = "/tmp/vlake-reserve-stats-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string prefix = std::string(dir) + "/stats";
+  Fixture f(limit_of(256 * MiB));
+  // a: reused after ~300 ms; b: reused at once; the 40M request misses (and so does each first one).
+  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:4M", "free:a", "sleep:300", "free:b", "alloc:c:6M", "alloc:d:4M",
+                        "alloc:e:40M", "free:c", "free:d", "free:e"},
+                       {{"VLAKE_RESERVE", "64MiB"}, {"VLAKE_RESERVE_STATS", prefix}});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.status == 0);
+  std::vector<std::string> files;
+  if (DIR* d = ::opendir(dir)) {
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') files.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  REQUIRE(files.size() == 1);
+  CHECK_THAT(files[0], Catch::StartsWith("stats.") && Catch::EndsWith(".json"));
+  const std::string path = std::string(dir) + "/" + files[0];
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string json = text.str();
+  REQUIRE_FALSE(json.empty());
+  CHECK(json.back() == '\n');
+  json.pop_back();
+  ::unlink(path.c_str());
+  ::rmdir(dir);
+  CHECK_THAT(json, Catch::Contains("\"reserve_cap\":67108864"));
+  CHECK_THAT(json, Catch::Contains("\"reuse_bytes\":" + std::to_string(10 * MiB) + ","));
+  CHECK_THAT(json, Catch::Contains("\"misses\":3,"));
+  CHECK_THAT(json, Catch::Contains("\"puts\":5,"));
+  // a: idle >= 256 ms (bucket 9: [256, 512) ms or later), 10 MiB freed at or after it
+  // (bucket 4: (8, 16] MiB); b: under 256 ms, only itself (4 MiB: bucket 2).
+  CHECK_THAT(json, Catch::Matches(R"(.*"reuses":\[.*\[(9|10|11),4,1\].*)"));
+  CHECK_THAT(json, Catch::Matches(R"(.*"reuses":\[\[[0-8],2,1\].*)"));
+  CHECK(f.daemon->counters().grants_alloc == 3);
 }

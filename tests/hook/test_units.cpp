@@ -376,6 +376,70 @@ TEST_CASE("LocalReserve: byte cap evicts the oldest; expire and drain") {
 
 #include "counted.hpp"
 
+TEST_CASE("ReuseStats: bucket bounds") {
+  using std::chrono::milliseconds;
+  using vlake::hook::ReuseStats;
+  CHECK(ReuseStats::gap_bucket(std::chrono::microseconds(999)) == 0);
+  CHECK(ReuseStats::gap_bucket(milliseconds(1)) == 1);      // [1, 2) ms
+  CHECK(ReuseStats::gap_bucket(milliseconds(3)) == 2);      // [2, 4)
+  CHECK(ReuseStats::gap_bucket(milliseconds(1000)) == 10);  // [512, 1024)
+  CHECK(ReuseStats::gap_bucket(milliseconds(1024)) == 11);
+  CHECK(ReuseStats::gap_bucket(std::chrono::hours(100)) == ReuseStats::kGapBuckets - 1);
+  CHECK(ReuseStats::stack_bucket(1) == 0);
+  CHECK(ReuseStats::stack_bucket(kMi) == 0);
+  CHECK(ReuseStats::stack_bucket(kMi + 1) == 1);  // (1, 2] MiB
+  CHECK(ReuseStats::stack_bucket(2 * kMi) == 1);
+  CHECK(ReuseStats::stack_bucket(3 * kMi) == 2);      // (2, 4]
+  CHECK(ReuseStats::stack_bucket(1024 * kMi) == 10);  // (512, 1024]
+  CHECK(ReuseStats::stack_bucket(std::uint64_t{1} << 62) == ReuseStats::kStackBuckets - 1);
+}
+
+TEST_CASE("LocalReserve: reuse statistics record gap and LRU stack distance") {
+  vlake::hook::LocalReserve r(10 * kMi, std::chrono::milliseconds(100));
+  const std::uint64_t g = 2 * kMi;
+  vlake::hook::ReserveBlock out;
+  CHECK(r.put(block(0, 2 * kMi, 0x1000, 0)).empty());  // not recorded: stats are off
+  REQUIRE(r.take(0, 2 * kMi, g, out));
+  CHECK_FALSE(r.take(0, 2 * kMi, g, out));
+  CHECK(r.stats().puts == 0);
+  CHECK(r.stats().misses == 0);
+
+  r.enable_stats();
+  CHECK(r.put(block(0, 4 * kMi, 0x1000, 50)).empty());  // idle 50 ms, oldest
+  CHECK(r.put(block(1, 2 * kMi, 0x2000, 20)).empty());
+  CHECK(r.put(block(0, 2 * kMi, 0x3000, 10)).empty());
+  REQUIRE(r.take(0, 4 * kMi, g, out));  // 4 + 2 + 2 MiB freed at or after it
+  CHECK_FALSE(r.take(0, 8 * kMi, g, out));
+  REQUIRE(r.take(0, 2 * kMi, g, out));  // only itself
+  auto s = r.stats();
+  CHECK(s.puts == 3);
+  CHECK(s.misses == 1);
+  CHECK(s.miss_bytes == 8 * kMi);
+  CHECK(s.reuse_bytes == 6 * kMi);
+  CHECK(s.peak_bytes == 8 * kMi);
+  using vlake::hook::ReuseStats;
+  CHECK(s.reuses[ReuseStats::gap_bucket(std::chrono::milliseconds(50))][ReuseStats::stack_bucket(8 * kMi)] == 1);
+  CHECK(s.reuses[ReuseStats::gap_bucket(std::chrono::milliseconds(10))][ReuseStats::stack_bucket(2 * kMi)] == 1);
+
+  auto left = r.put(block(0, 12 * kMi, 0x4000, 0));  // over the cap
+  CHECK(left.size() == 1);
+  left = r.expire(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  CHECK(left.size() == 1);  // the device-1 block
+  CHECK(r.put(block(0, 2 * kMi, 0x5000, 0)).empty());
+  CHECK(r.drain(0, 0).size() == 1);
+  s = r.stats();
+  CHECK(s.evicted == 1);
+  CHECK(s.evicted_bytes == 12 * kMi);
+  CHECK(s.expired == 1);
+  CHECK(s.expired_bytes == 2 * kMi);
+  CHECK(s.drained == 1);
+  CHECK(s.drained_bytes == 2 * kMi);
+  const std::string j = s.to_json(10 * kMi, std::chrono::milliseconds(100));
+  CHECK_THAT(j, Catch::StartsWith("{\"reserve_cap\":10485760,\"reserve_age_ms\":100,\"reuse_bytes\":6291456,"));
+  CHECK_THAT(j, Catch::Contains("\"misses\":1,"));
+  CHECK_THAT(j, Catch::EndsWith("]]}"));
+}
+
 TEST_CASE("Ledger: growth is charged, a shrink by at least the slack consolidates") {
   using vlake::hook::Ledger;
   constexpr std::uint64_t M = 1 << 20;
