@@ -149,8 +149,10 @@ replay_all() {
   local watch_pid=$!
   local start_at=$(( $(date +%s%3N) + 1500 ))
   local pids=() t p
+  local res=()
+  [[ "$reserve" == default ]] || res=(VLAKE_RESERVE="$reserve")  # default: the hook's own defaults
   for t in "${traces[@]}"; do
-    run_json "replay_hook${tag}_$t" "${hooked[@]}" VLAKE_RESERVE="$reserve" "$replay_bin" \
+    run_json "replay_hook${tag}_$t" "${hooked[@]}" "${res[@]}" "$replay_bin" \
       --trace "$here/traces/$t.trace" "${replay_args[@]}" --pace "$pace" --start-at "$start_at" --label "hook$tag" &
     pids+=($!)
   done
@@ -158,7 +160,7 @@ replay_all() {
   kill -TERM "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null
   stop_daemon
 }
-replay_all "" 2GiB
+replay_all "" default
 replay_all "_nores" 0
 
 mode=gpu; ((sim)) && mode=sim

@@ -44,8 +44,9 @@ struct Config {
   std::chrono::milliseconds timeout{10000};
   LogLevel log_level = LogLevel::warn;
   bool disabled = false;
-  std::uint64_t reserve_bytes = 2ULL << 30;
-  std::chrono::milliseconds reserve_age{30000};
+  // Chosen from measurements (docs/hook.md, "Choosing the reserve's defaults").
+  std::uint64_t reserve_bytes = 512ULL << 20;
+  std::chrono::milliseconds reserve_age{5000};
   bool profile = false;
   std::string reserve_stats;  // VLAKE_RESERVE_STATS: where to write the reserve's reuse statistics
   std::vector<std::string> problems;

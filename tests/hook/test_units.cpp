@@ -44,6 +44,9 @@ TEST_CASE("config: defaults") {
   CHECK(c.timeout == 10000ms);
   CHECK(c.log_level == LogLevel::warn);
   CHECK_FALSE(c.disabled);
+  CHECK(c.reserve_bytes == std::uint64_t{512} << 20);  // measured: docs/hook.md
+  CHECK(c.reserve_age == 5000ms);
+  CHECK(c.reserve_stats.empty());
   CHECK(c.problems.empty());
 }
 
@@ -299,7 +302,7 @@ TEST_CASE("VLAKE_RESERVE takes the common size grammar; decimal units keep the d
   for (const char* bad : {"1GB", "2G", "", "-1", "1.5GiB", "12XB", "99999999999999999999999", "20000000TiB"}) {
     INFO(bad);
     const Config c = reserve(bad);
-    CHECK(c.reserve_bytes == std::uint64_t{2} << 30);
+    CHECK(c.reserve_bytes == 512 * kMi);
     REQUIRE(c.problems.size() == 1);
     CHECK_THAT(c.problems[0], Catch::StartsWith("ignoring VLAKE_RESERVE=\"" + std::string(bad) + "\": "));
   }
@@ -319,8 +322,8 @@ TEST_CASE("VLAKE_RESERVE and VLAKE_RESERVE_AGE are parsed, bad values keep the d
   CHECK(c.problems.empty());
   env = {{"VLAKE_RESERVE", "lots"}, {"VLAKE_RESERVE_AGE", "0"}};
   c = vlake::hook::Config::parse(lookup);
-  CHECK(c.reserve_bytes == std::uint64_t{2} << 30);
-  CHECK(c.reserve_age == std::chrono::seconds(30));
+  CHECK(c.reserve_bytes == 512 * kMi);
+  CHECK(c.reserve_age == std::chrono::seconds(5));
   CHECK(c.problems.size() == 2);
 }
 
