@@ -9,6 +9,15 @@ namespace vlake::pool {
 
 namespace {
 
+// Keeps the k largest of `v`, largest first: O(n) selection, then k log k.
+void keep_top(std::vector<std::uint64_t>& v, std::uint32_t k) {
+  if (v.size() > k) {
+    std::nth_element(v.begin(), v.begin() + (k - 1), v.end(), std::greater<>());
+    v.resize(k);
+  }
+  std::sort(v.begin(), v.end(), std::greater<>());
+}
+
 // The sum of the k largest of two lists, each sorted largest first.
 std::uint64_t top_sum(const std::vector<std::uint64_t>& a, const std::vector<std::uint64_t>& b, std::uint32_t k) {
   std::uint64_t sum = 0;
@@ -30,8 +39,9 @@ Bytes largest_servable(std::span<const ServableHandleView> free, std::optional<T
   for (const ServableHandleView& h : free) {
     if (!h.bound || h.bound == tenant) usable.push_back(h.size.value());
   }
-  std::sort(usable.begin(), usable.end(), std::greater<>());
-  return Bytes{top_sum(usable, {}, std::max<std::uint32_t>(max_handles, 1))};
+  const std::uint32_t k = std::max<std::uint32_t>(max_handles, 1);
+  keep_top(usable, k);
+  return Bytes{top_sum(usable, {}, k)};
 }
 
 Servable servable(std::span<const ServableHandleView> free, std::uint32_t max_handles) {
@@ -42,12 +52,12 @@ Servable servable(std::span<const ServableHandleView> free, std::uint32_t max_ha
     if (h.bound) bound[h.bound->value()].push_back(h.size.value());
     else unbound.push_back(h.size.value());
   }
-  std::sort(unbound.begin(), unbound.end(), std::greater<>());
+  keep_top(unbound, k);
   Servable out;
   out.unbound = Bytes{top_sum(unbound, {}, k)};
   out.largest = out.unbound;
   for (auto& [t, sizes] : bound) {
-    std::sort(sizes.begin(), sizes.end(), std::greater<>());
+    keep_top(sizes, k);
     out.largest = std::max(out.largest, Bytes{top_sum(unbound, sizes, k)});
   }
   return out;

@@ -179,7 +179,7 @@ class DevicePool {
   }
   // The largest grant of up to `max_handles` handles the free pool serves without creating a
   // handle, for the best-placed tenant and for a tenant with no bound handle (servable.hpp;
-  // bindings count only with binding on). O(free handles log free handles).
+  // bindings count only with binding on). O(free handles).
   [[nodiscard]] Servable servable(std::uint32_t max_handles) const;
   [[nodiscard]] std::uint64_t handles_created() const noexcept { return created_; }
   [[nodiscard]] Bytes bulk_size() const noexcept { return bulk_; }

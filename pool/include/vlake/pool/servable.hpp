@@ -18,7 +18,8 @@
 //     a bound handle in `free` and over a tenant that has none; `unbound` = the latter.
 //   Pass `bound` only when binding is on (`--handle-reuse node`: every handle unbound).
 // Not every smaller size is servable (sizes must add up exactly: 6 MiB from two free 4 MiB
-// handles is not), and quota limits are not considered. Pure; thread-safe; O(n log n).
+// handles is not), and quota limits are not considered. Pure; thread-safe; O(n) for n free
+// handles (selection of the k largest).
 #pragma once
 
 #include <cstdint>
