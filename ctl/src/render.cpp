@@ -255,6 +255,7 @@ std::string render_pool_text(const NodeView& v, const std::string& state) {
            {"GRANTED", Table::Align::right},
            {"FREE", Table::Align::right},
            {"FREE HANDLES", Table::Align::right},
+           {"SERVABLE", Table::Align::right},
            {"ORPHANED", Table::Align::right},
            {"COUNTED", Table::Align::right},
            {"NON-POOL", Table::Align::right},
@@ -262,8 +263,8 @@ std::string render_pool_text(const NodeView& v, const std::string& state) {
            {"BORROWED", Table::Align::right}});
   for (const GpuView& g : v.gpus) {
     t.add_row({std::to_string(g.index), g.uuid, sz(g.total), sz(g.pool_bytes), sz(g.granted), sz(g.free),
-               std::to_string(g.free_handles), sz(g.orphaned), sz(g.counted), sz(g.nonpool), sz(g.guaranteed),
-               sz(g.borrowed)});
+               std::to_string(g.free_handles), sz(g.largest_servable), sz(g.orphaned), sz(g.counted), sz(g.nonpool),
+               sz(g.guaranteed), sz(g.borrowed)});
   }
   out += v.gpus.empty() ? "no GPUs in the state\n" : t.render();
   out += "\ncounters:\n";
@@ -291,6 +292,8 @@ std::string render_pool_json(const NodeView& v, const std::string& state) {
     j.field_uint("granted", g.granted);
     j.field_uint("free", g.free);
     j.field_uint("free_handles", g.free_handles);
+    j.field_uint("largest_servable", g.largest_servable);
+    j.field_uint("largest_servable_new_tenant", g.largest_servable_new_tenant);
     j.field_uint("orphaned", g.orphaned);
     j.field_uint("counted", g.counted);
     j.field_uint("nonpool", g.nonpool);

@@ -41,6 +41,8 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     g.granted = r.granted_bytes;
     g.free = r.free_bytes;
     g.free_handles = r.free_handles;
+    g.largest_servable = r.largest_servable_bytes;
+    g.largest_servable_new_tenant = r.largest_servable_unbound_bytes;
     g.orphaned = r.orphaned_bytes;
     g.counted = r.counted_bytes;
     g.nonpool = r.nonpool_bytes;

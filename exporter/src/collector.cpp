@@ -102,9 +102,9 @@ Health evaluate_health(const st::State& s, std::uint64_t now_ns) {
   return {true, ""};
 }
 
-double fragmentation_ratio(std::uint64_t largest_free_handle, std::uint64_t free_bytes) {
+double fragmentation_ratio(std::uint64_t largest_servable, std::uint64_t free_bytes) {
   if (free_bytes == 0) return 0.0;
-  const double r = 1.0 - d(std::min(largest_free_handle, free_bytes)) / d(free_bytes);
+  const double r = 1.0 - d(std::min(largest_servable, free_bytes)) / d(free_bytes);
   return std::clamp(r, 0.0, 1.0);
 }
 
@@ -143,8 +143,15 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   per_gpu("vlake_pool_free_handles", "handles in the free pool",
           [](const st::DeviceRecord& r) { return d(r.free_handles); });
   per_gpu("vlake_pool_fragmentation_ratio",
-          "1 - (largest grant servable from the free pool without creating a handle / free bytes); 0 when empty",
-          [](const st::DeviceRecord& r) { return fragmentation_ratio(r.largest_free_handle, r.free_bytes); });
+          "share of the free pool the largest grant servable from it without a new handle cannot use: 1 - "
+          "largest servable / free bytes (stitching, the 32-handle limit and tenant binding included); 0 when empty",
+          [](const st::DeviceRecord& r) { return fragmentation_ratio(r.largest_servable_bytes, r.free_bytes); });
+  per_gpu("vlake_pool_largest_servable_bytes",
+          "largest grant one tenant can be served from the free pool without a new handle (stitched)",
+          [](const st::DeviceRecord& r) { return d(r.largest_servable_bytes); });
+  per_gpu("vlake_pool_largest_servable_new_tenant_bytes",
+          "largest grant a tenant with no handle bound to it can be served from the free pool without a new handle",
+          [](const st::DeviceRecord& r) { return d(r.largest_servable_unbound_bytes); });
   per_gpu("vlake_pool_guaranteed_bytes", "sum of namespace guarantees",
           [](const st::DeviceRecord& r) { return d(r.guaranteed_bytes); });
   per_gpu("vlake_pool_borrowed_bytes", "memory held above guarantees",

@@ -454,6 +454,13 @@ std::map<std::uint32_t, Bytes> DevicePool::retained_all() const {
   return m;
 }
 
+Servable DevicePool::servable(std::uint32_t max_handles) const {
+  std::vector<ServableHandleView> views;
+  views.reserve(free_.size());
+  for (const auto& h : free_) views.push_back(ServableHandleView{h->size, bind_ ? h->bound : std::nullopt});
+  return pool::servable(views, max_handles);
+}
+
 std::uint64_t DevicePool::free_small_handles() const noexcept {
   return static_cast<std::uint64_t>(
       std::count_if(free_.begin(), free_.end(), [&](const auto& h) { return h->size == granularity_; }));

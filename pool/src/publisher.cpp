@@ -184,6 +184,13 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     r.free_bytes = pool.free_bytes().value();
     r.free_handles = pool.free_handles();
     r.largest_free_handle = pool.largest_free_handle().value();
+    try {
+      const Servable sv = pool.servable(proto::kMaxHandlesPerGrant);
+      r.largest_servable_bytes = sv.largest.value();
+      r.largest_servable_unbound_bytes = sv.unbound.value();
+    } catch (...) {
+      // No memory for the sort: the previous figures stay until the next publish.
+    }
     r.granted_bytes = d.granted.value();
     r.free_small_handles = pool.free_small_handles();
     r.free_bulk_handles = pool.free_bulk_handles();

@@ -70,6 +70,8 @@ std::unique_ptr<st::State> synthetic_state() {
   s->devices[0].granted_bytes = 30 * kMiB;
   s->devices[0].free_bytes = 10 * kMiB;
   s->devices[0].free_handles = 2;
+  s->devices[0].largest_servable_bytes = 8 * kMiB;
+  s->devices[0].largest_servable_unbound_bytes = 4 * kMiB;
   s->devices[0].orphaned_bytes = 4 * kMiB;
   s->devices[0].counted_bytes = 6 * kMiB;
   s->devices[0].nonpool_bytes = 512 * kMiB;
@@ -429,6 +431,8 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   CHECK(pj.at("daemon").at("starts").u64() == 3);
   CHECK(pj.at("sessions").u64() == 4);
   CHECK(pj.at("gpus").at(0).at("free_handles").u64() == 2);
+  CHECK(pj.at("gpus").at(0).at("largest_servable").u64() == 8 * kMiB);
+  CHECK(pj.at("gpus").at(0).at("largest_servable_new_tenant").u64() == 4 * kMiB);
   CHECK(pj.at("gpus").at(0).at("counted").u64() == 6 * kMiB);
   CHECK(pj.at("counters").at("grants").u64() == 17);
   CHECK(pj.at("counters").at("denials_over_limit").u64() == 2);
@@ -437,6 +441,8 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string pt = render_pool_text(v, "st1");
   INFO(pt);
   CHECK(pt.find("GPU-00010203-0405-0607-0809-0a0b0c0d0e0f  80.0 GiB  40.0 MiB") != std::string::npos);
+  CHECK(pt.find("FREE HANDLES  SERVABLE  ORPHANED") != std::string::npos);
+  CHECK(pt.find("  2   8.0 MiB   4.0 MiB") != std::string::npos);  // free handles, servable, orphaned
   CHECK(pt.find("\n  denials_over_limit           2\n") != std::string::npos);
   CHECK(pj.at("counters").at("config_reloads").u64() == 3);
 }

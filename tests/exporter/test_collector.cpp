@@ -74,7 +74,12 @@ std::unique_ptr<st::State> synthetic() {
   g0.free_bytes = 40 * kMiB;
   g0.idle_released_bytes = 256 * kMiB;
   g0.free_handles = 3;
-  g0.largest_free_handle = 10 * kMiB;  // fragmentation 1 - 10/40 = 0.75
+  g0.largest_free_handle = 10 * kMiB;
+  // Stitched, the free pool serves 30 of its 40 MiB in one grant: fragmentation 1 - 30/40 =
+  // 0.25 (not 1 - 10/40: the largest handle does not limit a grant). A tenant with no bound
+  // handle gets 20 MiB.
+  g0.largest_servable_bytes = 30 * kMiB;
+  g0.largest_servable_unbound_bytes = 20 * kMiB;
   g0.granted_bytes = 60 * kMiB;
   g0.orphaned_bytes = 4 * kMiB;
   g0.guaranteed_bytes = 8 * kGiB;
@@ -231,6 +236,8 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_pool_orphaned_bytes", T::Gauge, gpu},
       {"vlake_pool_free_handles", T::Gauge, gpu},
       {"vlake_pool_fragmentation_ratio", T::Gauge, gpu},
+      {"vlake_pool_largest_servable_bytes", T::Gauge, gpu},
+      {"vlake_pool_largest_servable_new_tenant_bytes", T::Gauge, gpu},
       {"vlake_pool_guaranteed_bytes", T::Gauge, gpu},
       {"vlake_pool_borrowed_bytes", T::Gauge, gpu},
       {"vlake_pool_peak_bytes", T::Gauge, gpu},
@@ -332,8 +339,11 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_pool_granted_bytes", g0) == 60.0 * kMiB);
   CHECK(e.value("vlake_pool_orphaned_bytes", g0) == 4.0 * kMiB);
   CHECK(e.value("vlake_pool_free_handles", g0) == 3);
-  CHECK(e.value("vlake_pool_fragmentation_ratio", g0) == Approx(0.75));
+  CHECK(e.value("vlake_pool_fragmentation_ratio", g0) == Approx(0.25));
   CHECK(e.value("vlake_pool_fragmentation_ratio", g1) == 0);
+  CHECK(e.value("vlake_pool_largest_servable_bytes", g0) == 30.0 * kMiB);
+  CHECK(e.value("vlake_pool_largest_servable_new_tenant_bytes", g0) == 20.0 * kMiB);
+  CHECK(e.value("vlake_pool_largest_servable_bytes", g1) == 0);
   CHECK(e.value("vlake_pool_guaranteed_bytes", g0) == 8.0 * kGiB);
   CHECK(e.value("vlake_pool_borrowed_bytes", g0) == 2.0 * kMiB);
   CHECK(e.value("vlake_dedup_logical_bytes", g0) == 7);
@@ -434,9 +444,12 @@ TEST_CASE("collector: the grant latency histogram is cumulative with the contrac
 }
 
 TEST_CASE("collector: fragmentation ratio cases", "[unit]") {
+  // (largest servable, free bytes)
   CHECK(exporter::fragmentation_ratio(0, 0) == 0);                // empty pool
-  CHECK(exporter::fragmentation_ratio(8 * kMiB, 8 * kMiB) == 0);  // one handle: all servable
+  CHECK(exporter::fragmentation_ratio(8 * kMiB, 8 * kMiB) == 0);  // one grant can take it all
   CHECK(exporter::fragmentation_ratio(2 * kMiB, 8 * kMiB) == Approx(0.75));
+  // Nothing servable: vlaked never publishes it (every free handle serves some tenant).
+  CHECK(exporter::fragmentation_ratio(0, 8 * kMiB) == 1);
   CHECK(exporter::fragmentation_ratio(1, 3) == Approx(2.0 / 3.0));
   CHECK(exporter::fragmentation_ratio(9, 8) == 0);  // inconsistent input: clamped
 }
@@ -496,7 +509,7 @@ TEST_CASE("exporter: HTTP server over a fake snapshot source", "[unit]") {
   CHECK_THAT(m.headers.at("content-type"), Catch::StartsWith("text/plain; version=0.0.4"));
   const Exposition e = parse_prometheus(m.body);
   CHECK(e.value("vlake_tenants") == 3);
-  CHECK(e.value("vlake_pool_fragmentation_ratio", {{"gpu_index", "0"}}) == Approx(0.75));
+  CHECK(e.value("vlake_pool_fragmentation_ratio", {{"gpu_index", "0"}}) == Approx(0.25));
 
   auto h = http_get(port, "/healthz");
   CHECK(h.status == 200);

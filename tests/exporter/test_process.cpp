@@ -127,15 +127,18 @@ TEST_CASE("exporter: per-tenant series of a running vlaked match vlakectl", "[pr
     CHECK(rc == 0);
   }
 
-  // Both of a's grants back to the free pool: handles of 8 and 4 MiB; the largest grant the
-  // pool serves without a new handle is 8 of 12 MiB -> fragmentation 1/3.
+  // Both of a's grants back to the free pool: handles of 8 and 4 MiB, bound to a (default
+  // --handle-reuse tenant). Stitched, they serve one 12 MiB grant of a's without a new handle:
+  // fragmentation 0 (the largest handle alone would say 1/3). A new tenant gets none of it.
   a.ok("release " + g8.at("id"));
   a.ok("release " + g4.at("id"));
   const Exposition e2 = parse_prometheus(http_get(port, "/metrics").body);
   const std::map<std::string, std::string> gpu0{{"gpu_index", "0"}};
   CHECK(e2.value("vlake_pool_free_handles", gpu0) == 2);
   CHECK(e2.value("vlake_pool_free_bytes", gpu0) == 12.0 * kMiB);
-  CHECK(e2.value("vlake_pool_fragmentation_ratio", gpu0) == Approx(1.0 / 3.0));
+  CHECK(e2.value("vlake_pool_largest_servable_bytes", gpu0) == 12.0 * kMiB);
+  CHECK(e2.value("vlake_pool_largest_servable_new_tenant_bytes", gpu0) == 0);
+  CHECK(e2.value("vlake_pool_fragmentation_ratio", gpu0) == 0);
   CHECK(e2.value("vlake_releases_total") == 2);
   CHECK(e2.value("vlake_tenant_granted_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 0);
 }

@@ -40,7 +40,7 @@ class mapped_region;
 namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 6;
+inline constexpr std::uint32_t kLayoutVersion = 7;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -175,8 +175,9 @@ struct DeviceRecord {
   std::uint64_t guaranteed_bytes;  // sum of the namespaces' guarantees on this GPU
   std::uint64_t borrowed_bytes;    // sum over namespaces of max(0, used - guaranteed)
   // Layout 3.
-  std::uint64_t largest_free_handle;   // size of the largest free-pool handle (0: none); the
-                                       // largest grant servable without creating a handle
+  std::uint64_t largest_free_handle;   // size of the largest free-pool handle (0: none): no
+                                       // one-handle (cuMemCreate) grant above it is served
+                                       // without creating a handle
   std::uint64_t dedup_logical_bytes;   // shared read-only weights as tenants see them (0 until dedup)
   std::uint64_t dedup_physical_bytes;  // what those take on the GPU (0 until dedup)
   // Layout 5.
@@ -197,7 +198,14 @@ struct DeviceRecord {
   // Of nvml_used_bytes, what NVML charges to no process it lists, less held_fd_bytes and the
   // memory vlake knows is charged to no listed process (docs/daemon.md, "Memory outside vlake").
   std::uint64_t unlisted_bytes;
-  std::uint64_t reserved6[3];
+  // Layout 7 (were reserved6[0..1]): the largest grant (up to kMaxHandlesPerGrant handles) the
+  // free pool serves without creating a handle, stitching included (docs/pool.md, "What the
+  // free pool can serve"): for the best-placed tenant, and for a tenant with no handle bound
+  // to it (a new one; equal with --handle-reuse node). vlake_pool_fragmentation_ratio is
+  // 1 - largest_servable_bytes / free_bytes.
+  std::uint64_t largest_servable_bytes;
+  std::uint64_t largest_servable_unbound_bytes;
+  std::uint64_t reserved6[1];
 };
 
 enum NamespaceFlags : std::uint32_t {

@@ -12,7 +12,8 @@
 //             unhooked, limit, guaranteed|null,
 //             share_percent}]}]}
 //   pool:    {state, daemon{...}, sessions, grants, gpus[{index, uuid, total, granularity,
-//             pool_bytes, granted, free, free_handles, orphaned, counted, nonpool, unhooked,
+//             pool_bytes, granted, free, free_handles, largest_servable,
+//             largest_servable_new_tenant, orphaned, counted, nonpool, unhooked,
 //             nvml_used, unlisted, guaranteed, borrowed}],
 //             counters{grants, denials_over_limit, ...}}
 //   daemon{} = {layout_version, pid, start_time, starts, clean, running, updated_unix_ns}

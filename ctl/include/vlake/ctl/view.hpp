@@ -28,6 +28,10 @@ struct GpuView {
   std::uint64_t granted = 0;     // live grants with handles
   std::uint64_t free = 0;        // free in the pool
   std::uint64_t free_handles = 0;
+  // The largest grant the free pool serves without a new handle (stitched; docs/pool.md, "What
+  // the free pool can serve"): for the best-placed tenant, and for a tenant with no bound handle.
+  std::uint64_t largest_servable = 0;
+  std::uint64_t largest_servable_new_tenant = 0;
   std::uint64_t orphaned = 0;    // grants whose handle died with a previous daemon
   std::uint64_t counted = 0;     // `counted` grants (no handle)
   std::uint64_t nonpool = 0;     // sampled memory outside the pool, all tenants

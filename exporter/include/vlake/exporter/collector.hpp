@@ -52,8 +52,11 @@ struct Health {
 // intervals of `now_ns`.
 Health evaluate_health(const state::State& s, std::uint64_t now_ns);
 
-// 1 - largest_free_handle / free_bytes, in [0, 1]; 0 when the pool is empty.
-double fragmentation_ratio(std::uint64_t largest_free_handle, std::uint64_t free_bytes);
+// vlake_pool_fragmentation_ratio (docs/pool.md, "What the free pool can serve"): the share of
+// the free pool that the largest grant servable from it without a new handle
+// (DeviceRecord::largest_servable_bytes, stitching included) cannot use:
+// 1 - largest_servable / free_bytes, clamped to [0, 1]; 0 when the pool is empty.
+double fragmentation_ratio(std::uint64_t largest_servable, std::uint64_t free_bytes);
 
 // Every family of docs/metrics.md, from one snapshot.
 std::vector<prometheus::MetricFamily> build_families(const state::State& s, std::uint64_t now_ns,

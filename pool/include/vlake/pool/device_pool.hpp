@@ -57,6 +57,7 @@
 #include "vlake/common/strong_types.hpp"
 #include "vlake/common/unique_fd.hpp"
 #include "vlake/pool/planner.hpp"
+#include "vlake/pool/servable.hpp"
 
 namespace vlake::pool {
 
@@ -176,6 +177,10 @@ class DevicePool {
     for (const auto& h : free_) m = std::max(m, h->size);
     return m;
   }
+  // The largest grant of up to `max_handles` handles the free pool serves without creating a
+  // handle, for the best-placed tenant and for a tenant with no bound handle (servable.hpp;
+  // bindings count only with binding on). O(free handles).
+  [[nodiscard]] Servable servable(std::uint32_t max_handles) const;
   [[nodiscard]] std::uint64_t handles_created() const noexcept { return created_; }
   [[nodiscard]] Bytes bulk_size() const noexcept { return bulk_; }
   [[nodiscard]] std::uint64_t free_small_handles() const noexcept;
