@@ -21,6 +21,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))  # vlake's package in a source tree
+from make_model import module_bytes  # noqa: E402
 
 
 def emit(**kw):
@@ -52,9 +53,7 @@ def load(model_dir, share=True):
     model = AutoModelForCausalLM.from_pretrained(model_dir, **dtype_kwargs(torch.float16))
     model = model.to("cuda").eval()
     expandable = allocator_info(torch)  # while PyTorch's allocator holds the weights
-    info = {"expandable": expandable, "replica_bytes": sum(p.numel() * p.element_size() for p in model.parameters())
-            + sum(b.numel() * b.element_size() for b in model.buffers()),
-            "shared": False, "stats": None}
+    info = {"expandable": expandable, "replica_bytes": module_bytes(model), "shared": False, "stats": None}
     if share:
         import vlake
         if vlake.available():

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """GPU acceptance test of dedup measured by NVML, not by vlake's counters (docs/dedup.md,
-"Measured on the H100"): the serving recipe of examples/shared-serving (its model, built by
+"Serving recipe and NVML acceptance"): the serving recipe of examples/shared-serving (its model, built by
 make_model.py, ~1 GB of fp16 weights; its replicas, serve.py) under libvlake-hook.so.
 
-Phases, each measured as NVML's used memory of GPU 0 minus the figure before it (vlaked
-running); a phase's processes end, and the memory is back, before the next one starts:
+Phases, each measured as NVML's used memory of GPU 0 minus a baseline taken after one tenant
+process has come and gone (vlaked's own CUDA context is then in it); a phase's processes end,
+and their memory is back, before the next one starts:
   ctx1 / ctx4   1, then 4 processes with CUDA initialised and no model (serve.py --context-only)
   unshared4     4 replicas under the hook, weights private (serve.py --no-share)
   shared1       1 replica that shares its weights (vlake.share_module)

@@ -82,6 +82,7 @@ def main():
             bad.append("%s:%s: %s" % (f, e.lineno, e.msg))
     check("every Python file compiles", files and not bad, "%d files%s" % (len(files), "; " + "; ".join(bad) if bad else ""))
 
+    sys.dont_write_bytecode = True  # nothing written into the source tree
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import vlake
     check("without the hook: available() is False", not vlake.available())
@@ -118,7 +119,7 @@ def main():
         tenv = dict(env, LD_PRELOAD=os.path.abspath(args.hook), VLAKE_SOCKET=sock, VLAKE_RESERVE="0")
         replies = []
         for _ in range(2):  # one after the other: the second finds the first's chunks
-            t = subprocess.Popen([sys.executable, "-c", TENANT, os.path.join(ROOT, "python")], env=tenv,
+            t = subprocess.Popen([sys.executable, "-B", "-c", TENANT, os.path.join(ROOT, "python")], env=tenv,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             tenants.append(t)
             line = t.stdout.readline()
