@@ -323,6 +323,8 @@ def main():
 
         # The fifth tenant gets what sharing saved, on a GPU as full as with 4 unshared replicas.
         saved = unshared4 - shared4
+        if saved < 1 * GiB:
+            raise RuntimeError("sharing saved only %.1f MiB: no fifth tenant to test" % (saved / MiB))
         target_free = saved + HEADROOM
         fill = Proc([sys.executable, "-c", CUDA_PROGRAM, "fill", str(target_free), "0"], env,
                     os.path.join(work, "fill.err"))
