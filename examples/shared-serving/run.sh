@@ -93,7 +93,7 @@ replicas_run() {
     for fd in "${fds[@]}"; do cat "$work/prompts.txt" >&"$fd"; done
   }
   for i in $(seq "$replicas"); do
-    while (($(wc -l <"$work/$name.$i.jsonl") < want)); do
+    while (($(grep -c '^{' "$work/$name.$i.jsonl" || true) < want)); do
       kill -0 "${pids[$((i - 1))]}" 2>/dev/null || { echo "replica $i ($name) died:"; tail -n 20 "$work/$name.$i.err"; exit 1; }
       sleep 0.5
     done
@@ -125,8 +125,9 @@ for name in shared private; do
     fi
   done
 done
-head -n 1 "$work/shared.1.jsonl"
-replica_mib=$("$python" -c 'import json,sys; print(round(json.loads(sys.stdin.readline())["replica_bytes"] / 2**20))' <"$work/shared.1.jsonl")
+grep -m1 '"event": "ready"' "$work/shared.1.jsonl"
+replica_mib=$(grep -m1 '"event": "ready"' "$work/shared.1.jsonl" |
+  "$python" -c 'import json,sys; print(round(json.loads(sys.stdin.readline())["replica_bytes"] / 2**20))')
 
 echo
 printf '%-52s %10s %12s\n' "GPU $gpu, NVML used memory (MiB)" "used" "- contexts"
@@ -135,7 +136,11 @@ printf '%-52s %10s\n' "$replicas processes, CUDA initialised, no model" "$contex
 printf '%-52s %10s %12s\n' "$replicas replicas, shared" "$shared" "$((shared - contexts))"
 printf '%-52s %10s %12s\n' "$replicas replicas, not shared" "$private" "$((private - contexts))"
 echo "one replica's weights: $replica_mib MiB; sharing saved $((private - shared)) MiB"
-[[ -s "$work/shared.pool.txt" ]] && { echo; echo "vlakectl pool (while the shared replicas ran):"; cat "$work/shared.pool.txt"; }
+if [[ -s "$work/shared.pool.txt" ]]; then
+  echo
+  echo "vlakectl pool while the shared replicas ran (GRANTED charges each replica all its weights):"
+  sed -n '3,4p' "$work/shared.pool.txt"
+fi
 if ((same)); then
   echo "answers: every replica identical to the run without vlake"
 else
