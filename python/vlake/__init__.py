@@ -6,6 +6,7 @@ No build step: the functions live in libvlake-hook.so, which is preloaded into t
     import torch, vlake
     model = load_my_model().cuda().eval()
     stats = vlake.share_module(model)     # every parameter and buffer, packed and shared
+    torch.cuda.empty_cache()              # the unpacked originals go back
     print(stats)                          # {'bytes': ..., 'shared_bytes': ..., 'merged_bytes': ...}
 
 After share_module() the module's weights are read-only: a kernel that writes them faults
@@ -14,8 +15,10 @@ Use it for inference weights that never change. Processes that load the same wei
 architecture, dtype and values) get them stored once per GPU.
 """
 import ctypes
+import weakref
 
-__all__ = ["VlakeError", "available", "chunk_bytes", "share_readonly", "share_tensor", "share_module"]
+__all__ = ["VlakeError", "available", "chunk_bytes", "device_buffer", "share_readonly", "share_tensor",
+           "share_module"]
 
 OK, NOT_VLAKE, INVALID, UNREACHABLE, REFUSED, NO_MEMORY, DRIVER, FAULTED, INTERNAL = range(9)
 
@@ -92,6 +95,90 @@ def share_tensor(t):
     return share_readonly(t.data_ptr(), t.numel() * t.element_size())
 
 
+class _DeviceMemory:
+    """One allocation made with the driver's cuMemAlloc_v2 as the preloaded hook exports it, so
+    vlake's pool serves it whatever allocator PyTorch uses (caching blocks or expandable
+    segments). It exposes `__cuda_array_interface__` (uint8, `nbytes` long) for torch.as_tensor,
+    whose tensor keeps this object alive as long as any view of it; the allocation is freed
+    (cuMemFree_v2, after synchronizing its device) when the last reference goes, and never at
+    interpreter exit (the daemon takes it back when the process ends)."""
+
+    def __init__(self, nbytes, device_index):
+        lib = _hook()
+        try:
+            alloc, free = lib.cuMemAlloc_v2, lib.cuMemFree_v2
+        except AttributeError:
+            raise VlakeError("the loaded libvlake-hook.so exports no cuMemAlloc_v2") from None
+        alloc.restype = free.restype = ctypes.c_int
+        alloc.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+        free.argtypes = [ctypes.c_uint64]
+        p = ctypes.c_uint64(0)
+        rc = alloc(ctypes.byref(p), ctypes.c_size_t(int(nbytes)))
+        if rc != 0:
+            raise VlakeError("cuMemAlloc_v2 of %d bytes on cuda:%d failed (CUresult %d%s)"
+                             % (nbytes, device_index, rc, ", out of memory" if rc == 2 else ""), NO_MEMORY)
+        self.ptr = p.value
+        self.nbytes = int(nbytes)
+        self.device_index = device_index
+        self._finalizer = weakref.finalize(self, _DeviceMemory._free, free, self.ptr, device_index)
+        self._finalizer.atexit = False
+
+    @staticmethod
+    def _free(free, ptr, device_index):
+        try:
+            import torch
+            torch.cuda.synchronize(device_index)  # no kernel may still read it (cuMemFree's fence)
+        except Exception:
+            pass
+        return free(ptr)
+
+    def release(self):
+        """Frees the allocation now (only when no tensor views it); returns cuMemFree_v2's
+        CUresult (None if it was freed already)."""
+        return self._finalizer()
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 2}
+
+
+def device_buffer(nbytes, device=None, align=None):
+    """A uint8 CUDA tensor of `nbytes` in its own allocation made through cuMemAlloc_v2 (served
+    from vlake's pool, whatever PYTORCH_CUDA_ALLOC_CONF says), starting at a multiple of `align`
+    bytes (default: the chunk size). The allocation lives as long as any view of the tensor.
+    Raises VlakeError without the hook, without a CUDA context or without memory."""
+    _hook()
+    import torch
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise VlakeError("device_buffer needs a CUDA device, not " + str(device))
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with torch.cuda.device(device):
+        torch.cuda.synchronize(device)  # makes the device's primary context current on this thread
+        g = chunk_bytes()
+        if g == 0:
+            raise VlakeError("no CUDA context on " + str(device))
+        align = g if align is None else int(align)
+        mem = _DeviceMemory(nbytes, device.index)
+        start = (-mem.ptr) % align
+        if start:  # guard fault mode right-aligns allocations (docs/guard.md): ask for room to align
+            mem.release()
+            mem = _DeviceMemory(nbytes + align, device.index)
+            start = (-mem.ptr) % align
+        ptr = mem.ptr
+        try:
+            raw = torch.as_tensor(mem, device=device)
+        except Exception as e:
+            mem.release()
+            raise VlakeError("cannot wrap the allocation as a tensor: %s" % e) from e
+        del mem  # from here on the tensor's storage holds it
+        if raw.data_ptr() != ptr or raw.device != device or raw.dtype != torch.uint8:
+            raise VlakeError("torch.as_tensor did not alias the allocation (0x%x on %s as %s, expected 0x%x on %s)"
+                             % (raw.data_ptr(), raw.device, raw.dtype, ptr, device))
+        return raw[start:start + nbytes]
+
+
 def _round_up(v, a):
     return (v + a - 1) // a * a
 
@@ -100,12 +187,15 @@ def share_module(module, buffers=True, align=512):
     """Packs `module`'s CUDA parameters (and buffers) into one flat buffer per (device, dtype),
     in a deterministic order (sorted names, each tensor at a multiple of `align` bytes, the
     buffer starting on a chunk boundary and padded with zeros to whole chunks), points them at
-    views of it, and shares the buffer read-only. Two processes holding equal weights therefore
-    hold equal chunks. Returns {'bytes', 'shared_bytes', 'merged_bytes', 'copied_bytes',
-    'buffers'}. Tied parameters stay tied. Raises VlakeError (the module is then unchanged or
-    packed but private)."""
-    import torch
+    views of it, and shares the buffer read-only. The flat buffer is an allocation of its own,
+    made through the driver (device_buffer: served from vlake's pool with PyTorch's caching
+    allocator and with expandable segments alike). Two processes holding equal weights
+    therefore hold equal chunks. Returns {'bytes', 'shared_bytes', 'merged_bytes',
+    'copied_bytes', 'buffers'}. Tied parameters stay tied. Raises VlakeError (the module is
+    then unchanged or packed but private). The unpacked originals go back to PyTorch's
+    allocator: torch.cuda.empty_cache() returns them."""
     _hook()
+    import torch
     entries = []  # (name, owner module, attribute, tensor, is_param)
     seen = set()
     for mname, m in module.named_modules():
@@ -122,22 +212,22 @@ def share_module(module, buffers=True, align=512):
     for e in sorted(entries, key=lambda e: e[0]):
         groups.setdefault((e[3].device, e[3].dtype), []).append(e)
     stats = {"bytes": 0, "shared_bytes": 0, "merged_bytes": 0, "copied_bytes": 0, "buffers": 0}
-    keep = []
+    keep = list(getattr(module, "_vlake_shared", []))
     for (device, dtype), items in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
         with torch.cuda.device(device):
-            g = chunk_bytes()
-            if g == 0:
-                raise VlakeError("no CUDA context on " + str(device))
             offsets, total = [], 0
             for e in items:
                 total = _round_up(total, align)
                 offsets.append(total)
                 total += e[3].numel() * e[3].element_size()
+            torch.cuda.synchronize(device)  # the device's context is current from here on
+            g = chunk_bytes()
+            if g == 0:
+                raise VlakeError("no CUDA context on " + str(device))
             padded = _round_up(total, g)
-            raw = torch.zeros(padded + g, dtype=torch.uint8, device=device)
-            start = (-raw.data_ptr()) % g  # the first chunk boundary inside the allocation
-            flat = raw[start:start + padded]
+            flat = device_buffer(padded, device)
             with torch.no_grad():
+                flat.zero_()  # the gaps and the padding: equal in every process
                 for e, off in zip(items, offsets):
                     t = e[3]
                     nbytes = t.numel() * t.element_size()
@@ -148,12 +238,12 @@ def share_module(module, buffers=True, align=512):
                     else:
                         e[1]._buffers[e[2]] = view
             torch.cuda.synchronize(device)
+            keep.append(flat)
+            # The flat buffers live as long as the views that point into them (and the module).
+            module._vlake_shared = keep
             r = share_readonly(flat.data_ptr(), padded)
-            keep.append(raw)
             stats["bytes"] += padded
             for k in ("shared_bytes", "merged_bytes", "copied_bytes"):
                 stats[k] += r[k]
             stats["buffers"] += 1
-    # The flat buffers live as long as the views that point into them.
-    module._vlake_shared = keep
     return stats
