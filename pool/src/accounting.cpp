@@ -193,8 +193,13 @@ bool Accounting::uncharge(TenantId t, DeviceOrdinal d, Bytes n, const std::vecto
   u.granted -= take;
   nu.granted -= std::min(nu.granted, take);
   bool known = true;
-  for (const SharedRef& r : refs) known = drop_ref_locked(t, d, r) && known;
-  return take == n && known;
+  std::uint64_t ref_bytes = 0;
+  for (const SharedRef& r : refs) {
+    known = drop_ref_locked(t, d, r) && known;
+    ref_bytes += r.size.value();
+  }
+  // References worth more than the bytes released could raise Σ borrowed: a caller's error.
+  return take == n && known && ref_bytes <= n.value();
 }
 
 void Accounting::share(TenantId t, DeviceOrdinal d, const std::vector<SharedRef>& refs) {

@@ -174,9 +174,10 @@ class Accounting {
   // `why` (optional) the reason of a refusal (Refusal::none on success).
   [[nodiscard]] std::optional<Reservation> reserve(TenantId t, DeviceOrdinal d, Bytes n, Usage* usage_out = nullptr,
                                                    Refusal* why = nullptr);
-  // Returns false if fewer than `n` bytes were granted (granted is then set to 0), or if one of
-  // `refs` (the shared-chunk references of the released bytes, share()d before; their sizes
-  // add up to at most `n`) was not the tenant's.
+  // Returns false if fewer than `n` bytes were granted (granted is then set to 0), if one of
+  // `refs` (the shared-chunk references of the released bytes, share()d before) was not the
+  // tenant's, or if their sizes add up to more than `n` (they must not: the savings would go
+  // without their bytes).
   bool uncharge(TenantId t, DeviceOrdinal d, Bytes n, const std::vector<SharedRef>& refs = {});
   // The tenant's committed grant on `d` now maps these shared chunks (one reference each): its
   // saving group's S grows by the size of each chunk the group already referenced.
