@@ -151,8 +151,11 @@ std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrd
   const std::uint64_t ns_held = nu.held().value();
   if (!fits(ns_held, n.value(), nu.limit.value())) return refuse(Refusal::namespace_limit);
   // 3. guarantees of the other namespaces, counting physical bytes (shared chunks once per
-  // saving group)
-  if (auto cap = capacity_.find(d.value()); cap != capacity_.end()) {
+  // saving group). A namespace with a guarantee that stays within it physically borrows
+  // nothing more: no sums needed.
+  const std::uint64_t own_physical = ns_held - std::min(ns_held, nu.dedup_saved.value());
+  const bool within_guarantee = nu.guaranteed.value() != 0 && fits(own_physical, n.value(), nu.guaranteed.value());
+  if (auto cap = capacity_.find(d.value()); cap != capacity_.end() && !within_guarantee) {
     const std::uint64_t before = borrowed_locked(d, nsid, 0);
     const std::uint64_t after = borrowed_locked(d, nsid, n.value());
     if (after > before) {
@@ -231,7 +234,11 @@ Bytes Accounting::saved_of_locked(std::int32_t d, std::uint64_t group) const {
 
 void Accounting::add_ref_locked(TenantId t, DeviceOrdinal d, const SharedRef& r) {
   Chunk& c = chunks_[ChunkKey{d.value(), r.chunk}];
-  c.size = r.size;
+  if (c.by_tenant.empty()) {
+    c.size = r.size;
+    shared_totals_[d.value()].second += r.size;
+  }
+  shared_totals_[d.value()].first += c.size;
   ++c.by_tenant[t.value()];
   ++tenant_refs_[t.value()];
   const std::uint64_t g = group_locked(t, d);
@@ -245,6 +252,8 @@ bool Accounting::drop_ref_locked(TenantId t, DeviceOrdinal d, const SharedRef& r
   auto bt = c.by_tenant.find(t.value());
   if (bt == c.by_tenant.end()) return false;
   if (--bt->second == 0) c.by_tenant.erase(bt);
+  auto& [logical, physical] = shared_totals_[d.value()];
+  logical -= std::min(logical, c.size);
   if (auto tr = tenant_refs_.find(t.value()); tr != tenant_refs_.end() && tr->second > 0) --tr->second;
   const std::uint64_t g = group_locked(t, d);
   auto bg = c.by_group.find(g);
@@ -255,7 +264,10 @@ bool Accounting::drop_ref_locked(TenantId t, DeviceOrdinal d, const SharedRef& r
     }
     if (--bg->second == 0) c.by_group.erase(bg);
   }
-  if (c.by_tenant.empty()) chunks_.erase(it);
+  if (c.by_tenant.empty()) {
+    physical -= std::min(physical, c.size);
+    chunks_.erase(it);
+  }
   return true;
 }
 
@@ -356,12 +368,9 @@ Accounting::DeviceEntry Accounting::device_locked(DeviceOrdinal d) const {
   e.borrowed = Bytes{borrowed_locked(d, NamespaceId{0}, 0)};
   e.unguaranteed_saved = saved_of_locked(d.value(), kUnguaranteedGroup);
   e.dedup_saved += e.unguaranteed_saved;
-  for (auto it = chunks_.lower_bound(ChunkKey{d.value(), 0}); it != chunks_.end() && it->first.first == d.value();
-       ++it) {
-    std::uint64_t refs = 0;
-    for (const auto& [t, n] : it->second.by_tenant) refs += n;
-    e.dedup_logical += Bytes{it->second.size.value() * refs};
-    e.dedup_physical += it->second.size;
+  if (auto it = shared_totals_.find(d.value()); it != shared_totals_.end()) {
+    e.dedup_logical = it->second.first;
+    e.dedup_physical = it->second.second;
   }
   return e;
 }

@@ -239,8 +239,9 @@ class Accounting {
   std::map<NsKey, NamespaceUsage> ns_;
   std::map<std::int32_t, Bytes> capacity_;
   std::map<ChunkKey, Chunk> chunks_;
-  std::map<std::int32_t, Bytes> unguaranteed_saved_;              // by device
-  std::unordered_map<std::uint32_t, std::uint64_t> tenant_refs_;  // TenantId value -> references, all devices
+  std::map<std::int32_t, Bytes> unguaranteed_saved_;               // by device
+  std::unordered_map<std::uint32_t, std::uint64_t> tenant_refs_;   // TenantId value -> references, all devices
+  std::map<std::int32_t, std::pair<Bytes, Bytes>> shared_totals_;  // by device: Σ refs × size, Σ sizes
 };
 
 }  // namespace vlake::pool
