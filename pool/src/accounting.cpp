@@ -71,8 +71,10 @@ void Accounting::set_capacity(DeviceOrdinal d, Bytes capacity) {
 void Accounting::set_namespace(NamespaceId n, DeviceOrdinal d, Bytes limit, Bytes guaranteed) {
   std::lock_guard lock(mu_);
   NamespaceUsage& u = ns_locked(n, d);
+  const bool regroup = (u.guaranteed.value() == 0) != (guaranteed.value() == 0);
   u.limit = limit;
   u.guaranteed = guaranteed;
+  if (regroup && !chunks_.empty()) regroup_locked();
 }
 
 void Accounting::remove_namespace(NamespaceId n) {
@@ -81,6 +83,7 @@ void Accounting::remove_namespace(NamespaceId n) {
     if (it->first.second == n.value()) it = ns_.erase(it);
     else ++it;
   }
+  if (!chunks_.empty()) regroup_locked();
 }
 
 void Accounting::assign(TenantId t, NamespaceId n) {
@@ -106,6 +109,7 @@ void Accounting::assign(TenantId t, NamespaceId n) {
     to.reserved += u.reserved;
   }
   tenant_ns_[t.value()] = n;
+  if (auto r = tenant_refs_.find(t.value()); r != tenant_refs_.end() && r->second != 0) regroup_locked();
 }
 
 bool Accounting::remove_tenant(TenantId t) {
@@ -113,6 +117,8 @@ bool Accounting::remove_tenant(TenantId t) {
   for (const auto& [k, u] : map_) {
     if (k.t == t && (u.used() + u.reserved).value() != 0) return false;
   }
+  if (auto r = tenant_refs_.find(t.value()); r != tenant_refs_.end() && r->second != 0) return false;
+  tenant_refs_.erase(t.value());
   for (auto it = map_.begin(); it != map_.end();) {
     if (it->first.t == t) it = map_.erase(it);
     else ++it;
@@ -144,21 +150,22 @@ std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrd
   NamespaceUsage& nu = ns_locked(nsid, d);
   const std::uint64_t ns_held = nu.held().value();
   if (!fits(ns_held, n.value(), nu.limit.value())) return refuse(Refusal::namespace_limit);
-  // 3. guarantees of the other namespaces
-  if (auto cap = capacity_.find(d.value()); cap != capacity_.end()) {
-    const std::uint64_t before = borrowed(ns_held, nu.guaranteed.value());
-    const std::uint64_t after = borrowed(ns_held + n.value(), nu.guaranteed.value());
+  // 3. guarantees of the other namespaces, counting physical bytes (shared chunks once per
+  // saving group). A namespace with a guarantee that stays within it physically borrows
+  // nothing more: no sums needed.
+  const std::uint64_t own_physical = ns_held - std::min(ns_held, nu.dedup_saved.value());
+  const bool within_guarantee = nu.guaranteed.value() != 0 && fits(own_physical, n.value(), nu.guaranteed.value());
+  if (auto cap = capacity_.find(d.value()); cap != capacity_.end() && !within_guarantee) {
+    const std::uint64_t before = borrowed_locked(d, nsid, 0);
+    const std::uint64_t after = borrowed_locked(d, nsid, n.value());
     if (after > before) {
       std::uint64_t sum_g = 0;
-      std::uint64_t sum_b = 0;
       for (auto it = ns_.lower_bound(NsKey{d.value(), 0}); it != ns_.end() && it->first.first == d.value(); ++it) {
         sum_g += it->second.guaranteed.value();
-        sum_b += borrowed(it->second.held().value(), it->second.guaranteed.value());
       }
       const std::uint64_t c = cap->second.value();
       const std::uint64_t unguaranteed = sum_g >= c ? 0 : c - sum_g;
-      // sum_b - before + after <= unguaranteed
-      if (sum_b - before > unguaranteed || after > unguaranteed - (sum_b - before)) return refuse(Refusal::guarantee);
+      if (after > unguaranteed) return refuse(Refusal::guarantee);
     }
   }
   u.reserved += n;
@@ -181,14 +188,118 @@ void Accounting::finish(const Reservation& r, bool commit) noexcept {
   }
 }
 
-bool Accounting::uncharge(TenantId t, DeviceOrdinal d, Bytes n) {
+bool Accounting::uncharge(TenantId t, DeviceOrdinal d, Bytes n, const std::vector<SharedRef>& refs) {
   std::lock_guard lock(mu_);
   Usage& u = map_[Key{t, d}];
   NamespaceUsage& nu = ns_locked(ns_of_locked(t), d);
   const Bytes take = std::min(u.granted, n);
   u.granted -= take;
   nu.granted -= std::min(nu.granted, take);
-  return take == n;
+  bool known = true;
+  std::uint64_t ref_bytes = 0;
+  for (const SharedRef& r : refs) {
+    known = drop_ref_locked(t, d, r) && known;
+    ref_bytes += r.size.value();
+  }
+  // References worth more than the bytes released could raise Σ borrowed: a caller's error.
+  return take == n && known && ref_bytes <= n.value();
+}
+
+void Accounting::share(TenantId t, DeviceOrdinal d, const std::vector<SharedRef>& refs) {
+  std::lock_guard lock(mu_);
+  for (const SharedRef& r : refs) add_ref_locked(t, d, r);
+}
+
+// A tenant's saving group on `d`: its namespace if that has a guarantee there, else the group of
+// all namespaces without one. mu_ held.
+std::uint64_t Accounting::group_locked(TenantId t, DeviceOrdinal d) const {
+  const NamespaceId n = ns_of_locked(t);
+  auto it = ns_.find(NsKey{d.value(), n.value()});
+  return it != ns_.end() && it->second.guaranteed.value() != 0 ? std::uint64_t{n.value()} : kUnguaranteedGroup;
+}
+
+Bytes& Accounting::saved_locked(std::int32_t d, std::uint64_t group) {
+  if (group == kUnguaranteedGroup) return unguaranteed_saved_[d];
+  return ns_[NsKey{d, static_cast<std::uint32_t>(group)}].dedup_saved;
+}
+
+Bytes Accounting::saved_of_locked(std::int32_t d, std::uint64_t group) const {
+  if (group == kUnguaranteedGroup) {
+    auto it = unguaranteed_saved_.find(d);
+    return it == unguaranteed_saved_.end() ? Bytes{0} : it->second;
+  }
+  auto it = ns_.find(NsKey{d, static_cast<std::uint32_t>(group)});
+  return it == ns_.end() ? Bytes{0} : it->second.dedup_saved;
+}
+
+void Accounting::add_ref_locked(TenantId t, DeviceOrdinal d, const SharedRef& r) {
+  Chunk& c = chunks_[ChunkKey{d.value(), r.chunk}];
+  if (c.by_tenant.empty()) {
+    c.size = r.size;
+    shared_totals_[d.value()].second += r.size;
+  }
+  shared_totals_[d.value()].first += c.size;
+  ++c.by_tenant[t.value()];
+  ++tenant_refs_[t.value()];
+  const std::uint64_t g = group_locked(t, d);
+  if (c.by_group[g]++ > 0) saved_locked(d.value(), g) += r.size;
+}
+
+bool Accounting::drop_ref_locked(TenantId t, DeviceOrdinal d, const SharedRef& r) {
+  auto it = chunks_.find(ChunkKey{d.value(), r.chunk});
+  if (it == chunks_.end()) return false;
+  Chunk& c = it->second;
+  auto bt = c.by_tenant.find(t.value());
+  if (bt == c.by_tenant.end()) return false;
+  if (--bt->second == 0) c.by_tenant.erase(bt);
+  auto& [logical, physical] = shared_totals_[d.value()];
+  logical -= std::min(logical, c.size);
+  if (auto tr = tenant_refs_.find(t.value()); tr != tenant_refs_.end() && tr->second > 0) --tr->second;
+  const std::uint64_t g = group_locked(t, d);
+  auto bg = c.by_group.find(g);
+  if (bg != c.by_group.end()) {
+    if (bg->second > 1) {
+      Bytes& s = saved_locked(d.value(), g);
+      s -= std::min(s, c.size);
+    }
+    if (--bg->second == 0) c.by_group.erase(bg);
+  }
+  if (c.by_tenant.empty()) {
+    physical -= std::min(physical, c.size);
+    chunks_.erase(it);
+  }
+  return true;
+}
+
+// Recomputes every chunk's references by saving group, and the groups' savings, from the
+// references by tenant (after a tenant moved or a guarantee appeared or went). mu_ held.
+void Accounting::regroup_locked() {
+  for (auto& [k, u] : ns_) u.dedup_saved = Bytes{0};
+  unguaranteed_saved_.clear();
+  for (auto& [k, c] : chunks_) {
+    c.by_group.clear();
+    for (const auto& [t, n] : c.by_tenant) c.by_group[group_locked(TenantId{t}, DeviceOrdinal{k.first})] += n;
+    for (const auto& [g, n] : c.by_group) {
+      if (n > 1) saved_locked(k.first, g) += Bytes{c.size.value() * (n - 1)};
+    }
+  }
+}
+
+std::uint64_t Accounting::borrowed_locked(DeviceOrdinal d, NamespaceId n, std::uint64_t extra) const {
+  std::uint64_t sum = 0;
+  std::uint64_t unguaranteed_held = 0;
+  for (auto it = ns_.lower_bound(NsKey{d.value(), 0}); it != ns_.end() && it->first.first == d.value(); ++it) {
+    const std::uint64_t held = it->second.held().value() + (it->first.second == n.value() ? extra : 0);
+    const std::uint64_t g = it->second.guaranteed.value();
+    if (g == 0) {
+      unguaranteed_held += held;
+    } else {
+      const std::uint64_t physical = held - std::min(held, it->second.dedup_saved.value());
+      sum += borrowed(physical, g);
+    }
+  }
+  const std::uint64_t s = saved_of_locked(d.value(), kUnguaranteedGroup).value();
+  return sum + (unguaranteed_held - std::min(unguaranteed_held, s));
 }
 
 void Accounting::restore(TenantId t, DeviceOrdinal d, Bytes n) {
@@ -252,7 +363,14 @@ Accounting::DeviceEntry Accounting::device_locked(DeviceOrdinal d) const {
   if (auto cap = capacity_.find(d.value()); cap != capacity_.end()) e.capacity = cap->second;
   for (auto it = ns_.lower_bound(NsKey{d.value(), 0}); it != ns_.end() && it->first.first == d.value(); ++it) {
     e.guaranteed += it->second.guaranteed;
-    e.borrowed += Bytes{borrowed(it->second.held().value(), it->second.guaranteed.value())};
+    e.dedup_saved += it->second.dedup_saved;
+  }
+  e.borrowed = Bytes{borrowed_locked(d, NamespaceId{0}, 0)};
+  e.unguaranteed_saved = saved_of_locked(d.value(), kUnguaranteedGroup);
+  e.dedup_saved += e.unguaranteed_saved;
+  if (auto it = shared_totals_.find(d.value()); it != shared_totals_.end()) {
+    e.dedup_logical = it->second.first;
+    e.dedup_physical = it->second.second;
   }
   return e;
 }
@@ -272,6 +390,7 @@ Accounting::Snapshot Accounting::snapshot_all() const {
   std::vector<std::int32_t> devs;
   for (const auto& [k, u] : ns_) devs.push_back(k.first);
   for (const auto& [d, c] : capacity_) devs.push_back(d);
+  for (const auto& [k, c] : chunks_) devs.push_back(k.first);
   std::sort(devs.begin(), devs.end());
   devs.erase(std::unique(devs.begin(), devs.end()), devs.end());
   for (std::int32_t d : devs) s.devices.push_back(device_locked(DeviceOrdinal{d}));

@@ -253,6 +253,18 @@ void Dedup::retire_all(std::map<int, DevicePool*> pools) noexcept {
   grant_refs_.clear();
 }
 
+std::vector<SharedRef> Dedup::refs(std::uint64_t grant_id) const {
+  std::vector<SharedRef> out;
+  auto it = grant_refs_.find(grant_id);
+  if (it == grant_refs_.end()) return out;
+  out.reserve(it->second.size());
+  for (std::uint64_t id : it->second) {
+    auto c = chunks_.find(id);
+    if (c != chunks_.end() && c->second->handle) out.push_back(SharedRef{id, c->second->handle->size});
+  }
+  return out;
+}
+
 Bytes Dedup::logical_bytes(DeviceOrdinal d) const {
   std::uint64_t sum = 0;
   for (const auto& [gid, refs] : grant_refs_) {

@@ -15,9 +15,12 @@
 //   abort() undoes it. release_grant() drops a grant's references; a chunk whose last reference
 //   goes returns to the free pool (with no last tenant, so it is scrubbed before its next grant).
 //
-// Accounting: a tenant stays charged the logical bytes of its grant (the daemon's accounting is
-//   untouched); the table reports logical bytes (Σ references × chunk size) and physical bytes
-//   (Σ chunk sizes) per GPU for DeviceRecord::dedup_logical_bytes / dedup_physical_bytes.
+// Accounting: a tenant stays charged the logical bytes of its grant; refs() lists a grant's
+//   committed chunk references, which the daemon hands to Accounting (share() at the commit,
+//   uncharge() at the grant's end) so that its guarantee rule counts each chunk once per saving
+//   group (docs/quota.md). The table reports logical bytes (Σ references × chunk size) and
+//   physical bytes (Σ chunk sizes) per GPU for DeviceRecord::dedup_logical_bytes /
+//   dedup_physical_bytes.
 //
 // Errors: plan() throws PoolOutOfMemory (no room for the copies), DriverError, or
 //   std::invalid_argument (range not chunk-aligned or outside the grant); on a throw nothing
@@ -36,6 +39,7 @@
 #include "vlake/common/driver.hpp"
 #include "vlake/common/log.hpp"
 #include "vlake/common/strong_types.hpp"
+#include "vlake/pool/accounting.hpp"
 #include "vlake/pool/device_pool.hpp"
 
 namespace vlake::pool {
@@ -95,6 +99,8 @@ class Dedup {
   void retire_all(std::map<int, DevicePool*> pools) noexcept;
 
   [[nodiscard]] bool is_shared(std::uint64_t grant_id) const { return grant_refs_.count(grant_id) != 0; }
+  // The grant's committed chunk references (one per shared chunk it maps); empty if none.
+  [[nodiscard]] std::vector<SharedRef> refs(std::uint64_t grant_id) const;
   [[nodiscard]] Bytes logical_bytes(DeviceOrdinal d) const;   // Σ committed references × size
   [[nodiscard]] Bytes physical_bytes(DeviceOrdinal d) const;  // Σ chunk sizes
   [[nodiscard]] std::uint64_t chunks() const noexcept { return chunks_.size(); }

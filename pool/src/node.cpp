@@ -307,8 +307,11 @@ void Node::move_session(Session& s, Tenant& to) {
   const TenantId from = s.tenant;
   for (std::uint64_t gid : s.grants) {
     Grant& g = grants_.at(gid);
-    acct_.uncharge(g.tenant, g.device, g.bytes);
+    // Its shared chunks' references move along (docs/quota.md: each saving group counts its own).
+    const std::vector<SharedRef> refs = dedup_ ? dedup_->refs(g.id) : std::vector<SharedRef>{};
+    acct_.uncharge(g.tenant, g.device, g.bytes, refs);
     acct_.restore(to.id, g.device, g.bytes);  // already held: may exceed the new limit
+    acct_.share(to.id, g.device, refs);
     g.tenant = to.id;
     // The process holding these handles' descriptors is now `to`'s: they are bound to it.
     for (auto& h : g.handles) {

@@ -32,7 +32,8 @@ Refused Node::refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal wh
     ++counters_.denials_guarantee;
     const auto du = acct_.device_usage(dev.ordinal);
     detail = "guarantee: memory above the namespace's guarantee is borrowed (" + std::to_string(du.borrowed.value()) +
-             " bytes); the rest of the GPU is guaranteed to other namespaces (" +
+             " bytes, less " + std::to_string(du.dedup_saved.value()) +
+             " bytes dedup saves); the rest of the GPU is guaranteed to other namespaces (" +
              std::to_string(du.guaranteed.value()) + " bytes)";
     reply.status = proto::Status::guarantee;
   } else {
@@ -272,7 +273,11 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
     (void)canary_check(g, "release", env_.clock ? env_.clock().unix_ns : 0);
   }
   Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
-  if (dedup_) dedup_->release_grant(g.id, *dev.pool);  // shared chunks: drop its references
+  std::vector<SharedRef> refs;  // shared chunks: drop its references, here and in the accounting
+  if (dedup_) {
+    refs = dedup_->refs(g.id);
+    dedup_->release_grant(g.id, *dev.pool);
+  }
   // CUDA IPC (docs/ipc.md): the token dies with the grant; handles another process mapped
   // are retired like exported ones, never pooled.
   if (g.ipc_token != 0) ipc_tokens_.erase(g.ipc_token);
@@ -287,7 +292,7 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
   if (g.purpose == proto::GrantPurpose::counted) dev.counted -= g.bytes;
   else if (g.orphaned) dev.orphaned -= g.bytes;
   else dev.granted -= g.bytes;
-  if (!acct_.uncharge(g.tenant, g.device, g.bytes)) {
+  if (!acct_.uncharge(g.tenant, g.device, g.bytes, refs)) {
     log_.error("accounting: tenant " + std::to_string(g.tenant.value()) + " had less than grant " +
                std::to_string(g.id) + "'s bytes charged");
   }

@@ -364,6 +364,8 @@ std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t sessio
   const std::uint64_t copied = plan->copied.value();
   if (m.commit == 1) {
     dedup().commit(s.id, g.handles, *dev.pool, s.tenant);
+    // The guarantee rule counts what exists: each chunk once per saving group (docs/quota.md).
+    acct_.share(s.tenant, dev.ordinal, dedup_->refs(g.id));
     g.handle_count = static_cast<std::uint32_t>(g.handles.size());
     ack.shared_bytes = shared;
     limited_.write(LogLevel::info, "share " + t.name,

@@ -3,9 +3,10 @@
 // counters, which are checked beside it. Four tenant processes (tests/hook/tenant.cpp under the
 // hook, local reserve on as by default, each with a simulated CUDA context of kContext bytes)
 // load the same 192 MiB of weights; with sharing the device holds one replica, without it four.
-// The device then has room for what the sharing saved: the replaced private memory went back to
-// the driver. And the transparent mode's Async path waits for its
-// stream only for an upload it offers.
+// What the sharing saved is then usable: a fifth tenant, of another namespace, is granted it and
+// the device still holds everything (the replaced private memory went back to the driver, and
+// admission counts the shared chunks once: docs/quota.md). And the transparent mode's Async path
+// waits for its stream only for an upload it offers.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -41,13 +42,40 @@ constexpr std::uint64_t kDevice = 1024 * kMiB;                // the harness's s
 constexpr std::uint64_t kHashScratch = 2 * kMiB;
 // The harness's simulated GPU has 1 GiB: 4 unshared replicas + kSaved do not fit, one shared
 // replica + kSaved do.
+constexpr long kFifthUid = 4470;
 
 bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
 
-// Every uid tenant in one trust domain.
-std::string quota() { return "version: 1\ndefault:\n  limit: 1GiB\n  dedup_domain: shared\n"; }
+// The replicas' uids (uid0 .. uid0 + 3) are the namespace `serve`, one trust domain, guaranteed
+// 256 MiB (one replica and the contexts, physically); the fifth tenant is in `batch`, without a
+// guarantee: it may borrow the other 768 MiB less what serve borrows.
+std::string quota(long uid0) {
+  std::string users;
+  for (int i = 0; i < kReplicas; ++i) users += (i != 0 ? ", " : "") + std::to_string(uid0 + i);
+  return "version: 1\n"
+         "default:\n"
+         "  limit: 1GiB\n"
+         "namespaces:\n"
+         "  - name: serve\n"
+         "    guaranteed: 256MiB\n"
+         "    dedup_domain: shared\n"
+         "    users: [" +
+         users +
+         "]\n"
+         "  - name: batch\n"
+         "    users: [" +
+         std::to_string(kFifthUid) + "]\n";
+}
+
+// The fifth tenant: allocates what four replicas' sharing saves, writes and reads all of it,
+// then waits for `go`.
+std::unique_ptr<TenantProcess> start_fifth(const DaemonProcess& d, const std::string& go) {
+  return std::make_unique<TenantProcess>(
+      d, std::vector<std::string>{"init", "alloc:x:576M", "fill:x:576M:7", "waitfile:" + go, "free:x"}, kFifthUid,
+      "2GiB", std::vector<std::string>{"VLAKE_SIM_CONTEXT_MEMORY=8MiB"});
+}
 
 // Waits until no retired descriptor is held any more (a tenant's driver may still hold the
 // replaced handles' descriptors until the hook releases them after the commit; the daemon's
@@ -99,8 +127,9 @@ double mib(std::uint64_t b) { return static_cast<double>(b) / static_cast<double
 
 }  // namespace
 
-TEST_CASE("dedup memory: four sharing replicas use one replica of device memory", "[dedup]") {
-  DaemonProcess d("dedup-mem", quota());
+TEST_CASE("dedup memory: four sharing replicas use one replica of device memory and a fifth tenant gets the rest",
+          "[dedup]") {
+  DaemonProcess d("dedup-mem", quota(4480));
   REQUIRE(d.start());
   const std::uint64_t before = pooltest::sim_used(d.node);
   Replicas r = start_replicas(d, true, 4480);
@@ -136,13 +165,45 @@ TEST_CASE("dedup memory: four sharing replicas use one replica of device memory"
   CHECK(dev.granted_bytes == kReplicas * kReplica);
   CHECK(dev.held_fd_bytes == 0);
 
-  // The device has room for what the sharing saved, and a fifth tenant's context (vlake's
-  // admission does not grant it yet: its node-wide rule counts logical bytes, docs/dedup.md
-  // "Limits of this version").
+  // A fifth tenant of another namespace is granted what the sharing saved (576 MiB) and uses
+  // it; the device holds all of it: one replica, the fifth's memory, five contexts.
   CHECK(kDevice - pooltest::sim_used(d.node) >= kSaved + kContext);
+  const std::string go5 = d.dir + "/go5";
+  auto fifth = start_fifth(d, go5);
+  {
+    const auto f = fifth->wait_line("fill:x:576M", 30000);
+    INFO(fifth->out() << fifth->err() << "\ndaemon log:\n" << d.log());
+    REQUIRE(f.count("rc") == 1);
+    CHECK(fifth->line("alloc:x:576M").at("rc") == "0");
+    CHECK(f.at("rc") == "0");
+    CHECK(f.at("ok") == "1");
+  }
+  const auto s5 = snapshot(d);
+  const std::uint64_t used5 = pooltest::sim_used(d.node);
+  std::printf(
+      "dedup memory: fifth tenant: %.1f MiB granted; sim used %.1f MiB of %.1f MiB; vlake: granted %.1f MiB, "
+      "borrowed %.1f MiB, guarantee refusals %llu\n",
+      mib(kSaved), mib(used5), mib(kDevice), mib(s5->devices[0].granted_bytes), mib(s5->devices[0].borrowed_bytes),
+      static_cast<unsigned long long>(s5->counters.denials_guarantee));
+  CHECK(used5 <= kDevice);
+  CHECK(used5 - before >= kReplica + kSaved + (kReplicas + 1) * kContext);
+  CHECK(s5->devices[0].granted_bytes >= kReplicas * kReplica + kSaved);
+  CHECK(s5->counters.denials_guarantee == 0);
+  CHECK(s5->counters.denials_over_limit == 0);
+  touch(go5);
+  REQUIRE(exited_ok(fifth->finish()));
+  // Its memory is back in the daemon's free pool (kept for its tenant until the idle release).
+  auto after5 = snapshot(d);
+  for (int i = 0; i < 100 && after5->devices[0].granted_bytes != kReplicas * kReplica; ++i) {
+    std::this_thread::sleep_for(20ms);
+    after5 = snapshot(d);
+  }
+  CHECK(after5->devices[0].granted_bytes == kReplicas * kReplica);
+  const std::uint64_t fifth_free = after5->devices[0].free_bytes;
+  CHECK(fifth_free <= kSaved);
 
   // The replicas' weights are intact; a freed shared allocation skips the local reserve, so the
-  // device is empty but for the contexts once all four freed.
+  // device is empty but for the contexts (and the fifth's free pool memory) once all four freed.
   touch(r.go);
   for (auto& t : r.ts) {
     const auto f = t->wait_line("free:w", 30000);
@@ -154,16 +215,20 @@ TEST_CASE("dedup memory: four sharing replicas use one replica of device memory"
   std::uint64_t left = ~0ull;
   for (int i = 0; i < 100; ++i) {
     left = used_less_contexts(d, kReplicas) - before;
-    if (left == kHashScratch) break;
+    if (left == kHashScratch + fifth_free) break;
     std::this_thread::sleep_for(20ms);
   }
-  CHECK(left == kHashScratch);
-  CHECK(snapshot(d)->devices[0].pool_bytes == 0);
+  CHECK(left == kHashScratch + fifth_free);
+  const auto end = snapshot(d);
+  CHECK(end->devices[0].pool_bytes == fifth_free);
+  CHECK(end->devices[0].granted_bytes == 0);
+  CHECK(end->devices[0].dedup_logical_bytes == 0);
+  CHECK(end->devices[0].dedup_physical_bytes == 0);
   for (auto& t : r.ts) REQUIRE(exited_ok(t->finish()));
 }
 
-TEST_CASE("dedup memory: four replicas without sharing use four replicas", "[dedup]") {
-  DaemonProcess d("dedup-mem-off", quota());
+TEST_CASE("dedup memory: four replicas without sharing use four replicas and leave no room for a fifth", "[dedup]") {
+  DaemonProcess d("dedup-mem-off", quota(4490));
   REQUIRE(d.start());
   const std::uint64_t before = pooltest::sim_used(d.node);
   Replicas r = start_replicas(d, false, 4490);
@@ -182,8 +247,16 @@ TEST_CASE("dedup memory: four replicas without sharing use four replicas", "[ded
       mib(s->devices[0].dedup_logical_bytes));
   CHECK(used == kReplicas * kReplica);
   CHECK(s->devices[0].dedup_logical_bytes == 0);
-  // What sharing would have saved is not there.
+  // What sharing would have saved is not there, and admission says so before the device does:
+  // the fifth tenant's 576 MiB would take memory guaranteed to serve.
   CHECK(kDevice - pooltest::sim_used(d.node) < kSaved);
+  auto fifth = start_fifth(d, d.dir + "/go5");
+  const auto a = fifth->wait_line("alloc:x:576M", 30000);
+  INFO(fifth->out() << fifth->err());
+  REQUIRE(a.count("rc") == 1);
+  CHECK(a.at("rc") == "2");  // CUDA_ERROR_OUT_OF_MEMORY
+  CHECK(snapshot(d)->counters.denials_guarantee >= 1);
+  fifth->kill9();
   touch(r.go);
   for (auto& t : r.ts) REQUIRE(exited_ok(t->finish()));
 }

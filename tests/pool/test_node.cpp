@@ -1386,3 +1386,150 @@ TEST_CASE("node: idle release off keeps the free pool as before", "[node][idle]"
   CHECK(pool.free_bytes() == 16_MiB);
   CHECK(pool.idle_released_bytes() == 0_B);
 }
+
+namespace {
+
+// Writes "weights" into grant `g` through the daemon's mappings: chunk k (2 MiB) holds byte
+// k + 1, so no two chunks of the grant are alike and every grant filled so is.
+void fill_weights(World& w, std::uint64_t g) {
+  std::uint64_t k = 0;
+  for (const auto& h : w.node->grants().at(g).handles) {
+    for (std::uint64_t off = 0; off < h->size.value(); off += 2 * kMiB, ++k) {
+      REQUIRE(k < 255);
+      sim_gpu().driver().fill_u8(DevicePtr{h->va.value() + off}, static_cast<std::uint8_t>(k + 1), 2_MiB);
+    }
+  }
+}
+
+// Shares [0, bytes) of grant `g` of `session` and commits it (as the hook does once mapped).
+void share_whole(World& w, std::uint64_t session, std::uint64_t g, std::uint64_t bytes) {
+  proto::ShareRequest sr = proto::make<proto::ShareRequest>(21);
+  sr.grant_id = g;
+  sr.offset = 0;
+  sr.bytes = bytes;
+  auto out = w.node->share_request(session, sr);
+  REQUIRE(std::holds_alternative<ShareOut>(out));
+  REQUIRE(std::get<ShareOut>(out).reply.status == proto::Status::ok);
+  proto::ShareCommit c = proto::make<proto::ShareCommit>(22);
+  c.grant_id = g;
+  c.commit = 1;
+  auto ack = w.node->share_commit(session, c);
+  REQUIRE(std::holds_alternative<proto::ShareAck>(ack));
+  REQUIRE(std::get<proto::ShareAck>(ack).status == proto::Status::ok);
+}
+
+}  // namespace
+
+TEST_CASE("node: a fifth tenant is granted what four sharing tenants saved and their exits return the books to zero",
+          "[node][quota][dedup]") {
+  // 1 GiB GPU: `serve` (guaranteed 256 MiB) runs four replicas of 192 MiB; `batch` has no
+  // guarantee, so it may borrow the 768 unguaranteed MiB less what serve borrows.
+  World w(R"(version: 1
+default: {limit: 100%}
+namespaces:
+  - {name: serve, guaranteed: 256MiB, dedup_domain: weights, users: [1001, 1002, 1003, 1004]}
+  - {name: batch, users: [1005]}
+)");
+  constexpr std::uint64_t kReplica = 192 * kMiB;
+  const DeviceOrdinal d0{0};
+  const Node::Device& dev = w.node->devices().front();
+  const NamespaceId serve = w.node->namespaces().at("serve").id;
+  const NamespaceId batch = w.node->namespaces().at("batch").id;
+  std::vector<std::uint64_t> replicas;
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    const auto s = w.hello(10 + i, 200 + i, 1001 + i);
+    const std::uint64_t g = w.granted(10 + i, s, kReplica);
+    fill_weights(w, g);
+    share_whole(w, s, g, kReplica);
+    replicas.push_back(s);
+  }
+  const auto b = w.hello(20, 300, 1005);
+  auto du = w.node->accounting().device_usage(d0);
+  CHECK(du.dedup_logical == Bytes{4 * kReplica});
+  CHECK(du.dedup_physical == Bytes{kReplica});
+  CHECK(du.dedup_saved == Bytes{3 * kReplica});
+  CHECK(du.dedup_logical == w.node->dedup_logical(d0));
+  CHECK(du.dedup_physical == w.node->dedup_physical(d0));
+  CHECK(du.borrowed == 0_B);  // serve's one physical replica is within its guarantee
+  // Each replica and the namespace stay charged what they map.
+  for (auto s : replicas) CHECK(w.used(s) == Bytes{kReplica});
+  CHECK(w.node->accounting().namespace_usage(serve, d0).used() == Bytes{4 * kReplica});
+
+  // The fifth tenant gets what the sharing saved (576 MiB), and the rest nobody is guaranteed.
+  w.granted(20, b, 3 * kReplica);
+  w.granted(20, b, 192 * kMiB);  // all 768 unguaranteed MiB
+  CHECK(w.refused(20, b, 2 * kMiB) == proto::Status::guarantee);
+  // ... and the device really holds it: one replica + batch's 768 MiB (+ vlaked's hash scratch).
+  const MemoryInfo mi = sim_gpu().driver().memory_info(d0);
+  CHECK(mi.total.value() - mi.free.value() >= kReplica + 768 * kMiB);
+  CHECK(w.node->accounting().namespace_usage(batch, d0).used() == 768_MiB);
+  CHECK(w.node->counters().denials_guarantee == 1);
+
+  // The replicas exit one by one: their charge and their savings go together; physical use
+  // never rises, so batch's grants stay covered.
+  for (std::size_t i = 0; i < replicas.size(); ++i) {
+    w.node->end_session(replicas[i], "process exited");
+    du = w.node->accounting().device_usage(d0);
+    INFO("after " << i + 1 << " exits");
+    const std::uint64_t left = replicas.size() - i - 1;
+    CHECK(du.dedup_logical == Bytes{left * kReplica});
+    CHECK(du.dedup_logical == w.node->dedup_logical(d0));
+    CHECK(du.dedup_physical == w.node->dedup_physical(d0));
+    CHECK(du.dedup_saved == Bytes{(left > 0 ? left - 1 : 0) * kReplica});
+    CHECK(du.borrowed == 768_MiB);
+  }
+  // Exactly zero: no shared chunk, no saving, serve holds nothing and gets its guarantee back.
+  const auto ns = w.node->accounting().namespace_usage(serve, d0);
+  CHECK(ns.held() == 0_B);
+  CHECK(ns.dedup_saved == 0_B);
+  CHECK(du.dedup_physical == 0_B);
+  CHECK(du.unguaranteed_saved == 0_B);
+  CHECK(dev.granted == 768_MiB);
+  // (240 of its 256 MiB: the rest of the simulated GPU holds vlaked's hash scratch.)
+  const auto again = w.hello(30, 400, 1001);
+  w.granted(30, again, 240 * kMiB);
+  CHECK(w.node->accounting().device_usage(d0).borrowed == 768_MiB);
+}
+
+TEST_CASE("node: a sharing session moved by a reload takes its references along", "[node][quota][dedup]") {
+  // Two tenants of `a` share 64 MiB; a reload moves one of them to `b` (its own guarantee):
+  // the chunk then counts once in each namespace, and nothing is saved any more.
+  const std::string before = R"(version: 1
+default: {limit: 100%, dedup_domain: weights}
+namespaces:
+  - {name: a, guaranteed: 128MiB, users: [1001, 1002]}
+  - {name: b, guaranteed: 128MiB}
+)";
+  World w(before);
+  const DeviceOrdinal d0{0};
+  const auto s1 = w.hello(1, 101, 1001);
+  const auto s2 = w.hello(2, 102, 1002);
+  for (auto s : {s1, s2}) {
+    const std::uint64_t g = w.granted(s == s1 ? 1 : 2, s, 64 * kMiB);
+    fill_weights(w, g);
+    share_whole(w, s, g, 64 * kMiB);
+  }
+  const NamespaceId a = w.node->namespaces().at("a").id;
+  CHECK(w.node->accounting().namespace_usage(a, d0).dedup_saved == 64_MiB);
+
+  std::string after = before;
+  after.replace(after.find("users: [1001, 1002]"), 19, "users: [1001]");
+  after.replace(after.find("guaranteed: 128MiB}"), 19, "guaranteed: 128MiB, users: [1002]}");
+  quota::QuotaConfig cfg = config(after);
+  w.node->validate(cfg);
+  w.node->apply(std::move(cfg), "test.yaml", true, w.t, "test");
+  REQUIRE(w.tenant_of(s2) == "b/user:1002");
+  const NamespaceId b = w.node->namespaces().at("b").id;
+  CHECK(w.node->accounting().namespace_usage(a, d0).dedup_saved == 0_B);
+  CHECK(w.node->accounting().namespace_usage(b, d0).dedup_saved == 0_B);
+  CHECK(w.node->accounting().namespace_usage(b, d0).used() == 64_MiB);
+  CHECK(w.node->accounting().device_usage(d0).dedup_logical == 128_MiB);
+  // Its release drops the references it took along (a wrong owner would log an accounting error).
+  w.node->end_session(s2, "process exited");
+  w.node->end_session(s1, "process exited");
+  const auto du = w.node->accounting().device_usage(d0);
+  CHECK(du.dedup_logical == 0_B);
+  CHECK(du.dedup_physical == 0_B);
+  CHECK(w.node->accounting().namespace_usage(a, d0).held() == 0_B);
+  CHECK(w.node->accounting().namespace_usage(b, d0).held() == 0_B);
+}

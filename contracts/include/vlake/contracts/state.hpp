@@ -173,7 +173,8 @@ struct DeviceRecord {
   std::uint32_t in_use;
   std::uint32_t ordinal;
   std::uint64_t guaranteed_bytes;  // sum of the namespaces' guarantees on this GPU
-  std::uint64_t borrowed_bytes;    // sum over namespaces of max(0, used - guaranteed)
+  std::uint64_t borrowed_bytes;    // sum over namespaces of max(0, used - guaranteed), shared
+                                   // (dedup) chunks counted once per saving group (docs/quota.md)
   // Layout 3.
   std::uint64_t largest_free_handle;   // size of the largest free-pool handle (0: none): no
                                        // one-handle (cuMemCreate) grant above it is served
