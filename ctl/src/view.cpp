@@ -185,10 +185,10 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
       {"guard_events_rejected", c.guard_events_rejected},
       {"guard_events_limited", c.guard_events_limited},
       {"guard_violations_canary", c.guard_violations_canary},
-      {"guard_violations_readonly_write", c.guard_violations_readonly_write},
+      {"guard_readonly_writes", c.guard_violations_readonly_write},
       {"kernel_faults", c.kernel_faults[0] + c.kernel_faults[1] + c.kernel_faults[2] + c.kernel_faults[3]},
       {"kernel_faults_guarded", c.kernel_faults[st::kFaultGuarded] + c.kernel_faults[3]},
-      {"kernel_faults_maps_shared", c.kernel_faults[st::kFaultMapsShared] + c.kernel_faults[3]},
+      {"kernel_faults_shared", c.kernel_faults[st::kFaultMapsShared] + c.kernel_faults[3]},
       {"log_suppressed", c.log_suppressed},
       {"tenants_freed", c.tenants_freed},
   };

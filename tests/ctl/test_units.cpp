@@ -624,7 +624,7 @@ TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {
 
   const std::string text = render_events_text(v, "st");
   INFO(text);
-  CHECK_THAT(text, Catch::Contains("canary  team/user:4242"));
+  CHECK_THAT(text, Catch::Contains("canary          team/user:4242"));  // KIND as wide as readonly_write
   CHECK_THAT(text, Catch::Contains("cuStreamSynchronize guarded=no maps_shared=yes (newest allocations: 0x7000+4.0 KiB "
                                    "0x9000+256 B)"));
   CHECK_THAT(text, Catch::Contains("cuMemsetD8 to 0x600000 hits allocation 0x200000+"));

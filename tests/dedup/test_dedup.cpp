@@ -444,9 +444,13 @@ TEST_CASE("dedup transparent: whole-allocation uploads are shared without an API
   CHECK(a.line("verify:w:7:20M#after").at("ok") == "1");
   CHECK(a.line("sync").at("rc") == "0");
   CHECK(c.line("verify:w:7:20M#after").at("ok") == "1");
-  const auto s = wait_state(
-      d, [](const state::State& x) { return x.counters.guard_violations_readonly >= 1 && physical(x) == 0; });
-  CHECK(s->counters.guard_violations_readonly == 1);
+  const auto s = wait_state(d, [](const state::State& x) {
+    return x.counters.kernel_faults[state::kFaultMapsShared] >= 1 && x.counters.guard_violations_readonly_write >= 1 &&
+           physical(x) == 0;
+  });
+  CHECK(s->counters.kernel_faults[state::kFaultMapsShared] == 1);  // the kernel's write: a fault
+  CHECK(s->counters.guard_violations_readonly_write == 1);         // the copy: a refused write
+  CHECK(s->counters.guard_violations_readonly == 0);
   CHECK(physical(*s) == 0);
   CHECK(s->devices[0].dedup_physical_bytes == 0);
   // Every share was a transparent one the daemon accepted; none was refused.
