@@ -84,8 +84,9 @@ CUresult device_uuid(State& s, int dev, Uuid& out);
 CUresult fence_allocation(const LogicalAlloc& a);
 
 // Called by the synchronizing wrappers when the driver returned CUDA_ERROR_ILLEGAL_ADDRESS
-// (cold path): the first time in this process, sends a GuardEvent (kind fault, the suspects) to
-// vlaked and prints one stderr line. Never throws.
+// (cold path): the first time in this process, sends a GuardEvent to vlaked — a kernel fault:
+// kind fault_maps_shared when the process maps shared read-only chunks on that GPU, else fault;
+// the suspects — and prints one stderr line. Never throws.
 void report_fault(const char* call, CUresult rc) noexcept;
 // Called by the copy and memset wrappers only when the driver refused the call with
 // CUDA_ERROR_INVALID_VALUE (cold path): if the destination [dst, dst + bytes) overlaps a shared
