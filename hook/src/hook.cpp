@@ -4,6 +4,7 @@
 #include "ipc.hpp"
 #include "profile.hpp"
 #include "share.hpp"
+#include "write_span.hpp"
 
 #include <pthread.h>
 #include <signal.h>
@@ -1282,37 +1283,6 @@ __attribute__((cold, noinline)) CUresult after_write(CUresult rc, const char* ca
   return rc;
 }
 
-// Bytes from the first written byte to one past the last of a 2D write of `height` rows of
-// `width` bytes, `pitch` apart (0 when empty; saturates instead of wrapping).
-std::uint64_t span_2d(std::uint64_t pitch, std::uint64_t width, std::uint64_t height) {
-  if (width == 0 || height == 0) return 0;
-  const std::uint64_t rows = height - 1;
-  if (pitch != 0 && rows > (UINT64_MAX - width) / pitch) return UINT64_MAX;
-  return rows * pitch + width;
-}
-
-// The destination (first byte, span) of a 2D/3D copy into device memory; span 0 when the
-// destination is not device memory.
-std::pair<std::uint64_t, std::uint64_t> dst_2d(const CUDA_MEMCPY2D* p) {
-  if (p == nullptr || (p->dstMemoryType != CU_MEMORYTYPE_DEVICE && p->dstMemoryType != CU_MEMORYTYPE_UNIFIED)) {
-    return {0, 0};
-  }
-  const std::uint64_t first = addr(p->dstDevice) + p->dstY * p->dstPitch + p->dstXInBytes;
-  return {first, span_2d(p->dstPitch, p->WidthInBytes, p->Height)};
-}
-std::pair<std::uint64_t, std::uint64_t> dst_3d(const CUDA_MEMCPY3D* p) {
-  if (p == nullptr || (p->dstMemoryType != CU_MEMORYTYPE_DEVICE && p->dstMemoryType != CU_MEMORYTYPE_UNIFIED)) {
-    return {0, 0};
-  }
-  const std::uint64_t slice = static_cast<std::uint64_t>(p->dstHeight) * p->dstPitch;
-  const std::uint64_t first = addr(p->dstDevice) + p->dstZ * slice + p->dstY * p->dstPitch + p->dstXInBytes;
-  if (p->Depth == 0) return {first, 0};
-  const std::uint64_t plane = span_2d(p->dstPitch, p->WidthInBytes, p->Height);
-  const std::uint64_t depth = p->Depth - 1;
-  if (plane == 0 || (slice != 0 && depth > (UINT64_MAX - plane) / slice)) return {first, plane == 0 ? 0 : UINT64_MAX};
-  return {first, depth * slice + plane};
-}
-
 }  // namespace
 
 // Copies and memsets into device memory: passed through; the checks run only on failure.
@@ -1418,14 +1388,14 @@ CUresult on_cuMemsetD8_v2(bool ptds, CUdeviceptr dstDevice, unsigned char uc, si
 CUresult on_cuMemsetD16_v2(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N) {
   const CUresult rc = pass<Row::cuMemsetD16_v2>(ptds, dstDevice, us, N);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD16", addr(dstDevice), span_2d(0, 2 * std::uint64_t{N}, 1));
+    return after_write(rc, "cuMemsetD16", addr(dstDevice), span_elems(2, N));
   return rc;
 }
 
 CUresult on_cuMemsetD32_v2(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N) {
   const CUresult rc = pass<Row::cuMemsetD32_v2>(ptds, dstDevice, ui, N);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD32", addr(dstDevice), span_2d(0, 4 * std::uint64_t{N}, 1));
+    return after_write(rc, "cuMemsetD32", addr(dstDevice), span_elems(4, N));
   return rc;
 }
 
@@ -1439,14 +1409,14 @@ CUresult on_cuMemsetD8Async(bool ptds, CUdeviceptr dstDevice, unsigned char uc, 
 CUresult on_cuMemsetD16Async(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
   const CUresult rc = pass<Row::cuMemsetD16Async>(ptds, dstDevice, us, N, hStream);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD16Async", addr(dstDevice), span_2d(0, 2 * std::uint64_t{N}, 1));
+    return after_write(rc, "cuMemsetD16Async", addr(dstDevice), span_elems(2, N));
   return rc;
 }
 
 CUresult on_cuMemsetD32Async(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
   const CUresult rc = pass<Row::cuMemsetD32Async>(ptds, dstDevice, ui, N, hStream);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD32Async", addr(dstDevice), span_2d(0, 4 * std::uint64_t{N}, 1));
+    return after_write(rc, "cuMemsetD32Async", addr(dstDevice), span_elems(4, N));
   return rc;
 }
 
@@ -1462,7 +1432,7 @@ CUresult on_cuMemsetD2D16_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, 
                              size_t Height) {
   const CUresult rc = pass<Row::cuMemsetD2D16_v2>(ptds, dstDevice, dstPitch, us, Width, Height);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D16", addr(dstDevice), span_2d(dstPitch, 2 * std::uint64_t{Width}, Height));
+    return after_write(rc, "cuMemsetD2D16", addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height));
   return rc;
 }
 
@@ -1470,7 +1440,7 @@ CUresult on_cuMemsetD2D32_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, 
                              size_t Height) {
   const CUresult rc = pass<Row::cuMemsetD2D32_v2>(ptds, dstDevice, dstPitch, ui, Width, Height);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D32", addr(dstDevice), span_2d(dstPitch, 4 * std::uint64_t{Width}, Height));
+    return after_write(rc, "cuMemsetD2D32", addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height));
   return rc;
 }
 
@@ -1486,7 +1456,7 @@ CUresult on_cuMemsetD2D16Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch
                                size_t Height, CUstream hStream) {
   const CUresult rc = pass<Row::cuMemsetD2D16Async>(ptds, dstDevice, dstPitch, us, Width, Height, hStream);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D16Async", addr(dstDevice), span_2d(dstPitch, 2 * std::uint64_t{Width}, Height));
+    return after_write(rc, "cuMemsetD2D16Async", addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height));
   return rc;
 }
 
@@ -1494,7 +1464,7 @@ CUresult on_cuMemsetD2D32Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch
                                size_t Height, CUstream hStream) {
   const CUresult rc = pass<Row::cuMemsetD2D32Async>(ptds, dstDevice, dstPitch, ui, Width, Height, hStream);
   if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D32Async", addr(dstDevice), span_2d(dstPitch, 4 * std::uint64_t{Width}, Height));
+    return after_write(rc, "cuMemsetD2D32Async", addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height));
   return rc;
 }
 
