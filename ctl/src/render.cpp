@@ -345,7 +345,14 @@ std::string render_events_text(const NodeView& v, const std::string& state) {
            {"WHERE"}});
   for (const GuardEventView& e : v.events) {
     std::string where = e.call;
-    if (e.kind == "fault" && !e.suspects.empty()) {
+    if (e.kind == "fault") {
+      where += std::string(" guarded=") + (e.guarded ? "yes" : "no") + " maps_shared=" + (e.maps_shared ? "yes" : "no");
+    }
+    if (e.kind == "readonly_write" && !e.suspects.empty()) {
+      where += " to " + hex_address(e.address) + " hits allocation " + hex_address(e.suspects[0].first) + "+" +
+               sz(e.suspects[0].second) + " (shared from offset " + std::to_string(e.first_bad_offset) + ", grant " +
+               std::to_string(e.grant_id) + ")";
+    } else if ((e.kind == "fault" || e.kind == "readonly") && !e.suspects.empty()) {
       where += " (newest allocations:";
       for (const auto& [addr, bytes] : e.suspects) where += " " + hex_address(addr) + "+" + sz(bytes);
       where += ")";
@@ -382,6 +389,10 @@ std::string render_events_json(const NodeView& v, const std::string& state) {
     j.key("cuda_status").number(e.cuda_status, 0);
     j.field_uint("live_allocations", e.live_allocations);
     j.field("call", e.call);
+    if (e.kind == "fault") {
+      j.field_bool("guarded", e.guarded);
+      j.field_bool("maps_shared", e.maps_shared);
+    }
     j.key("suspects").begin_array();
     for (const auto& [addr, bytes] : e.suspects) {
       j.begin_object();

@@ -125,7 +125,16 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     GuardEventView x;
     x.seq = e.seq;
     x.time_unix_ns = e.time_unix_ns;
-    x.kind = e.kind == 1 ? "fault" : e.kind == 2 ? "canary" : e.kind == 3 ? "readonly" : "unknown";
+    // Kind 3 ("readonly") only in records of older daemons: a fault in a process mapping shared chunks.
+    x.kind = e.kind == 1   ? "fault"
+             : e.kind == 2 ? "canary"
+             : e.kind == 3 ? "readonly"
+             : e.kind == 4 ? "readonly_write"
+                           : "unknown";
+    if (e.kind == 1) {
+      x.guarded = (e.flags & st::kFaultGuarded) != 0;
+      x.maps_shared = (e.flags & st::kFaultMapsShared) != 0;
+    }
     x.tenant_id = e.tenant;
     x.tenant = bounded(e.tenant_name, sizeof e.tenant_name);
     if (e.device != st::kGuardNoDevice) x.gpu = e.device;
@@ -177,6 +186,11 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
       {"denials_unauthenticated", c.denials_unauthenticated},
       {"guard_events_rejected", c.guard_events_rejected},
       {"guard_events_limited", c.guard_events_limited},
+      {"guard_violations_canary", c.guard_violations_canary},
+      {"guard_readonly_writes", c.guard_violations_readonly_write},
+      {"kernel_faults", c.kernel_faults[0] + c.kernel_faults[1] + c.kernel_faults[2] + c.kernel_faults[3]},
+      {"kernel_faults_guarded", c.kernel_faults[st::kFaultGuarded] + c.kernel_faults[3]},
+      {"kernel_faults_shared", c.kernel_faults[st::kFaultMapsShared] + c.kernel_faults[3]},
       {"log_suppressed", c.log_suppressed},
       {"tenants_freed", c.tenants_freed},
   };

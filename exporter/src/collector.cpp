@@ -65,6 +65,12 @@ Labels join(const Labels& a, const Labels& b) {
   return r;
 }
 
+// Labels of kernel fault counter i (st::FaultAttributes bits).
+Labels fault_labels(std::uint32_t i) {
+  return {{"guarded", (i & st::kFaultGuarded) != 0 ? "true" : "false"},
+          {"maps_shared", (i & st::kFaultMapsShared) != 0 ? "true" : "false"}};
+}
+
 std::uint64_t interval_ns(const st::Header& h) {
   return static_cast<std::uint64_t>(h.sample_interval_ms == 0 ? 1000 : h.sample_interval_ms) * 1'000'000ULL;
 }
@@ -222,6 +228,8 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   MetricFamily& t_sessions = F.gauge("vlake_tenant_sessions", "connected or detached processes");
   MetricFamily& t_reserve =
       F.gauge("vlake_tenant_reserve_bytes", "of its granted memory, what its processes keep unused in local reserves");
+  MetricFamily& t_faults = F.counter("vlake_tenant_kernel_faults_total",
+                                     "sticky kernel faults of its processes, by what is known (docs/guard.md)");
   std::uint64_t tenants = 0;
   for (const st::TenantRecord& r : s.tenants) {
     if (r.in_use == 0) continue;
@@ -257,6 +265,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     const auto it = tenant_sessions.find(r.id);
     set(t_sessions, tl, it == tenant_sessions.end() ? 0 : d(it->second));
     set(t_unhooked_procs, tl, d(r.unhooked_processes));
+    for (std::uint32_t i = 0; i < 4; ++i) set(t_faults, join(tl, fault_labels(i)), d(r.kernel_faults[i]));
   }
 
   // Namespaces
@@ -346,10 +355,16 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
           [](const st::DeviceRecord& r) { return d(r.dedup_logical_bytes); });
   per_gpu("vlake_dedup_physical_bytes", "bytes the shared chunks take on the GPU (stored once)",
           [](const st::DeviceRecord& r) { return d(r.dedup_physical_bytes); });
-  MetricFamily& guard = F.counter("vlake_guard_violations_total", "out-of-bounds alarms (docs/guard.md)");
-  set(guard, {{"kind", "fault"}}, d(c.guard_violations_fault));
+  MetricFamily& guard = F.counter("vlake_guard_violations_total",
+                                  "what a guard established: canary damage, writes into shared memory (docs/guard.md)");
   set(guard, {{"kind", "canary"}}, d(c.guard_violations_canary));
-  set(guard, {{"kind", "readonly"}}, d(c.guard_violations_readonly));
+  set(guard, {{"kind", "readonly_write"}}, d(c.guard_violations_readonly_write));
+  {
+    // A kernel fault is not a guard violation: what is known about it are these attributes.
+    MetricFamily& f = F.counter("vlake_kernel_faults_total",
+                                "sticky kernel faults the hooks reported, by what is known (docs/guard.md)");
+    for (std::uint32_t i = 0; i < 4; ++i) set(f, fault_labels(i), d(c.kernel_faults[i]));
+  }
   // Limits against hostile tenants (docs/daemon.md, "Limits").
   MetricFamily& refused =
       F.counter("vlake_connection_denials_total", "Hellos and connections refused by a limit (docs/daemon.md)");

@@ -144,6 +144,24 @@ bool DaemonClient::send_guard_event(proto::GuardEvent event) {
   return false;
 }
 
+bool DaemonClient::send_readonly_write(proto::ReadOnlyWrite m) {
+  std::lock_guard lock(mu_);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!fd_ && !connect_locked()) return false;
+    m.h = proto::make<proto::ReadOnlyWrite>(next_request_++).h;
+    try {
+      send_with_fds(fd_.get(), proto::encode(m), {});
+      return true;
+    } catch (const std::system_error& e) {
+      const int err = e.code().value();
+      last_error_ = std::string("send: ") + std::strerror(err);
+      fd_.reset();
+      if (!is_broken_errno(err)) return false;
+    }
+  }
+  return false;
+}
+
 DaemonClient::Passthrough DaemonClient::ask_passthrough() {
   std::lock_guard lock(mu_);
   ask_passthrough_ = true;

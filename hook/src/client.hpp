@@ -105,6 +105,7 @@ class DaemonClient {
   [[nodiscard]] Passthrough ask_passthrough();
 
   bool send_guard_event(proto::GuardEvent event);
+  bool send_readonly_write(proto::ReadOnlyWrite m);  // as send_guard_event (no reply)
   bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks);
   void poll_pressure();
   [[nodiscard]] std::vector<PressureNote> take_pressure();

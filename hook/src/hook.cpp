@@ -4,6 +4,7 @@
 #include "ipc.hpp"
 #include "profile.hpp"
 #include "share.hpp"
+#include "write_span.hpp"
 
 #include <pthread.h>
 #include <signal.h>
@@ -1140,9 +1141,9 @@ void report_fault_impl(State& s, const char* call, CUresult rc) {
     }
   }
   proto::GuardEvent ev{};
-  // A process holding shared read-only chunks on that GPU most likely wrote into one
-  // (docs/dedup.md: the driver does not give the address).
-  ev.kind = share::holds_shared(dev) ? proto::GuardKind::readonly : proto::GuardKind::fault;
+  // What is known, no more: whether this process maps shared read-only chunks on that GPU (the
+  // driver does not say which address faulted, docs/guard.md).
+  ev.kind = share::holds_shared(dev) ? proto::GuardKind::fault_maps_shared : proto::GuardKind::fault;
   ev.cuda_status = static_cast<std::int32_t>(rc);
   std::snprintf(ev.call, sizeof ev.call, "%s", call);
   Uuid uuid{};
@@ -1168,7 +1169,7 @@ void report_fault_impl(State& s, const char* call, CUresult rc) {
   if (!have_uuid) {
     outcome = "not reported to vlaked (the GPU's UUID is unknown)";
   } else if (s.client.send_guard_event(ev)) {
-    outcome = "reported to vlaked as a guard event";
+    outcome = "reported to vlaked as a kernel fault";
   } else {
     outcome = "could not be reported to vlaked (" + s.client.last_error() + ")";
   }
@@ -1177,7 +1178,51 @@ void report_fault_impl(State& s, const char* call, CUresult rc) {
       list.c_str());
 }
 
+void report_refused_write_impl(State& s, const char* call, std::uint64_t dst, std::uint64_t bytes, CUresult rc) {
+  const auto hit = share::readonly_hit(s, dst, bytes);
+  if (!hit) return;
+  proto::ReadOnlyWrite m{};
+  m.grant_id = hit->grant_id;
+  m.address = dst;
+  m.bytes = bytes;
+  m.alloc_address = hit->alloc_ptr;
+  m.alloc_bytes = hit->alloc_bytes;
+  const std::int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  m.alloc_age_ns = static_cast<std::uint64_t>(std::max<std::int64_t>(0, now_ns - hit->alloc_born_ns));
+  m.shared_offset = hit->shared_offset;
+  m.shared_bytes = hit->shared_bytes;
+  m.cuda_status = static_cast<std::int32_t>(rc);
+  std::snprintf(m.call, sizeof m.call, "%s", call);
+  Uuid uuid{};
+  std::string outcome;
+  if (device_uuid(s, hit->device, uuid) != CUDA_SUCCESS) {
+    outcome = "not reported to vlaked (the GPU's UUID is unknown)";
+  } else {
+    uuid.copy_to(m.device_uuid);
+    outcome = s.client.send_readonly_write(m) ? "reported to vlaked"
+                                              : "could not be reported to vlaked (" + s.client.last_error() + ")";
+  }
+  log(LogLevel::error,
+      "%s into shared read-only memory refused by the driver (CUresult %d): destination 0x%llx, %s, overlaps %s "
+      "shared from offset %llu of allocation 0x%llx (%s) on GPU %d; %s",
+      call, static_cast<int>(rc), static_cast<unsigned long long>(dst), format_bytes(bytes).c_str(),
+      format_bytes(hit->shared_bytes).c_str(), static_cast<unsigned long long>(hit->shared_offset),
+      static_cast<unsigned long long>(hit->alloc_ptr), format_bytes(hit->alloc_bytes).c_str(), hit->device,
+      outcome.c_str());
+}
+
 }  // namespace
+
+__attribute__((cold, noinline)) void report_refused_write(const char* call, std::uint64_t dst, std::uint64_t bytes,
+                                                          CUresult rc) noexcept {
+  try {
+    State* s = active();
+    if (s == nullptr) return;
+    report_refused_write_impl(*s, call, dst, bytes, rc);
+  } catch (...) {
+  }
+}
 
 __attribute__((cold, noinline)) void report_fault(const char* call, CUresult rc) noexcept {
   try {
@@ -1251,13 +1296,209 @@ CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice
   return rc;
 }
 
+namespace {
+
+// The failure path of a call that writes device memory from `dst` over `span` bytes: a sticky
+// fault is reported as a kernel fault, a refusal (CUDA_ERROR_INVALID_VALUE) whose destination
+// overlaps shared read-only chunks as a refused write. Returns rc.
+__attribute__((cold, noinline)) CUresult after_write(CUresult rc, const char* call, std::uint64_t dst,
+                                                     std::uint64_t span) noexcept {
+  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault(call, rc);
+  else if (rc == CUDA_ERROR_INVALID_VALUE) report_refused_write(call, dst, span, rc);
+  return rc;
+}
+
+}  // namespace
+
+// Copies and memsets into device memory: passed through; the checks run only on failure.
+CUresult on_cuMemcpyDtoD_v2(bool ptds, CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+  const CUresult rc = pass<Row::cuMemcpyDtoD_v2>(ptds, dstDevice, srcDevice, ByteCount);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpyDtoD", addr(dstDevice), ByteCount);
+  return rc;
+}
+
+CUresult on_cuMemcpyDtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                 CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemcpyDtoDAsync_v2>(ptds, dstDevice, srcDevice, ByteCount, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpyDtoDAsync", addr(dstDevice), ByteCount);
+  return rc;
+}
+
+CUresult on_cuMemcpy(bool ptds, CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+  const CUresult rc = pass<Row::cuMemcpy>(ptds, dst, src, ByteCount);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpy", addr(dst), ByteCount);
+  return rc;
+}
+
+CUresult on_cuMemcpyAsync(bool ptds, CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemcpyAsync>(ptds, dst, src, ByteCount, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpyAsync", addr(dst), ByteCount);
+  return rc;
+}
+
+CUresult on_cuMemcpyPeer(bool ptds, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                         CUcontext srcContext, size_t ByteCount) {
+  const CUresult rc = pass<Row::cuMemcpyPeer>(ptds, dstDevice, dstContext, srcDevice, srcContext, ByteCount);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpyPeer", addr(dstDevice), ByteCount);
+  return rc;
+}
+
+CUresult on_cuMemcpyPeerAsync(bool ptds, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                              CUcontext srcContext, size_t ByteCount, CUstream hStream) {
+  const CUresult rc =
+      pass<Row::cuMemcpyPeerAsync>(ptds, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpyPeerAsync", addr(dstDevice), ByteCount);
+  return rc;
+}
+
+CUresult on_cuMemcpy2D_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
+  const CUresult rc = pass<Row::cuMemcpy2D_v2>(ptds, pCopy);
+  if (rc != CUDA_SUCCESS) [[unlikely]] {
+    const auto [d, n] = dst_2d(pCopy);
+    return after_write(rc, "cuMemcpy2D", d, n);
+  }
+  return rc;
+}
+
+CUresult on_cuMemcpy2DUnaligned_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
+  const CUresult rc = pass<Row::cuMemcpy2DUnaligned_v2>(ptds, pCopy);
+  if (rc != CUDA_SUCCESS) [[unlikely]] {
+    const auto [d, n] = dst_2d(pCopy);
+    return after_write(rc, "cuMemcpy2DUnaligned", d, n);
+  }
+  return rc;
+}
+
+CUresult on_cuMemcpy2DAsync_v2(bool ptds, const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemcpy2DAsync_v2>(ptds, pCopy, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]] {
+    const auto [d, n] = dst_2d(pCopy);
+    return after_write(rc, "cuMemcpy2DAsync", d, n);
+  }
+  return rc;
+}
+
+CUresult on_cuMemcpy3D_v2(bool ptds, const CUDA_MEMCPY3D* pCopy) {
+  const CUresult rc = pass<Row::cuMemcpy3D_v2>(ptds, pCopy);
+  if (rc != CUDA_SUCCESS) [[unlikely]] {
+    const auto [d, n] = dst_3d(pCopy);
+    return after_write(rc, "cuMemcpy3D", d, n);
+  }
+  return rc;
+}
+
+CUresult on_cuMemcpy3DAsync_v2(bool ptds, const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemcpy3DAsync_v2>(ptds, pCopy, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]] {
+    const auto [d, n] = dst_3d(pCopy);
+    return after_write(rc, "cuMemcpy3DAsync", d, n);
+  }
+  return rc;
+}
+
+// Memsets: N elements of 1, 2 or 4 bytes; 2D: Height rows of Width elements, dstPitch bytes apart.
+CUresult on_cuMemsetD8_v2(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  const CUresult rc = pass<Row::cuMemsetD8_v2>(ptds, dstDevice, uc, N);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD8", addr(dstDevice), N);
+  return rc;
+}
+
+CUresult on_cuMemsetD16_v2(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N) {
+  const CUresult rc = pass<Row::cuMemsetD16_v2>(ptds, dstDevice, us, N);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD16", addr(dstDevice), span_elems(2, N));
+  return rc;
+}
+
+CUresult on_cuMemsetD32_v2(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N) {
+  const CUresult rc = pass<Row::cuMemsetD32_v2>(ptds, dstDevice, ui, N);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD32", addr(dstDevice), span_elems(4, N));
+  return rc;
+}
+
+CUresult on_cuMemsetD8Async(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemsetD8Async>(ptds, dstDevice, uc, N, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD8Async", addr(dstDevice), N);
+  return rc;
+}
+
+CUresult on_cuMemsetD16Async(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemsetD16Async>(ptds, dstDevice, us, N, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD16Async", addr(dstDevice), span_elems(2, N));
+  return rc;
+}
+
+CUresult on_cuMemsetD32Async(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemsetD32Async>(ptds, dstDevice, ui, N, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD32Async", addr(dstDevice), span_elems(4, N));
+  return rc;
+}
+
+CUresult on_cuMemsetD2D8_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                            size_t Height) {
+  const CUresult rc = pass<Row::cuMemsetD2D8_v2>(ptds, dstDevice, dstPitch, uc, Width, Height);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD2D8", addr(dstDevice), span_2d(dstPitch, Width, Height));
+  return rc;
+}
+
+CUresult on_cuMemsetD2D16_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                             size_t Height) {
+  const CUresult rc = pass<Row::cuMemsetD2D16_v2>(ptds, dstDevice, dstPitch, us, Width, Height);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD2D16", addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height));
+  return rc;
+}
+
+CUresult on_cuMemsetD2D32_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                             size_t Height) {
+  const CUresult rc = pass<Row::cuMemsetD2D32_v2>(ptds, dstDevice, dstPitch, ui, Width, Height);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD2D32", addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height));
+  return rc;
+}
+
+CUresult on_cuMemsetD2D8Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                              size_t Height, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemsetD2D8Async>(ptds, dstDevice, dstPitch, uc, Width, Height, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD2D8Async", addr(dstDevice), span_2d(dstPitch, Width, Height));
+  return rc;
+}
+
+CUresult on_cuMemsetD2D16Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                               size_t Height, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemsetD2D16Async>(ptds, dstDevice, dstPitch, us, Width, Height, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD2D16Async", addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height));
+  return rc;
+}
+
+CUresult on_cuMemsetD2D32Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                               size_t Height, CUstream hStream) {
+  const CUresult rc = pass<Row::cuMemsetD2D32Async>(ptds, dstDevice, dstPitch, ui, Width, Height, hStream);
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemsetD2D32Async", addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height));
+  return rc;
+}
+
 // Host-to-device uploads: passed through; a successful upload that fills a whole alloc-path
 // allocation is offered for transparent dedup (share.hpp, docs/dedup.md "Transparent mode").
 CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   const CUresult rc = pass<Row::cuMemcpyHtoD_v2>(ptds, dstDevice, srcHost, ByteCount);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
-    report_fault("cuMemcpyHtoD", rc);
-  if (rc != CUDA_SUCCESS) return rc;
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpyHtoD", addr(dstDevice), ByteCount);
   if (State* s = active(); s != nullptr && share::may_offer(*s, ByteCount)) {
     share::offer_upload(*s, addr(dstDevice), ByteCount);  // the share fences the context
   }
@@ -1267,9 +1508,8 @@ CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHos
 CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
                                  CUstream hStream) {
   const CUresult rc = pass<Row::cuMemcpyHtoDAsync_v2>(ptds, dstDevice, srcHost, ByteCount, hStream);
-  if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
-    report_fault("cuMemcpyHtoDAsync", rc);
-  if (rc != CUDA_SUCCESS) return rc;
+  if (rc != CUDA_SUCCESS) [[unlikely]]
+    return after_write(rc, "cuMemcpyHtoDAsync", addr(dstDevice), ByteCount);
   State* s = active();
   if (s == nullptr || !share::may_offer(*s, ByteCount)) return rc;
   // The copy must have landed before the daemon reads the chunks: wait for that stream (a

@@ -84,9 +84,15 @@ CUresult device_uuid(State& s, int dev, Uuid& out);
 CUresult fence_allocation(const LogicalAlloc& a);
 
 // Called by the synchronizing wrappers when the driver returned CUDA_ERROR_ILLEGAL_ADDRESS
-// (cold path): the first time in this process, sends a GuardEvent (kind fault, the suspects) to
-// vlaked and prints one stderr line. Never throws.
+// (cold path): the first time in this process, sends a GuardEvent to vlaked — a kernel fault:
+// kind fault_maps_shared when the process maps shared read-only chunks on that GPU, else fault;
+// the suspects — and prints one stderr line. Never throws.
 void report_fault(const char* call, CUresult rc) noexcept;
+// Called by the copy and memset wrappers only when the driver refused the call with
+// CUDA_ERROR_INVALID_VALUE (cold path): if the destination [dst, dst + bytes) overlaps a shared
+// read-only range of this process (share::readonly_hit), sends a ReadOnlyWrite to vlaked and
+// logs one line. Never throws.
+void report_refused_write(const char* call, std::uint64_t dst, std::uint64_t bytes, CUresult rc) noexcept;
 
 // Applies the daemon's usage answer to a (free, total) pair the driver reported.
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
@@ -158,6 +164,40 @@ CUresult on_cuMemcpyDtoHAsync_v2(bool ptds, void* dstHost, CUdeviceptr srcDevice
 CUresult on_cuMemcpyHtoD_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount);
 CUresult on_cuMemcpyHtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
                                  CUstream hStream);
+// Copies and memsets into device memory: passed through; see report_refused_write() and
+// report_fault().
+CUresult on_cuMemcpyDtoD_v2(bool ptds, CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult on_cuMemcpyDtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                 CUstream hStream);
+CUresult on_cuMemcpy(bool ptds, CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
+CUresult on_cuMemcpyAsync(bool ptds, CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+CUresult on_cuMemcpyPeer(bool ptds, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                         CUcontext srcContext, size_t ByteCount);
+CUresult on_cuMemcpyPeerAsync(bool ptds, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                              CUcontext srcContext, size_t ByteCount, CUstream hStream);
+CUresult on_cuMemcpy2D_v2(bool ptds, const CUDA_MEMCPY2D* pCopy);
+CUresult on_cuMemcpy2DUnaligned_v2(bool ptds, const CUDA_MEMCPY2D* pCopy);
+CUresult on_cuMemcpy2DAsync_v2(bool ptds, const CUDA_MEMCPY2D* pCopy, CUstream hStream);
+CUresult on_cuMemcpy3D_v2(bool ptds, const CUDA_MEMCPY3D* pCopy);
+CUresult on_cuMemcpy3DAsync_v2(bool ptds, const CUDA_MEMCPY3D* pCopy, CUstream hStream);
+CUresult on_cuMemsetD8_v2(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult on_cuMemsetD16_v2(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N);
+CUresult on_cuMemsetD32_v2(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N);
+CUresult on_cuMemsetD8Async(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+CUresult on_cuMemsetD16Async(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream);
+CUresult on_cuMemsetD32Async(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
+CUresult on_cuMemsetD2D8_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                            size_t Height);
+CUresult on_cuMemsetD2D16_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                             size_t Height);
+CUresult on_cuMemsetD2D32_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                             size_t Height);
+CUresult on_cuMemsetD2D8Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                              size_t Height, CUstream hStream);
+CUresult on_cuMemsetD2D16Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                               size_t Height, CUstream hStream);
+CUresult on_cuMemsetD2D32Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                               size_t Height, CUstream hStream);
 // Peer access (peer.cpp): passed through; on success served memory follows (peer.hpp).
 CUresult on_cuCtxEnablePeerAccess(bool ptds, CUcontext peerContext, unsigned int Flags);
 CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext);

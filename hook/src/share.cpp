@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -21,7 +22,15 @@ namespace vlake::hook::share {
 namespace {
 
 std::mutex g_mu;
-std::map<std::uint64_t, int> g_shared;  // grant id -> device
+struct SharedGrant {
+  int device = 0;
+  // The read-only runs of its mapping: (offset from the allocation's VA base, bytes).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> read_only;
+};
+std::map<std::uint64_t, SharedGrant> g_shared;  // grant id -> its shared layout
+// g_shared.size(), read without the mutex: a refused copy in a process that shares nothing
+// takes no lock.
+std::atomic<std::size_t> g_shared_count{0};
 // Grant id -> creation time of the allocation offered transparently: one offer per allocation
 // (a block reused from the local reserve is a new allocation with a new creation time).
 std::map<std::uint64_t, std::int64_t> g_offered;
@@ -266,8 +275,19 @@ int share_owned(State& s, LogicalAlloc& a, std::uint64_t ptr, std::uint64_t byte
   for (const Mapping& m : next) now.push_back(m.handle);
   a.handles = std::move(now);
   {
+    SharedGrant sg;
+    sg.device = a.device;
+    for (const Mapping& m : next) {
+      if (!m.read_only) continue;
+      if (!sg.read_only.empty() && sg.read_only.back().first + sg.read_only.back().second == m.offset) {
+        sg.read_only.back().second += m.size;
+      } else {
+        sg.read_only.emplace_back(m.offset, m.size);
+      }
+    }
     std::lock_guard lock(g_mu);
-    g_shared[a.grant_id] = a.device;
+    g_shared[a.grant_id] = std::move(sg);
+    g_shared_count.store(g_shared.size(), std::memory_order_relaxed);
   }
   res.shared_bytes = first.shared_bytes;
   res.merged_bytes = first.merged_bytes;
@@ -384,15 +404,48 @@ bool is_shared(std::uint64_t grant_id) noexcept {
 void forget(std::uint64_t grant_id) noexcept {
   std::lock_guard lock(g_mu);
   g_shared.erase(grant_id);
+  g_shared_count.store(g_shared.size(), std::memory_order_relaxed);
   g_offered.erase(grant_id);
 }
 
 bool holds_shared(int device) noexcept {
   std::lock_guard lock(g_mu);
-  for (const auto& [g, d] : g_shared) {
-    if (d == device) return true;
+  for (const auto& [g, sg] : g_shared) {
+    if (sg.device == device) return true;
   }
   return false;
+}
+
+std::optional<ReadOnlyHit> readonly_hit(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept {
+  try {
+    if (bytes == 0 || g_shared_count.load(std::memory_order_relaxed) == 0) return std::nullopt;
+    const std::uint64_t end = dst + std::min(bytes, UINT64_MAX - dst);
+    // The allocation holding the destination's first byte, else its last one.
+    for (const std::uint64_t probe : {dst, end - 1}) {
+      auto a = s.allocs.find(probe);
+      if (!a) continue;
+      std::lock_guard lock(g_mu);
+      const auto it = g_shared.find(a->grant_id);
+      if (it == g_shared.end()) continue;
+      ReadOnlyHit hit;
+      for (const auto& [off, n] : it->second.read_only) {
+        const std::uint64_t lo = std::max(dst, a->base + off);
+        const std::uint64_t hi = std::min(end, a->base + off + n);
+        if (lo >= hi) continue;
+        if (hit.shared_bytes == 0) hit.shared_offset = lo - a->ptr;
+        hit.shared_bytes += hi - lo;
+      }
+      if (hit.shared_bytes == 0) continue;
+      hit.grant_id = a->grant_id;
+      hit.device = a->device;
+      hit.alloc_ptr = a->ptr;
+      hit.alloc_bytes = a->requested;
+      hit.alloc_born_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(a->created.time_since_epoch()).count();
+      return hit;
+    }
+  } catch (...) {
+  }
+  return std::nullopt;
 }
 
 }  // namespace vlake::hook::share

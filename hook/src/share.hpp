@@ -2,7 +2,8 @@
 // hook/include/vlake/share.h) re-lays one allocation out as the daemon plans it — shared chunks
 // mapped read-only, private copies and kept handles read-write — and the bookkeeping the rest of
 // the hook needs: which grants hold shared chunks (their memory never enters the local reserve,
-// and a kernel fault in a process holding shared chunks is reported as kind `readonly`).
+// a kernel fault in a process holding shared chunks is reported with that attribute, and a
+// refused copy or memset into a shared range is reported as such: readonly_hit()).
 // Transparent mode (docs/dedup.md "Transparent mode"): offer_upload() is called by the
 // cuMemcpyHtoD wrappers after a successful copy and shares the allocation when the upload filled
 // it whole (ShareRequest flag kShareTransparent). Its failures never reach the application.
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "vlake/share.h"
 
@@ -43,6 +45,22 @@ void offer_upload(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept;
 void forget(std::uint64_t grant_id) noexcept;
 // True if this process holds shared chunks on `device`.
 [[nodiscard]] bool holds_shared(int device) noexcept;
+
+// Where the destination [dst, dst + bytes) of a write overlaps shared read-only chunks of this
+// process: the allocation (the one holding its first byte, else its last byte), the offset of
+// the first shared byte it overlaps from the allocation's pointer, and the shared bytes it
+// overlaps. For the failure path of copies and memsets only: a process that shares nothing
+// answers without a lock. Never throws.
+struct ReadOnlyHit {
+  std::uint64_t grant_id = 0;
+  int device = 0;
+  std::uint64_t alloc_ptr = 0;     // the allocation's pointer
+  std::uint64_t alloc_bytes = 0;   // its requested size
+  std::int64_t alloc_born_ns = 0;  // its creation time (steady clock, ns since its epoch)
+  std::uint64_t shared_offset = 0;
+  std::uint64_t shared_bytes = 0;
+};
+[[nodiscard]] std::optional<ReadOnlyHit> readonly_hit(State& s, std::uint64_t dst, std::uint64_t bytes) noexcept;
 
 }  // namespace share
 }  // namespace vlake::hook

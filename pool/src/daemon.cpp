@@ -773,7 +773,7 @@ void Daemon::Impl::on_readable(ConnId serial) {
                        type == proto::MsgType::guard_event || type == proto::MsgType::reserve_report ||
                        type == proto::MsgType::share_request || type == proto::MsgType::share_commit ||
                        type == proto::MsgType::ipc_export || type == proto::MsgType::ipc_open ||
-                       type == proto::MsgType::ipc_close;
+                       type == proto::MsgType::ipc_close || type == proto::MsgType::readonly_write;
   if (!request) {
     return malformed(serial,
                      "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
@@ -848,6 +848,8 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
           answer(node_->usage(s, m));
         } else if constexpr (std::is_same_v<T, proto::GuardEvent>) {
           if (auto bad = node_->guard_event(s, m, now())) malformed(serial, bad->reason);
+        } else if constexpr (std::is_same_v<T, proto::ReadOnlyWrite>) {
+          if (auto bad = node_->readonly_write(s, m, now())) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::ReserveReport>) {
           if (auto bad = node_->reserve_report(s, m)) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::ShareRequest>) {

@@ -460,6 +460,7 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
   ack.granularity = devices_.front().granularity.value();
   ack.device_count = static_cast<std::uint32_t>(devices_.size());
   ack.guard_mode = static_cast<proto::GuardMode>(t.guard);
+  sess->guard = ack.guard_mode;  // how the hook places this process's allocations from now on
   copy_chars(ack.tenant_name, t.name);
   for (const Device& d : devices_) ack.devices[d.ordinal.value()] = device_quota(t, d);
   out.answer = ack;
@@ -742,6 +743,7 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     t.id = TenantId{i + 1};
     t.slot = i;
     t.name = std::string(r.name, strnlen(r.name, sizeof r.name));
+    std::copy(std::begin(r.kernel_faults), std::end(r.kernel_faults), t.kernel_faults.begin());
     // Until a live session re-resolves it: the namespace its name says, if still configured.
     t.ns = namespace_of_name(t.name);
     acct_.assign(t.id, t.ns);

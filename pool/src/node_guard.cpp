@@ -22,7 +22,8 @@ const char* guard_kind_name(std::uint32_t k) {
   switch (static_cast<proto::GuardKind>(k)) {
     case proto::GuardKind::fault: return "fault";
     case proto::GuardKind::canary: return "canary";
-    case proto::GuardKind::readonly: return "readonly";
+    case proto::GuardKind::fault_maps_shared: return "fault";  // never recorded as such
+    case proto::GuardKind::readonly_write: return "readonly_write";
   }
   return "unknown";
 }
@@ -120,20 +121,39 @@ void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns)
   e.seq = guard_.next_seq++;
   guard_.events[(e.seq - 1) % st::kGuardEvents] = e;
   changes_.guard = true;
-  switch (static_cast<proto::GuardKind>(e.kind)) {
-    case proto::GuardKind::fault: ++counters_.guard_violations_fault; break;
+  // Guard violations are what a guard established (canary damage, a refused write into a shared
+  // range); a kernel fault is counted as what it is, with what is known (docs/guard.md).
+  const auto kind = static_cast<proto::GuardKind>(e.kind);
+  switch (kind) {
+    case proto::GuardKind::fault:
+    case proto::GuardKind::fault_maps_shared: {
+      const std::uint32_t i = e.flags & (st::kFaultGuarded | st::kFaultMapsShared);
+      ++counters_.kernel_faults[i];
+      if (auto it = tenants_.find(e.tenant); it != tenants_.end()) {
+        ++it->second.kernel_faults[i];
+        changes_.tenants.insert(it->second.slot);
+      }
+      break;
+    }
     case proto::GuardKind::canary: ++counters_.guard_violations_canary; break;
-    case proto::GuardKind::readonly: ++counters_.guard_violations_readonly; break;
+    case proto::GuardKind::readonly_write: ++counters_.guard_violations_readonly_write; break;
   }
   std::ostringstream l;
-  l << "guard event kind=" << guard_kind_name(e.kind) << " tenant=" << e.tenant_name << " gpu=";
+  l << (kind == proto::GuardKind::fault ? "kernel fault" : "guard event") << " kind=" << guard_kind_name(e.kind)
+    << " tenant=" << e.tenant_name << " gpu=";
   if (e.device == st::kGuardNoDevice) l << "?";
   else l << e.device;
-  if (static_cast<proto::GuardKind>(e.kind) == proto::GuardKind::canary) {
+  if (kind == proto::GuardKind::canary) {
     l << " grant=" << e.grant_id << " size=" << e.requested_bytes << " first_bad_offset=" << e.first_bad_offset
       << " allocated_at=" << e.allocated_unix_ns << " check=" << e.call;
+  } else if (kind == proto::GuardKind::readonly_write) {
+    l << " call=" << e.call << " cuda_status=" << e.cuda_status << " dst=0x" << std::hex << e.address << std::dec
+      << " bytes=" << e.requested_bytes << " grant=" << e.grant_id << " allocation=0x" << std::hex
+      << e.suspects[0].address << std::dec << ":" << e.suspects[0].bytes << " shared_offset=" << e.first_bad_offset;
   } else {
-    l << " call=" << e.call << " cuda_status=" << e.cuda_status << " live_allocations=" << e.live_allocations
+    l << " guarded=" << ((e.flags & st::kFaultGuarded) != 0 ? "true" : "false")
+      << " maps_shared=" << ((e.flags & st::kFaultMapsShared) != 0 ? "true" : "false") << " call=" << e.call
+      << " cuda_status=" << e.cuda_status << " live_allocations=" << e.live_allocations
       << " suspects=" << e.suspect_count;
     for (std::uint32_t i = 0; i < e.suspect_count && i < st::kGuardEventSuspects; ++i) {
       l << (i == 0 ? " suspect_list=" : ",") << "0x" << std::hex << e.suspects[i].address << std::dec << ":"
@@ -193,28 +213,19 @@ std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::G
                   now.steady);
     return std::nullopt;
   }
-  // Rate per tenant (a token bucket): excess events are counted, not recorded, so that one
-  // tenant cannot push the other tenants' alarms out of the ring.
-  const double burst = settings_.guard_event_burst;
-  if (t.guard_tokens < 0) {
-    t.guard_tokens = burst;
-    t.guard_last = now.steady;
-  } else if (now.steady > t.guard_last) {
-    t.guard_tokens = std::min(burst, t.guard_tokens + std::chrono::duration<double>(now.steady - t.guard_last).count() *
-                                                          settings_.guard_event_rate);
-    t.guard_last = now.steady;
-  }
-  if (t.guard_tokens < 1.0) {
-    ++counters_.guard_events_limited;
-    limited_.warn("guard limited " + t.name,
-                  "tenant " + t.name + " (pid " + std::to_string(s->pid) +
-                      "): guard event dropped: over the tenant's rate (vlaked --guard-event-rate)",
-                  now.steady);
-    return std::nullopt;
-  }
-  t.guard_tokens -= 1.0;
+  if (!guard_rate_ok(t, *s, now)) return std::nullopt;
   st::GuardEventRecord e{};
-  e.kind = static_cast<std::uint32_t>(m.kind);
+  // A kernel fault, with what is known: the hook says whether the process maps shared chunks
+  // on that GPU (kind fault_maps_shared; older hooks called it `readonly`); the daemon adds
+  // what it knows itself (a shared grant of this session there; the session's guard mode).
+  e.kind = static_cast<std::uint32_t>(proto::GuardKind::fault);
+  bool maps_shared = m.kind == proto::GuardKind::fault_maps_shared;
+  for (std::uint64_t gid : s->grants) {
+    const Grant& g = grants_.at(gid);
+    if (!maps_shared && g.device == dev->ordinal && dedup_ && dedup_->is_shared(gid)) maps_shared = true;
+  }
+  e.flags = (maps_shared ? std::uint32_t{st::kFaultMapsShared} : 0u) |
+            (s->guard == proto::GuardMode::fault ? std::uint32_t{st::kFaultGuarded} : 0u);
   e.tenant = t.id.value();
   e.device = dev != nullptr ? static_cast<std::uint32_t>(dev->ordinal.value()) : st::kGuardNoDevice;
   e.pid = s->pid;
@@ -229,6 +240,80 @@ std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::G
     e.requested_bytes = m.suspects[0].bytes;
     e.allocated_unix_ns = m.suspects[0].age_ns < now.unix_ns ? now.unix_ns - m.suspects[0].age_ns : 0;
   }
+  record_guard_event(e, now.unix_ns);
+  return std::nullopt;
+}
+
+bool Node::guard_rate_ok(Tenant& t, const Session& s, Now now) {
+  // Rate per tenant (a token bucket): excess events are counted, not recorded, so that one
+  // tenant cannot push the other tenants' alarms out of the ring.
+  const double burst = settings_.guard_event_burst;
+  if (t.guard_tokens < 0) {
+    t.guard_tokens = burst;
+    t.guard_last = now.steady;
+  } else if (now.steady > t.guard_last) {
+    t.guard_tokens = std::min(burst, t.guard_tokens + std::chrono::duration<double>(now.steady - t.guard_last).count() *
+                                                          settings_.guard_event_rate);
+    t.guard_last = now.steady;
+  }
+  if (t.guard_tokens < 1.0) {
+    ++counters_.guard_events_limited;
+    limited_.warn("guard limited " + t.name,
+                  "tenant " + t.name + " (pid " + std::to_string(s.pid) +
+                      "): guard event dropped: over the tenant's rate (vlaked --guard-event-rate)",
+                  now.steady);
+    return false;
+  }
+  t.guard_tokens -= 1.0;
+  return true;
+}
+
+std::optional<Malformed> Node::readonly_write(std::uint64_t session, const proto::ReadOnlyWrite& m, Now now) {
+  const Session* s = this->session(session);
+  if (s == nullptr) return Malformed{"session is gone"};
+  Tenant& t = tenants_.at(s->tenant.value());
+  const Device* dev = device_by_uuid(m.device_uuid);
+  last_now_ = std::max(last_now_, now.steady);
+  // It must name a grant of this session on that GPU that holds shared chunks, and a shared range
+  // that fits in it (the daemon cannot see the process's addresses).
+  std::string bad;
+  const Grant* g = nullptr;
+  if (std::find(s->grants.begin(), s->grants.end(), m.grant_id) != s->grants.end()) g = &grants_.at(m.grant_id);
+  if (dev == nullptr) {
+    bad = "names a GPU this node does not have";
+  } else if (g == nullptr || g->device != dev->ordinal) {
+    bad = "names grant " + std::to_string(m.grant_id) + ", which the session does not hold on GPU " +
+          std::to_string(dev->ordinal.value());
+  } else if (!dedup_ || !dedup_->is_shared(g->id)) {
+    bad = "names grant " + std::to_string(m.grant_id) + ", which holds no shared chunks";
+  } else if (m.alloc_bytes > g->bytes.value() || m.shared_offset > g->bytes.value() ||
+             m.shared_bytes > g->bytes.value() - m.shared_offset) {
+    bad = "names a range larger than grant " + std::to_string(m.grant_id);
+  }
+  if (!bad.empty()) {
+    ++counters_.guard_events_rejected;
+    limited_.warn(
+        "guard rejected " + t.name,
+        "tenant " + t.name + " (pid " + std::to_string(s->pid) + "): readonly_write event rejected: it " + bad,
+        now.steady);
+    return std::nullopt;
+  }
+  if (!guard_rate_ok(t, *s, now)) return std::nullopt;
+  st::GuardEventRecord e{};
+  e.kind = static_cast<std::uint32_t>(proto::GuardKind::readonly_write);
+  e.tenant = t.id.value();
+  e.device = static_cast<std::uint32_t>(dev->ordinal.value());
+  e.pid = s->pid;
+  copy_chars(e.tenant_name, t.name);
+  e.grant_id = g->id;
+  e.address = m.address;
+  e.requested_bytes = m.bytes;
+  e.first_bad_offset = m.shared_offset;
+  e.allocated_unix_ns = m.alloc_age_ns < now.unix_ns ? now.unix_ns - m.alloc_age_ns : 0;
+  e.cuda_status = m.cuda_status;
+  e.suspect_count = 1;
+  e.suspects[0] = proto::GuardSuspect{m.alloc_address, m.alloc_bytes, m.alloc_age_ns};
+  std::memcpy(e.call, m.call, sizeof e.call);
   record_guard_event(e, now.unix_ns);
   return std::nullopt;
 }

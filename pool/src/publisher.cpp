@@ -148,6 +148,7 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
   r.over_limit = over;
   r.enforce = static_cast<std::uint32_t>(t->enforce);
   r.unhooked_processes = static_cast<std::uint32_t>(t->unhooked_procs.size());
+  std::copy(t->kernel_faults.begin(), t->kernel_faults.end(), std::begin(r.kernel_faults));
 }
 
 void StatePublisher::namespace_record(const Node& node, const Node::Namespace& ns, st::State& s) noexcept {

@@ -243,6 +243,24 @@ inline proto::IpcCloseAck sample<proto::IpcCloseAck>() {
   return m;
 }
 
+template <>
+inline proto::ReadOnlyWrite sample<proto::ReadOnlyWrite>() {
+  // A 1 MiB memset from 1 MiB into a 20 MiB allocation whose chunks [2 MiB, 18 MiB) are shared.
+  auto m = proto::make<proto::ReadOnlyWrite>(42);
+  sample_uuid().copy_to(m.device_uuid);
+  m.grant_id = 7;
+  m.alloc_address = 0x7f0000000000;
+  m.alloc_bytes = 20 * kMiB;
+  m.alloc_age_ns = 5000;
+  m.address = m.alloc_address + kMiB;
+  m.bytes = 2 * kMiB;
+  m.shared_offset = 2 * kMiB;
+  m.shared_bytes = kMiB;
+  m.cuda_status = 1;  // CUDA_ERROR_INVALID_VALUE
+  set_text(m.call, "cuMemsetD8");
+  return m;
+}
+
 template <proto::Message T>
 std::vector<std::byte> wire(const T& m) {
   const auto s = proto::encode(m);
@@ -333,8 +351,8 @@ inline std::vector<Rejection> field_rejections() {
           "GuardEvent kind canary (the daemon's finding, never a client's)", client,
           [](GuardEvent& m) { m.kind = GuardKind::canary; }, "GuardEvent kind 2 out of range"),
       reject<GuardEvent>(
-          "GuardEvent kind 4", client, [](GuardEvent& m) { m.kind = static_cast<GuardKind>(4); },
-          "GuardEvent kind 4 out of range"),
+          "GuardEvent kind readonly_write (travels as ReadOnlyWrite)", client,
+          [](GuardEvent& m) { m.kind = GuardKind::readonly_write; }, "GuardEvent kind 4 out of range"),
       reject<GuardEvent>(
           "GuardEvent suspect_count", client, [](GuardEvent& m) { m.suspect_count = kMaxGuardSuspects + 1; },
           "GuardEvent suspect_count 9 out of range"),
@@ -393,6 +411,15 @@ inline std::vector<Rejection> field_rejections() {
       reject<IpcCloseAck>(
           "IpcCloseAck reserved", daemon, [](IpcCloseAck& m) { m.reserved = 1; },
           "IpcCloseAck reserved field is not zero"),
+      reject<ReadOnlyWrite>(
+          "ReadOnlyWrite empty destination", client, [](ReadOnlyWrite& m) { m.bytes = 0; },
+          "ReadOnlyWrite with an empty range"),
+      reject<ReadOnlyWrite>(
+          "ReadOnlyWrite shared range before the destination", client, [](ReadOnlyWrite& m) { m.shared_offset = 0; },
+          "ReadOnlyWrite shared range outside the destination"),
+      reject<ReadOnlyWrite>(
+          "ReadOnlyWrite call not terminated", client, [](ReadOnlyWrite& m) { fill(m.call); },
+          "ReadOnlyWrite call name not terminated"),
   };
 }
 

@@ -44,7 +44,7 @@ std::vector<std::byte> with(const T& m, std::size_t offset, const void* value, s
 #define VLAKE_ALL_MESSAGES                                                                                          \
   proto::Hello, proto::HelloAck, proto::GrantRequest, proto::GrantReply, proto::Release, proto::ReleaseAck,         \
       proto::UsageQuery, proto::UsageReply, proto::Error, proto::GuardEvent, proto::Pressure, proto::ReserveReport, \
-      proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck
+      proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck, proto::ReadOnlyWrite
 
 // ---------------------------------------------------------------------------------------------
 // round trips
@@ -161,7 +161,7 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
     CHECK(decode_bytes(b).error().kind == DecodeError::Kind::version);
   }
   SECTION("unknown message types") {
-    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{23}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
+    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{24}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
       const auto b = with(hello, offsetof(proto::Header, type), &t, sizeof t);
       CHECK(reason(b) == "unknown message type");
       CHECK(proto::message_name(static_cast<proto::MsgType>(t)) == nullptr);
@@ -232,6 +232,34 @@ TEST_CASE("codec: the first failing check is the one reported, in the daemon's o
   e.kind = proto::GuardKind::canary;
   e.suspect_count = 100;
   CHECK(reason(wire(e)) == "GuardEvent kind 2 out of range");
+  e.kind = static_cast<proto::GuardKind>(5);
+  CHECK(reason(wire(e)) == "GuardEvent kind 5 out of range");
+
+  // ReadOnlyWrite ranges (the corpus has the daemon-checked cases; these are the codec's rest).
+  auto w = sample<proto::ReadOnlyWrite>();
+  CHECK(reason(wire(w)).empty());
+  w.reserved = 1;
+  CHECK(reason(wire(w)) == "ReadOnlyWrite reserved field is not zero");
+  w = sample<proto::ReadOnlyWrite>();
+  w.bytes = ~std::uint64_t{0};
+  CHECK(reason(wire(w)) == "ReadOnlyWrite range wraps around");
+  w = sample<proto::ReadOnlyWrite>();
+  w.alloc_bytes = 0;
+  CHECK(reason(wire(w)) == "ReadOnlyWrite with an empty range");
+  w = sample<proto::ReadOnlyWrite>();
+  w.shared_bytes = 0;
+  CHECK(reason(wire(w)) == "ReadOnlyWrite with an empty range");
+  w = sample<proto::ReadOnlyWrite>();
+  w.shared_offset = ~std::uint64_t{0} - w.alloc_address;
+  CHECK(reason(wire(w)) == "ReadOnlyWrite range wraps around");
+  w = sample<proto::ReadOnlyWrite>();
+  w.alloc_bytes = ~std::uint64_t{0};
+  CHECK(reason(wire(w)) == "ReadOnlyWrite range wraps around");
+  w = sample<proto::ReadOnlyWrite>();
+  w.shared_bytes = 2 * kMiB;  // 1 MiB past the destination's end
+  CHECK(reason(wire(w)) == "ReadOnlyWrite shared range outside the destination");
+  w.shared_bytes = kMiB;  // exactly to the destination's end
+  CHECK(reason(wire(w)).empty());
 
   // Framing comes before fields: a bad body with a bad header reports the header.
   auto h = sample<proto::Hello>();
@@ -253,8 +281,8 @@ TEST_CASE("codec: values the protocol allows are accepted", "[contracts][codec]"
       CHECK(reason(wire(m)).empty());
     }
   }
-  SECTION("guard events: fault and readonly, 0..kMaxGuardSuspects suspects") {
-    for (auto k : {proto::GuardKind::fault, proto::GuardKind::readonly}) {
+  SECTION("guard events: fault and fault_maps_shared, 0..kMaxGuardSuspects suspects") {
+    for (auto k : {proto::GuardKind::fault, proto::GuardKind::fault_maps_shared}) {
       for (std::uint32_t n = 0; n <= proto::kMaxGuardSuspects; ++n) {
         auto m = sample<proto::GuardEvent>();
         m.kind = k;
@@ -379,10 +407,23 @@ TEST_CASE("codec: what the hook sends, the daemon accepts, and back", "[contract
     // A GuardEvent as hook.cpp builds it: value-initialized, kind and call set, header stamped
     // when sent.
     proto::GuardEvent ev{};
-    ev.kind = proto::GuardKind::readonly;
+    ev.kind = proto::GuardKind::fault_maps_shared;
     std::snprintf(ev.call, sizeof ev.call, "%s", "cuCtxSynchronize_v2");
     ev.h = proto::make<proto::GuardEvent>(8).h;
     CHECK(reason(wire(ev)).empty());
+    // A ReadOnlyWrite as hook.cpp builds it: a memset that starts in the private edge of an
+    // allocation and ends exactly at the end of its first shared chunk.
+    proto::ReadOnlyWrite w{};
+    w.alloc_address = 0x7f0000000000;
+    w.alloc_bytes = 20 * kMiB;
+    w.address = w.alloc_address + kMiB;
+    w.bytes = 2 * kMiB;
+    w.shared_offset = 2 * kMiB;
+    w.shared_bytes = kMiB;
+    w.cuda_status = 1;
+    std::snprintf(w.call, sizeof w.call, "%s", "cuMemsetD8Async");
+    w.h = proto::make<proto::ReadOnlyWrite>(9).h;
+    CHECK(reason(wire(w)).empty());
   }
   SECTION("daemon replies, value-initialized then filled, as vlaked builds them") {
     auto ack = proto::make<proto::HelloAck>(1);

@@ -584,6 +584,17 @@ TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {
       e.suspect_count = 2;
       e.suspects[0] = vlake::proto::GuardSuspect{0x7000, 4096, 10};
       e.suspects[1] = vlake::proto::GuardSuspect{0x9000, 256, 20};
+      e.flags = gst::kFaultMapsShared;
+    }
+    if (seq == total - 1) {  // a refused memset into a shared range
+      e.kind = 4;
+      e.address = 0x200000 + (4u << 20);
+      e.requested_bytes = 16;
+      e.first_bad_offset = 4u << 20;
+      e.cuda_status = 1;
+      e.suspect_count = 1;
+      e.suspects[0] = vlake::proto::GuardSuspect{0x200000, 20u << 20, 10};
+      std::strcpy(e.call, "cuMemsetD8");
     }
   }
   s->guard.next_seq = total + 1;
@@ -604,6 +615,14 @@ TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {
   CHECK(last.at("call").str() == "cuStreamSynchronize");
   CHECK(last.at("suspects").size() == 2);
   CHECK(last.at("suspects").at(1).at("bytes").u64() == 256);
+  CHECK_FALSE(last.at("guarded").boolean());
+  CHECK(last.at("maps_shared").boolean());
+  const Json& write = j.at("events").at(gst::kGuardEvents - 2);
+  CHECK(write.at("kind").str() == "readonly_write");
+  CHECK(write.at("address").u64() == 0x200000 + (4u << 20));
+  CHECK(write.at("requested_bytes").u64() == 16);
+  CHECK(write.at("call").str() == "cuMemsetD8");
+  CHECK_FALSE(write.has("maps_shared"));
   const Json& first = j.at("events").at(0);
   CHECK(first.at("kind").str() == "canary");
   CHECK(first.at("first_bad_offset").u64() == (1u << 20) + 104);
@@ -611,8 +630,11 @@ TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {
 
   const std::string text = render_events_text(v, "st");
   INFO(text);
-  CHECK_THAT(text, Catch::Contains("canary  team/user:4242"));
-  CHECK_THAT(text, Catch::Contains("cuStreamSynchronize (newest allocations: 0x7000+4.0 KiB 0x9000+256 B)"));
+  CHECK_THAT(text, Catch::Contains("canary          team/user:4242"));  // KIND as wide as readonly_write
+  CHECK_THAT(text, Catch::Contains("cuStreamSynchronize guarded=no maps_shared=yes (newest allocations: 0x7000+4.0 KiB "
+                                   "0x9000+256 B)"));
+  CHECK_THAT(text, Catch::Contains("cuMemsetD8 to 0x600000 hits allocation 0x200000+"));
+  CHECK_THAT(text, Catch::Contains("(shared from offset 4194304, grant "));
 }
 
 TEST_CASE("render: memory outside vlake per tenant, counted in USED unless enforce is account", "[unit]") {

@@ -189,19 +189,101 @@ TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges st
   CHECK(keeper.line("verify:w:11:20M#after").at("ok") == "1");
   CHECK(keeper.line("sync").at("rc") == "0");
   CHECK(keeper.err().find("GPU fault") == std::string::npos);
-  const auto s = wait_state(d, [](const state::State& x) { return x.counters.guard_violations_readonly >= 1; });
-  CHECK(s->counters.guard_violations_readonly == 1);
+  // The kernel's write: a kernel fault of a process that maps shared chunks, never claimed to
+  // be a write into them (the driver does not say). The memset: a refused readonly_write.
+  const auto s = wait_state(d, [](const state::State& x) {
+    return x.counters.kernel_faults[state::kFaultMapsShared] >= 1 && x.counters.guard_violations_readonly_write >= 1;
+  });
+  CHECK(s->counters.kernel_faults[state::kFaultMapsShared] == 1);
+  CHECK(s->counters.kernel_faults[0] + s->counters.kernel_faults[state::kFaultGuarded] +
+            s->counters.kernel_faults[state::kFaultGuarded | state::kFaultMapsShared] ==
+        0);
+  CHECK(s->counters.guard_violations_readonly_write == 1);
+  CHECK(s->counters.guard_violations_readonly == 0);
   CHECK(s->counters.guard_violations_fault == 0);
-  bool found = false;
+  int faults = 0;
+  int writes = 0;
   for (std::uint64_t seq = 1; seq < s->guard.next_seq; ++seq) {
     const auto& e = s->guard.events[(seq - 1) % state::kGuardEvents];
-    if (e.kind == static_cast<std::uint32_t>(proto::GuardKind::readonly)) {
-      found = true;
-      CHECK(std::string(e.tenant_name) == "uid:4411");
+    CHECK(std::string(e.tenant_name) == "uid:4411");
+    CHECK(e.kind != static_cast<std::uint32_t>(proto::GuardKind::fault_maps_shared));
+    if (e.kind == static_cast<std::uint32_t>(proto::GuardKind::fault)) {
+      ++faults;
+      CHECK(e.flags == state::kFaultMapsShared);
       CHECK(e.cuda_status == kIllegalAddress);
+    } else if (e.kind == static_cast<std::uint32_t>(proto::GuardKind::readonly_write)) {
+      ++writes;
+      CHECK(std::string(e.call) == "cuMemsetD8");
+      CHECK(e.requested_bytes == 16);
+      CHECK(e.first_bad_offset == 4 * kMiB);
     }
   }
-  CHECK(found);
+  CHECK(faults == 1);
+  CHECK(writes == 1);
+}
+
+TEST_CASE("dedup: copies and memsets into shared chunks are refused and reported as readonly writes", "[dedup]") {
+  DaemonProcess d("dedup-rowrite", quota());
+  REQUIRE(d.start());
+  auto steps = load_and_share(17);
+  steps.insert(steps.end(), {
+                                "alloc:src:1M",
+                                "memset:w:0:16:1",                // private edge: fine, no event
+                                "memset:w:1048576:2097152:1",     // [1 MiB, 3 MiB): edge + 1 MiB shared
+                                "dtod:w:4194304:src:4096",        // 4 MiB: shared
+                                "memset32async:w:8388608:16:7",   // 8 MiB: shared, 64 bytes
+                                "upload:w:3:8192:16773120",       // [16 MiB - 4 KiB, 16 MiB + 4 KiB)
+                                "streamsync",                     // the context keeps working
+                                "verify:w:17:1M:2097152#intact",  // the shared data did not change
+                                "sleep:300",
+                            });
+  TenantProcess t(d, steps, 4415);
+  REQUIRE(exited_ok(t.finish()));
+  INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
+  REQUIRE(t.line("share:w:1M:18M").at("rc") == "0");
+  const std::uint64_t ptr = std::strtoull(t.line("alloc:w:20M").at("ptr").c_str(), nullptr, 16);
+  CHECK(t.line("memset:w:0:16:1").at("rc") == "0");
+  CHECK(t.line("memset:w:1048576:2097152:1").at("rc") == std::to_string(kInvalidValue));
+  CHECK(t.line("dtod:w:4194304:src:4096").at("rc") == std::to_string(kInvalidValue));
+  CHECK(t.line("memset32async:w:8388608:16:7").at("rc") == std::to_string(kInvalidValue));
+  CHECK(t.line("upload:w:3:8192:16773120").at("rc") == std::to_string(kInvalidValue));
+  CHECK(t.line("streamsync").at("rc") == "0");
+  CHECK(t.line("verify:w:17:1M:2097152#intact").at("ok") == "1");
+  CHECK(t.err().find("cuMemcpyDtoD into shared read-only memory refused by the driver") != std::string::npos);
+
+  const auto s = wait_state(d, [](const state::State& x) { return x.counters.guard_violations_readonly_write >= 4; });
+  CHECK(s->counters.guard_violations_readonly_write == 4);
+  CHECK(s->counters.guard_events_rejected == 0);
+  for (std::uint64_t v : s->counters.kernel_faults) CHECK(v == 0);
+  struct Want {
+    const char* call;
+    std::uint64_t offset;  // destination, from the allocation's pointer
+    std::uint64_t bytes;
+    std::uint64_t shared_offset;
+  };
+  const Want want[] = {{"cuMemsetD8", kMiB, 2 * kMiB, 2 * kMiB},
+                       {"cuMemcpyDtoD", 4 * kMiB, 4096, 4 * kMiB},
+                       {"cuMemsetD32Async", 8 * kMiB, 64, 8 * kMiB},
+                       {"cuMemcpyHtoD", 16 * kMiB - 4096, 8192, 16 * kMiB - 4096}};
+  REQUIRE(s->guard.next_seq == 5);
+  for (std::uint64_t seq = 1; seq < s->guard.next_seq; ++seq) {
+    const auto& e = s->guard.events[(seq - 1) % state::kGuardEvents];
+    const Want& w = want[seq - 1];
+    INFO("event " << seq << " " << e.call);
+    CHECK(e.kind == static_cast<std::uint32_t>(proto::GuardKind::readonly_write));
+    CHECK(std::string(e.call) == w.call);
+    CHECK(std::string(e.tenant_name) == "uid:4415");
+    CHECK(e.device == 0);
+    CHECK(e.grant_id != 0);
+    CHECK(e.address == ptr + w.offset);
+    CHECK(e.requested_bytes == w.bytes);
+    CHECK(e.first_bad_offset == w.shared_offset);
+    CHECK(e.cuda_status == kInvalidValue);
+    CHECK(e.flags == 0);
+    REQUIRE(e.suspect_count == 1);
+    CHECK(e.suspects[0].address == ptr);
+    CHECK(e.suspects[0].bytes == 20 * kMiB);
+  }
 }
 
 TEST_CASE("dedup: chunks return to the pool after the last user frees (local reserve on)", "[dedup]") {
@@ -362,9 +444,13 @@ TEST_CASE("dedup transparent: whole-allocation uploads are shared without an API
   CHECK(a.line("verify:w:7:20M#after").at("ok") == "1");
   CHECK(a.line("sync").at("rc") == "0");
   CHECK(c.line("verify:w:7:20M#after").at("ok") == "1");
-  const auto s = wait_state(
-      d, [](const state::State& x) { return x.counters.guard_violations_readonly >= 1 && physical(x) == 0; });
-  CHECK(s->counters.guard_violations_readonly == 1);
+  const auto s = wait_state(d, [](const state::State& x) {
+    return x.counters.kernel_faults[state::kFaultMapsShared] >= 1 && x.counters.guard_violations_readonly_write >= 1 &&
+           physical(x) == 0;
+  });
+  CHECK(s->counters.kernel_faults[state::kFaultMapsShared] == 1);  // the kernel's write: a fault
+  CHECK(s->counters.guard_violations_readonly_write == 1);         // the copy: a refused write
+  CHECK(s->counters.guard_violations_readonly == 0);
   CHECK(physical(*s) == 0);
   CHECK(s->devices[0].dedup_physical_bytes == 0);
   // Every share was a transparent one the daemon accepted; none was refused.

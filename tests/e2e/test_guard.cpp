@@ -1,6 +1,6 @@
 // Out-of-bounds guards end to end, on the simulated driver: vlaked with `guard:` in the quota
 // file, tenant programs under LD_PRELOAD=libvlake-hook.so (fault mode: right-aligned pointers
-// and guard VA in the hook, fault reports as guard events; canary mode: the daemon's pattern
+// and guard VA in the hook, faults reported as kernel faults of a guarded process; canary mode: the daemon's pattern
 // in the slack, checked at release).
 #include <catch2/catch.hpp>
 
@@ -56,6 +56,20 @@ std::uint64_t granted_total(const state::State& s) {
   return sum;
 }
 
+std::uint64_t kernel_faults(const state::State& s) {
+  std::uint64_t n = 0;
+  for (std::uint64_t v : s.counters.kernel_faults) n += v;
+  return n;
+}
+
+// The tenant's kernel fault count with attribute bits `i` (~0ull: no such tenant).
+std::uint64_t tenant_faults(const state::State& s, const std::string& name, std::uint32_t i) {
+  for (const auto& t : s.tenants) {
+    if (t.in_use != 0 && name == t.name) return t.kernel_faults[i];
+  }
+  return ~0ull;
+}
+
 std::string quota(const std::string& users) { return "version: 1\ndefault:\n  limit: 256MiB\nusers:\n" + users; }
 
 std::string user(int uid, const std::string& guard) {
@@ -87,19 +101,24 @@ TEST_CASE("guard fault: a kernel overrun by one element faults, is reported, and
   CHECK(t.line("kfill:a:0:262145#overrun")["rc"] == "0");
   CHECK(t.line("sync")["rc"] == std::to_string(kIllegalAddress));
   CHECK(t.err().find("vlake: GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in cuCtxSynchronize; "
-                     "reported to vlaked as a guard event; the newest allocations were: ") != std::string::npos);
+                     "reported to vlaked as a kernel fault; the newest allocations were: ") != std::string::npos);
   // The neighbour is unaffected.
   CHECK(other.line("check:b:4M:5")["ok"] == "1");
   CHECK(other.line("sync")["rc"] == "0");
   CHECK(other.line("free:b")["rc"] == "0");
   CHECK(other.err().find("GPU fault") == std::string::npos);
 
-  const auto s = wait_state(d, [](const state::State& x) { return x.counters.guard_violations_fault >= 1; });
-  CHECK(s->counters.guard_violations_fault == 1);
+  // A kernel fault with guards on: counted as a fault of a guarded process, not as a guard
+  // violation (the driver does not say that the guard VA was what the kernel touched).
+  const auto s = wait_state(d, [](const state::State& x) { return kernel_faults(x) >= 1; });
+  CHECK(s->counters.kernel_faults[state::kFaultGuarded] == 1);
+  CHECK(kernel_faults(*s) == 1);
+  CHECK(s->counters.guard_violations_fault == 0);
   CHECK(s->counters.guard_violations_canary == 0);
   const auto ev = events(*s);
   REQUIRE(ev.size() == 1);
   CHECK(ev[0].kind == static_cast<std::uint32_t>(proto::GuardKind::fault));
+  CHECK(ev[0].flags == state::kFaultGuarded);
   CHECK(std::string(ev[0].tenant_name) == "user:4301");
   CHECK(ev[0].device == 0);
   CHECK(ev[0].cuda_status == kIllegalAddress);
@@ -107,6 +126,35 @@ TEST_CASE("guard fault: a kernel overrun by one element faults, is reported, and
   CHECK(ev[0].suspect_count == 1);
   CHECK(ev[0].requested_bytes == (1u << 20));
   CHECK(ev[0].address == std::strtoull(t.line("alloc:a:1M")["ptr"].c_str(), nullptr, 16));
+}
+
+TEST_CASE("kernel fault: a fault in a tenant without guards is a kernel fault and no guard violation", "[e2e]") {
+  DaemonProcess d("kfault", quota(user(4305, "off")));
+  REQUIRE(d.start());
+  // Past the end of a 2 MiB allocation: its mapping ends there (guard off: no guard VA, but the
+  // next reserved VA is not mapped), so the kernel's write faults.
+  TenantProcess t(d, {"init", "alloc:a:2M", "kfill:a:2097152:1024#past", "sync", "sleep:3000"}, 4305);
+  REQUIRE_FALSE(t.wait_line("sync").empty());
+  // While the process lives its tenant record (and its per-tenant count) is there.
+  const auto s = wait_state(d, [](const state::State& x) { return kernel_faults(x) >= 1; });
+  CHECK(tenant_faults(*s, "user:4305", 0) == 1);
+  for (std::uint32_t i : {1u, 2u, 3u}) CHECK(tenant_faults(*s, "user:4305", i) == 0);
+  REQUIRE(exited_ok(t.finish()));
+  INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
+  CHECK(t.line("sync")["rc"] == std::to_string(kIllegalAddress));
+  CHECK(t.err().find("reported to vlaked as a kernel fault") != std::string::npos);
+  CHECK(s->counters.kernel_faults[0] == 1);  // not guarded, maps no shared chunks
+  CHECK(kernel_faults(*s) == 1);
+  CHECK(s->counters.guard_violations_fault == 0);
+  CHECK(s->counters.guard_violations_readonly == 0);
+  CHECK(s->counters.guard_violations_canary == 0);
+  CHECK(s->counters.guard_violations_readonly_write == 0);
+  const auto ev = events(*s);
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].kind == static_cast<std::uint32_t>(proto::GuardKind::fault));
+  CHECK(ev[0].flags == 0);
+  CHECK(ev[0].cuda_status == kIllegalAddress);
+  CHECK(std::string(ev[0].call) == "cuCtxSynchronize");
 }
 
 TEST_CASE("guard canary: a write into the slack is reported at free with size and offset", "[e2e]") {
@@ -149,5 +197,6 @@ TEST_CASE("guards: no false alarm in a long random alloc/write-inside/free run",
   CHECK(granted_total(*s) == 0);
   CHECK(s->counters.guard_violations_fault == 0);
   CHECK(s->counters.guard_violations_canary == 0);
+  CHECK(kernel_faults(*s) == 0);
   CHECK(events(*s).empty());
 }

@@ -123,6 +123,7 @@ std::unique_ptr<st::State> synthetic() {
   a.unhooked[0] = 3 * kMiB;
   a.unhooked_processes = 1;
   a.retained[0] = 6 * kMiB;
+  a.kernel_faults[st::kFaultMapsShared] = 3;
   st::TenantRecord& b = s->tenants[3];
   b.in_use = 1;
   b.id = 4;
@@ -178,6 +179,10 @@ std::unique_ptr<st::State> synthetic() {
   k.ipc_exports = 27;
   k.ipc_opens = 28;
   k.ipc_refused = 29;
+  k.guard_violations_readonly_write = 30;
+  k.kernel_faults[0] = 31;
+  k.kernel_faults[st::kFaultGuarded | st::kFaultMapsShared] = 32;
+  k.guard_violations_fault = 99;  // no longer exported (older daemons' count)
   // 3 grants <= 50us, 2 in (100us, 250us], 1 in (0.25 s, 1 s], 1 above 1 s.
   k.grant_latency_bucket[0] = 3;
   k.grant_latency_bucket[2] = 2;
@@ -219,6 +224,7 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
   const std::set<std::string> tenant{"gpu", "gpu_index", "tenant", "namespace", "pod", "container"};
   const std::set<std::string> tenant_only{"tenant", "namespace", "pod", "container"};
   const std::set<std::string> ns{"gpu", "gpu_index", "namespace"};
+  const std::set<std::string> tenant_fault_labels{"tenant", "namespace", "pod", "container", "guarded", "maps_shared"};
   struct Want {
     const char* name;
     T type;
@@ -294,6 +300,8 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_dedup_logical_bytes", T::Gauge, gpu},
       {"vlake_dedup_physical_bytes", T::Gauge, gpu},
       {"vlake_guard_violations_total", T::Counter, {"kind"}},
+      {"vlake_kernel_faults_total", T::Counter, {"guarded", "maps_shared"}},
+      {"vlake_tenant_kernel_faults_total", T::Counter, tenant_fault_labels},
       {"vlake_connection_denials_total", T::Counter, {"reason"}},
       {"vlake_guard_events_dropped_total", T::Counter, {"reason"}},
       {"vlake_log_lines_suppressed_total", T::Counter, none},
@@ -319,7 +327,9 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
   CHECK(family(fs, "vlake_grant_denials_total").metric.size() == 7);
   CHECK(family(fs, "vlake_connection_denials_total").metric.size() == 4);
   CHECK(family(fs, "vlake_guard_events_dropped_total").metric.size() == 2);
-  CHECK(family(fs, "vlake_guard_violations_total").metric.size() == 3);
+  CHECK(family(fs, "vlake_guard_violations_total").metric.size() == 2);
+  CHECK(family(fs, "vlake_kernel_faults_total").metric.size() == 4);
+  CHECK(family(fs, "vlake_tenant_kernel_faults_total").metric.size() == 12);  // 3 tenants x 4
   CHECK(family(fs, "vlake_sessions").metric.size() == 2);
 }
 
@@ -405,9 +415,14 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_config_reloads_total") == 15);
   CHECK(e.value("vlake_config_reload_errors_total") == 16);
   CHECK(e.value("vlake_config_rejected") == 1);
-  CHECK(e.value("vlake_guard_violations_total", {{"kind", "fault"}}) == 0);
   CHECK(e.value("vlake_guard_violations_total", {{"kind", "canary"}}) == 17);
-  CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly"}}) == 0);
+  CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly_write"}}) == 30);
+  CHECK(e.find("vlake_guard_violations_total", {{"kind", "fault"}}).empty());
+  CHECK(e.value("vlake_kernel_faults_total", {{"guarded", "false"}, {"maps_shared", "false"}}) == 31);
+  CHECK(e.value("vlake_kernel_faults_total", {{"guarded", "true"}, {"maps_shared", "true"}}) == 32);
+  CHECK(e.value("vlake_kernel_faults_total", {{"guarded", "true"}, {"maps_shared", "false"}}) == 0);
+  CHECK(e.value("vlake_tenant_kernel_faults_total",
+                {{"tenant", "research/user:alice"}, {"guarded", "false"}, {"maps_shared", "true"}}) == 3);
   CHECK(e.value("vlake_grant_denials_total", {{"reason", "grant_cap"}}) == 18);
   CHECK(e.value("vlake_connection_denials_total", {{"reason", "session_cap"}}) == 19);
   CHECK(e.value("vlake_connection_denials_total", {{"reason", "tenant_table"}}) == 20);

@@ -81,7 +81,8 @@ TEST_CASE("exporter: per-tenant series of a running vlaked match vlakectl", "[pr
   CHECK(e.value("vlake_tenant_granted_bytes", {{"tenant", "uid:4402"}, {"gpu_index", "0"}}) == 6.0 * kMiB);
   CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:4402"}, {"namespace", "default"}}) == 1);
   CHECK(e.value("vlake_pool_granted_bytes", {{"gpu_index", "0"}}) == 18.0 * kMiB);
-  CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly"}}) == 0);
+  CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly_write"}}) == 0);
+  CHECK(e.value("vlake_kernel_faults_total", {{"guarded", "false"}, {"maps_shared", "false"}}) == 0);
 
   // vlakectl's numbers for the same (unchanged) state.
   const auto ctl = ctltest::run_ctl({"--state", d.state, "tenants", "--json"});

@@ -21,6 +21,8 @@
 //   kfillstream:N:OFF:COUNT[:VALUE]  the same on the tenant's stream (see streamsync)
 //   sync  cuCtxSynchronize     streamsync  cuStreamSynchronize on the tenant's stream
 //   memset:N:OFF:SIZE:BYTE     cuMemsetD8 at N's pointer + OFF (OFF may be negative)
+//   memset32async:N:OFF:COUNT:VALUE  cuMemsetD32Async of COUNT u32 at N's pointer + OFF (tenant's stream)
+//   dtod:N:OFF:M:SIZE          cuMemcpyDtoD of SIZE bytes from M's pointer to N's pointer + OFF
 //   layout:N                   the returned pointer's 256 B alignment and its distance to the
 //                              end of its 2 MiB chunk (tail=), and cuMemGetAddressRange on it
 //   kstress:ITERS:MAXSIZE      random sizes (256 B .. MAXSIZE, not multiples of 256), each
@@ -110,6 +112,8 @@ namespace {
   X(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020, 3020)                                                    \
   X(cuMemcpyHtoD, cuMemcpyHtoD_v2, 3020, 3020)                                                    \
   X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020, 3020)                                          \
+  X(cuMemcpyDtoD, cuMemcpyDtoD_v2, 3020, 3020)                                                    \
+  X(cuMemsetD32Async, cuMemsetD32Async, 3020, 3020)                                               \
   X(cuMemCreate, cuMemCreate, 10020, 12000)                                                       \
   X(cuMemRelease, cuMemRelease, 10020, 12000)                                                     \
   X(cuMemAddressReserve, cuMemAddressReserve, 10020, 10020)                                       \
@@ -920,6 +924,13 @@ void run_step(const std::string& s) {
     const CUdeviceptr p = var(a.at(1)) + static_cast<std::uint64_t>(offset_of(a.at(2)));
     out("%s rc=%d", s.c_str(),
         CALL(cuMemsetD8, p, static_cast<unsigned char>(std::atoi(a.at(4).c_str())), size_of(a.at(3))));
+  } else if (op == "memset32async") {
+    const CUdeviceptr p = var(a.at(1)) + static_cast<std::uint64_t>(offset_of(a.at(2)));
+    out("%s rc=%d", s.c_str(),
+        CALL(cuMemsetD32Async, p, static_cast<unsigned>(std::atoi(a.at(4).c_str())), size_of(a.at(3)), stream()));
+  } else if (op == "dtod") {
+    const CUdeviceptr p = var(a.at(1)) + static_cast<std::uint64_t>(offset_of(a.at(2)));
+    out("%s rc=%d", s.c_str(), CALL(cuMemcpyDtoD, p, var(a.at(3)), size_of(a.at(4))));
   } else if (op == "layout") {
     const std::uint64_t p = var(a.at(1));
     const std::uint64_t chunk = std::uint64_t{2} << 20;

@@ -1,5 +1,5 @@
 // Out-of-bounds guards, hook side: the fault-mode layout (right-aligned pointers followed by
-// unmapped guard VA), pointer lookups on it, and the guard event a kernel fault produces
+// unmapped guard VA), pointer lookups on it, and the kernel fault report (GuardEvent) a fault produces
 // (vlake_hook_tenant under LD_PRELOAD, simulated driver, fake daemon).
 #include <cuda.h>
 
@@ -32,7 +32,7 @@ std::string num(std::uint64_t v) { return std::to_string(v); }
 
 constexpr const char* kFaultLine =
     "vlake: GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in cuCtxSynchronize; reported to "
-    "vlaked as a guard event; the newest allocations were: ";
+    "vlaked as a kernel fault; the newest allocations were: ";
 
 }  // namespace
 
@@ -149,7 +149,7 @@ TEST_CASE("guard fault mode: at most 8 suspects, the newest, and other sync call
   }
   CHECK(count_lines(r.err,
                     "GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in "
-                    "cuStreamSynchronize; reported to vlaked as a guard event") == 1);
+                    "cuStreamSynchronize; reported to vlaked as a kernel fault") == 1);
 }
 
 TEST_CASE("guard off and canary modes: allocations start at the chunk start, no guard VA") {

@@ -27,17 +27,17 @@ FakeDaemonOptions with_limit(std::uint64_t limit) {
 TEST_CASE("cudart-style resolution reaches the hook and the daemon serves alloc and free") {
   Fixture f(with_limit(64 * MiB));
   const auto r =
-      f.run({"where:cuMemAlloc:3020", "where:cuMemGetInfo:2000", "where:cuMemsetD8:3020", "where:cuNoSuchCall:3020",
+      f.run({"where:cuMemAlloc:3020", "where:cuMemGetInfo:2000", "where:cuStreamCreate:2000", "where:cuNoSuchCall:3020",
              "where:cuGetProcAddress:11030", "where:cuGetProcAddress:12000", "dlsym:cuGetProcAddress_v2",
-             "dlsym:cuMemsetD8_v2", "dlsym-next:dlsym", "dlsym-next:cuMemAlloc_v2", "init", "alloc:a:6M", "fill:a:6M:7",
-             "range:a:5M", "attr:a:5M", "info#1", "free:a", "info#2"});
+             "dlsym:cuStreamCreate", "dlsym-next:dlsym", "dlsym-next:cuMemAlloc_v2", "init", "alloc:a:6M",
+             "fill:a:6M:7", "range:a:5M", "attr:a:5M", "info#1", "free:a", "info#2"});
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   REQUIRE(r.status == 0);
   auto res = line_of(r.out, "resolve");
   CHECK(res["gpa2_lib"] == "libvlake-hook.so");
   CHECK(res["gpa1_lib"] == "libvlake-hook.so");
   CHECK(res["alloc_lib"] == "libvlake-hook.so");
-  // cuMemcpyDtoH is intercepted (it reports kernel faults); cuMemsetD8 below is not.
+  // cuMemcpyDtoH is intercepted (it reports kernel faults); cuStreamCreate below is not.
   CHECK(res["memcpy_lib"] == "libvlake-hook.so");
   CHECK(line_of(r.out, "where:cuMemAlloc:3020")["lib"] == "libvlake-hook.so");
   // Names and versions the hook does not intercept: the driver's answer, status included
@@ -55,11 +55,11 @@ TEST_CASE("cudart-style resolution reaches the hook and the daemon serves alloc 
     CHECK(hooked["lib"] != "libvlake-hook.so");
   }
   CHECK(line_of(r.out, "where:cuNoSuchCall:3020")["status"] == num(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND));
-  CHECK(line_of(r.out, "where:cuMemsetD8:3020")["lib"] == "libcuda.so.1");
+  CHECK(line_of(r.out, "where:cuStreamCreate:2000")["lib"] == "libcuda.so.1");
   CHECK(line_of(r.out, "where:cuGetProcAddress:11030")["lib"] == "libvlake-hook.so");
   CHECK(line_of(r.out, "where:cuGetProcAddress:12000")["lib"] == "libvlake-hook.so");
   CHECK(line_of(r.out, "dlsym:cuGetProcAddress_v2")["lib"] == "libvlake-hook.so");
-  CHECK(line_of(r.out, "dlsym:cuMemsetD8_v2")["lib"] == "libcuda.so.1");
+  CHECK(line_of(r.out, "dlsym:cuStreamCreate")["lib"] == "libcuda.so.1");
   // RTLD_NEXT keeps its caller's view: from the executable, the next dlsym is the hook's (a
   // lookup made from inside the hook would have found the C library's).
   CHECK(line_of(r.out, "dlsym-next:dlsym")["lib"] == "libvlake-hook.so");

@@ -1,5 +1,5 @@
-// Unit tests of the hook's pure parts: configuration, byte formatting, rate limiting, and the
-// reference/mapping bookkeeping of the create path.
+// Unit tests of the hook's pure parts: configuration, byte formatting, rate limiting, the
+// reference/mapping bookkeeping of the create path, and the destinations of copies/memsets.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +10,7 @@
 #include "config.hpp"
 #include "log.hpp"
 #include "tables.hpp"
+#include "write_span.hpp"
 
 using namespace vlake::hook;
 using namespace std::chrono_literals;
@@ -487,4 +488,51 @@ TEST_CASE("CreateTable: a counted handle is released like a pool handle but not 
   REQUIRE(done.size() == 1);
   CHECK(done[0].grant_id == 9);
   CHECK(t.grants() == 0);
+}
+
+TEST_CASE("write spans: the bytes a memset or a 2D/3D copy writes, saturating", "[unit]") {
+  CHECK(span_elems(1, 16) == 16);
+  CHECK(span_elems(4, 16) == 64);
+  CHECK(span_elems(2, 0) == 0);
+  CHECK(span_elems(4, UINT64_MAX / 2) == UINT64_MAX);
+  // 3 rows of 100 bytes, 256 apart: from the first byte to one past the last.
+  CHECK(span_2d(256, 100, 3) == 2 * 256 + 100);
+  CHECK(span_2d(256, 100, 1) == 100);
+  CHECK(span_2d(256, 0, 3) == 0);
+  CHECK(span_2d(256, 100, 0) == 0);
+  CHECK(span_2d(UINT64_MAX / 2, 100, 4) == UINT64_MAX);
+
+  CUDA_MEMCPY2D c{};
+  c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.dstDevice = 0x7f0000000000;
+  c.dstXInBytes = 8;
+  c.dstY = 2;
+  c.dstPitch = 512;
+  c.WidthInBytes = 64;
+  c.Height = 4;
+  CHECK(dst_2d(&c) == std::pair<std::uint64_t, std::uint64_t>{0x7f0000000000 + 2 * 512 + 8, 3 * 512 + 64});
+  c.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+  CHECK(dst_2d(&c).second == 3 * 512 + 64);
+  c.dstMemoryType = CU_MEMORYTYPE_HOST;  // not device memory: nothing to look up
+  CHECK(dst_2d(&c).second == 0);
+  CHECK(dst_2d(nullptr).second == 0);
+
+  CUDA_MEMCPY3D d{};
+  d.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  d.dstDevice = 0x7f0000000000;
+  d.dstXInBytes = 4;
+  d.dstY = 1;
+  d.dstZ = 2;
+  d.dstPitch = 256;
+  d.dstHeight = 8;  // a slice is 8 rows: 2048 bytes
+  d.WidthInBytes = 16;
+  d.Height = 3;
+  d.Depth = 2;
+  CHECK(dst_3d(&d) ==
+        std::pair<std::uint64_t, std::uint64_t>{0x7f0000000000 + 2 * 2048 + 256 + 4, 2048 + 2 * 256 + 16});
+  d.Depth = 0;
+  CHECK(dst_3d(&d).second == 0);
+  d.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+  d.Depth = 2;
+  CHECK(dst_3d(&d).second == 0);
 }

@@ -171,11 +171,14 @@ TEST_CASE("guard: a valid GuardEvent is recorded, a malformed one closes the con
   ev.suspects[0] = proto::GuardSuspect{0x7f0000200000ULL, 4096, 1'000'000};
   ev.suspects[1] = proto::GuardSuspect{0x7f0000000000ULL, 100, 2'000'000};
   c.send(ev);
-  REQUIRE(eventually([&] { return snapshot(d.state)->counters.guard_violations_fault == 1; }));
+  // A kernel fault (root's mode is canary: not guarded), not a guard violation.
+  REQUIRE(eventually([&] { return snapshot(d.state)->counters.kernel_faults[0] == 1; }));
   auto s = snapshot(d.state);
+  CHECK(s->counters.guard_violations_fault == 0);
   const st::GuardEventRecord* e = newest(*s);
   REQUIRE(e != nullptr);
   CHECK(e->kind == static_cast<std::uint32_t>(proto::GuardKind::fault));
+  CHECK(e->flags == 0);
   CHECK(e->address == 0x7f0000200000ULL);
   CHECK(e->requested_bytes == 4096);
   CHECK(e->suspect_count == 2);
@@ -186,9 +189,26 @@ TEST_CASE("guard: a valid GuardEvent is recorded, a malformed one closes the con
   CHECK(e->tenant == ack.tenant_id);
   CHECK(std::string(e->call) == "cuStreamSynchronize");
   CHECK(s->counters.malformed == 0);
-  CHECK_THAT(d.log(), Catch::Contains("guard event kind=fault tenant=uid:0 gpu=0 call=cuStreamSynchronize"));
+  CHECK_THAT(d.log(), Catch::Contains("kernel fault kind=fault tenant=uid:0 gpu=0 guarded=false maps_shared=false "
+                                      "call=cuStreamSynchronize"));
   // The connection still works: no reply to a GuardEvent, the next request is answered.
   CHECK(c.usage(Uuid{}).status == proto::Status::unknown_device);
+  // The hook's kind fault_maps_shared (older hooks: `readonly`): recorded as a fault with the
+  // maps_shared attribute, in the tenant's counters too.
+  proto::GuardEvent shared = ev;
+  shared.kind = proto::GuardKind::fault_maps_shared;
+  shared.h.request_id = c.next_request_id();
+  c.send(shared);
+  REQUIRE(eventually([&] { return snapshot(d.state)->counters.kernel_faults[st::kFaultMapsShared] == 1; }));
+  s = snapshot(d.state);
+  e = newest(*s);
+  REQUIRE(e != nullptr);
+  CHECK(e->kind == static_cast<std::uint32_t>(proto::GuardKind::fault));
+  CHECK(e->flags == st::kFaultMapsShared);
+  CHECK(s->counters.guard_violations_readonly == 0);
+  const st::TenantRecord& tr = s->tenants[ack.tenant_id - 1];
+  CHECK(tr.kernel_faults[0] == 1);
+  CHECK(tr.kernel_faults[st::kFaultMapsShared] == 1);
 
   struct Bad {
     const char* what;
@@ -212,5 +232,49 @@ TEST_CASE("guard: a valid GuardEvent is recorded, a malformed one closes the con
     ++malformed;
     CHECK(snapshot(d.state)->counters.malformed == malformed);
   }
-  CHECK(snapshot(d.state)->counters.guard_violations_fault == 1);
+  CHECK(snapshot(d.state)->counters.kernel_faults[0] == 1);
+}
+
+TEST_CASE("guard: a ReadOnlyWrite must name a shared grant of the sender, a malformed one closes", "[guard]") {
+  DaemonProcess d("growrite", kConfig);
+  REQUIRE(d.start());
+  PoolClient c(d.socket);
+  const auto ack = c.hello();
+  const auto g = c.grant(Uuid::from_bytes(ack.devices[0].uuid), 8 << 20);
+  REQUIRE(g.reply.status == proto::Status::ok);
+  proto::ReadOnlyWrite w = proto::make<proto::ReadOnlyWrite>(c.next_request_id());
+  std::memcpy(w.device_uuid, ack.devices[0].uuid, 16);
+  w.grant_id = g.reply.grant_id;
+  w.alloc_address = 0x7f0000000000ULL;
+  w.alloc_bytes = 8 << 20;
+  w.address = w.alloc_address + 2 * kMiB;
+  w.bytes = 4096;
+  w.shared_offset = 2 * kMiB;
+  w.shared_bytes = 4096;
+  w.cuda_status = 1;
+  std::strcpy(w.call, "cuMemsetD8");
+  // The grant is the sender's but holds no shared chunks: rejected (counted), nothing recorded.
+  c.send(w);
+  REQUIRE(eventually([&] { return snapshot(d.state)->counters.guard_events_rejected == 1; }));
+  // A grant the sender does not hold.
+  proto::ReadOnlyWrite other = w;
+  other.grant_id = g.reply.grant_id + 100;
+  other.h.request_id = c.next_request_id();
+  c.send(other);
+  REQUIRE(eventually([&] { return snapshot(d.state)->counters.guard_events_rejected == 2; }));
+  auto s = snapshot(d.state);
+  CHECK(s->counters.guard_violations_readonly_write == 0);
+  CHECK(s->guard.next_seq <= 1);
+  CHECK(s->counters.malformed == 0);
+  CHECK_THAT(d.log(), Catch::Contains("readonly_write event rejected: it names grant " +
+                                      std::to_string(g.reply.grant_id) + ", which holds no shared chunks"));
+  CHECK(c.usage(Uuid{}).status == proto::Status::unknown_device);  // the connection still works
+  // Malformed (a shared range outside the destination): the connection is closed.
+  PoolClient m(d.socket);
+  m.hello();
+  proto::ReadOnlyWrite bad = w;
+  bad.shared_bytes = 8192;
+  m.send(bad);
+  CHECK(m.wait_closed());
+  CHECK(snapshot(d.state)->counters.malformed == 1);
 }

@@ -207,19 +207,19 @@ TEST_CASE("limits: forged guard events are rejected or limited, a real one is st
   // Holding nothing: every event is rejected, none recorded.
   for (int i = 0; i < 100; ++i) forger.send(event(4096));
   REQUIRE(eventually([&] { return snapshot(d.state)->counters.guard_events_rejected == 100; }));
-  CHECK(snapshot(d.state)->counters.guard_violations_fault == 0);
+  CHECK(snapshot(d.state)->counters.kernel_faults[0] == 0);
   // Holding a grant: a flood of plausible events fills the burst (20), the rest is limited.
   REQUIRE(forger.grant(dev, 2 * kMiB).reply.status == Status::ok);
   for (int i = 0; i < 1000; ++i) forger.send(event(4096));
   REQUIRE(eventually([&] {
     const auto s = snapshot(d.state);
-    return s->counters.guard_violations_fault + s->counters.guard_events_limited == 1000;
+    return s->counters.kernel_faults[0] + s->counters.guard_events_limited == 1000;
   }));
   auto s = snapshot(d.state);
-  CHECK(s->counters.guard_violations_fault < 40);  // the burst, plus what the rate refilled
+  CHECK(s->counters.kernel_faults[0] < 40);  // the burst, plus what the rate refilled
   CHECK(s->counters.guard_events_limited > 960);
   // Another tenant's real alarm, sent from its own process, is recorded: the newest event.
-  const std::uint64_t before = s->counters.guard_violations_fault;
+  const std::uint64_t before = s->counters.kernel_faults[0];
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -242,7 +242,7 @@ TEST_CASE("limits: forged guard events are rejected or limited, a real one is st
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == kServed));
-  REQUIRE(eventually([&] { return snapshot(d.state)->counters.guard_violations_fault == before + 1; }));
+  REQUIRE(eventually([&] { return snapshot(d.state)->counters.kernel_faults[0] == before + 1; }));
   s = snapshot(d.state);
   const st::GuardEventRecord& newest = s->guard.events[(s->guard.next_seq - 2) % st::kGuardEvents];
   CHECK(std::string(newest.tenant_name) == "uid:4105");

@@ -588,23 +588,23 @@ TEST_CASE("node: guard events must name the sender's grants and are rate-limited
   std::memset(unknown_gpu.device_uuid, 0x5a, sizeof unknown_gpu.device_uuid);
   CHECK_FALSE(w.node->guard_event(forger, unknown_gpu, w.t).has_value());
   CHECK(w.node->counters().guard_events_rejected == 4);
-  CHECK(w.node->counters().guard_violations_fault == 0);
+  CHECK(w.node->counters().kernel_faults[0] == 0);
   // A flood of plausible events: the burst is recorded (some of the ring, not all of it), the
   // rest counted.
   for (int i = 0; i < 1000; ++i) CHECK_FALSE(w.node->guard_event(forger, event(4096), w.t).has_value());
-  CHECK(w.node->counters().guard_violations_fault == 20);
+  CHECK(w.node->counters().kernel_faults[0] == 20);
   CHECK(w.node->counters().guard_events_limited == 980);
   // Another tenant's real alarm is recorded, and is the newest event.
   w.granted(2, victim, 2 * kMiB);
   CHECK_FALSE(w.node->guard_event(victim, event(4096), w.t).has_value());
-  CHECK(w.node->counters().guard_violations_fault == 21);
+  CHECK(w.node->counters().kernel_faults[0] == 21);
   const st::GuardLog& g = w.node->guard_log();
   const st::GuardEventRecord& newest = g.events[(g.next_seq - 2) % st::kGuardEvents];
   CHECK(newest.tenant == w.node->session(victim)->tenant.value());
   // The rate refills: one more second, ten more events.
   w.advance(std::chrono::milliseconds(1000));
   for (int i = 0; i < 30; ++i) (void)w.node->guard_event(forger, event(4096), w.t);
-  CHECK(w.node->counters().guard_violations_fault == 31);
+  CHECK(w.node->counters().kernel_faults[0] == 31);
 }
 
 TEST_CASE("node: log lines a tenant triggers are rate-limited and counted", "[node][limits]") {

@@ -57,7 +57,7 @@ EXPECTED = {
     "Grant latency p50 / p99": {"A": [], "B": []},
     "Grant denials by reason": {"A": ["reason"]},
     "Grant activity": {r: [] for r in "ABCDE"},
-    "Guard alarms by kind": {"A": ["kind"]},
+    "Guard alarms and kernel faults": {"A": ["kind"], "B": ["guarded", "maps_shared"]},
     "Tenants and sessions": {"A": [], "B": ["state"], "C": ["namespace"]},
     "Config reloads / errors": {"A": [], "B": [], "C": []},
     "Daemon up": {"A": [], "B": ["job", "instance"], "C": []},

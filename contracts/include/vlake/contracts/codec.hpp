@@ -72,6 +72,7 @@ VLAKE_PROTO_MESSAGE(IpcOpen, ipc_open);
 VLAKE_PROTO_MESSAGE(IpcOpenReply, ipc_open_reply);
 VLAKE_PROTO_MESSAGE(IpcClose, ipc_close);
 VLAKE_PROTO_MESSAGE(IpcCloseAck, ipc_close_ack);
+VLAKE_PROTO_MESSAGE(ReadOnlyWrite, readonly_write);
 #undef VLAKE_PROTO_MESSAGE
 
 // A struct that travels as one message.
@@ -81,9 +82,10 @@ concept Message = std::is_trivially_copyable_v<T> && requires {
 };
 
 // Every message, alternative i being the struct of MsgType i + 1.
-using AnyMessage = std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply,
-                                Error, GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit,
-                                ShareAck, IpcExport, IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck>;
+using AnyMessage =
+    std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
+                 GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck, IpcExport,
+                 IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck, ReadOnlyWrite>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {
@@ -208,15 +210,31 @@ inline std::optional<std::string> check_fields(const Error& m) {
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const GuardEvent& m) {
-  // A client reports what it saw: a fault or a write into read-only memory. Canary alarms are
-  // the daemon's own finding, never a client's.
-  if (m.kind != GuardKind::fault && m.kind != GuardKind::readonly) {
+  // A client reports a kernel fault (with or without shared chunks mapped on that GPU). Canary
+  // alarms are the daemon's own finding; refused writes travel as ReadOnlyWrite.
+  if (m.kind != GuardKind::fault && m.kind != GuardKind::fault_maps_shared) {
     return "GuardEvent kind " + detail::number(m.kind) + " out of range";
   }
   if (m.suspect_count > kMaxGuardSuspects) {
     return "GuardEvent suspect_count " + detail::number(m.suspect_count) + " out of range";
   }
   if (!detail::terminated(m.call)) return "GuardEvent call name not terminated";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const ReadOnlyWrite& m) {
+  if (m.reserved != 0) return "ReadOnlyWrite reserved field is not zero";
+  if (m.bytes == 0 || m.alloc_bytes == 0 || m.shared_bytes == 0) return "ReadOnlyWrite with an empty range";
+  if (m.bytes > UINT64_MAX - m.address || m.alloc_bytes > UINT64_MAX - m.alloc_address ||
+      m.shared_offset > UINT64_MAX - m.alloc_address ||
+      m.shared_bytes > UINT64_MAX - m.alloc_address - m.shared_offset) {
+    return "ReadOnlyWrite range wraps around";
+  }
+  // The overlapped shared bytes lie in the destination and in the allocation's mapping.
+  const std::uint64_t lo = m.alloc_address + m.shared_offset;
+  if (lo < m.address || lo + m.shared_bytes > m.address + m.bytes) {
+    return "ReadOnlyWrite shared range outside the destination";
+  }
+  if (!detail::terminated(m.call)) return "ReadOnlyWrite call name not terminated";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const Pressure& m) {

@@ -62,6 +62,7 @@ enum class MsgType : std::uint16_t {
   ipc_open_reply = 20,    // daemon -> client, with one descriptor per piece
   ipc_close = 21,         // client -> daemon: the importer unmapped an opened handle
   ipc_close_ack = 22,     // daemon -> client
+  readonly_write = 23,    // client -> daemon, no reply: a copy or memset into shared memory was refused
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -213,7 +214,16 @@ struct UsageReply {
   std::uint64_t used;
 };
 
-enum class GuardKind : std::uint32_t { fault = 1, canary = 2, readonly = 3 };
+// What an event reports (docs/guard.md). A client sends GuardEvent with `fault` or
+// `fault_maps_shared`; `canary` and `readonly_write` are recorded by the daemon (canary: its own
+// check; readonly_write: from a ReadOnlyWrite message).
+enum class GuardKind : std::uint32_t {
+  fault = 1,              // a sticky kernel fault (e.g. CUDA_ERROR_ILLEGAL_ADDRESS): not a guard hit
+  canary = 2,             // damaged canary slack, found by the daemon
+  fault_maps_shared = 3,  // a kernel fault in a process that maps shared read-only chunks on that
+                          // GPU (was named `readonly`: the driver does not say what was accessed)
+  readonly_write = 4,     // a copy or memset into a shared read-only range, refused by the driver
+};
 
 // What the hook knows when a kernel of this process faulted (CUDA_ERROR_ILLEGAL_ADDRESS seen on
 // a synchronizing call): the driver does not say which address. The hook sends its most
@@ -233,6 +243,26 @@ struct GuardEvent {
   std::uint32_t live_allocations;
   char call[32];  // the driver call that reported it, e.g. "cuStreamSynchronize"
   GuardSuspect suspects[kMaxGuardSuspects];
+};
+
+// client -> daemon, no reply: a copy or memset of this process whose destination overlaps a
+// shared read-only range of one of its alloc grants failed with `cuda_status` (the driver refuses
+// such a copy up front: CUDA_ERROR_INVALID_VALUE, the context keeps working). Sent only on that
+// failure path. The daemon records it as a guard event of kind readonly_write (docs/guard.md).
+struct ReadOnlyWrite {
+  Header h;
+  std::uint8_t device_uuid[16];
+  std::uint64_t grant_id;       // the grant of the allocation holding the shared range
+  std::uint64_t address;        // the call's destination
+  std::uint64_t bytes;          // > 0: the bytes the call writes from `address` (its span)
+  std::uint64_t alloc_address;  // the allocation's pointer (what the application got)
+  std::uint64_t alloc_bytes;    // > 0: its requested size
+  std::uint64_t alloc_age_ns;   // time since it was allocated
+  std::uint64_t shared_offset;  // first shared byte the destination overlaps, from alloc_address
+  std::uint64_t shared_bytes;   // > 0: shared bytes the destination overlaps
+  std::int32_t cuda_status;     // the CUresult the application sees
+  std::uint32_t reserved;
+  char call[32];  // the driver call, e.g. "cuMemsetD8"
 };
 
 // Memory pressure (docs/pool.md, "Pressure protocol"). daemon -> client, unsolicited
@@ -424,6 +454,7 @@ VLAKE_PROTO_CHECK(IpcOpen, 40);
 VLAKE_PROTO_CHECK(IpcOpenReply, 840);
 VLAKE_PROTO_CHECK(IpcClose, 32);
 VLAKE_PROTO_CHECK(IpcCloseAck, 32);
+VLAKE_PROTO_CHECK(ReadOnlyWrite, 144);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -451,6 +482,7 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::ipc_open_reply: return sizeof(IpcOpenReply);
     case MsgType::ipc_close: return sizeof(IpcClose);
     case MsgType::ipc_close_ack: return sizeof(IpcCloseAck);
+    case MsgType::readonly_write: return sizeof(ReadOnlyWrite);
   }
   return 0;
 }

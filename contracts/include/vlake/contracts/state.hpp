@@ -110,6 +110,8 @@ struct Counters {
   std::uint64_t grant_latency_bucket[kGrantLatencyBuckets];
   std::uint64_t grant_latency_sum_ns;
   std::uint64_t grant_latency_count;
+  // guard_violations_fault and guard_violations_readonly are no longer counted (kept for
+  // readers; 0 on a fresh segment): a kernel fault is not a guard violation, see kernel_faults.
   std::uint64_t guard_violations_fault;
   std::uint64_t guard_violations_canary;
   std::uint64_t guard_violations_readonly;
@@ -125,7 +127,10 @@ struct Counters {
   std::uint64_t grants_parked;          // grants that waited for reserves to be returned
   std::uint64_t parked_timeouts;        // of those, refused when the wait ended
   std::uint64_t reserve_reports;
-  std::uint64_t reserved_counters[5];
+  // Were reserved_counters[5] of layout 5 (always 0 there); docs/guard.md.
+  std::uint64_t guard_violations_readonly_write;  // copies/memsets into shared read-only ranges, refused
+  // Kernel faults the hooks reported (recorded events), by kFault* attribute bits (index 0..3).
+  std::uint64_t kernel_faults[4];
   // Layout 6: hostile tenants (docs/security.md). Every refusal names its reason.
   std::uint64_t denials_session_cap;      // Hello refused: the tenant holds its session cap
   std::uint64_t denials_grant_cap;        // grants refused: the tenant holds its grant cap
@@ -244,7 +249,16 @@ struct TenantRecord {
   std::uint64_t unhooked[kMaxDevices];  // NVML's figure for its processes without a session
   std::uint32_t enforce;                // quota::Enforce of its namespace (0 account, 1 refuse, 2 kill)
   std::uint32_t unhooked_processes;     // processes on a GPU without a session
-  std::uint64_t reserved6[2];
+  // Kernel faults of its processes, by kFault* attribute bits (index 0..3); were reserved6[2]
+  // (always 0 there). Gone with the record when the tenant is freed.
+  std::uint32_t kernel_faults[4];
+};
+
+// What is known about a kernel fault (docs/guard.md): index bits of Counters::kernel_faults and
+// TenantRecord::kernel_faults, and GuardEventRecord::flags of a fault.
+enum FaultAttributes : std::uint32_t {
+  kFaultGuarded = 1u << 0,     // the process's grants on that GPU were placed in guard `fault` mode
+  kFaultMapsShared = 1u << 1,  // the process maps shared read-only chunks on that GPU
 };
 
 enum SessionState : std::uint32_t { kSessionFree = 0, kSessionConnected = 1, kSessionDetached = 2 };
@@ -285,22 +299,26 @@ inline constexpr std::uint32_t kGuardNoDevice = 0xffffffffu;
 struct GuardEventRecord {
   std::uint64_t seq;           // 1-based event number; 0: slot never written
   std::uint64_t time_unix_ns;  // when the daemon recorded it
-  std::uint32_t kind;          // proto::GuardKind
+  std::uint32_t kind;          // proto::GuardKind (fault_maps_shared: recorded as fault + flag)
   std::uint32_t tenant;        // TenantId
   std::uint32_t device;        // ordinal; kGuardNoDevice: the hook named an unknown GPU
   std::uint32_t pid;           // the tenant process (canary: the grant's session's pid)
   char tenant_name[kTenantNameBytes];
-  std::uint64_t grant_id;           // canary: the grant; fault: 0
-  std::uint64_t address;            // fault: the first suspect's pointer; canary: 0 (unknown)
-  std::uint64_t requested_bytes;    // canary: the allocation's size; fault: the first suspect's
-  std::uint64_t first_bad_offset;   // canary: offset of the first changed byte from the grant's start
-  std::uint64_t allocated_unix_ns;  // canary: the grant's creation time; fault: now - suspect age
-  std::int32_t cuda_status;         // fault: the CUresult the application sees; else 0
-  std::uint32_t suspect_count;      // fault: suspects the hook sent (<= proto::kMaxGuardSuspects)
+  std::uint64_t grant_id;           // canary, readonly_write: the grant; fault: 0
+  std::uint64_t address;            // fault: the first suspect's pointer; canary: 0 (unknown);
+                                    // readonly_write: the call's destination
+  std::uint64_t requested_bytes;    // canary: the allocation's size; fault: the first suspect's;
+                                    // readonly_write: the bytes the call writes
+  std::uint64_t first_bad_offset;   // canary: offset of the first changed byte from the grant's start;
+                                    // readonly_write: of the first shared byte hit, from the allocation's pointer
+  std::uint64_t allocated_unix_ns;  // canary: the grant's creation time; fault, readonly_write: now - suspect age
+  std::int32_t cuda_status;         // fault, readonly_write: the CUresult the application sees; else 0
+  std::uint32_t suspect_count;      // fault: suspects the hook sent (<= proto::kMaxGuardSuspects);
+                                    // readonly_write: 1 (the allocation hit)
   std::uint32_t live_allocations;   // fault: the process's live allocations
-  std::uint32_t reserved;
-  char call[32];  // fault: the driver call; canary: "release" or "sweep"
-  proto::GuardSuspect suspects[kGuardEventSuspects];
+  std::uint32_t flags;              // fault: FaultAttributes; else 0 (was `reserved`, always 0)
+  char call[32];                    // fault, readonly_write: the driver call; canary: "release" or "sweep"
+  proto::GuardSuspect suspects[kGuardEventSuspects];  // readonly_write: [0] = the allocation hit
 };
 
 // Slot of event `seq` (>= 1): events[(seq - 1) % kGuardEvents]; the newest is `next_seq - 1`.

@@ -101,7 +101,9 @@ struct DaemonView {
 struct GuardEventView {
   std::uint64_t seq = 0;
   std::uint64_t time_unix_ns = 0;
-  std::string kind;  // "fault", "canary", "readonly"
+  std::string kind;          // "fault" (a kernel fault), "canary", "readonly_write"; "readonly": older daemons' faults
+  bool guarded = false;      // fault: the process's allocations were in guard `fault` mode
+  bool maps_shared = false;  // fault: the process mapped shared read-only chunks on that GPU
   std::uint32_t tenant_id = 0;
   std::string tenant;
   std::optional<std::uint32_t> gpu;  // none: the hook named a GPU the daemon does not know

@@ -13,7 +13,7 @@
 //   - grant(conn, session, request, now) -> Granted | Refused | Parked | Malformed. A grant the
 //     pool cannot serve is parked (Pressure to flagged sessions holding reserve) until memory
 //     comes back (retry_parked) or its deadline passes (then out_of_memory).
-//   - release, usage, reserve_report, guard_event, share_request/share_commit.
+//   - release, usage, reserve_report, guard_event, readonly_write, share_request/share_commit.
 //   - ipc_export/ipc_open/ipc_close (node_ipc.cpp, docs/ipc.md): CUDA IPC of alloc grants. An
 //     exported grant gets a token and a secret (getrandom); IpcOpen{token, secret} from a session
 //     of the owner's tenant, or of a tenant whose namespace declares the owner's `ipc_domain`,
@@ -267,6 +267,7 @@ class Node {
     std::vector<UnhookedProcess> unhooked_procs;
     // Under `enforce: kill`: since when it has been over a limit with unhooked processes.
     std::optional<std::chrono::steady_clock::time_point> over_since;
+    std::array<std::uint32_t, 4> kernel_faults{};  // by st::FaultAttributes bits (docs/guard.md)
   };
   struct Namespace {
     NamespaceId id;
@@ -285,6 +286,7 @@ class Node {
     std::vector<std::uint64_t> grants;
     std::string alloc_id;                                  // opened through that allocation's socket
     bool pressure = false;                                 // its latest Hello set kHelloPressure
+    proto::GuardMode guard = proto::GuardMode::off;        // the mode its latest HelloAck gave
     std::array<std::uint64_t, st::kMaxDevices> reserve{};  // last ReserveReport per GPU
   };
   struct Grant {
@@ -380,6 +382,10 @@ class Node {
   std::variant<proto::UsageReply, Malformed> usage(std::uint64_t session, const proto::UsageQuery& m);
   std::optional<Malformed> reserve_report(std::uint64_t session, const proto::ReserveReport& m);
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
+  // A copy or memset into a shared range of one of the session's grants was refused
+  // (docs/guard.md): recorded as a readonly_write event; one naming no grant of the session
+  // with shared chunks on that GPU is rejected (counted), over the tenant's rate dropped.
+  std::optional<Malformed> readonly_write(std::uint64_t session, const proto::ReadOnlyWrite& m, Now now);
   std::variant<ShareOut, Malformed> share_request(std::uint64_t session, const proto::ShareRequest& m);
   // The ShareReply could not be delivered: the pending share is aborted.
   void share_undeliverable(std::uint64_t session);
@@ -544,6 +550,8 @@ class Node {
   bool canary_check(const Grant& g, const char* when, std::uint64_t now_unix_ns);
   void canary_sweep(std::uint64_t now_unix_ns);
   void record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns);
+  // Takes one token of the tenant's guard event bucket; false (counted, logged) when empty.
+  bool guard_rate_ok(Tenant& t, const Session& s, Now now);
   Dedup& dedup();
 
   Driver& driver_;
