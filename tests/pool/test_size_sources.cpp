@@ -58,7 +58,7 @@ TEST_CASE("sizes: 1GiB is 1073741824 bytes in the environment, on the command li
 TEST_CASE("sizes: 1GB is refused in the environment, on the command line and in YAML, saying where and what to write",
           "[common][size]") {
   const vlake::hook::Config hook = hook_with_reserve("1GB");
-  CHECK(hook.reserve_bytes == vlake::hook::Config{}.reserve_bytes);  // the default stays  // the default is kept
+  CHECK(hook.reserve_bytes == vlake::hook::Config{}.reserve_bytes);  // the default is kept
   REQUIRE(hook.problems.size() == 1);
   CHECK(hook.problems[0] == std::string("ignoring VLAKE_RESERVE=\"1GB\": ") + kWhy);
 
