@@ -29,10 +29,12 @@ std::string ReuseStats::to_json(std::uint64_t reserve_cap, std::chrono::millisec
   std::string j = "{\"reserve_cap\":" + num(reserve_cap) +
                   ",\"reserve_age_ms\":" + num(static_cast<std::uint64_t>(reserve_age.count()));
   const std::pair<const char*, std::uint64_t> fields[] = {
-      {"reuse_bytes", reuse_bytes}, {"misses", misses},         {"miss_bytes", miss_bytes},
-      {"puts", puts},               {"expired", expired},       {"expired_bytes", expired_bytes},
-      {"evicted", evicted},         {"evicted_bytes", evicted_bytes}, {"drained", drained},
-      {"drained_bytes", drained_bytes}, {"peak_bytes", peak_bytes}};
+      {"reuse_bytes", reuse_bytes}, {"misses", misses},
+      {"miss_bytes", miss_bytes},   {"puts", puts},
+      {"expired", expired},         {"expired_bytes", expired_bytes},
+      {"evicted", evicted},         {"evicted_bytes", evicted_bytes},
+      {"drained", drained},         {"drained_bytes", drained_bytes},
+      {"peak_bytes", peak_bytes}};
   for (const auto& [k, v] : fields) j += ",\"" + std::string(k) + "\":" + num(v);
   j += ",\"gap_ms_upper\":[";
   for (std::size_t i = 0; i < kGapBuckets; ++i) j += (i ? "," : "") + num(1ULL << i);

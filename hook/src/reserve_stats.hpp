@@ -27,17 +27,17 @@ struct ReuseStats {
   static constexpr std::size_t kStackBuckets = 20;  // up to 2^19 MiB (512 GiB)
 
   std::array<std::array<std::uint64_t, kStackBuckets>, kGapBuckets> reuses{};  // [gap][stack]
-  std::uint64_t reuse_bytes = 0;    // Σ mapped bytes of the reused blocks
-  std::uint64_t misses = 0;         // allocations the reserve could not serve (a daemon grant)
-  std::uint64_t miss_bytes = 0;     // Σ bytes asked by those
-  std::uint64_t puts = 0;           // frees into the reserve
-  std::uint64_t expired = 0;        // blocks that left by age
+  std::uint64_t reuse_bytes = 0;                                               // Σ mapped bytes of the reused blocks
+  std::uint64_t misses = 0;      // allocations the reserve could not serve (a daemon grant)
+  std::uint64_t miss_bytes = 0;  // Σ bytes asked by those
+  std::uint64_t puts = 0;        // frees into the reserve
+  std::uint64_t expired = 0;     // blocks that left by age
   std::uint64_t expired_bytes = 0;
-  std::uint64_t evicted = 0;        // blocks that left over the byte cap (or larger than it)
+  std::uint64_t evicted = 0;  // blocks that left over the byte cap (or larger than it)
   std::uint64_t evicted_bytes = 0;
-  std::uint64_t drained = 0;        // blocks that left on pressure or a refusal
+  std::uint64_t drained = 0;  // blocks that left on pressure or a refusal
   std::uint64_t drained_bytes = 0;
-  std::uint64_t peak_bytes = 0;     // the reserve's largest size
+  std::uint64_t peak_bytes = 0;  // the reserve's largest size
 
   [[nodiscard]] static std::size_t gap_bucket(std::chrono::nanoseconds gap) noexcept;
   [[nodiscard]] static std::size_t stack_bucket(std::uint64_t bytes) noexcept;
