@@ -5,8 +5,9 @@ python/vlake (share_module).
 
 Checks (exit 0 only if all pass; 77 = skipped):
   1. every process's share succeeds; all but the first merge all of their chunks;
-  2. GPU memory for the weights (the daemon's dedup physical bytes + the processes' private
-     edge chunks) <= 1.05 x one replica;
+  2. (printed, not checked) vlake's own figure for the weights: the daemon's dedup physical
+     bytes + the processes' private edge chunks; the GPU memory check is NVML's, in
+     tests/gpu/dedup_nvml.py;
   3. logits of every shared process are bit-identical to a run without the hook;
   4. prefill tokens/s of the shared processes (median) within 2 % of unshared runs under the hook
      (mean of one before and one after); decode tokens/s (launch-bound, noisy) is printed.
@@ -207,11 +208,10 @@ def main():
         private = sum(r["stats"]["copied_bytes"] for r in readies)
         pool_used = m.get("vlake_pool_reserved_bytes", 0) - m.get("vlake_pool_free_bytes", 0)
         weights = phys + private
-        check("GPU memory for the weights <= 1.05 x one replica", 0 < weights <= 1.05 * replica,
-              "replica %.1f MiB, %d procs: shared physical %.1f MiB + private %.1f MiB = %.3fx; "
-              "logical %.1f MiB; pool in use %.1f MiB"
+        print("INFO vlake's counters (NVML's figure is dedup_nvml.py's): replica %.1f MiB, %d procs: shared "
+              "physical %.1f MiB + private %.1f MiB = %.3fx; logical %.1f MiB; pool in use %.1f MiB"
               % (replica / MiB, args.procs, phys / MiB, private / MiB, weights / replica, logical / MiB,
-                 pool_used / MiB))
+                 pool_used / MiB), flush=True)
         pre, dec = [], []
         for i, p in enumerate(procs):  # one at a time: timings without contention
             p.stdin.write("go\n"); p.stdin.flush()

@@ -224,10 +224,19 @@ def main():
         hooked = dict(env, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock, VLAKE_RESERVE_AGE=str(RESERVE_AGE_S))
         # vlaked creates its own CUDA context with the first grant: one tenant process first, so
         # that the baseline holds it (and nothing of the process once its memory is released).
-        warm = start(hooked, "--context-only")
+        # With expandable segments PyTorch allocates through cuMemCreate, which vlaked does not
+        # serve from its pool: the warm-up uses the default allocator (cuMemAlloc, a grant) so that
+        # vlaked's context exists in every mode, and the test checks that it does.
+        warm_env = dict(hooked)
+        warm_env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        warm = start(warm_env, "--context-only")
         warm.next()
         warm.end()
         time.sleep(SETTLE_S)
+        listed = nv.processes()
+        if daemon.proc.pid not in listed:
+            raise RuntimeError("vlaked has no CUDA context after the warm-up (NVML lists %s): the baseline "
+                               "would miss it" % sorted(listed))
         baseline = nv.memory()["used"]
 
         def used():
@@ -255,7 +264,9 @@ def main():
             while used() > 64 * MiB and time.monotonic() < deadline:
                 time.sleep(0.5)
             if used() > 64 * MiB:
-                print("WARN memory not back after the phase: %.1f MiB over the baseline" % (used() / MiB), flush=True)
+                print("WARN memory not back after the phase: %.1f MiB over the baseline; NVML's processes "
+                      "(pid: MiB): %s" % (used() / MiB, {p: round(b / MiB, 1) for p, b in nv.processes().items()}),
+                      flush=True)
 
         # Processes with CUDA initialised and no model.
         procs.append(start(hooked, "--context-only"))
