@@ -20,16 +20,15 @@ Checks (a table at the end; exit 0 only if every check passed, 77 = fewer than 2
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from checks import Checks  # noqa: E402
 from readonly_write import steps_out  # noqa: E402
+import node_slice as ns  # noqa: E402
 SKIP = 77
 READ_WRITE = "3"  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
@@ -67,22 +66,10 @@ def main():
     print(topo)
 
     work = tempfile.mkdtemp(prefix="vlake-peer-")
-    sock = os.path.join(work, "vlaked.sock")
-    state = "vlake-peer-%d" % os.getpid()
-    cfg = os.path.join(work, "vlake.yaml")
-    with open(cfg, "w") as f:
-        f.write("version: 1\ndefault:\n  limit: 1GiB\n")
-    log_path = os.path.join(work, "vlaked.log")
-    log = open(log_path, "w")
-    daemon = subprocess.Popen([args.vlaked, "--config", cfg, "--socket", sock, "--state", state, "--metrics-address",
-                               "none", "--log-level", "info"], stdout=log, stderr=subprocess.STDOUT)
+    daemon = None
     try:
-        deadline = time.time() + 60
-        while not os.path.exists(sock):
-            if daemon.poll() is not None or time.time() > deadline:
-                print("vlaked did not start:\n" + open(log_path).read())
-                return 1
-            time.sleep(0.1)
+        daemon = ns.Daemon(args.vlaked, work, "version: 1\ndefault:\n  limit: 1GiB\n")
+        sock = daemon.sock
         env = dict(os.environ, LD_PRELOAD=args.hook, VLAKE_SOCKET=sock, VLAKE_RESERVE="64MiB", VLAKE_LOG="debug")
         t = subprocess.run([args.tenant] + STEPS, env=env, capture_output=True, text=True, timeout=300)
         s = steps_out(t.stdout)
@@ -125,19 +112,14 @@ def main():
                   any("revok" in l.lower() for l in t.stderr.splitlines()) and rc("sync#fault") == "0",
                   "sync rc %s" % rc("sync#fault"))
     finally:
-        if daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
+        if daemon is not None:
+            daemon.stop()
             try:
-                daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        log.close()
-        try:
-            os.unlink("/dev/shm/" + state)
-        except OSError:
-            pass
-        if check.any_failed():
-            print("vlaked log:\n" + open(log_path).read()[-4000:])
+                os.unlink("/dev/shm/" + daemon.state)
+            except OSError:
+                pass
+            if check.any_failed():
+                print("vlaked log:\n" + open(daemon.log.name).read()[-4000:])
         shutil.rmtree(work, ignore_errors=True)
     return check.table()
 
