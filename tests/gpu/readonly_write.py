@@ -84,7 +84,9 @@ def main():
                 print("vlaked did not start:\n" + open(log_path).read())
                 return 1
             time.sleep(0.1)
-        hooked = dict(env, LD_PRELOAD=args.hook, VLAKE_SOCKET=sock)
+        # Under ASan the tenant is instrumented and the preloaded hook comes before its runtime.
+        asan_options = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
+        hooked = dict(env, LD_PRELOAD=args.hook, VLAKE_SOCKET=sock, ASAN_OPTIONS=asan_options)
         writer = ["init", "alloc:w:20M", "alloc:src:1M", "upload:w:5:20M", "share:w:1M:18M",
                   "memset:w:4194304:16:1", "dtod:w:8388608:src:4096", "memset32async:w:12582912:16:7",
                   "streamsync", "verify:w:5:20M", "kfill:w:4194304:16", "sync"]
