@@ -126,29 +126,12 @@ std::uint64_t DaemonClient::granularity() const {
   return granularity_;
 }
 
-bool DaemonClient::send_guard_event(proto::GuardEvent event) {
+template <class Msg>
+bool DaemonClient::send_oneway(Msg m) {
   std::lock_guard lock(mu_);
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!fd_ && !connect_locked()) return false;
-    event.h = proto::make<proto::GuardEvent>(next_request_++).h;
-    try {
-      send_with_fds(fd_.get(), proto::encode(event), {});
-      return true;
-    } catch (const std::system_error& e) {
-      const int err = e.code().value();
-      last_error_ = std::string("send: ") + std::strerror(err);
-      fd_.reset();
-      if (!is_broken_errno(err)) return false;
-    }
-  }
-  return false;
-}
-
-bool DaemonClient::send_readonly_write(proto::ReadOnlyWrite m) {
-  std::lock_guard lock(mu_);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (!fd_ && !connect_locked()) return false;
-    m.h = proto::make<proto::ReadOnlyWrite>(next_request_++).h;
+    m.h = proto::make<Msg>(next_request_++).h;
     try {
       send_with_fds(fd_.get(), proto::encode(m), {});
       return true;
@@ -161,6 +144,10 @@ bool DaemonClient::send_readonly_write(proto::ReadOnlyWrite m) {
   }
   return false;
 }
+
+bool DaemonClient::send_guard_event(proto::GuardEvent event) { return send_oneway(event); }
+
+bool DaemonClient::send_readonly_write(proto::ReadOnlyWrite m) { return send_oneway(m); }
 
 DaemonClient::Passthrough DaemonClient::ask_passthrough() {
   std::lock_guard lock(mu_);

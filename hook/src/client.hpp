@@ -131,6 +131,9 @@ class DaemonClient {
   std::optional<Rep> exchange_locked(Req request, std::vector<UniqueFd>* fds);
   template <class Req, class Rep>
   Io roundtrip_locked(Req& request, Rep& reply, std::vector<UniqueFd>* fds);
+  // One message without a reply, connecting first if needed; one retry on a broken connection.
+  template <class Msg>
+  bool send_oneway(Msg m);
   bool connect_locked();
   void flush_pending_locked();
   void keep_pressure_locked(const proto::Pressure& p);

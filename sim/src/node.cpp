@@ -173,7 +173,6 @@ struct OpenDescriptor {
 std::optional<std::vector<OpenDescriptor>> open_descriptors(const NodeState* s, const std::vector<FileKey>& wanted,
                                                             const ProcessId* skip) {
   std::vector<OpenDescriptor> seen;
-  if (wanted.empty()) return seen;
   for (std::uint32_t a = 0; a < s->nattached; ++a) {
     const ProcessId p = s->attached[a];
     if (skip != nullptr && same(p, *skip)) continue;
@@ -197,18 +196,25 @@ std::optional<std::vector<OpenDescriptor>> open_descriptors(const NodeState* s, 
   return seen;
 }
 
+// open_descriptors() of the records `pick` selects; nullopt when it selects none too.
+template <class Pick>
+std::optional<std::vector<OpenDescriptor>> descriptors_of(const NodeState* s, Pick pick, const ProcessId* skip) {
+  std::vector<FileKey> keys;
+  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
+    const Record& r = s->records[i];
+    if (pick(r)) keys.emplace_back(r.dev, r.ino);
+  }
+  if (keys.empty()) return std::nullopt;
+  std::sort(keys.begin(), keys.end());
+  return open_descriptors(s, keys, skip);
+}
+
 // Uncharges every fd_held record of which no attached process (but `skip`, a process about to
 // close all of its descriptors) has a descriptor. While any process's descriptors cannot be
 // read, every such record stays charged (it may hold one).
 void sweep_fd_held(NodeState* s, const ProcessId* skip) {
-  std::vector<FileKey> pending;
-  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
-    const Record& r = s->records[i];
-    if (r.nholders == 0 && r.fd_held != 0) pending.emplace_back(r.dev, r.ino);
-  }
-  if (pending.empty()) return;
-  std::sort(pending.begin(), pending.end());
-  const std::optional<std::vector<OpenDescriptor>> seen = open_descriptors(s, pending, skip);
+  const auto seen = descriptors_of(
+      s, [](const Record& r) { return r.nholders == 0 && r.fd_held != 0; }, skip);
   if (!seen) return;
   for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
     Record& r = s->records[i];
@@ -225,14 +231,8 @@ void sweep_fd_held(NodeState* s, const ProcessId* skip) {
 // imported handle and a descriptor is charged, where the real driver charges no one.
 // Unreadable descriptors keep the mark.
 void settle_creator_gone(NodeState* s) {
-  std::vector<FileKey> marked;
-  for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
-    const Record& r = s->records[i];
-    if (r.nholders != 0 && r.creator_gone != 0) marked.emplace_back(r.dev, r.ino);
-  }
-  if (marked.empty()) return;
-  std::sort(marked.begin(), marked.end());
-  const std::optional<std::vector<OpenDescriptor>> seen = open_descriptors(s, marked, nullptr);
+  const auto seen = descriptors_of(
+      s, [](const Record& r) { return r.nholders != 0 && r.creator_gone != 0; }, nullptr);
   if (!seen) return;
   for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
     Record& r = s->records[i];
