@@ -19,6 +19,8 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 namespace vlake::hook {
 
@@ -1308,189 +1310,187 @@ __attribute__((cold, noinline)) CUresult after_write(CUresult rc, const char* ca
   return rc;
 }
 
+// Passes call R through; when it fails, hands its destination ({address, bytes}) to
+// after_write(). `dst` is that pair, or a function giving it, for destinations that must be read
+// from the call's descriptor (2D/3D copies): those are read only on failure.
+using Dst = std::pair<std::uint64_t, std::uint64_t>;
+template <Row R, class DstOrFn, class... A>
+CUresult pass_write(bool ptds, const char* call, DstOrFn dst, A... args) {
+  const CUresult rc = pass<R>(ptds, args...);
+  if (rc != CUDA_SUCCESS) [[unlikely]] {
+    Dst d;
+    if constexpr (std::is_invocable_v<DstOrFn>) {
+      d = dst();
+    } else {
+      d = dst;
+    }
+    return after_write(rc, call, d.first, d.second);
+  }
+  return rc;
+}
+
 }  // namespace
 
 // Copies and memsets into device memory: passed through; the checks run only on failure.
 CUresult on_cuMemcpyDtoD_v2(bool ptds, CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-  const CUresult rc = pass<Row::cuMemcpyDtoD_v2>(ptds, dstDevice, srcDevice, ByteCount);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemcpyDtoD", addr(dstDevice), ByteCount);
-  return rc;
+  return pass_write<Row::cuMemcpyDtoD_v2>(ptds, "cuMemcpyDtoD", Dst{addr(dstDevice), ByteCount}, dstDevice, srcDevice,
+                                          ByteCount);
 }
 
 CUresult on_cuMemcpyDtoDAsync_v2(bool ptds, CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                                  CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemcpyDtoDAsync_v2>(ptds, dstDevice, srcDevice, ByteCount, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemcpyDtoDAsync", addr(dstDevice), ByteCount);
-  return rc;
+  return pass_write<Row::cuMemcpyDtoDAsync_v2>(ptds, "cuMemcpyDtoDAsync", Dst{addr(dstDevice), ByteCount}, dstDevice,
+                                               srcDevice, ByteCount, hStream);
 }
 
 CUresult on_cuMemcpy(bool ptds, CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
-  const CUresult rc = pass<Row::cuMemcpy>(ptds, dst, src, ByteCount);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemcpy", addr(dst), ByteCount);
-  return rc;
+  return pass_write<Row::cuMemcpy>(ptds, "cuMemcpy", Dst{addr(dst), ByteCount}, dst, src, ByteCount);
 }
 
 CUresult on_cuMemcpyAsync(bool ptds, CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemcpyAsync>(ptds, dst, src, ByteCount, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemcpyAsync", addr(dst), ByteCount);
-  return rc;
+  return pass_write<Row::cuMemcpyAsync>(ptds, "cuMemcpyAsync", Dst{addr(dst), ByteCount}, dst, src, ByteCount, hStream);
 }
 
 CUresult on_cuMemcpyPeer(bool ptds, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                          CUcontext srcContext, size_t ByteCount) {
-  const CUresult rc = pass<Row::cuMemcpyPeer>(ptds, dstDevice, dstContext, srcDevice, srcContext, ByteCount);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemcpyPeer", addr(dstDevice), ByteCount);
-  return rc;
+  return pass_write<Row::cuMemcpyPeer>(ptds, "cuMemcpyPeer", Dst{addr(dstDevice), ByteCount}, dstDevice, dstContext,
+                                       srcDevice, srcContext, ByteCount);
 }
 
 CUresult on_cuMemcpyPeerAsync(bool ptds, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                               CUcontext srcContext, size_t ByteCount, CUstream hStream) {
-  const CUresult rc =
-      pass<Row::cuMemcpyPeerAsync>(ptds, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemcpyPeerAsync", addr(dstDevice), ByteCount);
-  return rc;
+  return pass_write<Row::cuMemcpyPeerAsync>(ptds, "cuMemcpyPeerAsync", Dst{addr(dstDevice), ByteCount}, dstDevice,
+                                            dstContext, srcDevice, srcContext, ByteCount, hStream);
 }
 
 CUresult on_cuMemcpy2D_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
-  const CUresult rc = pass<Row::cuMemcpy2D_v2>(ptds, pCopy);
-  if (rc != CUDA_SUCCESS) [[unlikely]] {
-    const auto [d, n] = dst_2d(pCopy);
-    return after_write(rc, "cuMemcpy2D", d, n);
-  }
-  return rc;
+  return pass_write<Row::cuMemcpy2D_v2>(
+      ptds, "cuMemcpy2D", [=] { return dst_2d(pCopy); }, pCopy);
 }
 
 CUresult on_cuMemcpy2DUnaligned_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
-  const CUresult rc = pass<Row::cuMemcpy2DUnaligned_v2>(ptds, pCopy);
-  if (rc != CUDA_SUCCESS) [[unlikely]] {
-    const auto [d, n] = dst_2d(pCopy);
-    return after_write(rc, "cuMemcpy2DUnaligned", d, n);
-  }
-  return rc;
+  return pass_write<Row::cuMemcpy2DUnaligned_v2>(
+      ptds, "cuMemcpy2DUnaligned", [=] { return dst_2d(pCopy); }, pCopy);
 }
 
 CUresult on_cuMemcpy2DAsync_v2(bool ptds, const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemcpy2DAsync_v2>(ptds, pCopy, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]] {
-    const auto [d, n] = dst_2d(pCopy);
-    return after_write(rc, "cuMemcpy2DAsync", d, n);
-  }
-  return rc;
+  return pass_write<Row::cuMemcpy2DAsync_v2>(
+      ptds, "cuMemcpy2DAsync", [=] { return dst_2d(pCopy); }, pCopy, hStream);
 }
 
 CUresult on_cuMemcpy3D_v2(bool ptds, const CUDA_MEMCPY3D* pCopy) {
-  const CUresult rc = pass<Row::cuMemcpy3D_v2>(ptds, pCopy);
-  if (rc != CUDA_SUCCESS) [[unlikely]] {
-    const auto [d, n] = dst_3d(pCopy);
-    return after_write(rc, "cuMemcpy3D", d, n);
-  }
-  return rc;
+  return pass_write<Row::cuMemcpy3D_v2>(
+      ptds, "cuMemcpy3D", [=] { return dst_3d(pCopy); }, pCopy);
 }
 
 CUresult on_cuMemcpy3DAsync_v2(bool ptds, const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemcpy3DAsync_v2>(ptds, pCopy, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]] {
-    const auto [d, n] = dst_3d(pCopy);
-    return after_write(rc, "cuMemcpy3DAsync", d, n);
-  }
-  return rc;
+  return pass_write<Row::cuMemcpy3DAsync_v2>(
+      ptds, "cuMemcpy3DAsync", [=] { return dst_3d(pCopy); }, pCopy, hStream);
 }
 
 // Memsets: N elements of 1, 2 or 4 bytes; 2D: Height rows of Width elements, dstPitch bytes apart.
 CUresult on_cuMemsetD8_v2(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  const CUresult rc = pass<Row::cuMemsetD8_v2>(ptds, dstDevice, uc, N);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD8", addr(dstDevice), N);
-  return rc;
+  return pass_write<Row::cuMemsetD8_v2>(ptds, "cuMemsetD8", Dst{addr(dstDevice), N}, dstDevice, uc, N);
 }
 
 CUresult on_cuMemsetD16_v2(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N) {
-  const CUresult rc = pass<Row::cuMemsetD16_v2>(ptds, dstDevice, us, N);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD16", addr(dstDevice), span_elems(2, N));
-  return rc;
+  return pass_write<Row::cuMemsetD16_v2>(
+      ptds, "cuMemsetD16",
+      [=] {
+        return Dst{addr(dstDevice), span_elems(2, N)};
+      },
+      dstDevice, us, N);
 }
 
 CUresult on_cuMemsetD32_v2(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-  const CUresult rc = pass<Row::cuMemsetD32_v2>(ptds, dstDevice, ui, N);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD32", addr(dstDevice), span_elems(4, N));
-  return rc;
+  return pass_write<Row::cuMemsetD32_v2>(
+      ptds, "cuMemsetD32",
+      [=] {
+        return Dst{addr(dstDevice), span_elems(4, N)};
+      },
+      dstDevice, ui, N);
 }
 
 CUresult on_cuMemsetD8Async(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemsetD8Async>(ptds, dstDevice, uc, N, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD8Async", addr(dstDevice), N);
-  return rc;
+  return pass_write<Row::cuMemsetD8Async>(ptds, "cuMemsetD8Async", Dst{addr(dstDevice), N}, dstDevice, uc, N, hStream);
 }
 
 CUresult on_cuMemsetD16Async(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemsetD16Async>(ptds, dstDevice, us, N, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD16Async", addr(dstDevice), span_elems(2, N));
-  return rc;
+  return pass_write<Row::cuMemsetD16Async>(
+      ptds, "cuMemsetD16Async",
+      [=] {
+        return Dst{addr(dstDevice), span_elems(2, N)};
+      },
+      dstDevice, us, N, hStream);
 }
 
 CUresult on_cuMemsetD32Async(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemsetD32Async>(ptds, dstDevice, ui, N, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD32Async", addr(dstDevice), span_elems(4, N));
-  return rc;
+  return pass_write<Row::cuMemsetD32Async>(
+      ptds, "cuMemsetD32Async",
+      [=] {
+        return Dst{addr(dstDevice), span_elems(4, N)};
+      },
+      dstDevice, ui, N, hStream);
 }
 
 CUresult on_cuMemsetD2D8_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
                             size_t Height) {
-  const CUresult rc = pass<Row::cuMemsetD2D8_v2>(ptds, dstDevice, dstPitch, uc, Width, Height);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D8", addr(dstDevice), span_2d(dstPitch, Width, Height));
-  return rc;
+  return pass_write<Row::cuMemsetD2D8_v2>(
+      ptds, "cuMemsetD2D8",
+      [=] {
+        return Dst{addr(dstDevice), span_2d(dstPitch, Width, Height)};
+      },
+      dstDevice, dstPitch, uc, Width, Height);
 }
 
 CUresult on_cuMemsetD2D16_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
                              size_t Height) {
-  const CUresult rc = pass<Row::cuMemsetD2D16_v2>(ptds, dstDevice, dstPitch, us, Width, Height);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D16", addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height));
-  return rc;
+  return pass_write<Row::cuMemsetD2D16_v2>(
+      ptds, "cuMemsetD2D16",
+      [=] {
+        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height)};
+      },
+      dstDevice, dstPitch, us, Width, Height);
 }
 
 CUresult on_cuMemsetD2D32_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
                              size_t Height) {
-  const CUresult rc = pass<Row::cuMemsetD2D32_v2>(ptds, dstDevice, dstPitch, ui, Width, Height);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D32", addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height));
-  return rc;
+  return pass_write<Row::cuMemsetD2D32_v2>(
+      ptds, "cuMemsetD2D32",
+      [=] {
+        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height)};
+      },
+      dstDevice, dstPitch, ui, Width, Height);
 }
 
 CUresult on_cuMemsetD2D8Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
                               size_t Height, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemsetD2D8Async>(ptds, dstDevice, dstPitch, uc, Width, Height, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D8Async", addr(dstDevice), span_2d(dstPitch, Width, Height));
-  return rc;
+  return pass_write<Row::cuMemsetD2D8Async>(
+      ptds, "cuMemsetD2D8Async",
+      [=] {
+        return Dst{addr(dstDevice), span_2d(dstPitch, Width, Height)};
+      },
+      dstDevice, dstPitch, uc, Width, Height, hStream);
 }
 
 CUresult on_cuMemsetD2D16Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
                                size_t Height, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemsetD2D16Async>(ptds, dstDevice, dstPitch, us, Width, Height, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D16Async", addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height));
-  return rc;
+  return pass_write<Row::cuMemsetD2D16Async>(
+      ptds, "cuMemsetD2D16Async",
+      [=] {
+        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height)};
+      },
+      dstDevice, dstPitch, us, Width, Height, hStream);
 }
 
 CUresult on_cuMemsetD2D32Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
                                size_t Height, CUstream hStream) {
-  const CUresult rc = pass<Row::cuMemsetD2D32Async>(ptds, dstDevice, dstPitch, ui, Width, Height, hStream);
-  if (rc != CUDA_SUCCESS) [[unlikely]]
-    return after_write(rc, "cuMemsetD2D32Async", addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height));
-  return rc;
+  return pass_write<Row::cuMemsetD2D32Async>(
+      ptds, "cuMemsetD2D32Async",
+      [=] {
+        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height)};
+      },
+      dstDevice, dstPitch, ui, Width, Height, hStream);
 }
 
 // Host-to-device uploads: passed through; a successful upload that fills a whole alloc-path
