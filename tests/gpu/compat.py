@@ -161,10 +161,6 @@ class Ctx:
     def stop_daemon(self):
         if self.daemon:
             self.daemon.stop()
-            try:
-                os.unlink("/dev/shm/" + self.daemon.state)
-            except OSError:
-                pass
             if check.any_failed():
                 with open(self.daemon.log.name, errors="replace") as f:
                     print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-30:]))

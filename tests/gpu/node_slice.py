@@ -60,7 +60,9 @@ def run_json(cmd, env, user=None, timeout=600, stdin=None):
 
 
 class Daemon:
-    def __init__(self, vlaked, workdir, config, extra_args=()):
+    """vlaked with `config` as its quota file in `workdir`; stop() ends it and removes its state."""
+
+    def __init__(self, vlaked, workdir, config, extra_args=(), env=None):
         self.sock = os.path.join(workdir, "vlaked.sock")
         self.state = "vlake-gpu-check-%d" % os.getpid()
         cfg = os.path.join(workdir, "vlake.yaml")
@@ -73,7 +75,7 @@ class Daemon:
             self.metrics = "127.0.0.1:%d" % s.getsockname()[1]
         self.proc = subprocess.Popen([vlaked, "--config", cfg, "--socket", self.sock, "--state", self.state,
                                       "--log-level", "info", "--metrics-address", self.metrics, *extra_args],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 60
         while not os.path.exists(self.sock):
             if self.proc.poll() is not None or time.time() > deadline:
@@ -86,7 +88,12 @@ class Daemon:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
         self.log.close()
+        try:
+            os.unlink("/dev/shm/" + self.state)
+        except OSError:
+            pass
 
 
 def state_json(tool, state):

@@ -114,10 +114,6 @@ def main():
     finally:
         if daemon is not None:
             daemon.stop()
-            try:
-                os.unlink("/dev/shm/" + daemon.state)
-            except OSError:
-                pass
             if check.any_failed():
                 print("vlaked log:\n" + open(daemon.log.name).read()[-4000:])
         shutil.rmtree(work, ignore_errors=True)

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from checks import Checks  # noqa: E402
+import node_slice as ns  # noqa: E402
 MiB = 1 << 20
 SKIP = 77
 
@@ -67,23 +67,11 @@ def main():
         return SKIP
 
     work = tempfile.mkdtemp(prefix="vlake-rowrite-")
-    sock = os.path.join(work, "vlaked.sock")
-    state = "vlake-rowrite-%d" % os.getpid()
-    cfg = os.path.join(work, "vlake.yaml")
-    with open(cfg, "w") as f:
-        f.write("version: 1\ndefault:\n  limit: 2GiB\n  guard: off\n")
-    log_path = os.path.join(work, "vlaked.log")
-    log = open(log_path, "w")
-    daemon = subprocess.Popen([args.vlaked, "--config", cfg, "--socket", sock, "--state", state, "--driver",
-                               args.driver, "--nvml", args.nvml, "--sample-interval-ms", "200", "--metrics-address",
-                               "none", "--log-level", "info"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    daemon = None
     try:
-        deadline = time.time() + 60
-        while not os.path.exists(sock):
-            if daemon.poll() is not None or time.time() > deadline:
-                print("vlaked did not start:\n" + open(log_path).read())
-                return 1
-            time.sleep(0.1)
+        daemon = ns.Daemon(args.vlaked, work, "version: 1\ndefault:\n  limit: 2GiB\n  guard: off\n",
+                           ("--driver", args.driver, "--nvml", args.nvml, "--sample-interval-ms", "200"), env)
+        sock, state = daemon.sock, daemon.state
         # Under ASan the tenant is instrumented and the preloaded hook comes before its runtime.
         asan_options = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
         hooked = dict(env, LD_PRELOAD=args.hook, VLAKE_SOCKET=sock, ASAN_OPTIONS=asan_options)
@@ -134,19 +122,10 @@ def main():
               c.get("guard_readonly_writes") == 3 and c.get("kernel_faults") == 2 and
               c.get("kernel_faults_shared") == 1 and c.get("guard_violations_canary") == 0, json.dumps(c))
     finally:
-        if daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        log.close()
-        try:
-            os.unlink("/dev/shm/" + state)
-        except OSError:
-            pass
-        if check.any_failed():
-            print("vlaked log:\n" + open(log_path).read()[-4000:])
+        if daemon is not None:
+            daemon.stop()
+            if check.any_failed():
+                print("vlaked log:\n" + open(daemon.log.name).read()[-4000:])
         shutil.rmtree(work, ignore_errors=True)
     return check.table()
 
