@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <span>
@@ -92,6 +93,10 @@ void DaemonClient::poll_pressure() {
       return;
     }
     const proto::Decoded d = proto::decode(std::span<const std::byte>(buf, got.bytes), got.fds.size());
+    if (const proto::Drop* drop = d.get<proto::Drop>()) {
+      keep_drop_locked(*drop);
+      continue;
+    }
     const proto::Pressure* pressure = d.get<proto::Pressure>();
     if (pressure == nullptr) {
       last_error_ = "unexpected message from the daemon on an idle connection";
@@ -102,6 +107,36 @@ void DaemonClient::poll_pressure() {
     }
     keep_pressure_locked(*pressure);
   }
+}
+
+void DaemonClient::keep_drop_locked(const proto::Drop& d) {
+  std::lock_guard lock(pressure_mu_);
+  drop_keys_.insert(drop_keys_.end(), d.keys, d.keys + d.count);
+}
+
+std::vector<std::uint64_t> DaemonClient::take_drops() {
+  std::lock_guard lock(pressure_mu_);
+  std::vector<std::uint64_t> out;
+  out.swap(drop_keys_);
+  return out;
+}
+
+bool DaemonClient::send_dropped(std::span<const std::uint64_t> keys) {
+  std::lock_guard lock(mu_);
+  if (!fd_) return false;
+  for (std::size_t i = 0; i < keys.size(); i += proto::kMaxDropKeys) {
+    auto m = proto::make<proto::Dropped>();
+    m.count = static_cast<std::uint32_t>(std::min<std::size_t>(proto::kMaxDropKeys, keys.size() - i));
+    std::copy_n(keys.begin() + static_cast<std::ptrdiff_t>(i), m.count, m.keys);
+    try {
+      send_with_fds(fd_.get(), proto::encode(m), {});
+    } catch (const std::exception& e) {
+      last_error_ = e.what();
+      fd_.reset();
+      return false;
+    }
+  }
+  return true;
 }
 
 std::vector<PressureNote> DaemonClient::take_pressure() {
@@ -237,6 +272,7 @@ bool DaemonClient::connect_locked() {
         static_cast<unsigned long long>(session_));
   }
   session_ = ack.session_id;
+  generation_.fetch_add(1, std::memory_order_acq_rel);  // kept mappings of older connections are dropped
   tenant_name_.assign(ack.tenant_name, strnlen(ack.tenant_name, sizeof ack.tenant_name));
   guard_mode_ = ack.guard_mode;
   granularity_ = ack.granularity;
@@ -282,6 +318,10 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::v
     if (!*d) {
       last_error_ = "malformed reply: " + d->error().reason;
       return Io::failed;
+    }
+    if (const proto::Drop* drop = d->get<proto::Drop>()) {
+      keep_drop_locked(*drop);
+      continue;
     }
     const proto::Pressure* p = d->get<proto::Pressure>();
     if (p == nullptr) break;
@@ -451,6 +491,8 @@ void DaemonClient::child_after_fork() noexcept {
   pending_releases_.clear();
   retry_after_ = {};
   pressure_notes_.clear();
+  drop_keys_.clear();
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   pressure_mu_.unlock();
   mu_.unlock();
 }

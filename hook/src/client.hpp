@@ -40,10 +40,12 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,6 +111,13 @@ class DaemonClient {
   bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks);
   void poll_pressure();
   [[nodiscard]] std::vector<PressureNote> take_pressure();
+  // Kept mappings (docs/hook.md): Drop messages are kept like Pressure (read while a reply is
+  // awaited or by poll_pressure()); take_drops() hands over their keys. send_dropped() sends
+  // Dropped messages (kMaxDropKeys keys each) if a connection is open (never connects: a new
+  // connection drops everything anyway). generation() changes with every new connection.
+  [[nodiscard]] std::vector<std::uint64_t> take_drops();
+  bool send_dropped(std::span<const std::uint64_t> keys);
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
   [[nodiscard]] bool connected() const;
 
   [[nodiscard]] proto::GuardMode guard_mode() const;
@@ -159,6 +168,9 @@ class DaemonClient {
   std::vector<std::pair<std::uint64_t, std::uint32_t>> pending_releases_;
   std::mutex pressure_mu_;  // after mu_ when both are held
   std::vector<PressureNote> pressure_notes_;
+  std::vector<std::uint64_t> drop_keys_;  // guarded by pressure_mu_
+  std::atomic<std::uint64_t> generation_{0};
+  void keep_drop_locked(const proto::Drop& d);
 };
 
 }  // namespace vlake::hook

@@ -103,6 +103,15 @@ Config Config::parse(const Lookup& lookup) {
       bad("VLAKE_PROFILE", v, "1 or 0");
     }
   }
+  if (const char* v = lookup("VLAKE_KEEP_MAPPED"); v != nullptr) {
+    if (truthy(v)) {
+      c.keep_mapped = true;
+    } else if (falsy(v)) {
+      c.keep_mapped = false;
+    } else {
+      bad("VLAKE_KEEP_MAPPED", v, "1 or 0");
+    }
+  }
   if (const char* v = lookup("VLAKE_RESERVE"); v != nullptr) {
     try {
       c.reserve_bytes = parse_size(v).value();

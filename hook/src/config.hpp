@@ -12,8 +12,10 @@
 //     VLAKE_LOG                error|warn|info|debug     default warn
 //     VLAKE_DISABLE            1/true/yes/on = ask vlaked to pass everything through (granted
 //                              only where the quota file has allow_disable: true; docs/hook.md)
-//     VLAKE_RESERVE            local reserve cap (size)  default 2GiB; 0 = no reserve
-//     VLAKE_RESERVE_AGE        idle time before a reserved block goes back   default 30 s
+//     VLAKE_RESERVE            local reserve cap (size)  default 512MiB; 0 = no reserve
+//     VLAKE_RESERVE_AGE        idle time before a reserved block goes back   default 5 s
+//     VLAKE_KEEP_MAPPED        1/0: keep released single-handle grants mapped (docs/hook.md,
+//                              "Kept mappings")                                default 1
 //     VLAKE_PROFILE            1 = print the cold path's time per phase at exit
 //   A size follows vlake's one grammar (vlake/common/size.hpp, docs/hook.md): a byte count or a
 //   whole number with KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 1GB are
@@ -48,6 +50,7 @@ struct Config {
   std::uint64_t reserve_bytes = 512ULL << 20;
   std::chrono::milliseconds reserve_age{5000};
   bool profile = false;
+  bool keep_mapped = true;    // VLAKE_KEEP_MAPPED
   std::string reserve_stats;  // VLAKE_RESERVE_STATS: where to write the reserve's reuse statistics
   std::vector<std::string> problems;
 

@@ -51,6 +51,7 @@ void fork_prepare() {
   s->creates.lock_all();
   s->managed.lock_all();
   s->reserve.lock_all();
+  s->kept.lock_all();
   s->uuid_mu.lock();
 }
 
@@ -58,6 +59,7 @@ void fork_parent() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
   s->uuid_mu.unlock();
+  s->kept.unlock_all();
   s->reserve.unlock_all();
   s->managed.unlock_all();
   s->creates.unlock_all();
@@ -92,6 +94,7 @@ void fork_child() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
   s->uuid_mu.unlock();
+  s->kept.clear_after_fork();
   s->reserve.clear_after_fork();
   s->managed.clear_after_fork();
   s->creates.clear_after_fork();
@@ -258,6 +261,8 @@ struct Obtained {
 
 // Asks the daemon for `bytes` on device `dev`, applying the refusal and unreachable policies;
 // a refusal is logged only if `report`.
+void drop_kept(State& s, int dev);
+
 Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bool report = true) {
   Obtained out;
   Uuid uuid{};
@@ -269,6 +274,13 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
     PhaseTimer t(Phase::grant);
     return s.client.grant(uuid, bytes, purpose);
   }();
+  if (g && g->status == Status::drop_kept) {
+    // The memory this process keeps mapped is what the request lacks (docs/hook.md, "Kept
+    // mappings"): drop it (Dropped goes out before the next request) and ask again.
+    drop_kept(s, dev);
+    PhaseTimer t(Phase::grant);
+    g = s.client.grant(uuid, bytes, purpose);
+  }
   if (!g) {
     const std::string why = s.client.last_error();
     if (s.client.refused()) {
@@ -353,6 +365,56 @@ CUresult unmap_logical(const LogicalAlloc& a) {
   return first;
 }
 
+// Kept mappings leaving this process: unmapped and released (the caller tells the daemon).
+void drop_entries(State&, const std::vector<KeptMappings::Entry>& entries) {
+  for (const KeptMappings::Entry& e : entries) {
+    if (CUresult rc = unmap_logical(e.alloc); rc != CUDA_SUCCESS) {
+      log(LogLevel::warn, "unmapping a kept mapping of %s failed (CUresult %d)", format_bytes(e.alloc.mapped).c_str(),
+          static_cast<int>(rc));
+    }
+  }
+}
+
+// Drops every kept mapping on `dev` (-1: all) and tells the daemon.
+void drop_kept(State& s, int dev) {
+  auto all = s.kept.take_all(dev);
+  if (all.empty()) return;
+  std::vector<std::uint64_t> keys;
+  for (auto& [k, e] : all) {
+    keys.push_back(k);
+    if (CUresult rc = unmap_logical(e.alloc); rc != CUDA_SUCCESS) {
+      log(LogLevel::warn, "unmapping a kept mapping of %s failed (CUresult %d)", format_bytes(e.alloc.mapped).c_str(),
+          static_cast<int>(rc));
+    }
+  }
+  (void)s.client.send_dropped(keys);
+}
+
+bool keepable(const State& s, const LogicalAlloc& a) {
+  return s.config.keep_mapped && a.key != 0 && a.handles.size() == 1 && !s.canary.load(std::memory_order_relaxed);
+}
+
+void ensure_worker(State& s);
+
+// A logical allocation of the alloc path leaves this process's books: kept mapped (its grant
+// released with kReleaseKeepMapped; docs/hook.md, "Kept mappings") when `may_keep` and it
+// qualifies, else unmapped and released. The caller fenced it.
+void release_alloc(State& s, LogicalAlloc a, bool may_keep) {
+  const std::uint64_t grant_id = a.grant_id;
+  if (may_keep && keepable(s, a)) {
+    const std::uint64_t key = a.key;
+    s.kept.put(key, KeptMappings::Entry{std::move(a), s.client.generation()});
+    give_back(s, grant_id, proto::kReleaseKeepMapped);
+    ensure_worker(s);  // it reads the daemon's Drop messages
+    return;
+  }
+  if (CUresult rc = unmap_logical(a); rc != CUDA_SUCCESS) {
+    log(LogLevel::warn, "unmapping pool allocation 0x%llx failed (CUresult %d)", static_cast<unsigned long long>(a.ptr),
+        static_cast<int>(rc));
+  }
+  give_back(s, grant_id, 0);
+}
+
 // Alignment of a right-aligned (guard fault mode) pointer: what cuMemAlloc guarantees.
 constexpr std::uint64_t kGuardAlign = 256;
 
@@ -403,9 +465,33 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
     guard_bytes = s.client.granularity();
     if (guard_bytes == 0) guard_bytes = g.handles.back().size;
   }
+  // Kept mappings (docs/hook.md): the daemon handed back one handle this process still maps.
+  const std::uint64_t generation = s.client.generation();
+  if (g.handles.size() == 1 && g.handles[0].key != 0) {
+    std::vector<KeptMappings::Entry> stale;
+    auto hit = s.kept.take(g.handles[0].key, generation, dev, g.bytes, stale);
+    drop_entries(s, stale);
+    if (hit && (hit->alloc.reserved > hit->alloc.mapped) == guard) {
+      PhaseTimer t(Phase::kept_reuse);
+      LogicalAlloc a = std::move(hit->alloc);
+      a.grant_id = g.grant_id;
+      g.fds.clear();
+      place(s, std::move(a), guard, ctx, requested, dptr);
+      return CUDA_SUCCESS;
+    }
+    if (hit) drop_entries(s, std::vector<KeptMappings::Entry>{std::move(*hit)});
+  } else {
+    // Handles kept here and now part of a larger grant: the old mappings go (the daemon knows).
+    std::vector<std::uint64_t> keys;
+    for (const auto& h : g.handles) {
+      if (h.key != 0) keys.push_back(h.key);
+    }
+    if (!keys.empty()) drop_entries(s, s.kept.take_keys(keys));
+  }
   LogicalAlloc a;
   a.grant_id = g.grant_id;
   a.device = dev;
+  if (g.handles.size() == 1) a.key = g.handles[0].key;
   for (auto& fd : g.fds) {
     CUmemGenericAllocationHandle h = 0;
     CUresult irc = CUDA_SUCCESS;
@@ -463,15 +549,10 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
 
 bool reserve_usable(const State& s) { return s.reserve.enabled() && !s.canary.load(std::memory_order_relaxed); }
 
-// Unmaps and releases blocks that leave the reserve for good.
-void retire_blocks(State& s, std::vector<ReserveBlock>& blocks) {
-  for (ReserveBlock& b : blocks) {
-    if (CUresult rc = unmap_logical(b.alloc); rc != CUDA_SUCCESS) {
-      log(LogLevel::warn, "unmapping a reserved block of %s failed (CUresult %d)", format_bytes(b.alloc.mapped).c_str(),
-          static_cast<int>(rc));
-    }
-    give_back(s, b.alloc.grant_id, 0);
-  }
+// Releases blocks that leave the reserve for good: kept mapped where they qualify and `keep`
+// (evicted or expired), else unmapped (pressure, refusals).
+void retire_blocks(State& s, std::vector<ReserveBlock>& blocks, bool keep = false) {
+  for (ReserveBlock& b : blocks) release_alloc(s, std::move(b.alloc), keep);
   blocks.clear();
 }
 
@@ -486,11 +567,29 @@ int device_of_uuid(State& s, const Uuid& u) {
 // The worker's periodic duties; runs with busy_mu held.
 void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint64_t, proto::kMaxDevices>& reported,
                  std::chrono::steady_clock::time_point& last_report) {
-  retire_blocks(s, work);
+  retire_blocks(s, work, true);
   auto old = s.reserve.expire(std::chrono::steady_clock::now());
   bool urgent = !old.empty();
-  retire_blocks(s, old);
+  retire_blocks(s, old, true);
   s.client.poll_pressure();
+  // Kept mappings: the daemon's Drop messages, and mappings kept under an older connection.
+  if (std::vector<std::uint64_t> keys = s.client.take_drops(); !keys.empty()) {
+    drop_entries(s, s.kept.take_keys(keys));
+    (void)s.client.send_dropped(keys);
+  }
+  if (s.kept.size() > 0) {
+    auto stale = s.kept.take_stale(s.client.generation());
+    if (!stale.empty()) {
+      std::vector<std::uint64_t> keys;
+      for (auto& [k, e] : stale) {
+        keys.push_back(k);
+        if (CUresult rc = unmap_logical(e.alloc); rc != CUDA_SUCCESS) {
+          log(LogLevel::warn, "unmapping a kept mapping failed (CUresult %d)", static_cast<int>(rc));
+        }
+      }
+      (void)s.client.send_dropped(keys);
+    }
+  }
   for (const PressureNote& n : s.client.take_pressure()) {
     const int dev = device_of_uuid(s, n.device);
     if (dev < 0) continue;
@@ -618,6 +717,7 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
     auto mine = s.reserve.drain(dev, 0);
     if (!mine.empty()) {
       retire_blocks(s, mine);
+      drop_kept(s, dev);
       o = obtain(s, dev, bytes, GrantPurpose::alloc);
     } else {
       report_refusal(s, o.grant, dev, bytes);
@@ -653,13 +753,16 @@ CUresult free_logical(State& s, LogicalAlloc a, bool fenced = false) {
     retire_later(s, std::move(out));
     return rc;
   }
-  const CUresult rc = unmap_logical(a);
-  if (rc != CUDA_SUCCESS) {
-    log(LogLevel::warn, "unmapping pool allocation 0x%llx failed (CUresult %d)", static_cast<unsigned long long>(a.ptr),
-        static_cast<int>(rc));
+  // No reserve: the grant goes back now; its mapping stays kept when it qualifies (after the
+  // fence cuMemFree implies: the daemon may hand the memory to another process of the tenant).
+  CUresult rc = CUDA_SUCCESS;
+  const bool keep = !shared && keepable(s, a);
+  if (keep && !fenced) {
+    rc = fence_allocation(a);
+    if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault("cuMemFree", rc);
   }
-  give_back(s, a.grant_id, 0);
-  return CUDA_SUCCESS;
+  release_alloc(s, std::move(a), keep && rc == CUDA_SUCCESS);
+  return rc;
 }
 
 CUstream effective_stream(bool ptds, CUstream s) { return ptds && s == nullptr ? CU_STREAM_PER_THREAD : s; }

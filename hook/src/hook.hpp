@@ -21,6 +21,7 @@
 
 #include "client.hpp"
 #include "config.hpp"
+#include "kept.hpp"
 #include "log.hpp"
 #include "peer.hpp"
 #include "real.hpp"
@@ -56,6 +57,8 @@ struct State {
 
   // Local reserve (docs/hook.md): freed alloc-path memory kept mapped for reuse.
   LocalReserve reserve;
+  // Kept mappings (docs/hook.md): released grants still mapped here, until the daemon says Drop.
+  KeptMappings kept;
   // Devices that enabled peer access to each device's served memory (peer.hpp).
   PeerSet peers;
   // From the last grant: read on the hot path without the connection's mutex.

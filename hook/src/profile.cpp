@@ -9,9 +9,15 @@ namespace vlake::hook {
 
 namespace {
 
-constexpr const char* kNames[] = {
-    "grant (daemon round trip)",  "import", "VA reserve", "map", "set access", "unmap", "release handles+VA",
-    "release (daemon round trip)"};
+constexpr const char* kNames[] = {"grant (daemon round trip)",
+                                  "import",
+                                  "VA reserve",
+                                  "map",
+                                  "set access",
+                                  "unmap",
+                                  "release handles+VA",
+                                  "release (daemon round trip)",
+                                  "kept mapping reused"};
 static_assert(sizeof kNames / sizeof kNames[0] == static_cast<std::size_t>(Phase::count));
 
 void report_at_exit() { Profile::get().report(); }

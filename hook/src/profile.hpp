@@ -15,7 +15,7 @@
 
 namespace vlake::hook {
 
-enum class Phase : int { grant, import, reserve, map, access, unmap, release_handles, release_rpc, count };
+enum class Phase : int { grant, import, reserve, map, access, unmap, release_handles, release_rpc, kept_reuse, count };
 
 class Profile {
  public:

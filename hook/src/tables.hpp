@@ -45,6 +45,7 @@ struct LogicalAlloc {
   std::uint32_t peers = 0;  // devices (bit mask) given read-write access besides `device` (peer.hpp)
   std::chrono::steady_clock::time_point created{};
   std::vector<std::uint64_t> handles;
+  std::uint64_t key = 0;  // one handle with a daemon key: may be kept mapped on release (kept.hpp)
 };
 
 class AllocTable {

@@ -178,6 +178,7 @@ class Daemon::Impl {
   void reload(const std::string& why, bool force);
   void apply_config(ConfigWatch::Outcome o);
   void retry_parked();
+  void send_drops();
   void arm_park_timer();
   void shutdown();
 
@@ -489,6 +490,7 @@ int Daemon::Impl::run() {
           case Source::alloc_timer: alloc_watch_->on_timer(poller_, *node_); break;
         }
         retry_parked();
+        send_drops();
       } catch (const std::exception& e) {
         node_->log_limiter().write(LogLevel::error, "event", std::string("event handling failed: ") + e.what(),
                                    std::chrono::steady_clock::now());
@@ -768,12 +770,12 @@ void Daemon::Impl::on_readable(ConnId serial) {
   node_->count_request();
   const proto::MsgType type = h->type;
   if (type == proto::MsgType::hello && c.session != 0) return malformed(serial, "second Hello on a connection");
-  const bool request = type == proto::MsgType::hello || type == proto::MsgType::grant_request ||
-                       type == proto::MsgType::release || type == proto::MsgType::usage_query ||
-                       type == proto::MsgType::guard_event || type == proto::MsgType::reserve_report ||
-                       type == proto::MsgType::share_request || type == proto::MsgType::share_commit ||
-                       type == proto::MsgType::ipc_export || type == proto::MsgType::ipc_open ||
-                       type == proto::MsgType::ipc_close || type == proto::MsgType::readonly_write;
+  const bool request =
+      type == proto::MsgType::hello || type == proto::MsgType::grant_request || type == proto::MsgType::release ||
+      type == proto::MsgType::usage_query || type == proto::MsgType::guard_event ||
+      type == proto::MsgType::reserve_report || type == proto::MsgType::share_request ||
+      type == proto::MsgType::share_commit || type == proto::MsgType::ipc_export || type == proto::MsgType::ipc_open ||
+      type == proto::MsgType::ipc_close || type == proto::MsgType::readonly_write || type == proto::MsgType::dropped;
   if (!request) {
     return malformed(serial,
                      "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
@@ -850,6 +852,8 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
           if (auto bad = node_->guard_event(s, m, now())) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::ReadOnlyWrite>) {
           if (auto bad = node_->readonly_write(s, m, now())) malformed(serial, bad->reason);
+        } else if constexpr (std::is_same_v<T, proto::Dropped>) {
+          if (auto bad = node_->dropped(s, m)) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::ReserveReport>) {
           if (auto bad = node_->reserve_report(s, m)) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::ShareRequest>) {
@@ -904,6 +908,21 @@ void Daemon::Impl::retry_parked() {
     }
   }
   arm_park_timer();
+}
+
+// Kept mappings (docs/hook.md): Drop messages for what this event retired or handed elsewhere.
+// A client whose socket is full gets none (logged): its memory stays charged until it ends.
+void Daemon::Impl::send_drops() {
+  for (const DropOut& d : node_->take_drops()) {
+    auto it = conns_.find(d.conn);
+    if (it == conns_.end()) continue;
+    try {
+      send_with_fds(it->second.fd.get(), proto::encode(d.msg), {});
+    } catch (const std::exception& e) {
+      node_->log_limiter().warn("drop", "session " + std::to_string(d.session) + ": cannot send Drop: " + e.what(),
+                                std::chrono::steady_clock::now());
+    }
+  }
 }
 
 void Daemon::Impl::arm_park_timer() {

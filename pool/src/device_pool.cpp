@@ -42,7 +42,8 @@ DevicePool::DevicePool(Driver& driver, DeviceOrdinal device, const Logger& log, 
       device_(device),
       log_(log),
       granularity_(driver.granularity(device)),
-      bulk_(round_up(std::max(bulk, granularity_), granularity_)) {}
+      bulk_(round_up(std::max(bulk, granularity_), granularity_)),
+      next_key_((static_cast<std::uint64_t>(device.value()) << 56) + 1) {}
 
 DevicePool::~DevicePool() { release_free(); }
 
@@ -80,6 +81,7 @@ std::unique_ptr<PoolHandle> DevicePool::create(Bytes size) {
     }
     throw;
   }
+  h->key = next_key_++;
   ++created_;
   pool_bytes_ += size;
   peak_bytes_ = std::max(peak_bytes_, pool_bytes_);
@@ -107,6 +109,9 @@ void DevicePool::destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noex
   held.fd = std::move(h->fd);
   held.size = h->size;
   held.tenant = t;
+  held.key = h->key;
+  held.kept_by = h->kept_by;
+  if (h->kept_by != 0) note_drop(*h);
   try {
     held_.push_back(std::move(held));
     held_bytes_ += h->size;
@@ -115,6 +120,75 @@ void DevicePool::destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noex
     log_.error("device " + std::to_string(device_.value()) + ": a retired handle's descriptor was closed unscanned");
   }
   destroy(std::move(h));
+}
+
+void DevicePool::note_drop(PoolHandle& h) noexcept {
+  if (h.kept_by == 0) return;
+  try {
+    drops_.push_back(DropNote{h.kept_by, h.key});
+  } catch (...) {
+    // No room for the note: the keeper keeps its mapping until it ends (charged meanwhile).
+  }
+}
+
+bool DevicePool::dropped(std::uint64_t session, std::span<const std::uint64_t> keys) noexcept {
+  bool closable = false;
+  for (std::uint64_t k : keys) {
+    for (auto& h : free_) {
+      if (h->key == k && h->kept_by == session) h->kept_by = 0;
+    }
+    for (Held& h : held_) {
+      if (h.key == k && h.kept_by == session) {
+        h.kept_by = 0;
+        h.scanned = false;  // settle() looks at it again
+        closable = true;
+      }
+    }
+  }
+  return closable;
+}
+
+bool DevicePool::forget_session(std::uint64_t session) noexcept {
+  bool closable = false;
+  for (auto& h : free_) {
+    if (h->kept_by == session) h->kept_by = 0;
+  }
+  for (Held& h : held_) {
+    if (h.kept_by == session) {
+      h.kept_by = 0;
+      h.scanned = false;
+      closable = true;
+    }
+  }
+  std::erase_if(drops_, [&](const DropNote& n) { return n.session == session; });
+  return closable;
+}
+
+Bytes DevicePool::kept_free_bytes() const noexcept {
+  Bytes b{0};
+  for (const auto& h : free_) {
+    if (h->kept_by != 0) b += h->size;
+  }
+  return b;
+}
+
+Bytes DevicePool::pinned_bytes(std::uint64_t except) const noexcept {
+  Bytes b{0};
+  for (const Held& h : held_) {
+    if (h.kept_by != 0 && h.kept_by != except) b += h.size;
+  }
+  return b;
+}
+
+Bytes DevicePool::kept_by(std::uint64_t session) const noexcept {
+  Bytes b{0};
+  for (const auto& h : free_) {
+    if (h->kept_by == session) b += h->size;
+  }
+  for (const Held& h : held_) {
+    if (h.kept_by == session) b += h.size;
+  }
+  return b;
 }
 
 void DevicePool::unfree(const PoolHandle& h) noexcept {
@@ -140,7 +214,8 @@ void DevicePool::scrub(PoolHandle& h) {
 
 Bytes DevicePool::device_free() { return driver_.memory_info(device_).free; }
 
-PlanInput DevicePool::plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes dev_free) const {
+PlanInput DevicePool::plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes dev_free,
+                                 std::uint64_t session) const {
   PlanInput in;
   in.bytes = size;
   in.tenant = tenant;
@@ -148,8 +223,9 @@ PlanInput DevicePool::plan_input(Bytes size, TenantId tenant, std::uint32_t max_
   in.max_handles = max_handles;
   in.free.reserve(free_.size());
   for (const auto& h : free_) {
-    in.free.push_back(
-        FreeHandleView{h->size, h->last_tenant, h->clean, h->freed_seq, bind_ && h->bound && *h->bound != tenant});
+    FreeHandleView v{h->size, h->last_tenant, h->clean, h->freed_seq, bind_ && h->bound && *h->bound != tenant};
+    v.kept_here = session != 0 && h->kept_by == session;
+    in.free.push_back(v);
   }
   return in;
 }
@@ -159,7 +235,7 @@ Bytes DevicePool::shortfall(Bytes size) {
   return Bytes{size.value() > have ? size.value() - have : 0};
 }
 
-DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t max_handles) {
+DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t max_handles, std::uint64_t session) {
   Served out;
   // An exact fit is the cheapest plan whatever the GPU's free memory (cost model, docs/pool.md):
   // skip the driver query (cuMemGetInfo, several microseconds) on that path.
@@ -168,7 +244,7 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
   });
   Bytes dev_free = exact_fit ? Bytes{0} : device_free();
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const PlanInput in = plan_input(size, tenant, max_handles, dev_free);
+    const PlanInput in = plan_input(size, tenant, max_handles, dev_free, session);
     const Plan p = plan(in, costs_);
     if (log_.enabled(LogLevel::debug)) {
       log_.debug("device " + std::to_string(device_.value()) + ": plan for " + std::to_string(size.value()) +
@@ -185,6 +261,10 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
       for (std::size_t i : p.use) taken.push_back(std::move(free_[i]));
       std::erase_if(free_, [](const std::unique_ptr<PoolHandle>& h) { return !h; });
       for (const auto& h : taken) unfree(*h);
+      // A kept mapping survives only an exact reuse by its own session.
+      for (auto& h : taken) {
+        if (h->kept_by != 0 && (h->kept_by != session || taken.size() > 1)) note_drop(*h);
+      }
       for (std::size_t k = 0; k < taken.size(); ++k) {
         PoolHandle& h = *taken[k];
         const FreeHandleView v{h.size, h.last_tenant, h.clean, h.freed_seq};
@@ -200,7 +280,8 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
               const std::uint64_t seq = o->freed_seq;
               const auto at = o->freed_at;
               const TenantId releaser = o->last_tenant.value_or(tenant);
-              put_back(std::move(o), releaser);
+              const std::uint64_t kept = o->kept_by;
+              put_back(std::move(o), releaser, kept);
               free_.back()->freed_seq = seq;
               free_.back()->freed_at = at;
             }
@@ -259,6 +340,7 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
   for (auto& h : out.handles) {
     h->last_tenant = tenant;
     h->clean = false;
+    h->kept_by = 0;  // granted; the release says whether it stays mapped
     if (bind_) h->bound = tenant;
   }
   return out;
@@ -304,8 +386,9 @@ void DevicePool::forget_tenant(TenantId tenant) noexcept {
   }
 }
 
-void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser) {
+void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser, std::uint64_t kept_by) {
   if (!h) return;
+  h->kept_by = bind_ ? kept_by : 0;
   h->last_tenant = releaser;
   h->clean = false;
   h->freed_seq = ++freed_seq_;
@@ -407,6 +490,7 @@ bool DevicePool::settle(bool all) noexcept {
     Held& h = held_[which[k]];
     h.scanned = true;
     const std::uint32_t n = holders[k];
+    if (h.kept_by != 0) continue;  // the keeper still maps it (Dropped or its end closes it)
     if (n > 0) {
       if (!h.seen_held) {
         h.seen_held = true;

@@ -494,6 +494,12 @@ ConnId Node::end_session(std::uint64_t session, const char* why) {
 void Node::end_session_locked(Session& s, const char* why) {
   const std::uint64_t id = s.id;
   drop_imports_of(id);  // CUDA IPC imports it held (docs/ipc.md)
+  // Kept mappings died with the process (or, for a live one, are dropped when it reconnects).
+  for (Device& d : devices_) {
+    if (d.pool->forget_session(id)) {
+      if (settle_device(d) && !parked_.empty()) memory_returned_ = true;
+    }
+  }
   const std::vector<std::uint64_t> grant_ids = s.grants;
   for (std::uint64_t gid : grant_ids) {
     auto it = grants_.find(gid);

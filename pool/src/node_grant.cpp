@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "dedup.hpp"
+#include "vlake/contracts/codec.hpp"
 #include "vlake/pool/node.hpp"
 
 namespace vlake::pool {
@@ -124,6 +125,13 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   }
   reply.limit = before.limit.value();
   reply.used = reported_used(t.id, *dev, before).value();
+  if (!res && (why == Refusal::tenant_limit || why == Refusal::namespace_limit) &&
+      dev->pool->kept_by(s.id).value() > 0) {
+    // Its own kept mappings hold what it lacks (docs/hook.md, "Kept mappings"): it drops them
+    // and asks again; not a refusal.
+    reply.status = proto::Status::drop_kept;
+    return Refused{reply};
+  }
   if (!res) return refuse(t, *dev, bytes, why, reply, now);
 
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
@@ -152,8 +160,8 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   if (m.purpose != proto::GrantPurpose::counted) {
     changes_.devices = true;
     try {
-      DevicePool::Served a =
-          dev->pool->serve(bytes, t.id, m.purpose == proto::GrantPurpose::create ? 1u : proto::kMaxHandlesPerGrant);
+      DevicePool::Served a = dev->pool->serve(
+          bytes, t.id, m.purpose == proto::GrantPurpose::create ? 1u : proto::kMaxHandlesPerGrant, s.id);
       counters_.scrubs += a.scrubbed;
       if (a.reused > 0) ++counters_.reuses;
       switch (a.kind) {
@@ -178,6 +186,11 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     } catch (const PoolOutOfMemory&) {
       grant_slots_[*slot] = false;
       res->rollback();
+      if (retry == nullptr && dev->pool->kept_by(s.id).value() > 0) {
+        // Its own kept mappings hold memory the GPU lacks: it drops them and asks again.
+        reply.status = proto::Status::drop_kept;
+        return Refused{reply};
+      }
       // Park it while flagged sessions return their reserves, or keep a retried one parked
       // until its deadline (docs/pool.md, "Pressure protocol").
       if (retry != nullptr) {
@@ -191,7 +204,9 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       } else if (settings_.pressure_wait.count() > 0) {
         const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
         std::vector<PressureNote> notes = pressure_for(s, *dev, shortfall);
-        if (!notes.empty()) {
+        // Kept mappings other processes are dropping (docs/hook.md) return memory as well (the
+        // requester's own come back when it drops them after this refusal and asks again).
+        if (!notes.empty() || dev->pool->pinned_bytes(s.id).value() > 0) {
           parked_.push_back(ParkedGrant{conn, s.id, m, now.steady, now.steady + settings_.pressure_wait});
           ++counters_.grants_parked;
           limited_.write(LogLevel::info, "parked " + t.name,
@@ -220,8 +235,10 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   }
   Granted out;
   std::uint64_t offset = 0;
+  // Kept mappings (docs/hook.md): keys only for memory bound to this tenant that the hook maps.
+  const bool keys = dev->pool->binding() && m.purpose == proto::GrantPurpose::alloc && !g.canary;
   for (const auto& h : g.handles) {
-    reply.handles[reply.handle_count++] = proto::HandleDesc{h->size.value(), offset};
+    reply.handles[reply.handle_count++] = proto::HandleDesc{h->size.value(), offset, keys ? h->key : 0};
     offset += h->size.value();
     out.fds.push_back(h->fd.get());
   }
@@ -268,7 +285,7 @@ void Node::record_grant_latency(std::chrono::nanoseconds d) {
   ++counters_.grant_latency_count;
 }
 
-void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
+void Node::finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_t kept_by) {
   if (g.canary && !g.orphaned && !g.handles.empty()) {
     (void)canary_check(g, "release", env_.clock ? env_.clock().unix_ns : 0);
   }
@@ -286,7 +303,7 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported) {
   // releaser as retained) while another process holds them (docs/pool.md, "Handle binding").
   for (auto& h : g.handles) {
     if (exported) dev.pool->retire(std::move(h), releaser);
-    else dev.pool->put_back(std::move(h), releaser);
+    else dev.pool->put_back(std::move(h), releaser, kept_by);
   }
   (void)settle_device(dev);
   if (g.purpose == proto::GrantPurpose::counted) dev.counted -= g.bytes;
@@ -323,11 +340,54 @@ std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, 
   }
   Grant& g = grants_.at(m.grant_id);
   const DeviceOrdinal d = g.device;
-  if (!hold_for_imports(g)) finish_grant(g, s.tenant, (m.flags & proto::kReleaseExported) != 0);
+  const bool exported = (m.flags & proto::kReleaseExported) != 0;
+  // Kept mappings (docs/hook.md): one handle of an alloc grant, bound to the tenant, still
+  // mapped in this process; otherwise the flag is ignored.
+  const bool keep = (m.flags & proto::kReleaseKeepMapped) != 0 && !exported && g.handles.size() == 1 &&
+                    g.purpose == proto::GrantPurpose::alloc && !g.canary && !g.orphaned && !g.ipc_imported &&
+                    devices_.at(static_cast<std::size_t>(d.value())).pool->binding();
+  if (!hold_for_imports(g)) finish_grant(g, s.tenant, exported, keep ? s.id : 0);
   ack.status = proto::Status::ok;
   ack.used =
       reported_used(s.tenant, devices_.at(static_cast<std::size_t>(d.value())), acct_.usage(s.tenant, d)).value();
   return ack;
+}
+
+std::optional<Malformed> Node::dropped(std::uint64_t session, const proto::Dropped& m) {
+  if (sessions_.find(session) == sessions_.end()) return Malformed{"session is gone"};
+  const std::span<const std::uint64_t> keys(m.keys, m.count);
+  for (Device& d : devices_) {
+    if (d.pool->dropped(session, keys)) {
+      if (settle_device(d) && !parked_.empty()) memory_returned_ = true;
+      changes_.devices = true;
+    }
+  }
+  ++kept_dropped_;
+  return std::nullopt;
+}
+
+std::vector<DropOut> Node::take_drops() {
+  std::vector<DropOut> out;
+  for (Device& d : devices_) {
+    for (const DropNote& n : d.pool->take_drops()) {
+      auto sit = sessions_.find(n.session);
+      if (sit == sessions_.end() || sit->second.conn == 0) continue;
+      auto it = std::find_if(out.begin(), out.end(), [&](const DropOut& o) {
+        return o.session == n.session && o.msg.count < proto::kMaxDropKeys;
+      });
+      if (it == out.end()) {
+        DropOut o;
+        o.conn = sit->second.conn;
+        o.session = n.session;
+        o.msg = proto::make<proto::Drop>();
+        out.push_back(o);
+        it = out.end() - 1;
+      }
+      it->msg.keys[it->msg.count++] = n.key;
+      ++kept_drops_;
+    }
+  }
+  return out;
 }
 
 std::variant<proto::UsageReply, Malformed> Node::usage(std::uint64_t session, const proto::UsageQuery& m) {

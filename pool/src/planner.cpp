@@ -105,8 +105,10 @@ Plan plan(const PlanInput& in, const CostModel& m) {
     }
     std::vector<SizeClass> classes;
     for (auto& [s, c] : by_size) {
-      // Same tenant (no scrub), then clean, then the most recently freed.
+      // Kept mapped by the requester, then same tenant (no scrub), then clean, then the most
+      // recently freed.
       std::stable_sort(c.idx.begin(), c.idx.end(), [&](std::size_t a, std::size_t b) {
+        if (in.free[a].kept_here != in.free[b].kept_here) return in.free[a].kept_here;
         const bool sa = !needs_scrub(in.free[a], in.tenant);
         const bool sb = !needs_scrub(in.free[b], in.tenant);
         if (sa != sb) return sa;

@@ -197,10 +197,11 @@ TEST_CASE("warm alloc/free pairs make no VMM call and send no daemon message", "
   CHECK(after.releases - before.releases == 0);
 }
 
-TEST_CASE("cold alloc/free pairs (VLAKE_RESERVE=0) make exactly the uncached path's calls", "[hotpath]") {
+TEST_CASE("cold alloc/free pairs (VLAKE_RESERVE=0 VLAKE_KEEP_MAPPED=0) make exactly the uncached path's calls",
+          "[hotpath]") {
   DaemonProcess d("hotcold", limits_yaml("1GiB"));
   REQUIRE(d.start());
-  Tenant t(d, {"VLAKE_RESERVE=0"});
+  Tenant t(d, {"VLAKE_RESERVE=0", "VLAKE_KEEP_MAPPED=0"});
   for (const auto& size : kSizes) t.ok("pairs " + size + " 1");
   for (const auto& size : kSizes) {
     INFO("size " << size);
@@ -229,5 +230,40 @@ TEST_CASE("cold alloc/free pairs (VLAKE_RESERVE=0) make exactly the uncached pat
     CHECK(kv.at("cuMemAlloc_v2") == 0);
     CHECK(kv.at("cuMemFree_v2") == 0);
     CHECK(kv.at("vmm") == (3 * h + 4) * kPairs);
+  }
+}
+
+TEST_CASE("cold alloc/free pairs (VLAKE_RESERVE=0) reuse the kept mapping: two messages and no driver VMM call",
+          "[hotpath]") {
+  // docs/hook.md, "Kept mappings": the grant goes back to vlaked on every free, the daemon hands
+  // the same handle back on the next alloc and the hook finds it still mapped.
+  DaemonProcess d("hotkept", limits_yaml("1GiB"));
+  REQUIRE(d.start());
+  Tenant t(d, {"VLAKE_RESERVE=0"});
+  for (const auto& size : kSizes) t.ok("pairs " + size + " 1");
+  for (const auto& size : kSizes) {
+    INFO("size " << size);
+    const DaemonCounts before = settled(d);
+    const auto kv = t.ok("pairs " + size + " " + std::to_string(kPairs));
+    const DaemonCounts after = settled(d);
+    CHECK(after.requests - before.requests == 2 * kPairs);
+    CHECK(after.grants - before.grants == kPairs);
+    CHECK(after.releases - before.releases == kPairs);
+    const std::uint64_t imports = kv.at("cuMemImportFromShareableHandle");
+    if (size == "2MiB") CHECK(imports == 0);  // one granule: always one handle
+    if (imports == 0) {
+      // One handle per grant (the daemon's exact fit): nothing but the messages.
+      CHECK(kv.at("cuMemMap") == 0);
+      CHECK(kv.at("cuMemSetAccess") == 0);
+      CHECK(kv.at("cuMemUnmap") == 0);
+      CHECK(kv.at("cuMemRelease") == 0);
+      CHECK(kv.at("vmm") == 0);
+    } else {
+      // A stitched grant (several handles) is never kept: the uncached path.
+      CHECK(imports % kPairs == 0);
+      CHECK(imports / kPairs > 1);
+    }
+    CHECK(kv.at("cuMemAlloc_v2") == 0);
+    CHECK(kv.at("cuMemFree_v2") == 0);
   }
 }

@@ -84,8 +84,8 @@ inline proto::GrantReply sample<proto::GrantReply>() {
   m.bytes = 4 * kMiB;
   m.limit = 8ull << 30;
   m.used = 6 * kMiB;
-  m.handles[0] = proto::HandleDesc{2 * kMiB, 0};
-  m.handles[1] = proto::HandleDesc{2 * kMiB, 2 * kMiB};
+  m.handles[0] = proto::HandleDesc{2 * kMiB, 0, 7};
+  m.handles[1] = proto::HandleDesc{2 * kMiB, 2 * kMiB, 0};
   return m;
 }
 template <>
@@ -261,6 +261,23 @@ inline proto::ReadOnlyWrite sample<proto::ReadOnlyWrite>() {
   return m;
 }
 
+template <>
+inline proto::Drop sample<proto::Drop>() {
+  auto m = proto::make<proto::Drop>();
+  m.count = 2;
+  m.keys[0] = 11;
+  m.keys[1] = (1ULL << 56) + 3;
+  return m;
+}
+
+template <>
+inline proto::Dropped sample<proto::Dropped>() {
+  auto m = proto::make<proto::Dropped>();
+  m.count = 1;
+  m.keys[0] = 11;
+  return m;
+}
+
 template <proto::Message T>
 std::vector<std::byte> wire(const T& m) {
   const auto s = proto::encode(m);
@@ -333,7 +350,7 @@ inline std::vector<Rejection> field_rejections() {
       reject<Release>(
           "Release reserved", client, [](Release& m) { m.reserved = 1; }, "Release reserved field is not zero"),
       reject<Release>(
-          "Release unknown flag", client, [](Release& m) { m.flags = 2; }, "Release has unknown flags"),
+          "Release unknown flag", client, [](Release& m) { m.flags = 4; }, "Release has unknown flags"),
       reject<ReleaseAck>(
           "ReleaseAck reserved", daemon, [](ReleaseAck& m) { m.reserved = 1; },
           "ReleaseAck reserved field is not zero"),
@@ -420,6 +437,15 @@ inline std::vector<Rejection> field_rejections() {
       reject<ReadOnlyWrite>(
           "ReadOnlyWrite call not terminated", client, [](ReadOnlyWrite& m) { fill(m.call); },
           "ReadOnlyWrite call name not terminated"),
+      reject<Drop>(
+          "Drop reserved", daemon, [](Drop& m) { m.reserved = 1; }, "Drop reserved field is not zero"),
+      reject<Drop>(
+          "Drop empty", daemon, [](Drop& m) { m.count = 0; }, "Drop count 0 out of range"),
+      reject<Dropped>(
+          "Dropped reserved", client, [](Dropped& m) { m.reserved = 1; }, "Dropped reserved field is not zero"),
+      reject<Dropped>(
+          "Dropped too many keys", client, [](Dropped& m) { m.count = kMaxDropKeys + 1; },
+          "Dropped count 65 out of range"),
   };
 }
 

@@ -41,10 +41,11 @@ std::vector<std::byte> with(const T& m, std::size_t offset, const void* value, s
 
 }  // namespace
 
-#define VLAKE_ALL_MESSAGES                                                                                          \
-  proto::Hello, proto::HelloAck, proto::GrantRequest, proto::GrantReply, proto::Release, proto::ReleaseAck,         \
-      proto::UsageQuery, proto::UsageReply, proto::Error, proto::GuardEvent, proto::Pressure, proto::ReserveReport, \
-      proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck, proto::ReadOnlyWrite
+#define VLAKE_ALL_MESSAGES                                                                                            \
+  proto::Hello, proto::HelloAck, proto::GrantRequest, proto::GrantReply, proto::Release, proto::ReleaseAck,           \
+      proto::UsageQuery, proto::UsageReply, proto::Error, proto::GuardEvent, proto::Pressure, proto::ReserveReport,   \
+      proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck, proto::ReadOnlyWrite, proto::Drop, \
+      proto::Dropped
 
 // ---------------------------------------------------------------------------------------------
 // round trips
@@ -141,7 +142,7 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
     CHECK(d.header() == nullptr);  // nothing of it can be trusted
   }
   SECTION("another protocol version: kind version, header kept for the version_mismatch answer") {
-    for (std::uint16_t v : {std::uint16_t{0}, std::uint16_t{2}, std::uint16_t{7}, std::uint16_t{0xffff}}) {
+    for (std::uint16_t v : {std::uint16_t{0}, std::uint16_t{1}, std::uint16_t{7}, std::uint16_t{0xffff}}) {
       const auto b = with(hello, offsetof(proto::Header, version), &v, sizeof v);
       const proto::Decoded d = decode_bytes(b);
       REQUIRE_FALSE(d.ok());
@@ -153,15 +154,15 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
       CHECK(d.header()->request_id == 42);
     }
   }
-  SECTION("a version-2 Hello of another size is still a version mismatch, not a size error") {
+  SECTION("a version-3 Hello of another size is still a version mismatch, not a size error") {
     std::vector<std::byte> b = wire(hello);
     b.resize(b.size() + 16);
-    const std::uint16_t v = 2;
+    const std::uint16_t v = 3;
     std::memcpy(b.data() + offsetof(proto::Header, version), &v, sizeof v);
     CHECK(decode_bytes(b).error().kind == DecodeError::Kind::version);
   }
   SECTION("unknown message types") {
-    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{24}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
+    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{26}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
       const auto b = with(hello, offsetof(proto::Header, type), &t, sizeof t);
       CHECK(reason(b) == "unknown message type");
       CHECK(proto::message_name(static_cast<proto::MsgType>(t)) == nullptr);
@@ -443,15 +444,15 @@ TEST_CASE("codec: what the hook sends, the daemon accepts, and back", "[contract
   }
 }
 
-TEST_CASE("codec: the wire format is protocol version 1's, byte for byte", "[contracts][codec]") {
-  // Header: magic "VLK1", version 1, type, size, reserved, request id; host-endian.
+TEST_CASE("codec: the wire format is protocol version 2's, byte for byte", "[contracts][codec]") {
+  // Header: magic "VLK1", version 2, type, size, reserved, request id; host-endian.
   auto m = proto::make<proto::ReleaseAck>(0x1122334455667788ull);
   m.status = proto::Status::unknown_grant;
   m.used = 0x0102030405060708ull;
   const std::vector<std::byte> b = wire(m);
   const unsigned char expect[40] = {
       'V',  'L',  'K',  '1',                           // magic 0x314b4c56
-      1,    0,                                         // version
+      2,    0,                                         // version
       6,    0,                                         // type release_ack
       40,   0,    0,    0,                             // size
       0,    0,    0,    0,                             // reserved
@@ -463,11 +464,13 @@ TEST_CASE("codec: the wire format is protocol version 1's, byte for byte", "[con
   static_assert(std::endian::native == std::endian::little, "the expected bytes are little-endian");
   REQUIRE(b.size() == sizeof expect);
   CHECK(std::memcmp(b.data(), expect, sizeof expect) == 0);
-  // Field offsets every version-1 peer relies on.
+  // Field offsets every version-2 peer relies on.
   CHECK(offsetof(proto::GrantRequest, device_uuid) == 24);
   CHECK(offsetof(proto::GrantRequest, bytes) == 40);
   CHECK(offsetof(proto::GrantRequest, purpose) == 48);
   CHECK(offsetof(proto::GrantReply, handles) == 64);
+  CHECK(offsetof(proto::HandleDesc, key) == 16);  // version 2
+  CHECK(sizeof(proto::HandleDesc) == 24);
   CHECK(offsetof(proto::HelloAck, tenant_name) == 56);
   CHECK(offsetof(proto::HelloAck, devices) == 120);
   CHECK(offsetof(proto::GuardEvent, suspects) == 88);

@@ -311,7 +311,7 @@ void FakeDaemon::on_grant(int fd, const GrantRequest& m) {
       const auto h = driver_.create(vlake::DeviceOrdinal{dev}, vlake::Bytes{size});
       g.handles.push_back(h);
       fds.push_back(driver_.export_fd(h));
-      rep.handles[rep.handle_count++] = HandleDesc{size, offset};
+      rep.handles[rep.handle_count++] = HandleDesc{size, offset, 0};
       offset += size;
     }
     if (m.purpose == GrantPurpose::alloc) ++counters_.grants_alloc;

@@ -698,7 +698,8 @@ TEST_CASE("daemon: refuses the codec corpus' malformed client messages with the 
     CHECK(e.status == Status::bad_request);
     CHECK(std::string(e.message) == r.reason);
     CHECK(bad.wait_closed());
-    CHECK_THAT(d.log(), Catch::Contains("malformed message: " + r.reason));
+    // One uid's malformed-message lines are rate-limited (burst 20, docs/daemon.md "Limits").
+    if (sent <= 20) CHECK_THAT(d.log(), Catch::Contains("malformed message: " + r.reason));
   }
   CHECK(sent >= 15);
   CHECK(snapshot(d.state)->counters.malformed == sent);

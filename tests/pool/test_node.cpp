@@ -1533,3 +1533,96 @@ namespaces:
   CHECK(w.node->accounting().namespace_usage(a, d0).held() == 0_B);
   CHECK(w.node->accounting().namespace_usage(b, d0).held() == 0_B);
 }
+
+// ---------------------------------------------------------------------------------------------
+// kept mappings (docs/hook.md, "Kept mappings")
+
+namespace {
+proto::Release keep_release(std::uint64_t grant) {
+  proto::Release m = proto::make<proto::Release>(9);
+  m.grant_id = grant;
+  m.flags = proto::kReleaseKeepMapped;
+  return m;
+}
+std::uint64_t key_of(const GrantOut& out) {
+  const auto* g = std::get_if<Granted>(&out);
+  REQUIRE(g != nullptr);
+  REQUIRE(g->reply.handle_count == 1);
+  return g->reply.handles[0].key;
+}
+}  // namespace
+
+TEST_CASE("node: a kept handle comes back to its session with its key; another process gets it only after a Drop",
+          "[node][kept]") {
+  World w("version: 1\ndefault:\n  limit: 512MiB\n");
+  const std::uint64_t a = w.hello(1, 100, 1000);
+  const std::uint64_t a2 = w.hello(2, 101, 1000);  // the same tenant, another process
+  GrantOut first = w.grant(1, a, 32 * kMiB);
+  const std::uint64_t key = key_of(first);
+  CHECK(key != 0);
+  REQUIRE(std::holds_alternative<proto::ReleaseAck>(w.node->release(a, keep_release(std::get<Granted>(first).grant))));
+  CHECK(w.node->devices().front().pool->kept_by(a) == 32_MiB);
+  CHECK(w.used(a) == 32_MiB);  // kept memory is the tenant's (retained)
+  CHECK(w.node->take_drops().empty());
+  // Its own session: the same handle, same key, no Drop.
+  GrantOut again = w.grant(1, a, 32 * kMiB);
+  CHECK(key_of(again) == key);
+  CHECK(w.node->take_drops().empty());
+  REQUIRE(std::holds_alternative<proto::ReleaseAck>(w.node->release(a, keep_release(std::get<Granted>(again).grant))));
+  // Another process of the tenant: the handle moves, and the keeper is told to drop it.
+  GrantOut other = w.grant(2, a2, 32 * kMiB);
+  CHECK(key_of(other) == key);
+  const std::vector<DropOut> drops = w.node->take_drops();
+  REQUIRE(drops.size() == 1);
+  CHECK(drops[0].conn == 1);
+  CHECK(drops[0].session == a);
+  CHECK(drops[0].msg.count == 1);
+  CHECK(drops[0].msg.keys[0] == key);
+  CHECK(proto::decode(proto::encode(drops[0].msg), 0).ok());
+  CHECK(w.node->devices().front().pool->kept_by(a) == 0_B);
+  CHECK(w.node->kept_drops() == 1);
+}
+
+TEST_CASE("node: a retired kept handle stays charged until its keeper says Dropped", "[node][kept]") {
+  World w("version: 1\ndefault:\n  limit: 64MiB\n");
+  const std::uint64_t a = w.hello(1, 100, 1000);
+  GrantOut first = w.grant(1, a, 48 * kMiB);
+  const std::uint64_t key = key_of(first);
+  REQUIRE(std::holds_alternative<proto::ReleaseAck>(w.node->release(a, keep_release(std::get<Granted>(first).grant))));
+  // A grant that needs the tenant's own kept memory: not a refusal, "drop yours and ask again".
+  CHECK(w.refused(1, a, 32 * kMiB) == proto::Status::drop_kept);
+  CHECK(w.node->counters().denials_over_limit == 0);
+  // The self-limit path retired the kept handle: its memory is pinned (the process maps it).
+  DevicePool& pool = *w.node->devices().front().pool;
+  CHECK(pool.pinned_bytes() == 48_MiB);
+  CHECK(w.used(a) == 48_MiB);
+  const std::vector<DropOut> drops = w.node->take_drops();
+  REQUIRE(drops.size() == 1);
+  CHECK(drops[0].msg.keys[0] == key);
+  // A Dropped from another session changes nothing; the keeper's does.
+  const std::uint64_t b = w.hello(2, 200, 2000);
+  proto::Dropped d = proto::make<proto::Dropped>();
+  d.count = 1;
+  d.keys[0] = key;
+  CHECK_FALSE(w.node->dropped(b, d).has_value());
+  CHECK(pool.pinned_bytes() == 48_MiB);
+  CHECK_FALSE(w.node->dropped(a, d).has_value());
+  CHECK(pool.pinned_bytes() == 0_B);
+  CHECK(w.used(a) == 0_B);
+  w.granted(1, a, 32 * kMiB);
+  CHECK(w.node->counters().denials_over_limit == 0);
+}
+
+TEST_CASE("node: a keeper that exits unpins its kept memory", "[node][kept]") {
+  World w("version: 1\ndefault:\n  limit: 512MiB\n");
+  const std::uint64_t a = w.hello(1, 100, 1000);
+  const std::uint64_t b = w.hello(2, 101, 1000);  // keeps the tenant alive after a ends
+  GrantOut g1 = w.grant(1, a, 16 * kMiB);
+  REQUIRE(std::holds_alternative<proto::ReleaseAck>(w.node->release(a, keep_release(std::get<Granted>(g1).grant))));
+  DevicePool& pool = *w.node->devices().front().pool;
+  CHECK(pool.retire_bound(w.node->session(a)->tenant, Bytes{~0ULL}) == 16_MiB);
+  CHECK(pool.pinned_bytes() == 16_MiB);
+  w.node->end_session(a, "test");
+  CHECK(pool.pinned_bytes() == 0_B);
+  CHECK(w.used(b) == 0_B);
+}

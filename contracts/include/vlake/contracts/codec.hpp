@@ -73,6 +73,8 @@ VLAKE_PROTO_MESSAGE(IpcOpenReply, ipc_open_reply);
 VLAKE_PROTO_MESSAGE(IpcClose, ipc_close);
 VLAKE_PROTO_MESSAGE(IpcCloseAck, ipc_close_ack);
 VLAKE_PROTO_MESSAGE(ReadOnlyWrite, readonly_write);
+VLAKE_PROTO_MESSAGE(Drop, drop);
+VLAKE_PROTO_MESSAGE(Dropped, dropped);
 #undef VLAKE_PROTO_MESSAGE
 
 // A struct that travels as one message.
@@ -85,7 +87,7 @@ concept Message = std::is_trivially_copyable_v<T> && requires {
 using AnyMessage =
     std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
                  GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck, IpcExport,
-                 IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck, ReadOnlyWrite>;
+                 IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck, ReadOnlyWrite, Drop, Dropped>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {
@@ -192,7 +194,7 @@ inline std::optional<std::string> check_fields(const GrantReply& m) {
 }
 inline std::optional<std::string> check_fields(const Release& m) {
   if (m.reserved != 0) return "Release reserved field is not zero";
-  if ((m.flags & ~std::uint32_t{kReleaseExported}) != 0) return "Release has unknown flags";
+  if ((m.flags & ~std::uint32_t{kReleaseExported | kReleaseKeepMapped}) != 0) return "Release has unknown flags";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const ReleaseAck& m) {
@@ -219,6 +221,16 @@ inline std::optional<std::string> check_fields(const GuardEvent& m) {
     return "GuardEvent suspect_count " + detail::number(m.suspect_count) + " out of range";
   }
   if (!detail::terminated(m.call)) return "GuardEvent call name not terminated";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const Drop& m) {
+  if (m.reserved != 0) return "Drop reserved field is not zero";
+  if (m.count == 0 || m.count > kMaxDropKeys) return "Drop count " + detail::number(m.count) + " out of range";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const Dropped& m) {
+  if (m.reserved != 0) return "Dropped reserved field is not zero";
+  if (m.count == 0 || m.count > kMaxDropKeys) return "Dropped count " + detail::number(m.count) + " out of range";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const ReadOnlyWrite& m) {

@@ -34,7 +34,7 @@
 namespace vlake::proto {
 
 inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;         // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
 inline constexpr std::uint32_t kMaxDevices = 16;
@@ -63,6 +63,8 @@ enum class MsgType : std::uint16_t {
   ipc_close = 21,         // client -> daemon: the importer unmapped an opened handle
   ipc_close_ack = 22,     // daemon -> client
   readonly_write = 23,    // client -> daemon, no reply: a copy or memset into shared memory was refused
+  drop = 24,              // daemon -> client, unsolicited, no reply: unmap these kept handles
+  dropped = 25,           // client -> daemon, no reply: these kept handles are unmapped and closed
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -90,6 +92,9 @@ enum class Status : std::int32_t {
                              // (another tenant outside the owner's `ipc_domain`, docs/ipc.md)
   unknown_handle = 14,       // IpcOpen/IpcClose of a token the daemon does not know (never issued,
                              // wrong secret, or its grant is gone)
+  drop_kept = 15,            // GrantReply (version 2): the grant fits once this process drops the
+                             // mappings it keeps on that GPU (docs/hook.md, "Kept mappings"):
+                             // drop them, say Dropped, ask again. Not a refusal (not counted)
 };
 
 struct Header {
@@ -167,6 +172,11 @@ struct GrantRequest {
 struct HandleDesc {
   std::uint64_t size;
   std::uint64_t offset;  // where this handle goes inside the grant's VA range
+  // Version 2 (docs/hook.md, "Kept mappings"): nonzero when the handle is bound to the
+  // requesting tenant (`--handle-reuse tenant`) and may stay mapped in this process after its
+  // grant is released (kReleaseKeepMapped): the same physical handle carries the same key for
+  // the daemon's lifetime, and keys are never reused by one daemon. 0: unmap it on release.
+  std::uint64_t key;
 };
 
 struct GrantReply {
@@ -184,6 +194,11 @@ enum ReleaseFlags : std::uint32_t {
   // The application exported the handle (cuMemExportToShareableHandle): another process may
   // still hold the memory, so the daemon must retire it instead of pooling it.
   kReleaseExported = 1u << 0,
+  // The grant has one handle with a nonzero key and this process keeps it imported and mapped
+  // (docs/hook.md, "Kept mappings"): the daemon pools it bound to the tenant as usual, remembers
+  // that this session keeps it, and sends Drop before the handle is retired or goes to
+  // another process. Ignored for other grants.
+  kReleaseKeepMapped = 1u << 1,
 };
 
 struct Release {
@@ -279,6 +294,25 @@ struct Pressure {
   std::uint64_t bytes;
   PressureReason reason;
   std::uint32_t reserved;
+};
+
+// Kept mappings (docs/hook.md, "Kept mappings"). Drop: daemon -> client, unsolicited
+// (request_id 0): unmap, release and close the kept handles with these keys (the daemon retires
+// them or hands them to another process). Dropped: client -> daemon, no reply: the kept handles
+// with these keys are unmapped, released and closed in this process (after a Drop, or on the
+// client's own account). Keys this process does not keep are ignored by both sides.
+inline constexpr std::uint32_t kMaxDropKeys = 64;
+struct Drop {
+  Header h;
+  std::uint32_t count;  // 1..kMaxDropKeys
+  std::uint32_t reserved;
+  std::uint64_t keys[kMaxDropKeys];
+};
+struct Dropped {
+  Header h;
+  std::uint32_t count;  // 1..kMaxDropKeys
+  std::uint32_t reserved;
+  std::uint64_t keys[kMaxDropKeys];
 };
 
 // client -> daemon, no reply: how much granted memory this process keeps mapped but unused in
@@ -434,7 +468,7 @@ VLAKE_PROTO_CHECK(Hello, 72);
 VLAKE_PROTO_CHECK(DeviceQuota, 40);
 VLAKE_PROTO_CHECK(HelloAck, 760);
 VLAKE_PROTO_CHECK(GrantRequest, 56);
-VLAKE_PROTO_CHECK(GrantReply, 576);
+VLAKE_PROTO_CHECK(GrantReply, 832);
 VLAKE_PROTO_CHECK(Release, 40);
 VLAKE_PROTO_CHECK(ReleaseAck, 40);
 VLAKE_PROTO_CHECK(UsageQuery, 40);
@@ -455,6 +489,8 @@ VLAKE_PROTO_CHECK(IpcOpenReply, 840);
 VLAKE_PROTO_CHECK(IpcClose, 32);
 VLAKE_PROTO_CHECK(IpcCloseAck, 32);
 VLAKE_PROTO_CHECK(ReadOnlyWrite, 144);
+VLAKE_PROTO_CHECK(Drop, 544);
+VLAKE_PROTO_CHECK(Dropped, 544);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -483,6 +519,8 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::ipc_close: return sizeof(IpcClose);
     case MsgType::ipc_close_ack: return sizeof(IpcCloseAck);
     case MsgType::readonly_write: return sizeof(ReadOnlyWrite);
+    case MsgType::drop: return sizeof(Drop);
+    case MsgType::dropped: return sizeof(Dropped);
   }
   return 0;
 }

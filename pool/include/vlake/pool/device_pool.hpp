@@ -31,6 +31,15 @@
 // released. A handle's time in the free pool starts when it enters it (put_back, refill) by
 // the clock set with set_clock(), or, without one, at the first release_idle() that sees it.
 //
+// Kept mappings (docs/hook.md, "Kept mappings"): every handle has a key, unique for this
+// pool's life (device ordinal in the top byte), that goes to the tenant with the handle. A
+// released handle whose releasing session keeps it mapped carries `kept_by` (that session) while
+// free; when serve() hands it to another session or to a grant of several handles, or when it
+// is retired (idle release, retire_bound, serve() making room), the keeping session must unmap
+// it: the pair goes into take_drops() for the caller to send as Drop. A retired kept handle's
+// descriptor is held (charged to its tenant) and is not closed by settle() until the keeper
+// said Dropped (dropped()) or ended (forget_session()): the process still maps the memory.
+//
 // Size classes: the granularity G (tails, fragments), the bulk size B (warm reserve), and exact
 // handles (a new handle always has the grant's size).
 //
@@ -49,7 +58,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "vlake/common/driver.hpp"
@@ -77,6 +88,14 @@ struct PoolHandle {
   std::optional<TenantId> bound;        // binding on: the tenant its descriptor went to
   // When it entered the free pool (idle release); nullopt: not yet seen by a clock.
   std::optional<std::chrono::steady_clock::time_point> freed_at;
+  std::uint64_t key = 0;      // kept mappings: unique for the pool's life, nonzero
+  std::uint64_t kept_by = 0;  // free: the session that keeps it mapped (0: none)
+};
+
+// A kept handle its keeper must unmap (docs/hook.md, "Kept mappings").
+struct DropNote {
+  std::uint64_t session = 0;
+  std::uint64_t key = 0;
 };
 
 class PoolOutOfMemory : public std::runtime_error {
@@ -105,8 +124,9 @@ class DevicePool {
     std::uint64_t released = 0;  // free handles released to make room
   };
   // `size` must be a positive multiple of granularity(); max_handles 1..32 (1: the handle goes
-  // to the application).
-  Served serve(Bytes size, TenantId tenant, std::uint32_t max_handles = 32);
+  // to the application). `session`: the requesting session (kept mappings: an exact handle it
+  // keeps mapped is preferred; one another session keeps is dropped there).
+  Served serve(Bytes size, TenantId tenant, std::uint32_t max_handles = 32, std::uint64_t session = 0);
   // What serve(size) lacks: size minus (GPU free memory + free pool bytes), at least 0.
   [[nodiscard]] Bytes shortfall(Bytes size);
   // Warm reserve: creates clean (exported, mapped, zeroed) handles until the free pool holds
@@ -114,8 +134,22 @@ class DevicePool {
   // to min(target / 8, 32 MiB), then bulk handles, then G handles for the rest. Returns the
   // handles created. Throws DriverError on failures other than out-of-memory.
   std::uint64_t refill(Bytes target, std::uint64_t max_handles);
-  // Returns a granted handle to the free pool; `releaser` becomes its last tenant.
-  void put_back(std::unique_ptr<PoolHandle> h, TenantId releaser);
+  // Returns a granted handle to the free pool; `releaser` becomes its last tenant; `kept_by`:
+  // the session that keeps it mapped (0: none; ignored without binding).
+  void put_back(std::unique_ptr<PoolHandle> h, TenantId releaser, std::uint64_t kept_by = 0);
+  // Kept mappings: `session` no longer maps these keys (Dropped) / anything (it ended). True if
+  // a held descriptor became closable (call settle()).
+  bool dropped(std::uint64_t session, std::span<const std::uint64_t> keys) noexcept;
+  bool forget_session(std::uint64_t session) noexcept;
+  // The kept handles whose keepers must unmap them, since the last call.
+  [[nodiscard]] std::vector<DropNote> take_drops() noexcept { return std::exchange(drops_, {}); }
+  // Free bytes kept mapped by some session.
+  [[nodiscard]] Bytes kept_free_bytes() const noexcept;
+  // Retired bytes still mapped by their keeper (a Drop is on its way): memory that returns to
+  // the GPU once the keeper says Dropped. `except`: not counting that session's.
+  [[nodiscard]] Bytes pinned_bytes(std::uint64_t except = 0) const noexcept;
+  // Bytes `session` keeps mapped: free handles it keeps + retired ones it still maps.
+  [[nodiscard]] Bytes kept_by(std::uint64_t session) const noexcept;
   // Releases a granted handle for good (it may live on in processes that imported it). A
   // bound handle, or any handle with `charge` (its descriptor went to that tenant), keeps its
   // descriptor open, held and charged to that tenant, until settle() finds no other holder.
@@ -197,7 +231,10 @@ class DevicePool {
     TenantId tenant{};
     bool seen_held = false;  // a scan found a holder (counted in retired_held_)
     bool scanned = false;    // a scan has looked at it
+    std::uint64_t key = 0;
+    std::uint64_t kept_by = 0;  // a session still maps it: held whatever the scan says
   };
+  void note_drop(PoolHandle& h) noexcept;
   std::unique_ptr<PoolHandle> create(Bytes size);
   void destroy(std::unique_ptr<PoolHandle> h) noexcept;
   // destroy(), keeping the exported descriptor in held_ charged to `t`.
@@ -205,7 +242,8 @@ class DevicePool {
   // A free handle leaves the free pool (bookkeeping of free and bound bytes).
   void unfree(const PoolHandle& h) noexcept;
   void scrub(PoolHandle& h);
-  PlanInput plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes device_free) const;
+  PlanInput plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes device_free,
+                       std::uint64_t session) const;
   Bytes device_free();
 
   Driver& driver_;
@@ -229,6 +267,8 @@ class DevicePool {
   std::uint64_t retired_held_ = 0;
   std::function<std::chrono::steady_clock::time_point()> clock_;
   Bytes idle_released_bytes_{0};
+  std::uint64_t next_key_;
+  std::vector<DropNote> drops_;
 };
 
 }  // namespace vlake::pool

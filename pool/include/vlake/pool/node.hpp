@@ -186,6 +186,13 @@ struct PressureNote {
   proto::Pressure msg{};
 };
 
+// A Drop for one session (docs/hook.md, "Kept mappings"): the loop sends `msg` on `conn`.
+struct DropOut {
+  ConnId conn = 0;
+  std::uint64_t session = 0;
+  proto::Drop msg{};
+};
+
 struct Granted {
   proto::GrantReply reply{};
   std::vector<int> fds;  // borrowed, one per handle, in reply order
@@ -380,6 +387,15 @@ class Node {
   void record_grant_latency(std::chrono::nanoseconds d);
   std::variant<proto::ReleaseAck, Malformed> release(std::uint64_t session, const proto::Release& m);
   std::variant<proto::UsageReply, Malformed> usage(std::uint64_t session, const proto::UsageQuery& m);
+  // Kept mappings (docs/hook.md): the session unmapped and closed these kept handles.
+  std::optional<Malformed> dropped(std::uint64_t session, const proto::Dropped& m);
+  // The Drop messages to send after this event (kept handles retired or handed elsewhere),
+  // grouped per session, at most kMaxDropKeys keys each; detached sessions are skipped (their
+  // process drops everything when it reconnects).
+  std::vector<DropOut> take_drops();
+  // Keys sent in Drop messages, and Dropped messages received, since start.
+  [[nodiscard]] std::uint64_t kept_drops() const noexcept { return kept_drops_; }
+  [[nodiscard]] std::uint64_t kept_dropped() const noexcept { return kept_dropped_; }
   std::optional<Malformed> reserve_report(std::uint64_t session, const proto::ReserveReport& m);
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
   // A copy or memset into a shared range of one of the session's grants was refused
@@ -514,7 +530,9 @@ class Node {
   // What replies call `used`: usage minus the tenant's bound free handles (retired on demand
   // when it needs the room, so they are not memory it cannot have); retained descriptors count.
   [[nodiscard]] Bytes reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const;
-  void finish_grant(Grant& g, TenantId releaser, bool exported);
+  void finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_t kept_by = 0);
+  std::uint64_t kept_drops_ = 0;
+  std::uint64_t kept_dropped_ = 0;
   // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
   // retained bytes there (accounting, changes, counters). Returns true if memory came back.
   bool settle_device(Device& d, bool all = false);

@@ -66,6 +66,7 @@ struct FreeHandleView {
   bool clean = false;                   // holds zeros (warm reserve): no scrub for anyone
   std::uint64_t freed_seq = 0;          // when it entered the free pool (larger: more recent)
   bool foreign = false;                 // bound to another tenant: never used, may be released
+  bool kept_here = false;               // the requesting process keeps it mapped: preferred
 };
 
 struct PlanInput {
