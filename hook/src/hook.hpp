@@ -23,9 +23,11 @@
 #include "config.hpp"
 #include "log.hpp"
 #include "peer.hpp"
+#include "pending.hpp"
 #include "real.hpp"
 #include "reserve.hpp"
 #include "tables.hpp"
+#include "usage_cache.hpp"
 
 namespace vlake::hook {
 
@@ -72,6 +74,16 @@ struct State {
   std::vector<ReserveBlock> retire_queue;  // guarded by work_mu
   bool worker_started = false;             // guarded by work_mu
   bool stopping = false;                   // guarded by work_mu: the process is exiting
+
+  // Stream-ordered frees (pending.hpp): cuMemFreeAsync'd allocations waiting for their stream,
+  // completed by the worker; pushed under work_mu (which also guards frees_kicked: the worker
+  // queries at once after a push).
+  PendingFrees frees;
+  EventPool events;
+  bool frees_kicked = false;
+
+  // The daemon's usage answers, briefly (usage_cache.hpp, docs/hook.md "Memory queries").
+  UsageCache usage_cache;
 };
 
 [[nodiscard]] State* state() noexcept;
@@ -93,6 +105,10 @@ void report_fault(const char* call, CUresult rc) noexcept;
 // read-only range of this process (share::readonly_hit), sends a ReadOnlyWrite to vlaked and
 // logs one line. Never throws.
 void report_refused_write(const char* call, std::uint64_t dst, std::uint64_t bytes, CUresult rc) noexcept;
+
+// The tenant's usage of GPU `uuid` (UsageQuery), from the usage cache when it may answer;
+// nullopt when the daemon cannot be reached.
+std::optional<UsageResult> usage_of(State& s, const Uuid& uuid);
 
 // Applies the daemon's usage answer to a (free, total) pair the driver reported.
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
