@@ -11,7 +11,7 @@
 // fork()ed child print "child <step> ..."). Sizes accept K/M/G suffixes (binary). Steps:
 //   init | init-only | noctx
 //   alloc:N:SIZE  free:N  fill:N:SIZE:BYTE  check:N:SIZE:BYTE  pitch:N:W:H:ELEM  async:N:SIZE  freeasync:N
-//   managed:N:SIZE  info  totalmem  range:N:OFF  attr:N:OFF
+//   managed:N:SIZE  info  infoloop:COUNT  totalmem  range:N:OFF  attr:N:OFF
 //   create:H:SIZE[:nofd]  reserve:V:SIZE  map:V:OFF:H  unmap:V:OFF:SIZE  addrfree:V
 //   retain:H2:V:OFF  release:H  props:H  export:H:V:OFF
 //   nvml[:I]  threads:T:ITERS:SIZE  stress:T:ITERS:MAXSIZE  fork ... endfork  sleep:MS
@@ -814,6 +814,18 @@ void run_step(const std::string& s) {
     size_t t = 0;
     const CUresult rc = CALL(cuMemGetInfo, &f, &t);
     out("%s rc=%d free=%zu total=%zu", s.c_str(), rc, f, t);
+  } else if (op == "infoloop") {
+    // cuMemGetInfo N times: the last answer and how many distinct free figures were seen.
+    const int n = std::atoi(a.at(1).c_str());
+    size_t f = 0;
+    size_t t = 0;
+    CUresult rc = CUDA_SUCCESS;
+    std::vector<size_t> seen;
+    for (int i = 0; i < n && rc == CUDA_SUCCESS; ++i) {
+      rc = CALL(cuMemGetInfo, &f, &t);
+      if (std::find(seen.begin(), seen.end(), f) == seen.end()) seen.push_back(f);
+    }
+    out("%s rc=%d free=%zu total=%zu distinct=%zu", s.c_str(), rc, f, t, seen.size());
   } else if (op == "totalmem") {
     size_t b = 0;
     const CUresult rc = CALL(cuDeviceTotalMem, &b, a.size() > 1 ? std::atoi(a[1].c_str()) : g_device);
