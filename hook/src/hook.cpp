@@ -44,6 +44,7 @@ void fork_prepare() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
   s->busy_mu.lock();
+  s->settle_mu.lock();
   s->work_mu.lock();
   ipc::lock_all();
   s->client.prepare_fork();
@@ -71,6 +72,7 @@ void fork_parent() {
   s->client.parent_after_fork();
   ipc::unlock_all();
   s->work_mu.unlock();
+  s->settle_mu.unlock();
   s->busy_mu.unlock();
 }
 
@@ -110,9 +112,12 @@ void fork_child() {
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();
   s->frees_kicked = false;
+  s->frees_queued.store(0);
+  s->frees_completed.store(0);
   s->worker_started = false;
   s->stopping = false;
   s->work_mu.unlock();
+  s->settle_mu.unlock();
   s->busy_mu.unlock();
   s->refusals.reset();
   s->unreachable.reset();
@@ -528,7 +533,7 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint
 }
 
 // Stream-ordered frees (defined with the free path below).
-void finish_frees(State& s);
+std::size_t finish_frees(State& s);
 void drain_frees_at_exit(State& s);
 
 constexpr auto kWorkerPeriod = std::chrono::milliseconds(50);
@@ -642,10 +647,19 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
     }
     if (gran == 0) s.reserve.note_miss(bytes);  // the first grant tells the granularity
   }
-  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, /*report=*/!reserve);
-  if (reserve && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {
+  // Stream-ordered frees not completed yet: those the stream has passed (the application
+  // synchronized) count before a refusal, whoever completes them.
+  const std::uint64_t completed = s.frees_completed.load(std::memory_order_acquire);
+  const bool pending = s.frees_queued.load(std::memory_order_acquire) != completed;
+  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, /*report=*/!reserve && !pending);
+  if ((reserve || pending) && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {
+    if (pending) {
+      std::lock_guard lock(s.settle_mu);  // the worker's completions in progress are finished
+    }
+    finish_frees(s);
+    const bool freed = s.frees_completed.load(std::memory_order_acquire) != completed;
     auto mine = s.reserve.drain(dev, 0);
-    if (!mine.empty()) {
+    if (!mine.empty() || freed) {
       retire_blocks(s, mine);
       o = obtain(s, dev, bytes, GrantPurpose::alloc);
     } else {
@@ -726,12 +740,30 @@ void complete_free(State& s, PendingFree& f) {
     if (f.state == EventState::failed || !s.events.release(f.ctx, f.event)) used().cuEventDestroy_v2(f.event);
   });
   free_logical(s, std::move(f.alloc), /*fenced=*/true);
+  s.frees_completed.fetch_add(1, std::memory_order_acq_rel);
 }
 
-// On the worker (busy_mu held): completes the frees whose stream has reached them.
-void finish_frees(State& s) {
-  if (s.frees.empty()) return;
-  for (PendingFree& f : s.frees.take_done(query_free)) complete_free(s, f);
+// Completes the frees whose stream has reached them; how many. On the worker, and on an
+// application thread before its refused allocation is retried or its memory query answered (a
+// query of an event never waits).
+std::size_t finish_frees(State& s) {
+  if (!s.frees.maybe_pending()) return 0;
+  std::lock_guard lock(s.settle_mu);
+  auto done = s.frees.take_done(query_free);
+  for (PendingFree& f : done) complete_free(s, f);
+  return done.size();
+}
+
+// After a successful synchronization: frees waiting for their stream are likely complete now;
+// the worker looks at once (one atomic load when there are none).
+void wake_for_frees() noexcept {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr || !s->frees.maybe_pending()) return;
+  {
+    std::lock_guard lock(s->work_mu);
+    s->frees_kicked = true;
+  }
+  s->work_cv.notify_one();
 }
 
 // At exit (worker stopped): frees still waiting get up to kExitWait in all for their streams and
@@ -746,7 +778,7 @@ void drain_frees_at_exit(State& s) {
       finish_frees(s);
     } catch (...) {
     }
-    if (s.frees.empty() || std::chrono::steady_clock::now() >= deadline) return;
+    if (!s.frees.maybe_pending() || std::chrono::steady_clock::now() >= deadline) return;
     std::this_thread::sleep_for(s.frees.next_poll());
   }
 }
@@ -780,6 +812,7 @@ CUresult free_after_event(State& s, PendingFree f) {
   {
     std::lock_guard lock(s.work_mu);
     if (s.worker_started && !s.stopping) {
+      s.frees_queued.fetch_add(1, std::memory_order_acq_rel);
       s.frees.push(std::move(f));
       s.frees_kicked = true;
       queued = true;
@@ -1167,6 +1200,7 @@ CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total) {
   if (current_device(dev) != CUDA_SUCCESS || device_uuid(*s, dev, uuid) != CUDA_SUCCESS) {
     return rc;
   }
+  finish_frees(*s);  // stream-ordered frees the stream has passed: freed before the answer
   if (auto u = usage_of(*s, uuid); u && u->status == Status::ok) {
     // Memory in this process's reserve is free to it: the next allocations reuse it.
     const std::uint64_t mine = s->reserve.bytes(dev);
@@ -1404,7 +1438,10 @@ __attribute__((cold, noinline)) void report_fault(const char* call, CUresult rc)
 
 CUresult on_cuCtxSynchronize(bool ptds) {
   const CUresult rc = pass<Row::cuCtxSynchronize>(ptds);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuCtxSynchronize", rc);
   return rc;
@@ -1412,7 +1449,10 @@ CUresult on_cuCtxSynchronize(bool ptds) {
 
 CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
   const CUresult rc = pass<Row::cuCtxSynchronize_v2>(ptds, ctx);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuCtxSynchronize_v2", rc);
   return rc;
@@ -1420,7 +1460,10 @@ CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
 
 CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream) {
   const CUresult rc = pass<Row::cuStreamSynchronize>(ptds, hStream);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuStreamSynchronize", rc);
   return rc;
@@ -1435,7 +1478,10 @@ CUresult on_cuStreamQuery(bool ptds, CUstream hStream) {
 
 CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent) {
   const CUresult rc = pass<Row::cuEventSynchronize>(ptds, hEvent);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuEventSynchronize", rc);
   return rc;

@@ -81,6 +81,14 @@ struct State {
   PendingFrees frees;
   EventPool events;
   bool frees_kicked = false;
+  // Held by whoever completes frees (the worker, or an application thread settling them before
+  // a refused allocation is retried): a thread that takes it knows that every free completed by
+  // others so far is finished. Lock order: busy_mu, settle_mu, work_mu, then the rest.
+  std::mutex settle_mu;
+  // Frees handed to the worker and frees completed (memory in the reserve or released): a free
+  // is outstanding from its cuMemFreeAsync until its completion has finished.
+  std::atomic<std::uint64_t> frees_queued{0};
+  std::atomic<std::uint64_t> frees_completed{0};
 
   // The daemon's usage answers, briefly (usage_cache.hpp, docs/hook.md "Memory queries").
   UsageCache usage_cache;

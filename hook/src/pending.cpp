@@ -8,6 +8,7 @@ namespace vlake::hook {
 void PendingFrees::push(PendingFree f) {
   std::lock_guard lock(mu_);
   entries_.push_back(std::move(f));
+  count_.fetch_add(1, std::memory_order_acq_rel);
   poll_ = kMinPoll;
 }
 
@@ -24,6 +25,7 @@ std::vector<PendingFree> PendingFrees::take_done(const std::function<EventState(
     (f.state == EventState::pending ? waiting : done).push_back(std::move(f));
   }
   std::lock_guard lock(mu_);
+  count_.fetch_sub(done.size(), std::memory_order_acq_rel);
   // Entries pushed while the queries ran are newer than the ones still waiting.
   waiting.insert(waiting.end(), std::make_move_iterator(entries_.begin()), std::make_move_iterator(entries_.end()));
   entries_.swap(waiting);
@@ -39,6 +41,7 @@ std::vector<PendingFree> PendingFrees::take_all() {
   std::lock_guard lock(mu_);
   std::vector<PendingFree> out;
   out.swap(entries_);
+  count_.fetch_sub(out.size(), std::memory_order_acq_rel);
   poll_ = kMinPoll;
   return out;
 }
@@ -60,6 +63,7 @@ std::chrono::microseconds PendingFrees::next_poll() const {
 
 void PendingFrees::clear_after_fork() noexcept {
   entries_.clear();
+  count_.store(0);
   poll_ = kMinPoll;
   mu_.unlock();
 }

@@ -10,7 +10,9 @@
 // - PendingFrees::take_done(query) asks `query(entry)` about every entry, without holding the
 //   mutex while it does (entries pushed meanwhile wait for the next call), and removes and
 //   returns, oldest first, those whose answer is not EventState::pending (complete; or failed:
-//   a stream that reports an error runs nothing more that could touch the memory).
+//   a stream that reports an error runs nothing more that could touch the memory). Several
+//   threads may call it at once (the worker, an application thread settling before a retry):
+//   each entry is asked about and handed back by one call only.
 // - Polling: next_poll() is how long the worker may sleep before asking again: kMinPoll after a
 //   push or after a take_done() that completed something, then doubling after every take_done()
 //   that completed nothing, up to kMaxPoll. So memory comes back within kMaxPoll of its stream
@@ -25,6 +27,7 @@
 
 #include "vlake/common/cuda_api.hpp"  // cuda.h as the hook sees it (legacy names visible)
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -57,6 +60,8 @@ class PendingFrees {
   std::vector<PendingFree> take_all();
   [[nodiscard]] bool empty() const;
   [[nodiscard]] std::size_t size() const;
+  // size() != 0 without the mutex (one atomic load): for the application's hot paths.
+  [[nodiscard]] bool maybe_pending() const noexcept { return count_.load(std::memory_order_acquire) != 0; }
   [[nodiscard]] std::chrono::microseconds next_poll() const;
 
   void lock_all() noexcept { mu_.lock(); }
@@ -66,6 +71,7 @@ class PendingFrees {
  private:
   mutable std::mutex mu_;
   std::vector<PendingFree> entries_;
+  std::atomic<std::size_t> count_{0};  // entries_ plus those being queried by take_done()
   std::chrono::microseconds poll_ = kMinPoll;
 };
 

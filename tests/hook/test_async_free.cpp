@@ -110,6 +110,21 @@ TEST_CASE("cuMemFreeAsync right before exit still gives the memory back") {
   CHECK(c.outstanding == 0);
 }
 
+TEST_CASE("memory freed with cuMemFreeAsync is available again once the application synchronized the stream") {
+  // 40 MiB of a 64 MiB limit: each allocation needs the previous one back. The worker may not
+  // have completed the free yet when the next allocation arrives: the refused allocation
+  // completes the frees its stream has passed (or waits for the worker's) and asks again.
+  Fixture f(with_limit(64 * MiB));
+  const bool reserve = GENERATE(false, true);
+  const auto r = f.run({"init", "asyncloop:200:40M", "info"}, {{"VLAKE_RESERVE", reserve ? "256MiB" : "0"}});
+  INFO("reserve " << reserve << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(line_of(r.out, "asyncloop:200:40M")["failures"] == "0");
+  CHECK(line_of(r.out, "asyncloop:200:40M")["rc"] == "0");
+  CHECK(line_of(r.out, "info")["free"] == num(64 * MiB));
+  CHECK(count_lines(r.err, "out of memory") == 0);
+}
+
 TEST_CASE("cuMemGetInfo away from the limit is answered locally and exact after this process's changes") {
   Fixture f(with_limit(std::uint64_t{1} << 30));
   const auto r = f.run({"init", "alloc:a:64M", "infoloop:2000", "totalmem", "info#1", "alloc:b:100M", "info#2",
