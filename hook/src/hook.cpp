@@ -793,15 +793,21 @@ CUresult record_free_event(State& s, CUstream stream, CUcontext& ctx, CUevent& e
   }
   if (CUresult rc = api.cuCtxGetCurrent(&ctx); rc != CUDA_SUCCESS) return rc;
   if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  ev = s.events.acquire(ctx);
-  if (ev == nullptr) {
-    if (CUresult rc = api.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) return rc;
+  const CUevent idle = s.events.acquire(ctx);
+  if (idle != nullptr && api.cuEventRecord(idle, stream) == CUDA_SUCCESS) {
+    ev = idle;
+    return CUDA_SUCCESS;
   }
-  if (CUresult rc = api.cuEventRecord(ev, stream); rc != CUDA_SUCCESS) {
-    api.cuEventDestroy_v2(ev);  // e.g. a stream of another context: the caller waits instead
-    return rc;
+  CUresult rc = api.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+  if (rc == CUDA_SUCCESS) {
+    rc = api.cuEventRecord(ev, stream);
+    if (rc != CUDA_SUCCESS) api.cuEventDestroy_v2(ev);
   }
-  return CUDA_SUCCESS;
+  // The idle event failed where a fresh one worked: it is stale (its context was destroyed and
+  // another got the same handle) and is dropped untouched. Where both failed the stream is the
+  // cause (e.g. one of another context: the caller waits instead) and it stays idle.
+  if (idle != nullptr && rc != CUDA_SUCCESS && !s.events.release(ctx, idle)) api.cuEventDestroy_v2(idle);
+  return rc;
 }
 
 // Hands a recorded free to the worker. Without one (exit under way, no thread) the caller waits
