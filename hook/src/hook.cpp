@@ -533,7 +533,7 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint
 }
 
 // Stream-ordered frees (defined with the free path below).
-std::size_t finish_frees(State& s);
+std::size_t finish_frees(State& s, bool wait = true);
 void drain_frees_at_exit(State& s);
 
 constexpr auto kWorkerPeriod = std::chrono::milliseconds(50);
@@ -745,10 +745,16 @@ void complete_free(State& s, PendingFree& f) {
 
 // Completes the frees whose stream has reached them; how many. On the worker, and on an
 // application thread before its refused allocation is retried or its memory query answered (a
-// query of an event never waits).
-std::size_t finish_frees(State& s) {
+// query of an event never waits). `wait`: wait for completions in progress on another thread
+// (else, when another thread is completing frees, leave it to that one).
+std::size_t finish_frees(State& s, bool wait) {
   if (!s.frees.maybe_pending()) return 0;
-  std::lock_guard lock(s.settle_mu);
+  std::unique_lock lock(s.settle_mu, std::defer_lock);
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return 0;
+  }
   auto done = s.frees.take_done(query_free);
   for (PendingFree& f : done) complete_free(s, f);
   return done.size();
@@ -1206,7 +1212,7 @@ CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total) {
   if (current_device(dev) != CUDA_SUCCESS || device_uuid(*s, dev, uuid) != CUDA_SUCCESS) {
     return rc;
   }
-  finish_frees(*s);  // stream-ordered frees the stream has passed: freed before the answer
+  finish_frees(*s, /*wait=*/false);  // stream-ordered frees the stream has passed: freed first
   if (auto u = usage_of(*s, uuid); u && u->status == Status::ok) {
     // Memory in this process's reserve is free to it: the next allocations reuse it.
     const std::uint64_t mine = s->reserve.bytes(dev);
