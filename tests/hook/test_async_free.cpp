@@ -3,6 +3,7 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -180,4 +181,70 @@ TEST_CASE("cuMemGetInfo near the limit is exact right after another process of t
   // Within 256 MiB of the limit every query reached the daemon.
   const Counters c = f.daemon->counters();
   CHECK(c.usage_queries >= 52);
+}
+
+// VLAKE_SIM_EVENT_LAG_MS: the simulated GPU reports work complete only that long after it was
+// queued (events, stream and context synchronizations), as a busy GPU would.
+
+TEST_CASE(
+    "cuMemFreeAsync on a busy GPU: the memory is neither reused nor released before the stream reached the free") {
+  Fixture f(with_limit(64 * MiB));
+  const bool reserve = GENERATE(false, true);
+  const auto r = f.run({"init", "async:a:2M", "calls:cuEventQuery#before", "freeasync:a", "async:b:2M", "info#pending",
+                        "sleep:700", "calls:cuEventQuery#after", "info#done", "async:c:2M"},
+                       {{"VLAKE_SIM_EVENT_LAG_MS", "300"}, {"VLAKE_RESERVE", reserve ? "256MiB" : "0"}});
+  INFO("reserve " << reserve << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.status == 0);
+  const std::string a = line_of(r.out, "async:a:2M")["ptr"];
+  CHECK(line_of(r.out, "freeasync:a")["rc"] == "0");
+  // While the stream has not reached the free, the memory stays charged and unused.
+  CHECK(line_of(r.out, "async:b:2M")["ptr"] != a);
+  CHECK(line_of(r.out, "info#pending")["free"] == num(60 * MiB));
+  // The worker polled the event (it answered CUDA_ERROR_NOT_READY) and completed the free: in
+  // the reserve it counts as free and is reused; without, it went back to the daemon.
+  CHECK(count_of(r.out, "calls:cuEventQuery#after") - count_of(r.out, "calls:cuEventQuery#before") >= 3);
+  CHECK(line_of(r.out, "info#done")["free"] == num(62 * MiB));
+  const Counters c = f.daemon->counters();
+  if (reserve) {
+    CHECK(line_of(r.out, "async:c:2M")["ptr"] == a);
+    CHECK(c.grants_alloc == 2);
+  } else {
+    CHECK(c.grants_alloc == 3);
+    CHECK(c.releases >= 1);
+  }
+}
+
+TEST_CASE("cuMemFreeAsync on a busy GPU: free then synchronize then allocate at the limit succeeds") {
+  Fixture f(with_limit(64 * MiB));
+  const bool reserve = GENERATE(false, true);
+  const auto r = f.run({"init", "asyncloop:10:40M", "info"},
+                       {{"VLAKE_SIM_EVENT_LAG_MS", "20"}, {"VLAKE_RESERVE", reserve ? "256MiB" : "0"}});
+  INFO("reserve " << reserve << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(line_of(r.out, "asyncloop:10:40M")["failures"] == "0");
+  CHECK(count_lines(r.err, "out of memory") == 0);
+}
+
+TEST_CASE("cuMemFreeAsync on a busy GPU at exit: frees get one second and exit never hangs on a stream") {
+  Fixture f(with_limit(64 * MiB));
+  SECTION("the stream reaches the free within the second: released by the process") {
+    const auto r =
+        f.run({"init", "async:a:2M", "async:b:6M", "freeasync:a", "freeasync:b"}, {{"VLAKE_SIM_EVENT_LAG_MS", "300"}});
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    REQUIRE(r.status == 0);
+    const Counters c = f.daemon->counters();
+    CHECK(c.releases == 2);
+    CHECK(c.outstanding == 0);
+  }
+  SECTION("it does not: left to the daemon, which takes the grants back at the disconnection") {
+    const auto start = std::chrono::steady_clock::now();
+    const auto r = f.run({"init", "async:a:2M", "freeasync:a"}, {{"VLAKE_SIM_EVENT_LAG_MS", "8000"}});
+    const auto took = std::chrono::steady_clock::now() - start;
+    INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+    REQUIRE(r.status == 0);
+    CHECK(took < std::chrono::seconds(6));
+    const Counters c = f.daemon->counters();
+    CHECK(c.releases == 0);
+    CHECK(c.outstanding == 0);
+  }
 }
