@@ -789,6 +789,11 @@ void drain_frees_at_exit(State& s) {
   }
 }
 
+// The event entry points the hook calls itself (used.def), as cudaTypedefs.h types them.
+static_assert(std::is_same_v<decltype(UsedApi::cuEventCreate), PFN_cuEventCreate_v2000>);
+static_assert(std::is_same_v<decltype(UsedApi::cuEventRecord), PFN_cuEventRecord_v2000>);
+static_assert(std::is_same_v<decltype(UsedApi::cuEventDestroy_v2), PFN_cuEventDestroy_v4000>);
+
 // Records an event on `stream` behind the work queued so far: an idle event of the current
 // context, or a new one (CU_EVENT_DISABLE_TIMING). Sets ctx and ev on success.
 CUresult record_free_event(State& s, CUstream stream, CUcontext& ctx, CUevent& ev) {
