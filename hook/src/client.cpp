@@ -12,6 +12,7 @@
 #include <span>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 
 #include "log.hpp"
 #include "vlake/common/unix_socket.hpp"
@@ -349,6 +350,7 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::v
 
 template <class Req, class Rep>
 std::optional<Rep> DaemonClient::exchange_locked(Req request, std::vector<UniqueFd>* fds) {
+  if constexpr (!std::is_same_v<Req, proto::UsageQuery>) changes_.fetch_add(1, std::memory_order_acq_rel);
   bool broke = false;
   std::chrono::steady_clock::time_point deadline{};
   for (;;) {
@@ -380,6 +382,7 @@ std::optional<Rep> DaemonClient::exchange_locked(Req request, std::vector<Unique
 
 void DaemonClient::flush_pending_locked() {
   while (!pending_releases_.empty() && fd_) {
+    changes_.fetch_add(1, std::memory_order_acq_rel);
     const auto [grant, flags] = pending_releases_.back();
     auto r = proto::make<proto::Release>(next_request_++);
     r.grant_id = grant;

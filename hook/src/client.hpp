@@ -31,6 +31,9 @@
 //   connection without blocking (it gives up at once if another thread holds the connection)
 //   and take_pressure() hands over everything kept so far.
 // - send_reserve_report() sends one ReserveReport if a connection is open (never connects).
+// - changes() counts the requests that may change this process's usage (every request but
+//   UsageQuery, queued releases included), counted when they are sent, whatever the outcome:
+//   a usage answer obtained after reading changes() == n is current as long as it stays n.
 // - ask_passthrough() (VLAKE_DISABLE=1, docs/hook.md): opens the connection with a Hello that
 //   says kHelloPassthrough. allowed: the daemon answered Status::passthrough (no session; the
 //   connection is closed); refused: a normal HelloAck (the quota file does not allow it: the
@@ -119,6 +122,7 @@ class DaemonClient {
   bool send_dropped(std::span<const std::uint64_t> keys);
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
   [[nodiscard]] bool connected() const;
+  [[nodiscard]] std::uint64_t changes() const noexcept { return changes_.load(std::memory_order_acquire); }
 
   [[nodiscard]] proto::GuardMode guard_mode() const;
   [[nodiscard]] std::uint64_t granularity() const;
@@ -166,6 +170,7 @@ class DaemonClient {
   proto::Status last_error_status_{};  // status of the last Error reply (ok: none)
   std::chrono::steady_clock::time_point retry_after_{};
   std::vector<std::pair<std::uint64_t, std::uint32_t>> pending_releases_;
+  std::atomic<std::uint64_t> changes_{0};
   std::mutex pressure_mu_;  // after mu_ when both are held
   std::vector<PressureNote> pressure_notes_;
   std::vector<std::uint64_t> drop_keys_;  // guarded by pressure_mu_

@@ -44,6 +44,7 @@ void fork_prepare() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
   s->busy_mu.lock();
+  s->settle_mu.lock();
   s->work_mu.lock();
   ipc::lock_all();
   s->client.prepare_fork();
@@ -52,6 +53,9 @@ void fork_prepare() {
   s->managed.lock_all();
   s->reserve.lock_all();
   s->kept.lock_all();
+  s->frees.lock_all();
+  s->events.lock_all();
+  s->usage_cache.lock_all();
   s->uuid_mu.lock();
 }
 
@@ -59,6 +63,9 @@ void fork_parent() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
   s->uuid_mu.unlock();
+  s->usage_cache.unlock_all();
+  s->events.unlock_all();
+  s->frees.unlock_all();
   s->kept.unlock_all();
   s->reserve.unlock_all();
   s->managed.unlock_all();
@@ -67,6 +74,7 @@ void fork_parent() {
   s->client.parent_after_fork();
   ipc::unlock_all();
   s->work_mu.unlock();
+  s->settle_mu.unlock();
   s->busy_mu.unlock();
 }
 
@@ -95,6 +103,9 @@ void fork_child() {
   if (s == nullptr) return;
   s->uuid_mu.unlock();
   s->kept.clear_after_fork();
+  s->usage_cache.clear_after_fork();
+  s->events.clear_after_fork();  // the parent's events and frees: never touched here
+  s->frees.clear_after_fork();
   s->reserve.clear_after_fork();
   s->managed.clear_after_fork();
   s->creates.clear_after_fork();
@@ -103,9 +114,13 @@ void fork_child() {
   ipc::clear_after_fork();
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();
+  s->frees_kicked = false;
+  s->frees_queued.store(0);
+  s->frees_completed.store(0);
   s->worker_started = false;
   s->stopping = false;
   s->work_mu.unlock();
+  s->settle_mu.unlock();
   s->busy_mu.unlock();
   s->refusals.reset();
   s->unreachable.reset();
@@ -616,6 +631,12 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint
   }
 }
 
+// Stream-ordered frees (defined with the free path below).
+std::size_t finish_frees(State& s, bool wait = true);
+void drain_frees_at_exit(State& s);
+
+constexpr auto kWorkerPeriod = std::chrono::milliseconds(50);
+
 void worker_main(State* s) {
   sigset_t all;
   sigfillset(&all);
@@ -623,12 +644,16 @@ void worker_main(State* s) {
   ::pthread_setname_np(::pthread_self(), "vlake-reserve");
   std::array<std::uint64_t, proto::kMaxDevices> reported{};
   auto last_report = std::chrono::steady_clock::time_point{};
+  auto last_tick = std::chrono::steady_clock::time_point{};
   for (;;) {
     std::vector<ReserveBlock> work;
     {
       std::unique_lock lock(s->work_mu);
-      s->work_cv.wait_for(lock, std::chrono::milliseconds(50), [s] { return !s->retire_queue.empty() || s->stopping; });
+      // Frees waiting for their stream are polled sooner (PendingFrees::next_poll()).
+      const std::chrono::microseconds wait = s->frees.empty() ? kWorkerPeriod : s->frees.next_poll();
+      s->work_cv.wait_for(lock, wait, [s] { return !s->retire_queue.empty() || s->frees_kicked || s->stopping; });
       if (s->stopping) return;
+      s->frees_kicked = false;
       work.swap(s->retire_queue);
     }
     std::lock_guard busy(s->busy_mu);
@@ -636,6 +661,14 @@ void worker_main(State* s) {
       std::lock_guard lock(s->work_mu);
       if (s->stopping) return;
     }
+    try {
+      finish_frees(*s);
+    } catch (...) {
+    }
+    // A wake-up only to poll frees leaves the periodic duties to their own pace.
+    const auto now = std::chrono::steady_clock::now();
+    if (work.empty() && now - last_tick < kWorkerPeriod) continue;
+    last_tick = now;
     try {
       worker_tick(*s, work, reported, last_report);
     } catch (...) {
@@ -655,6 +688,7 @@ void stop_worker() {
   }
   s->work_cv.notify_all();
   s->busy_mu.lock();  // waits for a tick in progress; never unlocked
+  drain_frees_at_exit(*s);
 }
 
 void ensure_worker(State& s) {
@@ -712,10 +746,19 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
     }
     if (gran == 0) s.reserve.note_miss(bytes);  // the first grant tells the granularity
   }
-  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, /*report=*/!reserve);
-  if (reserve && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {
+  // Stream-ordered frees not completed yet: those the stream has passed (the application
+  // synchronized) count before a refusal, whoever completes them.
+  const std::uint64_t completed = s.frees_completed.load(std::memory_order_acquire);
+  const bool pending = s.frees_queued.load(std::memory_order_acquire) != completed;
+  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, /*report=*/!reserve && !pending);
+  if ((reserve || pending) && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {
+    if (pending) {
+      std::lock_guard lock(s.settle_mu);  // the worker's completions in progress are finished
+    }
+    finish_frees(s);
+    const bool freed = s.frees_completed.load(std::memory_order_acquire) != completed;
     auto mine = s.reserve.drain(dev, 0);
-    if (!mine.empty()) {
+    if (!mine.empty() || freed) {
       retire_blocks(s, mine);
       drop_kept(s, dev);
       o = obtain(s, dev, bytes, GrantPurpose::alloc);
@@ -766,6 +809,148 @@ CUresult free_logical(State& s, LogicalAlloc a, bool fenced = false) {
 }
 
 CUstream effective_stream(bool ptds, CUstream s) { return ptds && s == nullptr ? CU_STREAM_PER_THREAD : s; }
+
+// ---- Stream-ordered frees (pending.hpp, docs/hook.md "Stream-ordered frees") -------------------
+
+// Runs `f` with `ctx` pushed as the calling thread's current context (the worker has none);
+// false, without running it, when the context cannot be pushed (destroyed).
+template <class F>
+bool in_context(CUcontext ctx, F f) {
+  const UsedApi& api = used();
+  if (ctx == nullptr || api.cuCtxPushCurrent_v2 == nullptr || api.cuCtxPopCurrent_v2 == nullptr) return false;
+  if (api.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) return false;
+  f();
+  CUcontext popped = nullptr;
+  api.cuCtxPopCurrent_v2(&popped);
+  return true;
+}
+
+EventState query_free(const PendingFree& f) {
+  CUresult rc = CUDA_ERROR_INVALID_CONTEXT;  // a context that cannot be pushed runs nothing more
+  in_context(f.ctx, [&] { rc = pass<Row::cuEventQuery>(false, f.event); });
+  if (rc == CUDA_ERROR_NOT_READY) return EventState::pending;
+  return rc == CUDA_SUCCESS ? EventState::complete : EventState::failed;
+}
+
+// Keeps a completed free's event for reuse (or destroys it) and frees the memory: the stream
+// has passed the free, so nothing queued before it can touch the memory any more.
+void complete_free(State& s, PendingFree& f) {
+  in_context(f.ctx, [&] {
+    if (f.state == EventState::failed) {
+      const CUresult rc = pass<Row::cuEventQuery>(false, f.event);
+      if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault("cuMemFreeAsync", rc);
+    }
+    if (f.state == EventState::failed || !s.events.release(f.ctx, f.event)) used().cuEventDestroy_v2(f.event);
+  });
+  free_logical(s, std::move(f.alloc), /*fenced=*/true);
+  s.frees_completed.fetch_add(1, std::memory_order_acq_rel);
+}
+
+// Completes the frees whose stream has reached them; how many. On the worker, and on an
+// application thread before its refused allocation is retried or its memory query answered (a
+// query of an event never waits). `wait`: wait for completions in progress on another thread
+// (else, when another thread is completing frees, leave it to that one).
+std::size_t finish_frees(State& s, bool wait) {
+  if (!s.frees.maybe_pending()) return 0;
+  std::unique_lock lock(s.settle_mu, std::defer_lock);
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return 0;
+  }
+  auto done = s.frees.take_done(query_free);
+  for (PendingFree& f : done) complete_free(s, f);
+  return done.size();
+}
+
+// After a successful synchronization: frees waiting for their stream are likely complete now;
+// the worker looks at once (one atomic load when there are none).
+void wake_for_frees() noexcept {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr || !s->frees.maybe_pending()) return;
+  {
+    std::lock_guard lock(s->work_mu);
+    s->frees_kicked = true;
+  }
+  s->work_cv.notify_one();
+}
+
+// At exit (worker stopped): frees still waiting get up to kExitWait in all for their streams and
+// are completed; what is left then is left to the daemon, which takes every grant of the
+// process back when its connection closes (the driver tears the mappings down with the process).
+constexpr auto kExitWait = std::chrono::seconds(1);
+
+void drain_frees_at_exit(State& s) {
+  const auto deadline = std::chrono::steady_clock::now() + kExitWait;
+  for (;;) {
+    try {
+      finish_frees(s);
+    } catch (...) {
+    }
+    if (!s.frees.maybe_pending() || std::chrono::steady_clock::now() >= deadline) return;
+    std::this_thread::sleep_for(s.frees.next_poll());
+  }
+}
+
+// The event entry points the hook calls itself (used.def), as cudaTypedefs.h types them.
+static_assert(std::is_same_v<decltype(UsedApi::cuEventCreate), PFN_cuEventCreate_v2000>);
+static_assert(std::is_same_v<decltype(UsedApi::cuEventRecord), PFN_cuEventRecord_v2000>);
+static_assert(std::is_same_v<decltype(UsedApi::cuEventDestroy_v2), PFN_cuEventDestroy_v4000>);
+
+// Records an event on `stream` behind the work queued so far: an idle event of the current
+// context, or a new one (CU_EVENT_DISABLE_TIMING). Sets ctx and ev on success.
+CUresult record_free_event(State& s, CUstream stream, CUcontext& ctx, CUevent& ev) {
+  const UsedApi& api = used();
+  if (api.cuCtxGetCurrent == nullptr || api.cuEventCreate == nullptr || api.cuEventRecord == nullptr ||
+      api.cuEventDestroy_v2 == nullptr) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (CUresult rc = api.cuCtxGetCurrent(&ctx); rc != CUDA_SUCCESS) return rc;
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const CUevent idle = s.events.acquire(ctx);
+  if (idle != nullptr && api.cuEventRecord(idle, stream) == CUDA_SUCCESS) {
+    ev = idle;
+    return CUDA_SUCCESS;
+  }
+  CUresult rc = api.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+  if (rc == CUDA_SUCCESS) {
+    rc = api.cuEventRecord(ev, stream);
+    if (rc != CUDA_SUCCESS) api.cuEventDestroy_v2(ev);
+  }
+  // The idle event failed where a fresh one worked: it is stale (its context was destroyed and
+  // another got the same handle) and is dropped untouched. Where both failed the stream is the
+  // cause (e.g. one of another context: the caller waits instead) and it stays idle.
+  if (idle != nullptr && rc != CUDA_SUCCESS && !s.events.release(ctx, idle)) api.cuEventDestroy_v2(idle);
+  return rc;
+}
+
+// Hands a recorded free to the worker. Without one (exit under way, no thread) the caller waits
+// for the event and frees here, as before.
+CUresult free_after_event(State& s, PendingFree f) {
+  ensure_worker(s);
+  bool queued = false;
+  {
+    std::lock_guard lock(s.work_mu);
+    if (s.worker_started && !s.stopping) {
+      s.frees_queued.fetch_add(1, std::memory_order_acq_rel);
+      s.frees.push(std::move(f));
+      s.frees_kicked = true;
+      queued = true;
+    }
+  }
+  if (queued) {
+    s.work_cv.notify_one();
+    return CUDA_SUCCESS;
+  }
+  const CUresult rc = pass<Row::cuEventSynchronize>(false, f.event);
+  if (!s.events.release(f.ctx, f.event)) used().cuEventDestroy_v2(f.event);
+  if (rc != CUDA_SUCCESS) {
+    if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault("cuMemFreeAsync", rc);
+    s.allocs.insert(std::move(f.alloc));  // not freed: as a failed cuStreamSynchronize left it
+    return rc;
+  }
+  return free_logical(s, std::move(f.alloc), /*fenced=*/true);
+}
 
 bool capturing(CUstream stream) {
   const UsedApi& api = used();
@@ -854,6 +1039,19 @@ void uncharge(State& s, std::uint64_t grant_id) { give_back(s, grant_id, 0); }
 
 bool stream_capturing(bool ptds, CUstream stream) { return capturing(effective_stream(ptds, stream)); }
 
+std::optional<UsageResult> usage_of(State& s, const Uuid& uuid) {
+  // The generation and the time are read before asking: a change racing the request leaves the
+  // answer stale (usage_cache.hpp).
+  const std::uint64_t generation = s.client.changes();
+  const auto now = UsageCache::Clock::now();
+  if (auto c = s.usage_cache.get(uuid, generation, now)) {
+    return UsageResult{Status::ok, c->total, c->limit, c->used};
+  }
+  auto u = s.client.usage(uuid);
+  if (u && u->status == Status::ok) s.usage_cache.put(uuid, UsageFigures{u->total, u->limit, u->used}, generation, now);
+  return u;
+}
+
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept {
   const std::uint64_t real_total = total;
   const std::uint64_t real_free = free;
@@ -939,9 +1137,25 @@ CUresult on_cuMemFreeAsync(bool ptds, CUdeviceptr dptr, CUstream hStream) {
   if (!s->allocs.find(addr(dptr))) return free_unserved(*s, ptds, dptr, hStream, true);
   const CUstream stream = effective_stream(ptds, hStream);
   if (capturing(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  // Work queued on the stream may still use the memory: an event behind it, and the worker
+  // frees the memory once the stream has reached it (pending.hpp). The pointer is gone at once.
+  CUcontext ctx = nullptr;
+  CUevent ev = nullptr;
+  if (record_free_event(*s, stream, ctx, ev) == CUDA_SUCCESS) {
+    auto a = s->allocs.take(addr(dptr));
+    if (!a) {  // not the pointer, or freed meanwhile
+      if (!s->events.release(ctx, ev)) used().cuEventDestroy_v2(ev);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    PendingFree f;
+    f.alloc = std::move(*a);
+    f.event = ev;
+    f.ctx = ctx;
+    return free_after_event(*s, std::move(f));
+  }
+  // No event on that stream (e.g. it belongs to another context): wait here, then free.
   const UsedApi& api = used();
   if (api.cuStreamSynchronize == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  // Work queued on the stream may still use the memory: wait for it, then unmap.
   if (CUresult rc = api.cuStreamSynchronize(stream); rc != CUDA_SUCCESS) return rc;
   auto a = s->allocs.take(addr(dptr));
   if (!a) return CUDA_ERROR_INVALID_VALUE;  // not the pointer, or freed meanwhile
@@ -1106,7 +1320,8 @@ CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total) {
   if (current_device(dev) != CUDA_SUCCESS || device_uuid(*s, dev, uuid) != CUDA_SUCCESS) {
     return rc;
   }
-  if (auto u = s->client.usage(uuid); u && u->status == Status::ok) {
+  finish_frees(*s, /*wait=*/false);  // stream-ordered frees the stream has passed: freed first
+  if (auto u = usage_of(*s, uuid); u && u->status == Status::ok) {
     // Memory in this process's reserve is free to it: the next allocations reuse it.
     const std::uint64_t mine = s->reserve.bytes(dev);
     u->used = saturating_sub(u->used, mine);
@@ -1122,7 +1337,7 @@ CUresult on_cuDeviceTotalMem_v2(bool ptds, size_t* bytes, CUdevice dev) {
   if (rc != CUDA_SUCCESS || s == nullptr) return rc;
   Uuid uuid{};
   if (device_uuid(*s, dev, uuid) != CUDA_SUCCESS) return rc;
-  if (auto u = s->client.usage(uuid); u && u->status == Status::ok) {
+  if (auto u = usage_of(*s, uuid); u && u->status == Status::ok) {
     *bytes = static_cast<size_t>(std::min<std::uint64_t>(u->limit, *bytes));
   }
   return rc;
@@ -1343,7 +1558,10 @@ __attribute__((cold, noinline)) void report_fault(const char* call, CUresult rc)
 
 CUresult on_cuCtxSynchronize(bool ptds) {
   const CUresult rc = pass<Row::cuCtxSynchronize>(ptds);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuCtxSynchronize", rc);
   return rc;
@@ -1351,7 +1569,10 @@ CUresult on_cuCtxSynchronize(bool ptds) {
 
 CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
   const CUresult rc = pass<Row::cuCtxSynchronize_v2>(ptds, ctx);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuCtxSynchronize_v2", rc);
   return rc;
@@ -1359,7 +1580,10 @@ CUresult on_cuCtxSynchronize_v2(bool ptds, CUcontext ctx) {
 
 CUresult on_cuStreamSynchronize(bool ptds, CUstream hStream) {
   const CUresult rc = pass<Row::cuStreamSynchronize>(ptds, hStream);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuStreamSynchronize", rc);
   return rc;
@@ -1374,7 +1598,10 @@ CUresult on_cuStreamQuery(bool ptds, CUstream hStream) {
 
 CUresult on_cuEventSynchronize(bool ptds, CUevent hEvent) {
   const CUresult rc = pass<Row::cuEventSynchronize>(ptds, hEvent);
-  if (rc == CUDA_SUCCESS) after_synchronize();
+  if (rc == CUDA_SUCCESS) {
+    after_synchronize();
+    wake_for_frees();
+  }
   if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) [[unlikely]]
     report_fault("cuEventSynchronize", rc);
   return rc;

@@ -24,9 +24,11 @@
 #include "kept.hpp"
 #include "log.hpp"
 #include "peer.hpp"
+#include "pending.hpp"
 #include "real.hpp"
 #include "reserve.hpp"
 #include "tables.hpp"
+#include "usage_cache.hpp"
 
 namespace vlake::hook {
 
@@ -75,6 +77,24 @@ struct State {
   std::vector<ReserveBlock> retire_queue;  // guarded by work_mu
   bool worker_started = false;             // guarded by work_mu
   bool stopping = false;                   // guarded by work_mu: the process is exiting
+
+  // Stream-ordered frees (pending.hpp): cuMemFreeAsync'd allocations waiting for their stream,
+  // completed by the worker; pushed under work_mu (which also guards frees_kicked: the worker
+  // queries at once after a push).
+  PendingFrees frees;
+  EventPool events;
+  bool frees_kicked = false;
+  // Held by whoever completes frees (the worker, or an application thread settling them before
+  // a refused allocation is retried): a thread that takes it knows that every free completed by
+  // others so far is finished. Lock order: busy_mu, settle_mu, work_mu, then the rest.
+  std::mutex settle_mu;
+  // Frees handed to the worker and frees completed (memory in the reserve or released): a free
+  // is outstanding from its cuMemFreeAsync until its completion has finished.
+  std::atomic<std::uint64_t> frees_queued{0};
+  std::atomic<std::uint64_t> frees_completed{0};
+
+  // The daemon's usage answers, briefly (usage_cache.hpp, docs/hook.md "Memory queries").
+  UsageCache usage_cache;
 };
 
 [[nodiscard]] State* state() noexcept;
@@ -96,6 +116,10 @@ void report_fault(const char* call, CUresult rc) noexcept;
 // read-only range of this process (share::readonly_hit), sends a ReadOnlyWrite to vlaked and
 // logs one line. Never throws.
 void report_refused_write(const char* call, std::uint64_t dst, std::uint64_t bytes, CUresult rc) noexcept;
+
+// The tenant's usage of GPU `uuid` (UsageQuery), from the usage cache when it may answer;
+// nullopt when the daemon cannot be reached.
+std::optional<UsageResult> usage_of(State& s, const Uuid& uuid);
 
 // Applies the daemon's usage answer to a (free, total) pair the driver reported.
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;

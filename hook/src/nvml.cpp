@@ -73,7 +73,7 @@ bool tenant_usage(nvmlDevice_t device, UsageResult& u) {
   if (get_uuid(device, text, sizeof text) != NVML_SUCCESS) return false;
   const std::optional<Uuid> uuid = Uuid::parse(text);
   if (!uuid) return false;
-  auto r = s->client.usage(*uuid);
+  auto r = usage_of(*s, *uuid);
   if (!r || r->status != proto::Status::ok) return false;
   u = *r;
   return true;

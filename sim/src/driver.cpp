@@ -15,14 +15,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #define VLAKE_SIM_API extern "C" __attribute__((visibility("default")))
@@ -965,10 +968,50 @@ VLAKE_SIM_API CUresult cuCtxGetDevice(CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+// VLAKE_SIM_EVENT_LAG_MS (docs/simulator.md): a GPU still working through its streams, as seen
+// through events. An event recorded at t completes at t + lag; stream and context
+// synchronizations wait for every event recorded before them, stream queries answer
+// CUDA_ERROR_NOT_READY until then. 0 (unset): events complete when recorded.
+std::chrono::milliseconds event_lag() {
+  static const std::chrono::milliseconds lag = [] {
+    const char* v = std::getenv("VLAKE_SIM_EVENT_LAG_MS");
+    if (v == nullptr || *v == '\0') return std::chrono::milliseconds(0);
+    char* end = nullptr;
+    const long ms = std::strtol(v, &end, 10);
+    return *end == '\0' && ms > 0 ? std::chrono::milliseconds(ms) : std::chrono::milliseconds(0);
+  }();
+  return lag;
+}
+
+// The completion time of the latest event recorded in this process (steady clock, ns).
+std::atomic<std::int64_t> g_events_done_ns{0};
+
+std::int64_t ns_of(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// Waits until every event recorded so far is complete (lag only).
+void wait_recorded_events() {
+  if (event_lag().count() == 0) return;
+  const std::int64_t done = g_events_done_ns.load(std::memory_order_acquire);
+  const std::int64_t now = ns_of(std::chrono::steady_clock::now());
+  if (done > now) std::this_thread::sleep_for(std::chrono::nanoseconds(done - now));
+}
+
+bool recorded_events_pending() {
+  return event_lag().count() != 0 &&
+         g_events_done_ns.load(std::memory_order_acquire) > ns_of(std::chrono::steady_clock::now());
+}
+
+}  // namespace
+
 VLAKE_SIM_API CUresult cuCtxSynchronize() {
   VLAKE_SIM_COUNT(cuCtxSynchronize);
   CUctx_st* ctx = nullptr;
   if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  wait_recorded_events();
   vlake::sim::pools::synchronized();
   return CUDA_SUCCESS;
 }
@@ -1345,7 +1388,8 @@ VLAKE_SIM_API CUresult cuStreamDestroy_v2(CUstream hStream) {
 }
 
 namespace {
-CUresult stream_sync(CUstream hStream) {
+
+CUresult stream_sync(CUstream hStream, bool query) {
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -1354,6 +1398,8 @@ CUresult stream_sync(CUstream hStream) {
       if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
     }
     if (vlake::sim::pools::capturing(hStream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (query && recorded_events_pending()) return CUDA_ERROR_NOT_READY;
+    wait_recorded_events();
     vlake::sim::pools::synchronized();
     return CUDA_SUCCESS;
   });
@@ -1362,12 +1408,12 @@ CUresult stream_sync(CUstream hStream) {
 
 VLAKE_SIM_API CUresult cuStreamSynchronize(CUstream hStream) {
   VLAKE_SIM_COUNT(cuStreamSynchronize);
-  return stream_sync(hStream);
+  return stream_sync(hStream, false);
 }
 
 VLAKE_SIM_API CUresult cuStreamQuery(CUstream hStream) {
   VLAKE_SIM_COUNT(cuStreamQuery);
-  return stream_sync(hStream);
+  return stream_sync(hStream, true);
 }
 
 VLAKE_SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
@@ -1414,17 +1460,31 @@ VLAKE_SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
     }
     hEvent->recorded = true;
     hEvent->when = std::chrono::steady_clock::now();
+    hEvent->done = hEvent->when + event_lag();
+    if (event_lag().count() != 0) {
+      const std::int64_t done = ns_of(hEvent->done);
+      std::int64_t prev = g_events_done_ns.load(std::memory_order_acquire);
+      while (prev < done && !g_events_done_ns.compare_exchange_weak(prev, done, std::memory_order_acq_rel)) {
+      }
+    }
     return CUDA_SUCCESS;
   });
 }
 
 namespace {
-CUresult event_query(CUevent hEvent) {
+// CUDA_SUCCESS, CUDA_ERROR_NOT_READY (VLAKE_SIM_EVENT_LAG_MS: recorded, not complete yet; `done`
+// says when it will be) or an invalid handle.
+CUresult event_query(CUevent hEvent, std::chrono::steady_clock::time_point* done = nullptr) {
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
     std::shared_lock lock(g_proc->mu);
-    return g_proc->events.count(hEvent) != 0 ? CUDA_SUCCESS : rules::kBadStreamOrEvent;
+    if (g_proc->events.count(hEvent) == 0) return rules::kBadStreamOrEvent;
+    if (hEvent->recorded && hEvent->done > std::chrono::steady_clock::now()) {
+      if (done != nullptr) *done = hEvent->done;
+      return CUDA_ERROR_NOT_READY;
+    }
+    return CUDA_SUCCESS;
   });
 }
 }  // namespace
@@ -1436,7 +1496,12 @@ VLAKE_SIM_API CUresult cuEventQuery(CUevent hEvent) {
 
 VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) {
   VLAKE_SIM_COUNT(cuEventSynchronize);
-  const CUresult rc = event_query(hEvent);
+  std::chrono::steady_clock::time_point done{};
+  CUresult rc = event_query(hEvent, &done);
+  if (rc == CUDA_ERROR_NOT_READY) {
+    std::this_thread::sleep_until(done);
+    rc = CUDA_SUCCESS;
+  }
   if (rc == CUDA_SUCCESS) vlake::sim::pools::synchronized();
   return rc;
 }

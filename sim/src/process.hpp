@@ -49,6 +49,7 @@ struct CUevent_st {
   unsigned flags = 0;
   bool recorded = false;
   std::chrono::steady_clock::time_point when{};
+  std::chrono::steady_clock::time_point done{};  // when + VLAKE_SIM_EVENT_LAG_MS (driver.cpp)
 };
 
 // A loaded module: the .entry names found in its PTX.

@@ -11,7 +11,8 @@
 // fork()ed child print "child <step> ..."). Sizes accept K/M/G suffixes (binary). Steps:
 //   init | init-only | noctx
 //   alloc:N:SIZE  free:N  fill:N:SIZE:BYTE  check:N:SIZE:BYTE  pitch:N:W:H:ELEM  async:N:SIZE  freeasync:N
-//   managed:N:SIZE  info  totalmem  range:N:OFF  attr:N:OFF
+//   managed:N:SIZE  info  infoloop:COUNT (free= distinct= ms=)  totalmem  range:N:OFF  attr:N:OFF
+//   asyncloop:ITERS:SIZE  cuMemAllocAsync + cuMemFreeAsync + cuStreamSynchronize, ITERS times (failures=)
 //   create:H:SIZE[:nofd]  reserve:V:SIZE  map:V:OFF:H  unmap:V:OFF:SIZE  addrfree:V
 //   retain:H2:V:OFF  release:H  props:H  export:H:V:OFF
 //   nvml[:I]  threads:T:ITERS:SIZE  stress:T:ITERS:MAXSIZE  fork ... endfork  sleep:MS
@@ -76,6 +77,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
@@ -814,6 +816,42 @@ void run_step(const std::string& s) {
     size_t t = 0;
     const CUresult rc = CALL(cuMemGetInfo, &f, &t);
     out("%s rc=%d free=%zu total=%zu", s.c_str(), rc, f, t);
+  } else if (op == "asyncloop") {
+    // ITERS times: cuMemAllocAsync of SIZE on the tenant's stream, cuMemFreeAsync, then
+    // cuStreamSynchronize; failures= counts allocations refused although the previous one was
+    // freed and its stream synchronized.
+    const int iters = std::atoi(a.at(1).c_str());
+    const std::uint64_t size = size_of(a.at(2));
+    int failures = 0;
+    CUresult last = CUDA_SUCCESS;
+    for (int i = 0; i < iters; ++i) {
+      CUdeviceptr p = 0;
+      CUresult rc = CALL(cuMemAllocAsync, &p, size, stream());
+      if (rc != CUDA_SUCCESS) {
+        ++failures;
+        last = rc;
+        continue;
+      }
+      if ((rc = CALL(cuMemFreeAsync, p, stream())) == CUDA_SUCCESS) rc = CALL(cuStreamSynchronize, stream());
+      if (rc != CUDA_SUCCESS) last = rc;
+    }
+    out("%s rc=%d failures=%d", s.c_str(), last, failures);
+  } else if (op == "infoloop") {
+    // cuMemGetInfo N times: the last answer and how many distinct free figures were seen.
+    const int n = std::atoi(a.at(1).c_str());
+    size_t f = 0;
+    size_t t = 0;
+    CUresult rc = CUDA_SUCCESS;
+    std::vector<size_t> seen;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n && rc == CUDA_SUCCESS; ++i) {
+      rc = CALL(cuMemGetInfo, &f, &t);
+      if (std::find(seen.begin(), seen.end(), f) == seen.end()) seen.push_back(f);
+    }
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    out("%s rc=%d free=%zu total=%zu distinct=%zu ms=%lld", s.c_str(), rc, f, t, seen.size(),
+        static_cast<long long>(ms));
   } else if (op == "totalmem") {
     size_t b = 0;
     const CUresult rc = CALL(cuDeviceTotalMem, &b, a.size() > 1 ? std::atoi(a[1].c_str()) : g_device);
