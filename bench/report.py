@@ -167,7 +167,7 @@ def main():
         ratio = statistics.median(ratios) if ratios else None
         note = None
         if ratios:
-            note = "%d of %d pairs, pair ratios %.3fx-%.3fx" % (len(ratios), n_pairs, min(ratios), max(ratios))
+            note = "median of %d/%d pair ratios, spread %.3fx-%.3fx" % (len(ratios), n_pairs, min(ratios), max(ratios))
         row("train step median (%s allocator)" % alloc, statistics.median(nat) if nat else None,
             statistics.median(hk) if hk else None, "ms", 1.01, ratio=ratio, note=note,
             extra={"pairs": n_pairs, "pair_ratios": ratios,
