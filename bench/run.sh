@@ -92,8 +92,8 @@ fi
 ((sim)) && replay_args+=(--scale-div 4)
 # Several tenants at once on the simulator: no 1 GiB size. There every new handle is zeroed by
 # page-faulting host memory on the daemon's thread, while the tenants' processes compete with it
-# for the same few cores: 8 tenants x 1 GiB holds ~10 GiB of host memory and can stall the
-# daemon past VLAKE_TIMEOUT (10 s) on a busy 2-core machine.
+# for the same few cores: 8 tenants x 1 GiB grow the daemon to 8 GiB resident and can stall it
+# past VLAKE_TIMEOUT (10 s) on a busy 2-core machine.
 multi_sizes="$sizes"
 ((sim)) && multi_sizes=2MiB,20MiB,256MiB
 printf 'version: 1\ndefault:\n  limit: %s\n' "$limit" >"$work/vlake.yaml"
