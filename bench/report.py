@@ -2,9 +2,12 @@
 """Builds bench/run.sh's table and results JSON from the raw benchmark outputs (<raw>/*.json).
 
 Rows: metric, native/baseline, hook, ratio (hook / baseline), target (from the issue), result
-(PASS / FAIL for rows with a target, info otherwise; n/a when an input is missing). Writes
---results as {"mode","quick","date","host","rows":[...],"raw":{name: json}} and prints the
-table. Exit 0, or 1 with --strict 1 when a targeted row FAILs or is n/a.
+(PASS / FAIL for rows with a target, info otherwise; n/a when an input is missing), and an
+optional note printed after the result in parentheses. The training rows' ratio is the median
+of the per-pair ratios (hook / native of each interleaved pair); they also carry "pairs",
+"pair_ratios" and "spread" {"min","max"}. Writes --results as
+{"mode","quick","date","host","rows":[...],"raw":{name: json}} and prints the table. Exit 0, or 1
+with --strict 1 when a targeted row FAILs or is n/a.
 """
 import argparse
 import datetime
@@ -36,6 +39,23 @@ def size_rows(data, name):
     return {s["size"]: s for s in d["sizes"]}
 
 
+AUTO = object()
+
+
+def tenant_counts(data, asked):
+    """The tenant counts > 1 to report: those asked for (missing ones give n/a rows) and any
+    found in the raw outputs (alloc_<kind>_x<K>), ascending."""
+    ks = {int(k) for k in str(asked).split(",") if k.strip().isdigit()}
+    for name in data:
+        if name.startswith("alloc_") and "_x" in name and name.rsplit("_x", 1)[1].isdigit():
+            ks.add(int(name.rsplit("_x", 1)[1]))
+    return sorted(k for k in ks if k > 1)
+
+
+def median_ms(d):
+    return d.get("median_ms") if isinstance(d, dict) else None
+
+
 def fmt(v, unit):
     if v is None:
         return "-"
@@ -55,29 +75,36 @@ def main():
     ap.add_argument("--raw", required=True)
     ap.add_argument("--mode", default="gpu")
     ap.add_argument("--quick", type=int, default=0)
-    ap.add_argument("--tenants", type=int, default=4)
+    ap.add_argument("--tenants", default="1,4,8", help="tenant counts run.sh ran (comma-separated)")
+    ap.add_argument("--train-pairs", type=int, default=5)
     ap.add_argument("--results", required=True)
     ap.add_argument("--strict", type=int, default=0)
     args = ap.parse_args()
     data = load(args.raw)
     rows = []
 
-    def row(metric, base, hook, unit, target=None, info=False):
-        ratio = hook / base if (base not in (None, 0) and hook is not None) else None
-        if hook is not None and base == 0 and hook == 0:
-            ratio = 0.0
+    def row(metric, base, hook, unit, target=None, ratio=AUTO, note=None, extra=None):
+        # ratio: hook / base unless given (the training rows give the median of pair ratios).
+        if ratio is AUTO:
+            ratio = hook / base if (base not in (None, 0) and hook is not None) else None
+            if hook is not None and base == 0 and hook == 0:
+                ratio = 0.0
         if target is None:
             result = "info"
         elif ratio is None:
             result = "n/a"
         else:
             result = "PASS" if ratio <= target + 1e-9 else "FAIL"
-        rows.append({"metric": metric, "baseline": base, "hook": hook, "unit": unit,
-                     "ratio": ratio, "target": target, "result": result})
+        r = {"metric": metric, "baseline": base, "hook": hook, "unit": unit,
+             "ratio": ratio, "target": target, "result": result}
+        if note:
+            r["note"] = note
+        r.update(extra or {})
+        rows.append(r)
 
     native, warm = size_rows(data, "alloc_native"), size_rows(data, "alloc_warm")
-    cold, multi = size_rows(data, "alloc_cold"), size_rows(data, "alloc_multi")
-    sizes = list(native) or list(warm)
+    cold = size_rows(data, "alloc_cold")
+    sizes = list(native) or list(warm) or list(cold)
     g = lambda rows_, s, op, q: rows_.get(s, {}).get(op, {}).get(q) if rows_ else None
     for s in sizes:
         row("warm alloc+free p50 %s" % s, g(native, s, "pair", "p50_us"), g(warm, s, "pair", "p50_us"), "us", 0.25)
@@ -86,8 +113,29 @@ def main():
     for s in sizes:
         row("cold alloc p50 %s" % s, g(native, s, "alloc", "p50_us"), g(cold, s, "alloc", "p50_us"), "us", 1.5)
     for s in sizes:
-        row("%d-tenant warm alloc p99 %s (baseline: 1 tenant)" % (args.tenants, s),
-            g(warm, s, "alloc", "p99_us"), g(multi, s, "alloc", "p99_us"), "us", 2.0)
+        row("cold alloc p99 %s" % s, g(native, s, "alloc", "p99_us"), g(cold, s, "alloc", "p99_us"), "us")
+    # K tenants at once (K > 1): the alloc latency pooled over the K processes, against native
+    # with K processes in the same run (info), and the hook's p99 against one hooked tenant's.
+    ks = tenant_counts(data, args.tenants)
+    multi = {k: {kind: size_rows(data, "alloc_%s_x%d" % (kind, k)) for kind in ("native", "warm", "cold")}
+             for k in ks}
+    # The sizes of each K's runs (on the simulator they leave out 1 GiB), else the 1-tenant ones.
+    ksizes = {k: list(m["native"]) or list(m["warm"]) or list(m["cold"]) or sizes for k, m in multi.items()}
+    for k in ks:
+        m = multi[k]
+        for kind in ("warm", "cold"):
+            for q in ("p50", "p99"):
+                for s in ksizes[k]:
+                    row("%d tenants: %s alloc %s %s" % (k, kind, q, s), g(m["native"], s, "alloc", q + "_us"),
+                        g(m[kind], s, "alloc", q + "_us"), "us")
+    for k in ks:
+        for s in ksizes[k]:
+            row("%d-tenant warm alloc p99 %s (baseline: 1 tenant)" % (k, s),
+                g(warm, s, "alloc", "p99_us"), g(multi[k]["warm"], s, "alloc", "p99_us"), "us", 2.0)
+    for k in ks:
+        for s in ksizes[k]:
+            row("%d tenants cold at once: alloc p99 %s (baseline: 1 tenant cold)" % (k, s),
+                g(cold, s, "alloc", "p99_us"), g(multi[k]["cold"], s, "alloc", "p99_us"), "us", 2.0)
     # Simulator only: the driver calls per pair (native: 1 alloc + 1 free; warm hook: 0).
     if warm and any(v.get("vmm_calls_per_pair") is not None for v in warm.values()):
         for s in sizes:
@@ -98,15 +146,32 @@ def main():
                  "result": "n/a" if h is None else ("PASS" if h == 0 else "FAIL")}
             rows.append(r)
 
+    # Training step: pairs (A native, B hook) run in the order A B A B ...; each pair's ratio is
+    # B's median step time over A's; the row's ratio is the median of the pair ratios, its
+    # baseline and hook the medians of the A and of the B medians, the spread in its note.
     for alloc in ("default", "expandable"):
-        nat = [data.get("train_%s_native_%d" % (alloc, i)) for i in (1, 2, 3)]
-        hk = [data.get("train_%s_hook_%d" % (alloc, i)) for i in (1, 2, 3)]
-        nat = [d["median_ms"] for d in nat if d and "median_ms" in d]
-        hk = [d["median_ms"] for d in hk if d and "median_ms" in d]
+        n_pairs = max([int(k.rsplit("_", 1)[1]) for k in data
+                       if k.startswith("train_%s_" % alloc) and k.rsplit("_", 1)[1].isdigit()] + [args.train_pairs])
+        nat, hk, ratios = [], [], []
+        for i in range(1, n_pairs + 1):
+            a = median_ms(data.get("train_%s_native_%d" % (alloc, i)))
+            b = median_ms(data.get("train_%s_hook_%d" % (alloc, i)))
+            if a is not None:
+                nat.append(a)
+            if b is not None:
+                hk.append(b)
+            if a and b is not None:
+                ratios.append(b / a)
         if args.mode == "sim" and not nat and not hk:
             continue
+        ratio = statistics.median(ratios) if ratios else None
+        note = None
+        if ratios:
+            note = "median of %d/%d pair ratios, spread %.3fx-%.3fx" % (len(ratios), n_pairs, min(ratios), max(ratios))
         row("train step median (%s allocator)" % alloc, statistics.median(nat) if nat else None,
-            statistics.median(hk) if hk else None, "ms", 1.01)
+            statistics.median(hk) if hk else None, "ms", 1.01, ratio=ratio, note=note,
+            extra={"pairs": n_pairs, "pair_ratios": ratios,
+                   "spread": {"min": min(ratios), "max": max(ratios)} if ratios else None})
 
     traces = sorted(k[len("replay_native_"):] for k in data if k.startswith("replay_native_"))
     for tag, what in (("", ""), ("_nores", ", reserve off")):
@@ -150,8 +215,9 @@ def main():
     for r in rows:
         ratio = "-" if r["ratio"] is None else "%.2fx" % r["ratio"]
         target = "-" if r["target"] is None else ("<=%gx" % r["target"] if r["unit"] != "calls" else "0")
-        print("%-*s  %16s  %16s  %8s  %8s  %s" % (w_metric, r["metric"], fmt(r["baseline"], r["unit"]),
-                                               fmt(r["hook"], r["unit"]), ratio, target, r["result"]))
+        line = "%-*s  %16s  %16s  %8s  %8s  %s" % (w_metric, r["metric"], fmt(r["baseline"], r["unit"]),
+                                                 fmt(r["hook"], r["unit"]), ratio, target, r["result"])
+        print(line + ("  (%s)" % r["note"] if r.get("note") else ""))
     counts = {k: sum(1 for r in rows if r["result"] == k) for k in ("PASS", "FAIL", "n/a", "info")}
     print("%d PASS, %d FAIL, %d n/a, %d info; results: %s" % (counts["PASS"], counts["FAIL"], counts["n/a"],
                                                               counts["info"], args.results))

@@ -3,20 +3,23 @@
 # its own vlaked, then prints one table (metric, native/baseline, hook, ratio, target, result)
 # and writes the same as JSON. Builds nothing. See docs/benchmarks.md.
 #
-#   bench/run.sh [--sim] [--quick] [--build DIR] [--results FILE] [--tenants K] [--strict]
+#   bench/run.sh [--sim] [--quick] [--build DIR] [--results FILE] [--tenants LIST]
+#                [--train-pairs N] [--strict]
 #
-#   --sim      run the C++ benchmarks against the simulated driver (no GPU, no PyTorch): a
-#              smoke test of the machinery; the timings are not GPU timings
-#   --quick    fewer iterations and shorter traces
-#   --build    build directory (default: build/gpu, else build/release)
-#   --results  JSON results file (default: <build>/bench-results.json)
-#   --tenants  processes in the multi-tenant alloc run (default 4)
-#   --strict   exit 1 if a row with a target fails (default: exit 0 once the table is out)
+#   --sim          run the C++ benchmarks against the simulated driver (no GPU, no PyTorch): a
+#                  smoke test of the machinery; the timings are not GPU timings
+#   --quick        fewer iterations and shorter traces, 3 training pairs unless --train-pairs
+#   --build        build directory (default: build/gpu, else build/release)
+#   --results      JSON results file (default: <build>/bench-results.json)
+#   --tenants      comma-separated tenant counts for the alloc runs, each native, hook warm and
+#                  hook cold with that many processes at once (default 1,4,8; 1 always runs)
+#   --train-pairs  interleaved A (native) B (hook) training runs per allocator (default 5)
+#   --strict       exit 1 if a row with a target fails (default: exit 0 once the table is out)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 
-sim=0 quick=0 strict=0 tenants=4 build="" results=""
+sim=0 quick=0 strict=0 tenants=1,4,8 train_pairs="" build="" results=""
 while (($#)); do
   case "$1" in
     --sim) sim=1 ;;
@@ -25,11 +28,23 @@ while (($#)); do
     --build) build="$2"; shift ;;
     --results) results="$2"; shift ;;
     --tenants) tenants="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --train-pairs) train_pairs="$2"; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+# Tenant counts: 1 (the baseline of the multi-tenant rows) and the listed ones, ascending.
+klist=(1)
+IFS=, read -ra asked <<<"$tenants"
+for k in "${asked[@]}"; do
+  [[ "$k" =~ ^[0-9]+$ ]] && ((10#$k >= 1 && 10#$k <= 64)) || { echo "run.sh: --tenants takes counts 1..64, got '$tenants'" >&2; exit 2; }
+  [[ " ${klist[*]} " == *" $((10#$k)) "* ]] || klist+=($((10#$k)))
+done
+mapfile -t klist < <(printf '%s\n' "${klist[@]}" | sort -n)
+tenants="$(IFS=,; echo "${klist[*]}")"
+[[ -z "$train_pairs" ]] && { train_pairs=5; ((quick)) && train_pairs=3; }
+[[ "$train_pairs" =~ ^[0-9]+$ ]] && ((train_pairs >= 1)) || { echo "run.sh: --train-pairs takes a count >= 1" >&2; exit 2; }
 if [[ -z "$build" ]]; then
   for b in "$root/build/gpu" "$root/build/release"; do [[ -d "$b" ]] && { build="$b"; break; }; done
 fi
@@ -75,6 +90,12 @@ else
   iters=200; sizes=2MiB,20MiB,256MiB,1GiB; steps=30; replay_args=()
 fi
 ((sim)) && replay_args+=(--scale-div 4)
+# Several tenants at once on the simulator: no 1 GiB size. There every new handle is zeroed by
+# page-faulting host memory on the daemon's thread, while the tenants' processes compete with it
+# for the same few cores: 8 tenants x 1 GiB grow the daemon to 8 GiB resident and can stall it
+# past VLAKE_TIMEOUT (10 s) on a busy 2-core machine.
+multi_sizes="$sizes"
+((sim)) && multi_sizes=2MiB,20MiB,256MiB
 printf 'version: 1\ndefault:\n  limit: %s\n' "$limit" >"$work/vlake.yaml"
 sock="$work/vlaked.sock"
 hooked=(env LD_PRELOAD="$hook" VLAKE_SOCKET="$sock" ASAN_OPTIONS=verify_asan_link_order=0)
@@ -106,17 +127,24 @@ run_json() {  # $1: output name, rest: command; keeps the last JSON line
 }
 
 start_daemon "vlake-bench-$$-a"
-step "alloc/free latency: native, hook warm, hook cold, $tenants tenants"
-run_json alloc_native "$alloc_bin" --sizes "$sizes" --iterations "$iters" --label native
-run_json alloc_warm "${hooked[@]}" VLAKE_RESERVE=4GiB "$alloc_bin" --sizes "$sizes" --iterations "$iters" --label hook_warm
-run_json alloc_cold "${hooked[@]}" VLAKE_RESERVE=0 "$alloc_bin" --sizes "$sizes" --iterations "$iters" --label hook_cold
-run_json alloc_multi "${hooked[@]}" VLAKE_RESERVE=4GiB "$alloc_bin" --sizes "$sizes" --iterations "$iters" \
-  --tenants "$tenants" --label "hook_warm_x$tenants"
+# For each tenant count K: native, hook warm, hook cold, each with K processes at once (K = 1:
+# alloc_native, alloc_warm, alloc_cold; else alloc_<kind>_x<K>), the native baseline next to
+# the hooked runs it is compared with.
+for k in "${klist[@]}"; do
+  step "alloc/free latency, $k tenant(s) at once: native, hook warm, hook cold"
+  sfx="" tlabel=""
+  ((k > 1)) && sfx="_x$k" tlabel="_x$k"
+  kargs=(--sizes "$sizes" --iterations "$iters" --tenants "$k")
+  ((k > 1)) && kargs[1]="$multi_sizes"
+  run_json "alloc_native$sfx" "$alloc_bin" "${kargs[@]}" --label "native$tlabel"
+  run_json "alloc_warm$sfx" "${hooked[@]}" VLAKE_RESERVE=4GiB "$alloc_bin" "${kargs[@]}" --label "hook_warm$tlabel"
+  run_json "alloc_cold$sfx" "${hooked[@]}" VLAKE_RESERVE=0 "$alloc_bin" "${kargs[@]}" --label "hook_cold$tlabel"
+done
 stop_daemon
 
 if ((!sim)); then
   start_daemon "vlake-bench-$$-t"
-  step "training step time: A (native) B (hook), A B A B A B, default and expandable segments"
+  step "training step time: A (native) B (hook), $train_pairs pairs A B A B ..., default and expandable segments"
   # A model large enough that a step is bound by the GPU, not by Python and kernel launches:
   # smaller ones vary by tens of percent from run to run, which hides a 1 % difference.
   model=(--layers 12 --d 1024 --heads 16 --seq 1024 --batch 8)
@@ -124,7 +152,7 @@ if ((!sim)); then
   run_json train_warmup python3 "$here/torch/train_step.py" --steps 5 "${model[@]}"
   for alloc in default expandable; do
     conf=""; [[ $alloc == expandable ]] && conf="expandable_segments:True"
-    for rep in 1 2 3; do
+    for ((rep = 1; rep <= train_pairs; rep++)); do
       run_json "train_${alloc}_native_$rep" env PYTORCH_CUDA_ALLOC_CONF="$conf" \
         python3 "$here/torch/train_step.py" --steps "$steps" "${model[@]}"
       run_json "train_${alloc}_hook_$rep" "${hooked[@]}" PYTORCH_CUDA_ALLOC_CONF="$conf" \
@@ -165,4 +193,4 @@ replay_all "_nores" 0
 
 mode=gpu; ((sim)) && mode=sim
 python3 "$here/report.py" --raw "$raw" --mode "$mode" --quick "$quick" --tenants "$tenants" \
-  --results "$results" --strict "$strict"
+  --train-pairs "$train_pairs" --results "$results" --strict "$strict"

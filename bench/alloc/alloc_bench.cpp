@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -70,11 +71,17 @@ void run_loop(const AllocOptions& o, Shared* sh, double* samples, int me) {
       }
     };
     for (int w = 0; w < o.warmup; ++w) pair(nullptr);
-    // Barrier: every process starts this size together.
+    // Barrier: every process starts this size together. Yield a while, then sleep 50 us between
+    // checks: with more tenants than cores, spinning early arrivals would take the CPU from the
+    // late ones and from vlaked (a start skew of up to ~50 us is small against the timed loop).
     sh->arrived[si].fetch_add(1);
-    while (sh->arrived[si].load() < o.tenants) {
+    for (int spins = 0; sh->arrived[si].load() < o.tenants; ++spins) {
       if (sh->failed.load() != 0) throw std::runtime_error("another tenant failed");
-      std::this_thread::yield();
+      if (spins < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
     const unsigned long long v0 = api.vmm_calls();
     double* base = samples + (static_cast<std::size_t>(me) * nsizes + static_cast<std::size_t>(si)) *

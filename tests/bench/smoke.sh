@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench.smoke: bench/run.sh --sim --quick against the simulator must print a well-formed table
-# and write a results JSON with every expected row (timings are not judged: simulator).
+# and write a results JSON with every expected row, including the 1, 4 and 8 tenant alloc runs
+# (timings are not judged: simulator).
 #   smoke.sh <path to bench/run.sh> <build dir>
 set -uo pipefail
 run="$1"; build="$2"
@@ -25,7 +26,8 @@ lines = [l for l in table if l and not l.startswith(("==", "metric ")) and " PAS
 if len(lines) != len(rows):
     errors.append("table has %d rows, JSON %d" % (len(lines), len(rows)))
 for l, r in zip(lines, rows):
-    if not l.startswith(r["metric"]) or not l.rstrip().endswith(r["result"]):
+    tail = r["result"] + ("  (%s)" % r["note"] if r.get("note") else "")
+    if not l.startswith(r["metric"]) or not l.rstrip().endswith(tail):
         errors.append("row mismatch: %r vs %r" % (l, r["metric"]))
     if r["result"] not in ("PASS", "FAIL", "info", "n/a"):
         errors.append("bad result %r" % r["result"])
@@ -37,8 +39,13 @@ for s in ("2MiB", "20MiB", "256MiB", "1GiB"):
               "warm driver VMM calls per pair " + s):
         if m not in metrics:
             errors.append("missing row: " + m)
-    if not any(m.startswith("4-tenant warm alloc p99 " + s) for m in metrics):
-        errors.append("missing 4-tenant row for " + s)
+    for k in (4, 8) if s != "1GiB" else ():  # run.sh --sim: no 1 GiB with several tenants
+        want = ["%d-tenant warm alloc p99 %s (baseline: 1 tenant)" % (k, s),
+                "%d tenants cold at once: alloc p99 %s (baseline: 1 tenant cold)" % (k, s)]
+        want += ["%d tenants: %s alloc %s %s" % (k, kind, q, s) for kind in ("warm", "cold") for q in ("p50", "p99")]
+        for m in want:
+            if m not in metrics:
+                errors.append("missing row: " + m)
 for t in ("train_ckpt", "lora", "infer_kv"):
     if "replay %s alloc p50" % t not in metrics:
         errors.append("missing replay row for " + t)
@@ -47,9 +54,11 @@ for t in ("train_ckpt", "lora", "infer_kv"):
         errors.append("replay %s under the hook: %r" % (t, {k: rep.get(k) for k in ("allocs", "failed_allocs")}))
 if not any(m.startswith("replay 3 tenants: pool peak") for m in metrics):
     errors.append("missing pool peak row")
-multi = res["raw"].get("alloc_multi") or {}
-if len(multi.get("processes", [])) != 4:
-    errors.append("multi-tenant run without 4 processes")
+for k in (4, 8):
+    for kind in ("native", "warm", "cold"):
+        multi = res["raw"].get("alloc_%s_x%d" % (kind, k)) or {}
+        if len(multi.get("processes", [])) != k or multi.get("tenants") != k:
+            errors.append("%s run with %d tenants: %d processes" % (kind, k, len(multi.get("processes", []))))
 for e in errors:
     print("smoke: " + e)
 print("smoke: %d rows, %s" % (len(rows), "OK" if not errors else "%d problems" % len(errors)))

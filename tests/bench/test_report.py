@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""bench.report.*: bench/report.py on hand-made raw outputs (no GPU, no daemon).
+
+  test_report.py <path to bench/report.py> <case>
+
+Cases: train_pairs (the training row's ratio is the median of the per-pair ratios, with the
+spread, note and pair count), train_missing (a missing run drops its pair, the note says so),
+multi_tenant (K-tenant rows against native K and the 1-tenant cold p99, per K's own sizes; a
+K asked for but not run gives n/a rows and --strict exits 1). Exit 0 when the case holds.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def alloc_json(sizes, tenants=1):
+    """sizes: {name: (alloc p50, alloc p99)}; the pair and free figures are derived."""
+    out = []
+    for name, (p50, p99) in sizes.items():
+        s = lambda a, b: {"n": 20, "p50_us": a, "p99_us": b, "mean_us": a, "min_us": a, "max_us": b}
+        out.append({"size": name, "bytes": 1, "alloc": s(p50, p99), "free": s(p50, p99),
+                    "pair": s(2 * p50, 2 * p99), "vmm_calls_per_pair": None})
+    return {"bench": "alloc", "tenants": tenants, "sizes": out, "processes": [{"pid": i} for i in range(tenants)]}
+
+
+def run_report(report, raw, tenants="1,4,8", pairs=5, strict=0):
+    res = os.path.join(raw, "..", "results.json")
+    p = subprocess.run([sys.executable, report, "--raw", raw, "--mode", "gpu", "--tenants", tenants,
+                        "--train-pairs", str(pairs), "--results", res, "--strict", str(strict)],
+                       capture_output=True, text=True)
+    with open(res) as f:
+        return p.returncode, p.stdout, {r["metric"]: r for r in json.load(f)["rows"]}
+
+
+def write(raw, name, obj):
+    with open(os.path.join(raw, name + ".json"), "w") as f:
+        f.write(json.dumps(obj) + "\n")
+
+
+def close(a, b):
+    return a is not None and abs(a - b) < 1e-9
+
+
+def case_train_pairs(report, raw, errors):
+    # default: pair ratios 1.10, 0.90, 1.00, 1.02, 0.95 -> median 1.00 (PASS), spread 0.90..1.10.
+    # expandable: the ratio of the medians (24 / 30 = 0.8) differs from the median pair ratio.
+    nat = [40.0, 50.0, 30.0, 50.0, 40.0]
+    hook = [44.0, 45.0, 30.0, 51.0, 38.0]
+    for i, (a, b) in enumerate(zip(nat, hook), 1):
+        write(raw, "train_default_native_%d" % i, {"median_ms": a})
+        write(raw, "train_default_hook_%d" % i, {"median_ms": b})
+    nat_e = [10.0, 20.0, 30.0, 40.0, 50.0]
+    hook_e = [10.5, 21.0, 24.0, 42.0, 52.5]  # ratios 1.05 1.05 0.8 1.05 1.05
+    for i, (a, b) in enumerate(zip(nat_e, hook_e), 1):
+        write(raw, "train_expandable_native_%d" % i, {"median_ms": a})
+        write(raw, "train_expandable_hook_%d" % i, {"median_ms": b})
+    rc, out, rows = run_report(report, raw)
+    d = rows.get("train step median (default allocator)")
+    e = rows.get("train step median (expandable allocator)")
+    if not d or not e:
+        errors.append("training rows missing: %s" % sorted(rows))
+        return
+    if not close(d["ratio"], 1.0) or d["result"] != "PASS" or d["pairs"] != 5:
+        errors.append("default row: %r" % d)
+    if not close(d["spread"]["min"], 0.9) or not close(d["spread"]["max"], 1.1):
+        errors.append("default spread: %r" % d["spread"])
+    if not close(d["baseline"], 40.0) or not close(d["hook"], 44.0):
+        errors.append("default baseline/hook (medians of the A and B runs): %r %r" % (d["baseline"], d["hook"]))
+    if not close(e["ratio"], 1.05) or e["result"] != "FAIL":
+        errors.append("expandable row: ratio %r result %r (want the median pair ratio 1.05, FAIL)" %
+                      (e["ratio"], e["result"]))
+    if e.get("note") != "median of 5/5 pair ratios, spread 0.800x-1.050x":
+        errors.append("expandable note: %r" % e.get("note"))
+    line = [l for l in out.splitlines() if l.startswith("train step median (expandable")]
+    if len(line) != 1 or not line[0].endswith("FAIL  (median of 5/5 pair ratios, spread 0.800x-1.050x)"):
+        errors.append("table line: %r" % line)
+    if rc != 0:
+        errors.append("exit %d without --strict" % rc)
+
+
+def case_train_missing(report, raw, errors):
+    for i in range(1, 6):
+        write(raw, "train_default_native_%d" % i, {"median_ms": 10.0})
+        if i != 3:
+            write(raw, "train_default_hook_%d" % i, {"median_ms": 10.0 + i / 10})
+    write(raw, "train_default_hook_3", {"error": "failed"})
+    rc, out, rows = run_report(report, raw)
+    d = rows.get("train step median (default allocator)") or {}
+    if d.get("pair_ratios") is None or len(d["pair_ratios"]) != 4 or d.get("pairs") != 5:
+        errors.append("pairs: %r" % d)
+    elif d.get("note") != "median of 4/5 pair ratios, spread 1.010x-1.050x" or not close(d["ratio"], 1.03):
+        errors.append("note/ratio: %r %r" % (d.get("note"), d.get("ratio")))
+    e = rows.get("train step median (expandable allocator)") or {}
+    if e.get("result") != "n/a" or e.get("pair_ratios") != []:
+        errors.append("expandable without runs should be n/a: %r" % e)
+
+
+def case_multi_tenant(report, raw, errors):
+    four = {"2MiB": (10.0, 20.0), "1GiB": (100.0, 200.0)}
+    write(raw, "alloc_native", alloc_json(four))
+    write(raw, "alloc_warm", alloc_json({"2MiB": (1.0, 2.0), "1GiB": (1.0, 4.0)}))
+    write(raw, "alloc_cold", alloc_json({"2MiB": (15.0, 30.0), "1GiB": (120.0, 300.0)}))
+    two = {"2MiB": (40.0, 80.0)}  # the 4-tenant runs have one size only (as on the simulator)
+    write(raw, "alloc_native_x4", alloc_json(two, 4))
+    write(raw, "alloc_warm_x4", alloc_json({"2MiB": (1.0, 3.0)}, 4))
+    write(raw, "alloc_cold_x4", alloc_json({"2MiB": (50.0, 90.0)}, 4))
+    rc, out, rows = run_report(report, raw, tenants="1,4,8", strict=1)
+    want = {
+        "cold alloc p99 2MiB": (20.0, 30.0, 1.5, None, "info"),
+        "cold alloc p99 1GiB": (200.0, 300.0, 1.5, None, "info"),
+        "4 tenants: cold alloc p50 2MiB": (40.0, 50.0, 1.25, None, "info"),
+        "4 tenants: cold alloc p99 2MiB": (80.0, 90.0, 1.125, None, "info"),
+        "4 tenants: warm alloc p99 2MiB": (80.0, 3.0, 3.0 / 80.0, None, "info"),
+        "4-tenant warm alloc p99 2MiB (baseline: 1 tenant)": (2.0, 3.0, 1.5, 2.0, "PASS"),
+        "4 tenants cold at once: alloc p99 2MiB (baseline: 1 tenant cold)": (30.0, 90.0, 3.0, 2.0, "FAIL"),
+    }
+    for m, (b, h, ratio, target, result) in want.items():
+        r = rows.get(m)
+        if not r:
+            errors.append("missing row " + m)
+        elif not (close(r["baseline"], b) and close(r["hook"], h) and close(r["ratio"], ratio)
+                  and r["target"] == target and r["result"] == result):
+            errors.append("row %s: %r" % (m, r))
+    if any(m.startswith("4 tenants") and "1GiB" in m for m in rows):
+        errors.append("4-tenant rows for a size the 4-tenant runs did not have")
+    # 8 was asked for but not run: its rows are there, n/a for the targeted ones, for every size.
+    r8 = rows.get("8 tenants cold at once: alloc p99 1GiB (baseline: 1 tenant cold)")
+    if not r8 or r8["result"] != "n/a" or not close(r8["baseline"], 300.0):
+        errors.append("8-tenant acceptance row without a run: %r" % r8)
+    if rc != 1:
+        errors.append("--strict 1 with FAIL and n/a rows exited %d" % rc)
+    if list(rows).index("cold alloc p50 2MiB") > list(rows).index("4 tenants: warm alloc p50 2MiB"):
+        errors.append("row order: one tenant's rows come first")
+
+
+def main():
+    report, case = sys.argv[1], sys.argv[2]
+    cases = {"train_pairs": case_train_pairs, "train_missing": case_train_missing,
+             "multi_tenant": case_multi_tenant}
+    if case not in cases:
+        print("unknown case " + case)
+        return 2
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="vlake-bench-report-") as tmp:
+        raw = os.path.join(tmp, "raw")
+        os.mkdir(raw)
+        cases[case](report, raw, errors)
+    for e in errors:
+        print("report.%s: %s" % (case, e))
+    print("report.%s: %s" % (case, "OK" if not errors else "%d problems" % len(errors)))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
