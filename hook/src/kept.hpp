@@ -15,6 +15,8 @@
 //   forgets every entry (they are the parent's mappings) and unlocks.
 #pragma once
 
+#include "vlake/common/cuda_api.hpp"  // cuda.h as the hook sees it (legacy names visible)
+
 #include <cstdint>
 #include <map>
 #include <mutex>
