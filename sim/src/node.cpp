@@ -437,11 +437,16 @@ Node::~Node() {
 
 CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
   Lock lock(state_);
-  purge_dead(state_, self_);
-  if (state_->used[device] > state_->capacity || size > state_->capacity - state_->used[device]) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  auto fits = [&] { return state_->used[device] <= state_->capacity && size <= state_->capacity - state_->used[device]; };
+  // Purging reads /proc for every attached process (and their descriptors): only when the
+  // answer depends on it, so that the lock every process shares is held for microseconds.
+  if (!fits()) purge_dead(state_, self_);
+  if (!fits()) return CUDA_ERROR_OUT_OF_MEMORY;
   Record* r = free_slot(state_);
+  if (r == nullptr) {
+    purge_dead(state_, self_);
+    r = free_slot(state_);
+  }
   if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   r->dev = dev;
   r->ino = ino;
@@ -457,10 +462,17 @@ CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t si
 
 CUresult Node::hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
   Lock lock(state_);
-  purge_dead(state_, self_);
   Record* r = find(state_, dev, ino);
+  if (r != nullptr && r->nholders >= kMaxHolders) {
+    purge_dead(state_, self_);  // dead holders may take the places
+    r = find(state_, dev, ino);
+  }
   if (r == nullptr) {
     r = free_slot(state_);
+    if (r == nullptr) {
+      purge_dead(state_, self_);
+      r = free_slot(state_);
+    }
     if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     r->dev = dev;
     r->ino = ino;
