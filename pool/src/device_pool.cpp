@@ -118,6 +118,7 @@ void DevicePool::destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noex
 }
 
 void DevicePool::unfree(const PoolHandle& h) noexcept {
+  ++free_version_;
   free_bytes_ -= h.size;
   if (h.bound) {
     auto it = bound_free_.find(h.bound->value());
@@ -129,9 +130,8 @@ void DevicePool::unfree(const PoolHandle& h) noexcept {
 }
 
 void DevicePool::scrub(PoolHandle& h) {
-  // memory_info(d) makes device d's primary context current on this thread: the fill runs on
-  // the GPU that owns the memory.
-  (void)driver_.memory_info(device_);
+  // The fill runs on the GPU that owns the memory (no cuMemGetInfo: a scrub is on the grant path).
+  driver_.make_current(device_);
   timed(costs_, CostModel::Call::scrub, h.size, [&] {
     driver_.fill_u8(h.va, 0, h.size);
     driver_.synchronize();
@@ -293,6 +293,7 @@ std::uint64_t DevicePool::refill(Bytes target, std::uint64_t max_handles) {
     if (clock_) h->freed_at = clock_();
     free_bytes_ += h->size;
     free_.push_back(std::move(h));
+    ++free_version_;
     ++made;
   }
   return made;
@@ -320,6 +321,7 @@ void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser) {
   free_bytes_ += h->size;
   if (h->bound) bound_free_[h->bound->value()] += h->size;
   free_.push_back(std::move(h));
+  ++free_version_;
 }
 
 void DevicePool::retire(std::unique_ptr<PoolHandle> h, std::optional<TenantId> charge) noexcept {
@@ -455,10 +457,17 @@ std::map<std::uint32_t, Bytes> DevicePool::retained_all() const {
 }
 
 Servable DevicePool::servable(std::uint32_t max_handles) const {
+  // A free handle's size and binding never change while it is free: the figure changes only
+  // with the list.
+  if (servable_cache_ && servable_cache_->version == free_version_ && servable_cache_->max_handles == max_handles) {
+    return servable_cache_->value;
+  }
   std::vector<ServableHandleView> views;
   views.reserve(free_.size());
   for (const auto& h : free_) views.push_back(ServableHandleView{h->size, bind_ ? h->bound : std::nullopt});
-  return pool::servable(views, max_handles);
+  const Servable out = pool::servable(views, max_handles);
+  servable_cache_ = ServableCache{free_version_, max_handles, out};
+  return out;
 }
 
 std::uint64_t DevicePool::free_small_handles() const noexcept {

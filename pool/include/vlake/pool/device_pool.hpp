@@ -179,7 +179,8 @@ class DevicePool {
   }
   // The largest grant of up to `max_handles` handles the free pool serves without creating a
   // handle, for the best-placed tenant and for a tenant with no bound handle (servable.hpp;
-  // bindings count only with binding on). O(free handles).
+  // bindings count only with binding on). O(free handles) after the free list changed, O(1)
+  // otherwise (the state is published after every event; most events change no free handle).
   [[nodiscard]] Servable servable(std::uint32_t max_handles) const;
   [[nodiscard]] std::uint64_t handles_created() const noexcept { return created_; }
   [[nodiscard]] Bytes bulk_size() const noexcept { return bulk_; }
@@ -213,6 +214,13 @@ class DevicePool {
   const Logger& log_;
   Bytes granularity_;
   std::vector<std::unique_ptr<PoolHandle>> free_;
+  std::uint64_t free_version_ = 0;  // +1 whenever free_ gains or loses a handle
+  struct ServableCache {
+    std::uint64_t version = 0;
+    std::uint32_t max_handles = 0;
+    Servable value;
+  };
+  mutable std::optional<ServableCache> servable_cache_;
   Bytes pool_bytes_{0};
   Bytes free_bytes_{0};
   std::uint64_t created_ = 0;
