@@ -134,7 +134,11 @@ void tenant_main(const StormOptions& o) {
         if (live.size() > static_cast<std::size_t>(o.hold) || (rc != CUDA_SUCCESS && !live.empty())) free_one();
         if (o.think_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(think(rng)));
       }
-      while (!live.empty()) free_one();
+      // What is still live is freed untimed: exiting tenants detach from the driver meanwhile.
+      while (!live.empty()) {
+        (void)api.mem_free(live.front());
+        live.pop_front();
+      }
     });
   }
   for (auto& th : threads) th.join();
@@ -345,8 +349,8 @@ std::string run_parent(const StormOptions& o, const std::string& self_exe, const
   j.begin_object();
   j.key("bench").value("storm");
   j.key("label").value(o.label);
-  j.key("tenants").value(o.tenants);
-  j.key("threads").value(o.threads);
+  j.key("tenants").value(static_cast<std::uint64_t>(o.tenants));
+  j.key("threads").value(static_cast<std::uint64_t>(o.threads));
   j.key("distinct_uids").value(as_uids);
   j.key("duration_ms").value(o.duration_ms);
   j.key("seed").value(o.seed);
@@ -354,7 +358,7 @@ std::string run_parent(const StormOptions& o, const std::string& self_exe, const
   j.key("stopped");
   if (stopped >= 0) {
     j.begin_object();
-    j.key("tenant").value(stopped);
+    j.key("tenant").value(static_cast<std::uint64_t>(stopped));
     j.key("stop_at_ms").value(o.stop_at_ms);
     j.key("stop_ms").value(o.stop_ms);
     j.key("end").value(o.stop_kill ? "kill" : "cont");
@@ -365,7 +369,7 @@ std::string run_parent(const StormOptions& o, const std::string& self_exe, const
   j.key("client").begin_object();
   j.key("ops").value(ops);
   j.key("errors").value(errors);
-  j.key("failed_tenants").value(failed_tenants);
+  j.key("failed_tenants").value(static_cast<std::uint64_t>(failed_tenants));
   for (int op = 0; op < 2; ++op) {
     j.key(op == 0 ? "alloc" : "free").begin_object();
     for (int p = 0; p < 4; ++p) j.key(kPhases[p]).summary(summarize(lat[op][p]));
