@@ -988,9 +988,10 @@ TEST_CASE("daemon: a client over its outbox bound is closed and its undelivered 
     if (msg->type() == proto::MsgType::grant_reply) ++delivered;
   }
   CHECK(closed);
-  CHECK(delivered == 0);
-  // The grants whose replies were still queued were undone: nothing stays charged.
-  CHECK(eventually([&] { return live_grants(*snapshot(d.state)) == 0; }, 5000));
-  CHECK(snapshot(d.state)->devices[0].granted_bytes == 0);
+  CHECK(delivered < 20);  // the socket's buffer may take a reply or two more than the probe's did
+  // Exactly the grants whose replies reached the socket stay charged (the process is alive: its
+  // session is detached); those still in the outbox were undone.
+  CHECK(eventually([&] { return live_grants(*snapshot(d.state)) == static_cast<std::size_t>(delivered); }, 5000));
+  CHECK(snapshot(d.state)->devices[0].granted_bytes == static_cast<std::uint64_t>(delivered) * 2 * kMiB);
   CHECK_THAT(d.log(), Catch::Contains("replies") && Catch::Contains("closing it"));
 }

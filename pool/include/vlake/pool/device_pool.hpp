@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <vector>
 
@@ -150,8 +151,9 @@ class DevicePool {
   // their last tenant (so they are scrubbed before anyone's next grant).
   void forget_tenant(TenantId tenant) noexcept;
 
-  // Binding and the holder scan (docs/pool.md, "Handle binding"); set before the first serve().
-  void set_binding(bool bind) noexcept { bind_ = bind; }
+  // Binding and the holder scan (docs/pool.md, "Handle binding"); set before the first serve()
+  // (the Node sets them when it creates the pool).
+  void set_binding(bool bind);
   void set_holder_scan(HolderScan scan) { scan_ = std::move(scan); }
   [[nodiscard]] bool binding() const noexcept { return bind_; }
   // What tenant `t` can still reach of released memory here: its bound free handles + its held
@@ -205,6 +207,7 @@ class DevicePool {
   void destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noexcept;
   // A free handle leaves the free pool (bookkeeping of free and bound bytes).
   void unfree(const PoolHandle& h) noexcept;
+  void index_free(const PoolHandle& h);  // h joins free_
   void scrub(PoolHandle& h);
   PlanInput plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes device_free) const;
   Bytes device_free();
@@ -215,6 +218,13 @@ class DevicePool {
   Bytes granularity_;
   std::vector<std::unique_ptr<PoolHandle>> free_;
   std::uint64_t free_version_ = 0;  // +1 whenever free_ gains or loses a handle
+  // The free handles' sizes, largest first: unbound ones, and per tenant those bound to it
+  // (binding on only); and the counts of the two size classes. Kept with free_ (index_free(),
+  // unfree()) so that publishing the figures needs no pass over every free handle.
+  std::multiset<std::uint64_t, std::greater<>> unbound_sizes_;
+  std::map<std::uint32_t, std::multiset<std::uint64_t, std::greater<>>> bound_sizes_;
+  std::uint64_t free_small_ = 0;
+  std::uint64_t free_bulk_ = 0;
   struct ServableCache {
     std::uint64_t version = 0;
     std::uint32_t max_handles = 0;
