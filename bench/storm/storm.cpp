@@ -1,5 +1,6 @@
 #include "storm.hpp"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -165,6 +166,33 @@ void sleep_until_ns(std::uint64_t t) {
   if (t > n) std::this_thread::sleep_for(std::chrono::nanoseconds(t - n));
 }
 
+// SIGSTOPs `pid` (and waits until it is stopped). The simulator keeps its machine state behind
+// a lock in shared memory that the process may be holding at that instant, which would stall
+// every simulated driver call of every process until SIGCONT; the real driver holds no lock of
+// its own across a stop. So while the stopped process holds it (vlake_sim_node_lock_owner, absent
+// on a real driver), it is continued and stopped again a moment later. Returns the retries.
+int stop_outside_driver(pid_t pid, const std::string& driver) {
+  using Owner = int (*)();
+  Owner owner = nullptr;
+  // Loaded only to look the function up (never initialized here); a real driver lacks it.
+  if (void* h = ::dlopen(driver.c_str(), RTLD_NOW | RTLD_LOCAL); h != nullptr) {
+    owner = reinterpret_cast<Owner>(::dlsym(h, "vlake_sim_node_lock_owner"));
+  }
+  int retries = 0;
+  for (;;) {
+    ::kill(pid, SIGSTOP);
+    int status = 0;
+    ::waitpid(pid, &status, WUNTRACED);
+    const int tid = owner != nullptr ? owner() : 0;
+    const bool holds =
+        tid > 0 && ::access(("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid)).c_str(), F_OK) == 0;
+    if (!holds || retries >= 1000) return retries;
+    ++retries;
+    ::kill(pid, SIGCONT);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 Json& daemon_phase(Json& j, const LatencyHistogram& h) {
   j.begin_object();
   j.key("n").value(h.count);
@@ -284,11 +312,12 @@ std::string run_parent(const StormOptions& o, const std::string& self_exe, const
   const int stopped = o.stop_at_ms == 0 ? -1 : (o.stop_tenant >= 0 ? o.stop_tenant : o.tenants / 2);
 
   LatencyHistogram h1, h2;
+  int stop_retries = 0;
   if (stopped >= 0) {
     Tenant& t = tenants[static_cast<std::size_t>(stopped)];
     sleep_until_ns(base + o.stop_at_ms * 1'000'000ULL);
     h1 = snap();
-    ::kill(t.pid, SIGSTOP);
+    stop_retries = stop_outside_driver(t.pid, o.driver);
     sleep_until_ns(base + (o.stop_at_ms + o.stop_ms) * 1'000'000ULL);
     h2 = snap();
     ::kill(t.pid, o.stop_kill ? SIGKILL : SIGCONT);
@@ -359,6 +388,7 @@ std::string run_parent(const StormOptions& o, const std::string& self_exe, const
   if (stopped >= 0) {
     j.begin_object();
     j.key("tenant").value(static_cast<std::uint64_t>(stopped));
+    j.key("stop_retries").value(static_cast<std::uint64_t>(stop_retries));
     j.key("stop_at_ms").value(o.stop_at_ms);
     j.key("stop_ms").value(o.stop_ms);
     j.key("end").value(o.stop_kill ? "kill" : "cont");

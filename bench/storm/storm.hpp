@@ -7,11 +7,13 @@
 // (seeded; --min-size..--max-size in 2 MiB steps) through cuMemAlloc_v2/cuMemFree_v2, keeping
 // at most --hold allocations live and pausing a random 0..2×--think-us between calls, until
 // --duration-ms has passed. At --stop-at-ms one tenant (--stop-tenant, default K/2) gets
-// SIGSTOP; --stop-ms later it gets SIGCONT (or SIGKILL with --stop-end kill).
+// SIGSTOP; --stop-ms later it gets SIGCONT (or SIGKILL with --stop-end kill). On the simulator
+// the stop lands outside the simulator's machine lock (a stop on a GPU never holds a driver
+// lock; see stop_outside_driver in storm.cpp): "stop_retries" counts the stops taken again.
 //
 // Output: one JSON line on stdout:
 //   {"bench":"storm","label","tenants","threads","distinct_uids","duration_ms","seed",
-//    "stopped":{"tenant","stop_at_ms","stop_ms","end"},
+//    "stopped":{"tenant","stop_retries","stop_at_ms","stop_ms","end"},
 //    "client":{"ops","errors","alloc":{"all":S,"before":S,"during":S,"after":S},"free":{...}},
 //    "daemon":{"all":H,"before":H,"during":H,"after":H,"max_us"} | null,
 //    "finished":bool}

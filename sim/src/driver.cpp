@@ -2092,6 +2092,17 @@ extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_v
   return vlake::sim::calls::vmm_total();
 }
 
+// The thread holding the lock of the node VLAKE_SIM_NODE names (default "default") now, 0 if
+// none (node.hpp, node_lock_owner). Needs no cuInit. Not part of the CUDA API.
+extern "C" __attribute__((visibility("default"))) int vlake_sim_node_lock_owner() noexcept {
+  try {
+    const char* n = std::getenv("VLAKE_SIM_NODE");
+    return vlake::sim::node_lock_owner(n != nullptr ? n : "default");
+  } catch (...) {
+    return 0;
+  }
+}
+
 // The file this process keeps open while it uses the simulated GPUs (node.hpp), named for
 // vlake::Driver::device_files(); "" before cuInit succeeded. Not part of the CUDA API.
 extern "C" __attribute__((visibility("default"))) const char* vlake_sim_device_file() noexcept {

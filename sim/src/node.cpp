@@ -650,6 +650,27 @@ std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
 
 std::string device_file(const std::string& node) { return "/dev/shm/vlake-sim-" + node; }
 
+std::int32_t node_lock_owner(const std::string& node) {
+  const int fd = ::shm_open(("/vlake-sim-" + node).c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct stat st {};
+  void* mem = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(NodeState)) {
+    mem = ::mmap(nullptr, sizeof(NodeState), PROT_READ, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (mem == MAP_FAILED) return 0;
+  const auto* s = static_cast<const NodeState*>(mem);
+  std::int32_t owner = 0;
+  if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) == kMagic && s->layout_version == kLayoutVersion) {
+    // A robust mutex's futex word is its owner's thread id (plus the waiters and owner-died bits).
+    const auto* word = reinterpret_cast<const std::int32_t*>(&s->mutex);
+    owner = __atomic_load_n(word, __ATOMIC_ACQUIRE) & 0x3fffffff;  // FUTEX_TID_MASK
+  }
+  ::munmap(mem, sizeof(NodeState));
+  return owner;
+}
+
 std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal) {
   const std::string key = node + "/" + std::to_string(ordinal);
   const std::uint64_t a = fnv1a(0xcbf29ce484222325ULL, key);

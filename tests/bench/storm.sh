@@ -47,6 +47,7 @@ def check(ok, what):
     if not ok:
         errors.append(what)
 check(d["finished"], "a tenant stalled (did not finish)")
+check(d["stopped"] is not None and "stop_retries" in d["stopped"], "no stopped tenant")
 check(c["failed_tenants"] == 0, "%d tenants failed" % c["failed_tenants"])
 check(c["errors"] == 0, "%d allocations failed" % c["errors"])
 check(g["all"]["n"] >= 1000, "only %d grants" % g["all"]["n"])
