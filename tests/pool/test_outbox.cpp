@@ -98,7 +98,7 @@ TEST_CASE("outbox: queued descriptors are duplicates that outlive the caller's",
   CHECK(sock.fd_inodes[0] == st.st_ino);
 }
 
-TEST_CASE("outbox: past its bounds a message is refused, not queued", "[outbox]") {
+TEST_CASE("outbox: past its bounds a message is refused and not queued", "[outbox]") {
   FakeSocket sock;
   sock.open = false;
   Outbox by_count;
@@ -114,7 +114,7 @@ TEST_CASE("outbox: past its bounds a message is refused, not queued", "[outbox]"
   CHECK(by_bytes.send(bytes("c"), {}, 0, sock.fn()) == Outbox::Result::overflow);
 }
 
-TEST_CASE("outbox: a broken connection is an exception, not a queued message", "[outbox]") {
+TEST_CASE("outbox: a broken connection is an exception and not a queued message", "[outbox]") {
   Outbox o;
   FakeSocket sock;
   sock.broken = true;
