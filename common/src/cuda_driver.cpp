@@ -152,6 +152,8 @@ class CudaDriver final : public Driver {
     return Bytes{g};
   }
 
+  void make_current(DeviceOrdinal d) override { bind(d); }
+
   MemoryInfo memory_info(DeviceOrdinal d) override {
     bind(d);
     std::size_t free = 0;

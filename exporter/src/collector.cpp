@@ -346,6 +346,8 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     m.histogram.sample_sum = d(c.grant_latency_sum_ns) / 1e9;
     f.metric.push_back(std::move(m));
   }
+  set(F.gauge("vlake_grant_duration_max_seconds", "the longest grant the histogram counted (receive -> reply sent)"),
+      {}, d(c.grant_latency_max_ns) / 1e9);
 
   set(F.counter("vlake_config_reloads_total", "applied reloads of the quota file"), {}, d(c.config_reloads));
   set(F.counter("vlake_config_reload_errors_total", "rejected quota files"), {}, d(c.config_reload_errors));

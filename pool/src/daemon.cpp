@@ -44,6 +44,7 @@
 #include "vlake/pool/holder_scan.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/nvml_source.hpp"
+#include "vlake/pool/outbox.hpp"
 #include "vlake/pool/publisher.hpp"
 
 namespace vlake::pool {
@@ -155,6 +156,7 @@ class Daemon::Impl {
     // When the process said Hello: its first counted grant needs an NVML reading taken after
     // this (its context exists by then), whatever kCountedResampleInterval says.
     std::chrono::steady_clock::time_point hello_at{};
+    Outbox outbox{};  // replies its socket did not take yet (outbox.hpp)
   };
 
   // start-up
@@ -173,6 +175,7 @@ class Daemon::Impl {
   void on_signal();
   void on_timer();
   void on_readable(ConnId serial);
+  void on_writable(ConnId serial);
   void on_message(ConnId serial, Connection& c, const proto::AnyMessage& msg);
   void on_process_exit(std::uint64_t session);
   void reload(const std::string& why, bool force);
@@ -184,7 +187,8 @@ class Daemon::Impl {
 
   // replies
   template <class T>
-  bool send(ConnId serial, const T& msg, std::span<const int> fds = {});
+  bool send(ConnId serial, const T& msg, std::span<const int> fds = {}, std::uint64_t grant = 0);
+  bool send_bytes(ConnId serial, std::span<const std::byte> bytes, std::span<const int> fds, std::uint64_t grant);
   void deliver(ConnId serial, GrantOut out, std::chrono::steady_clock::time_point received);
   void malformed(ConnId serial, const std::string& reason);
   void fail(ConnId serial, std::uint64_t request_id, proto::Status s, const std::string& text);
@@ -469,7 +473,12 @@ int Daemon::Impl::run() {
           case Source::listen: on_accept(listen_fd_.get(), std::string(), Source::listen, 0); break;
           case Source::signal: on_signal(); break;
           case Source::timer: on_timer(); break;
-          case Source::conn: on_readable(serial); break;
+          case Source::conn:
+            if ((events[static_cast<std::size_t>(i)].events & EPOLLOUT) != 0) on_writable(serial);
+            if ((events[static_cast<std::size_t>(i)].events & ~static_cast<std::uint32_t>(EPOLLOUT)) != 0) {
+              on_readable(serial);
+            }
+            break;
           case Source::pidfd: on_process_exit(serial); break;
           case Source::config_watch: config_watch_.on_watch(); break;
           case Source::config_settle:
@@ -555,7 +564,7 @@ bool Daemon::Impl::accept_without_descriptors(int listen_fd, int err, Source src
                                 ": out of descriptors; closing new connections at once (see --max-connections-per-uid)",
                             t);
   reserve_fd_.reset();
-  UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
+  UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
   const bool took = static_cast<bool>(fd);
   fd.reset();
   reserve_fd_ = open_reserve_fd();
@@ -939,26 +948,75 @@ void Daemon::Impl::arm_park_timer() {
 // ---------------------------------------------------------------------------------------------
 // replies
 
+namespace {
+// Outbox::SendFn over a non-blocking socket: false when it would block.
+Outbox::SendFn socket_sender(int fd) {
+  return [fd](std::span<const std::byte> bytes, std::span<const int> fds) {
+    try {
+      send_with_fds(fd, bytes, fds);
+      return true;
+    } catch (const std::system_error& e) {
+      if (e.code().value() == EAGAIN || e.code().value() == EWOULDBLOCK) return false;
+      throw;
+    }
+  };
+}
+}  // namespace
+
 template <class T>
-bool Daemon::Impl::send(ConnId serial, const T& msg, std::span<const int> fds) {
+bool Daemon::Impl::send(ConnId serial, const T& msg, std::span<const int> fds, std::uint64_t grant) {
+  if (conns_.count(serial) == 0) return false;
+  publisher_->publish(*node_);  // what the reply says is in the segment when it arrives
+  return send_bytes(serial, proto::encode(msg), fds, grant);
+}
+
+// Sends now, or queues behind what the client has not taken yet (a stopped or slow client never
+// stalls the loop); false when the connection is broken or its outbox is full: the caller closes
+// it.
+bool Daemon::Impl::send_bytes(ConnId serial, std::span<const std::byte> bytes, std::span<const int> fds,
+                              std::uint64_t grant) {
   auto it = conns_.find(serial);
   if (it == conns_.end()) return false;
-  publisher_->publish(*node_);  // what the reply says is in the segment when it arrives
+  Connection& c = it->second;
   try {
-    send_with_fds(it->second.fd.get(), proto::encode(msg), fds);
-    return true;
+    const Outbox::Result r = c.outbox.send(bytes, fds, grant, socket_sender(c.fd.get()));
+    if (r == Outbox::Result::queued && c.outbox.messages() == 1) {
+      poller_.watch_writable(c.fd.get(), Source::conn, serial, true);
+    }
+    if (r != Outbox::Result::overflow) return true;
+    node_->log_limiter().warn("send uid " + std::to_string(c.uid),
+                              "connection " + std::to_string(serial) + " (pid " + std::to_string(c.pid) +
+                                  "): the client has not read " + std::to_string(c.outbox.messages()) + " replies (" +
+                                  std::to_string(c.outbox.bytes()) + " bytes); closing it",
+                              std::chrono::steady_clock::now());
+    return false;
   } catch (const std::exception& e) {
-    node_->log_limiter().warn("send uid " + std::to_string(it->second.uid),
-                              "connection " + std::to_string(serial) + " (pid " + std::to_string(it->second.pid) +
+    node_->log_limiter().warn("send uid " + std::to_string(c.uid),
+                              "connection " + std::to_string(serial) + " (pid " + std::to_string(c.pid) +
                                   "): cannot send a reply: " + e.what() + "; closing it",
                               std::chrono::steady_clock::now());
     return false;
   }
 }
 
+void Daemon::Impl::on_writable(ConnId serial) {
+  auto it = conns_.find(serial);
+  if (it == conns_.end()) return;
+  Connection& c = it->second;
+  try {
+    if (c.outbox.flush(socket_sender(c.fd.get()))) poller_.watch_writable(c.fd.get(), Source::conn, serial, false);
+  } catch (const std::exception& e) {
+    node_->log_limiter().warn("send uid " + std::to_string(c.uid),
+                              "connection " + std::to_string(serial) + " (pid " + std::to_string(c.pid) +
+                                  "): cannot send a queued reply: " + e.what() + "; closing it",
+                              std::chrono::steady_clock::now());
+    close_connection(serial);
+  }
+}
+
 void Daemon::Impl::deliver(ConnId serial, GrantOut out, std::chrono::steady_clock::time_point received) {
   if (auto* g = std::get_if<Granted>(&out)) {
-    if (!send(serial, g->reply, g->fds)) {
+    if (!send(serial, g->reply, g->fds, g->grant)) {
       // The client never got the descriptors: undo the grant.
       node_->undo_grant(g->grant);
       close_connection(serial);
@@ -970,16 +1028,9 @@ void Daemon::Impl::deliver(ConnId serial, GrantOut out, std::chrono::steady_cloc
   } else if (auto* p = std::get_if<Parked>(&out)) {
     arm_park_timer();
     for (const PressureNote& n : p->pressure) {
-      auto it = conns_.find(n.conn);
-      if (it == conns_.end()) continue;
-      try {
-        send_with_fds(it->second.fd.get(), proto::encode(n.msg), {});
-      } catch (const std::exception& e) {
-        // A client that does not read its socket gets no more; its connection stays.
-        node_->log_limiter().warn("pressure",
-                                  "session " + std::to_string(n.session) + ": cannot send Pressure: " + e.what(),
-                                  std::chrono::steady_clock::now());
-      }
+      // Queued like a reply when the client is not reading; a client over its outbox's bound
+      // is closed like any other.
+      if (conns_.count(n.conn) != 0 && !send_bytes(n.conn, proto::encode(n.msg), {}, 0)) close_connection(n.conn);
     }
   } else {
     malformed(serial, std::get<Malformed>(out).reason);
@@ -1021,6 +1072,8 @@ void Daemon::Impl::close_connection(ConnId serial) {
   conn_limits_.closed(serial);
   poller_.del(c.fd.get());
   c.fd.reset();
+  // Grants whose replies were still queued never reached the client: undone.
+  for (const std::uint64_t g : c.outbox.grants()) node_->undo_grant(g);
   if (c.session == 0) return;
   auto p = pidfds_.find(c.session);
   const bool exited = p == pidfds_.end() || pidfd_exited(p->second.get());

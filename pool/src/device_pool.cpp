@@ -191,7 +191,37 @@ Bytes DevicePool::kept_by(std::uint64_t session) const noexcept {
   return b;
 }
 
+void DevicePool::set_binding(bool bind) {
+  bind_ = bind;
+  // The size index files handles by binding: rebuilt for any handle already free.
+  unbound_sizes_.clear();
+  bound_sizes_.clear();
+  free_small_ = 0;
+  free_bulk_ = 0;
+  for (const auto& h : free_) index_free(*h);
+}
+
+void DevicePool::index_free(const PoolHandle& h) {
+  ++free_version_;
+  if (bind_ && h.bound) bound_sizes_[h.bound->value()].insert(h.size.value());
+  else unbound_sizes_.insert(h.size.value());
+  if (h.size == granularity_) ++free_small_;
+  if (h.size == bulk_) ++free_bulk_;
+}
+
 void DevicePool::unfree(const PoolHandle& h) noexcept {
+  ++free_version_;
+  if (bind_ && h.bound) {
+    auto t = bound_sizes_.find(h.bound->value());
+    if (t != bound_sizes_.end()) {
+      if (auto it = t->second.find(h.size.value()); it != t->second.end()) t->second.erase(it);
+      if (t->second.empty()) bound_sizes_.erase(t);
+    }
+  } else if (auto it = unbound_sizes_.find(h.size.value()); it != unbound_sizes_.end()) {
+    unbound_sizes_.erase(it);
+  }
+  if (h.size == granularity_) --free_small_;
+  if (h.size == bulk_) --free_bulk_;
   free_bytes_ -= h.size;
   if (h.bound) {
     auto it = bound_free_.find(h.bound->value());
@@ -203,9 +233,8 @@ void DevicePool::unfree(const PoolHandle& h) noexcept {
 }
 
 void DevicePool::scrub(PoolHandle& h) {
-  // memory_info(d) makes device d's primary context current on this thread: the fill runs on
-  // the GPU that owns the memory.
-  (void)driver_.memory_info(device_);
+  // The fill runs on the GPU that owns the memory (no cuMemGetInfo: a scrub is on the grant path).
+  driver_.make_current(device_);
   timed(costs_, CostModel::Call::scrub, h.size, [&] {
     driver_.fill_u8(h.va, 0, h.size);
     driver_.synchronize();
@@ -374,6 +403,7 @@ std::uint64_t DevicePool::refill(Bytes target, std::uint64_t max_handles) {
     h->freed_seq = ++freed_seq_;
     if (clock_) h->freed_at = clock_();
     free_bytes_ += h->size;
+    index_free(*h);
     free_.push_back(std::move(h));
     ++made;
   }
@@ -402,6 +432,7 @@ void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser, std:
   }
   free_bytes_ += h->size;
   if (h->bound) bound_free_[h->bound->value()] += h->size;
+  index_free(*h);
   free_.push_back(std::move(h));
 }
 
@@ -539,20 +570,36 @@ std::map<std::uint32_t, Bytes> DevicePool::retained_all() const {
 }
 
 Servable DevicePool::servable(std::uint32_t max_handles) const {
-  std::vector<ServableHandleView> views;
-  views.reserve(free_.size());
-  for (const auto& h : free_) views.push_back(ServableHandleView{h->size, bind_ ? h->bound : std::nullopt});
-  return pool::servable(views, max_handles);
+  // A free handle's size and binding never change while it is free: the figure changes only
+  // with the list.
+  if (servable_cache_ && servable_cache_->version == free_version_ && servable_cache_->max_handles == max_handles) {
+    return servable_cache_->value;
+  }
+  // servable.hpp's rule over the size index: O(k) per tenant with a bound handle, not a pass
+  // over every free handle.
+  const std::uint32_t k = std::max<std::uint32_t>(max_handles, 1);
+  std::vector<std::uint64_t> top;
+  for (auto it = unbound_sizes_.begin(); it != unbound_sizes_.end() && top.size() < k; ++it) top.push_back(*it);
+  Servable out;
+  for (const std::uint64_t v : top) out.unbound += Bytes{v};
+  out.largest = out.unbound;
+  for (const auto& [tenant, sizes] : bound_sizes_) {
+    std::uint64_t sum = 0;
+    std::size_t i = 0;
+    auto b = sizes.begin();
+    for (std::uint32_t n = 0; n < k; ++n) {
+      if (i < top.size() && (b == sizes.end() || top[i] >= *b)) sum += top[i++];
+      else if (b != sizes.end()) sum += *b++;
+      else break;
+    }
+    out.largest = std::max(out.largest, Bytes{sum});
+  }
+  servable_cache_ = ServableCache{free_version_, max_handles, out};
+  return out;
 }
 
-std::uint64_t DevicePool::free_small_handles() const noexcept {
-  return static_cast<std::uint64_t>(
-      std::count_if(free_.begin(), free_.end(), [&](const auto& h) { return h->size == granularity_; }));
-}
+std::uint64_t DevicePool::free_small_handles() const noexcept { return free_small_; }
 
-std::uint64_t DevicePool::free_bulk_handles() const noexcept {
-  return static_cast<std::uint64_t>(
-      std::count_if(free_.begin(), free_.end(), [&](const auto& h) { return h->size == bulk_; }));
-}
+std::uint64_t DevicePool::free_bulk_handles() const noexcept { return free_bulk_; }
 
 }  // namespace vlake::pool

@@ -283,6 +283,7 @@ void Node::record_grant_latency(std::chrono::nanoseconds d) {
   }
   counters_.grant_latency_sum_ns += ns;
   ++counters_.grant_latency_count;
+  counters_.grant_latency_max_ns = std::max(counters_.grant_latency_max_ns, ns);
 }
 
 void Node::finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_t kept_by) {

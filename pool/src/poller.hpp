@@ -48,6 +48,15 @@ class Poller {
     }
   }
   void del(int fd) noexcept { ::epoll_ctl(fd_.get(), EPOLL_CTL_DEL, fd, nullptr); }
+  // Also reports `fd` writable (EPOLLOUT) while `on`: a connection with replies waiting.
+  void watch_writable(int fd, Source k, std::uint64_t serial, bool on) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+    ev.data.u64 = token(k, serial);
+    if (::epoll_ctl(fd_.get(), EPOLL_CTL_MOD, fd, &ev) != 0) {
+      throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+    }
+  }
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
 
  private:

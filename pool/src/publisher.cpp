@@ -5,9 +5,16 @@
 
 #include <map>
 #include <set>
+#include <type_traits>
+#include <utility>
 #include "vlake/common/fixed_chars.hpp"
 
 namespace vlake::pool {
+
+namespace {
+const std::decay_t<decltype(std::declval<const Node&>().grants())> kNoGrants;
+const std::decay_t<decltype(std::declval<const Node&>().sessions())> kNoSessions;
+}  // namespace
 
 StatePublisher::StatePublisher(st::StateSegment& seg, std::uint32_t daemon_pid, std::uint64_t daemon_start_time,
                                std::uint32_t sample_interval_ms) noexcept
@@ -66,7 +73,9 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
     for (std::uint32_t slot : c.grants) std::memset(&s.grants[slot], 0, sizeof s.grants[slot]);
     for (std::uint32_t slot : c.sessions) std::memset(&s.sessions[slot], 0, sizeof s.sessions[slot]);
   }
-  for (const auto& [id, g] : node.grants()) {
+  // The record loops below walk the Node's tables only for a kind that changed: an event changes
+  // a grant or two, and the state is published after every event.
+  for (const auto& [id, g] : (c.all || !c.grants.empty()) ? node.grants() : kNoGrants) {
     if (!c.all && c.grants.count(g.slot) == 0) continue;
     const Node::Tenant* t = node.tenant(g.tenant);
     const std::uint32_t guard = static_cast<std::uint32_t>(g.canary       ? quota::GuardMode::canary
@@ -85,7 +94,7 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
                                        g.requested,
                                        g.created_unix_ns};
   }
-  for (const auto& [id, sess] : node.sessions()) {
+  for (const auto& [id, sess] : (c.all || !c.sessions.empty()) ? node.sessions() : kNoSessions) {
     if (!c.all && c.sessions.count(sess.slot) == 0) continue;
     st::SessionRecord& r = s.sessions[sess.slot];
     r.id = sess.id;
@@ -99,6 +108,10 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
   }
 
   // Tenants, then namespaces (their usage and tenant counts follow the tenants').
+  if (!c.all && c.tenants.empty() && c.namespaces.empty()) {
+    if (c.devices) devices(node, s);
+    return;
+  }
   std::map<std::uint32_t, const Node::Namespace*> ns_by_id;  // by NamespaceId value
   for (const auto& [name, n] : node.namespaces()) ns_by_id[n.id.value()] = &n;
   std::set<std::uint32_t> ns_slots = c.namespaces;

@@ -377,6 +377,34 @@ CUresult copy_checked(std::uintptr_t dst, bool dst_device, std::uintptr_t src, b
   return CUDA_SUCCESS;
 }
 
+// Zeroes [dst, dst + n) (accessible, checked by the caller) as a GPU would, fast: whole pages of
+// the memfds behind the range are punched out (they read as zero in every process mapping them,
+// and take no host memory until written again); only partial pages are written. A scrub of a
+// 64 MiB handle then costs microseconds, as on the GPU, not a host memset faulting in 64 MiB.
+void zero_fill(std::uintptr_t dst, std::size_t n) {
+  constexpr std::uintptr_t kPage = 4096;
+  const std::uintptr_t end = dst + n;
+  std::uintptr_t cur = dst;
+  for (auto it = mapping_at(cur); cur < end && it != g_proc->mappings.end(); ++it) {
+    const std::uintptr_t limit = std::min<std::uintptr_t>(end, it->first + it->second.visible);
+    const std::uintptr_t first_page = (cur + kPage - 1) & ~(kPage - 1);
+    const std::uintptr_t last_page = limit & ~(kPage - 1);
+    bool punched = false;
+    if (first_page < last_page && it->second.phys != nullptr && it->second.phys->fd >= 0) {
+      punched =
+          ::fallocate(it->second.phys->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(first_page - it->first), static_cast<off_t>(last_page - first_page)) == 0;
+    }
+    if (punched) {
+      std::memset(as_ptr(cur), 0, first_page - cur);
+      std::memset(as_ptr(last_page), 0, limit - last_page);
+    } else {
+      std::memset(as_ptr(cur), 0, limit - cur);
+    }
+    cur = limit;
+  }
+}
+
 CUresult memset_checked(std::uintptr_t dst, std::size_t elem, unsigned value, std::size_t count) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
@@ -385,6 +413,10 @@ CUresult memset_checked(std::uintptr_t dst, std::size_t elem, unsigned value, st
   if (count > SIZE_MAX / elem) return CUDA_ERROR_INVALID_VALUE;
   std::shared_lock lock(g_proc->mu);
   if (!accessible(dst, count * elem, ctx->device, true)) return refused(ctx);
+  if ((value & (elem == 1 ? 0xffu : ~0u)) == 0) {
+    zero_fill(dst, count * elem);
+    return CUDA_SUCCESS;
+  }
   if (elem == 1) {
     std::memset(as_ptr(dst), static_cast<int>(value & 0xffu), count);
   } else {
@@ -2123,6 +2155,17 @@ extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_c
 
 extern "C" __attribute__((visibility("default"))) unsigned long long vlake_sim_vmm_call_count() noexcept {
   return vlake::sim::calls::vmm_total();
+}
+
+// The thread holding the lock of the node VLAKE_SIM_NODE names (default "default") now, 0 if
+// none (node.hpp, node_lock_owner). Needs no cuInit. Not part of the CUDA API.
+extern "C" __attribute__((visibility("default"))) int vlake_sim_node_lock_owner() noexcept {
+  try {
+    const char* n = std::getenv("VLAKE_SIM_NODE");
+    return vlake::sim::node_lock_owner(n != nullptr ? n : "default");
+  } catch (...) {
+    return 0;
+  }
 }
 
 // The file this process keeps open while it uses the simulated GPUs (node.hpp), named for

@@ -4,10 +4,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
@@ -245,18 +248,81 @@ void settle_creator_gone(NodeState* s) {
   }
 }
 
+// Which attached processes are alive, through a pidfd per process that this process opens once
+// (and checks the start time of then): one poll() answers for all of them, where reading
+// /proc/<pid>/stat of each would cost a file open per process and call. A pidfd is readable
+// once its process has exited (a zombie included). Pidfds of processes no longer attached to the
+// node asked about are closed. Thread-safe (a process may use several nodes).
+class Liveness {
+ public:
+  std::vector<bool> alive(const NodeState* s, const ProcessId& self) {
+    std::lock_guard lock(mu_);
+    std::vector<bool> out(s->nattached, true);
+    std::vector<pollfd> polls;
+    std::vector<std::uint32_t> index;
+    std::map<Key, int> keep;
+    for (std::uint32_t a = 0; a < s->nattached; ++a) {
+      const ProcessId p = s->attached[a];
+      if (same(p, self)) continue;
+      const Key k{p.pid, p.start_time};
+      auto it = fds_.find(k);
+      int fd = it != fds_.end() ? it->second : -1;
+      if (it == fds_.end()) {
+        fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(p.pid), 0));
+        if (fd < 0 && errno != ESRCH) {
+          out[a] = process_alive(p);  // no pidfd to be had (descriptor limit): read /proc
+          continue;
+        }
+        if (fd >= 0 && !process_alive(p)) {  // the pid is another process now, or a zombie
+          ::close(fd);
+          fd = -1;
+        }
+        if (fd < 0) {
+          out[a] = false;
+          continue;
+        }
+      } else {
+        fds_.erase(it);
+      }
+      keep.emplace(k, fd);
+      polls.push_back(pollfd{fd, POLLIN, 0});
+      index.push_back(a);
+    }
+    for (auto& [k, fd] : fds_) ::close(fd);  // not attached any more
+    fds_ = std::move(keep);
+    if (!polls.empty() && ::poll(polls.data(), polls.size(), 0) > 0) {
+      for (std::size_t i = 0; i < polls.size(); ++i) {
+        if ((polls[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) out[index[i]] = false;
+      }
+    }
+    return out;
+  }
+
+ private:
+  using Key = std::pair<std::int32_t, std::uint64_t>;
+  std::mutex mu_;
+  std::map<Key, int> fds_;
+};
+// Never destroyed: the library detaches (and purges) from exit handlers, after static destructors
+// may have run.
+Liveness& liveness() {
+  static auto* l = new Liveness;
+  return *l;
+}
+
 // Removes dead attached processes and every hold they had.
 void purge_dead(NodeState* s, const ProcessId& self) {
   std::vector<ProcessId> dead;
-  for (std::uint32_t i = 0; i < s->nattached;) {
-    const ProcessId p = s->attached[i];
-    if (!same(p, self) && !process_alive(p)) {
-      dead.push_back(p);
-      s->attached[i] = s->attached[--s->nattached];
+  const std::vector<bool> alive = liveness().alive(s, self);
+  std::uint32_t kept = 0;
+  for (std::uint32_t a = 0; a < s->nattached; ++a) {
+    if (alive[a]) {
+      s->attached[kept++] = s->attached[a];
     } else {
-      ++i;
+      dead.push_back(s->attached[a]);
     }
   }
+  s->nattached = kept;
   for (std::uint32_t i = 0; !dead.empty() && i < s->record_hwm; ++i) {
     Record& r = s->records[i];
     for (std::uint32_t h = 0; h < r.nholders;) {
@@ -437,11 +503,18 @@ Node::~Node() {
 
 CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
   Lock lock(state_);
-  purge_dead(state_, self_);
-  if (state_->used[device] > state_->capacity || size > state_->capacity - state_->used[device]) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  auto fits = [&] {
+    return state_->used[device] <= state_->capacity && size <= state_->capacity - state_->used[device];
+  };
+  // Purging reads /proc for every attached process (and their descriptors): only when the
+  // answer depends on it, so that the lock every process shares is held for microseconds.
+  if (!fits()) purge_dead(state_, self_);
+  if (!fits()) return CUDA_ERROR_OUT_OF_MEMORY;
   Record* r = free_slot(state_);
+  if (r == nullptr) {
+    purge_dead(state_, self_);
+    r = free_slot(state_);
+  }
   if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   r->dev = dev;
   r->ino = ino;
@@ -457,10 +530,17 @@ CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t si
 
 CUresult Node::hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
   Lock lock(state_);
-  purge_dead(state_, self_);
   Record* r = find(state_, dev, ino);
+  if (r != nullptr && r->nholders >= kMaxHolders) {
+    purge_dead(state_, self_);  // dead holders may take the places
+    r = find(state_, dev, ino);
+  }
   if (r == nullptr) {
     r = free_slot(state_);
+    if (r == nullptr) {
+      purge_dead(state_, self_);
+      r = free_slot(state_);
+    }
     if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     r->dev = dev;
     r->ino = ino;
@@ -569,6 +649,27 @@ std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
 }  // namespace
 
 std::string device_file(const std::string& node) { return "/dev/shm/vlake-sim-" + node; }
+
+std::int32_t node_lock_owner(const std::string& node) {
+  const int fd = ::shm_open(("/vlake-sim-" + node).c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct stat st {};
+  void* mem = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(NodeState)) {
+    mem = ::mmap(nullptr, sizeof(NodeState), PROT_READ, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (mem == MAP_FAILED) return 0;
+  const auto* s = static_cast<const NodeState*>(mem);
+  std::int32_t owner = 0;
+  if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) == kMagic && s->layout_version == kLayoutVersion) {
+    // A robust mutex's futex word is its owner's thread id (plus the waiters and owner-died bits).
+    const auto* word = reinterpret_cast<const std::int32_t*>(&s->mutex);
+    owner = __atomic_load_n(word, __ATOMIC_ACQUIRE) & 0x3fffffff;  // FUTEX_TID_MASK
+  }
+  ::munmap(mem, sizeof(NodeState));
+  return owner;
+}
 
 std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal) {
   const std::string key = node + "/" + std::to_string(ordinal);

@@ -109,6 +109,11 @@ bool read_config(Config& out, std::string& error);
 // The file every attached process of node `node` keeps open: "/dev/shm/vlake-sim-<node>".
 std::string device_file(const std::string& node);
 
+// The thread id holding node `node`'s lock now, 0 when nobody does (or the node does not exist
+// or has another layout). The real driver holds no lock of its own across a SIGSTOP; a test that
+// stops a process uses this to stop it outside the simulator's lock, as a stop on a GPU would be.
+std::int32_t node_lock_owner(const std::string& node);
+
 // The UUID of device `ordinal` of node `node`: stable, derived from both (cuDeviceGetUuid_v2 and
 // nvmlDeviceGetUUID report the same bytes).
 std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal);

@@ -15,6 +15,7 @@
 #include "alloc_bench.hpp"
 #include "bench_support.hpp"
 #include "replay_bench.hpp"
+#include "storm.hpp"
 
 using namespace vlake;
 using namespace vlake::bench;
@@ -214,4 +215,70 @@ TEST_CASE("the simulator counts driver calls per entry point and process", "[ben
   }
   for (auto& th : threads) th.join();
   CHECK(count("cuDriverGetVersion") - v0 == 8000);
+}
+
+TEST_CASE("storm options are checked", "[bench][storm]") {
+  const StormOptions d = parse_storm({});
+  CHECK(d.tenants == 64);
+  CHECK(d.threads == 4);
+  CHECK(d.min_size.value() == (2ULL << 20));
+  CHECK(d.max_size.value() == (64ULL << 20));
+  const StormOptions o = parse_storm({"--tenants", "8", "--threads", "2", "--duration-ms", "3000", "--stop-at-ms",
+                                      "1000", "--stop-ms", "500", "--stop-end", "kill", "--max-size", "16MiB"});
+  CHECK(o.tenants == 8);
+  CHECK(o.stop_kill);
+  CHECK(o.max_size.value() == (16ULL << 20));
+  CHECK_THROWS_AS(parse_storm({"--tenants", "0"}), std::invalid_argument);
+  CHECK_THROWS_AS(parse_storm({"--max-size", "3MiB"}), std::invalid_argument);  // not a 2 MiB multiple
+  CHECK_THROWS_AS(parse_storm({"--min-size", "8MiB", "--max-size", "4MiB"}), std::invalid_argument);
+  CHECK_THROWS_AS(parse_storm({"--duration-ms", "1000", "--stop-at-ms", "800", "--stop-ms", "400"}),
+                  std::invalid_argument);  // the stop must end inside the run
+  CHECK_THROWS_AS(parse_storm({"--stop-end", "term"}), std::invalid_argument);
+  CHECK_THROWS_AS(parse_storm({"--tenants", "4", "--stop-tenant", "4"}), std::invalid_argument);
+  CHECK_THROWS_AS(parse_storm({"--threads"}), std::invalid_argument);
+}
+
+TEST_CASE("storm calls fall in the phase they started in", "[bench][storm]") {
+  StormOptions o;
+  o.stop_at_ms = 1000;
+  o.stop_ms = 500;
+  CHECK(storm_phase(0, o) == 0);
+  CHECK(storm_phase(999'999'999ULL, o) == 0);
+  CHECK(storm_phase(1'000'000'000ULL, o) == 1);
+  CHECK(storm_phase(1'499'999'999ULL, o) == 1);
+  CHECK(storm_phase(1'500'000'000ULL, o) == 2);
+  o.stop_at_ms = 0;  // no stop: one phase
+  CHECK(storm_phase(1'200'000'000ULL, o) == 0);
+}
+
+TEST_CASE("daemon histogram quantiles interpolate inside their bucket", "[bench][storm]") {
+  LatencyHistogram h;
+  h.buckets.assign(13, 0);
+  CHECK(histogram_quantile_us(h, 0.5) == 0);  // empty
+  // 100 grants: 50 in (0, 50us], 40 in (50, 100us], 10 in (0.5, 1ms].
+  h.buckets[0] = 50;
+  h.buckets[1] = 40;
+  h.buckets[4] = 10;
+  h.count = 100;
+  CHECK(histogram_quantile_us(h, 0.25) == Approx(25.0));
+  CHECK(histogram_quantile_us(h, 0.50) == Approx(50.0));
+  CHECK(histogram_quantile_us(h, 0.70) == Approx(75.0));
+  CHECK(histogram_quantile_us(h, 0.99) == Approx(950.0));
+  // Grants above the last bound are only in the count: the quantile is the last bound.
+  LatencyHistogram over;
+  over.buckets.assign(13, 0);
+  over.buckets[0] = 1;
+  over.count = 10;
+  CHECK(histogram_quantile_us(over, 0.99) == Approx(1'000'000.0));
+  // Differences between two snapshots.
+  LatencyHistogram later = h;
+  later.buckets[4] += 5;
+  later.count += 5;
+  later.sum_ns = 7000;
+  const LatencyHistogram d = histogram_delta(later, h);
+  CHECK(d.count == 5);
+  CHECK(d.buckets[4] == 5);
+  CHECK(d.buckets[0] == 0);
+  CHECK(d.sum_ns == 7000);
+  CHECK(histogram_quantile_us(d, 0.5) == Approx(750.0));
 }

@@ -189,6 +189,7 @@ std::unique_ptr<st::State> synthetic() {
   k.grant_latency_bucket[12] = 1;
   k.grant_latency_count = 7;
   k.grant_latency_sum_ns = 2'500'000'000ULL;
+  k.grant_latency_max_ns = 1'750'000'000ULL;
   s->config.rejected = 1;
   return s;
 }
@@ -294,6 +295,7 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_pool_parked_timeouts_total", T::Counter, none},
       {"vlake_reserve_reports_total", T::Counter, none},
       {"vlake_grant_duration_seconds", T::Histogram, none},
+      {"vlake_grant_duration_max_seconds", T::Gauge, none},
       {"vlake_config_reloads_total", T::Counter, none},
       {"vlake_config_reload_errors_total", T::Counter, none},
       {"vlake_config_rejected", T::Gauge, none},
@@ -456,6 +458,8 @@ TEST_CASE("collector: the grant latency histogram is cumulative with the contrac
   }
   CHECK(e.value("vlake_grant_duration_seconds_count") == 7);
   CHECK(e.value("vlake_grant_duration_seconds_sum") == Approx(2.5));
+  CHECK(e.types.at("vlake_grant_duration_max_seconds") == "gauge");
+  CHECK(e.value("vlake_grant_duration_max_seconds") == Approx(1.75));
 }
 
 TEST_CASE("collector: fragmentation ratio cases", "[unit]") {

@@ -879,3 +879,120 @@ TEST_CASE("daemon: --state-mode and --state-group set who may read the state", "
   CHECK((sb.st_mode & 0777) == 0640);
   CHECK(sb.st_gid == 4242);
 }
+
+// Sends `n` UsageQuery messages without reading a reply.
+static void flood_queries(PoolClient& c, const Uuid& dev, int n) {
+  for (int i = 0; i < n; ++i) {
+    auto m = proto::make<proto::UsageQuery>(c.next_request_id());
+    dev.copy_to(m.device_uuid);
+    c.send(m);
+  }
+}
+
+// How many UsageReply messages the kernel queues to a connection of this daemon that does not
+// read: a probe client floods it until the daemon closes it, then counts what it can still read.
+static int kernel_queue_capacity(const DaemonProcess& d) {
+  PoolClient probe(d.socket);
+  const Uuid dev = uuid_of(probe.hello());
+  try {
+    flood_queries(probe, dev, 5000);
+  } catch (const std::exception&) {
+    // closed by the daemon already
+  }
+  int n = 0;
+  while (auto msg = probe.recv(5000)) {
+    if (msg->closed) return n;
+    ++n;
+  }
+  FAIL("the daemon did not close a client that never reads");
+  return n;
+}
+
+TEST_CASE("daemon: a client that stops reading gets every reply later and stalls no one", "[daemon][outbox]") {
+  DaemonProcess d("outbox", "version: 1\ndefault:\n  limit: 512MiB\n");
+  REQUIRE(d.start());
+  const int queued_by_kernel = kernel_queue_capacity(d);
+  PoolClient slow(d.socket);
+  const Uuid dev = uuid_of(slow.hello());
+  // Replies the kernel queues, then 20 grants and 20 queries more: those wait in the daemon's
+  // outbox (Outbox::kMaxMessages is 64) until the client reads.
+  flood_queries(slow, dev, queued_by_kernel);
+  std::vector<std::uint64_t> grant_ids;
+  for (int i = 0; i < 20; ++i) {
+    grant_ids.push_back(slow.next_request_id());
+    auto m = proto::make<proto::GrantRequest>(grant_ids.back());
+    dev.copy_to(m.device_uuid);
+    m.bytes = 2 * kMiB;
+    m.purpose = GrantPurpose::alloc;
+    slow.send(m);
+  }
+  flood_queries(slow, dev, 20);
+  // Meanwhile another client is served at once.
+  PoolClient other(d.socket);
+  other.hello();
+  const auto t0 = std::chrono::steady_clock::now();
+  const PoolClient::Granted g = other.grant(dev, 2 * kMiB);
+  CHECK(g.reply.status == Status::ok);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  // The slow client reads now: every reply, in order, each grant with its descriptor.
+  int usage = 0;
+  std::size_t grants = 0;
+  for (int i = 0; i < queued_by_kernel + 40; ++i) {
+    const auto msg = slow.recv(5000);
+    REQUIRE(msg.has_value());
+    REQUIRE_FALSE(msg->closed);
+    if (msg->type() == proto::MsgType::usage_reply) {
+      ++usage;
+      continue;
+    }
+    const auto reply = msg->as<proto::GrantReply>();
+    REQUIRE(grants < grant_ids.size());
+    CHECK(reply.h.request_id == grant_ids[grants++]);
+    CHECK(reply.status == Status::ok);
+    CHECK(msg->fds.size() == 1);
+  }
+  CHECK(usage == queued_by_kernel + 20);
+  CHECK(grants == grant_ids.size());
+  CHECK(live_grants(*snapshot(d.state)) == grant_ids.size() + 1);
+}
+
+TEST_CASE("daemon: a client over its outbox bound is closed and its undelivered grants are undone",
+          "[daemon][outbox]") {
+  DaemonProcess d("outboxfull", "version: 1\ndefault:\n  limit: 512MiB\n");
+  REQUIRE(d.start());
+  const int queued_by_kernel = kernel_queue_capacity(d);
+  PoolClient slow(d.socket);
+  const Uuid dev = uuid_of(slow.hello());
+  // Replies the kernel queues, then grants (their replies wait in the outbox), then far more
+  // queries than the outbox holds: the daemon closes the connection.
+  try {
+    flood_queries(slow, dev, queued_by_kernel);
+    for (int i = 0; i < 20; ++i) {
+      auto m = proto::make<proto::GrantRequest>(slow.next_request_id());
+      dev.copy_to(m.device_uuid);
+      m.bytes = 2 * kMiB;
+      m.purpose = GrantPurpose::alloc;
+      slow.send(m);
+    }
+    flood_queries(slow, dev, 2000);
+  } catch (const std::exception&) {
+    // closed by the daemon already
+  }
+  // What reached the socket before the close can still be read; the grants never did.
+  int delivered = 0;
+  bool closed = false;
+  while (auto msg = slow.recv(5000)) {
+    if (msg->closed) {
+      closed = true;
+      break;
+    }
+    if (msg->type() == proto::MsgType::grant_reply) ++delivered;
+  }
+  CHECK(closed);
+  CHECK(delivered < 20);  // the socket's buffer may take a reply or two more than the probe's did
+  // Exactly the grants whose replies reached the socket stay charged (the process is alive: its
+  // session is detached); those still in the outbox were undone.
+  CHECK(eventually([&] { return live_grants(*snapshot(d.state)) == static_cast<std::size_t>(delivered); }, 5000));
+  CHECK(snapshot(d.state)->devices[0].granted_bytes == static_cast<std::uint64_t>(delivered) * 2 * kMiB);
+  CHECK_THAT(d.log(), Catch::Contains("replies") && Catch::Contains("closing it"));
+}

@@ -35,7 +35,8 @@
 // Contexts
 //   VMM calls need no context. Operations that do (memory_info, copies, fills, synchronize)
 //   use the calling thread's current context, or make the primary context of device 0 current
-//   on that thread if it has none; memory_info(d) makes device d's primary context current.
+//   on that thread if it has none; memory_info(d) and make_current(d) make device d's primary
+//   context current.
 //
 // Errors
 //   Every failing driver call throws DriverError naming the call and its CUresult. Opening a
@@ -110,6 +111,9 @@ class Driver {
   [[nodiscard]] virtual Bytes total_memory(DeviceOrdinal d) const = 0;
   [[nodiscard]] virtual Bytes granularity(DeviceOrdinal d) const = 0;
   [[nodiscard]] virtual MemoryInfo memory_info(DeviceOrdinal d) = 0;
+  // Makes device d's primary context current on the calling thread, as memory_info(d) does but
+  // without its query (which the driver answers by looking at the whole device's usage).
+  virtual void make_current(DeviceOrdinal d) { (void)memory_info(d); }
 
   // Physical memory: pinned device memory, exportable as a POSIX file descriptor.
   [[nodiscard]] virtual PhysicalHandle create(DeviceOrdinal d, Bytes size) = 0;

@@ -40,7 +40,7 @@ class mapped_region;
 namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 7;
+inline constexpr std::uint32_t kLayoutVersion = 8;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -149,6 +149,9 @@ struct Counters {
   std::uint64_t ipc_exports;  // IpcExport answered with a token (first export of a grant)
   std::uint64_t ipc_opens;    // IpcOpen answered with the memory
   std::uint64_t ipc_refused;  // IpcOpen refused: unknown token or secret, or another tenant not allowed
+  // Layout 8: the longest grant (receive -> reply sent) counted in the histogram above, in
+  // nanoseconds (the histogram only bounds it by a bucket); kept over restarts like the others.
+  std::uint64_t grant_latency_max_ns;
 };
 
 // The quota configuration in force.
@@ -345,7 +348,7 @@ struct State {
   static_assert(std::is_standard_layout_v<T>, #T " must be standard"); \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
 VLAKE_STATE_CHECK(Header, 104);
-VLAKE_STATE_CHECK(Counters, 440 + 8 * 16);
+VLAKE_STATE_CHECK(Counters, 440 + 8 * 17);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
 VLAKE_STATE_CHECK(DeviceRecord, 200 + 64);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
@@ -354,7 +357,7 @@ VLAKE_STATE_CHECK(SessionRecord, 40);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
-VLAKE_STATE_CHECK(State, 104 + 568 + 808 + 264 * 16 + 472 * 256 + 936 * 256 + 40 * 1024 + 64 * 16384 + 16 + 344 * 256);
+VLAKE_STATE_CHECK(State, 104 + 576 + 808 + 264 * 16 + 472 * 256 + 936 * 256 + 40 * 1024 + 64 * 16384 + 16 + 344 * 256);
 #undef VLAKE_STATE_CHECK
 
 class StateError : public std::runtime_error {

@@ -58,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -184,8 +185,9 @@ class DevicePool {
   // their last tenant (so they are scrubbed before anyone's next grant).
   void forget_tenant(TenantId tenant) noexcept;
 
-  // Binding and the holder scan (docs/pool.md, "Handle binding"); set before the first serve().
-  void set_binding(bool bind) noexcept { bind_ = bind; }
+  // Binding and the holder scan (docs/pool.md, "Handle binding"); set before the first serve()
+  // (the Node sets them when it creates the pool).
+  void set_binding(bool bind);
   void set_holder_scan(HolderScan scan) { scan_ = std::move(scan); }
   [[nodiscard]] bool binding() const noexcept { return bind_; }
   // What tenant `t` can still reach of released memory here: its bound free handles + its held
@@ -213,7 +215,8 @@ class DevicePool {
   }
   // The largest grant of up to `max_handles` handles the free pool serves without creating a
   // handle, for the best-placed tenant and for a tenant with no bound handle (servable.hpp;
-  // bindings count only with binding on). O(free handles).
+  // bindings count only with binding on). O(free handles) after the free list changed, O(1)
+  // otherwise (the state is published after every event; most events change no free handle).
   [[nodiscard]] Servable servable(std::uint32_t max_handles) const;
   [[nodiscard]] std::uint64_t handles_created() const noexcept { return created_; }
   [[nodiscard]] Bytes bulk_size() const noexcept { return bulk_; }
@@ -241,6 +244,7 @@ class DevicePool {
   void destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noexcept;
   // A free handle leaves the free pool (bookkeeping of free and bound bytes).
   void unfree(const PoolHandle& h) noexcept;
+  void index_free(const PoolHandle& h);  // h joins free_
   void scrub(PoolHandle& h);
   PlanInput plan_input(Bytes size, TenantId tenant, std::uint32_t max_handles, Bytes device_free,
                        std::uint64_t session) const;
@@ -251,6 +255,20 @@ class DevicePool {
   const Logger& log_;
   Bytes granularity_;
   std::vector<std::unique_ptr<PoolHandle>> free_;
+  std::uint64_t free_version_ = 0;  // +1 whenever free_ gains or loses a handle
+  // The free handles' sizes, largest first: unbound ones, and per tenant those bound to it
+  // (binding on only); and the counts of the two size classes. Kept with free_ (index_free(),
+  // unfree()) so that publishing the figures needs no pass over every free handle.
+  std::multiset<std::uint64_t, std::greater<>> unbound_sizes_;
+  std::map<std::uint32_t, std::multiset<std::uint64_t, std::greater<>>> bound_sizes_;
+  std::uint64_t free_small_ = 0;
+  std::uint64_t free_bulk_ = 0;
+  struct ServableCache {
+    std::uint64_t version = 0;
+    std::uint32_t max_handles = 0;
+    Servable value;
+  };
+  mutable std::optional<ServableCache> servable_cache_;
   Bytes pool_bytes_{0};
   Bytes free_bytes_{0};
   std::uint64_t created_ = 0;
