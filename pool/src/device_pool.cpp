@@ -254,6 +254,7 @@ PlanInput DevicePool::plan_input(Bytes size, TenantId tenant, std::uint32_t max_
   for (const auto& h : free_) {
     FreeHandleView v{h->size, h->last_tenant, h->clean, h->freed_seq, bind_ && h->bound && *h->bound != tenant};
     v.kept_here = session != 0 && h->kept_by == session;
+    v.kept_elsewhere = h->kept_by != 0 && h->kept_by != session;
     in.free.push_back(v);
   }
   return in;

@@ -99,16 +99,18 @@ Plan plan(const PlanInput& in, const CostModel& m) {
     for (std::size_t i = 0; i < in.free.size(); ++i) {
       const std::uint64_t s = in.free[i].size.value();
       if (s == 0 || s > want || in.free[i].foreign) continue;
+      if (in.free[i].kept_elsewhere && s != want && want <= in.device_free.value()) continue;
       auto& c = by_size[s];
       c.size = in.free[i].size;
       c.idx.push_back(i);
     }
     std::vector<SizeClass> classes;
     for (auto& [s, c] : by_size) {
-      // Kept mapped by the requester, then same tenant (no scrub), then clean, then the most
-      // recently freed.
+      // Kept mapped by the requester, then not kept by another process, then same tenant (no
+      // scrub), then clean, then the most recently freed.
       std::stable_sort(c.idx.begin(), c.idx.end(), [&](std::size_t a, std::size_t b) {
         if (in.free[a].kept_here != in.free[b].kept_here) return in.free[a].kept_here;
+        if (in.free[a].kept_elsewhere != in.free[b].kept_elsewhere) return in.free[b].kept_elsewhere;
         const bool sa = !needs_scrub(in.free[a], in.tenant);
         const bool sb = !needs_scrub(in.free[b], in.tenant);
         if (sa != sb) return sa;

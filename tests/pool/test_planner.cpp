@@ -98,3 +98,28 @@ TEST_CASE("planner: release least recently freed handles, then create", "[planne
   CHECK(plan(input(2, kA, {}, 0), m).kind == PlanKind::none);
   CHECK(plan(input(8, kA, {fh(2, kA, 1)}, 4), m).kind == PlanKind::none);
 }
+
+TEST_CASE("planner: handles another process keeps mapped are taken whole, or stitched only without room",
+          "[planner][kept]") {
+  const CostModel m;
+  const TenantId t{1};
+  auto kept = [&](std::uint64_t mib, std::uint64_t seq) {
+    FreeHandleView v = fh(mib, t, seq);
+    v.kept_elsewhere = true;
+    return v;
+  };
+  // Four 256 MiB handles other processes keep: a 1 GiB grant creates rather than stitches them.
+  const std::vector<FreeHandleView> four = {kept(256, 1), kept(256, 2), kept(256, 3), kept(256, 4)};
+  CHECK(plan(input(1024, t, four, 8192), m).kind == PlanKind::create);
+  // With no room for a new handle they are stitched after all.
+  const Plan tight = plan(input(1024, t, four, 0), m);
+  CHECK(tight.kind == PlanKind::stitch);
+  CHECK(tight.use.size() == 4);
+  // An exact fit is taken whole, the one no other process keeps first.
+  std::vector<FreeHandleView> exact = {kept(256, 5), fh(256, t, 1)};
+  const Plan e = plan(input(256, t, exact, 8192), m);
+  REQUIRE(e.kind == PlanKind::exact);
+  CHECK(e.use == std::vector<std::size_t>{1});
+  exact = {kept(256, 5)};
+  CHECK(plan(input(256, t, exact, 8192), m).kind == PlanKind::exact);
+}

@@ -67,6 +67,10 @@ struct FreeHandleView {
   std::uint64_t freed_seq = 0;          // when it entered the free pool (larger: more recent)
   bool foreign = false;                 // bound to another tenant: never used, may be released
   bool kept_here = false;               // the requesting process keeps it mapped: preferred
+  // Another process keeps it mapped (docs/hook.md, "Kept mappings"): taken whole (an exact
+  // fit), or in a stitch only when the GPU has no room for a new handle (it would cost that
+  // process its mapping and this grant an import per handle).
+  bool kept_elsewhere = false;
 };
 
 struct PlanInput {
