@@ -429,17 +429,6 @@ std::optional<proto::Status> DaemonClient::release(std::uint64_t grant_id, std::
   return rep->status;
 }
 
-bool DaemonClient::release_nowait(std::uint64_t grant_id, std::uint32_t flags) {
-  auto req = proto::make<proto::Release>();
-  req.grant_id = grant_id;
-  req.flags = flags | proto::kReleaseNoAck;
-  changes_.fetch_add(1, std::memory_order_acq_rel);
-  if (send_oneway(req)) return true;
-  std::lock_guard lock(mu_);
-  pending_releases_.emplace_back(grant_id, flags);
-  return false;
-}
-
 std::optional<UsageResult> DaemonClient::usage(const Uuid& device) {
   auto req = proto::make<proto::UsageQuery>();
   device.copy_to(req.device_uuid);

@@ -92,9 +92,6 @@ class DaemonClient {
   [[nodiscard]] std::optional<GrantResult> grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose);
   // Status of the release, or nullopt when it was queued (daemon unreachable).
   std::optional<proto::Status> release(std::uint64_t grant_id, std::uint32_t flags);
-  // The same without waiting for the daemon (kReleaseNoAck): sent on the connection (connecting
-  // first if needed), or queued like an unreachable release(). True if sent.
-  bool release_nowait(std::uint64_t grant_id, std::uint32_t flags);
   [[nodiscard]] std::optional<UsageResult> usage(const Uuid& device);
   // Dedup (docs/dedup.md, share.cpp): one ShareRequest -> ShareReply (descriptors in `fds`), one
   // ShareCommit -> ShareAck. nullopt when the daemon is unreachable or answered an Error.

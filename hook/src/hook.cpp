@@ -346,12 +346,13 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
   return out;
 }
 
-// Releases a grant without waiting for the daemon's answer (kReleaseNoAck: one message, no
-// round trip; the daemon logs a release it cannot take). The connection orders it before this
-// process's next request.
 void give_back(State& s, std::uint64_t grant_id, std::uint32_t flags) {
   PhaseTimer t(Phase::release_rpc);
-  (void)s.client.release_nowait(grant_id, flags);
+  auto st = s.client.release(grant_id, flags);
+  if (st && *st != Status::ok) {
+    log(LogLevel::warn, "vlaked refused the release of grant %llu (status %d)",
+        static_cast<unsigned long long>(grant_id), static_cast<int>(*st));
+  }
 }
 
 CUresult import_fd(int fd, CUmemGenericAllocationHandle& h) {

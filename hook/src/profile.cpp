@@ -16,7 +16,7 @@ constexpr const char* kNames[] = {"grant (daemon round trip)",
                                   "set access",
                                   "unmap",
                                   "release handles+VA",
-                                  "release (daemon message)",
+                                  "release (daemon round trip)",
                                   "kept mapping reused"};
 static_assert(sizeof kNames / sizeof kNames[0] == static_cast<std::size_t>(Phase::count));
 

@@ -854,17 +854,7 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
           }
           deliver(serial, node_->grant(serial, s, m, now()), std::chrono::steady_clock::now());
         } else if constexpr (std::is_same_v<T, proto::Release>) {
-          auto out = node_->release(s, m);
-          if ((m.flags & proto::kReleaseNoAck) == 0) return answer(std::move(out));
-          // No ack wanted (the client does not wait): a release that did not take is logged.
-          if (const auto* bad = std::get_if<Malformed>(&out)) return malformed(serial, bad->reason);
-          if (const auto& ack = std::get<proto::ReleaseAck>(out); ack.status != proto::Status::ok) {
-            node_->log_limiter().warn("release uid " + std::to_string(c.uid),
-                                      "session " + std::to_string(s) + ": release of grant " +
-                                          std::to_string(m.grant_id) + " refused (status " +
-                                          std::to_string(static_cast<int>(ack.status)) + ")",
-                                      std::chrono::steady_clock::now());
-          }
+          answer(node_->release(s, m));
         } else if constexpr (std::is_same_v<T, proto::UsageQuery>) {
           answer(node_->usage(s, m));
         } else if constexpr (std::is_same_v<T, proto::GuardEvent>) {

@@ -350,7 +350,7 @@ inline std::vector<Rejection> field_rejections() {
       reject<Release>(
           "Release reserved", client, [](Release& m) { m.reserved = 1; }, "Release reserved field is not zero"),
       reject<Release>(
-          "Release unknown flag", client, [](Release& m) { m.flags = 8; }, "Release has unknown flags"),
+          "Release unknown flag", client, [](Release& m) { m.flags = 4; }, "Release has unknown flags"),
       reject<ReleaseAck>(
           "ReleaseAck reserved", daemon, [](ReleaseAck& m) { m.reserved = 1; },
           "ReleaseAck reserved field is not zero"),

@@ -362,7 +362,7 @@ void FakeDaemon::on_release(int fd, const Release& m) {
     ack.status = Status::ok;
     ack.used = used_[static_cast<std::size_t>(dev)];
   }
-  if ((m.flags & kReleaseNoAck) == 0) send_msg(fd, ack);  // as vlaked: no ack when none is wanted
+  send_msg(fd, ack);
 }
 
 void FakeDaemon::on_usage(int fd, const UsageQuery& m) {

@@ -194,9 +194,7 @@ inline std::optional<std::string> check_fields(const GrantReply& m) {
 }
 inline std::optional<std::string> check_fields(const Release& m) {
   if (m.reserved != 0) return "Release reserved field is not zero";
-  if ((m.flags & ~std::uint32_t{kReleaseExported | kReleaseKeepMapped | kReleaseNoAck}) != 0) {
-    return "Release has unknown flags";
-  }
+  if ((m.flags & ~std::uint32_t{kReleaseExported | kReleaseKeepMapped}) != 0) return "Release has unknown flags";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const ReleaseAck& m) {

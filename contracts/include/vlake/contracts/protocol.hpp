@@ -199,9 +199,6 @@ enum ReleaseFlags : std::uint32_t {
   // that this session keeps it, and sends Drop before the handle is retired or goes to
   // another process. Ignored for other grants.
   kReleaseKeepMapped = 1u << 1,
-  // Version 2: no ReleaseAck (the client does not wait for one). A release the daemon cannot
-  // take (unknown grant) is logged and counted by the daemon only.
-  kReleaseNoAck = 1u << 2,
 };
 
 struct Release {
