@@ -210,7 +210,8 @@ if [[ -x "$build/bench/vlake_bench_storm" && -f "$build/sim/libcuda.so.1" ]]; th
       --metrics-address none --nvml none --driver "$build/sim/libcuda.so.1" >>"$work/vlaked-storm.log" 2>&1 &
     storm_daemon=$!
     for _ in $(seq 1 100); do [[ -S "$work/storm.sock" ]] && break; sleep 0.1; done
-    run_json storm env VLAKE_SOCKET="$work/storm.sock" "$build/bench/vlake_bench_storm" \
+    run_json storm env VLAKE_SOCKET="$work/storm.sock" ASAN_OPTIONS=verify_asan_link_order=0 \
+      "$build/bench/vlake_bench_storm" \
       --hook "$hook" --driver "$build/sim/libcuda.so.1" --state "$storm_state" --tenants "$storm_tenants" \
       --threads 4 "${storm_args[@]}" --label storm
     kill "$storm_daemon" 2>/dev/null; wait "$storm_daemon" 2>/dev/null

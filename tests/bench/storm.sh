@@ -28,7 +28,8 @@ daemon_pid=$!
 for _ in $(seq 1 100); do [[ -S "$work/vlaked.sock" ]] && break; sleep 0.1; done
 [[ -S "$work/vlaked.sock" ]] || { echo "storm: vlaked did not start"; cat "$work/vlaked.log"; exit 1; }
 
-VLAKE_SOCKET="$work/vlaked.sock" LD_LIBRARY_PATH="$build/sim" timeout 55 "$build/bench/vlake_bench_storm" \
+# The tenants preload the hook: under ASan its runtime is not first in their library list.
+VLAKE_SOCKET="$work/vlaked.sock" LD_LIBRARY_PATH="$build/sim" ASAN_OPTIONS="verify_asan_link_order=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" timeout 55 "$build/bench/vlake_bench_storm" \
   --hook "$build/hook/libvlake-hook.so" --driver "$build/sim/libcuda.so.1" --state "$state" \
   --tenants 64 --threads 4 --duration-ms 8000 --stop-at-ms 3000 --stop-ms 2500 --think-us 2000 \
   --label ci "$@" >"$work/storm.json" 2>"$work/storm.err"
