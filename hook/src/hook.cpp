@@ -1320,7 +1320,12 @@ CUresult on_cuMemGetInfo_v2(bool ptds, size_t* free, size_t* total) {
   if (current_device(dev) != CUDA_SUCCESS || device_uuid(*s, dev, uuid) != CUDA_SUCCESS) {
     return rc;
   }
-  finish_frees(*s, /*wait=*/false);  // stream-ordered frees the stream has passed: freed first
+  // Stream-ordered frees the stream has passed are freed first, including any the background
+  // thread is completing right now (waited for: its release must precede this answer).
+  if (s->frees_queued.load(std::memory_order_acquire) != s->frees_completed.load(std::memory_order_acquire)) {
+    std::lock_guard lock(s->settle_mu);  // the worker's completions in progress are finished
+  }
+  finish_frees(*s, /*wait=*/true);
   if (auto u = usage_of(*s, uuid); u && u->status == Status::ok) {
     // Memory in this process's reserve is free to it: the next allocations reuse it.
     const std::uint64_t mine = s->reserve.bytes(dev);
