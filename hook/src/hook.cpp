@@ -390,24 +390,27 @@ void drop_entries(State&, const std::vector<KeptMappings::Entry>& entries) {
   }
 }
 
-// Drops every kept mapping on `dev` (-1: all) and tells the daemon.
-void drop_kept(State& s, int dev) {
-  auto all = s.kept.take_all(dev);
-  if (all.empty()) return;
+// Drops the kept mappings `match` accepts and tells the daemon (Dropped).
+void drop_kept_if(State& s, const std::function<bool(const KeptMappings::Entry&)>& match) {
+  auto taken = s.kept.take_if(match);
+  if (taken.empty()) return;
   std::vector<std::uint64_t> keys;
-  for (auto& [k, e] : all) {
+  std::vector<KeptMappings::Entry> entries;
+  for (auto& [k, e] : taken) {
     keys.push_back(k);
-    if (CUresult rc = unmap_logical(e.alloc); rc != CUDA_SUCCESS) {
-      log(LogLevel::warn, "unmapping a kept mapping of %s failed (CUresult %d)", format_bytes(e.alloc.mapped).c_str(),
-          static_cast<int>(rc));
-    }
+    entries.push_back(std::move(e));
   }
+  drop_entries(s, entries);
   (void)s.client.send_dropped(keys);
 }
 
-bool keepable(const State& s, const LogicalAlloc& a) {
-  return s.config.keep_mapped && a.key != 0 && a.handles.size() == 1 && !s.canary.load(std::memory_order_relaxed);
+// Drops every kept mapping on `dev` and tells the daemon.
+void drop_kept(State& s, int dev) {
+  drop_kept_if(s, [dev](const KeptMappings::Entry& e) { return e.alloc.device == dev; });
 }
+
+// Only grants the daemon gave a key qualify: one handle, bound to the tenant, no canary.
+bool keepable(const State& s, const LogicalAlloc& a) { return s.config.keep_mapped && a.key != 0; }
 
 void ensure_worker(State& s);
 
@@ -593,17 +596,8 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint
     (void)s.client.send_dropped(keys);
   }
   if (s.kept.size() > 0) {
-    auto stale = s.kept.take_stale(s.client.generation());
-    if (!stale.empty()) {
-      std::vector<std::uint64_t> keys;
-      for (auto& [k, e] : stale) {
-        keys.push_back(k);
-        if (CUresult rc = unmap_logical(e.alloc); rc != CUDA_SUCCESS) {
-          log(LogLevel::warn, "unmapping a kept mapping failed (CUresult %d)", static_cast<int>(rc));
-        }
-      }
-      (void)s.client.send_dropped(keys);
-    }
+    const std::uint64_t generation = s.client.generation();
+    drop_kept_if(s, [generation](const KeptMappings::Entry& e) { return e.generation != generation; });
   }
   for (const PressureNote& n : s.client.take_pressure()) {
     const int dev = device_of_uuid(s, n.device);
@@ -760,7 +754,6 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
     auto mine = s.reserve.drain(dev, 0);
     if (!mine.empty() || freed) {
       retire_blocks(s, mine);
-      drop_kept(s, dev);
       o = obtain(s, dev, bytes, GrantPurpose::alloc);
     } else {
       report_refusal(s, o.grant, dev, bytes);

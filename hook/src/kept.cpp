@@ -33,25 +33,12 @@ std::vector<KeptMappings::Entry> KeptMappings::take_keys(std::span<const std::ui
   return out;
 }
 
-std::vector<std::pair<std::uint64_t, KeptMappings::Entry>> KeptMappings::take_all(int device) {
+std::vector<std::pair<std::uint64_t, KeptMappings::Entry>> KeptMappings::take_if(
+    const std::function<bool(const Entry&)>& match) {
   std::vector<std::pair<std::uint64_t, Entry>> out;
   std::lock_guard lock(mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (device < 0 || it->second.alloc.device == device) {
-      out.emplace_back(it->first, std::move(it->second));
-      it = entries_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return out;
-}
-
-std::vector<std::pair<std::uint64_t, KeptMappings::Entry>> KeptMappings::take_stale(std::uint64_t generation) {
-  std::vector<std::pair<std::uint64_t, Entry>> out;
-  std::lock_guard lock(mu_);
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->second.generation != generation) {
+    if (match(it->second)) {
       out.emplace_back(it->first, std::move(it->second));
       it = entries_.erase(it);
     } else {

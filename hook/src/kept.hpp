@@ -18,6 +18,7 @@
 #include "vlake/common/cuda_api.hpp"  // cuda.h as the hook sees it (legacy names visible)
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -42,10 +43,8 @@ class KeptMappings {
                                           std::vector<Entry>& stale);
   // Removes and returns the entries with these keys (missing keys are skipped).
   [[nodiscard]] std::vector<Entry> take_keys(std::span<const std::uint64_t> keys);
-  // Removes and returns every entry on `device` (-1: every device), with their keys.
-  [[nodiscard]] std::vector<std::pair<std::uint64_t, Entry>> take_all(int device);
-  // Removes and returns the entries kept under a generation other than `generation`.
-  [[nodiscard]] std::vector<std::pair<std::uint64_t, Entry>> take_stale(std::uint64_t generation);
+  // Removes and returns the entries `match` accepts, with their keys.
+  [[nodiscard]] std::vector<std::pair<std::uint64_t, Entry>> take_if(const std::function<bool(const Entry&)>& match);
 
   [[nodiscard]] std::uint64_t bytes(int device) const;
   [[nodiscard]] std::size_t size() const;

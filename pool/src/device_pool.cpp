@@ -131,45 +131,28 @@ void DevicePool::note_drop(PoolHandle& h) noexcept {
   }
 }
 
-bool DevicePool::dropped(std::uint64_t session, std::span<const std::uint64_t> keys) noexcept {
-  bool closable = false;
-  for (std::uint64_t k : keys) {
-    for (auto& h : free_) {
-      if (h->key == k && h->kept_by == session) h->kept_by = 0;
-    }
-    for (Held& h : held_) {
-      if (h.key == k && h.kept_by == session) {
-        h.kept_by = 0;
-        h.scanned = false;  // settle() looks at it again
-        closable = true;
-      }
-    }
-  }
-  return closable;
-}
-
-bool DevicePool::forget_session(std::uint64_t session) noexcept {
+bool DevicePool::unkeep(std::uint64_t session, const std::function<bool(std::uint64_t key)>& match) noexcept {
   bool closable = false;
   for (auto& h : free_) {
-    if (h->kept_by == session) h->kept_by = 0;
+    if (h->kept_by == session && match(h->key)) h->kept_by = 0;
   }
   for (Held& h : held_) {
-    if (h.kept_by == session) {
+    if (h.kept_by == session && match(h.key)) {
       h.kept_by = 0;
-      h.scanned = false;
+      h.scanned = false;  // settle() looks at it again
       closable = true;
     }
   }
-  std::erase_if(drops_, [&](const DropNote& n) { return n.session == session; });
   return closable;
 }
 
-Bytes DevicePool::kept_free_bytes() const noexcept {
-  Bytes b{0};
-  for (const auto& h : free_) {
-    if (h->kept_by != 0) b += h->size;
-  }
-  return b;
+bool DevicePool::dropped(std::uint64_t session, std::span<const std::uint64_t> keys) noexcept {
+  return unkeep(session, [keys](std::uint64_t k) { return std::find(keys.begin(), keys.end(), k) != keys.end(); });
+}
+
+bool DevicePool::forget_session(std::uint64_t session) noexcept {
+  std::erase_if(drops_, [&](const DropNote& n) { return n.session == session; });
+  return unkeep(session, [](std::uint64_t) { return true; });
 }
 
 Bytes DevicePool::pinned_bytes(std::uint64_t except) const noexcept {

@@ -363,7 +363,6 @@ std::optional<Malformed> Node::dropped(std::uint64_t session, const proto::Dropp
       changes_.devices = true;
     }
   }
-  ++kept_dropped_;
   return std::nullopt;
 }
 

@@ -144,8 +144,6 @@ class DevicePool {
   bool forget_session(std::uint64_t session) noexcept;
   // The kept handles whose keepers must unmap them, since the last call.
   [[nodiscard]] std::vector<DropNote> take_drops() noexcept { return std::exchange(drops_, {}); }
-  // Free bytes kept mapped by some session.
-  [[nodiscard]] Bytes kept_free_bytes() const noexcept;
   // Retired bytes still mapped by their keeper (a Drop is on its way): memory that returns to
   // the GPU once the keeper says Dropped. `except`: not counting that session's.
   [[nodiscard]] Bytes pinned_bytes(std::uint64_t except = 0) const noexcept;
@@ -238,6 +236,9 @@ class DevicePool {
     std::uint64_t kept_by = 0;  // a session still maps it: held whatever the scan says
   };
   void note_drop(PoolHandle& h) noexcept;
+  // Clears `kept_by` of the free and held handles of `session` that `match` accepts (by key);
+  // true if a held one became closable.
+  bool unkeep(std::uint64_t session, const std::function<bool(std::uint64_t key)>& match) noexcept;
   std::unique_ptr<PoolHandle> create(Bytes size);
   void destroy(std::unique_ptr<PoolHandle> h) noexcept;
   // destroy(), keeping the exported descriptor in held_ charged to `t`.

@@ -393,9 +393,8 @@ class Node {
   // grouped per session, at most kMaxDropKeys keys each; detached sessions are skipped (their
   // process drops everything when it reconnects).
   std::vector<DropOut> take_drops();
-  // Keys sent in Drop messages, and Dropped messages received, since start.
+  // Keys sent in Drop messages since start.
   [[nodiscard]] std::uint64_t kept_drops() const noexcept { return kept_drops_; }
-  [[nodiscard]] std::uint64_t kept_dropped() const noexcept { return kept_dropped_; }
   std::optional<Malformed> reserve_report(std::uint64_t session, const proto::ReserveReport& m);
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
   // A copy or memset into a shared range of one of the session's grants was refused
@@ -532,7 +531,6 @@ class Node {
   [[nodiscard]] Bytes reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const;
   void finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_t kept_by = 0);
   std::uint64_t kept_drops_ = 0;
-  std::uint64_t kept_dropped_ = 0;
   // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
   // retained bytes there (accounting, changes, counters). Returns true if memory came back.
   bool settle_device(Device& d, bool all = false);
