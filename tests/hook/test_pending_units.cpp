@@ -7,6 +7,7 @@
 #include <map>
 #include <vector>
 
+#include "kept.hpp"
 #include "pending.hpp"
 #include "usage_cache.hpp"
 
@@ -211,4 +212,54 @@ TEST_CASE("UsageCache: a custom policy and more GPUs than slots") {
   cache.lock_all();
   cache.clear_after_fork();
   CHECK_FALSE(cache.get(uuid_no(0), 1, t0));
+}
+
+namespace {
+constexpr std::uint64_t kMi = std::uint64_t{1} << 20;
+
+vlake::hook::KeptMappings::Entry kept_entry(int device, std::uint64_t mapped, std::uint64_t generation) {
+  vlake::hook::KeptMappings::Entry e;
+  e.alloc.device = device;
+  e.alloc.mapped = mapped;
+  e.alloc.base = 0x1000 * mapped;
+  e.generation = generation;
+  return e;
+}
+}  // namespace
+
+TEST_CASE("KeptMappings: a key matches only its own generation and device and size and the rest comes back stale") {
+  vlake::hook::KeptMappings k;
+  k.put(1, kept_entry(0, 2 * kMi, 7));
+  k.put(2, kept_entry(0, 2 * kMi, 7));
+  k.put(3, kept_entry(1, 4 * kMi, 7));
+  CHECK(k.bytes(0) == 4 * kMi);
+  CHECK(k.bytes(1) == 4 * kMi);
+  std::vector<vlake::hook::KeptMappings::Entry> stale;
+  // Same key, same generation, device and size: the entry itself.
+  auto hit = k.take(1, 7, 0, 2 * kMi, stale);
+  REQUIRE(hit);
+  CHECK(hit->alloc.base == 0x1000 * 2 * kMi);
+  CHECK(stale.empty());
+  CHECK_FALSE(k.take(1, 7, 0, 2 * kMi, stale));  // taken once
+  // Another generation (a new connection), another device or size: removed and handed back.
+  CHECK_FALSE(k.take(2, 8, 0, 2 * kMi, stale));
+  CHECK_FALSE(k.take(3, 7, 0, 4 * kMi, stale));
+  CHECK(stale.size() == 2);
+  CHECK(k.size() == 0);
+  CHECK_FALSE(k.take(99, 7, 0, 2 * kMi, stale));  // unknown key: nothing
+  CHECK(stale.size() == 2);
+}
+
+TEST_CASE("KeptMappings: take_keys skips unknown keys and take_if takes what matches with its key") {
+  vlake::hook::KeptMappings k;
+  k.put(1, kept_entry(0, 2 * kMi, 1));
+  k.put(2, kept_entry(1, 2 * kMi, 1));
+  k.put(3, kept_entry(0, 4 * kMi, 2));
+  const std::vector<std::uint64_t> keys = {2, 42};
+  CHECK(k.take_keys(keys).size() == 1);
+  auto old = k.take_if([](const vlake::hook::KeptMappings::Entry& e) { return e.generation != 2; });
+  REQUIRE(old.size() == 1);
+  CHECK(old[0].first == 1);
+  CHECK(k.size() == 1);
+  CHECK(k.bytes(0) == 4 * kMi);
 }

@@ -1552,7 +1552,7 @@ std::uint64_t key_of(const GrantOut& out) {
 }
 }  // namespace
 
-TEST_CASE("node: a kept handle comes back to its session with its key; another process gets it only after a Drop",
+TEST_CASE("node: a kept handle comes back to its session with its key and another process gets it only after a Drop",
           "[node][kept]") {
   World w("version: 1\ndefault:\n  limit: 512MiB\n");
   const std::uint64_t a = w.hello(1, 100, 1000);

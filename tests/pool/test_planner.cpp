@@ -99,7 +99,7 @@ TEST_CASE("planner: release least recently freed handles, then create", "[planne
   CHECK(plan(input(8, kA, {fh(2, kA, 1)}, 4), m).kind == PlanKind::none);
 }
 
-TEST_CASE("planner: handles another process keeps mapped are taken whole, or stitched only without room",
+TEST_CASE("planner: handles another process keeps mapped are taken whole or stitched only without room",
           "[planner][kept]") {
   const CostModel m;
   const TenantId t{1};
