@@ -898,6 +898,19 @@ void Daemon::Impl::on_process_exit(std::uint64_t session) {
     poller_.del(p->second.get());
     pidfds_.erase(p);
   }
+  // What the process sent before it exited (a GuardEvent just before its end, releases) is
+  // still in its socket: read it before the session ends, or it would be lost when the exit is
+  // noticed first. Bounded by what the socket holds (the process is gone).
+  if (const Node::Session* ss = node_->session(session); ss != nullptr && ss->conn != 0) {
+    const ConnId live = ss->conn;
+    for (int i = 0; i < 4096; ++i) {
+      auto it = conns_.find(live);
+      if (it == conns_.end()) break;
+      pollfd pfd{it->second.fd.get(), POLLIN, 0};
+      if (::poll(&pfd, 1, 0) <= 0 || (pfd.revents & POLLIN) == 0) break;
+      on_readable(live);
+    }
+  }
   const ConnId conn = node_->end_session(session, "process exited");
   auto c = conns_.find(conn);
   if (c != conns_.end()) {
