@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -41,6 +42,7 @@
 #include "vlake/contracts/state.hpp"
 #include "vlake/exporter/server.hpp"
 #include "vlake/pool/conn_limits.hpp"
+#include "vlake/pool/handle_builder.hpp"
 #include "vlake/pool/holder_scan.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/nvml_source.hpp"
@@ -117,6 +119,9 @@ UniqueFd make_timer() {
 // A rejected quota file's error in the log: one bounded line.
 constexpr std::size_t kMaxErrorLogBytes = 1024;
 
+// The warm reserve and stock leave a GPU at least total / this free (HandleBuilder headroom).
+constexpr std::uint64_t kBuildHeadroomDivisor = 64;
+
 void drain(int fd) {
   std::uint64_t expirations = 0;
   (void)!::read(fd, &expirations, sizeof expirations);
@@ -182,6 +187,8 @@ class Daemon::Impl {
   void apply_config(ConfigWatch::Outcome o);
   void retry_parked();
   void send_drops();
+  void submit_builds();
+  void on_builds();
   void arm_park_timer();
   void shutdown();
 
@@ -199,6 +206,9 @@ class Daemon::Impl {
   UniqueFd lock_fd_;
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<Node> node_;
+  // Warm reserve and stock builds off the loop (handle_builder.hpp); its workers write builds_fd_.
+  UniqueFd builds_fd_;
+  std::unique_ptr<HandleBuilder> builder_;
   std::unique_ptr<NvmlSource> nvml_;
   std::vector<std::string> device_files_;  // driver_->device_files(), for the GPU-user scan
   bool nvml_failed_logged_ = false;
@@ -265,6 +275,8 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   NodeSettings settings;
   settings.bulk_size = Bytes{opts_.bulk_size};
   settings.warm_reserve = Bytes{opts_.warm_reserve};
+  settings.warm_stock = Bytes{opts_.warm_stock};
+  settings.background_builds = true;
   settings.pool_idle_release = opts_.pool_idle_release;
   settings.pool_keep = Bytes{opts_.pool_keep};
   settings.pressure_wait = opts_.pressure_wait;
@@ -343,6 +355,21 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   poller_.add(signal_fd_.get(), Source::signal, 0);
   poller_.add(timer_fd_.get(), Source::timer, 0);
   poller_.add(park_timer_fd_.get(), Source::park, 0);
+  if (opts_.warm_reserve > 0 || opts_.warm_stock > 0) {
+    builds_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!builds_fd_) throw StartupError(std::string("eventfd: ") + std::strerror(errno));
+    std::vector<std::pair<DeviceOrdinal, Bytes>> gpus;
+    Bytes headroom{~0ull};
+    for (const Node::Device& d : node_->devices()) {
+      gpus.emplace_back(d.ordinal, d.granularity);
+      headroom = std::min(headroom, Bytes{d.total.value() / kBuildHeadroomDivisor});
+    }
+    builder_ = std::make_unique<HandleBuilder>(*driver_, gpus, headroom, [fd = builds_fd_.get()] {
+      const std::uint64_t one = 1;
+      (void)!::write(fd, &one, sizeof one);
+    });
+    poller_.add(builds_fd_.get(), Source::builds, 0);
+  }
   for (const auto& [id, fd] : pidfds_) poller_.add(fd.get(), Source::pidfd, id);
   config_watch_.start(poller_);
   if (!opts_.alloc_root.empty()) {
@@ -490,6 +517,7 @@ int Daemon::Impl::run() {
             if (auto o = config_watch_.on_result()) apply_config(std::move(*o));
             break;
           case Source::hello: on_hello_timer(); break;
+          case Source::builds: on_builds(); break;
           case Source::alloc_listen: {
             const auto [fd, id] = alloc_watch_->listener(serial);
             if (fd >= 0) on_accept(fd, id, Source::alloc_listen, serial);
@@ -500,6 +528,7 @@ int Daemon::Impl::run() {
         }
         retry_parked();
         send_drops();
+        submit_builds();
       } catch (const std::exception& e) {
         node_->log_limiter().write(LogLevel::error, "event", std::string("event handling failed: ") + e.what(),
                                    std::chrono::steady_clock::now());
@@ -934,6 +963,32 @@ void Daemon::Impl::retry_parked() {
 
 // Kept mappings (docs/hook.md): Drop messages for what this event retired or handed elsewhere.
 // A client whose socket is full gets none (logged): its memory stays charged until it ends.
+void Daemon::Impl::submit_builds() {
+  std::vector<BuildOut> builds = node_->take_builds();
+  for (const BuildOut& b : builds) {
+    if (builder_) builder_->submit(b.device, b.size);
+    else node_->build_failed(b.device, b.size, false);
+  }
+}
+
+void Daemon::Impl::on_builds() {
+  drain(builds_fd_.get());
+  if (!builder_) return;
+  for (HandleBuilder::Done& d : builder_->take()) {
+    if (d.handle) {
+      node_->adopt(d.device, std::move(*d.handle));
+      continue;
+    }
+    node_->build_failed(d.device, d.size, d.no_room);
+    if (!d.error.empty()) {
+      node_->log_limiter().warn("warm build",
+                                "GPU " + std::to_string(d.device.value()) + ": building a " +
+                                    std::to_string(d.size.value() >> 20) + " MiB warm handle failed: " + d.error,
+                                std::chrono::steady_clock::now());
+    }
+  }
+}
+
 void Daemon::Impl::send_drops() {
   for (const DropOut& d : node_->take_drops()) {
     auto it = conns_.find(d.conn);
@@ -1099,6 +1154,7 @@ void Daemon::Impl::close_connection(ConnId serial) {
 
 void Daemon::Impl::shutdown() {
   metrics_.reset();  // stops its threads before the segment may go
+  builder_.reset();  // stops its workers; handles built and not adopted are released
   poller_.del(listen_fd_.get());
   listen_fd_.reset();
   if (socket_bound_) {

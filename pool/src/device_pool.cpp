@@ -59,33 +59,78 @@ void DevicePool::warm() {
 }
 
 std::unique_ptr<PoolHandle> DevicePool::create(Bytes size) {
+  BuiltHandle b = build_handle(driver_, device_, size, granularity_, false);
+  costs_.observe(CostModel::Call::create, b.create_ns, size);
+  costs_.observe(CostModel::Call::export_fd, b.export_ns, size);
+  costs_.observe(CostModel::Call::map, b.map_ns, size);
+  costs_.observe(CostModel::Call::set_access, b.set_access_ns, size);
   auto h = std::make_unique<PoolHandle>();
   h->size = size;
-  h->handle = timed(costs_, CostModel::Call::create, size, [&] { return driver_.create(device_, size); });
-  bool reserved = false;
-  bool mapped = false;
-  try {
-    h->fd = timed(costs_, CostModel::Call::export_fd, size, [&] { return driver_.export_fd(h->handle); });
-    h->va = driver_.reserve(size, granularity_);
-    reserved = true;
-    timed(costs_, CostModel::Call::map, size, [&] { driver_.map(h->va, size, h->handle); });
-    mapped = true;
-    timed(costs_, CostModel::Call::set_access, size,
-          [&] { driver_.set_access(h->va, size, device_, Access::read_write); });
-  } catch (...) {
-    try {
-      if (mapped) driver_.unmap(h->va, size);
-      if (reserved) driver_.free_reservation(h->va, size);
-      driver_.release(h->handle);
-    } catch (...) {
-    }
-    throw;
-  }
+  h->handle = b.handle;
+  h->fd = std::move(b.fd);
+  h->va = b.va;
   h->key = next_key_++;
   ++created_;
   pool_bytes_ += size;
   peak_bytes_ = std::max(peak_bytes_, pool_bytes_);
   return h;
+}
+
+void DevicePool::adopt(BuiltHandle b) {
+  auto h = std::make_unique<PoolHandle>();
+  try {
+    free_.reserve(free_.size() + 1);
+  } catch (...) {
+    release_built(driver_, b);
+    throw;
+  }
+  if (b.create_ns > 0) costs_.observe(CostModel::Call::create, b.create_ns, b.size);
+  if (b.export_ns > 0) costs_.observe(CostModel::Call::export_fd, b.export_ns, b.size);
+  if (b.map_ns > 0) costs_.observe(CostModel::Call::map, b.map_ns, b.size);
+  if (b.set_access_ns > 0) costs_.observe(CostModel::Call::set_access, b.set_access_ns, b.size);
+  if (b.scrub_ns > 0) costs_.observe(CostModel::Call::scrub, b.scrub_ns, b.size);
+  h->size = b.size;
+  h->handle = b.handle;
+  h->fd = std::move(b.fd);
+  h->va = b.va;
+  h->clean = b.zeroed;
+  h->key = next_key_++;
+  h->freed_seq = ++freed_seq_;
+  if (clock_) {
+    try {
+      h->freed_at = clock_();
+    } catch (...) {
+      // No time: release_idle() stamps it.
+    }
+  }
+  ++created_;
+  pool_bytes_ += h->size;
+  peak_bytes_ = std::max(peak_bytes_, pool_bytes_);
+  free_bytes_ += h->size;
+  index_free(*h);
+  free_.push_back(std::move(h));
+}
+
+std::map<std::uint64_t, std::uint32_t> DevicePool::clean_stock() const {
+  std::map<std::uint64_t, std::uint32_t> out;
+  for (const auto& h : free_) {
+    if (h->clean && !h->bound && h->kept_by == 0) ++out[h->size.value()];
+  }
+  return out;
+}
+
+bool DevicePool::release_clean(Bytes size) noexcept {
+  std::size_t best = free_.size();
+  for (std::size_t i = 0; i < free_.size(); ++i) {
+    const PoolHandle& h = *free_[i];
+    if (h.size != size || !h.clean || h.bound || h.kept_by != 0) continue;
+    if (best == free_.size() || h.freed_seq < free_[best]->freed_seq) best = i;
+  }
+  if (best == free_.size()) return false;
+  unfree(*free_[best]);
+  destroy(std::move(free_[best]));
+  free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+  return true;
 }
 
 void DevicePool::destroy(std::unique_ptr<PoolHandle> h) noexcept {
@@ -280,6 +325,7 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
       }
       for (std::size_t k = 0; k < taken.size(); ++k) {
         PoolHandle& h = *taken[k];
+        if (h.clean) ++out.clean;
         const FreeHandleView v{h.size, h.last_tenant, h.clean, h.freed_seq};
         if (!needs_scrub(v, tenant)) continue;
         try {
@@ -359,41 +405,6 @@ DevicePool::Served DevicePool::serve(Bytes size, TenantId tenant, std::uint32_t 
   return out;
 }
 
-std::uint64_t DevicePool::refill(Bytes target, std::uint64_t max_handles) {
-  std::uint64_t made = 0;
-  const std::uint64_t small_target =
-      std::min<std::uint64_t>(target.value() / 8 / granularity_.value() * granularity_.value(), 32ull << 20);
-  // Bound handles serve one tenant only: they do not count toward the warm reserve.
-  auto unbound_free = [&] {
-    Bytes b = free_bytes_;
-    for (const auto& [t, n] : bound_free_) b -= std::min(b, n);
-    return b;
-  };
-  while (made < max_handles && unbound_free() < target) {
-    const std::uint64_t deficit = (target - unbound_free()).value();
-    const std::uint64_t small_have = free_small_handles() * granularity_.value();
-    Bytes size = granularity_;
-    if (small_have >= small_target && deficit >= bulk_.value()) size = bulk_;
-    std::unique_ptr<PoolHandle> h;
-    try {
-      h = create(size);
-      scrub(*h);
-    } catch (const DriverError& e) {
-      if (h) destroy(std::move(h));
-      if (e.code() == CUDA_ERROR_OUT_OF_MEMORY) break;
-      throw;
-    }
-    h->clean = true;
-    h->freed_seq = ++freed_seq_;
-    if (clock_) h->freed_at = clock_();
-    free_bytes_ += h->size;
-    index_free(*h);
-    free_.push_back(std::move(h));
-    ++made;
-  }
-  return made;
-}
-
 void DevicePool::forget_tenant(TenantId tenant) noexcept {
   for (auto& h : free_) {
     if (h->last_tenant == tenant) h->last_tenant.reset();
@@ -446,18 +457,36 @@ Bytes DevicePool::retire_bound(TenantId t, Bytes bytes) noexcept {
 }
 
 DevicePool::IdleReleased DevicePool::release_idle(std::chrono::steady_clock::time_point now,
-                                                  std::chrono::milliseconds idle, Bytes keep, Bytes warm) noexcept {
+                                                  std::chrono::milliseconds idle, Bytes keep, Bytes warm,
+                                                  const std::map<std::uint64_t, std::uint32_t>& protect) noexcept {
   IdleReleased out;
   if (idle.count() <= 0 || free_.empty()) return out;
   std::vector<IdleHandleView> views;
+  std::vector<std::size_t> index;  // views[k] is free_[index[k]]
   try {
     views.reserve(free_.size());
-    for (auto& h : free_) {
-      if (!h->freed_at) h->freed_at = now;  // first seen free now
-      views.push_back(IdleHandleView{h->size, bind_ && h->bound.has_value(), h->clean, h->freed_seq, *h->freed_at});
+    index.reserve(free_.size());
+    // The protected handles: per size, the most recently added clean unbound ones.
+    std::vector<bool> skip(free_.size(), false);
+    for (const auto& [size, n] : protect) {
+      std::vector<std::size_t> cand;
+      for (std::size_t i = 0; i < free_.size(); ++i) {
+        const PoolHandle& h = *free_[i];
+        if (h.size.value() == size && h.clean && !h.bound && h.kept_by == 0) cand.push_back(i);
+      }
+      std::sort(cand.begin(), cand.end(),
+                [&](std::size_t a, std::size_t b) { return free_[a]->freed_seq > free_[b]->freed_seq; });
+      for (std::size_t k = 0; k < cand.size() && k < n; ++k) skip[cand[k]] = true;
     }
-    for (std::size_t i : plan_idle_release(views, now, idle, keep, warm)) {
-      std::unique_ptr<PoolHandle>& h = free_[i];
+    for (std::size_t i = 0; i < free_.size(); ++i) {
+      auto& h = free_[i];
+      if (!h->freed_at) h->freed_at = now;  // first seen free now
+      if (skip[i]) continue;
+      views.push_back(IdleHandleView{h->size, bind_ && h->bound.has_value(), h->clean, h->freed_seq, *h->freed_at});
+      index.push_back(i);
+    }
+    for (std::size_t k : plan_idle_release(views, now, idle, keep, warm)) {
+      std::unique_ptr<PoolHandle>& h = free_[index[k]];
       out.bytes += h->size;
       ++out.handles;
       unfree(*h);

@@ -47,6 +47,8 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
     d.pool->set_binding(settings_.bind_handles);
     d.pool->set_holder_scan(env_.holders);
     d.pool->set_clock([this] { return steady_now(); });
+    d.stock =
+        std::make_unique<WarmStock>(settings_.warm_reserve, settings_.warm_stock, d.granularity, d.pool->bulk_size());
     acct_.set_capacity(d.ordinal, d.total);
     devices_.push_back(std::move(d));
   }
@@ -72,8 +74,9 @@ void Node::warm_up() {
     }
   }
   if (settings_.warm_reserve.value() == 0) return;
+  // The warm reserve is built here, before serving (no demand yet: the stock starts empty).
   try {
-    refill_warm(UINT64_MAX);
+    for (Device& d : devices_) plan_warm(d, steady_now(), SIZE_MAX, false);
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("cannot create the warm reserve: ") + e.what());
   }
@@ -97,6 +100,13 @@ const Node::Device* Node::device_by_uuid(const std::uint8_t* uuid) const {
 }
 
 Node::Device* Node::device_mut(const std::uint8_t* uuid) { return const_cast<Device*>(device_by_uuid(uuid)); }
+
+Node::Device* Node::device_by_ordinal(DeviceOrdinal o) {
+  for (Device& d : devices_) {
+    if (d.ordinal == o) return &d;
+  }
+  return nullptr;
+}
 
 const Node::Tenant* Node::tenant(TenantId id) const {
   auto it = tenants_.find(id.value());

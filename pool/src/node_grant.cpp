@@ -1,5 +1,7 @@
 // vlake::pool::Node: grants, releases, usage, reserve reports, pressure and parked grants, the
 // warm reserve, NVML's non-pool usage (docs/pool.md, docs/quota.md).
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -175,6 +177,13 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       }
       g.handles = std::move(a.handles);
       if (a.reused > 0 || a.released > 0) sync_retained(*dev);
+      // Demand for the warm stock: a grant that needed a new handle or took a clean one
+      // (docs/pool.md, "Warm reserve and warm stock"); its replacement is queued at once.
+      if ((m.purpose == proto::GrantPurpose::alloc || m.purpose == proto::GrantPurpose::create) &&
+          (a.kind == PlanKind::create || a.kind == PlanKind::release_create || a.clean > 0)) {
+        dev->stock->note(bytes, now.steady);
+        if (settings_.background_builds) plan_warm(*dev, now.steady, 0, true);
+      }
       if (g.canary) {
         try {
           canary_fill(g);
@@ -504,23 +513,64 @@ std::optional<std::chrono::steady_clock::time_point> Node::next_deadline() const
 // ---------------------------------------------------------------------------------------------
 // periodic work
 
-void Node::refill_warm(std::uint64_t max_handles_per_gpu) {
-  for (Device& d : devices_) {
-    if (d.pool->free_bytes() >= settings_.warm_reserve) continue;
-    const std::uint64_t made = d.pool->refill(settings_.warm_reserve, max_handles_per_gpu);
-    if (made > 0) {
-      log_.debug("GPU " + std::to_string(d.ordinal.value()) + ": warm reserve: " + std::to_string(made) +
-                 " handle(s) created, " + std::to_string(d.pool->free_bytes().value()) + " bytes free in the pool");
+void Node::plan_warm(Device& d, std::chrono::steady_clock::time_point now, std::size_t max_inline, bool queue) {
+  if (d.stock->budget().value() == 0) return;
+  WarmStock::View view{d.pool->clean_stock(), d.building};
+  std::size_t in_flight = 0;
+  for (const auto& [size, n] : d.building) in_flight += n;
+  std::size_t max_make = queue ? (in_flight < kMaxBuildsInFlight ? kMaxBuildsInFlight - in_flight : 0) : max_inline;
+  // Nothing is built while grants wait for memory or right after a build found no room.
+  if (!parked_.empty() || now < d.builds_paused_until) max_make = 0;
+  const WarmStock::Plan p = d.stock->plan(view, now, max_make);
+  for (Bytes size : p.release) {
+    if (d.pool->release_clean(size)) changes_.devices = true;
+  }
+  std::uint64_t made = 0;
+  for (Bytes size : p.make) {
+    if (queue) {
+      builds_.push_back(BuildOut{d.ordinal, size});
+      ++d.building[size.value()];
+      continue;
     }
-    changes_.devices = true;
+    try {
+      d.pool->adopt(build_handle(driver_, d.ordinal, size, d.granularity, true));
+      ++made;
+      changes_.devices = true;
+    } catch (const DriverError& e) {
+      if (e.code() != CUDA_ERROR_OUT_OF_MEMORY) throw;
+      d.builds_paused_until = now + std::chrono::seconds(1);
+      break;
+    }
+  }
+  if (made > 0) {
+    log_.debug("GPU " + std::to_string(d.ordinal.value()) + ": warm reserve and stock: " + std::to_string(made) +
+               " handle(s) created, " + std::to_string(d.pool->free_bytes().value()) + " bytes free in the pool");
   }
 }
 
+void Node::adopt(DeviceOrdinal device, BuiltHandle h) {
+  Device* d = device_by_ordinal(device);
+  if (d == nullptr) return;  // not ours: the BuiltHandle's descriptor closes; the builder made it for us only
+  auto it = d->building.find(h.size.value());
+  if (it != d->building.end() && --it->second == 0) d->building.erase(it);
+  d->pool->adopt(std::move(h));
+  changes_.devices = true;
+}
+
+void Node::build_failed(DeviceOrdinal device, Bytes size, bool no_room) {
+  Device* d = device_by_ordinal(device);
+  if (d == nullptr) return;
+  auto it = d->building.find(size.value());
+  if (it != d->building.end() && --it->second == 0) d->building.erase(it);
+  if (no_room) d->builds_paused_until = steady_now() + std::chrono::seconds(1);
+}
+
 void Node::tick(Now now) {
-  // Warm reserve: back to the target, off the request path, a bounded step per tick.
-  if (settings_.warm_reserve.value() > 0 && parked_.empty()) {
+  // Warm reserve and stock: back to what they want, off the request path (a bounded step per
+  // tick when built inline).
+  for (Device& d : devices_) {
     try {
-      refill_warm(16);
+      plan_warm(d, now.steady, 16, settings_.background_builds);
     } catch (const std::exception& e) {
       log_.warn(std::string("warm reserve refill failed: ") + e.what());
     }
@@ -539,10 +589,15 @@ void Node::tick(Now now) {
 
 void Node::release_idle(Now now) {
   if (settings_.pool_idle_release.count() <= 0) return;
-  const Bytes keep = std::max(settings_.warm_reserve, settings_.pool_keep);
   for (Device& d : devices_) {
+    // The clean handles the warm reserve and stock want now are kept, size by size; --pool-keep
+    // counts them.
+    const WarmStock::Counts want = d.stock->want(now.steady);
+    std::uint64_t wanted = 0;
+    for (const auto& [size, n] : want) wanted += size * n;
+    const Bytes keep{settings_.pool_keep.value() > wanted ? settings_.pool_keep.value() - wanted : 0};
     const DevicePool::IdleReleased r =
-        d.pool->release_idle(now.steady, settings_.pool_idle_release, keep, settings_.warm_reserve);
+        d.pool->release_idle(now.steady, settings_.pool_idle_release, keep, Bytes{0}, want);
     if (r.handles == 0) continue;
     log_.info("GPU " + std::to_string(d.ordinal.value()) + ": " + std::to_string(r.bytes.value() >> 20) + " MiB in " +
               std::to_string(r.handles) + " handle(s) free for " + std::to_string(settings_.pool_idle_release.count()) +

@@ -36,11 +36,13 @@ std::string DaemonOptions::usage() {
          "                           the granularity, 2MiB..1TiB)\n"
          "  --warm-reserve SIZE      per GPU, free handles created (exported, zeroed) before serving\n"
          "                           and refilled off the request path (default 0; e.g. 1GiB)\n"
+         "  --warm-stock SIZE        per GPU, clean handles of the sizes recent grants asked for,\n"
+         "                           built ahead on a worker thread (default 1GiB; 0: off)\n"
          "  --pool-idle-release DURATION  free pool memory unused this long goes back to the driver,\n"
          "                           oldest first, down to --pool-keep (e.g. 500ms, 30s, 2m; up to 1 day;\n"
          "                           default 30s; 'off' or 0: kept until a grant needs the room)\n"
-         "  --pool-keep SIZE         per GPU, free pool memory the idle release keeps (default: the\n"
-         "                           warm reserve; never less than it)\n"
+         "  --pool-keep SIZE         per GPU, free pool memory the idle release keeps, counting the\n"
+         "                           warm reserve's and stock's clean handles (default 0)\n"
          "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
          "  --handle-reuse MODE      who a freed handle may serve next: 'tenant' (default) only the\n"
@@ -79,6 +81,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--canary-interval-ms",
                                                   "--bulk-size",
                                                   "--warm-reserve",
+                                                  "--warm-stock",
                                                   "--pressure-wait-ms",
                                                   "--pool-idle-release",
                                                   "--pool-keep",
@@ -170,12 +173,12 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         }
         o.metrics_address = value;
       }
-    } else if (arg == "--bulk-size" || arg == "--warm-reserve") {
+    } else if (arg == "--bulk-size" || arg == "--warm-reserve" || arg == "--warm-stock") {
       const bool bulk = arg == "--bulk-size";
       try {
         const Bytes v = bulk ? parse_size(value, Bytes{2ull << 20}, Bytes{1ull << 40})
                              : parse_size(value, Bytes{0}, Bytes{1ull << 50});
-        (bulk ? o.bulk_size : o.warm_reserve) = v.value();
+        (bulk ? o.bulk_size : arg == "--warm-reserve" ? o.warm_reserve : o.warm_stock) = v.value();
       } catch (const SizeError& e) {
         throw OptionsError(arg + ": " + e.what());
       }

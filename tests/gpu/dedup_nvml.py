@@ -17,7 +17,9 @@ and their memory is back, before the next one starts:
                 and an allocation of 1.5 GiB more is refused (the GPU really is that full).
 Every measurement waits until what the replicas freed has left the hook's local reserve
 (VLAKE_RESERVE_AGE=5) and vlaked's free pool (--pool-idle-release 5s): memory still in either is
-on the GPU and is counted.
+on the GPU and is counted. vlaked runs without its warm stock (--warm-stock 0): the clean handles
+it builds ahead for sizes in demand (docs/pool.md) are free pool memory that the idle release
+keeps while the demand lasts, and would be counted as if the replicas held it.
 
 Checks (exit 0 only if all pass; 77 = skipped without a GPU, PyTorch or transformers):
   - (shared4 - ctx4) <= 1.10 x (shared1 - ctx1)
@@ -216,7 +218,8 @@ def main():
     config = ("version: 1\ndefault:\n  dedup_domain: replicas\n  enforce: account\n"
               + ("namespaces:\n  - name: other\n    users: [%d]\n    enforce: account\n" % OTHER_UID if root else ""))
     daemon = ns.Daemon(args.vlaked, work, config,
-                       ("--pool-idle-release", "%ds" % IDLE_S, "--sample-interval-ms", str(SAMPLE_MS)))
+                       ("--pool-idle-release", "%ds" % IDLE_S, "--sample-interval-ms", str(SAMPLE_MS),
+                        "--warm-stock", "0"))
     procs = []
     rows = []  # (phase, NVML - baseline, counters)
     completed = False

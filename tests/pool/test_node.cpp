@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "fd_holder.hpp"
+#include "sim_gpu.hpp"
 #include "vlake/contracts/codec.hpp"
 #include "vlake/pool/holder_scan.hpp"
 #include "vlake/pool/node.hpp"
@@ -25,23 +26,7 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1ULL << 20;
 
-// One simulated 1 GiB GPU for this test process (ctest runs each test case in its own process);
-// its node file goes when the process exits.
-class SimGpu {
- public:
-  SimGpu() : node_("node-" + std::to_string(::getpid())) {
-    ::setenv("VLAKE_SIM_NODE", node_.c_str(), 1);
-    ::setenv("VLAKE_SIM_DEVICE_MEMORY", "1GiB", 1);
-    ::setenv("VLAKE_SIM_DEVICE_COUNT", "1", 1);
-    driver_ = open_driver(VLAKE_SIM_LIB);
-  }
-  ~SimGpu() { ::unlink(("/dev/shm/vlake-sim-" + node_).c_str()); }
-  Driver& driver() { return *driver_; }
-
- private:
-  std::string node_;
-  std::unique_ptr<Driver> driver_;
-};
+using pooltest::SimGpu;
 
 SimGpu& sim_gpu() {
   static SimGpu gpu;
@@ -1625,4 +1610,71 @@ TEST_CASE("node: a keeper that exits unpins its kept memory", "[node][kept]") {
   w.node->end_session(a, "test");
   CHECK(pool.pinned_bytes() == 0_B);
   CHECK(w.used(b) == 0_B);
+}
+
+TEST_CASE("node: the warm stock queues a clean handle of a size in demand and the next grant of it needs no new handle",
+          "[node][warm]") {
+  NodeSettings settings;
+  settings.warm_stock = Bytes{64 * kMiB};
+  settings.background_builds = true;
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  const Node::Device& d = w.node->devices().front();
+  const auto a = w.hello(1, 101, 1001);
+  const auto b = w.hello(2, 102, 1002);
+  CHECK(w.node->take_builds().empty());
+  w.granted(1, a, 8 * kMiB);  // a new handle: 8 MiB is in demand
+  std::vector<BuildOut> builds = w.node->take_builds();
+  REQUIRE(builds.size() == 1);
+  CHECK(builds[0].size == Bytes{8 * kMiB});
+  CHECK(w.node->take_builds().empty());
+  // Still building: nothing more is queued for it.
+  w.node->tick(w.t);
+  CHECK(w.node->take_builds().empty());
+  // Built (here, inline; in vlaked on the HandleBuilder's worker) and adopted.
+  Driver& drv = sim_gpu().driver();
+  w.node->adopt(builds[0].device, build_handle(drv, builds[0].device, builds[0].size, d.granularity, true));
+  CHECK(d.pool->clean_stock() == WarmStock::Counts{{8 * kMiB, 1}});
+  const std::uint64_t created = d.pool->handles_created();
+  const std::uint64_t scrubs = w.node->counters().scrubs;
+  // Another tenant's grant of that size takes the clean handle: no creation, no scrub.
+  w.granted(2, b, 8 * kMiB);
+  CHECK(w.node->counters().grants_exact == 1);
+  CHECK(w.node->counters().scrubs == scrubs);
+  CHECK(d.pool->handles_created() == created);
+  CHECK(d.pool->clean_stock().empty());
+  // And its replacement is queued at once (demand 2: one handle).
+  builds = w.node->take_builds();
+  REQUIRE(builds.size() == 1);
+  CHECK(builds[0].size == Bytes{8 * kMiB});
+  // A failed build is forgotten; with no room builds pause for a second.
+  w.node->build_failed(builds[0].device, builds[0].size, true);
+  w.node->tick(w.t);
+  CHECK(w.node->take_builds().empty());
+  w.advance(std::chrono::milliseconds(1100));
+  w.node->tick(w.t);
+  CHECK(w.node->take_builds().size() == 1);
+}
+
+TEST_CASE("node: without background builds the warm stock is built in tick and the idle release keeps it",
+          "[node][warm]") {
+  NodeSettings settings;
+  settings.warm_stock = Bytes{64 * kMiB};
+  settings.pool_idle_release = std::chrono::milliseconds(1000);
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  const Node::Device& d = w.node->devices().front();
+  const auto a = w.hello(1, 101, 1001);
+  for (int i = 0; i < 4; ++i) w.granted(1, a, 4 * kMiB);  // demand 4: two handles wanted
+  CHECK(w.node->take_builds().empty());                   // nothing queued
+  w.node->tick(w.t);
+  CHECK(d.pool->clean_stock() == WarmStock::Counts{{4 * kMiB, 2}});
+  // Idle for longer than the idle period while still wanted: kept.
+  w.advance(std::chrono::milliseconds(1500));
+  w.node->tick(w.t);
+  CHECK(d.pool->clean_stock() == WarmStock::Counts{{4 * kMiB, 2}});
+  // Demand gone (half-life 10 s): the idle release gives them back.
+  w.advance(std::chrono::seconds(60));
+  w.node->tick(w.t);
+  w.advance(std::chrono::milliseconds(1500));
+  w.node->tick(w.t);
+  CHECK(d.pool->clean_stock().empty());
 }

@@ -116,6 +116,44 @@ TEST_CASE("pool: the warm reserve is created at start and serves a grant with no
   CHECK(s->devices[0].pool_peak_bytes == 192 * kMiB);
 }
 
+TEST_CASE("pool: the warm stock builds a size in demand on its worker and another tenant's grant takes it clean",
+          "[pool][sim][warm]") {
+  DaemonProcess d("stock", kConfig);
+  REQUIRE(d.start({"--warm-stock", "64MiB"}));
+  auto s = snapshot(d.state);
+  CHECK(s->devices[0].free_bytes == 0);  // no demand yet: nothing built
+  Helper a(d.node, 4242, 0);
+  Helper b(d.node, 4243, 0);
+  a.ok("connect " + d.socket);
+  b.ok("connect " + d.socket);
+  auto g = a.ok("grant " + mib(8));
+  REQUIRE(num(g, "status") == 0);
+  a.ok("fill " + g.at("id") + " 171");
+  // The worker builds one clean 8 MiB handle; the loop adopts it.
+  CHECK(eventually([&] {
+    auto x = snapshot(d.state);
+    return x->devices[0].free_bytes == 8 * kMiB && x->devices[0].free_handles == 1;
+  }));
+  s = snapshot(d.state);
+  const std::uint64_t created = s->counters.handles_created;
+  CHECK(created == 2);
+  CHECK(s->counters.grants_new == 1);
+  const std::uint64_t scrubs = s->counters.scrubs;  // the first grant's new handle was zeroed on its path
+  auto h = b.ok("grant " + mib(8));
+  REQUIRE(num(h, "status") == 0);
+  CHECK(b.ok("check " + h.at("id") + " 0").at("match") == "1");  // zeroed by the worker
+  s = snapshot(d.state);
+  CHECK(s->counters.grants_exact == 1);
+  CHECK(s->counters.scrubs == scrubs);
+  // Its replacement follows, off the request path.
+  CHECK(eventually([&] {
+    auto x = snapshot(d.state);
+    return x->counters.handles_created == created + 1 && x->devices[0].free_bytes == 8 * kMiB;
+  }));
+  // A's memory was never handed out: binding keeps it A's.
+  CHECK(a.ok("check " + g.at("id") + " 171").at("match") == "1");
+}
+
 TEST_CASE("pool: pressure asks a flagged client for its reserve and the parked grant is served", "[pool][sim]") {
   DaemonProcess d("pressure", kConfig);
   REQUIRE(d.start({"--pressure-wait-ms", "5000"}));

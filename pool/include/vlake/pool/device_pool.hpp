@@ -68,6 +68,7 @@
 #include "vlake/common/log.hpp"
 #include "vlake/common/strong_types.hpp"
 #include "vlake/common/unique_fd.hpp"
+#include "vlake/pool/handle_builder.hpp"
 #include "vlake/pool/planner.hpp"
 #include "vlake/pool/servable.hpp"
 
@@ -121,6 +122,7 @@ class DevicePool {
     PlanKind kind = PlanKind::none;
     std::uint32_t reused = 0;    // handles that came from the free pool
     std::uint32_t scrubbed = 0;  // handles zeroed for this grant
+    std::uint32_t clean = 0;     // handles that came clean (warm reserve or stock)
     bool cross_tenant = false;   // a handle another tenant freed
     std::uint64_t released = 0;  // free handles released to make room
   };
@@ -130,11 +132,13 @@ class DevicePool {
   Served serve(Bytes size, TenantId tenant, std::uint32_t max_handles = 32, std::uint64_t session = 0);
   // What serve(size) lacks: size minus (GPU free memory + free pool bytes), at least 0.
   [[nodiscard]] Bytes shortfall(Bytes size);
-  // Warm reserve: creates clean (exported, mapped, zeroed) handles until the free pool holds
-  // `target` bytes or `max_handles` were created or the GPU has no room. Small (G) handles up
-  // to min(target / 8, 32 MiB), then bulk handles, then G handles for the rest. Returns the
-  // handles created. Throws DriverError on failures other than out-of-memory.
-  std::uint64_t refill(Bytes target, std::uint64_t max_handles);
+  // Warm reserve and warm stock (warm_stock.hpp): adds a handle built elsewhere
+  // (handle_builder.hpp, zeroed: clean) to the free pool, unbound; its build times go into the
+  // cost model. clean_stock(): the clean, unbound free handles by size. release_clean(size):
+  // gives one of them (the least recently added) back to the driver; false if there is none.
+  void adopt(BuiltHandle b);
+  [[nodiscard]] std::map<std::uint64_t, std::uint32_t> clean_stock() const;
+  bool release_clean(Bytes size) noexcept;
   // Returns a granted handle to the free pool; `releaser` becomes its last tenant; `kept_by`:
   // the session that keeps it mapped (0: none; ignored without binding).
   void put_back(std::unique_ptr<PoolHandle> h, TenantId releaser, std::uint64_t kept_by = 0);
@@ -171,8 +175,10 @@ class DevicePool {
     Bytes bytes{0};
     std::uint64_t bound = 0;  // of them, bound handles (retired)
   };
+  // `protect`: per size, that many clean unbound free handles (the most recently added) are not
+  // considered at all (what the warm reserve and stock want: warm_stock.hpp).
   IdleReleased release_idle(std::chrono::steady_clock::time_point now, std::chrono::milliseconds idle, Bytes keep,
-                            Bytes warm = Bytes{0}) noexcept;
+                            Bytes warm = Bytes{0}, const std::map<std::uint64_t, std::uint32_t>& protect = {}) noexcept;
   // Bytes given back by release_idle() since the pool was made.
   [[nodiscard]] Bytes idle_released_bytes() const noexcept { return idle_released_bytes_; }
   // The time put_back()/refill() stamp a handle with (unset: release_idle() stamps it).

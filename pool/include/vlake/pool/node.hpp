@@ -24,7 +24,7 @@
 //   - connection_closed / end_session (process exited): a session's grants return to the pool.
 //   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
 //   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
-//   - tick(now): warm-reserve refill, idle release of the free pools and the canary sweep;
+//   - tick(now): warm reserve and stock, idle release of the free pools and the canary sweep;
 //     set_nonpool: NVML's view of session pids; observe_gpus: NVML's view of every process
 //     (memory outside vlake, docs/daemon.md), which answers the processes to kill under
 //     `enforce: kill`.
@@ -79,6 +79,7 @@
 #include "vlake/pool/device_pool.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/proc_identity.hpp"
+#include "vlake/pool/warm_stock.hpp"
 #include "vlake/quota/quota_config.hpp"
 
 namespace vlake::pool {
@@ -106,8 +107,13 @@ struct Peer {
 };
 
 struct NodeSettings {
-  Bytes bulk_size{64ull << 20};                      // --bulk-size
-  Bytes warm_reserve{0};                             // --warm-reserve, per GPU
+  Bytes bulk_size{64ull << 20};  // --bulk-size
+  Bytes warm_reserve{0};         // --warm-reserve, per GPU
+  Bytes warm_stock{0};           // --warm-stock, per GPU (warm_stock.hpp)
+  // Warm reserve and stock builds: false: inline, bounded, in tick() (tests); true: queued for
+  // take_builds() (vlaked's HandleBuilder workers), also right after a grant that used the
+  // stock or needed a new handle; the results come back through adopt()/build_failed().
+  bool background_builds = false;
   std::chrono::milliseconds pressure_wait{500};      // --pressure-wait-ms (0: never park)
   std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
   std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
@@ -116,8 +122,9 @@ struct NodeSettings {
   // (`node`): freed handles serve any tenant after a scrub (a tenant that keeps a descriptor can
   // read and write the memory's next owner's data).
   bool bind_handles = true;
-  // Idle release (docs/pool.md): free handles free for this long go back to the driver, down to
-  // max(warm_reserve, pool_keep) unbound free bytes per GPU (bound ones all go). 0: off (the
+  // Idle release (docs/pool.md): free handles free for this long go back to the driver, except
+  // the clean ones the warm reserve and stock want, down to pool_keep unbound free bytes per GPU
+  // (bound ones all go). 0: off (the
   // daemon's default is 30 s: --pool-idle-release).
   std::chrono::milliseconds pool_idle_release{0};
   Bytes pool_keep{0};  // --pool-keep, per GPU
@@ -184,6 +191,12 @@ struct PressureNote {
   ConnId conn = 0;
   std::uint64_t session = 0;
   proto::Pressure msg{};
+};
+
+// A handle the warm reserve or stock wants built (the loop hands it to its HandleBuilder).
+struct BuildOut {
+  DeviceOrdinal device{0};
+  Bytes size{0};
 };
 
 // A Drop for one session (docs/hook.md, "Kept mappings"): the loop sends `msg` on `conn`.
@@ -341,6 +354,9 @@ class Node {
     std::uint64_t retired_held_seen = 0;  // pool->retired_held() already in the counters
     // A previous daemon's idle_released_bytes (resume).
     std::uint64_t idle_released_base = 0;
+    std::unique_ptr<WarmStock> stock;                             // warm reserve and stock (warm_stock.hpp)
+    WarmStock::Counts building;                                   // queued builds by size (background_builds)
+    std::chrono::steady_clock::time_point builds_paused_until{};  // a build found no room
   };
 
   // Opens a pool on every GPU of `driver` (throws std::runtime_error: none, or too many).
@@ -393,6 +409,12 @@ class Node {
   // grouped per session, at most kMaxDropKeys keys each; detached sessions are skipped (their
   // process drops everything when it reconnects).
   std::vector<DropOut> take_drops();
+  // Warm reserve and stock (settings.background_builds): the handles to build since the last
+  // call; each comes back as adopt() (built, zeroed) or build_failed() (no_room: the GPU lacked
+  // room; builds for that GPU pause for a second).
+  std::vector<BuildOut> take_builds() { return std::exchange(builds_, {}); }
+  void adopt(DeviceOrdinal device, BuiltHandle h);
+  void build_failed(DeviceOrdinal device, Bytes size, bool no_room);
   // Keys sent in Drop messages since start.
   [[nodiscard]] std::uint64_t kept_drops() const noexcept { return kept_drops_; }
   std::optional<Malformed> reserve_report(std::uint64_t session, const proto::ReserveReport& m);
@@ -443,8 +465,8 @@ class Node {
   void allocation_removed(const std::string& id);
 
   // ---- periodic work
-  // Warm-reserve refill (a bounded step), idle release (settings.pool_idle_release) and, when
-  // due, a canary sweep.
+  // Warm reserve and stock (release the surplus, build or queue what is missing), idle release
+  // (settings.pool_idle_release) and, when due, a canary sweep.
   void tick(Now now);
   // Frees every tenant record that holds nothing (after NVML sampling, a reload). Returns how many.
   std::size_t free_idle_tenants();
@@ -525,12 +547,14 @@ class Node {
   [[nodiscard]] NamespaceId namespace_of_name(const std::string& tenant_name) const;
   Tenant* tenant_mut(TenantId id);
   Device* device_mut(const std::uint8_t* uuid);
+  Device* device_by_ordinal(DeviceOrdinal d);
   [[nodiscard]] proto::DeviceQuota device_quota(const Tenant& t, const Device& d) const;
   // What replies call `used`: usage minus the tenant's bound free handles (retired on demand
   // when it needs the room, so they are not memory it cannot have); retained descriptors count.
   [[nodiscard]] Bytes reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const;
   void finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_t kept_by = 0);
   std::uint64_t kept_drops_ = 0;
+  std::vector<BuildOut> builds_;  // take_builds()
   // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
   // retained bytes there (accounting, changes, counters). Returns true if memory came back.
   bool settle_device(Device& d, bool all = false);
@@ -548,7 +572,11 @@ class Node {
   GrantOut grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry);
   Refused refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now);
   std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall);
-  void refill_warm(std::uint64_t max_handles_per_gpu);
+  // Warm reserve and stock of one GPU (warm_stock.hpp): releases surplus clean handles and
+  // queues (`queue`: for take_builds(), at most kMaxBuildsInFlight per GPU) or builds inline (at
+  // most max_inline) what it lacks.
+  void plan_warm(Device& d, std::chrono::steady_clock::time_point now, std::size_t max_inline, bool queue);
+  static constexpr std::size_t kMaxBuildsInFlight = 4;
   // Idle release of every GPU's free pool (tick).
   void release_idle(Now now);
 

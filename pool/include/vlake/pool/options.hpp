@@ -37,9 +37,10 @@ struct DaemonOptions {
   // Pool performance (docs/pool.md).
   std::uint64_t bulk_size = 64ull << 20;         // --bulk-size: bulk handle size class
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up
+  std::uint64_t warm_stock = 1ull << 30;         // --warm-stock: per GPU, sizes in demand (warm_stock.hpp)
   std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms: parked grant's longest wait
   // --pool-idle-release DURATION|off: free pool memory idle this long goes back to the driver
-  // (0: off); --pool-keep SIZE: unbound free bytes kept per GPU (at least the warm reserve).
+  // (0: off); --pool-keep SIZE: unbound free bytes kept per GPU (counting the warm reserve and stock).
   std::chrono::milliseconds pool_idle_release{30'000};
   std::uint64_t pool_keep = 0;
   // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
