@@ -2,6 +2,7 @@
 
 #include <strings.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -120,6 +121,16 @@ Config Config::parse(const Lookup& lookup) {
     }
   }
   if (const char* v = lookup("VLAKE_RESERVE_STATS"); v != nullptr && *v != '\0') c.reserve_stats = v;
+  if (const char* v = lookup("VLAKE_PREFETCH"); v != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    if (end != v && *end == '\0' && errno == 0 && n <= 64 && *v != '-') {
+      c.prefetch = static_cast<std::uint32_t>(n);
+    } else {
+      bad("VLAKE_PREFETCH", v, "a count from 0 (off) to 64");
+    }
+  }
   if (const char* v = lookup("VLAKE_RESERVE_AGE"); v != nullptr) {
     auto d = parse_duration(v);
     if (d && d->count() > 0) {

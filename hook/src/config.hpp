@@ -17,6 +17,8 @@
 //     VLAKE_KEEP_MAPPED        1/0: keep released single-handle grants mapped (docs/hook.md,
 //                              "Kept mappings")                                default 1
 //     VLAKE_PROFILE            1 = print the cold path's time per phase at exit
+//     VLAKE_PREFETCH           blocks of one size fetched ahead at most (docs/hook.md,
+//                              "Prefetch")                                      default 0 = off
 //   A size follows vlake's one grammar (vlake/common/size.hpp, docs/hook.md): a byte count or a
 //   whole number with KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 1GB are
 //   rejected with a message that says what to write (and the default is kept).
@@ -50,8 +52,9 @@ struct Config {
   std::uint64_t reserve_bytes = 512ULL << 20;
   std::chrono::milliseconds reserve_age{5000};
   bool profile = false;
-  bool keep_mapped = true;    // VLAKE_KEEP_MAPPED
-  std::string reserve_stats;  // VLAKE_RESERVE_STATS: where to write the reserve's reuse statistics
+  bool keep_mapped = true;     // VLAKE_KEEP_MAPPED
+  std::uint32_t prefetch = 0;  // VLAKE_PREFETCH: per size, blocks fetched ahead at most (0: off)
+  std::string reserve_stats;   // VLAKE_RESERVE_STATS: where to write the reserve's reuse statistics
   std::vector<std::string> problems;
 
   using Lookup = std::function<const char*(const char*)>;

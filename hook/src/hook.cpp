@@ -32,7 +32,9 @@ using proto::Status;
 State::State(Config c)
     : config(std::move(c)),
       client(config, config.reserve_bytes > 0),
-      reserve(config.reserve_bytes, config.reserve_age) {}
+      reserve(config.reserve_bytes, config.reserve_age),
+      // Sizes up to 1/16 of the reserve, at most 1/8 of it per size in flight.
+      prefetch(config.reserve_bytes > 0 ? config.prefetch : 0, config.reserve_bytes / 16, config.reserve_bytes / 8) {}
 
 namespace {
 
@@ -456,10 +458,23 @@ void place(State& s, LogicalAlloc a, bool guard, CUcontext ctx, std::uint64_t re
   settle(s, base, dev, peers);  // peer access changed since it was mapped (peer.hpp)
 }
 
+// The mapping part of map_grant: the grant's memory as a LogicalAlloc `out` (a kept mapping
+// reused, or the handles imported, mapped and enabled), not recorded as an allocation; `guard`:
+// guard fault mode (out.reserved has the guard chunk).
+CUresult map_grant_only(State& s, GrantResult& g, int dev, std::uint64_t requested, LogicalAlloc& out, bool& guard);
+
 // Imports, reserves, maps and enables the handles of an alloc grant; records the allocation.
 // In guard fault mode the reservation has one more granularity-sized chunk, left unmapped, and
 // the returned pointer is right-aligned (256 B) so that the allocation ends at the grant's end.
 CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64_t requested, CUdeviceptr* dptr) {
+  LogicalAlloc a;
+  bool guard = false;
+  if (CUresult rc = map_grant_only(s, g, dev, requested, a, guard); rc != CUDA_SUCCESS) return rc;
+  place(s, std::move(a), guard, ctx, requested, dptr);
+  return CUDA_SUCCESS;
+}
+
+CUresult map_grant_only(State& s, GrantResult& g, int dev, std::uint64_t requested, LogicalAlloc& out, bool& guard) {
   const UsedApi& api = used();
   if (api.cuMemAddressReserve == nullptr || api.cuMemSetAccess == nullptr) {
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -477,7 +492,7 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
   }
   // Guard fault mode: one unmapped granularity-sized chunk after the grant, and the pointer
   // right-aligned so that the allocation ends where the mapping ends.
-  const bool guard = s.client.guard_mode() == proto::GuardMode::fault;
+  guard = s.client.guard_mode() == proto::GuardMode::fault;
   std::uint64_t guard_bytes = 0;
   if (guard) {
     guard_bytes = s.client.granularity();
@@ -491,10 +506,9 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
     drop_entries(s, stale);
     if (hit && (hit->alloc.reserved > hit->alloc.mapped) == guard) {
       PhaseTimer t(Phase::kept_reuse);
-      LogicalAlloc a = std::move(hit->alloc);
-      a.grant_id = g.grant_id;
+      out = std::move(hit->alloc);
+      out.grant_id = g.grant_id;
       g.fds.clear();
-      place(s, std::move(a), guard, ctx, requested, dptr);
       return CUDA_SUCCESS;
     }
     if (hit) drop_entries(s, std::vector<KeptMappings::Entry>{std::move(*hit)});
@@ -559,7 +573,7 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
     unmap_logical(a);
     return rc;
   }
-  place(s, std::move(a), guard, ctx, requested, dptr);
+  out = std::move(a);
   return CUDA_SUCCESS;
 }
 
@@ -581,6 +595,9 @@ int device_of_uuid(State& s, const Uuid& u) {
   }
   return -1;
 }
+
+// Prefetch (defined with in_context below).
+void run_prefetch(State& s);
 
 // The worker's periodic duties; runs with busy_mu held.
 void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint64_t, proto::kMaxDevices>& reported,
@@ -645,7 +662,9 @@ void worker_main(State* s) {
       std::unique_lock lock(s->work_mu);
       // Frees waiting for their stream are polled sooner (PendingFrees::next_poll()).
       const std::chrono::microseconds wait = s->frees.empty() ? kWorkerPeriod : s->frees.next_poll();
-      s->work_cv.wait_for(lock, wait, [s] { return !s->retire_queue.empty() || s->frees_kicked || s->stopping; });
+      s->work_cv.wait_for(
+          lock, wait, [s] { return !s->retire_queue.empty() || s->frees_kicked || s->prefetch_kicked || s->stopping; });
+      s->prefetch_kicked = false;
       if (s->stopping) return;
       s->frees_kicked = false;
       work.swap(s->retire_queue);
@@ -657,6 +676,10 @@ void worker_main(State* s) {
     }
     try {
       finish_frees(*s);
+    } catch (...) {
+    }
+    try {
+      run_prefetch(*s);
     } catch (...) {
     }
     // A wake-up only to poll frees leaves the periodic duties to their own pace.
@@ -716,6 +739,16 @@ void retire_later(State& s, std::vector<ReserveBlock> blocks) {
   retire_blocks(s, blocks);
 }
 
+// Wakes the worker for queued prefetches (starts it if needed).
+void kick_prefetch(State& s) {
+  ensure_worker(s);
+  {
+    std::lock_guard lock(s.work_mu);
+    s.prefetch_kicked = true;
+  }
+  s.work_cv.notify_one();
+}
+
 bool quota_or_memory(Status st) {
   return st == Status::over_limit || st == Status::namespace_over_limit || st == Status::guarantee ||
          st == Status::out_of_memory;
@@ -735,7 +768,11 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
     const std::uint64_t gran = s.granularity.load(std::memory_order_relaxed);
     ReserveBlock b;
     if (gran != 0 && s.reserve.take(dev, round_up(bytes, gran), gran, b)) {
+      const bool prefetched = b.prefetched;
+      const std::uint64_t size = b.alloc.mapped;
       place(s, std::move(b.alloc), s.fault_guard.load(std::memory_order_relaxed), ctx, bytes, dptr);
+      // A prefetched block used: its replacement, while the size still misses.
+      if (prefetched && s.prefetch.hit(dev, size, ctx, std::chrono::steady_clock::now())) kick_prefetch(s);
       return CUDA_SUCCESS;
     }
     if (gran == 0) s.reserve.note_miss(bytes);  // the first grant tells the granularity
@@ -762,8 +799,18 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
   if (o.decision == Decision::passthrough) return direct();
   if (o.decision == Decision::refused) return o.rc;
   const std::uint64_t grant_id = o.grant.grant_id;
+  const std::uint64_t granted = o.grant.bytes;
+  const std::uint64_t room = o.grant.limit > o.grant.used ? o.grant.limit - o.grant.used : 0;
   const CUresult rc = map_grant(s, o.grant, dev, ctx, bytes, dptr);
-  if (rc != CUDA_SUCCESS) give_back(s, grant_id, 0);
+  if (rc != CUDA_SUCCESS) {
+    give_back(s, grant_id, 0);
+    return rc;
+  }
+  // The reserve missed this size (docs/hook.md, "Prefetch"): the worker fetches more of it, as
+  // long as the tenant has room for four times that.
+  if (reserve && room >= 4 * granted && s.prefetch.miss(dev, granted, ctx, std::chrono::steady_clock::now())) {
+    kick_prefetch(s);
+  }
   return rc;
 }
 
@@ -816,6 +863,41 @@ bool in_context(CUcontext ctx, F f) {
   CUcontext popped = nullptr;
   api.cuCtxPopCurrent_v2(&popped);
   return true;
+}
+
+// Prefetch (prefetch.hpp, docs/hook.md "Prefetch"): the worker fetches the blocks that misses
+// queued, in the context of the allocation that missed, into the local reserve. A refusal stops
+// prefetching that size for a while; nothing is logged (the application asked for nothing).
+// Runs with busy_mu held.
+void run_prefetch(State& s) {
+  for (const Prefetch::Request& r : s.prefetch.take()) {
+    bool refused = false;
+    auto* ctx = static_cast<CUcontext>(r.ctx);
+    in_context(ctx, [&] {
+      if (!reserve_usable(s)) return;
+      Obtained o = obtain(s, r.device, r.size, GrantPurpose::alloc, /*report=*/false);
+      if (o.decision != Decision::granted) {
+        refused = o.decision == Decision::refused;
+        return;
+      }
+      const std::uint64_t grant_id = o.grant.grant_id;
+      LogicalAlloc a;
+      bool guard = false;
+      if (map_grant_only(s, o.grant, r.device, r.size, a, guard) != CUDA_SUCCESS) {
+        give_back(s, grant_id, 0);
+        return;
+      }
+      a.ctx = ctx;
+      ReserveBlock b;
+      b.alloc = std::move(a);
+      b.freed = std::chrono::steady_clock::now();
+      b.prefetched = true;
+      auto out = s.reserve.put(std::move(b));
+      retire_blocks(s, out, true);
+    });
+    if (refused) s.prefetch.failed(r.device, r.size, std::chrono::steady_clock::now());
+    else s.prefetch.done(r.device, r.size);
+  }
 }
 
 EventState query_free(const PendingFree& f) {

@@ -25,6 +25,7 @@
 #include "log.hpp"
 #include "peer.hpp"
 #include "pending.hpp"
+#include "prefetch.hpp"
 #include "real.hpp"
 #include "reserve.hpp"
 #include "tables.hpp"
@@ -61,6 +62,9 @@ struct State {
   LocalReserve reserve;
   // Kept mappings (docs/hook.md): released grants still mapped here, until the daemon says Drop.
   KeptMappings kept;
+  // Prefetch (prefetch.hpp, docs/hook.md): blocks of sizes the reserve keeps missing, fetched by
+  // the worker into the reserve.
+  Prefetch prefetch;
   // Devices that enabled peer access to each device's served memory (peer.hpp).
   PeerSet peers;
   // From the last grant: read on the hot path without the connection's mutex.
@@ -84,6 +88,7 @@ struct State {
   PendingFrees frees;
   EventPool events;
   bool frees_kicked = false;
+  bool prefetch_kicked = false;  // guarded by work_mu: prefetches are queued (prefetch.hpp)
   // Held by whoever completes frees (the worker, or an application thread settling them before
   // a refused allocation is retried): a thread that takes it knows that every free completed by
   // others so far is finished. Lock order: busy_mu, settle_mu, work_mu, then the rest.

@@ -34,7 +34,9 @@ void Profile::report() const noexcept {
     const std::uint64_t n = n_[i].load(std::memory_order_relaxed);
     if (n == 0) continue;
     const double mean_us = static_cast<double>(ns_[i].load(std::memory_order_relaxed)) / 1e3 / static_cast<double>(n);
-    log(LogLevel::error, "profile: %-28s n=%llu mean=%.1f us", kNames[i], static_cast<unsigned long long>(n), mean_us);
+    log(LogLevel::error, "profile: %-28s n=%llu mean=%.1f us max=%.1f us >=250us: %llu", kNames[i],
+        static_cast<unsigned long long>(n), mean_us, static_cast<double>(max_[i].load(std::memory_order_relaxed)) / 1e3,
+        static_cast<unsigned long long>(slow_[i].load(std::memory_order_relaxed)));
   }
 }
 

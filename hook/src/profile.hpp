@@ -5,7 +5,8 @@
 // Contract
 // - enable() is called once at initialization (from the configuration), before any timer runs.
 // - PhaseTimer measures from construction to destruction and adds to its phase (relaxed
-//   atomics: any thread). report() prints the totals (count, mean) once, at exit.
+//   atomics: any thread). report() prints the totals (count, mean, max, how many took at least
+//   kSlowNs) once, at exit.
 #pragma once
 
 #include <array>
@@ -29,13 +30,21 @@ class Profile {
     const auto i = static_cast<std::size_t>(p);
     ns_[i].fetch_add(ns, std::memory_order_relaxed);
     n_[i].fetch_add(1, std::memory_order_relaxed);
+    if (ns >= kSlowNs) slow_[i].fetch_add(1, std::memory_order_relaxed);
+    std::uint64_t m = max_[i].load(std::memory_order_relaxed);
+    while (ns > m && !max_[i].compare_exchange_weak(m, ns, std::memory_order_relaxed)) {
+    }
   }
+  // A phase this long counts as slow (the report gives how many were).
+  static constexpr std::uint64_t kSlowNs = 250'000;
   void report() const noexcept;
 
  private:
   std::atomic<bool> on_{false};
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Phase::count)> ns_{};
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Phase::count)> n_{};
+  std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Phase::count)> max_{};
+  std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(Phase::count)> slow_{};
 };
 
 class PhaseTimer {

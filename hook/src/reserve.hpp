@@ -34,6 +34,7 @@ namespace vlake::hook {
 struct ReserveBlock {
   LogicalAlloc alloc;  // base, reserved, mapped, handles, grant_id, device, ctx; ptr/requested stale
   std::chrono::steady_clock::time_point freed{};
+  bool prefetched = false;  // fetched ahead by the worker (prefetch.hpp), never used yet
 };
 
 class LocalReserve {

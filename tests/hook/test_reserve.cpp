@@ -204,3 +204,28 @@ TEST_CASE("reserve: VLAKE_RESERVE_STATS writes the reuse statistics at exit") {
   CHECK_THAT(json, Catch::Matches(R"(.*"reuses":\[\[[0-8],2,1\].*)"));
   CHECK(f.daemon->counters().grants_alloc == 3);
 }
+
+TEST_CASE("reserve: VLAKE_PREFETCH fetches the missing size ahead and the next allocation of it is warm") {
+  Fixture f(limit_of(256 * MiB));
+  Env env = reserve("64MiB");
+  env.emplace_back("VLAKE_PREFETCH", "4");
+  const auto r = f.run({"init", "alloc:a:2M", "sleep:300", "alloc:b:2M", "sleep:300", "free:a", "free:b", "info"}, env);
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(line_of(r.out, "alloc:a:2M")["rc"] == "0");
+  REQUIRE(line_of(r.out, "alloc:b:2M")["rc"] == "0");
+  CHECK(line_of(r.out, "alloc:b:2M")["ptr"] != line_of(r.out, "alloc:a:2M")["ptr"]);
+  const Counters c = f.daemon->counters();
+  // a's grant, the block fetched after a's miss (b's), and its replacement after b used it.
+  CHECK(c.grants_alloc == 3);
+  CHECK(c.last_reserve_bytes >= 2 * MiB);
+}
+
+TEST_CASE("reserve: VLAKE_PREFETCH fetches nothing when the tenant has no room for it") {
+  Fixture f(limit_of(6 * MiB));  // after a 2 MiB grant, 4 MiB left: less than 4 x 2 MiB
+  Env env = reserve("64MiB");
+  env.emplace_back("VLAKE_PREFETCH", "4");
+  const auto r = f.run({"init", "alloc:a:2M", "sleep:300", "alloc:b:2M", "free:a", "free:b"}, env);
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:b:2M")["rc"] == "0");
+  CHECK(f.daemon->counters().grants_alloc == 2);
+}
