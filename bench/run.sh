@@ -100,10 +100,10 @@ printf 'version: 1\ndefault:\n  limit: %s\n' "$limit" >"$work/vlake.yaml"
 sock="$work/vlaked.sock"
 hooked=(env LD_PRELOAD="$hook" VLAKE_SOCKET="$sock" ASAN_OPTIONS=verify_asan_link_order=0)
 
-start_daemon() {  # $1: state name
-  state="$1"
+start_daemon() {  # $1: state name, rest: more vlaked flags
+  state="$1"; shift
   "$vlaked" --config "$work/vlake.yaml" --socket "$sock" --state "$state" --metrics-address none \
-    "${daemon_driver[@]}" >>"$work/vlaked.log" 2>&1 &
+    "${daemon_driver[@]}" "$@" >>"$work/vlaked.log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 1 300); do
     [[ -S "$sock" ]] && return 0
@@ -169,9 +169,9 @@ for t in "${traces[@]}"; do
 done
 # All traces at once under the hook, each tenant its own process: with the local reserve (the
 # default) and with it off (every alloc/free reaches the pool: memory moves between tenants).
-replay_all() {
-  local tag="$1" reserve="$2"
-  start_daemon "vlake-bench-$$-r$tag"
+replay_all() {  # $1: tag, $2: VLAKE_RESERVE (default: the hook's), rest: more vlaked flags
+  local tag="$1" reserve="$2"; shift 2
+  start_daemon "vlake-bench-$$-r$tag" "$@"
   local pace=1; ((sim)) && pace=0
   "$watch_bin" --state "$state" --interval-ms 20 >"$raw/poolwatch$tag.json" 2>"$raw/poolwatch$tag.err" &
   local watch_pid=$!
@@ -190,6 +190,13 @@ replay_all() {
 }
 replay_all "" default
 replay_all "_nores" 0
+# The daemon's warm stock off (docs/pool.md, "Warm reserve and warm stock"): what it saves.
+replay_all "_nostock" default --warm-stock 0
+# The hook's prefetch on (docs/hook.md, "Prefetch"; off by default).
+hooked_plain=("${hooked[@]}")
+hooked+=(VLAKE_PREFETCH=8)
+replay_all "_prefetch" default
+hooked=("${hooked_plain[@]}")
 
 # Storm (docs/benchmarks.md, "Storm"): 64 tenants x 4 threads with the reserve off, one of them
 # SIGSTOPped in the middle. It measures vlaked's event loop, not the driver, so it always runs on

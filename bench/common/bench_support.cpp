@@ -77,7 +77,9 @@ Summary summarize(std::vector<double> s) {
   if (s.empty()) return out;
   std::sort(s.begin(), s.end());
   out.p50 = percentile(s, 50);
+  out.p90 = percentile(s, 90);
   out.p99 = percentile(s, 99);
+  out.over_100us = static_cast<std::size_t>(s.end() - std::lower_bound(s.begin(), s.end(), 100.0));
   out.mean = std::accumulate(s.begin(), s.end(), 0.0) / static_cast<double>(s.size());
   out.min = s.front();
   out.max = s.back();
@@ -185,7 +187,9 @@ Json& Json::summary(const Summary& s) {
   begin_object();
   key("n").value(static_cast<std::uint64_t>(s.n));
   key("p50_us").value(s.p50);
+  key("p90_us").value(s.p90);
   key("p99_us").value(s.p99);
+  key("over_100us").value(static_cast<std::uint64_t>(s.over_100us));
   key("mean_us").value(s.mean);
   key("min_us").value(s.min);
   key("max_us").value(s.max);

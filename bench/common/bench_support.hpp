@@ -63,10 +63,12 @@ class CudaApi {
 struct Summary {
   std::size_t n = 0;
   double p50 = 0;
+  double p90 = 0;
   double p99 = 0;
   double mean = 0;
   double min = 0;
   double max = 0;
+  std::size_t over_100us = 0;  // samples of 100 us or more (the cold path's share)
 };
 Summary summarize(std::vector<double> samples_us);
 double percentile(const std::vector<double>& sorted, double p);
