@@ -53,7 +53,7 @@ std::vector<std::pair<std::uint64_t, std::uint32_t>> WarmStock::ordered_want(Clo
   std::vector<Scored> scored;
   for (const auto& [size, d] : demand_) {
     const double s = decayed(d, now);
-    if (s < 0.5 || size > stock_.value() / 4) continue;
+    if (s < kMinScore || size > stock_.value() / 4) continue;
     scored.push_back({size, s});
   }
   std::sort(scored.begin(), scored.end(),

@@ -16,9 +16,11 @@
 // - Demand: note(size, now) adds 1 to the size's score; scores halve every half_life. A size
 //   whose score fell under 0.5 is forgotten; at most kMaxSizes sizes are tracked (a new size
 //   replaces the lowest score).
-// - want(now): the stock's wish per size: for each tracked size of at most stock / 4, by score
-//   (highest first, then smaller sizes first), ceil(score / 2) handles clamped to
-//   [1, kMaxPerSize], as many as the stock budget holds; plus the warm reserve's composition.
+// - want(now): the stock's wish per size: for each tracked size of at most stock / 4 whose score
+//   is at least kMinScore (asked for twice recently: a size seen once, as with random sizes, is
+//   not worth a build), by score (highest first, then smaller sizes first), ceil(score / 2)
+//   handles clamped to [1, kMaxPerSize], as many as the stock budget holds; plus the warm
+//   reserve's composition.
 // - plan(view, now, max_make): `make`: sizes whose on-hand + in-flight count is under want,
 //   round-robin over sizes in the order above (every wanted size gets one before any gets two),
 //   at most max_make; `release`: handles on hand beyond want, largest unwanted first, only as
@@ -42,6 +44,7 @@ class WarmStock {
   using Clock = std::chrono::steady_clock;
   static constexpr std::size_t kMaxSizes = 32;
   static constexpr std::uint32_t kMaxPerSize = 16;
+  static constexpr double kMinScore = 1.5;
 
   // reserve: --warm-reserve; stock: --warm-stock (both per GPU, bytes); granularity and bulk:
   // the pool's size classes.
