@@ -969,6 +969,10 @@ void Daemon::Impl::submit_builds() {
     if (builder_) builder_->submit(b.device, b.size);
     else node_->build_failed(b.device, b.size, false);
   }
+  for (DiscardOut& d : node_->take_discards()) {
+    if (builder_) builder_->discard(d.device, std::move(d.handle));
+    else release_built(*driver_, d.handle);
+  }
 }
 
 void Daemon::Impl::on_builds() {

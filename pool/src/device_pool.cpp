@@ -119,18 +119,25 @@ std::map<std::uint64_t, std::uint32_t> DevicePool::clean_stock() const {
   return out;
 }
 
-bool DevicePool::release_clean(Bytes size) noexcept {
+std::optional<BuiltHandle> DevicePool::take_clean(Bytes size) {
   std::size_t best = free_.size();
   for (std::size_t i = 0; i < free_.size(); ++i) {
     const PoolHandle& h = *free_[i];
     if (h.size != size || !h.clean || h.bound || h.kept_by != 0) continue;
     if (best == free_.size() || h.freed_seq < free_[best]->freed_seq) best = i;
   }
-  if (best == free_.size()) return false;
-  unfree(*free_[best]);
-  destroy(std::move(free_[best]));
+  if (best == free_.size()) return std::nullopt;
+  std::unique_ptr<PoolHandle> h = std::move(free_[best]);
   free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
-  return true;
+  unfree(*h);
+  BuiltHandle b;
+  b.handle = h->handle;
+  b.fd = std::move(h->fd);
+  b.va = h->va;
+  b.size = h->size;
+  ++released_;
+  pool_bytes_ -= h->size;
+  return b;
 }
 
 void DevicePool::destroy(std::unique_ptr<PoolHandle> h) noexcept {

@@ -2,11 +2,14 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace vlake::pool {
 
 namespace {
+
+constexpr Bytes kZeroPiece{8ull << 20};
 
 template <class F>
 double timed_ns(F&& f) {
@@ -34,7 +37,11 @@ BuiltHandle build_handle(Driver& driver, DeviceOrdinal device, Bytes size, Bytes
     if (zero) {
       driver.make_current(device);
       h.scrub_ns = timed_ns([&] {
-        driver.fill_u8(h.va, 0, size);
+        // In pieces: no single driver call holds the driver long (the simulator zeroes host
+        // memory under its process lock, which the event loop's own driver calls wait for).
+        for (std::uint64_t off = 0; off < size.value(); off += kZeroPiece.value()) {
+          driver.fill_u8(DevicePtr{h.va.value() + off}, 0, Bytes{std::min(kZeroPiece.value(), size.value() - off)});
+        }
         driver.synchronize();
       });
       h.zeroed = true;
@@ -94,6 +101,9 @@ HandleBuilder::~HandleBuilder() {
   for (Done& d : done_) {
     if (d.handle) release_built(driver_, *d.handle);
   }
+  for (auto& w : workers_) {
+    for (BuiltHandle& h : w->discards) release_built(driver_, h);
+  }
 }
 
 void HandleBuilder::submit(DeviceOrdinal device, Bytes size) {
@@ -108,6 +118,20 @@ void HandleBuilder::submit(DeviceOrdinal device, Bytes size) {
   }
 }
 
+void HandleBuilder::discard(DeviceOrdinal device, BuiltHandle h) {
+  for (auto& w : workers_) {
+    if (w->device != device) continue;
+    {
+      std::lock_guard lock(w->mu);
+      w->discards.push_back(std::move(h));
+      w->jobs.push_back(Bytes{0});
+    }
+    w->cv.notify_one();
+    return;
+  }
+  release_built(driver_, h);  // not a GPU it serves: here
+}
+
 std::vector<HandleBuilder::Done> HandleBuilder::take() {
   std::lock_guard lock(done_mu_);
   return std::exchange(done_, {});
@@ -116,12 +140,21 @@ std::vector<HandleBuilder::Done> HandleBuilder::take() {
 void HandleBuilder::run(Worker& w) {
   for (;;) {
     Bytes size{0};
+    std::optional<BuiltHandle> discard;
     {
       std::unique_lock lock(w.mu);
       w.cv.wait(lock, [&] { return stop_ || !w.jobs.empty(); });
       if (stop_) return;
       size = w.jobs.front();
       w.jobs.pop_front();
+      if (size.value() == 0 && !w.discards.empty()) {
+        discard.emplace(std::move(w.discards.front()));
+        w.discards.pop_front();
+      }
+    }
+    if (size.value() == 0) {
+      if (discard) release_built(driver_, *discard);
+      continue;
     }
     Done d;
     d.device = w.device;

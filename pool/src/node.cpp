@@ -61,6 +61,7 @@ Node::~Node() {
   // holds (grants first: their handles go back to the pools).
   grants_.clear();
   dedup_.reset();
+  for (DiscardOut& d : discards_) release_built(driver_, d.handle);  // never handed to the loop
   devices_.clear();
 }
 

@@ -523,7 +523,11 @@ void Node::plan_warm(Device& d, std::chrono::steady_clock::time_point now, std::
   if (!parked_.empty() || now < d.builds_paused_until) max_make = 0;
   const WarmStock::Plan p = d.stock->plan(view, now, max_make);
   for (Bytes size : p.release) {
-    if (d.pool->release_clean(size)) changes_.devices = true;
+    std::optional<BuiltHandle> b = d.pool->take_clean(size);
+    if (!b) continue;
+    changes_.devices = true;
+    if (queue) discards_.push_back(DiscardOut{d.ordinal, std::move(*b)});  // released on the builder
+    else release_built(driver_, *b);
   }
   std::uint64_t made = 0;
   for (Bytes size : p.make) {

@@ -134,11 +134,13 @@ class DevicePool {
   [[nodiscard]] Bytes shortfall(Bytes size);
   // Warm reserve and warm stock (warm_stock.hpp): adds a handle built elsewhere
   // (handle_builder.hpp, zeroed: clean) to the free pool, unbound; its build times go into the
-  // cost model. clean_stock(): the clean, unbound free handles by size. release_clean(size):
-  // gives one of them (the least recently added) back to the driver; false if there is none.
+  // cost model. clean_stock(): the clean, unbound free handles by size. take_clean(size): one of
+  // them (the least recently added) leaves the pool, its bytes no longer counted, for the caller
+  // to release (release_built(), e.g. on a HandleBuilder worker: unmapping is slow on some
+  // drivers); nullopt if there is none.
   void adopt(BuiltHandle b);
   [[nodiscard]] std::map<std::uint64_t, std::uint32_t> clean_stock() const;
-  bool release_clean(Bytes size) noexcept;
+  std::optional<BuiltHandle> take_clean(Bytes size);
   // Returns a granted handle to the free pool; `releaser` becomes its last tenant; `kept_by`:
   // the session that keeps it mapped (0: none; ignored without binding).
   void put_back(std::unique_ptr<PoolHandle> h, TenantId releaser, std::uint64_t kept_by = 0);

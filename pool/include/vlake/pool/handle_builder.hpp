@@ -3,7 +3,7 @@
 //
 // build_handle(): one pool handle as DevicePool keeps it: cuMemCreate of `size` (POSIX-fd
 // type), the one export, a VA reservation mapped read-write in this process and, with `zero`,
-// filled with zeros and synchronized (a clean handle). Each call's duration is measured for the
+// filled with zeros (in 8 MiB pieces) and synchronized (a clean handle). Each call's duration is measured for the
 // pool's cost model. Throws DriverError; what it made before a failure is released.
 //
 // HandleBuilder: one worker thread per GPU, each with its own queue of sizes to build. A job
@@ -77,6 +77,8 @@ class HandleBuilder {
   void submit(DeviceOrdinal device, Bytes size);
   // Every finished job since the last call.
   [[nodiscard]] std::vector<Done> take();
+  // Releases `h` (release_built) on `device`'s worker, after the builds queued before it.
+  void discard(DeviceOrdinal device, BuiltHandle h);
 
  private:
   struct Worker {
@@ -84,7 +86,8 @@ class HandleBuilder {
     Bytes granularity{0};
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<Bytes> jobs;
+    std::deque<Bytes> jobs;  // Bytes{0}: the next of `discards`
+    std::deque<BuiltHandle> discards;
     std::thread thread;
   };
   void run(Worker& w);

@@ -199,6 +199,13 @@ struct BuildOut {
   Bytes size{0};
 };
 
+// A clean handle the warm stock no longer wants, out of the pool: the loop has it released
+// (HandleBuilder::discard), off the event loop.
+struct DiscardOut {
+  DeviceOrdinal device{0};
+  BuiltHandle handle;
+};
+
 // A Drop for one session (docs/hook.md, "Kept mappings"): the loop sends `msg` on `conn`.
 struct DropOut {
   ConnId conn = 0;
@@ -413,6 +420,8 @@ class Node {
   // call; each comes back as adopt() (built, zeroed) or build_failed() (no_room: the GPU lacked
   // room; builds for that GPU pause for a second).
   std::vector<BuildOut> take_builds() { return std::exchange(builds_, {}); }
+  // Surplus clean handles to release (background_builds; inline otherwise).
+  std::vector<DiscardOut> take_discards() { return std::exchange(discards_, {}); }
   void adopt(DeviceOrdinal device, BuiltHandle h);
   void build_failed(DeviceOrdinal device, Bytes size, bool no_room);
   // Keys sent in Drop messages since start.
@@ -554,7 +563,8 @@ class Node {
   [[nodiscard]] Bytes reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const;
   void finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_t kept_by = 0);
   std::uint64_t kept_drops_ = 0;
-  std::vector<BuildOut> builds_;  // take_builds()
+  std::vector<BuildOut> builds_;      // take_builds()
+  std::vector<DiscardOut> discards_;  // take_discards()
   // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
   // retained bytes there (accounting, changes, counters). Returns true if memory came back.
   bool settle_device(Device& d, bool all = false);
