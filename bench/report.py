@@ -174,7 +174,7 @@ def main():
                    "spread": {"min": min(ratios), "max": max(ratios)} if ratios else None})
 
     traces = sorted(k[len("replay_native_"):] for k in data if k.startswith("replay_native_"))
-    for tag, what in (("", ""), ("_nores", ", reserve off"), ("_nostock", ", warm stock off"), ("_prefetch", ", prefetch on")):
+    for tag, what in (("", ""), ("_nores", ", reserve off"), ("_stock", ", warm stock on"), ("_prefetch", ", prefetch on")):
         peak_sum = 0
         for t in traces:
             n, h = data.get("replay_native_" + t) or {}, data.get("replay_hook%s_%s" % (tag, t)) or {}

@@ -190,8 +190,8 @@ replay_all() {  # $1: tag, $2: VLAKE_RESERVE (default: the hook's), rest: more v
 }
 replay_all "" default
 replay_all "_nores" 0
-# The daemon's warm stock off (docs/pool.md, "Warm reserve and warm stock"): what it saves.
-replay_all "_nostock" default --warm-stock 0
+# The daemon's warm stock on (docs/pool.md, "Warm reserve and warm stock"; off by default).
+replay_all "_stock" default --warm-stock 1GiB
 # The hook's prefetch on (docs/hook.md, "Prefetch"; off by default).
 hooked_plain=("${hooked[@]}")
 hooked+=(VLAKE_PREFETCH=8)

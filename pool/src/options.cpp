@@ -37,7 +37,7 @@ std::string DaemonOptions::usage() {
          "  --warm-reserve SIZE      per GPU, free handles created (exported, zeroed) before serving\n"
          "                           and refilled off the request path (default 0; e.g. 1GiB)\n"
          "  --warm-stock SIZE        per GPU, clean handles of the sizes recent grants asked for,\n"
-         "                           built ahead on a worker thread (default 1GiB; 0: off)\n"
+         "                           built ahead on a worker thread (default 0: off; e.g. 1GiB)\n"
          "  --pool-idle-release DURATION  free pool memory unused this long goes back to the driver,\n"
          "                           oldest first, down to --pool-keep (e.g. 500ms, 30s, 2m; up to 1 day;\n"
          "                           default 30s; 'off' or 0: kept until a grant needs the room)\n"

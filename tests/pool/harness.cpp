@@ -112,8 +112,9 @@ pid_t DaemonProcess::spawn(const std::vector<std::string>& extra) {
       VLAKED_PATH, "--driver",          VLAKE_SIM_LIB, "--socket", socket, "--state",
       state,       "--config",          config,        "--nvml",   "none", "--sample-interval-ms",
       "50",        "--metrics-address", "none"};
-  // The warm stock builds handles in the background: tests that check the pool's exact figures
-  // run without it; a test of the stock passes --warm-stock (the last value given wins).
+  // The warm stock (off by default) builds handles in the background: tests run without it
+  // whatever the default, since many check the pool's exact figures; a test of the stock passes
+  // --warm-stock (the last value given wins).
   args.insert(args.end(), {"--warm-stock", "0"});
   args.insert(args.end(), extra.begin(), extra.end());
   posix_spawn_file_actions_t fa;

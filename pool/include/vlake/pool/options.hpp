@@ -37,7 +37,7 @@ struct DaemonOptions {
   // Pool performance (docs/pool.md).
   std::uint64_t bulk_size = 64ull << 20;         // --bulk-size: bulk handle size class
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up
-  std::uint64_t warm_stock = 1ull << 30;         // --warm-stock: per GPU, sizes in demand (warm_stock.hpp)
+  std::uint64_t warm_stock = 0;                  // --warm-stock: per GPU, sizes in demand (warm_stock.hpp)
   std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms: parked grant's longest wait
   // --pool-idle-release DURATION|off: free pool memory idle this long goes back to the driver
   // (0: off); --pool-keep SIZE: unbound free bytes kept per GPU (counting the warm reserve and stock).
