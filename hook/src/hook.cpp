@@ -116,7 +116,7 @@ void fork_child() {
   ipc::clear_after_fork();
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();
-  s->frees_kicked = false;
+  s->kicked = false;
   s->frees_queued.store(0);
   s->frees_completed.store(0);
   s->worker_started = false;
@@ -662,11 +662,9 @@ void worker_main(State* s) {
       std::unique_lock lock(s->work_mu);
       // Frees waiting for their stream are polled sooner (PendingFrees::next_poll()).
       const std::chrono::microseconds wait = s->frees.empty() ? kWorkerPeriod : s->frees.next_poll();
-      s->work_cv.wait_for(
-          lock, wait, [s] { return !s->retire_queue.empty() || s->frees_kicked || s->prefetch_kicked || s->stopping; });
-      s->prefetch_kicked = false;
+      s->work_cv.wait_for(lock, wait, [s] { return !s->retire_queue.empty() || s->kicked || s->stopping; });
       if (s->stopping) return;
-      s->frees_kicked = false;
+      s->kicked = false;
       work.swap(s->retire_queue);
     }
     std::lock_guard busy(s->busy_mu);
@@ -744,7 +742,7 @@ void kick_prefetch(State& s) {
   ensure_worker(s);
   {
     std::lock_guard lock(s.work_mu);
-    s.prefetch_kicked = true;
+    s.kicked = true;
   }
   s.work_cv.notify_one();
 }
@@ -945,7 +943,7 @@ void wake_for_frees() noexcept {
   if (s == nullptr || !s->frees.maybe_pending()) return;
   {
     std::lock_guard lock(s->work_mu);
-    s->frees_kicked = true;
+    s->kicked = true;
   }
   s->work_cv.notify_one();
 }
@@ -1009,7 +1007,7 @@ CUresult free_after_event(State& s, PendingFree f) {
     if (s.worker_started && !s.stopping) {
       s.frees_queued.fetch_add(1, std::memory_order_acq_rel);
       s.frees.push(std::move(f));
-      s.frees_kicked = true;
+      s.kicked = true;
       queued = true;
     }
   }

@@ -83,12 +83,11 @@ struct State {
   bool stopping = false;                   // guarded by work_mu: the process is exiting
 
   // Stream-ordered frees (pending.hpp): cuMemFreeAsync'd allocations waiting for their stream,
-  // completed by the worker; pushed under work_mu (which also guards frees_kicked: the worker
+  // completed by the worker; pushed under work_mu (which also guards kicked: the worker
   // queries at once after a push).
   PendingFrees frees;
   EventPool events;
-  bool frees_kicked = false;
-  bool prefetch_kicked = false;  // guarded by work_mu: prefetches are queued (prefetch.hpp)
+  bool kicked = false;  // the worker looks at once: a free pushed, prefetches queued (prefetch.hpp)
   // Held by whoever completes frees (the worker, or an application thread settling them before
   // a refused allocation is retried): a thread that takes it knows that every free completed by
   // others so far is finished. Lock order: busy_mu, settle_mu, work_mu, then the rest.

@@ -358,13 +358,11 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   if (opts_.warm_reserve > 0 || opts_.warm_stock > 0) {
     builds_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!builds_fd_) throw StartupError(std::string("eventfd: ") + std::strerror(errno));
-    std::vector<std::pair<DeviceOrdinal, Bytes>> gpus;
-    Bytes headroom{~0ull};
+    std::vector<HandleBuilder::Gpu> gpus;
     for (const Node::Device& d : node_->devices()) {
-      gpus.emplace_back(d.ordinal, d.granularity);
-      headroom = std::min(headroom, Bytes{d.total.value() / kBuildHeadroomDivisor});
+      gpus.push_back({d.ordinal, d.granularity, Bytes{d.total.value() / kBuildHeadroomDivisor}});
     }
-    builder_ = std::make_unique<HandleBuilder>(*driver_, gpus, headroom, [fd = builds_fd_.get()] {
+    builder_ = std::make_unique<HandleBuilder>(*driver_, gpus, [fd = builds_fd_.get()] {
       const std::uint64_t one = 1;
       (void)!::write(fd, &one, sizeof one);
     });

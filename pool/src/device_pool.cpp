@@ -58,44 +58,42 @@ void DevicePool::warm() {
   driver_.release(h);
 }
 
-std::unique_ptr<PoolHandle> DevicePool::create(Bytes size) {
-  BuiltHandle b = build_handle(driver_, device_, size, granularity_, false);
-  costs_.observe(CostModel::Call::create, b.create_ns, size);
-  costs_.observe(CostModel::Call::export_fd, b.export_ns, size);
-  costs_.observe(CostModel::Call::map, b.map_ns, size);
-  costs_.observe(CostModel::Call::set_access, b.set_access_ns, size);
-  auto h = std::make_unique<PoolHandle>();
-  h->size = size;
-  h->handle = b.handle;
-  h->fd = std::move(b.fd);
-  h->va = b.va;
-  h->key = next_key_++;
-  ++created_;
-  pool_bytes_ += size;
-  peak_bytes_ = std::max(peak_bytes_, pool_bytes_);
-  return h;
-}
-
-void DevicePool::adopt(BuiltHandle b) {
-  auto h = std::make_unique<PoolHandle>();
-  try {
-    free_.reserve(free_.size() + 1);
-  } catch (...) {
-    release_built(driver_, b);
-    throw;
-  }
+std::unique_ptr<PoolHandle> DevicePool::own(BuiltHandle b) {
   if (b.create_ns > 0) costs_.observe(CostModel::Call::create, b.create_ns, b.size);
   if (b.export_ns > 0) costs_.observe(CostModel::Call::export_fd, b.export_ns, b.size);
   if (b.map_ns > 0) costs_.observe(CostModel::Call::map, b.map_ns, b.size);
   if (b.set_access_ns > 0) costs_.observe(CostModel::Call::set_access, b.set_access_ns, b.size);
   if (b.scrub_ns > 0) costs_.observe(CostModel::Call::scrub, b.scrub_ns, b.size);
+  auto h = std::make_unique<PoolHandle>();
   h->size = b.size;
   h->handle = b.handle;
   h->fd = std::move(b.fd);
   h->va = b.va;
   h->clean = b.zeroed;
   h->key = next_key_++;
+  ++created_;
+  pool_bytes_ += h->size;
+  peak_bytes_ = std::max(peak_bytes_, pool_bytes_);
+  return h;
+}
+
+std::unique_ptr<PoolHandle> DevicePool::create(Bytes size) {
+  return own(build_handle(driver_, device_, size, granularity_, false));
+}
+
+void DevicePool::adopt(BuiltHandle b) {
+  try {
+    free_.reserve(free_.size() + 1);
+  } catch (...) {
+    release_built(driver_, b);
+    throw;
+  }
+  enter_free(own(std::move(b)));
+}
+
+void DevicePool::enter_free(std::unique_ptr<PoolHandle> h) {
   h->freed_seq = ++freed_seq_;
+  h->freed_at.reset();
   if (clock_) {
     try {
       h->freed_at = clock_();
@@ -103,10 +101,8 @@ void DevicePool::adopt(BuiltHandle b) {
       // No time: release_idle() stamps it.
     }
   }
-  ++created_;
-  pool_bytes_ += h->size;
-  peak_bytes_ = std::max(peak_bytes_, pool_bytes_);
   free_bytes_ += h->size;
+  if (h->bound) bound_free_[h->bound->value()] += h->size;
   index_free(*h);
   free_.push_back(std::move(h));
 }
@@ -423,19 +419,7 @@ void DevicePool::put_back(std::unique_ptr<PoolHandle> h, TenantId releaser, std:
   h->kept_by = bind_ ? kept_by : 0;
   h->last_tenant = releaser;
   h->clean = false;
-  h->freed_seq = ++freed_seq_;
-  h->freed_at.reset();
-  if (clock_) {
-    try {
-      h->freed_at = clock_();
-    } catch (...) {
-      // No time: release_idle() stamps it.
-    }
-  }
-  free_bytes_ += h->size;
-  if (h->bound) bound_free_[h->bound->value()] += h->size;
-  index_free(*h);
-  free_.push_back(std::move(h));
+  enter_free(std::move(h));
 }
 
 void DevicePool::retire(std::unique_ptr<PoolHandle> h, std::optional<TenantId> charge) noexcept {
@@ -464,7 +448,7 @@ Bytes DevicePool::retire_bound(TenantId t, Bytes bytes) noexcept {
 }
 
 DevicePool::IdleReleased DevicePool::release_idle(std::chrono::steady_clock::time_point now,
-                                                  std::chrono::milliseconds idle, Bytes keep, Bytes warm,
+                                                  std::chrono::milliseconds idle, Bytes keep,
                                                   const std::map<std::uint64_t, std::uint32_t>& protect) noexcept {
   IdleReleased out;
   if (idle.count() <= 0 || free_.empty()) return out;
@@ -492,7 +476,7 @@ DevicePool::IdleReleased DevicePool::release_idle(std::chrono::steady_clock::tim
       views.push_back(IdleHandleView{h->size, bind_ && h->bound.has_value(), h->clean, h->freed_seq, *h->freed_at});
       index.push_back(i);
     }
-    for (std::size_t k : plan_idle_release(views, now, idle, keep, warm)) {
+    for (std::size_t k : plan_idle_release(views, now, idle, keep)) {
       std::unique_ptr<PoolHandle>& h = free_[index[k]];
       out.bytes += h->size;
       ++out.handles;

@@ -69,13 +69,13 @@ void release_built(Driver& driver, BuiltHandle& h) noexcept {
   h.fd.reset();
 }
 
-HandleBuilder::HandleBuilder(Driver& driver, const std::vector<std::pair<DeviceOrdinal, Bytes>>& devices,
-                             Bytes headroom, std::function<void()> on_ready)
-    : driver_(driver), headroom_(headroom), on_ready_(std::move(on_ready)) {
-  for (const auto& [d, g] : devices) {
+HandleBuilder::HandleBuilder(Driver& driver, const std::vector<Gpu>& gpus, std::function<void()> on_ready)
+    : driver_(driver), on_ready_(std::move(on_ready)) {
+  for (const Gpu& g : gpus) {
     auto w = std::make_unique<Worker>();
-    w->device = d;
-    w->granularity = g;
+    w->device = g.device;
+    w->granularity = g.granularity;
+    w->headroom = g.headroom;
     workers_.push_back(std::move(w));
   }
   try {
@@ -161,7 +161,7 @@ void HandleBuilder::run(Worker& w) {
     d.size = size;
     try {
       const Bytes free = driver_.memory_info(w.device).free;
-      if (free < size + headroom_) {
+      if (free < size + w.headroom) {
         d.no_room = true;
       } else {
         d.handle = build_handle(driver_, w.device, size, w.granularity, true);

@@ -554,7 +554,10 @@ void Node::plan_warm(Device& d, std::chrono::steady_clock::time_point now, std::
 
 void Node::adopt(DeviceOrdinal device, BuiltHandle h) {
   Device* d = device_by_ordinal(device);
-  if (d == nullptr) return;  // not ours: the BuiltHandle's descriptor closes; the builder made it for us only
+  if (d == nullptr) {
+    release_built(driver_, h);  // not a GPU of this node
+    return;
+  }
   auto it = d->building.find(h.size.value());
   if (it != d->building.end() && --it->second == 0) d->building.erase(it);
   d->pool->adopt(std::move(h));
@@ -597,11 +600,8 @@ void Node::release_idle(Now now) {
     // The clean handles the warm reserve and stock want now are kept, size by size; --pool-keep
     // counts them.
     const WarmStock::Counts want = d.stock->want(now.steady);
-    std::uint64_t wanted = 0;
-    for (const auto& [size, n] : want) wanted += size * n;
-    const Bytes keep{settings_.pool_keep.value() > wanted ? settings_.pool_keep.value() - wanted : 0};
-    const DevicePool::IdleReleased r =
-        d.pool->release_idle(now.steady, settings_.pool_idle_release, keep, Bytes{0}, want);
+    const Bytes keep = settings_.pool_keep - std::min(settings_.pool_keep, WarmStock::bytes(want));
+    const DevicePool::IdleReleased r = d.pool->release_idle(now.steady, settings_.pool_idle_release, keep, want);
     if (r.handles == 0) continue;
     log_.info("GPU " + std::to_string(d.ordinal.value()) + ": " + std::to_string(r.bytes.value() >> 20) + " MiB in " +
               std::to_string(r.handles) + " handle(s) free for " + std::to_string(settings_.pool_idle_release.count()) +

@@ -96,9 +96,9 @@ WarmStock::Counts WarmStock::want(Clock::time_point now) const {
   return c;
 }
 
-Bytes WarmStock::wanted_bytes(Clock::time_point now) const {
+Bytes WarmStock::bytes(const Counts& c) noexcept {
   std::uint64_t b = 0;
-  for (const auto& [size, n] : ordered_want(now)) b += size * n;
+  for (const auto& [size, n] : c) b += size * n;
   return Bytes{b};
 }
 

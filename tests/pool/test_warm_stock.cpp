@@ -155,7 +155,7 @@ TEST_CASE(
   const Bytes g = drv.granularity(d0);
   std::atomic<int> ready{0};
   {
-    HandleBuilder b(drv, {{d0, g}}, mib(256), [&] { ++ready; });
+    HandleBuilder b(drv, {{d0, g, mib(256)}}, [&] { ++ready; });
     b.submit(d0, mib(8));
     b.submit(d0, mib(2));
     b.submit(DeviceOrdinal{7}, mib(2));  // not a GPU it serves: ignored

@@ -28,7 +28,7 @@
 // free for the idle period back to the driver (plan_idle_release, idle_release.hpp): bound
 // ones are retired (their descriptor stays held and charged to the tenant until settle() finds
 // no other holder, as for any retired bound handle), unbound ones above the keep bound are
-// released. A handle's time in the free pool starts when it enters it (put_back, refill) by
+// released. A handle's time in the free pool starts when it enters it (put_back, adopt) by
 // the clock set with set_clock(), or, without one, at the first release_idle() that sees it.
 //
 // Kept mappings (docs/hook.md, "Kept mappings"): every handle has a key, unique for this
@@ -180,10 +180,10 @@ class DevicePool {
   // `protect`: per size, that many clean unbound free handles (the most recently added) are not
   // considered at all (what the warm reserve and stock want: warm_stock.hpp).
   IdleReleased release_idle(std::chrono::steady_clock::time_point now, std::chrono::milliseconds idle, Bytes keep,
-                            Bytes warm = Bytes{0}, const std::map<std::uint64_t, std::uint32_t>& protect = {}) noexcept;
+                            const std::map<std::uint64_t, std::uint32_t>& protect = {}) noexcept;
   // Bytes given back by release_idle() since the pool was made.
   [[nodiscard]] Bytes idle_released_bytes() const noexcept { return idle_released_bytes_; }
-  // The time put_back()/refill() stamp a handle with (unset: release_idle() stamps it).
+  // The time put_back()/adopt() stamp a handle with (unset: release_idle() stamps it).
   void set_clock(std::function<std::chrono::steady_clock::time_point()> clock) { clock_ = std::move(clock); }
   // Releases every free handle and closes every held descriptor (shutdown).
   void release_free() noexcept;
@@ -248,6 +248,10 @@ class DevicePool {
   // true if a held one became closable.
   bool unkeep(std::uint64_t session, const std::function<bool(std::uint64_t key)>& match) noexcept;
   std::unique_ptr<PoolHandle> create(Bytes size);
+  // A built handle becomes the pool's (key, counters, its build times into the cost model).
+  std::unique_ptr<PoolHandle> own(BuiltHandle b);
+  // `h` joins the free pool: freed now (LRU order, idle clock), counted and indexed.
+  void enter_free(std::unique_ptr<PoolHandle> h);
   void destroy(std::unique_ptr<PoolHandle> h) noexcept;
   // destroy(), keeping the exported descriptor in held_ charged to `t`.
   void destroy_keep_fd(std::unique_ptr<PoolHandle> h, TenantId t) noexcept;

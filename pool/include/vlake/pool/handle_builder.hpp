@@ -3,13 +3,14 @@
 //
 // build_handle(): one pool handle as DevicePool keeps it: cuMemCreate of `size` (POSIX-fd
 // type), the one export, a VA reservation mapped read-write in this process and, with `zero`,
-// filled with zeros (in 8 MiB pieces) and synchronized (a clean handle). Each call's duration is measured for the
-// pool's cost model. Throws DriverError; what it made before a failure is released.
+// filled with zeros (in 8 MiB pieces) and synchronized (a clean handle). Each call's duration is
+// measured for the pool's cost model. Throws DriverError; what it made before a failure is
+// released.
 //
 // HandleBuilder: one worker thread per GPU, each with its own queue of sizes to build. A job
-// runs build_handle(zero = true) unless the GPU has less than `size + headroom` free (then it
-// ends as no_room, nothing built): the warm stock never takes the last memory a grant or a
-// process outside vlake may need. Finished jobs wait in take() for the caller, who adopts the
+// runs build_handle(zero = true) unless the GPU has less than `size + headroom` (that GPU's)
+// free (then it ends as no_room, nothing built): the warm stock never takes the last memory a
+// grant or a process outside vlake may need. Finished jobs wait in take() for the caller, who adopts the
 // handles (DevicePool::adopt) or releases them (release_built).
 //
 // Contract
@@ -67,8 +68,12 @@ class HandleBuilder {
     std::string error;                  // set: the build failed (DriverError's text)
   };
 
-  HandleBuilder(Driver& driver, const std::vector<std::pair<DeviceOrdinal, Bytes>>& devices, Bytes headroom,
-                std::function<void()> on_ready);
+  struct Gpu {
+    DeviceOrdinal device{0};
+    Bytes granularity{0};
+    Bytes headroom{0};  // free memory a build must leave
+  };
+  HandleBuilder(Driver& driver, const std::vector<Gpu>& gpus, std::function<void()> on_ready);
   ~HandleBuilder();
   HandleBuilder(const HandleBuilder&) = delete;
   HandleBuilder& operator=(const HandleBuilder&) = delete;
@@ -84,6 +89,7 @@ class HandleBuilder {
   struct Worker {
     DeviceOrdinal device{0};
     Bytes granularity{0};
+    Bytes headroom{0};
     std::mutex mu;
     std::condition_variable cv;
     std::deque<Bytes> jobs;  // Bytes{0}: the next of `discards`
@@ -93,7 +99,6 @@ class HandleBuilder {
   void run(Worker& w);
 
   Driver& driver_;
-  Bytes headroom_;
   std::function<void()> on_ready_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex done_mu_;

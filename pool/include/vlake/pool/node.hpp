@@ -124,8 +124,7 @@ struct NodeSettings {
   bool bind_handles = true;
   // Idle release (docs/pool.md): free handles free for this long go back to the driver, except
   // the clean ones the warm reserve and stock want, down to pool_keep unbound free bytes per GPU
-  // (bound ones all go). 0: off (the
-  // daemon's default is 30 s: --pool-idle-release).
+  // (bound ones all go). 0: off (the daemon's default is 30 s: --pool-idle-release).
   std::chrono::milliseconds pool_idle_release{0};
   Bytes pool_keep{0};  // --pool-keep, per GPU
   // Caps against hostile tenants (docs/daemon.md, "Limits"). A tenant at a cap is refused with

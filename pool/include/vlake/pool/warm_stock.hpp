@@ -65,7 +65,9 @@ class WarmStock {
   };
   [[nodiscard]] Plan plan(const View& view, Clock::time_point now, std::size_t max_make) const;
   [[nodiscard]] Counts want(Clock::time_point now) const;
-  [[nodiscard]] Bytes wanted_bytes(Clock::time_point now) const;
+  [[nodiscard]] Bytes wanted_bytes(Clock::time_point now) const { return bytes(want(now)); }
+  // What `c` adds up to.
+  [[nodiscard]] static Bytes bytes(const Counts& c) noexcept;
 
   [[nodiscard]] Bytes reserve() const noexcept { return reserve_; }
   [[nodiscard]] Bytes stock() const noexcept { return stock_; }
