@@ -173,7 +173,8 @@ def main():
             extra={"pairs": n_pairs, "pair_ratios": ratios,
                    "spread": {"min": min(ratios), "max": max(ratios)} if ratios else None})
 
-    traces = sorted(k[len("replay_native_"):] for k in data if k.startswith("replay_native_"))
+    traces = sorted(k[len("replay_native_"):] for k in data
+                    if k.startswith("replay_native_") and not k.startswith("replay_native_all_"))
     for tag, what in (("", ""), ("_nores", ", reserve off"), ("_stock", ", warm stock on"), ("_prefetch", ", prefetch on")):
         peak_sum = 0
         for t in traces:
@@ -184,9 +185,15 @@ def main():
                 h.get("alloc", {}).get("p50_us"), "us")
             row("replay %s alloc p90%s" % (t, what), n.get("alloc", {}).get("p90_us"),
                 h.get("alloc", {}).get("p90_us"), "us")
-            # With the defaults (reserve and warm stock on) the p99 has a target (issue: <= 2x).
+            # With the defaults the p99 has a target (issue: <= 2x native). The hooked traces run
+            # at once, so the target is judged against the native traces run at once as well; the
+            # ratio to each trace run natively alone is shown beside it.
             row("replay %s alloc p99%s" % (t, what), n.get("alloc", {}).get("p99_us"),
-                h.get("alloc", {}).get("p99_us"), "us", 2.0 if tag == "" else None)
+                h.get("alloc", {}).get("p99_us"), "us")
+            if tag == "":
+                na = data.get("replay_native_all_" + t) or {}
+                row("replay %s alloc p99 (baseline: native, %d traces at once)" % (t, len(traces)),
+                    na.get("alloc", {}).get("p99_us"), h.get("alloc", {}).get("p99_us"), "us", 2.0)
         w = data.get("poolwatch" + tag) or {}
         devs = w.get("devices") or []
         if traces:

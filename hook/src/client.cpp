@@ -49,13 +49,14 @@ bool DaemonClient::connected() const {
   return fd_.valid();
 }
 
-bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks) {
+bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, bool reclaim) {
   std::lock_guard lock(mu_);
   if (!fd_) return false;
   auto r = proto::make<proto::ReserveReport>(next_request_++);
   device.copy_to(r.device_uuid);
   r.bytes = bytes;
   r.blocks = blocks;
+  r.flags = reclaim ? proto::kReportReclaim : 0u;
   try {
     send_with_fds(fd_.get(), proto::encode(r), {});
     return true;

@@ -25,7 +25,7 @@
 // - Fork: prepare_fork()/parent_after_fork() hold the mutex across fork(); child_after_fork()
 //   forgets the inherited connection and session without telling the daemon (the parent still
 //   owns them).
-// - Pressure (docs/pool.md): when the process keeps a local reserve, Hello says kHelloPressure
+// - Pressure (docs/pool.md): with `pressure` (the hook always sets it), Hello says kHelloPressure
 //   and the daemon may send unsolicited Pressure messages. Any that arrive while a reply is
 //   awaited are kept (the reply is still read); poll_pressure() reads those waiting on an idle
 //   connection without blocking (it gives up at once if another thread holds the connection)
@@ -84,7 +84,7 @@ struct UsageResult {
 
 class DaemonClient {
  public:
-  // `pressure`: say kHelloPressure in Hello (the process keeps a local reserve).
+  // `pressure`: say kHelloPressure in Hello (the process answers Pressure: reserve, reclaim).
   DaemonClient(const Config& config, bool pressure);
   DaemonClient(const DaemonClient&) = delete;
   DaemonClient& operator=(const DaemonClient&) = delete;
@@ -111,7 +111,8 @@ class DaemonClient {
 
   bool send_guard_event(proto::GuardEvent event);
   bool send_readonly_write(proto::ReadOnlyWrite m);  // as send_guard_event (no reply)
-  bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks);
+  // `reclaim`: a reclaim callback is registered (ReserveReport::flags kReportReclaim).
+  bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, bool reclaim);
   void poll_pressure();
   [[nodiscard]] std::vector<PressureNote> take_pressure();
   // Kept mappings (docs/hook.md): Drop messages are kept like Pressure (read while a reply is

@@ -29,12 +29,22 @@ using proto::Status;
 
 // ---- Process state ------------------------------------------------------------------------------
 
+// Every process reads Pressure (kHelloPressure): one that keeps no reserve may still register a
+// reclaim callback later; the daemon asks only sessions that have something to give.
 State::State(Config c)
     : config(std::move(c)),
-      client(config, config.reserve_bytes > 0),
+      client(config, true),
       reserve(config.reserve_bytes, config.reserve_age),
       // Sizes up to 1/16 of the reserve, at most 1/8 of it per size in flight.
-      prefetch(config.reserve_bytes > 0 ? config.prefetch : 0, config.reserve_bytes / 16, config.reserve_bytes / 8) {}
+      prefetch(config.reserve_bytes > 0 ? config.prefetch : 0, config.reserve_bytes / 16, config.reserve_bytes / 8),
+      reclaim([this](int device, std::uint64_t bytes) {
+        {
+          std::lock_guard lock(work_mu);
+          after_reclaim.emplace_back(device, bytes);
+          kicked = true;
+        }
+        work_cv.notify_one();
+      }) {}
 
 namespace {
 
@@ -59,11 +69,13 @@ void fork_prepare() {
   s->events.lock_all();
   s->usage_cache.lock_all();
   s->uuid_mu.lock();
+  s->reclaim.prepare_fork();
 }
 
 void fork_parent() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
+  s->reclaim.parent_after_fork();
   s->uuid_mu.unlock();
   s->usage_cache.unlock_all();
   s->events.unlock_all();
@@ -103,6 +115,7 @@ void write_reserve_stats() noexcept {
 void fork_child() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
+  s->reclaim.child_after_fork();
   s->uuid_mu.unlock();
   s->kept.clear_after_fork();
   s->usage_cache.clear_after_fork();
@@ -116,6 +129,7 @@ void fork_child() {
   ipc::clear_after_fork();
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();
+  s->after_reclaim.clear();
   s->kicked = false;
   s->frees_queued.store(0);
   s->frees_completed.store(0);
@@ -600,7 +614,9 @@ int device_of_uuid(State& s, const Uuid& u) {
 void run_prefetch(State& s);
 
 // The worker's periodic duties; runs with busy_mu held.
-void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint64_t, proto::kMaxDevices>& reported,
+void worker_tick(State& s, std::vector<ReserveBlock>& work, std::vector<std::pair<int, std::uint64_t>>& reclaimed,
+                 std::array<std::uint64_t, proto::kMaxDevices>& reported,
+                 std::array<bool, proto::kMaxDevices>& reported_reclaim,
                  std::chrono::steady_clock::time_point& last_report) {
   retire_blocks(s, work, true);
   auto old = s.reserve.expire(std::chrono::steady_clock::now());
@@ -619,11 +635,23 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint
   for (const PressureNote& n : s.client.take_pressure()) {
     const int dev = device_of_uuid(s, n.device);
     if (dev < 0) continue;
+    const std::uint64_t had = s.reserve.bytes(dev);
     auto out = s.reserve.drain(dev, n.bytes);
     log(LogLevel::info, "vlaked asked for memory on GPU %d: returning %zu reserved block(s)", dev, out.size());
     urgent = true;
     retire_blocks(s, out);
+    // More than the reserve held (or all of it): the frameworks' caches (docs/hook.md, "Reclaim").
+    if (s.reclaim.registered() && (n.bytes == 0 || had < n.bytes))
+      s.reclaim.request(dev, n.bytes == 0 ? 0 : n.bytes - had);
   }
+  // What the reclaim callbacks freed went into the reserve: it goes back to vlaked.
+  for (const auto& [dev, bytes] : reclaimed) {
+    auto out = s.reserve.drain(dev, 0);
+    urgent = true;
+    retire_blocks(s, out);
+  }
+  reclaimed.clear();
+  const bool reclaim = s.reclaim.registered();
   const auto now = std::chrono::steady_clock::now();
   if (!urgent && now - last_report < std::chrono::milliseconds(250)) return;
   last_report = now;
@@ -635,9 +663,10 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::array<std::uint
     }
     if (!u) continue;
     const std::uint64_t bytes = s.reserve.bytes(static_cast<int>(d));
-    if (bytes == reported[d]) continue;
-    if (s.client.send_reserve_report(*u, bytes, s.reserve.blocks(static_cast<int>(d)))) {
+    if (bytes == reported[d] && reclaim == reported_reclaim[d]) continue;
+    if (s.client.send_reserve_report(*u, bytes, s.reserve.blocks(static_cast<int>(d)), reclaim)) {
       reported[d] = bytes;
+      reported_reclaim[d] = reclaim;
     }
   }
 }
@@ -654,10 +683,12 @@ void worker_main(State* s) {
   ::pthread_sigmask(SIG_BLOCK, &all, nullptr);  // the application's handlers never run here
   ::pthread_setname_np(::pthread_self(), "vlake-reserve");
   std::array<std::uint64_t, proto::kMaxDevices> reported{};
+  std::array<bool, proto::kMaxDevices> reported_reclaim{};
   auto last_report = std::chrono::steady_clock::time_point{};
   auto last_tick = std::chrono::steady_clock::time_point{};
   for (;;) {
     std::vector<ReserveBlock> work;
+    std::vector<std::pair<int, std::uint64_t>> reclaimed;
     {
       std::unique_lock lock(s->work_mu);
       // Frees waiting for their stream are polled sooner (PendingFrees::next_poll()).
@@ -666,6 +697,7 @@ void worker_main(State* s) {
       if (s->stopping) return;
       s->kicked = false;
       work.swap(s->retire_queue);
+      reclaimed.swap(s->after_reclaim);
     }
     std::lock_guard busy(s->busy_mu);
     {
@@ -682,10 +714,10 @@ void worker_main(State* s) {
     }
     // A wake-up only to poll frees leaves the periodic duties to their own pace.
     const auto now = std::chrono::steady_clock::now();
-    if (work.empty() && now - last_tick < kWorkerPeriod) continue;
+    if (work.empty() && reclaimed.empty() && now - last_tick < kWorkerPeriod) continue;
     last_tick = now;
     try {
-      worker_tick(*s, work, reported, last_report);
+      worker_tick(*s, work, reclaimed, reported, reported_reclaim, last_report);
     } catch (...) {
     }
   }
@@ -702,6 +734,7 @@ void stop_worker() {
     s->stopping = true;
   }
   s->work_cv.notify_all();
+  s->reclaim.stop();
   s->busy_mu.lock();  // waits for a tick in progress; never unlocked
   drain_frees_at_exit(*s);
 }
@@ -1053,6 +1086,8 @@ bool served_prop(const CUmemAllocationProp* prop, unsigned long long flags) {
 std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
 }  // namespace
+
+void start_worker(State& s) { ensure_worker(s); }
 
 CUresult fence_allocation(const LogicalAlloc& a) {
   const UsedApi& api = used();

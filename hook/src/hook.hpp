@@ -27,6 +27,7 @@
 #include "pending.hpp"
 #include "prefetch.hpp"
 #include "real.hpp"
+#include "reclaim.hpp"
 #include "reserve.hpp"
 #include "tables.hpp"
 #include "usage_cache.hpp"
@@ -99,9 +100,19 @@ struct State {
 
   // The daemon's usage answers, briefly (usage_cache.hpp, docs/hook.md "Memory queries").
   UsageCache usage_cache;
+
+  // Reclaim (reclaim.hpp, docs/hook.md "Reclaim"): frameworks' callbacks, run on their own
+  // thread when a Pressure is more than the reserve covers. What they freed into the reserve is
+  // returned by the worker: after_reclaim (guarded by work_mu) holds device, bytes.
+  Reclaimer reclaim;
+  std::vector<std::pair<int, std::uint64_t>> after_reclaim;
 };
 
 [[nodiscard]] State* state() noexcept;
+
+// Starts the background worker if it is not running (it reads Pressure, returns the reserve and
+// sends ReserveReports). Never throws; without a thread nothing happens.
+void start_worker(State& s);
 
 // The UUID of CUDA device `dev` (cached). CUresult of cuDeviceGetUuid_v2 on failure.
 CUresult device_uuid(State& s, int dev, Uuid& out);

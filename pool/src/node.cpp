@@ -459,6 +459,7 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
   sess->conn = peer.conn;
   // Pressure is sent only to sessions whose (latest) Hello asked for it.
   sess->pressure = (m.flags & proto::kHelloPressure) != 0;
+  sess->last_active = steady_now();
   touch_session(*sess);
   out.session = sess->id;
 

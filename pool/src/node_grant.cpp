@@ -8,12 +8,14 @@
 #include "dedup.hpp"
 #include "vlake/contracts/codec.hpp"
 #include "vlake/pool/node.hpp"
+#include "vlake/pool/pressure_plan.hpp"
 
 namespace vlake::pool {
 
 GrantOut Node::grant(ConnId conn, std::uint64_t session, const proto::GrantRequest& m, Now now) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return Malformed{"session is gone"};
+  it->second.last_active = now.steady;
   return grant_impl(conn, it->second, m, now, nullptr);
 }
 
@@ -134,6 +136,11 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     reply.status = proto::Status::drop_kept;
     return Refused{reply};
   }
+  if (!res && why == Refusal::guarantee) {
+    // The GPU is held in full (memory beyond the namespace's guarantee is not free): processes
+    // that can give memory back are asked, as when the pool runs out.
+    if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, bytes, now, retry)) return std::move(*parked);
+  }
   if (!res) return refuse(t, *dev, bytes, why, reply, now);
 
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
@@ -202,29 +209,9 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       }
       // Park it while flagged sessions return their reserves, or keep a retried one parked
       // until its deadline (docs/pool.md, "Pressure protocol").
-      if (retry != nullptr) {
-        if (now.steady < retry->deadline) return Parked{};
-        ++counters_.parked_timeouts;
-        limited_.write(LogLevel::info, "parked " + t.name,
-                       "GPU " + std::to_string(dev->ordinal.value()) + ": parked grant of " +
-                           std::to_string(bytes.value()) + " bytes (session " + std::to_string(s.id) + ") waited " +
-                           std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory",
-                       steady_now());
-      } else if (settings_.pressure_wait.count() > 0) {
-        const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
-        std::vector<PressureNote> notes = pressure_for(s, *dev, shortfall);
-        // Kept mappings other processes are dropping (docs/hook.md) return memory as well (the
-        // requester's own come back when it drops them after this refusal and asks again).
-        if (!notes.empty() || dev->pool->pinned_bytes(s.id).value() > 0) {
-          parked_.push_back(ParkedGrant{conn, s.id, m, now.steady, now.steady + settings_.pressure_wait});
-          ++counters_.grants_parked;
-          limited_.write(LogLevel::info, "parked " + t.name,
-                         "GPU " + std::to_string(dev->ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
-                             " bytes (session " + std::to_string(s.id) + ") parked for up to " +
-                             std::to_string(settings_.pressure_wait.count()) + " ms while reserves are returned",
-                         steady_now());
-          return Parked{std::move(notes)};
-        }
+      if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes,
+                                        std::max(dev->pool->shortfall(bytes), dev->granularity), now, retry)) {
+        return std::move(*parked);
       }
       ++counters_.denials_out_of_memory;
       reply.status = proto::Status::out_of_memory;
@@ -433,6 +420,7 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
     if (g.device == dev->ordinal) held += g.bytes.value();
   }
   s.reserve[static_cast<std::size_t>(dev->ordinal.value())] = std::min(m.bytes, held);
+  s.reclaim = (m.flags & proto::kReportReclaim) != 0;
   ++counters_.reserve_reports;
   touch_tenant(s.tenant);
   return std::nullopt;
@@ -441,23 +429,79 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
 // ---------------------------------------------------------------------------------------------
 // pressure and parked grants (docs/pool.md, "Pressure protocol")
 
+std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
+                                              const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
+                                              const ParkedGrant* retry) {
+  if (retry != nullptr) {
+    if (now.steady < retry->deadline) return GrantOut{Parked{}};
+    ++counters_.parked_timeouts;
+    limited_.write(LogLevel::info, "parked " + t.name,
+                   "GPU " + std::to_string(dev.ordinal.value()) + ": parked grant of " + std::to_string(bytes.value()) +
+                       " bytes (session " + std::to_string(s.id) + ") waited " +
+                       std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory",
+                   steady_now());
+    return std::nullopt;
+  }
+  if (settings_.pressure_wait.count() <= 0) return std::nullopt;
+  std::vector<PressureNote> notes = pressure_for(s, dev, shortfall);
+  // Kept mappings other processes are dropping (docs/hook.md) return memory as well (the
+  // requester's own come back when it drops them after this refusal and asks again).
+  if (notes.empty() && dev.pool->pinned_bytes(s.id).value() == 0) return std::nullopt;
+  parked_.push_back(ParkedGrant{conn, s.id, m, now.steady, now.steady + settings_.pressure_wait});
+  ++counters_.grants_parked;
+  limited_.write(LogLevel::info, "parked " + t.name,
+                 "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
+                     " bytes (session " + std::to_string(s.id) + ") parked for up to " +
+                     std::to_string(settings_.pressure_wait.count()) + " ms while memory is given back",
+                 steady_now());
+  return GrantOut{Parked{std::move(notes)}};
+}
+
+std::int32_t Node::priority_of(TenantId t) const {
+  auto it = tenants_.find(t.value());
+  if (it == tenants_.end()) return 0;
+  for (const auto& [name, n] : namespaces_) {
+    if (n.id == it->second.ns) return n.spec.priority;
+  }
+  return 0;
+}
+
 std::vector<PressureNote> Node::pressure_for(const Session& requester, const Device& dev, Bytes shortfall) {
   const auto d = static_cast<std::size_t>(dev.ordinal.value());
-  std::vector<PressureNote> notes;
+  std::vector<PressureCandidate> candidates;
+  std::vector<const Session*> of;
   for (const auto& [sid, ss] : sessions_) {
-    if (sid == requester.id || !ss.pressure || ss.reserve[d] == 0 || ss.conn == 0) continue;
+    if (sid == requester.id || !ss.pressure || ss.conn == 0) continue;
+    if (ss.reserve[d] == 0 && !ss.reclaim) continue;
+    PressureCandidate c;
+    c.session = sid;
+    c.reserve = Bytes{ss.reserve[d]};
+    for (std::uint64_t gid : ss.grants) {
+      const Grant& g = grants_.at(gid);
+      if (g.device == dev.ordinal) c.held += g.bytes;
+    }
+    c.reclaim = ss.reclaim;
+    c.priority = priority_of(ss.tenant);
+    c.last_active = ss.last_active;
+    candidates.push_back(c);
+    of.push_back(&ss);
+  }
+  std::vector<PressureNote> notes;
+  for (std::size_t i : plan_pressure(candidates, priority_of(requester.tenant), shortfall)) {
+    const Session& ss = *of[i];
     PressureNote n;
     n.conn = ss.conn;
-    n.session = sid;
+    n.session = ss.id;
     n.msg.h = proto::make_header<proto::Pressure>(proto::MsgType::pressure, 0);
     std::memcpy(n.msg.device_uuid, dev.uuid.data(), sizeof n.msg.device_uuid);
     n.msg.bytes = shortfall.value();
     n.msg.reason = proto::PressureReason::pool_exhausted;
     notes.push_back(n);
     limited_.write(LogLevel::info, "pressure",
-                   "GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(sid) + " (pid " +
-                       std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes) for " +
-                       std::to_string(shortfall.value()) + " bytes",
+                   "GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(ss.id) + " (pid " +
+                       std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes" +
+                       (ss.reclaim ? ", reclaim" : "") + ", priority " + std::to_string(candidates[i].priority) +
+                       ") for " + std::to_string(shortfall.value()) + " bytes",
                    steady_now());
   }
   counters_.pressure_sent += notes.size();

@@ -14,11 +14,16 @@ After share_module() the module's weights are read-only: a kernel that writes th
 Use it for inference weights that never change. Processes that load the same weights (same
 architecture, dtype and values) get them stored once per GPU.
 """
+import atexit
 import ctypes
+import importlib
+import sys
+import threading
+import traceback
 import weakref
 
 __all__ = ["VlakeError", "available", "chunk_bytes", "device_buffer", "share_readonly", "share_tensor",
-           "share_module"]
+           "share_module", "enable_reclaim", "disable_reclaim", "reclaim_count"]
 
 OK, NOT_VLAKE, INVALID, UNREACHABLE, REFUSED, NO_MEMORY, DRIVER, FAULTED, INTERNAL = range(9)
 
@@ -55,8 +60,80 @@ def _hook():
     lib.vlake_share_chunk_bytes.argtypes = []
     lib.vlake_share_strerror.restype = ctypes.c_char_p
     lib.vlake_share_strerror.argtypes = [ctypes.c_int]
+    try:
+        lib.vlake_reclaim_register.restype = ctypes.c_int
+        lib.vlake_reclaim_register.argtypes = [_RECLAIM_FN, ctypes.c_void_p]
+        lib.vlake_reclaim_unregister.restype = ctypes.c_int
+        lib.vlake_reclaim_unregister.argtypes = [_RECLAIM_FN, ctypes.c_void_p]
+        lib.vlake_reclaim_count.restype = ctypes.c_uint64
+        lib.vlake_reclaim_count.argtypes = []
+    except AttributeError:
+        raise VlakeError("this libvlake-hook.so has no reclaim functions (an older hook)") from None
     _lib = lib
     return lib
+
+
+# Reclaim (docs/hook.md, "Reclaim"): frameworks give their cached GPU memory back when vlaked
+# asks. fn(device, bytes) runs on the hook's own thread ("vlake-reclaim"), holding the GIL.
+_RECLAIM_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64)
+_RECLAIM_STATUS = {1: "the hook passes everything through in this process (VLAKE_DISABLE)",
+                   2: "invalid callback", 3: "too many reclaim callbacks (8)", 4: "the hook could not start its thread"}
+_reclaimers = {}  # handle -> ctypes callback (kept alive while registered)
+_reclaim_lock = threading.Lock()
+
+
+def enable_reclaim(fn):
+    """Registers fn(device, nbytes) to free cached GPU memory when vlaked asks: `device` is the CUDA
+    device ordinal in this process, `nbytes` what the node is short of (freeing more is fine). fn
+    returns the bytes it freed, or None. It runs on the hook's background thread; an exception
+    it raises is printed and ignored. Returns a handle for disable_reclaim(). Raises VlakeError
+    without the hook. Registrations end at interpreter exit."""
+    lib = _hook()
+
+    def trampoline(_ctx, device, nbytes):
+        try:
+            return max(0, int(fn(int(device), int(nbytes)) or 0))
+        except BaseException:  # never into the hook's thread
+            traceback.print_exc(file=sys.stderr)
+            return 0
+
+    cb = _RECLAIM_FN(trampoline)
+    rc = lib.vlake_reclaim_register(cb, None)
+    if rc != 0:
+        raise VlakeError("vlake_reclaim_register failed: " + _RECLAIM_STATUS.get(rc, "status %d" % rc), rc)
+    with _reclaim_lock:
+        handle = ctypes.cast(cb, ctypes.c_void_p).value
+        _reclaimers[handle] = cb
+    return handle
+
+
+def disable_reclaim(handle):
+    """Unregisters a callback enable_reclaim() returned; waits for a run of it in progress."""
+    with _reclaim_lock:
+        cb = _reclaimers.pop(handle, None)
+    if cb is not None:
+        _hook().vlake_reclaim_unregister(cb, None)
+
+
+def reclaim_count():
+    """How many times vlaked made this process run its reclaim callbacks."""
+    return int(_hook().vlake_reclaim_count())
+
+
+@atexit.register
+def _disable_all_reclaim():
+    for handle in list(_reclaimers):
+        try:
+            disable_reclaim(handle)
+        except Exception:
+            pass
+
+
+def __getattr__(name):
+    # vlake.torch / vlake.cupy: framework helpers, imported on first use (they import the framework).
+    if name in ("torch", "cupy"):
+        return importlib.import_module("vlake." + name)
+    raise AttributeError("module 'vlake' has no attribute %r" % name)
 
 
 def available():

@@ -6,7 +6,9 @@
 Cases: train_pairs (the training row's ratio is the median of the per-pair ratios, with the
 spread, note and pair count), train_missing (a missing run drops its pair, the note says so),
 multi_tenant (K-tenant rows against native K and the 1-tenant cold p99, per K's own sizes; a
-K asked for but not run gives n/a rows and --strict exits 1). Exit 0 when the case holds.
+K asked for but not run gives n/a rows and --strict exits 1), replay (the defaults' replay p99
+carries the 2x target against the native traces run at once; the ratio to each trace run alone
+is info). Exit 0 when the case holds.
 """
 import json
 import os
@@ -135,10 +137,44 @@ def case_multi_tenant(report, raw, errors):
         errors.append("row order: one tenant's rows come first")
 
 
+def replay_json(p99):
+    s = {"n": 100, "p50_us": p99 / 4, "p90_us": p99 / 2, "p99_us": p99, "max_us": p99 * 2}
+    return {"bench": "replay", "alloc": s, "free": s, "peak_granted_bytes": 4 << 20}
+
+
+def case_replay(report, raw, errors):
+    # lora: 300 us hooked, 100 alone (3x) but 200 at once (1.5x PASS); kv: 90 alone, 100 at once,
+    # 250 hooked (2.5x FAIL). The reserve-off run has no target.
+    for t, alone, together, hooked in (("lora", 100.0, 200.0, 300.0), ("kv", 90.0, 100.0, 250.0)):
+        write(raw, "replay_native_" + t, replay_json(alone))
+        write(raw, "replay_native_all_" + t, replay_json(together))
+        write(raw, "replay_hook_" + t, replay_json(hooked))
+        write(raw, "replay_hook_nores_" + t, replay_json(hooked * 2))
+    rc, out, rows = run_report(report, raw, strict=1)
+    want = {
+        "replay lora alloc p99": (100.0, 300.0, None, "info"),
+        "replay lora alloc p99 (baseline: native, 2 traces at once)": (200.0, 300.0, 2.0, "PASS"),
+        "replay kv alloc p99 (baseline: native, 2 traces at once)": (100.0, 250.0, 2.0, "FAIL"),
+        "replay kv alloc p99, reserve off": (90.0, 500.0, None, "info"),
+    }
+    for m, (base, hook, target, result) in want.items():
+        r = rows.get(m)
+        if r is None:
+            errors.append("no row %r" % m)
+            continue
+        got = (r.get("baseline"), r.get("hook"), r.get("target"), r.get("result"))
+        if not (close(got[0], base) and close(got[1], hook) and got[2] == target and got[3] == result):
+            errors.append("%s: %r, want %r" % (m, got, (base, hook, target, result)))
+    if any(m.startswith("replay native_all") or "all_kv" in m for m in rows):
+        errors.append("the native at-once runs were read as traces of their own")
+    if rc != 1:
+        errors.append("--strict 1 with a failing replay row exited %d" % rc)
+
+
 def main():
     report, case = sys.argv[1], sys.argv[2]
     cases = {"train_pairs": case_train_pairs, "train_missing": case_train_missing,
-             "multi_tenant": case_multi_tenant}
+             "multi_tenant": case_multi_tenant, "replay": case_replay}
     if case not in cases:
         print("unknown case " + case)
         return 2

@@ -154,10 +154,10 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
       CHECK(d.header()->request_id == 42);
     }
   }
-  SECTION("a version-3 Hello of another size is still a version mismatch, not a size error") {
+  SECTION("a version-4 Hello of another size is still a version mismatch, not a size error") {
     std::vector<std::byte> b = wire(hello);
     b.resize(b.size() + 16);
-    const std::uint16_t v = 3;
+    const std::uint16_t v = 4;
     std::memcpy(b.data() + offsetof(proto::Header, version), &v, sizeof v);
     CHECK(decode_bytes(b).error().kind == DecodeError::Kind::version);
   }
@@ -335,6 +335,13 @@ TEST_CASE("codec: values the protocol allows are accepted", "[contracts][codec]"
     CHECK(reason(wire(m)).empty());
     m.bytes = m.blocks = 5;
     CHECK(reason(wire(m)).empty());
+    m.flags = proto::kReportReclaim;
+    CHECK(reason(wire(m)).empty());
+    m.flags = proto::kReportReclaim << 1;
+    CHECK(reason(wire(m)) == "ReserveReport has unknown flags");
+    m.flags = 0;
+    m.reserved = 1;
+    CHECK(reason(wire(m)) == "ReserveReport reserved field is not zero");
   }
 }
 
@@ -444,15 +451,15 @@ TEST_CASE("codec: what the hook sends, the daemon accepts, and back", "[contract
   }
 }
 
-TEST_CASE("codec: the wire format is protocol version 2's, byte for byte", "[contracts][codec]") {
-  // Header: magic "VLK1", version 2, type, size, reserved, request id; host-endian.
+TEST_CASE("codec: the wire format is protocol version 3's, byte for byte", "[contracts][codec]") {
+  // Header: magic "VLK1", version 3, type, size, reserved, request id; host-endian.
   auto m = proto::make<proto::ReleaseAck>(0x1122334455667788ull);
   m.status = proto::Status::unknown_grant;
   m.used = 0x0102030405060708ull;
   const std::vector<std::byte> b = wire(m);
   const unsigned char expect[40] = {
       'V',  'L',  'K',  '1',                           // magic 0x314b4c56
-      2,    0,                                         // version
+      3,    0,                                         // version
       6,    0,                                         // type release_ack
       40,   0,    0,    0,                             // size
       0,    0,    0,    0,                             // reserved
@@ -464,10 +471,11 @@ TEST_CASE("codec: the wire format is protocol version 2's, byte for byte", "[con
   static_assert(std::endian::native == std::endian::little, "the expected bytes are little-endian");
   REQUIRE(b.size() == sizeof expect);
   CHECK(std::memcmp(b.data(), expect, sizeof expect) == 0);
-  // Field offsets every version-2 peer relies on.
+  // Field offsets every version-3 peer relies on.
   CHECK(offsetof(proto::GrantRequest, device_uuid) == 24);
   CHECK(offsetof(proto::GrantRequest, bytes) == 40);
   CHECK(offsetof(proto::GrantRequest, purpose) == 48);
+  CHECK(offsetof(proto::ReserveReport, flags) == 56);
   CHECK(offsetof(proto::GrantReply, handles) == 64);
   CHECK(offsetof(proto::HandleDesc, key) == 16);  // version 2
   CHECK(sizeof(proto::HandleDesc) == 24);

@@ -72,7 +72,8 @@ TEST_CASE("reserve: VLAKE_RESERVE=0 sends every alloc and free to the daemon") {
   const Counters c = f.daemon->counters();
   CHECK(c.grants_alloc == 2);
   CHECK(c.releases == 2);
-  CHECK((c.hello_flags & vlake::proto::kHelloPressure) == 0);
+  // Pressure is read all the same (a reclaim callback may be registered later); nothing to report.
+  CHECK((c.hello_flags & vlake::proto::kHelloPressure) != 0);
   CHECK(c.reserve_reports == 0);
 }
 

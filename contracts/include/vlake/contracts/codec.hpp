@@ -258,6 +258,8 @@ inline std::optional<std::string> check_fields(const Pressure& m) {
 }
 inline std::optional<std::string> check_fields(const ReserveReport& m) {
   if (m.blocks > m.bytes) return "ReserveReport has more blocks than bytes";
+  if ((m.flags & ~kReportKnownFlags) != 0) return "ReserveReport has unknown flags";
+  if (m.reserved != 0) return "ReserveReport reserved field is not zero";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const ShareRequest& m) {

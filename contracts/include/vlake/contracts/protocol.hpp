@@ -34,7 +34,8 @@
 namespace vlake::proto {
 
 inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
-inline constexpr std::uint16_t kVersion = 2;         // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped
+inline constexpr std::uint16_t kVersion =
+    3;  // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
 inline constexpr std::uint32_t kMaxDevices = 16;
@@ -108,9 +109,10 @@ struct Header {
 
 // Hello::flags.
 enum HelloFlags : std::uint32_t {
-  // The client keeps a local reserve and reads unsolicited Pressure messages (it may receive
-  // one before any reply, and must skip it while waiting for that reply). The daemon sends
-  // Pressure only to clients that set this flag.
+  // The client reads unsolicited Pressure messages (it may receive one before any reply, and
+  // must skip it while waiting for that reply) and answers them by returning its local reserve
+  // and, when its ReserveReport says kReportReclaim, by asking its framework to empty its cache.
+  // The daemon sends Pressure only to clients that set this flag.
   kHelloPressure = 1u << 0,
   // The process was started with VLAKE_DISABLE=1 and asks to pass everything through. The daemon
   // answers Status::passthrough (no session) where the tenant's namespace has `allow_disable:
@@ -316,13 +318,21 @@ struct Dropped {
 };
 
 // client -> daemon, no reply: how much granted memory this process keeps mapped but unused in
-// its local reserve on one GPU (so operators see it, and pressure goes where memory is idle).
-// Sent off the allocation path, when the figure changed.
+// its local reserve on one GPU (so operators see it, and pressure goes where memory is idle),
+// and whether a framework in the process gives back its cache when asked (kReportReclaim: a
+// reclaim callback is registered, docs/hook.md "Reclaim"). Sent off the allocation path, when
+// either changed.
+enum ReportFlags : std::uint32_t {
+  kReportReclaim = 1u << 0,
+};
+inline constexpr std::uint32_t kReportKnownFlags = kReportReclaim;
 struct ReserveReport {
   Header h;
   std::uint8_t device_uuid[16];
   std::uint64_t bytes;   // reserve bytes (a subset of the session's granted bytes)
   std::uint64_t blocks;  // blocks in the reserve
+  std::uint32_t flags;   // ReportFlags
+  std::uint32_t reserved;
 };
 
 // Dedup of read-only data (docs/dedup.md). The hook asks the daemon to share the whole chunks
@@ -476,7 +486,7 @@ VLAKE_PROTO_CHECK(UsageReply, 56);
 VLAKE_PROTO_CHECK(Error, 160);
 VLAKE_PROTO_CHECK(GuardEvent, 280);
 VLAKE_PROTO_CHECK(Pressure, 56);
-VLAKE_PROTO_CHECK(ReserveReport, 56);
+VLAKE_PROTO_CHECK(ReserveReport, 64);
 VLAKE_PROTO_CHECK(SharePiece, 24);
 VLAKE_PROTO_CHECK(ShareRequest, 56);
 VLAKE_PROTO_CHECK(ShareReply, 840);

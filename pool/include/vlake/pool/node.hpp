@@ -314,6 +314,8 @@ class Node {
     bool pressure = false;                                 // its latest Hello set kHelloPressure
     proto::GuardMode guard = proto::GuardMode::off;        // the mode its latest HelloAck gave
     std::array<std::uint64_t, st::kMaxDevices> reserve{};  // last ReserveReport per GPU
+    bool reclaim = false;  // its last ReserveReport said kReportReclaim (a framework gives back its cache)
+    std::chrono::steady_clock::time_point last_active{};  // its last GrantRequest (or its Hello)
   };
   struct Grant {
     std::uint64_t id = 0;
@@ -581,6 +583,14 @@ class Node {
   GrantOut grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry);
   Refused refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now);
   std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall);
+  // A grant no memory can serve now: parked while the sessions plan_pressure() picks are asked
+  // for `shortfall` (Parked, with their Pressure notes); a retried one stays Parked until its
+  // deadline. nullopt: refuse it (nobody to ask, parking off, or the deadline passed).
+  std::optional<GrantOut> park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
+                                          const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
+                                          const ParkedGrant* retry);
+  // The priority of a tenant's namespace (quota file `priority`; 0 when it has none).
+  [[nodiscard]] std::int32_t priority_of(TenantId t) const;
   // Warm reserve and stock of one GPU (warm_stock.hpp): releases surplus clean handles and
   // queues (`queue`: for take_builds(), at most kMaxBuildsInFlight per GPU) or builds inline (at
   // most max_inline) what it lacks.

@@ -9,7 +9,7 @@
 //     - name: research                # DNS label; "default" configures the implicit namespace
 //       limit: 60%                    # all its tenants together, per GPU (absent: the whole GPU)
 //       guaranteed: 16GiB             # never lent to tenants outside it (<= limit; absent: 0)
-//       priority: 10                  # integer, default 0 (stored and shown; not enforced yet)
+//       priority: 10                  # integer, default 0 (who gives memory back under pressure)
 //       pod_limit: 8GiB               # each of its tenants' default limit (absent: its limit)
 //       users: [alice, 1002]          # host mode: these users are tenants of it
 //       groups: [ml]                  # host mode: processes in these groups are tenants of it
