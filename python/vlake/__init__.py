@@ -120,6 +120,23 @@ def reclaim_count():
     return int(_hook().vlake_reclaim_count())
 
 
+class _FrameworkReclaim:
+    """One registration of a framework's cache-emptying callback (vlake.torch, vlake.cupy)."""
+
+    def __init__(self, fn):
+        self._fn, self._handle = fn, None
+
+    def enable(self):
+        if self._handle is None:
+            self._handle = enable_reclaim(self._fn)
+        return self._handle
+
+    def disable(self):
+        if self._handle is not None:
+            disable_reclaim(self._handle)
+            self._handle = None
+
+
 @atexit.register
 def _disable_all_reclaim():
     for handle in list(_reclaimers):

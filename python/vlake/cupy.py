@@ -11,8 +11,6 @@ import cupy as _cupy
 
 import vlake as _vlake
 
-_handle = None
-
 
 def _reclaim(device, nbytes):
     pool = _cupy.get_default_memory_pool()
@@ -21,16 +19,14 @@ def _reclaim(device, nbytes):
     return max(0, before - pool.total_bytes())
 
 
+_registration = _vlake._FrameworkReclaim(_reclaim)
+
+
 def enable_reclaim():
-    """Registers the default memory pool's free_all_blocks() as a reclaim callback (once)."""
-    global _handle
-    if _handle is None:
-        _handle = _vlake.enable_reclaim(_reclaim)
-    return _handle
+    """Registers the default memory pool's free_all_blocks() as this process's reclaim callback (once); returns its handle."""
+    return _registration.enable()
 
 
 def disable_reclaim():
-    global _handle
-    if _handle is not None:
-        _vlake.disable_reclaim(_handle)
-        _handle = None
+    """Unregisters it (waits for a run in progress)."""
+    _registration.disable()

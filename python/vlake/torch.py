@@ -13,8 +13,6 @@ import torch as _torch
 
 import vlake as _vlake
 
-_handle = None
-
 
 def _reclaim(device, nbytes):
     if not _torch.cuda.is_initialized():
@@ -24,16 +22,14 @@ def _reclaim(device, nbytes):
     return max(0, before - _torch.cuda.memory_reserved(device))
 
 
+_registration = _vlake._FrameworkReclaim(_reclaim)
+
+
 def enable_reclaim():
-    """Registers torch.cuda.empty_cache() as this process's reclaim callback (once)."""
-    global _handle
-    if _handle is None:
-        _handle = _vlake.enable_reclaim(_reclaim)
-    return _handle
+    """Registers torch.cuda.empty_cache() as this process's reclaim callback (once); returns its handle."""
+    return _registration.enable()
 
 
 def disable_reclaim():
-    global _handle
-    if _handle is not None:
-        _vlake.disable_reclaim(_handle)
-        _handle = None
+    """Unregisters it (waits for a run in progress)."""
+    _registration.disable()
