@@ -473,6 +473,11 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
   for (const auto& [sid, ss] : sessions_) {
     if (sid == requester.id || !ss.pressure || ss.conn == 0) continue;
     if (ss.reserve[d] == 0 && !ss.reclaim) continue;
+    // A session waiting for a grant of its own is busy, and its callbacks may need what its
+    // waiting thread holds (Python's interpreter lock): asking it could only stall both.
+    if (std::any_of(parked_.begin(), parked_.end(), [sid = sid](const ParkedGrant& p) { return p.session == sid; })) {
+      continue;
+    }
     PressureCandidate c;
     c.session = sid;
     c.reserve = Bytes{ss.reserve[d]};

@@ -277,6 +277,57 @@ TEST_CASE("node: a parked grant times out as out_of_memory, without flagged rese
   CHECK(w.used(b) == 0_B);
 }
 
+TEST_CASE("node: reclaim: a GPU held in full parks the grant; lower priorities first, never a waiting session",
+          "[node][pressure]") {
+  NodeSettings settings;
+  settings.pressure_wait = std::chrono::milliseconds(500);
+  World w("version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: low, priority: 0, users: [1001, 1003]}\n"
+          "  - {name: high, priority: 10, users: [1002]}\n",
+          settings);
+  const auto a = w.hello(1, 101, 1001, true);  // low
+  const auto c = w.hello(3, 103, 1003, true);  // low
+  const auto b = w.hello(2, 102, 1002, true);  // high
+  const std::uint64_t ga = w.granted(1, a, 384 * kMiB);
+  w.advance(std::chrono::milliseconds(10));  // c was active after a: a is the more idle
+  w.granted(3, c, 384 * kMiB);
+  w.granted(2, b, 128 * kMiB);
+  // No reserve anywhere; every session reports a reclaim callback.
+  for (const auto s : {a, b, c}) {
+    proto::ReserveReport report = proto::make<proto::ReserveReport>(0);
+    w.node->devices().front().uuid.copy_to(report.device_uuid);
+    report.flags = proto::kReportReclaim;
+    CHECK_FALSE(w.node->reserve_report(s, report).has_value());
+  }
+
+  // B (high) needs 256 MiB: the GPU is held in full (the accounting refuses), B's grant is parked
+  // and one low session is asked, the more idle one: A, whose 384 MiB cover the shortfall.
+  GrantOut out = w.grant(2, b, 256 * kMiB);
+  const auto* parked = std::get_if<Parked>(&out);
+  REQUIRE(parked != nullptr);
+  REQUIRE(parked->pressure.size() == 1);
+  CHECK(parked->pressure[0].conn == 1);
+
+  // A (low) now needs 256 MiB as well: B is of a higher priority, C... is asked; B never is.
+  out = w.grant(1, a, 256 * kMiB);
+  parked = std::get_if<Parked>(&out);
+  REQUIRE(parked != nullptr);
+  REQUIRE(parked->pressure.size() == 1);
+  CHECK(parked->pressure[0].conn == 3);
+
+  // C needs memory too: A and B wait for grants of their own (and B is of a higher priority):
+  // nobody is asked, C is refused at once.
+  CHECK(std::holds_alternative<Refused>(w.grant(3, c, 256 * kMiB)));
+
+  // A's framework gives back its 384 MiB: B's parked grant is served.
+  w.release(a, ga);
+  REQUIRE(w.node->retry_due(w.t));
+  std::vector<Completion> done = w.node->retry_parked(w.t);
+  REQUIRE_FALSE(done.empty());
+  CHECK(done[0].conn == 2);
+  CHECK(std::holds_alternative<Granted>(done[0].out));
+  CHECK(w.used(b) == 384_MiB);
+}
+
 TEST_CASE("node: a parked grant of a connection that closed is dropped", "[node][pressure]") {
   World w("version: 1\ndefault: {limit: 100%}\n");
   const auto a = w.hello(1, 101, 1001, true);

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Notebooks sharing one GPU (docs/notebooks.md): N simulated users, each a Python process with
+PyTorch that loads a model and runs short bursts of work separated by idle periods, each its own
+tenant (its own primary group) with a limit of FACTOR x the GPU's memory / N, so that the limits
+add up to FACTOR x the GPU. Run once with reclaim off and once with it on (vlake.torch.
+enable_reclaim()), same seeds:
+
+  - bursts done, bursts that hit CUDA out of memory (PyTorch's OutOfMemoryError, after vlaked
+    refused), reclaims run (vlake.reclaim_count() summed), the bursts' duration p50/p99;
+  - every burst's output (a checksum of its result) against the run with reclaim on: identical;
+  - NVML's highest used memory over the baseline, sampled every 100 ms.
+
+With --check: exit 1 unless the run with reclaim on had 0 OOM and the outputs match the run
+without reclaim wherever both completed, and the run without reclaim had at least one OOM (the
+workload really needs the memory idle notebooks hold). Needs root (primary groups); exit 77
+without a GPU and PyTorch.
+
+  notebooks.py --vlaked PATH --hook PATH [--users 8] [--factor 1.3] [--rounds 5] [--json OUT] [--check]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+import node_slice as ns  # noqa: E402
+
+SKIP = 77
+MiB = 1 << 20
+GiB = 1 << 30
+GID0 = 64400
+
+USER = r"""
+import json, os, random, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, vlake
+uid, limit, rounds, reclaim = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "on"
+rng = random.Random(uid)
+gen = torch.Generator(device="cuda").manual_seed(uid)
+if reclaim:
+    vlake.torch.enable_reclaim()
+# The model: 30 % of the limit in float16 weights (n x n matrices).
+n = 4096
+mat = n * n * 2
+model = [torch.randn(n, n, device="cuda", dtype=torch.float16, generator=gen) * 0.01
+         for _ in range(max(1, int(limit * 0.30) // mat))]
+torch.cuda.synchronize()
+print(json.dumps({"event": "loaded", "model_bytes": len(model) * mat}), flush=True)
+bursts = []
+for r in range(rounds):
+    time.sleep(rng.uniform(0.5, 3.0))  # idle: the notebook's user reads, thinks, types
+    t = time.monotonic()
+    gen.manual_seed(uid * 1000 + r)  # the same input whatever happened to earlier bursts
+    try:
+        # A burst: activations of 55 % of the limit (kept alive together), then freed; PyTorch caches them.
+        acts = []
+        x = torch.randn(n, n, device="cuda", dtype=torch.float16, generator=gen)
+        for i in range(max(1, int(limit * 0.55) // mat)):
+            x = torch.tanh(x @ model[i % len(model)])
+            acts.append(x)
+        s = float(torch.stack([a.float().sum() for a in acts]).sum().item())
+        del acts, x
+        bursts.append({"round": r, "ok": True, "ms": (time.monotonic() - t) * 1e3, "sum": s})
+    except torch.OutOfMemoryError:
+        acts = x = None
+        bursts.append({"round": r, "ok": False, "ms": (time.monotonic() - t) * 1e3})
+print(json.dumps({"event": "done", "bursts": bursts, "reclaims": vlake.reclaim_count(),
+                  "reserved": torch.cuda.memory_reserved()}), flush=True)
+"""
+
+
+def run_mode(args, work, total, reclaim):
+    from nvml import Nvml
+    nv = Nvml(0)
+    limit = int(total * args.factor / args.users) // (2 * MiB) * (2 * MiB)
+    config = "version: 1\ndefault:\n  limit: %dMiB\ngroups:\n" % (limit // MiB)
+    config += "".join("  - {gid: %d, limit: %dMiB}\n" % (GID0 + i, limit // MiB) for i in range(args.users))
+    d = os.path.join(work, "reclaim-" + reclaim)
+    os.mkdir(d)
+    os.chmod(d, 0o755)
+    daemon = ns.Daemon(args.vlaked, d, config, ("--pressure-wait-ms", "10000", "--pool-idle-release", "2s",
+                                                "--warm-stock", "0"))
+    procs, outs = [], {}
+    peak = [0]
+    stop = threading.Event()
+    try:
+        time.sleep(1.0)
+        base = nv.memory()["used"]
+
+        def sample():
+            while not stop.is_set():
+                peak[0] = max(peak[0], nv.memory()["used"] - base)
+                time.sleep(0.1)
+        threading.Thread(target=sample, daemon=True).start()
+        env = dict(os.environ, PYTHONUNBUFFERED="1", LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        env.pop("PYTORCH_ALLOC_CONF", None)
+        t0 = time.monotonic()
+        for i in range(args.users):
+            err = open(os.path.join(d, "user%d.err" % i), "w")
+            p = subprocess.Popen([sys.executable, "-c", USER, os.path.join(ROOT, "python"), str(i), str(limit),
+                                  str(args.rounds), reclaim], env=env, stdout=subprocess.PIPE, stderr=err,
+                                 text=True, group=GID0 + i, extra_groups=[])
+            procs.append((p, err))
+        for i, (p, err) in enumerate(procs):
+            lines = [json.loads(x) for x in p.stdout if x.startswith("{")]
+            p.wait()
+            err.close()
+            done = [x for x in lines if x.get("event") == "done"]
+            if not done:
+                with open(err.name) as f:
+                    raise RuntimeError("user %d failed (exit %s):\n%s" % (i, p.returncode, f.read()[-2000:]))
+            outs[i] = done[0]
+        wall = time.monotonic() - t0
+    finally:
+        stop.set()
+        for p, err in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        daemon.stop()
+    bursts = [b for o in outs.values() for b in o["bursts"]]
+    ok = [b for b in bursts if b["ok"]]
+    ms = sorted(b["ms"] for b in ok)
+    q = lambda f: ms[min(len(ms) - 1, int(f * len(ms)))] if ms else None
+    return {"reclaim": reclaim, "users": args.users, "factor": args.factor, "limit_bytes": limit,
+            "bursts": len(bursts), "completed": len(ok), "oom": len(bursts) - len(ok),
+            "reclaims": sum(o["reclaims"] for o in outs.values()),
+            "burst_ms_p50": q(0.50), "burst_ms_p99": q(0.99), "burst_ms_max": ms[-1] if ms else None,
+            "nvml_peak_used_bytes": peak[0], "wall_s": wall,
+            "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vlaked", required=True)
+    ap.add_argument("--hook", required=True)
+    ap.add_argument("--users", type=int, default=8)
+    ap.add_argument("--factor", type=float, default=1.3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    if probe.stdout.strip() != "True":
+        print("SKIP: no GPU with PyTorch here")
+        return SKIP
+    if os.geteuid() != 0:
+        print("FAIL notebooks: starts the users with their own primary groups, so it needs root")
+        return 1
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+    from nvml import Nvml
+    total = Nvml(0).memory()["total"]
+    work = tempfile.mkdtemp(prefix="vlake-notebooks-")
+    os.chmod(work, 0o755)
+    try:
+        runs = [run_mode(args, work, total, m) for m in ("off", "on")]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    off, on = runs
+    same = [k for k in on["sums"] if k in off["sums"]]
+    mismatched = [k for k in same if on["sums"][k] != off["sums"][k]]
+    print("%d users, limits %.1f GiB each = %.2fx the GPU (%.1f GiB)" % (
+        args.users, on["limit_bytes"] / GiB, args.users * on["limit_bytes"] / total, total / GiB))
+    print("%-8s %7s %9s %5s %8s %12s %12s %12s %14s" % ("reclaim", "bursts", "completed", "OOM", "reclaims",
+                                                        "burst p50", "burst p99", "burst max", "NVML peak"))
+    for r in runs:
+        f = lambda v: "-" if v is None else "%.0f ms" % v
+        print("%-8s %7d %9d %5d %8d %12s %12s %12s %10.1f GiB" % (
+            r["reclaim"], r["bursts"], r["completed"], r["oom"], r["reclaims"], f(r["burst_ms_p50"]),
+            f(r["burst_ms_p99"]), f(r["burst_ms_max"]), r["nvml_peak_used_bytes"] / GiB))
+    print("outputs: %d bursts completed in both runs, %d differ" % (len(same), len(mismatched)))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"runs": runs, "compared": len(same), "mismatched": mismatched}, fh)
+    if args.check:
+        problems = []
+        if on["oom"] != 0:
+            problems.append("reclaim on: %d bursts hit out of memory" % on["oom"])
+        if mismatched:
+            problems.append("outputs differ: %s" % mismatched[:5])
+        if off["oom"] == 0:
+            problems.append("reclaim off had no OOM: the workload does not need the idle notebooks' memory")
+        for p in problems:
+            print("FAIL " + p)
+        print("notebooks: %s" % ("PASS" if not problems else "FAIL"))
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
