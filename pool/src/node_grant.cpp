@@ -136,10 +136,23 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     reply.status = proto::Status::drop_kept;
     return Refused{reply};
   }
-  if (!res && why == Refusal::guarantee) {
-    // The GPU is held in full (memory beyond the namespace's guarantee is not free): processes
-    // that can give memory back are asked, as when the pool runs out.
-    if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, bytes, now, retry)) return std::move(*parked);
+  if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
+    // Free handles bound to other tenants (of its namespace, for its limit) are memory nobody
+    // uses, charged to them as retained: released to the driver, they admit this grant (and a
+    // tenant that gave memory back under pressure is no longer charged for it).
+    if (retire_others_bound(t, *dev, bytes, why == Refusal::namespace_limit).value() > 0) {
+      res = acct_.reserve(t.id, dev->ordinal, bytes, &before, &why);
+      reply.limit = before.limit.value();
+      reply.used = reported_used(t.id, *dev, before).value();
+    }
+  }
+  if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
+    // The GPU is held in full (memory beyond the namespace's guarantee is not free), or the
+    // tenant's namespace is at its limit: processes that can give memory back are asked (of that
+    // namespace only, for its limit), as when the pool runs out.
+    if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, bytes, now, retry, why == Refusal::namespace_limit)) {
+      return std::move(*parked);
+    }
   }
   if (!res) return refuse(t, *dev, bytes, why, reply, now);
 
@@ -431,7 +444,7 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
 
 std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                               const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
-                                              const ParkedGrant* retry) {
+                                              const ParkedGrant* retry, bool same_namespace) {
   if (retry != nullptr) {
     if (now.steady < retry->deadline) return GrantOut{Parked{}};
     ++counters_.parked_timeouts;
@@ -443,11 +456,14 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
     return std::nullopt;
   }
   if (settings_.pressure_wait.count() <= 0) return std::nullopt;
-  std::vector<PressureNote> notes = pressure_for(s, dev, shortfall);
+  std::vector<PressureNote> notes = pressure_for(s, dev, shortfall, {}, same_namespace);
   // Kept mappings other processes are dropping (docs/hook.md) return memory as well (the
   // requester's own come back when it drops them after this refusal and asks again).
   if (notes.empty() && dev.pool->pinned_bytes(s.id).value() == 0) return std::nullopt;
-  parked_.push_back(ParkedGrant{conn, s.id, m, now.steady, now.steady + settings_.pressure_wait});
+  ParkedGrant parked{
+      conn, s.id, m, now.steady, now.steady + settings_.pressure_wait, {}, now.steady + kAskAgain, same_namespace};
+  for (const PressureNote& n : notes) parked.asked.push_back(n.session);
+  parked_.push_back(std::move(parked));
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "parked " + t.name,
                  "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
@@ -455,6 +471,24 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
                      std::to_string(settings_.pressure_wait.count()) + " ms while memory is given back",
                  steady_now());
   return GrantOut{Parked{std::move(notes)}};
+}
+
+Bytes Node::retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace) {
+  Bytes retired{0};
+  for (const auto& [id, other] : tenants_) {
+    if (retired >= bytes) break;
+    if (other.id == t.id || (same_namespace && other.ns != t.ns)) continue;
+    if (dev.pool->bound_free_bytes(other.id).value() == 0) continue;
+    retired += dev.pool->retire_bound(other.id, Bytes{bytes.value() - retired.value()});
+  }
+  if (retired.value() > 0) {
+    (void)settle_device(dev);
+    changes_.devices = true;
+    log_.debug("tenant " + t.name + ": retired " + std::to_string(retired.value()) +
+               " bytes of other tenants' released handles on GPU " + std::to_string(dev.ordinal.value()) +
+               " to admit " + std::to_string(bytes.value()) + " bytes");
+  }
+  return retired;
 }
 
 std::int32_t Node::priority_of(TenantId t) const {
@@ -466,13 +500,16 @@ std::int32_t Node::priority_of(TenantId t) const {
   return 0;
 }
 
-std::vector<PressureNote> Node::pressure_for(const Session& requester, const Device& dev, Bytes shortfall) {
+std::vector<PressureNote> Node::pressure_for(const Session& requester, const Device& dev, Bytes shortfall,
+                                             const std::vector<std::uint64_t>& exclude, bool same_namespace) {
   const auto d = static_cast<std::size_t>(dev.ordinal.value());
   std::vector<PressureCandidate> candidates;
   std::vector<const Session*> of;
   for (const auto& [sid, ss] : sessions_) {
     if (sid == requester.id || !ss.pressure || ss.conn == 0) continue;
     if (ss.reserve[d] == 0 && !ss.reclaim) continue;
+    if (std::find(exclude.begin(), exclude.end(), sid) != exclude.end()) continue;
+    if (same_namespace && tenants_.at(ss.tenant.value()).ns != tenants_.at(requester.tenant.value()).ns) continue;
     // A session waiting for a grant of its own is busy, and its callbacks may need what its
     // waiting thread holds (Python's interpreter lock): asking it could only stall both.
     if (std::any_of(parked_.begin(), parked_.end(), [sid = sid](const ParkedGrant& p) { return p.session == sid; })) {
@@ -517,7 +554,7 @@ bool Node::retry_due(Now now) const {
   if (parked_.empty()) return false;
   if (memory_returned_) return true;
   for (const ParkedGrant& p : parked_) {
-    if (now.steady >= p.deadline) return true;
+    if (now.steady >= p.deadline || now.steady >= p.next_ask) return true;
   }
   return false;
 }
@@ -539,7 +576,24 @@ std::vector<Completion> Node::retry_parked(Now now) {
       throw;
     }
     if (std::holds_alternative<Parked>(out)) {
-      parked_.push_back(p);
+      ParkedGrant again = p;
+      if (now.steady >= p.next_ask) {
+        // Still short: the next sessions in the plan's order are asked (docs/pool.md).
+        again.next_ask = now.steady + kAskAgain;
+        std::vector<PressureNote> notes;
+        if (const Device* dev = device_by_uuid(p.req.device_uuid)) {
+          notes = pressure_for(sit->second, *dev, round_up(Bytes{p.req.bytes}, dev->granularity), p.asked,
+                               p.same_namespace);
+        }
+        for (const PressureNote& n : notes) again.asked.push_back(n.session);
+        if (!notes.empty()) {
+          Completion& c = done.emplace_back();
+          c.conn = p.conn;
+          c.received = p.received;
+          c.out.emplace<Parked>().pressure = std::move(notes);
+        }
+      }
+      parked_.push_back(std::move(again));
       continue;
     }
     Completion c;
@@ -554,7 +608,8 @@ std::vector<Completion> Node::retry_parked(Now now) {
 std::optional<std::chrono::steady_clock::time_point> Node::next_deadline() const {
   std::optional<std::chrono::steady_clock::time_point> first;
   for (const ParkedGrant& p : parked_) {
-    if (!first || p.deadline < *first) first = p.deadline;
+    const auto at = std::min(p.deadline, p.next_ask);
+    if (!first || at < *first) first = at;
   }
   return first;
 }

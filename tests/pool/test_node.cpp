@@ -281,9 +281,10 @@ TEST_CASE("node: reclaim: a GPU held in full parks the grant; lower priorities f
           "[node][pressure]") {
   NodeSettings settings;
   settings.pressure_wait = std::chrono::milliseconds(500);
-  World w("version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: low, priority: 0, users: [1001, 1003]}\n"
-          "  - {name: high, priority: 10, users: [1002]}\n",
-          settings);
+  World w(
+      "version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: low, priority: 0, users: [1001, 1003]}\n"
+      "  - {name: high, priority: 10, users: [1002]}\n",
+      settings);
   const auto a = w.hello(1, 101, 1001, true);  // low
   const auto c = w.hello(3, 103, 1003, true);  // low
   const auto b = w.hello(2, 102, 1002, true);  // high
@@ -326,6 +327,58 @@ TEST_CASE("node: reclaim: a GPU held in full parks the grant; lower priorities f
   CHECK(done[0].conn == 2);
   CHECK(std::holds_alternative<Granted>(done[0].out));
   CHECK(w.used(b) == 384_MiB);
+}
+
+TEST_CASE("node: reclaim: a parked grant still short after 250 ms asks the next session", "[node][pressure]") {
+  NodeSettings settings;
+  settings.pressure_wait = std::chrono::milliseconds(2000);
+  World w("version: 1\ndefault: {limit: 100%}\n", settings);
+  const auto a = w.hello(1, 101, 1001, true);
+  const auto c = w.hello(3, 103, 1003, true);
+  const auto b = w.hello(2, 102, 1002, true);
+  w.granted(1, a, 384 * kMiB);
+  w.advance(std::chrono::milliseconds(10));
+  const std::uint64_t gc = w.granted(3, c, 384 * kMiB);
+  w.granted(2, b, 128 * kMiB);
+  for (const auto s : {a, c}) {
+    proto::ReserveReport report = proto::make<proto::ReserveReport>(0);
+    w.node->devices().front().uuid.copy_to(report.device_uuid);
+    report.flags = proto::kReportReclaim;
+    CHECK_FALSE(w.node->reserve_report(s, report).has_value());
+  }
+  GrantOut out = w.grant(2, b, 256 * kMiB);
+  INFO("outcome " << out.index() << " status "
+                  << (std::holds_alternative<Refused>(out) ? static_cast<int>(std::get<Refused>(out).reply.status)
+                                                           : -1));
+  const auto* parked = std::get_if<Parked>(&out);
+  REQUIRE(parked != nullptr);
+  REQUIRE(parked->pressure.size() == 1);
+  CHECK(parked->pressure[0].conn == 1);  // A, the more idle
+
+  // A's framework had nothing cached (everything it holds is in use): nothing comes back.
+  w.advance(std::chrono::milliseconds(100));
+  CHECK_FALSE(w.node->retry_due(w.t));
+  REQUIRE(w.node->next_deadline().has_value());
+  CHECK(*w.node->next_deadline() <= w.t.steady + std::chrono::milliseconds(150));
+  w.advance(std::chrono::milliseconds(150));
+  REQUIRE(w.node->retry_due(w.t));
+  std::vector<Completion> done = w.node->retry_parked(w.t);
+  REQUIRE(done.size() == 1);
+  parked = std::get_if<Parked>(&done[0].out);
+  REQUIRE(parked != nullptr);
+  REQUIRE(parked->pressure.size() == 1);
+  CHECK(parked->pressure[0].conn == 3);  // then C
+  CHECK(w.node->parked() == 1);
+
+  // Nobody is left to ask: later retries ask nobody again.
+  w.advance(std::chrono::milliseconds(300));
+  CHECK(w.node->retry_parked(w.t).empty());
+
+  w.release(c, gc);  // C's cache comes back
+  done = w.node->retry_parked(w.t);
+  REQUIRE(done.size() == 1);
+  CHECK(std::holds_alternative<Granted>(done[0].out));
+  CHECK(w.node->counters().pressure_sent == 2);
 }
 
 TEST_CASE("node: a parked grant of a connection that closed is dropped", "[node][pressure]") {

@@ -455,7 +455,9 @@ class Node {
   // ---- parked grants (docs/pool.md, "Pressure protocol")
   // True when memory came back since the last retry or a deadline passed at `now`.
   [[nodiscard]] bool retry_due(Now now) const;
-  // Serves, keeps or times out every parked grant. Answers for gone connections are dropped.
+  // Serves, keeps or times out every parked grant. Answers for gone connections are dropped. A
+  // grant still parked kAskAgain after its last asks asks the next sessions: its Completion then
+  // holds Parked with their Pressure notes (the grant stays parked).
   std::vector<Completion> retry_parked(Now now);
   [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> next_deadline() const;
 
@@ -540,7 +542,13 @@ class Node {
     proto::GrantRequest req{};
     std::chrono::steady_clock::time_point received{};
     std::chrono::steady_clock::time_point deadline{};
+    std::vector<std::uint64_t> asked;                  // sessions sent Pressure for it
+    std::chrono::steady_clock::time_point next_ask{};  // when the next sessions are asked
+    bool same_namespace = false;                       // refused by its namespace's limit: only its namespace is asked
   };
+  // A parked grant that memory has not served this long after its last Pressure asks the next
+  // sessions in plan_pressure's order (those asked may have had less cached than they held).
+  static constexpr std::chrono::milliseconds kAskAgain{250};
 
   // tenants (node.cpp)
   Tenant& tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid, const AllocationInfo* alloc);
@@ -582,13 +590,19 @@ class Node {
   // grants (node_grant.cpp)
   GrantOut grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry);
   Refused refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now);
-  std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall);
+  // `same_namespace`: only sessions of the requester's namespace (what the others give back
+  // does not lower its namespace's usage).
+  std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall,
+                                         const std::vector<std::uint64_t>& exclude = {}, bool same_namespace = false);
   // A grant no memory can serve now: parked while the sessions plan_pressure() picks are asked
   // for `shortfall` (Parked, with their Pressure notes); a retried one stays Parked until its
   // deadline. nullopt: refuse it (nobody to ask, parking off, or the deadline passed).
   std::optional<GrantOut> park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                           const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
-                                          const ParkedGrant* retry);
+                                          const ParkedGrant* retry, bool same_namespace = false);
+  // Retires free handles bound to tenants other than `t` (of t's namespace only with
+  // `same_namespace`) on `dev` until `bytes` were retired; returns the bytes retired.
+  Bytes retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace);
   // The priority of a tenant's namespace (quota file `priority`; 0 when it has none).
   [[nodiscard]] std::int32_t priority_of(TenantId t) const;
   // Warm reserve and stock of one GPU (warm_stock.hpp): releases surplus clean handles and
