@@ -27,9 +27,10 @@
 # sim.hostile is left out too: its Python driver loads the simulated NVML in-process (ctypes),
 # and an instrumented library cannot be loaded into an uninstrumented interpreter; the daemon
 # paths it drives are run under ASan by the pool.* tests (holder scan, limits, memory outside
-# vlake, handle binding). So is tools.python_vlake, whose tenants are Python interpreters with
-# the instrumented hook preloaded; the hook paths they use (alloc, share, free) run under ASan in
-# the hook.* and dedup.* tests. Under ubsan only, "pool.limits: out of descriptors…" is left out: it
+# vlake, handle binding). So are tools.python_vlake and tools.python_reclaim, whose tenants are
+# Python interpreters with the instrumented hook preloaded; the hook paths they use (alloc,
+# share, free, reclaim callbacks) run under ASan in the hook.* and dedup.* tests, and the daemon's
+# pressure decisions in the pool.* tests. Under ubsan only, "pool.limits: out of descriptors…" is left out: it
 # runs vlaked with 96 descriptors, and UBSan's runtime needs descriptors of its own (it probes
 # memory with a pipe before each vptr check, and reports an invalid object when it gets none).
 set -euo pipefail
@@ -90,7 +91,7 @@ if [[ "$san" == tsan ]]; then
 else
   "${runner[@]}" cmake --build "$dir" -j "$jobs"
   exclude='^prometheus\.(rules|chart)$'
-  [[ "$san" == asan ]] && exclude='^(prometheus\.(rules|chart)|sim\.hostile|tools\.python_vlake)$'
+  [[ "$san" == asan ]] && exclude='^(prometheus\.(rules|chart)|sim\.hostile|tools\.python_(vlake|reclaim))$'
   [[ "$san" == ubsan ]] && exclude='^(prometheus\.(rules|chart)|pool\.limits: out of descriptors.*)$'
   ctest_args+=(-LE '^(gpu|charts)$' -E "$exclude")
 fi

@@ -127,6 +127,9 @@ def run_mode(args, work, total, reclaim):
                 p.kill()
                 p.wait()
         daemon.stop()
+    with open(os.path.join(d, "vlaked.log")) as f:
+        log = f.read().splitlines()
+    refusals = [x for x in log if " refused" in x or "waited" in x]
     bursts = [b for o in outs.values() for b in o["bursts"]]
     ok = [b for b in bursts if b["ok"]]
     ms = sorted(b["ms"] for b in ok)
@@ -136,6 +139,7 @@ def run_mode(args, work, total, reclaim):
             "reclaims": sum(o["reclaims"] for o in outs.values()),
             "burst_ms_p50": q(0.50), "burst_ms_p99": q(0.99), "burst_ms_max": ms[-1] if ms else None,
             "nvml_peak_used_bytes": peak[0], "wall_s": wall,
+            "oom_ms": [round(b["ms"]) for b in bursts if not b["ok"]], "refusal_log": refusals[-8:],
             "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]}}
 
 
@@ -179,6 +183,11 @@ def main():
             r["reclaim"], r["bursts"], r["completed"], r["oom"], r["reclaims"], f(r["burst_ms_p50"]),
             f(r["burst_ms_p99"]), f(r["burst_ms_max"]), r["nvml_peak_used_bytes"] / GiB))
     print("outputs: %d bursts completed in both runs, %d differ" % (len(same), len(mismatched)))
+    for r in runs:
+        if r["oom"]:
+            print("reclaim %s: the OOM bursts ended after %s ms; vlaked's last refusals:" % (r["reclaim"], r["oom_ms"]))
+            for line in r["refusal_log"]:
+                print("  " + line[-300:])
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"runs": runs, "compared": len(same), "mismatched": mismatched}, fh)

@@ -582,8 +582,13 @@ std::vector<Completion> Node::retry_parked(Now now) {
         again.next_ask = now.steady + kAskAgain;
         std::vector<PressureNote> notes;
         if (const Device* dev = device_by_uuid(p.req.device_uuid)) {
-          notes = pressure_for(sit->second, *dev, round_up(Bytes{p.req.bytes}, dev->granularity), p.asked,
-                               p.same_namespace);
+          const Bytes want = round_up(Bytes{p.req.bytes}, dev->granularity);
+          notes = pressure_for(sit->second, *dev, want, p.asked, p.same_namespace);
+          if (notes.empty() && !again.asked.empty()) {
+            // Everyone was asked once: what they cached since may cover it; a new round.
+            again.asked.clear();
+            notes = pressure_for(sit->second, *dev, want, {}, p.same_namespace);
+          }
         }
         for (const PressureNote& n : notes) again.asked.push_back(n.session);
         if (!notes.empty()) {

@@ -189,7 +189,8 @@ void FakeDaemon::on_reserve_report(int fd, const ReserveReport& m) {
     ++counters_.reserve_reports;
     counters_.last_reserve_bytes = m.bytes;
     counters_.last_reserve_blocks = m.blocks;
-    pressure = options_.pressure_on_report && m.bytes > 0;
+    if ((m.flags & kReportReclaim) != 0) ++counters_.reclaim_reports;
+    pressure = options_.pressure_on_report && (m.bytes > 0 || (m.flags & kReportReclaim) != 0);
   }
   if (pressure) send_pressure(fd, m.device_uuid);
 }

@@ -61,6 +61,7 @@ struct FakeDaemonOptions {
 };
 
 struct Counters {
+  int reclaim_reports = 0;  // ReserveReports that said kReportReclaim
   int hellos = 0;
   int hellos_with_old_session = 0;
   int rebinds = 0;

@@ -47,6 +47,10 @@
 //   peerrace:ITERS             allocations on device 1 racing peer access toggled from device 0
 //                              (errors= bad_after_race= bad_enabled= bad_disabled=, all 0 when
 //                              consistent)
+//   reclaim:N                  vlake_reclaim_register (dlsym) with a callback that frees N (in the
+//                              context current now) when the hook runs it (rc= the status)
+//   reclaimwait:MS             waits up to MS for a reclaim run: count= (vlake_reclaim_count),
+//                              freed_rc= (the callback's cuMemFree, -1 if it did not run)
 //   share:N:OFF:SIZE           vlake_share_readonly_ex (looked up with dlsym) on N's pointer + OFF
 //                              (rc= its status, shared= merged= copied= chunk=)
 //   ipcget:N:FILE[:OFF]        cuIpcGetMemHandle of N's pointer + OFF; the 64 bytes go to FILE
@@ -99,6 +103,7 @@ namespace {
   X(cuDeviceGet, cuDeviceGet, 2000, 2000)                                                         \
   X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 7000)                               \
   X(cuCtxSetCurrent, cuCtxSetCurrent, 4000, 4000)                                                 \
+  X(cuCtxGetCurrent, cuCtxGetCurrent, 4000, 4000)                                                 \
   X(cuMemAlloc, cuMemAlloc_v2, 3020, 3020)                                                        \
   X(cuMemFree, cuMemFree_v2, 3020, 3020)                                                          \
   X(cuMemAllocPitch, cuMemAllocPitch_v2, 3020, 3020)                                              \
@@ -239,6 +244,18 @@ bool resolve_all() {
 }
 
 #define CALL(fn, ...) (api.fn != nullptr ? api.fn(__VA_ARGS__) : static_cast<CUresult>(-1))
+
+// reclaim:N — the callback frees N on the hook's reclaim thread (no context current there).
+CUdeviceptr g_reclaim_ptr = 0;
+CUcontext g_reclaim_ctx = nullptr;
+std::atomic<int> g_reclaim_rc{-1};
+std::uint64_t reclaim_callback(void*, int, std::uint64_t) {
+  if (g_reclaim_ptr == 0) return 0;
+  CALL(cuCtxSetCurrent, g_reclaim_ctx);
+  g_reclaim_rc = CALL(cuMemFree, g_reclaim_ptr);
+  g_reclaim_ptr = 0;
+  return g_reclaim_rc == CUDA_SUCCESS ? 1 : 0;
+}
 
 std::uint64_t var(const std::string& n) { return vars.count(n) != 0 ? vars[n].value : 0; }
 
@@ -1062,6 +1079,23 @@ void run_step(const std::string& s) {
       waited += 10;
     }
     out("%s rc=%d", s.c_str(), ::access(a.at(1).c_str(), F_OK) == 0 ? 0 : -1);
+  } else if (op == "reclaim") {
+    using RegisterFn = int (*)(std::uint64_t(*)(void*, int, std::uint64_t), void*);
+    auto fn = reinterpret_cast<RegisterFn>(dlsym(RTLD_DEFAULT, "vlake_reclaim_register"));
+    if (fn == nullptr) {
+      out("%s rc=-1 error=no-vlake_reclaim_register", s.c_str());
+      return;
+    }
+    g_reclaim_ptr = var(a.at(1));
+    CALL(cuCtxGetCurrent, &g_reclaim_ctx);
+    out("%s rc=%d", s.c_str(), fn(reclaim_callback, nullptr));
+  } else if (op == "reclaimwait") {
+    using CountFn = std::uint64_t (*)();
+    auto count = reinterpret_cast<CountFn>(dlsym(RTLD_DEFAULT, "vlake_reclaim_count"));
+    const long ms = std::stol(a.at(1));
+    for (long waited = 0; count != nullptr && count() == 0 && waited < ms; waited += 10) usleep(10000);
+    out("%s count=%llu freed_rc=%d", s.c_str(), static_cast<unsigned long long>(count != nullptr ? count() : 0),
+        g_reclaim_rc.load());
   } else if (op == "share") {
     using ShareFn = int (*)(const void*, size_t, ShareResult*);
     auto fn = reinterpret_cast<ShareFn>(dlsym(RTLD_DEFAULT, "vlake_share_readonly_ex"));

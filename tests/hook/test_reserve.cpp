@@ -135,6 +135,33 @@ TEST_CASE("reserve: Pressure from the daemon makes the hook return its reserve")
   CHECK(c.last_reserve_bytes == 0);
 }
 
+TEST_CASE("reclaim: a Pressure the reserve cannot cover runs the registered callback; what it frees goes back") {
+  FakeDaemonOptions o = limit_of(256 * MiB);
+  o.pressure_on_report = true;  // answers the report that says kReportReclaim with a Pressure
+  Fixture f(o);
+  const auto r = f.run({"init", "alloc:a:6M", "reclaim:a", "reclaimwait:5000", "sleep:300"}, reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.out.find("reclaim:a rc=0") != std::string::npos);
+  CHECK(r.out.find("reclaimwait:5000 count=1 freed_rc=0") != std::string::npos);
+  const Counters c = f.daemon->counters();
+  CHECK(c.reclaim_reports >= 1);
+  CHECK(c.pressure_sent >= 1);
+  CHECK(c.releases == 1);            // the callback's free went back to the daemon
+  CHECK(c.last_reserve_bytes == 0);  // not kept in the reserve
+}
+
+TEST_CASE("reclaim: without a registered callback a Pressure only returns the reserve") {
+  FakeDaemonOptions o = limit_of(256 * MiB);
+  o.pressure_on_report = true;
+  Fixture f(o);
+  const auto r = f.run({"init", "alloc:a:6M", "alloc:b:2M", "free:b", "reclaimwait:600"}, reserve("64MiB"));
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(r.out.find("reclaimwait:600 count=0 freed_rc=-1") != std::string::npos);
+  const Counters c = f.daemon->counters();
+  CHECK(c.reclaim_reports == 0);
+  CHECK(c.releases == 1);  // b, returned under pressure (a stays allocated: nothing frees it)
+}
+
 TEST_CASE("reserve: a Pressure message arriving before a grant reply is kept, the reply read") {
   FakeDaemonOptions o = limit_of(256 * MiB);
   o.pressure_before_grant = 1;  // just before the reply to the first alloc grant
