@@ -129,7 +129,7 @@ def run_mode(args, work, total, reclaim):
         daemon.stop()
     with open(os.path.join(d, "vlaked.log")) as f:
         log = f.read().splitlines()
-    refusals = [x for x in log if " refused" in x or "waited" in x]
+    refusals = [x for x in log if " refused" in x or "waited" in x or "no memory" in x]
     bursts = [b for o in outs.values() for b in o["bursts"]]
     ok = [b for b in bursts if b["ok"]]
     ms = sorted(b["ms"] for b in ok)

@@ -445,6 +445,10 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
 std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                               const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
                                               const ParkedGrant* retry, bool same_namespace) {
+  // Free handles bound to other tenants are memory nobody uses: released to the driver, they
+  // may be what this grant lacks (retried at once).
+  const bool retired = retire_others_bound(t, dev, shortfall, same_namespace).value() > 0;
+  if (retired) memory_returned_ = true;
   if (retry != nullptr) {
     if (now.steady < retry->deadline) return GrantOut{Parked{}};
     ++counters_.parked_timeouts;
@@ -459,9 +463,10 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   std::vector<PressureNote> notes = pressure_for(s, dev, shortfall, {}, same_namespace);
   // Kept mappings other processes are dropping (docs/hook.md) return memory as well (the
   // requester's own come back when it drops them after this refusal and asks again).
-  if (notes.empty() && dev.pool->pinned_bytes(s.id).value() == 0) return std::nullopt;
+  if (notes.empty() && !retired && dev.pool->pinned_bytes(s.id).value() == 0) return std::nullopt;
   ParkedGrant parked{
-      conn, s.id, m, now.steady, now.steady + settings_.pressure_wait, {}, now.steady + kAskAgain, same_namespace};
+      conn,           s.id,      m, now.steady, now.steady + settings_.pressure_wait, {}, now.steady + kAskAgain,
+      same_namespace, now.steady};
   for (const PressureNote& n : notes) parked.asked.push_back(n.session);
   parked_.push_back(std::move(parked));
   ++counters_.grants_parked;
@@ -584,9 +589,10 @@ std::vector<Completion> Node::retry_parked(Now now) {
         if (const Device* dev = device_by_uuid(p.req.device_uuid)) {
           const Bytes want = round_up(Bytes{p.req.bytes}, dev->granularity);
           notes = pressure_for(sit->second, *dev, want, p.asked, p.same_namespace);
-          if (notes.empty() && !again.asked.empty()) {
-            // Everyone was asked once: what they cached since may cover it; a new round.
+          if (notes.empty() && !again.asked.empty() && now.steady >= p.round_at + kNewRound) {
+            // Everyone was asked: what they cached since may cover it; a new round.
             again.asked.clear();
+            again.round_at = now.steady;
             notes = pressure_for(sit->second, *dev, want, {}, p.same_namespace);
           }
         }

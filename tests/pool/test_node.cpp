@@ -370,9 +370,11 @@ TEST_CASE("node: reclaim: a parked grant still short after 250 ms asks the next 
   CHECK(parked->pressure[0].conn == 3);  // then C
   CHECK(w.node->parked() == 1);
 
-  // Everyone was asked: the next round starts again from the most idle (A may have cached
-  // memory since).
+  // Everyone was asked: nobody is asked again until a new round starts, 1 s after the first;
+  // it starts again from the most idle (A may have cached memory since).
   w.advance(std::chrono::milliseconds(300));
+  CHECK(w.node->retry_parked(w.t).empty());
+  w.advance(std::chrono::milliseconds(500));
   done = w.node->retry_parked(w.t);
   REQUIRE(done.size() == 1);
   parked = std::get_if<Parked>(&done[0].out);

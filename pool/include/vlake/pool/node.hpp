@@ -545,10 +545,13 @@ class Node {
     std::vector<std::uint64_t> asked;                  // sessions sent Pressure for it
     std::chrono::steady_clock::time_point next_ask{};  // when the next sessions are asked
     bool same_namespace = false;                       // refused by its namespace's limit: only its namespace is asked
+    std::chrono::steady_clock::time_point round_at{};  // when the current round of asks began
   };
   // A parked grant that memory has not served this long after its last Pressure asks the next
   // sessions in plan_pressure's order (those asked may have had less cached than they held).
   static constexpr std::chrono::milliseconds kAskAgain{250};
+  // Once everyone was asked, a new round (what they cached since) starts this long after the last.
+  static constexpr std::chrono::milliseconds kNewRound{1000};
 
   // tenants (node.cpp)
   Tenant& tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid, const AllocationInfo* alloc);
