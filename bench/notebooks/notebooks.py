@@ -69,9 +69,9 @@ for r in range(rounds):
         s = float(torch.stack([a.float().sum() for a in acts]).sum().item())
         del acts, x
         bursts.append({"round": r, "ok": True, "ms": (time.monotonic() - t) * 1e3, "sum": s})
-    except torch.OutOfMemoryError:
+    except torch.OutOfMemoryError as e:
         acts = x = None
-        bursts.append({"round": r, "ok": False, "ms": (time.monotonic() - t) * 1e3})
+        bursts.append({"round": r, "ok": False, "ms": (time.monotonic() - t) * 1e3, "error": str(e)[:160]})
 print(json.dumps({"event": "done", "bursts": bursts, "reclaims": vlake.reclaim_count(),
                   "reserved": torch.cuda.memory_reserved()}), flush=True)
 """
@@ -119,6 +119,9 @@ def run_mode(args, work, total, reclaim):
                 with open(err.name) as f:
                     raise RuntimeError("user %d failed (exit %s):\n%s" % (i, p.returncode, f.read()[-2000:]))
             outs[i] = done[0]
+            if any(not b["ok"] for b in done[0]["bursts"]):
+                with open(err.name) as f:
+                    outs[i]["stderr"] = [x for x in f.read().splitlines() if "vlake" in x][-4:]
         wall = time.monotonic() - t0
     finally:
         stop.set()
@@ -140,6 +143,8 @@ def run_mode(args, work, total, reclaim):
             "burst_ms_p50": q(0.50), "burst_ms_p99": q(0.99), "burst_ms_max": ms[-1] if ms else None,
             "nvml_peak_used_bytes": peak[0], "wall_s": wall,
             "oom_ms": [round(b["ms"]) for b in bursts if not b["ok"]], "refusal_log": refusals[-8:],
+            "oom_errors": [b.get("error", "") for b in bursts if not b["ok"]][-4:],
+            "oom_stderr": [x for o in outs.values() for x in o.get("stderr", [])][-8:],
             "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]}}
 
 
@@ -187,6 +192,11 @@ def main():
         if r["oom"]:
             print("reclaim %s: the OOM bursts ended after %s ms; vlaked's last refusals:" % (r["reclaim"], r["oom_ms"]))
             for line in r["refusal_log"]:
+                print("  " + line[-300:])
+            for e in r["oom_errors"]:
+                print("  PyTorch: " + e)
+            print("  the users' own lines:")
+            for line in r["oom_stderr"]:
                 print("  " + line[-300:])
     if args.json:
         with open(args.json, "w") as fh:

@@ -835,6 +835,14 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
   const CUresult rc = map_grant(s, o.grant, dev, ctx, bytes, dptr);
   if (rc != CUDA_SUCCESS) {
     give_back(s, grant_id, 0);
+    // vlaked granted the memory, but this process could not map it (the driver's own memory for
+    // mappings may have run out on a full GPU): say so, the application only sees the CUresult.
+    std::uint64_t suppressed = 0;
+    if (s.refusals.allow(suppressed)) {
+      log(LogLevel::warn, "GPU %d: mapping a grant of %llu bytes failed (CUresult %d)%s", dev,
+          static_cast<unsigned long long>(granted), static_cast<int>(rc),
+          suppressed > 0 ? " (similar messages suppressed)" : "");
+    }
     return rc;
   }
   // The reserve missed this size (docs/hook.md, "Prefetch"): the worker fetches more of it, as
