@@ -100,7 +100,8 @@ def run_mode(args, work, total, reclaim):
                 peak[0] = max(peak[0], nv.memory()["used"] - base)
                 time.sleep(0.1)
         threading.Thread(target=sample, daemon=True).start()
-        env = dict(os.environ, PYTHONUNBUFFERED="1", LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock,
+                   VLAKE_LOG="info")
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         env.pop("PYTORCH_ALLOC_CONF", None)
         t0 = time.monotonic()
@@ -121,7 +122,8 @@ def run_mode(args, work, total, reclaim):
             outs[i] = done[0]
             if any(not b["ok"] for b in done[0]["bursts"]):
                 with open(err.name) as f:
-                    outs[i]["stderr"] = [x for x in f.read().splitlines() if "vlake" in x][-4:]
+                    outs[i]["stderr"] = [x for x in f.read().splitlines()
+                                         if "vlake" in x and "asked for memory" not in x][-4:]
         wall = time.monotonic() - t0
     finally:
         stop.set()
@@ -132,7 +134,7 @@ def run_mode(args, work, total, reclaim):
         daemon.stop()
     with open(os.path.join(d, "vlaked.log")) as f:
         log = f.read().splitlines()
-    refusals = [x for x in log if " refused" in x or "waited" in x or "no memory" in x]
+    refusals = [x for x in log if " refused" in x or "waited" in x or "no memory" in x or "error" in x]
     bursts = [b for o in outs.values() for b in o["bursts"]]
     ok = [b for b in bursts if b["ok"]]
     ms = sorted(b["ms"] for b in ok)

@@ -812,7 +812,12 @@ CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct di
   // synchronized) count before a refusal, whoever completes them.
   const std::uint64_t completed = s.frees_completed.load(std::memory_order_acquire);
   const bool pending = s.frees_queued.load(std::memory_order_acquire) != completed;
-  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, /*report=*/!reserve && !pending);
+  const bool report_first = !reserve && !pending;
+  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, report_first);
+  if (!report_first && o.decision == Decision::refused && !quota_or_memory(o.grant.status)) {
+    // Not a refusal that returning the reserve can change: reported as it stands.
+    report_refusal(s, o.grant, dev, bytes);
+  }
   if ((reserve || pending) && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {
     if (pending) {
       std::lock_guard lock(s.settle_mu);  // the worker's completions in progress are finished

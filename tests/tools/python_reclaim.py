@@ -179,7 +179,7 @@ def main():
                 raise RuntimeError("vlaked did not start")
             time.sleep(0.05)
         tenv = dict(env, LD_PRELOAD=os.path.abspath(args.hook), VLAKE_SOCKET=sock, VLAKE_RESERVE="0",
-                    VLAKE_LOG_LEVEL="info")
+                    VLAKE_LOG="info")
         low, high = Tenant(tenv, UID_LOW), Tenant(tenv, UID_HIGH)
         tenants = [low, high]
 
