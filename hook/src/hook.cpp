@@ -305,9 +305,11 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
     PhaseTimer t(Phase::grant);
     return s.client.grant(uuid, bytes, purpose);
   }();
-  if (g && g->status == Status::drop_kept) {
-    // The memory this process keeps mapped is what the request lacks (docs/hook.md, "Kept
-    // mappings"): drop it (Dropped goes out before the next request) and ask again.
+  // The memory this process keeps mapped is what the request lacks (docs/hook.md, "Kept
+  // mappings"): drop it (Dropped goes out before the next request) and ask again. Another thread
+  // of this process (a reclaim callback emptying a framework's cache) may keep more meanwhile:
+  // a few rounds.
+  for (int round = 0; round < 4 && g && g->status == Status::drop_kept; ++round) {
     drop_kept(s, dev);
     PhaseTimer t(Phase::grant);
     g = s.client.grant(uuid, bytes, purpose);
@@ -644,11 +646,13 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::vector<std::pai
     if (s.reclaim.registered() && (n.bytes == 0 || had < n.bytes))
       s.reclaim.request(dev, n.bytes == 0 ? 0 : n.bytes - had);
   }
-  // What the reclaim callbacks freed went into the reserve: it goes back to vlaked.
+  // What the reclaim callbacks freed went into the reserve, or stayed mapped as kept mappings
+  // (blocks the reserve could not hold): both go back to vlaked.
   for (const auto& [dev, bytes] : reclaimed) {
     auto out = s.reserve.drain(dev, 0);
     urgent = true;
     retire_blocks(s, out);
+    drop_kept(s, dev);
   }
   reclaimed.clear();
   const bool reclaim = s.reclaim.registered();
