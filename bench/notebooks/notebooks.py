@@ -32,8 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
 import node_slice as ns  # noqa: E402
+from checks import torch_gpu_as_root  # noqa: E402
 
-SKIP = 77
 MiB = 1 << 20
 GiB = 1 << 30
 GID0 = 64400
@@ -160,14 +160,9 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True)
-    if probe.stdout.strip() != "True":
-        print("SKIP: no GPU with PyTorch here")
-        return SKIP
-    if os.geteuid() != 0:
-        print("FAIL notebooks: starts the users with their own primary groups, so it needs root")
-        return 1
+    rc = torch_gpu_as_root("notebooks")
+    if rc is not None:
+        return rc
     sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
     from nvml import Nvml
     total = Nvml(0).memory()["total"]

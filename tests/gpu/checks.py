@@ -1,6 +1,24 @@
 """The acceptance scripts' check list: one line per check as it happens, a table at the end."""
 
+import os
+import subprocess
+import sys
+
 MiB = 1 << 20
+
+
+def torch_gpu_as_root(name):
+    """For scripts that start tenants with their own primary groups: None to go on; else the
+    exit code, 77 (skipped) without a GPU and PyTorch, 1 (failed) when not root."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    if probe.stdout.strip() != "True":
+        print("SKIP: no GPU with PyTorch here")
+        return 77
+    if os.geteuid() != 0:
+        print("FAIL %s: starts tenants with their own primary groups, so it needs root" % name)
+        return 1
+    return None
 
 
 class Checks:

@@ -28,11 +28,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from checks import Checks  # noqa: E402
+from checks import Checks, torch_gpu_as_root  # noqa: E402
 import node_slice as ns  # noqa: E402
 from dedup_nvml import Proc  # noqa: E402
 
-SKIP = 77
 MiB = 1 << 20
 GiB = 1 << 30
 GID_LOW, GID_HIGH = 64301, 64302
@@ -82,14 +81,9 @@ def main():
     ap.add_argument("--hook", required=True)
     ap.add_argument("--state-tool", required=True)
     args = ap.parse_args()
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True)
-    if probe.stdout.strip() != "True":
-        print("SKIP: no GPU with PyTorch here")
-        return SKIP
-    if os.geteuid() != 0:
-        print("FAIL reclaim_torch: starts tenants with another primary group, so it needs root")
-        return 1
+    rc = torch_gpu_as_root("reclaim_torch")
+    if rc is not None:
+        return rc
     from nvml import Nvml
     nv = Nvml(0)
     total = nv.memory()["total"]
