@@ -8,7 +8,7 @@ Two tenants under vlaked, told apart by their primary group (namespaces `low`, p
   2. H (high) asks PyTorch for 50 % of the GPU: refused (CUDA out of memory), since L has not
      enabled reclaim and the two do not fit together;
   3. L calls vlake.torch.enable_reclaim() and goes idle; H asks again: its allocation succeeds
-     while parked (the time is printed), L ran empty_cache() once (torch.cuda.memory_reserved() fell to 0), and NVML's
+     within 2 s, L ran empty_cache() once (torch.cuda.memory_reserved() fell to 0), and NVML's
      used memory holds H's 50 % without L's 60 % (the GPU cannot hold both);
   4. L continues: it allocates 1 GiB, computes on it and gets the right answer.
 Needs root (to start the tenants with another primary group); exit 77 (skipped) without a GPU
@@ -129,10 +129,10 @@ def main():
         time.sleep(0.5)  # L's report that it can reclaim
         high.send("alloc %d\n" % h_bytes)
         a = high.next()
-        # The wait covers L's empty_cache(), the release of L's handle to the driver and a new one
-        # of H's size (created and zeroed): it grows with the sizes (2.2 s for 40 GiB on an H100).
-        check("with reclaim, H's %.1f GiB succeeds while parked (%.0f ms; vlaked waits up to 5 s)"
-              % (h_bytes / GiB, a["ms"]), a["ok"] and a["ms"] < 5000, str(a))
+        # The wait covers L's empty_cache(), the release of what it freed and a new handle of H's
+        # size (created and zeroed): 204-282 ms for 39.8 GiB on an H100.
+        check("with reclaim, H's %.1f GiB succeeds within 2 s (%.0f ms)" % (h_bytes / GiB, a["ms"]),
+              a["ok"] and a["ms"] < 2000, str(a))
         low.send("stats\n")
         s = low.next()
         check("L emptied its cache once", s["count"] == 1 and s["reserved"] == 0, str(s))
