@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <new>
 #include <thread>
 
 #include "log.hpp"
@@ -62,6 +63,8 @@ void Reclaimer::stop() {
 }
 
 void Reclaimer::child_after_fork() {
+  // A run in progress in the parent held run_mu_: its thread does not exist here.
+  new (&run_mu_) std::mutex();
   fns_.clear();
   pending_.clear();
   started_ = false;

@@ -588,12 +588,18 @@ std::vector<Completion> Node::retry_parked(Now now) {
         std::vector<PressureNote> notes;
         if (const Device* dev = device_by_uuid(p.req.device_uuid)) {
           const Bytes want = round_up(Bytes{p.req.bytes}, dev->granularity);
-          notes = pressure_for(sit->second, *dev, want, p.asked, p.same_namespace);
+          // Sessions whose own grants wait are not asked (pressure_for skips those in parked_;
+          // the ones not retried yet are still in `todo`).
+          std::vector<std::uint64_t> waiting;
+          for (std::size_t j = i + 1; j < todo.size(); ++j) waiting.push_back(todo[j].session);
+          std::vector<std::uint64_t> skip = waiting;
+          skip.insert(skip.end(), p.asked.begin(), p.asked.end());
+          notes = pressure_for(sit->second, *dev, want, skip, p.same_namespace);
           if (notes.empty() && !again.asked.empty() && now.steady >= p.round_at + kNewRound) {
             // Everyone was asked: what they cached since may cover it; a new round.
             again.asked.clear();
             again.round_at = now.steady;
-            notes = pressure_for(sit->second, *dev, want, {}, p.same_namespace);
+            notes = pressure_for(sit->second, *dev, want, waiting, p.same_namespace);
           }
         }
         for (const PressureNote& n : notes) again.asked.push_back(n.session);
