@@ -42,7 +42,8 @@ DaemonClient::DaemonClient(const Config& config, bool pressure)
     : path_(config.socket_path),
       timeout_(config.timeout),
       reconnect_timeout_(config.reconnect_timeout),
-      pressure_(pressure) {}
+      pressure_(pressure),
+      wait_(config.wait) {}
 
 bool DaemonClient::connected() const {
   std::lock_guard lock(mu_);
@@ -240,6 +241,10 @@ bool DaemonClient::connect_locked() {
   hello.pid = static_cast<std::uint32_t>(::getpid());
   hello.old_session = session_;
   hello.flags = (pressure_ ? proto::kHelloPressure : 0u) | (ask_passthrough_ ? proto::kHelloPassthrough : 0u);
+  if (wait_) {
+    hello.flags |= proto::kHelloWait;
+    hello.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(wait_->count(), proto::kMaxWaitMs));
+  }
   std::snprintf(hello.client, sizeof hello.client, "vlake-hook 0.1.0");
   proto::HelloAck ack{};
   last_error_status_ = proto::Status::ok;
@@ -278,6 +283,12 @@ bool DaemonClient::connect_locked() {
   tenant_name_.assign(ack.tenant_name, strnlen(ack.tenant_name, sizeof ack.tenant_name));
   guard_mode_ = ack.guard_mode;
   granularity_ = ack.granularity;
+  if (ack.wait_ms > 0) {
+    // A grant may wait that long for memory (docs/quota.md, "Waiting for memory"): replies are
+    // awaited that long, and VLAKE_TIMEOUT more.
+    const timeval longer = to_timeval(timeout_ + std::chrono::milliseconds(ack.wait_ms));
+    ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &longer, sizeof longer);
+  }
   log(LogLevel::debug, "connected to %s as tenant %s (session %llu)", path_.c_str(), tenant_name_.c_str(),
       static_cast<unsigned long long>(session_));
   flush_pending_locked();

@@ -156,6 +156,7 @@ class DaemonClient {
   const std::chrono::milliseconds timeout_;
   const std::chrono::milliseconds reconnect_timeout_;
   const bool pressure_;
+  const std::optional<std::chrono::milliseconds> wait_;  // VLAKE_WAIT, sent in Hello
 
   mutable std::mutex mu_;
   UniqueFd fd_;

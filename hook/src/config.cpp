@@ -83,6 +83,14 @@ Config Config::parse(const Lookup& lookup) {
       bad("VLAKE_TIMEOUT", v, "a positive duration such as 10, 2.5, 500ms");
     }
   }
+  if (const char* v = lookup("VLAKE_WAIT"); v != nullptr) {
+    auto d = parse_duration(v);
+    if (d && *d <= std::chrono::minutes(10)) {
+      c.wait = *d;
+    } else {
+      bad("VLAKE_WAIT", v, "a duration up to 10 minutes such as 30, 2.5, 500ms");
+    }
+  }
   if (const char* v = lookup("VLAKE_LOG"); v != nullptr) {
     try {
       c.log_level = parse_log_level(v);

@@ -46,6 +46,9 @@ struct Config {
   OnUnreachable on_unreachable = OnUnreachable::refuse;
   std::chrono::milliseconds reconnect_timeout{5000};
   std::chrono::milliseconds timeout{10000};
+  // VLAKE_WAIT (docs/quota.md, "Waiting for memory"): how long an allocation that no memory can
+  // serve now waits for memory; nullopt: the namespace's `wait`.
+  std::optional<std::chrono::milliseconds> wait;
   LogLevel log_level = LogLevel::warn;
   bool disabled = false;
   // Chosen from measurements (docs/hook.md, "Choosing the reserve's defaults").

@@ -277,6 +277,7 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
   t->dedup = spec.dedup;
   t->enforce = spec.enforce;
   t->kill_grace = spec.kill_grace;
+  t->wait = spec.wait;
   t->allow_disable = spec.allow_disable;
   t->dedup_domain = spec.dedup_domain;
   t->ipc_domain = spec.ipc_domain;
@@ -460,6 +461,8 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
   // Pressure is sent only to sessions whose (latest) Hello asked for it.
   sess->pressure = (m.flags & proto::kHelloPressure) != 0;
   sess->last_active = steady_now();
+  sess->wait.reset();
+  if ((m.flags & proto::kHelloWait) != 0) sess->wait = std::chrono::milliseconds(m.wait_ms);
   touch_session(*sess);
   out.session = sess->id;
 
@@ -475,6 +478,7 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
   sess->guard = ack.guard_mode;  // how the hook places this process's allocations from now on
   copy_chars(ack.tenant_name, t.name);
   for (const Device& d : devices_) ack.devices[d.ordinal.value()] = device_quota(t, d);
+  ack.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(wait_of(*sess).count(), proto::kMaxWaitMs));
   out.answer = ack;
   return out;
 }

@@ -449,31 +449,40 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   // may be what this grant lacks (retried at once).
   const bool retired = retire_others_bound(t, dev, shortfall, same_namespace).value() > 0;
   if (retired) memory_returned_ = true;
+  // The longer of vlaked's pressure wait and the session's own wait for memory.
+  const std::chrono::milliseconds own = wait_of(s);
+  const std::chrono::milliseconds wait = std::max(settings_.pressure_wait, own);
   if (retry != nullptr) {
     if (now.steady < retry->deadline) return GrantOut{Parked{}};
     ++counters_.parked_timeouts;
-    limited_.write(LogLevel::info, "parked " + t.name,
-                   "GPU " + std::to_string(dev.ordinal.value()) + ": parked grant of " + std::to_string(bytes.value()) +
-                       " bytes (session " + std::to_string(s.id) + ") waited " +
-                       std::to_string(settings_.pressure_wait.count()) + " ms; no memory came back: out of memory",
-                   steady_now());
+    limited_.write(
+        LogLevel::info, "parked " + t.name,
+        "GPU " + std::to_string(dev.ordinal.value()) + ": parked grant of " + std::to_string(bytes.value()) +
+            " bytes (session " + std::to_string(s.id) + ") waited " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::milliseconds>(now.steady - retry->received).count()) +
+            " ms; no memory came back: out of memory",
+        steady_now());
     return std::nullopt;
   }
-  if (settings_.pressure_wait.count() <= 0) return std::nullopt;
+  if (wait.count() <= 0) return std::nullopt;
   std::vector<PressureNote> notes = pressure_for(s, dev, shortfall, {}, same_namespace);
   // Kept mappings other processes are dropping (docs/hook.md) return memory as well (the
   // requester's own come back when it drops them after this refusal and asks again).
-  if (notes.empty() && !retired && dev.pool->pinned_bytes(s.id).value() == 0) return std::nullopt;
-  ParkedGrant parked{
-      conn,           s.id,      m, now.steady, now.steady + settings_.pressure_wait, {}, now.steady + kAskAgain,
-      same_namespace, now.steady};
+  // A session that waits for memory waits whether or not anyone can be asked now: a release of
+  // any tenant retries it.
+  if (notes.empty() && !retired && own.count() == 0 && dev.pool->pinned_bytes(s.id).value() == 0) {
+    return std::nullopt;
+  }
+  ParkedGrant parked{conn,           s.id,      m, now.steady, now.steady + wait, {}, now.steady + kAskAgain,
+                     same_namespace, now.steady};
   for (const PressureNote& n : notes) parked.asked.push_back(n.session);
   parked_.push_back(std::move(parked));
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "parked " + t.name,
                  "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
-                     " bytes (session " + std::to_string(s.id) + ") parked for up to " +
-                     std::to_string(settings_.pressure_wait.count()) + " ms while memory is given back",
+                     " bytes (session " + std::to_string(s.id) + ") parked for up to " + std::to_string(wait.count()) +
+                     " ms while memory is given back",
                  steady_now());
   return GrantOut{Parked{std::move(notes)}};
 }
@@ -494,6 +503,12 @@ Bytes Node::retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool 
                " to admit " + std::to_string(bytes.value()) + " bytes");
   }
   return retired;
+}
+
+std::chrono::milliseconds Node::wait_of(const Session& s) const {
+  if (s.wait) return *s.wait;
+  auto it = tenants_.find(s.tenant.value());
+  return it == tenants_.end() ? std::chrono::milliseconds(0) : it->second.wait;
 }
 
 std::int32_t Node::priority_of(TenantId t) const {

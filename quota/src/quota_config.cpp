@@ -321,6 +321,21 @@ class Parser {
     }
   }
 
+  // `wait` of `entry`, if present: at most 10 minutes.
+  std::optional<std::chrono::milliseconds> wait(const YAML::Node& entry, const std::string& where) const {
+    const YAML::Node v = entry["wait"];
+    if (!v) return std::nullopt;
+    if (!v.IsScalar()) fail(v.Mark(), "'wait' in " + where + " must be a duration (e.g. 30s)");
+    std::chrono::milliseconds d{0};
+    try {
+      d = parse_duration(trim(v.Scalar()));
+    } catch (const std::invalid_argument& e) {
+      fail(v.Mark(), std::string(e.what()) + " in 'wait' of " + where);
+    }
+    if (d > kMaxWait) fail(v.Mark(), "'wait' of " + where + " is more than 10m");
+    return d;
+  }
+
   // `allow_disable` of `entry`, if present.
   std::optional<bool> allow_disable(const YAML::Node& entry, const std::string& where) const {
     const YAML::Node v = entry["allow_disable"];
@@ -491,17 +506,18 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(def, {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable", "dedup_domain"},
+    p.check_keys(def, {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable", "dedup_domain", "wait"},
                  "'default'");
     const auto l = p.size(def, "limit", "'default'");
     cfg.default_guard_ = p.guard(def, "'default'");
     cfg.default_dedup_ = p.dedup(def, "'default'");
     cfg.default_enforce_ = p.enforce(def, "'default'");
     cfg.default_kill_grace_ = p.kill_grace(def, "'default'");
+    cfg.default_wait_ = p.wait(def, "'default'");
     cfg.default_allow_disable_ = p.allow_disable(def, "'default'");
     cfg.default_dedup_domain_ = p.dedup_domain(def, "'default'");
     if (!l && !cfg.default_guard_ && !cfg.default_dedup_ && !cfg.default_enforce_ && !cfg.default_kill_grace_ &&
-        !cfg.default_allow_disable_ && !cfg.default_dedup_domain_) {
+        !cfg.default_allow_disable_ && !cfg.default_dedup_domain_ && !cfg.default_wait_) {
       p.fail(def.Mark(), "missing 'limit' in 'default'");
     }
     if (l) {
@@ -520,7 +536,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
       p.check_keys(n,
                    {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup",
-                    "enforce", "kill_grace", "allow_disable", "dedup_domain", "ipc_domain"},
+                    "enforce", "kill_grace", "allow_disable", "dedup_domain", "ipc_domain", "wait"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -545,6 +561,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.dedup = p.dedup(n, where);
       ns.enforce = p.enforce(n, where);
       ns.kill_grace = p.kill_grace(n, where);
+      ns.wait = p.wait(n, where);
       ns.allow_disable = p.allow_disable(n, where);
       ns.dedup_domain = p.dedup_domain(n, where);
       ns.ipc_domain = p.domain(n, "ipc_domain", where);
@@ -715,7 +732,8 @@ TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& la
                kill_grace_of(n),
                allow_disable_of(n),
                dedup_domain_of(n),
-               n.ipc_domain.value_or(std::string())};
+               n.ipc_domain.value_or(std::string()),
+               wait_of(n)};
   return t;
 }
 
@@ -746,7 +764,8 @@ TenantSpec QuotaConfig::resolve_allocation(const std::string& name, const std::s
                     kill_grace_of(*n),
                     allow_disable_of(*n),
                     dedup_domain_of(*n),
-                    n->ipc_domain.value_or(std::string())};
+                    n->ipc_domain.value_or(std::string()),
+                    wait_of(*n)};
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

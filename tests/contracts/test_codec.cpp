@@ -343,6 +343,23 @@ TEST_CASE("codec: values the protocol allows are accepted", "[contracts][codec]"
     m.reserved = 1;
     CHECK(reason(wire(m)) == "ReserveReport reserved field is not zero");
   }
+  SECTION("a Hello's and a HelloAck's wait for memory is at most 10 minutes") {
+    auto h = sample<proto::Hello>();
+    h.flags = proto::kHelloWait;
+    h.wait_ms = proto::kMaxWaitMs;
+    CHECK(reason(wire(h)).empty());
+    h.wait_ms = proto::kMaxWaitMs + 1;
+    CHECK(reason(wire(h)) == "Hello wait_ms 600001 out of range");
+    h.wait_ms = 0;
+    h.reserved = 1;
+    CHECK(reason(wire(h)) == "Hello reserved field is not zero");
+    auto a = sample<proto::HelloAck>();
+    a.wait_ms = proto::kMaxWaitMs + 1;
+    CHECK(reason(wire(a)) == "HelloAck wait_ms 600001 out of range");
+    a.wait_ms = 0;
+    a.reserved2 = 1;
+    CHECK(reason(wire(a)) == "HelloAck reserved field is not zero");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

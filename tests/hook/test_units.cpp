@@ -48,6 +48,7 @@ TEST_CASE("config: defaults") {
   CHECK(c.reserve_bytes == std::uint64_t{512} << 20);  // measured: docs/hook.md
   CHECK(c.reserve_age == 5000ms);
   CHECK(c.reserve_stats.empty());
+  CHECK_FALSE(c.wait.has_value());  // the namespace's `wait`
   CHECK(c.problems.empty());
 }
 
@@ -57,8 +58,10 @@ TEST_CASE("config: every variable") {
                           {"VLAKE_RECONNECT_TIMEOUT", "250ms"},
                           {"VLAKE_TIMEOUT", "2.5"},
                           {"VLAKE_LOG", "debug"},
+                          {"VLAKE_WAIT", "30s"},
                           {"VLAKE_DISABLE", "1"}});
   CHECK(c.socket_path == "/tmp/x.sock");
+  CHECK(c.wait == std::optional(30000ms));
   CHECK(c.on_unreachable == OnUnreachable::passthrough);
   CHECK(c.reconnect_timeout == 250ms);
   CHECK(c.timeout == 2500ms);
@@ -73,6 +76,7 @@ TEST_CASE("config: malformed values keep the default and are reported") {
                           {"VLAKE_TIMEOUT", "0"},
                           {"VLAKE_LOG", "loud"},
                           {"VLAKE_DISABLE", "maybe"},
+                          {"VLAKE_WAIT", "11m"},
                           {"VLAKE_SOCKET", std::string(200, 'x')}});
   CHECK(c.on_unreachable == OnUnreachable::refuse);
   CHECK(c.reconnect_timeout == 5000ms);
@@ -80,7 +84,8 @@ TEST_CASE("config: malformed values keep the default and are reported") {
   CHECK(c.log_level == LogLevel::warn);
   CHECK_FALSE(c.disabled);
   CHECK(c.socket_path == "/run/vlake/vlaked.sock");
-  CHECK(c.problems.size() == 6);
+  CHECK_FALSE(c.wait.has_value());
+  CHECK(c.problems.size() == 7);
 }
 
 TEST_CASE("durations") {

@@ -389,6 +389,50 @@ TEST_CASE("node: reclaim: a parked grant still short after 250 ms asks the next 
   CHECK(w.node->counters().pressure_sent == 3);
 }
 
+TEST_CASE("node: a session that waits for memory is parked with nobody to ask, served when memory returns",
+          "[node][pressure]") {
+  World w("version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: nb, wait: 2s, users: [1003]}\n");
+  const auto a = w.hello(1, 101, 1001);
+  // B asks for its own wait in Hello (VLAKE_WAIT=3s); C has its namespace's 2 s.
+  proto::Hello m = proto::make<proto::Hello>(1);
+  m.flags = proto::kHelloWait;
+  m.wait_ms = 3000;
+  HelloOut hb = w.node->open_session(Peer{2, 102, 1002, 1002, 1102, ""}, m);
+  REQUIRE(std::holds_alternative<proto::HelloAck>(hb.answer));
+  CHECK(std::get<proto::HelloAck>(hb.answer).wait_ms == 3000);
+  const auto b = hb.session;
+  HelloOut hc = w.node->open_session(Peer{3, 103, 1003, 1003, 1103, ""}, proto::make<proto::Hello>(1));
+  REQUIRE(std::holds_alternative<proto::HelloAck>(hc.answer));
+  CHECK(std::get<proto::HelloAck>(hc.answer).wait_ms == 2000);
+  CHECK(std::get<proto::HelloAck>(
+            w.node->open_session(Peer{4, 104, 1004, 1004, 1104, ""}, proto::make<proto::Hello>(1)).answer)
+            .wait_ms == 0);
+  const std::uint64_t ga = w.granted(1, a, 1024 * kMiB - 64 * kMiB);
+
+  // Nobody can be asked (A has no reserve and no reclaim callback): B waits all the same.
+  GrantOut out = w.grant(2, b, 128 * kMiB);
+  const auto* parked = std::get_if<Parked>(&out);
+  REQUIRE(parked != nullptr);
+  CHECK(parked->pressure.empty());
+  w.advance(std::chrono::milliseconds(2500));
+  w.node->retry_parked(w.t);  // still short, still waiting (3 s)
+  CHECK(w.node->parked() == 1);
+  w.release(a, ga);  // A frees: B is served
+  std::vector<Completion> done = w.node->retry_parked(w.t);
+  REQUIRE(done.size() == 1);
+  CHECK(std::holds_alternative<Granted>(done[0].out));
+
+  // C (2 s from its namespace) gives up after 2 s when nothing comes back.
+  w.granted(1, a, 1024 * kMiB - 192 * kMiB);
+  REQUIRE(std::holds_alternative<Parked>(w.grant(3, hc.session, 256 * kMiB)));
+  w.advance(std::chrono::milliseconds(1900));
+  CHECK(w.node->retry_parked(w.t).empty());
+  w.advance(std::chrono::milliseconds(200));
+  done = w.node->retry_parked(w.t);
+  REQUIRE(done.size() == 1);
+  CHECK(std::holds_alternative<Refused>(done[0].out));
+}
+
 TEST_CASE("node: a parked grant of a connection that closed is dropped", "[node][pressure]") {
   World w("version: 1\ndefault: {limit: 100%}\n");
   const auto a = w.hello(1, 101, 1001, true);

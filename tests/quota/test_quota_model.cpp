@@ -152,6 +152,39 @@ namespaces:
   CHECK(cfg2.resolve(7, 7, kNoGroups).limit == Limit::bytes(1_GiB));
 }
 
+TEST_CASE("model: wait for memory: a namespace's own, else the top-level default's, else 0", "[quota][model]") {
+  const QuotaConfig cfg = QuotaConfig::parse(R"(version: 1
+default:
+  limit: 4GiB
+  wait: 5s
+namespaces:
+  - name: notebooks
+    wait: 2m
+    users: [1010]
+  - name: batch
+    users: [1011]
+)",
+                                             "w.yaml");
+  CHECK(cfg.resolve(1010, 7, kNoGroups).wait == std::chrono::minutes(2));
+  CHECK(cfg.resolve(1011, 7, kNoGroups).wait == std::chrono::seconds(5));
+  CHECK(cfg.resolve(7, 7, kNoGroups).wait == std::chrono::seconds(5));
+  const QuotaConfig none = QuotaConfig::parse("version: 1\ndefault:\n  limit: 4GiB\n", "n.yaml");
+  CHECK(none.resolve(7, 7, kNoGroups).wait == std::chrono::milliseconds(0));
+  try {
+    (void)QuotaConfig::parse("version: 1\nnamespaces:\n  - name: a\n    wait: 11m\n", "q.yaml");
+    FAIL("a wait above 10m was accepted");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()) == "q.yaml:4:11: 'wait' of namespace 'a' is more than 10m");
+  }
+  try {
+    (void)QuotaConfig::parse("version: 1\ndefault:\n  wait: soon\n", "q.yaml");
+    FAIL("a bad wait was accepted");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).rfind("q.yaml:3:9: ", 0) == 0);
+    CHECK(std::string(e.what()).find("in 'wait' of 'default'") != std::string::npos);
+  }
+}
+
 TEST_CASE("model: files of the first release keep their meaning", "[quota][model]") {
   const QuotaConfig cfg = QuotaConfig::parse(
       "version: 1\ndefault:\n  limit: 2GiB\nusers:\n  - uid: 1000\n    limit: 4GiB\ngroups:\n  - gid: 2000\n"
@@ -178,7 +211,7 @@ TEST_CASE("model: malformed configurations, each with its positioned message", "
       {ns + "  - research\n", "q.yaml:3:5: a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)"},
       {a + "    limits: 8GiB\n",
        "q.yaml:4:5: unknown key 'limits' in a 'namespaces' entry (allowed: name, limit, guaranteed, priority, "
-       "pod_limit, users, groups, guard, dedup, enforce, kill_grace, allow_disable, dedup_domain, ipc_domain)"},
+       "pod_limit, users, groups, guard, dedup, enforce, kill_grace, allow_disable, dedup_domain, ipc_domain, wait)"},
       {a + "    guard: strict\n", "q.yaml:4:12: bad guard mode 'strict' in namespace 'a' (use off, canary or fault)"},
       {"version: 1\ndefault:\n  guard: yes\n",
        "q.yaml:3:10: bad guard mode 'yes' in 'default' (use off, canary or fault)"},
@@ -226,7 +259,7 @@ TEST_CASE("model: malformed configurations, each with its positioned message", "
        "q.yaml:3:5: missing 'limit' in a 'groups' entry (give 'limit', 'namespace' or 'guard')"},
       {"version: 1\ndefault:\n  guaranteed: 1GiB\n",
        "q.yaml:3:3: unknown key 'guaranteed' in 'default' (allowed: limit, guard, dedup, enforce, kill_grace, "
-       "allow_disable, dedup_domain)"},
+       "allow_disable, dedup_domain, wait)"},
       {"version: 1\ndefault: {}\n", "q.yaml:2:10: missing 'limit' in 'default'"},
       {"version: 1\nnamespace:\n  - name: a\n",
        "q.yaml:2:1: unknown key 'namespace' in the top level (allowed: version, default, namespaces, users, groups)"},

@@ -8,7 +8,9 @@
   2. L (low) now asks for 768 MiB while H (high) holds 512 MiB and has a callback of its own:
      H is never asked (a tenant never takes memory from a higher-priority one), L is refused
      (CUDA_ERROR_OUT_OF_MEMORY) and H's callback never ran;
-  3. disable_reclaim() unregisters: a process without callbacks is not asked.
+  3. disable_reclaim() unregisters: a process without callbacks is not asked;
+  4. a process with VLAKE_WAIT=5s whose allocation no memory can serve waits, and gets it when
+     another frees a second later; without a wait it is refused at once.
 Tenants run as two users (uids 64201, 64202), so the test runs as root; it fails otherwise.
 
   python_reclaim.py --vlaked PATH --hook PATH --driver PATH --nvml PATH --state-tool PATH
@@ -86,6 +88,11 @@ for line in sys.stdin:
     elif cmd[0] == "off":
         vlake.disable_reclaim(handle)
         out = {"ok": True}
+    elif cmd[0] == "freeall":
+        with lock:
+            rcs = [cuda.cuMemFree_v2(p) for p, _ in held]
+            held.clear()
+        out = {"rcs": rcs}
     print(json.dumps(out), flush=True)
 """
 
@@ -108,9 +115,15 @@ class Tenant:
         self.p = subprocess.Popen([TENANT_PYTHON, "-B", "-c", TENANT, os.path.join(ROOT, "python")], env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=drop)
 
-    def ask(self, line):
+    def send(self, line):
         self.p.stdin.write(line + "\n")
         self.p.stdin.flush()
+
+    def ask(self, line):
+        self.send(line)
+        return self.answer(line)
+
+    def answer(self, line):
         out = self.p.stdout.readline()
         if not out:
             raise RuntimeError("tenant exited (%s) on %r" % (self.p.wait(), line))
@@ -215,6 +228,19 @@ def main():
         check("without callbacks, nobody is asked: H is refused", r["rc"] == 2, str(r))
         s = low.ask("stats")
         check("L was not asked after disable_reclaim()", s["count"] == 1 and s["held"] == 128, str(s))
+
+        # Waiting for memory (docs/quota.md): W (VLAKE_WAIT=5s) asks for 448 MiB while only 384 MiB
+        # are free and nobody can be asked; L frees its 128 MiB a second later; W goes on.
+        wt = Tenant(dict(tenv, VLAKE_WAIT="5s"), UID_HIGH)
+        tenants.append(wt)
+        wt.send("alloc 448")
+        time.sleep(1.0)
+        r = low.ask("freeall")
+        check("L frees its 128 MiB", r["rcs"] == [0], str(r))
+        r = wt.answer("alloc 448")
+        check("W waited for the memory and got it (VLAKE_WAIT=5s)", r["rc"] == 0 and 900 <= r["ms"] < 5000, str(r))
+        r = high.ask("alloc 512")
+        check("without a wait, H is refused at once", r["rc"] == 2 and r["ms"] < 500, str(r))
     finally:
         for t in tenants:
             t.close()

@@ -168,6 +168,8 @@ std::string number(E e) requires std::is_enum_v<E> {
 inline std::optional<std::string> check_fields(const Hello& m) {
   if ((m.flags & ~kHelloKnownFlags) != 0) return "Hello has unknown flags";
   if (!detail::terminated(m.client)) return "Hello client name not terminated";
+  if (m.wait_ms > kMaxWaitMs) return "Hello wait_ms " + detail::number(m.wait_ms) + " out of range";
+  if (m.reserved != 0) return "Hello reserved field is not zero";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const HelloAck& m) {
@@ -176,6 +178,8 @@ inline std::optional<std::string> check_fields(const HelloAck& m) {
     return "HelloAck guard_mode " + detail::number(m.guard_mode) + " out of range";
   }
   if (!detail::terminated(m.tenant_name)) return "HelloAck tenant name not terminated";
+  if (m.wait_ms > kMaxWaitMs) return "HelloAck wait_ms " + detail::number(m.wait_ms) + " out of range";
+  if (m.reserved2 != 0) return "HelloAck reserved field is not zero";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const GrantRequest& m) {

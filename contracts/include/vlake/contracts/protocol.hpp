@@ -35,7 +35,7 @@ namespace vlake::proto {
 
 inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
 inline constexpr std::uint16_t kVersion =
-    3;  // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags
+    3;  // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags, wait_ms
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
 inline constexpr std::uint32_t kMaxDevices = 16;
@@ -118,8 +118,13 @@ enum HelloFlags : std::uint32_t {
   // answers Status::passthrough (no session) where the tenant's namespace has `allow_disable:
   // true`, else a normal HelloAck: the hook then stays on (docs/security.md).
   kHelloPassthrough = 1u << 1,
+  // Version 3: Hello::wait_ms is the process's own wait for memory (VLAKE_WAIT), instead of its
+  // namespace's `wait` (docs/quota.md, "Waiting for memory").
+  kHelloWait = 1u << 2,
 };
-inline constexpr std::uint32_t kHelloKnownFlags = kHelloPressure | kHelloPassthrough;
+inline constexpr std::uint32_t kHelloKnownFlags = kHelloPressure | kHelloPassthrough | kHelloWait;
+// The longest wait for memory a Hello may ask for (the quota file's bound as well).
+inline constexpr std::uint32_t kMaxWaitMs = 600'000;
 
 // client -> daemon, first message.
 struct Hello {
@@ -128,6 +133,8 @@ struct Hello {
   std::uint32_t flags;        // HelloFlags
   std::uint64_t old_session;  // 0, or the session this process held before its connection broke
   char client[32];            // e.g. "hook 0.1.0", NUL-terminated
+  std::uint32_t wait_ms;      // version 3, with kHelloWait: 0..kMaxWaitMs
+  std::uint32_t reserved;
 };
 
 struct DeviceQuota {
@@ -155,6 +162,10 @@ struct HelloAck {
   GuardMode guard_mode;  // out-of-bounds protection for this tenant's allocations
   char tenant_name[64];
   DeviceQuota devices[kMaxDevices];
+  // Version 3: how long a grant of this session that no memory can serve now waits for memory
+  // (the Hello's own wait, else the namespace's `wait`); the hook waits as long for replies.
+  std::uint32_t wait_ms;
+  std::uint32_t reserved2;
 };
 
 enum class GrantPurpose : std::uint32_t {
@@ -474,9 +485,9 @@ struct Error {
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kVersion"); \
   static_assert(sizeof(T) <= kMaxMessageBytes)
 VLAKE_PROTO_CHECK(Header, 24);
-VLAKE_PROTO_CHECK(Hello, 72);
+VLAKE_PROTO_CHECK(Hello, 80);
 VLAKE_PROTO_CHECK(DeviceQuota, 40);
-VLAKE_PROTO_CHECK(HelloAck, 760);
+VLAKE_PROTO_CHECK(HelloAck, 768);
 VLAKE_PROTO_CHECK(GrantRequest, 56);
 VLAKE_PROTO_CHECK(GrantReply, 832);
 VLAKE_PROTO_CHECK(Release, 40);

@@ -284,6 +284,7 @@ class Node {
     quota::Enforce enforce = quota::Enforce::refuse;
     std::chrono::milliseconds kill_grace = quota::kDefaultKillGrace;
     bool allow_disable = false;
+    std::chrono::milliseconds wait{0};  // its namespace's `wait` for memory
     std::array<std::uint64_t, st::kMaxDevices> unhooked{};
     struct UnhookedProcess {
       std::uint32_t pid = 0;
@@ -316,6 +317,7 @@ class Node {
     std::array<std::uint64_t, st::kMaxDevices> reserve{};  // last ReserveReport per GPU
     bool reclaim = false;  // its last ReserveReport said kReportReclaim (a framework gives back its cache)
     std::chrono::steady_clock::time_point last_active{};  // its last GrantRequest (or its Hello)
+    std::optional<std::chrono::milliseconds> wait;        // its Hello's own wait (kHelloWait)
   };
   struct Grant {
     std::uint64_t id = 0;
@@ -606,6 +608,9 @@ class Node {
   // Retires free handles bound to tenants other than `t` (of t's namespace only with
   // `same_namespace`) on `dev` until `bytes` were retired; returns the bytes retired.
   Bytes retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace);
+  // How long a grant of `s` that no memory can serve waits: its Hello's own wait, else its
+  // tenant's namespace's `wait` (docs/quota.md, "Waiting for memory").
+  [[nodiscard]] std::chrono::milliseconds wait_of(const Session& s) const;
   // The priority of a tenant's namespace (quota file `priority`; 0 when it has none).
   [[nodiscard]] std::int32_t priority_of(TenantId t) const;
   // Warm reserve and stock of one GPU (warm_stock.hpp): releases surplus clean handles and

@@ -31,6 +31,9 @@
 // the tenant is still over a limit `kill_grace` later. `allow_disable`: whether VLAKE_DISABLE=1
 // turns the hook off for the namespace's tenants. A duration is a whole number with ms, s or m
 // ("500ms", "30s", "2m"; a bare number is milliseconds), 0 allowed.
+// Waiting for memory: `wait: <duration>` (at most 10m) may appear in `default` and in a namespace
+// (its own, else the top-level default's, else 0): an allocation of its tenants that no memory
+// can serve now waits that long for memory before it fails.
 // Dedup trust domains: `dedup_domain: <DNS label>` may appear in `default` and in a namespace. A
 // namespace's domain: its own, else the top-level `default.dedup_domain`, else none. Tenants
 // share chunks only with tenants of the same domain (a tenant holding a chunk's descriptor can
@@ -144,6 +147,8 @@ enum class Enforce : std::uint8_t { account = 0, refuse = 1, kill = 2 };
 const char* enforce_name(Enforce e) noexcept;
 
 inline constexpr std::chrono::milliseconds kDefaultKillGrace{30'000};
+// The longest `wait` the quota file accepts (docs/quota.md, "Waiting for memory").
+inline constexpr std::chrono::milliseconds kMaxWait{600'000};
 
 // "500ms", "30s", "2m", "250" (milliseconds): a whole number, 0 allowed. Throws
 // std::invalid_argument naming the text and what is wrong.
@@ -160,6 +165,9 @@ struct TenantSpec {
   bool allow_disable = false;  // VLAKE_DISABLE=1 honoured for it
   std::string dedup_domain;    // its namespace's dedup trust domain; "": none
   std::string ipc_domain;      // its namespace's CUDA IPC domain (docs/ipc.md); "": none
+  // How long an allocation that no memory can serve now waits for memory (docs/quota.md,
+  // "Waiting for memory"); 0: it fails at once unless other processes are being asked.
+  std::chrono::milliseconds wait{0};
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -176,6 +184,7 @@ struct NamespaceSpec {
   std::optional<DedupMode> dedup;                       // nullopt: the top-level default's (or off)
   std::optional<Enforce> enforce;                       // nullopt: the top-level default's (or refuse)
   std::optional<std::chrono::milliseconds> kill_grace;  // nullopt: the top-level default's (or 30s)
+  std::optional<std::chrono::milliseconds> wait;        // nullopt: the top-level default's (or 0)
   std::optional<bool> allow_disable;                    // nullopt: the top-level default's (or false)
   std::optional<std::string> dedup_domain;              // nullopt: the top-level default's (or none)
   std::optional<std::string> ipc_domain;                // nullopt: none (namespace-level only)
@@ -258,6 +267,9 @@ class QuotaConfig {
   [[nodiscard]] Enforce enforce_of(const NamespaceSpec& ns) const noexcept {
     return ns.enforce.value_or(default_enforce_.value_or(Enforce::refuse));
   }
+  [[nodiscard]] std::chrono::milliseconds wait_of(const NamespaceSpec& ns) const noexcept {
+    return ns.wait.value_or(default_wait_.value_or(std::chrono::milliseconds(0)));
+  }
   [[nodiscard]] std::chrono::milliseconds kill_grace_of(const NamespaceSpec& ns) const noexcept {
     return ns.kill_grace.value_or(default_kill_grace_.value_or(kDefaultKillGrace));
   }
@@ -300,6 +312,7 @@ class QuotaConfig {
   std::optional<DedupMode> default_dedup_;
   std::optional<Enforce> default_enforce_;
   std::optional<std::chrono::milliseconds> default_kill_grace_;
+  std::optional<std::chrono::milliseconds> default_wait_;
   std::optional<bool> default_allow_disable_;
   std::optional<std::string> default_dedup_domain_;
   std::vector<NamespaceSpec> namespaces_;
