@@ -42,9 +42,10 @@ template <>
 inline proto::Hello sample<proto::Hello>() {
   auto m = proto::make<proto::Hello>(42);
   m.pid = 4242;
-  m.flags = proto::kHelloPressure;
+  m.flags = proto::kHelloPressure | proto::kHelloWait;
   m.old_session = 77;
   set_text(m.client, "vlake-hook 0.1.0");
+  m.wait_ms = 30000;
   return m;
 }
 template <>
@@ -57,6 +58,7 @@ inline proto::HelloAck sample<proto::HelloAck>() {
   m.device_count = 2;
   m.guard_mode = proto::GuardMode::fault;
   set_text(m.tenant_name, "research/user:alice");
+  m.wait_ms = 30000;
   for (std::uint32_t i = 0; i < m.device_count; ++i) {
     Uuid u = sample_uuid();
     u[0] = static_cast<std::uint8_t>(i);
@@ -151,6 +153,7 @@ inline proto::ReserveReport sample<proto::ReserveReport>() {
   sample_uuid().copy_to(m.device_uuid);
   m.bytes = 8 * kMiB;
   m.blocks = 3;
+  m.flags = proto::kReportReclaim;
   return m;
 }
 template <>
