@@ -137,21 +137,22 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     return Refused{reply};
   }
   if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
-    // Free handles bound to other tenants (of its namespace, for its limit) are memory nobody
-    // uses, charged to them as retained: released to the driver, they admit this grant (and a
-    // tenant that gave memory back under pressure is no longer charged for it).
-    if (retire_others_bound(t, *dev, bytes, why == Refusal::namespace_limit).value() > 0) {
+    // The GPU is held in full (memory beyond the namespace's guarantee is not free), or the
+    // tenant's namespace is at its limit. Free handles bound to other tenants (of its namespace,
+    // for its limit) are memory nobody uses, charged to them as retained: released to the
+    // driver, they may admit this grant (and a tenant that gave memory back under pressure is no
+    // longer charged for it). Otherwise processes that can give memory back are asked (of that
+    // namespace only, for its limit), as when the pool runs out.
+    const bool same_namespace = why == Refusal::namespace_limit;
+    if (retire_others_bound(t, *dev, bytes, same_namespace).value() > 0) {
       res = acct_.reserve(t.id, dev->ordinal, bytes, &before, &why);
       reply.limit = before.limit.value();
       reply.used = reported_used(t.id, *dev, before).value();
     }
-  }
-  if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
-    // The GPU is held in full (memory beyond the namespace's guarantee is not free), or the
-    // tenant's namespace is at its limit: processes that can give memory back are asked (of that
-    // namespace only, for its limit), as when the pool runs out.
-    if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, bytes, now, retry, why == Refusal::namespace_limit)) {
-      return std::move(*parked);
+    if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
+      if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, bytes, now, retry, same_namespace, false)) {
+        return std::move(*parked);
+      }
     }
   }
   if (!res) return refuse(t, *dev, bytes, why, reply, now);
@@ -222,8 +223,12 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       }
       // Park it while flagged sessions return their reserves, or keep a retried one parked
       // until its deadline (docs/pool.md, "Pressure protocol").
-      if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes,
-                                        std::max(dev->pool->shortfall(bytes), dev->granularity), now, retry)) {
+      // Free handles bound to other tenants are memory nobody uses: released to the driver, they
+      // may be what this grant lacks (retried at once, parked meanwhile).
+      const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
+      const bool retired = retire_others_bound(t, *dev, shortfall, false).value() > 0;
+      if (retired) memory_returned_ = true;
+      if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, shortfall, now, retry, false, retired)) {
         return std::move(*parked);
       }
       ++counters_.denials_out_of_memory;
@@ -444,11 +449,7 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
 
 std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                               const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
-                                              const ParkedGrant* retry, bool same_namespace) {
-  // Free handles bound to other tenants are memory nobody uses: released to the driver, they
-  // may be what this grant lacks (retried at once).
-  const bool retired = retire_others_bound(t, dev, shortfall, same_namespace).value() > 0;
-  if (retired) memory_returned_ = true;
+                                              const ParkedGrant* retry, bool same_namespace, bool retired) {
   // The longer of vlaked's pressure wait and the session's own wait for memory.
   const std::chrono::milliseconds own = wait_of(s);
   const std::chrono::milliseconds wait = std::max(settings_.pressure_wait, own);

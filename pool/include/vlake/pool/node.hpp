@@ -601,10 +601,12 @@ class Node {
                                          const std::vector<std::uint64_t>& exclude = {}, bool same_namespace = false);
   // A grant no memory can serve now: parked while the sessions plan_pressure() picks are asked
   // for `shortfall` (Parked, with their Pressure notes); a retried one stays Parked until its
-  // deadline. nullopt: refuse it (nobody to ask, parking off, or the deadline passed).
+  // deadline. `retired`: the caller just released memory to the driver (park it even with nobody
+  // to ask: the retry comes at once). nullopt: refuse it (nobody to ask and nothing returned,
+  // parking off, or the deadline passed).
   std::optional<GrantOut> park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                           const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
-                                          const ParkedGrant* retry, bool same_namespace = false);
+                                          const ParkedGrant* retry, bool same_namespace, bool retired);
   // Retires free handles bound to tenants other than `t` (of t's namespace only with
   // `same_namespace`) on `dev` until `bytes` were retired; returns the bytes retired.
   Bytes retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace);
