@@ -121,8 +121,11 @@ check = Checks()
 class Proc:
     """A child whose stdout JSON lines are read by a thread; stderr goes to a file."""
 
-    def __init__(self, cmd, env, log, user=None, cwd=None):
+    def __init__(self, cmd, env, log, user=None, cwd=None, group=None):
+        """`user`: run as that uid (and gid); `group`: only with that primary group (uid unchanged)."""
         kw = {"user": user, "group": user, "extra_groups": [], "cwd": cwd} if user is not None else {}
+        if group is not None:
+            kw.update(group=group, extra_groups=[])
         self.log = log
         self.err = open(log, "w")
         self.p = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -18,12 +18,11 @@ Tenants run as two users (uids 64201, 64202), so the test runs as root; it fails
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
+
+from sim_vlaked import SimVlaked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
@@ -166,33 +165,23 @@ def main():
         print("FAIL python_reclaim: runs tenants as two users, so it needs root")
         return 1
 
-    work = tempfile.mkdtemp(prefix="vlake-reclaim-")
-    os.chmod(work, 0o755)
-    node = "reclaim-%d" % os.getpid()
-    env = dict(os.environ, VLAKE_SIM_NODE=node, VLAKE_SIM_DEVICE_MEMORY="1GiB",
-               LD_LIBRARY_PATH=os.path.dirname(os.path.abspath(args.driver)))
-    cfg = os.path.join(work, "vlake.yaml")
-    with open(cfg, "w") as f:
-        f.write("version: 1\ndefault:\n  limit: 1GiB\nnamespaces:\n"
-                "  - {name: low, priority: 0, users: [%d]}\n  - {name: high, priority: 10, users: [%d]}\n"
-                % (UID_LOW, UID_HIGH))
-    sock = os.path.join(work, "vlaked.sock")
-    st = "vlake-reclaim-%d" % os.getpid()
-    log = open(os.path.join(work, "vlaked.log"), "w")
+    config = ("version: 1\ndefault:\n  limit: 1GiB\nnamespaces:\n"
+              "  - {name: low, priority: 0, users: [%d]}\n  - {name: high, priority: 10, users: [%d]}\n"
+              % (UID_LOW, UID_HIGH))
     old_umask = os.umask(0o002)  # the simulator's node file: tenants of other uids open it
-    daemon = subprocess.Popen([args.vlaked, "--config", cfg, "--socket", sock, "--state", st, "--driver", args.driver,
-                               "--nvml", args.nvml, "--metrics-address", "none", "--pressure-wait-ms", "3000",
-                               "--pool-idle-release", "200ms"],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        with SimVlaked(args, "reclaim", config, ("--pressure-wait-ms", "3000", "--pool-idle-release", "200ms"),
+                       lambda: not all(results)) as vd:
+            return run_tenants(args, vd)
+    finally:
+        os.umask(old_umask)
+
+
+def run_tenants(args, vd):
+    st = vd.state
+    tenv = vd.tenant_env(args.hook, VLAKE_RESERVE="0", VLAKE_LOG="info")
     tenants = []
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(sock):
-            if daemon.poll() is not None or time.time() > deadline:
-                raise RuntimeError("vlaked did not start")
-            time.sleep(0.05)
-        tenv = dict(env, LD_PRELOAD=os.path.abspath(args.hook), VLAKE_SOCKET=sock, VLAKE_RESERVE="0",
-                    VLAKE_LOG="info")
         low, high = Tenant(tenv, UID_LOW), Tenant(tenv, UID_HIGH)
         tenants = [low, high]
 
@@ -244,21 +233,6 @@ def main():
     finally:
         for t in tenants:
             t.close()
-        os.umask(old_umask)
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        log.close()
-        if not all(results):
-            print(open(os.path.join(work, "vlaked.log")).read()[-4000:])
-        for shm in ("/dev/shm/" + st, "/dev/shm/vlake-sim-" + node):
-            try:
-                os.unlink(shm)
-            except OSError:
-                pass
-        shutil.rmtree(work, ignore_errors=True)
     return 0 if results and all(results) else 1
 
 

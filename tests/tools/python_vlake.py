@@ -17,12 +17,11 @@ import argparse
 import glob
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
+
+from sim_vlaked import SimVlaked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
@@ -96,27 +95,17 @@ def main():
         except vlake.VlakeError as e:
             check("without the hook: %s raises VlakeError" % name, "not loaded" in str(e), str(e))
 
-    work = tempfile.mkdtemp(prefix="vlake-pytest-")
-    node = "pyvlake-%d" % os.getpid()
-    env = dict(os.environ, VLAKE_SIM_NODE=node, VLAKE_SIM_DEVICE_MEMORY="1GiB",
-               LD_LIBRARY_PATH=os.path.dirname(os.path.abspath(args.driver)))
-    cfg = os.path.join(work, "vlake.yaml")
-    with open(cfg, "w") as f:
-        f.write("version: 1\ndefault:\n  dedup_domain: test\n")
-    sock = os.path.join(work, "vlaked.sock")
-    st = "vlake-pytest-%d" % os.getpid()
-    log = open(os.path.join(work, "vlaked.log"), "w")
-    daemon = subprocess.Popen([args.vlaked, "--config", cfg, "--socket", sock, "--state", st, "--driver", args.driver,
-                               "--nvml", args.nvml, "--metrics-address", "none", "--sample-interval-ms", "200"],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    failed = lambda: not all(results)
+    with SimVlaked(args, "pytest", "version: 1\ndefault:\n  dedup_domain: test\n",
+                   ("--sample-interval-ms", "200"), failed) as vd:
+        return run_tenants(args, vd)
+
+
+def run_tenants(args, vd):
+    st = vd.state
+    tenv = vd.tenant_env(args.hook, VLAKE_RESERVE="0")
     tenants = []
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(sock):
-            if daemon.poll() is not None or time.time() > deadline:
-                raise RuntimeError("vlaked did not start")
-            time.sleep(0.05)
-        tenv = dict(env, LD_PRELOAD=os.path.abspath(args.hook), VLAKE_SOCKET=sock, VLAKE_RESERVE="0")
         replies = []
         for _ in range(2):  # one after the other: the second finds the first's chunks
             t = subprocess.Popen([sys.executable, "-B", "-c", TENANT, os.path.join(ROOT, "python")], env=tenv,
@@ -159,20 +148,6 @@ def main():
                     t.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     t.kill()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        log.close()
-        if not all(results):
-            print(open(os.path.join(work, "vlaked.log")).read()[-3000:])
-        for shm in ("/dev/shm/" + st, "/dev/shm/vlake-sim-" + node):
-            try:
-                os.unlink(shm)
-            except OSError:
-                pass
-        shutil.rmtree(work, ignore_errors=True)
     return 0 if results and all(results) else 1
 
 
