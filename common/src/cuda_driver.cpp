@@ -29,6 +29,18 @@ void Driver::copy_device(DevicePtr dst, DevicePtr src, Bytes n) {
   }
 }
 
+namespace {
+[[noreturn]] void no_checkpoints(const char* call) {
+  throw DriverError(CUDA_ERROR_NOT_SUPPORTED, call, "this driver has no process checkpoint API");
+}
+}  // namespace
+
+Driver::ProcessState Driver::process_state(int) { no_checkpoints("cuCheckpointProcessGetState"); }
+void Driver::lock_process(int, unsigned) { no_checkpoints("cuCheckpointProcessLock"); }
+void Driver::checkpoint_process(int) { no_checkpoints("cuCheckpointProcessCheckpoint"); }
+void Driver::restore_process(int) { no_checkpoints("cuCheckpointProcessRestore"); }
+void Driver::unlock_process(int) { no_checkpoints("cuCheckpointProcessUnlock"); }
+
 std::uint64_t Driver::hash_chunk(DevicePtr p, Bytes n) {
   if (n.value() % 8 != 0) {
     throw DriverError(CUDA_ERROR_INVALID_VALUE, "hash_chunk", "size is not a multiple of 8");
@@ -87,7 +99,10 @@ class CudaDriver final : public Driver {
 #define VLAKE_CU_API(base, symbol, version)                                       \
   api_.symbol = reinterpret_cast<PFN_##base##_v##version>(::dlsym(dl_, #symbol)); \
   if (api_.symbol == nullptr) missing.emplace_back(#symbol);
+#define VLAKE_CU_API_OPTIONAL(base, symbol, version) \
+  api_.symbol = reinterpret_cast<PFN_##base##_v##version>(::dlsym(dl_, #symbol));
 #include "vlake/common/cuda_api.def"
+#undef VLAKE_CU_API_OPTIONAL
 #undef VLAKE_CU_API
     if (!missing.empty()) {
       std::string names;
@@ -111,6 +126,41 @@ class CudaDriver final : public Driver {
   ~CudaDriver() override = default;
 
   std::string name() const override { return library_; }
+
+  bool checkpoint_supported() const override {
+    return api_.cuCheckpointProcessGetState != nullptr && api_.cuCheckpointProcessLock != nullptr &&
+           api_.cuCheckpointProcessCheckpoint != nullptr && api_.cuCheckpointProcessRestore != nullptr &&
+           api_.cuCheckpointProcessUnlock != nullptr;
+  }
+  ProcessState process_state(int pid) override {
+    if (!checkpoint_supported()) return Driver::process_state(pid);
+    CUprocessState st = CU_PROCESS_STATE_RUNNING;
+    check(api_.cuCheckpointProcessGetState(pid, &st), "cuCheckpointProcessGetState");
+    switch (st) {
+      case CU_PROCESS_STATE_RUNNING: return ProcessState::running;
+      case CU_PROCESS_STATE_LOCKED: return ProcessState::locked;
+      case CU_PROCESS_STATE_CHECKPOINTED: return ProcessState::checkpointed;
+      default: return ProcessState::failed;
+    }
+  }
+  void lock_process(int pid, unsigned timeout_ms) override {
+    if (!checkpoint_supported()) Driver::lock_process(pid, timeout_ms);
+    CUcheckpointLockArgs args{};
+    args.timeoutMs = timeout_ms;
+    check(api_.cuCheckpointProcessLock(pid, &args), "cuCheckpointProcessLock");
+  }
+  void checkpoint_process(int pid) override {
+    if (!checkpoint_supported()) Driver::checkpoint_process(pid);
+    check(api_.cuCheckpointProcessCheckpoint(pid, nullptr), "cuCheckpointProcessCheckpoint");
+  }
+  void restore_process(int pid) override {
+    if (!checkpoint_supported()) Driver::restore_process(pid);
+    check(api_.cuCheckpointProcessRestore(pid, nullptr), "cuCheckpointProcessRestore");
+  }
+  void unlock_process(int pid) override {
+    if (!checkpoint_supported()) Driver::unlock_process(pid);
+    check(api_.cuCheckpointProcessUnlock(pid, nullptr), "cuCheckpointProcessUnlock");
+  }
 
   std::vector<std::string> device_files() const override {
     // The simulator names its node file. On the real driver, cuInit maps /dev/nvidiactl and

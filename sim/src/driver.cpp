@@ -99,9 +99,12 @@ CUctx_st* current_ctx() { return t_depth > 0 ? t_stack[t_depth - 1] : nullptr; }
 using vlake::sim::internal::guarded;
 
 // Initialized and not in a fork()ed child of the process that initialized.
+// Blocks while another process has this one locked or checkpointed (cuCheckpointProcessLock):
+// every entry point that needs an initialized driver passes here.
 CUresult check_init() {
   if (g_init.load(std::memory_order_acquire) != 1) return rules::kNotInitialized;
   if (::getpid() != g_init_pid.load(std::memory_order_relaxed)) return rules::kNotInitialized;
+  g_proc->node->wait_while_locked();
   return CUDA_SUCCESS;
 }
 
@@ -2101,6 +2104,67 @@ VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, 
 }
 
 // =================================================================================================
+// =================================================================================================
+// Process checkpoints (node.hpp; docs/simulator.md "Checkpoints")
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int* tid) {
+  VLAKE_SIM_COUNT(cuCheckpointProcessGetRestoreThreadId);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (tid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    CUprocessState st{};
+    if (CUresult rc = g_proc->node->process_state(pid, st); rc != CUDA_SUCCESS) return rc;
+    *tid = pid;  // the simulator restores from the calling process: no thread of the target
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState* state) {
+  VLAKE_SIM_COUNT(cuCheckpointProcessGetState);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return g_proc->node->process_state(pid, *state);
+  });
+}
+
+VLAKE_SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
+  VLAKE_SIM_COUNT(cuCheckpointProcessLock);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    (void)args;  // no submitted work to wait for: a timeout never expires
+    return g_proc->node->lock_process(pid);
+  });
+}
+
+VLAKE_SIM_API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args) {
+  VLAKE_SIM_COUNT(cuCheckpointProcessCheckpoint);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    (void)args;
+    return g_proc->node->checkpoint_process(pid);
+  });
+}
+
+VLAKE_SIM_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args) {
+  VLAKE_SIM_COUNT(cuCheckpointProcessRestore);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (args != nullptr && args->gpuPairs != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // no GPU remapping
+    return g_proc->node->restore_process(pid);
+  });
+}
+
+VLAKE_SIM_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args) {
+  VLAKE_SIM_COUNT(cuCheckpointProcessUnlock);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    (void)args;
+    return g_proc->node->unlock_process(pid);
+  });
+}
+
 // Call counters (call_counts.hpp, docs/simulator.md "Call counters"): not part of the CUDA API.
 // =================================================================================================
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -38,10 +39,12 @@ constexpr std::uint64_t kMagic = 0x4d49532d454b4c56ULL;  // "VLKE-SIM"
 // (`fd_held`), as on the real driver.
 // 4: `creator_gone`: the creator released a record others still hold; NVML charges it to no
 // process while a descriptor of it is open.
-constexpr std::uint32_t kLayoutVersion = 4;
+// 5: process checkpoints (`swaps`, `nlocked`, Record::swapped).
+constexpr std::uint32_t kLayoutVersion = 5;
 constexpr std::uint32_t kMaxAttached = 512;   // processes attached to one node at once
 constexpr std::uint32_t kMaxRecords = 32768;  // live physical allocations per node
 constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocation at once
+constexpr std::uint32_t kMaxSwaps = 64;       // processes locked or checkpointed at once
 // The st_dev of a context record: no memfd has it.
 constexpr std::uint64_t kContextDev = ~std::uint64_t{0};
 std::uint64_t context_ino(std::int32_t pid, int device) {
@@ -59,7 +62,21 @@ struct Record {
   // real driver then charges the memory to no process until no descriptor is left (measured,
   // docs/driver.md "What NVML reports"). Cleared by the first NVML read that finds none.
   std::uint32_t creator_gone;
+  // Its only holder is checkpointed: the contents are in host memory, the record is not charged
+  // to its device (nor to NVML's per-process figures) until that process is restored.
+  std::uint32_t swapped;
+  std::uint32_t imported;  // some process imported it (cuMemImportFromShareableHandle)
   ProcessId holders[kMaxHolders];
+};
+
+// A process another process locked (cuCheckpointProcessLock) or checkpointed. Running processes
+// have no entry.
+struct Swap {
+  ProcessId process;
+  std::uint32_t state;  // CUprocessState: LOCKED or CHECKPOINTED
+  // 1: it held memory other processes held too: restore is CUDA_ERROR_NOT_SUPPORTED. 2: a restore
+  // failed for lack of memory: every later one is CUDA_ERROR_OPERATING_SYSTEM (driver 580).
+  std::uint32_t unsupported;
 };
 
 // A record is in use (charged to its device) while it has a holder or may be held through a
@@ -82,11 +99,28 @@ struct NodeState {
   std::uint32_t record_hwm;  // records[record_hwm..] are all unused
   ProcessId attached[kMaxAttached];
   Record records[kMaxRecords];
+  // Read without the mutex by every entry point (Node::wait_while_locked): nonzero while any
+  // process is locked or checkpointed.
+  std::uint32_t nswaps;
+  std::uint32_t reserved2;
+  Swap swaps[kMaxSwaps];
 };
 
 namespace {
 
 bool same(const ProcessId& a, const ProcessId& b) { return a.pid == b.pid && a.start_time == b.start_time; }
+
+Swap* find_swap(NodeState* s, std::int32_t pid) {
+  for (std::uint32_t i = 0; i < s->nswaps; ++i) {
+    if (s->swaps[i].process.pid == pid) return &s->swaps[i];
+  }
+  return nullptr;
+}
+
+void erase_swap(NodeState* s, Swap* w) {
+  *w = s->swaps[s->nswaps - 1];
+  __atomic_store_n(&s->nswaps, s->nswaps - 1, __ATOMIC_RELEASE);
+}
 
 class Lock {
  public:
@@ -118,7 +152,7 @@ class Lock {
         r.nholders = 0;
         continue;
       }
-      s_->used[r.device] += r.size;
+      if (r.swapped == 0) s_->used[r.device] += r.size;
     }
   }
   NodeState* s_;
@@ -149,6 +183,10 @@ void shrink_hwm(NodeState* s) {
 // descriptor of it (an exported or received descriptor keeps the memory alive on the real
 // driver: docs/driver.md).
 void drop_holder(NodeState* s, Record& r, std::uint32_t idx) {
+  if (r.swapped != 0) {  // its checkpointed holder is gone: account it as a held record again
+    r.swapped = 0;
+    s->used[r.device] += r.size;
+  }
   if (idx == 0 && r.nholders > 1 && r.dev != kContextDev && r.creator_gone == 0) r.creator_gone = 1;
   for (std::uint32_t i = idx + 1; i < r.nholders; ++i) r.holders[i - 1] = r.holders[i];
   --r.nholders;
@@ -323,6 +361,13 @@ void purge_dead(NodeState* s, const ProcessId& self) {
     }
   }
   s->nattached = kept;
+  std::uint32_t live_swaps = 0;
+  for (std::uint32_t i = 0; i < s->nswaps; ++i) {
+    bool gone = false;
+    for (const auto& d : dead) gone = gone || same(d, s->swaps[i].process);
+    if (!gone) s->swaps[live_swaps++] = s->swaps[i];
+  }
+  __atomic_store_n(&s->nswaps, live_swaps, __ATOMIC_RELEASE);
   for (std::uint32_t i = 0; !dead.empty() && i < s->record_hwm; ++i) {
     Record& r = s->records[i];
     for (std::uint32_t h = 0; h < r.nholders;) {
@@ -476,6 +521,7 @@ void Node::detach() {
       }
     }
     shrink_hwm(state_);
+    if (Swap* w = find_swap(state_, self_.pid); w != nullptr) erase_swap(state_, w);
     for (std::uint32_t i = 0; i < state_->nattached; ++i) {
       if (same(state_->attached[i], self_)) {
         state_->attached[i] = state_->attached[--state_->nattached];
@@ -524,6 +570,8 @@ CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t si
   r->nholders = 1;
   r->fd_held = 0;
   r->creator_gone = 0;
+  r->swapped = 0;
+  r->imported = 0;
   state_->used[device] += size;
   return CUDA_SUCCESS;
 }
@@ -549,11 +597,19 @@ CUresult Node::hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, in
     r->nholders = 0;
     r->fd_held = 0;
     r->creator_gone = 0;
+    r->swapped = 0;
     state_->used[device] += size;
+  } else if (r->swapped != 0) {
+    // Imported from a checkpointed process's descriptor: the memory is needed on the device
+    // again, and that process can no longer be restored (it shares it now).
+    r->swapped = 0;
+    state_->used[device] += size;
+    if (Swap* w = find_swap(state_, r->holders[0].pid); w != nullptr) w->unsupported = 1;
   } else if (r->nholders == 0 && r->fd_held != 0) {
     r->creator_gone = 1;  // imported again from a kept descriptor: the creator is gone
   }
   r->fd_held = 0;  // held again (still charged once)
+  r->imported = 1;
   for (std::uint32_t h = 0; h < r->nholders; ++h) {
     if (same(r->holders[h], self_)) return CUDA_SUCCESS;
   }
@@ -587,6 +643,117 @@ CUresult Node::charge_context(int device, std::uint64_t bytes) {
 }
 
 void Node::release_context(int device) { release(kContextDev, context_ino(self_.pid, device)); }
+
+// ---- Process checkpoints --------------------------------------------------------------------
+
+CUresult Node::lock_process(std::int32_t pid) {
+  if (pid == self_.pid) return CUDA_ERROR_NOT_SUPPORTED;
+  Lock lock(state_);
+  purge_dead(state_, self_);
+  const ProcessId* target = nullptr;
+  for (std::uint32_t a = 0; a < state_->nattached; ++a) {
+    if (state_->attached[a].pid == pid) target = &state_->attached[a];
+  }
+  if (target == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (find_swap(state_, pid) != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  if (state_->nswaps >= kMaxSwaps) return CUDA_ERROR_OUT_OF_MEMORY;
+  state_->swaps[state_->nswaps] = Swap{*target, CU_PROCESS_STATE_LOCKED, 0};
+  __atomic_store_n(&state_->nswaps, state_->nswaps + 1, __ATOMIC_RELEASE);
+  return CUDA_SUCCESS;
+}
+
+CUresult Node::checkpoint_process(std::int32_t pid) {
+  Lock lock(state_);
+  Swap* w = find_swap(state_, pid);
+  if (w == nullptr || w->state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  // Memory it alone holds goes to host memory (uncharged); its references to memory others hold
+  // too are released, and then it cannot be restored (driver 580, docs/simulator.md).
+  for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
+    Record& r = state_->records[i];
+    for (std::uint32_t h = 0; h < r.nholders; ++h) {
+      if (!same(r.holders[h], w->process)) continue;
+      if (r.nholders == 1 && r.imported == 0 && r.swapped == 0) {
+        r.swapped = 1;
+        state_->used[r.device] -= r.size;
+      } else if (r.swapped == 0) {
+        w->unsupported = 1;
+        drop_holder(state_, r, h);
+      }
+      break;
+    }
+  }
+  shrink_hwm(state_);
+  w->state = CU_PROCESS_STATE_CHECKPOINTED;
+  return CUDA_SUCCESS;
+}
+
+CUresult Node::restore_process(std::int32_t pid) {
+  Lock lock(state_);
+  Swap* w = find_swap(state_, pid);
+  if (w == nullptr || w->state != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
+  if (w->unsupported == 1) return CUDA_ERROR_NOT_SUPPORTED;
+  if (w->unsupported == 2) return CUDA_ERROR_OPERATING_SYSTEM;
+  auto needed = [&] {
+    std::array<std::uint64_t, rules::kMaxDevices> need{};
+    for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
+      const Record& r = state_->records[i];
+      if (r.swapped != 0 && r.nholders > 0 && same(r.holders[0], w->process)) need[r.device] += r.size;
+    }
+    return need;
+  };
+  auto fits = [&](const std::array<std::uint64_t, rules::kMaxDevices>& need) {
+    for (int d = 0; d < rules::kMaxDevices; ++d) {
+      if (state_->used[d] > state_->capacity || need[d] > state_->capacity - state_->used[d]) return false;
+    }
+    return true;
+  };
+  if (!fits(needed())) purge_dead(state_, self_);
+  w = find_swap(state_, pid);
+  if (w == nullptr) return CUDA_ERROR_ILLEGAL_STATE;  // it died meanwhile
+  if (!fits(needed())) {
+    w->unsupported = 2;  // stays checkpointed, and cannot be restored any more
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
+    Record& r = state_->records[i];
+    if (r.swapped == 0 || r.nholders == 0 || !same(r.holders[0], w->process)) continue;
+    r.swapped = 0;
+    state_->used[r.device] += r.size;
+  }
+  w->state = CU_PROCESS_STATE_LOCKED;
+  return CUDA_SUCCESS;
+}
+
+CUresult Node::unlock_process(std::int32_t pid) {
+  Lock lock(state_);
+  Swap* w = find_swap(state_, pid);
+  if (w == nullptr || w->state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  erase_swap(state_, w);
+  return CUDA_SUCCESS;
+}
+
+CUresult Node::process_state(std::int32_t pid, CUprocessState& out) {
+  Lock lock(state_);
+  purge_dead(state_, self_);
+  bool attached = false;
+  for (std::uint32_t a = 0; a < state_->nattached; ++a) attached = attached || state_->attached[a].pid == pid;
+  if (!attached) return CUDA_ERROR_INVALID_VALUE;
+  const Swap* w = find_swap(state_, pid);
+  out = w == nullptr ? CU_PROCESS_STATE_RUNNING : static_cast<CUprocessState>(w->state);
+  return CUDA_SUCCESS;
+}
+
+void Node::wait_while_locked() {
+  if (__atomic_load_n(&state_->nswaps, __ATOMIC_ACQUIRE) == 0) return;
+  for (;;) {
+    {
+      Lock lock(state_);
+      const Swap* w = find_swap(state_, self_.pid);
+      if (w == nullptr || !same(w->process, self_)) return;
+    }
+    ::usleep(1000);
+  }
+}
 
 bool read_config(Config& out, std::string& error) {
   Config c;
@@ -739,7 +906,9 @@ bool NodeObserver::read(NodeSnapshot& out) {
     // process that creates memory without a context is not listed, its memory is in `used`).
     for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
       const Record& r = s->records[i];
-      if (r.nholders == 0 || r.dev != kContextDev || r.device < 0 || r.device >= snap.device_count) continue;
+      if (r.nholders == 0 || r.swapped != 0 || r.dev != kContextDev || r.device < 0 || r.device >= snap.device_count) {
+        continue;
+      }
       charges[static_cast<std::size_t>(r.device)].emplace(r.holders[0].pid, 0);
     }
     for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
@@ -747,7 +916,9 @@ bool NodeObserver::read(NodeSnapshot& out) {
       // A record held only through descriptors, whose creator let go while a descriptor is
       // open, or whose first live holder has no context on its device, is charged to the
       // device and to no process.
-      if (r.nholders == 0 || r.creator_gone != 0 || r.device < 0 || r.device >= snap.device_count) continue;
+      if (r.nholders == 0 || r.swapped != 0 || r.creator_gone != 0 || r.device < 0 || r.device >= snap.device_count) {
+        continue;
+      }
       auto& dev = charges[static_cast<std::size_t>(r.device)];
       if (auto it = dev.find(r.holders[0].pid); it != dev.end()) it->second += r.size;
     }

@@ -72,6 +72,23 @@ class Node {
   // this process alone. CUDA_ERROR_OUT_OF_MEMORY if it does not fit.
   CUresult charge_context(int device, std::uint64_t bytes);
   void release_context(int device);
+  // Process checkpoints (cuCheckpointProcess*), done by this process to the attached process
+  // `pid`, with driver 580's semantics as measured (docs/simulator.md "Checkpoints"): lock blocks
+  // the target's entry points (wait_while_locked); checkpoint moves the memory it alone holds to
+  // host memory (uncharged) and releases its references to shared memory, which makes restore
+  // CUDA_ERROR_NOT_SUPPORTED; restore charges the memory back (CUDA_ERROR_OUT_OF_MEMORY when it
+  // does not fit: still checkpointed, and every later restore fails with
+  // CUDA_ERROR_OPERATING_SYSTEM); unlock lets it run. A call in the wrong state is
+  // CUDA_ERROR_ILLEGAL_STATE; a pid not attached to the node CUDA_ERROR_INVALID_VALUE; this
+  // process itself CUDA_ERROR_NOT_SUPPORTED.
+  CUresult lock_process(std::int32_t pid);
+  CUresult checkpoint_process(std::int32_t pid);
+  CUresult restore_process(std::int32_t pid);
+  CUresult unlock_process(std::int32_t pid);
+  CUresult process_state(std::int32_t pid, CUprocessState& out);
+  // Returns once this process is neither locked nor checkpointed (at once, one atomic load, while
+  // no process on the node is).
+  void wait_while_locked();
   // Bytes charged to `device` by live holders, and its capacity.
   void usage(int device, std::uint64_t& used, std::uint64_t& capacity);
   // This process stops using the node (at exit): drops its holds and its attachment, and

@@ -8,8 +8,14 @@
 //     receives an fd and a size, imports and maps it, fills it with the pattern, reports back.
 //   vlake_driver_child <socket-fd> illegal <past-end|read-only|after-unmap|no-access>
 //     makes a kernel write to memory it may not write and reports every status it saw.
+//   vlake_driver_child <socket-fd> hold <own|import> <bytes> <byte-pattern>
+//     creates (own) or receives and imports (import) the memory, maps and fills it, reports 1,
+//     then answers each command: 1 = verify (replies 1 when every byte still holds the pattern,
+//     0 when not, 2 when the read failed), 0 = exit. The checkpoint cases lock, checkpoint and
+//     restore it meanwhile.
 //
 // Exit status 0 when the protocol ran to the end; the parent checks the data and statuses.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -114,6 +120,42 @@ int illegal(int sock, const std::string& kind) {
   return 0;
 }
 
+int hold(int sock, const std::string& how, Bytes size, std::uint8_t pattern) {
+  auto d = open_from_env();
+  const DeviceOrdinal dev{0};
+  PhysicalHandle h{};
+  if (how == "own") {
+    h = d->create(dev, size);
+  } else {
+    std::uint64_t n = 0;
+    Received r = recv_with_fds(sock, std::as_writable_bytes(std::span(&n, 1)));
+    if (r.bytes != sizeof n || r.fds.size() != 1 || n != size.value()) return 4;
+    h = d->import_fd(r.fds[0].get());
+  }
+  const DevicePtr va = d->reserve(size, Bytes{0});
+  d->map(va, size, h);
+  d->release(h);  // the mapping keeps it
+  d->set_access(va, size, dev, Access::read_write);
+  d->fill_u8(va, pattern, size);
+  d->synchronize();
+  const std::uint64_t ready = 1;
+  send_bytes(sock, &ready, sizeof ready);
+  std::vector<std::uint8_t> buf(size.value());
+  for (;;) {
+    std::uint64_t cmd = 0;
+    if (recv_with_fds(sock, std::as_writable_bytes(std::span(&cmd, 1))).bytes != sizeof cmd) return 3;
+    if (cmd == 0) break;
+    std::uint64_t verdict = 2;
+    if (status_of([&] { d->copy_to_host(buf.data(), va, size); }) == 0) {
+      verdict = std::all_of(buf.begin(), buf.end(), [&](std::uint8_t b) { return b == pattern; }) ? 1 : 0;
+    }
+    send_bytes(sock, &verdict, sizeof verdict);
+  }
+  d->unmap(va, size);
+  d->free_reservation(va, size);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -132,6 +174,10 @@ int main(int argc, char* argv[]) {
       return import_write(sock, static_cast<std::uint8_t>(std::strtoul(argv[3], nullptr, 0)));
     }
     if (mode == "illegal" && argc == 4) return illegal(sock, argv[3]);
+    if (mode == "hold" && argc == 6 && (std::strcmp(argv[3], "own") == 0 || std::strcmp(argv[3], "import") == 0)) {
+      return hold(sock, argv[3], Bytes{std::strtoull(argv[4], nullptr, 10)},
+                  static_cast<std::uint8_t>(std::strtoul(argv[5], nullptr, 0)));
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "driver child (%s): %s\n", mode.c_str(), e.what());
     return 1;

@@ -160,6 +160,26 @@ class Driver {
   [[nodiscard]] virtual std::uint64_t hash_chunk(DevicePtr p, Bytes n);
   virtual void synchronize() = 0;
 
+  // Process checkpoints (docs/swap.md): the GPU state of another process `pid` moved to host
+  // memory and back by the driver's checkpoint API (cuCheckpointProcess*, driver >= 550).
+  // lock_process blocks the process's CUDA calls and waits (up to `timeout_ms`; 0: no limit)
+  // for the work it submitted; checkpoint_process copies its device memory to host memory and
+  // releases it (and its context); restore_process brings it back (CUDA_ERROR_OUT_OF_MEMORY when
+  // it does not fit: the process stays checkpointed); unlock_process lets it run again. Measured
+  // on an H100, driver 580: memory the process imported from another process is released by the
+  // checkpoint, but restore then fails with CUDA_ERROR_NOT_SUPPORTED and the process never runs
+  // again; memory it allocated itself comes back intact. A call in the wrong state throws
+  // CUDA_ERROR_ILLEGAL_STATE. Drivers without the API throw CUDA_ERROR_NOT_SUPPORTED;
+  // checkpoint_supported() says so beforehand. These calls take seconds per GiB: never on a
+  // latency-critical thread.
+  enum class ProcessState : std::uint8_t { running, locked, checkpointed, failed };
+  [[nodiscard]] virtual bool checkpoint_supported() const { return false; }
+  [[nodiscard]] virtual ProcessState process_state(int pid);
+  virtual void lock_process(int pid, unsigned timeout_ms);
+  virtual void checkpoint_process(int pid);
+  virtual void restore_process(int pid);
+  virtual void unlock_process(int pid);
+
   // The files a process using these GPUs has open (docs/daemon.md, "Memory outside vlake"): a
   // path, or a prefix ending in '*'; "map:<path>" means a mapping of it rather than a descriptor.
   // The real driver: "map:/dev/nvidia*" (cuInit maps nvidiactl and nvidia<N>; NVML clients open
