@@ -12,14 +12,24 @@ enable_reclaim()), same seeds:
 
 With --check: exit 1 unless the run with reclaim on had 0 OOM and the outputs match the run
 without reclaim wherever both completed, and the run without reclaim had at least one OOM (the
-workload really needs the memory idle notebooks hold). Needs root (primary groups); exit 77
-without a GPU and PyTorch.
+workload really needs the memory idle notebooks hold).
 
-  notebooks.py --vlaked PATH --hook PATH [--users 8] [--factor 1.3] [--rounds 5] [--json OUT] [--check]
+With --overcommit (docs/swap.md; --factor defaults to 2.0 then): the users' namespace has
+`overcommit: true` and reclaim is on; vlaked (--swap-idle 1s) moves idle users to host memory when
+the GPU is full, and their next CUDA call brings them back. It runs the users one at a time
+without vlake first ("alone": the GPU to itself, no idle periods), then all of them at once, and
+reports swap-outs and swap-ins (vlaked's log), the time a burst's first call waited for its
+restore (p50/p99, the users' own lines) and seconds per GiB of checkpoint and restore. --check:
+0 OOM, every burst done, outputs identical to the run alone, and at least one swap-out.
+
+Needs root (primary groups); exit 77 without a GPU and PyTorch.
+
+  notebooks.py --vlaked PATH --hook PATH [--users 8] [--factor 1.3] [--rounds 5] [--overcommit] [--json OUT] [--check]
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -39,10 +49,12 @@ GiB = 1 << 30
 GID0 = 64400
 
 USER = r"""
-import json, os, random, sys, time
+import faulthandler, json, os, random, signal, sys, time
+faulthandler.register(signal.SIGUSR1)  # the run's watchdog asks where a stuck user is
 sys.path.insert(0, sys.argv[1])
 import torch, vlake
 uid, limit, rounds, reclaim = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "on"
+idle = sys.argv[6] == "idle"
 rng = random.Random(uid)
 gen = torch.Generator(device="cuda").manual_seed(uid)
 if reclaim:
@@ -56,7 +68,9 @@ torch.cuda.synchronize()
 print(json.dumps({"event": "loaded", "model_bytes": len(model) * mat}), flush=True)
 bursts = []
 for r in range(rounds):
-    time.sleep(rng.uniform(0.5, 3.0))  # idle: the notebook's user reads, thinks, types
+    pause = rng.uniform(0.5, 3.0)  # idle: the notebook's user reads, thinks, types
+    if idle:
+        time.sleep(pause)
     t = time.monotonic()
     gen.manual_seed(uid * 1000 + r)  # the same input whatever happened to earlier bursts
     try:
@@ -72,22 +86,69 @@ for r in range(rounds):
     except torch.OutOfMemoryError as e:
         acts = x = None
         bursts.append({"round": r, "ok": False, "ms": (time.monotonic() - t) * 1e3, "error": str(e)[:160]})
-print(json.dumps({"event": "done", "bursts": bursts, "reclaims": vlake.reclaim_count(),
+print(json.dumps({"event": "done", "bursts": bursts, "reclaims": vlake.reclaim_count() if vlake.available() else 0,
                   "reserved": torch.cuda.memory_reserved()}), flush=True)
 """
+
+
+def run_alone(args, work, total):
+    """Each user by itself, without vlake and without idle periods: the reference outputs."""
+    limit = int(total * args.factor / args.users) // (2 * MiB) * (2 * MiB)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for k in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        env.pop(k, None)
+    outs = {}
+    t0 = time.monotonic()
+    print("notebooks: each user alone (no vlake)", file=sys.stderr, flush=True)
+    for i in range(args.users):
+        p = subprocess.run([sys.executable, "-c", USER, os.path.join(ROOT, "python"), str(i), str(limit),
+                            str(args.rounds), "off", "busy"], env=env, capture_output=True, text=True)
+        done = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{") and '"done"' in x]
+        if not done:
+            raise RuntimeError("user %d alone failed (exit %s):\n%s" % (i, p.returncode, p.stderr[-2000:]))
+        outs[i] = done[0]
+    bursts = [b for o in outs.values() for b in o["bursts"]]
+    return {"reclaim": "alone", "users": args.users, "factor": args.factor, "limit_bytes": limit,
+            "bursts": len(bursts), "completed": sum(1 for b in bursts if b["ok"]),
+            "oom": sum(1 for b in bursts if not b["ok"]), "wall_s": time.monotonic() - t0,
+            "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]}}
+
+
+def swap_figures(log, user_lines):
+    """Swap-outs and swap-ins from vlaked's log, restore waits from the users' own lines."""
+    outs = [(int(m.group(1)), int(m.group(2))) for m in
+            (re.search(r"is on the host: (\d+) MiB freed on GPU \d+ in (\d+) ms", x) for x in log) if m]
+    ins = [(int(m.group(1)), int(m.group(2))) for m in
+           (re.search(r"is back on GPU \d+ after \d+ ms \((\d+) MiB, restore (\d+) ms\)", x) for x in log) if m]
+    waits = sorted(int(m.group(1)) for m in (re.search(r"back on the GPU after (\d+) ms", x) for x in user_lines) if m)
+    q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else None
+    per_gib = lambda pairs: (sum(ms for _, ms in pairs) / 1e3) / (sum(mib for mib, _ in pairs) / 1024) \
+        if pairs and sum(mib for mib, _ in pairs) > 0 else None
+    return {"swap_outs": len(outs), "swap_ins": len(ins), "swapped_gib": sum(m for m, _ in outs) / 1024,
+            "restore_wait_ms_p50": q(waits, 0.50), "restore_wait_ms_p99": q(waits, 0.99),
+            "restore_wait_ms_max": waits[-1] if waits else None, "restore_waits": len(waits),
+            "checkpoint_s_per_gib": per_gib(outs), "restore_s_per_gib": per_gib(ins),
+            "swap_failures": sum(1 for x in log if "checkpoint failed" in x or "restore failed" in x),
+            "stayed_on_host": sum(1 for x in log if "stays on the host" in x)}
 
 
 def run_mode(args, work, total, reclaim):
     from nvml import Nvml
     nv = Nvml(0)
+    overcommit = reclaim == "overcommit"
     limit = int(total * args.factor / args.users) // (2 * MiB) * (2 * MiB)
-    config = "version: 1\ndefault:\n  limit: %dMiB\ngroups:\n" % (limit // MiB)
+    config = "version: 1\ndefault:\n  limit: %dMiB\n" % (limit // MiB)
+    if overcommit:
+        config += "  overcommit: true\n"
+    config += "groups:\n"
     config += "".join("  - {gid: %d, limit: %dMiB}\n" % (GID0 + i, limit // MiB) for i in range(args.users))
     d = os.path.join(work, "reclaim-" + reclaim)
     os.mkdir(d)
     os.chmod(d, 0o755)
-    daemon = ns.Daemon(args.vlaked, d, config, ("--pressure-wait-ms", "10000", "--pool-idle-release", "2s",
-                                                "--warm-stock", "0"))
+    flags = ("--pressure-wait-ms", "10000", "--pool-idle-release", "2s", "--warm-stock", "0")
+    if overcommit:
+        flags += ("--swap-idle", "1s")
+    daemon = ns.Daemon(args.vlaked, d, config, flags)
     procs, outs = [], {}
     peak = [0]
     stop = threading.Event()
@@ -105,20 +166,44 @@ def run_mode(args, work, total, reclaim):
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         env.pop("PYTORCH_ALLOC_CONF", None)
         t0 = time.monotonic()
+        print("notebooks: %d users at once, %s" % (args.users, reclaim), file=sys.stderr, flush=True)
         for i in range(args.users):
             err = open(os.path.join(d, "user%d.err" % i), "w")
             p = subprocess.Popen([sys.executable, "-c", USER, os.path.join(ROOT, "python"), str(i), str(limit),
-                                  str(args.rounds), reclaim], env=env, stdout=subprocess.PIPE, stderr=err,
-                                 text=True, group=GID0 + i, extra_groups=[])
+                                  str(args.rounds), "off" if reclaim == "off" else "on", "idle"], env=env,
+                                 stdout=subprocess.PIPE, stderr=err, text=True, group=GID0 + i, extra_groups=[])
             procs.append((p, err))
+        # A watchdog: a user stuck past the deadline shows where (its Python stack, vlaked's log).
+        def watchdog():
+            if stop.wait(args.deadline):
+                return
+            print("notebooks: users still running after %d s; their stacks and vlaked's log:" % args.deadline,
+                  file=sys.stderr, flush=True)
+            for q, _ in procs:
+                if q.poll() is None:
+                    q.send_signal(__import__("signal").SIGUSR1)
+            time.sleep(2)
+            for j in range(len(procs)):
+                with open(os.path.join(d, "user%d.err" % j)) as f:
+                    print("--- user %d:\n%s" % (j, "".join(f.readlines()[-30:])), file=sys.stderr, flush=True)
+            with open(os.path.join(d, "vlaked.log")) as f:
+                print("--- vlaked:\n" + "".join(f.readlines()[-60:]), file=sys.stderr, flush=True)
+            for q, _ in procs:
+                if q.poll() is None:
+                    q.kill()
+        threading.Thread(target=watchdog, daemon=True).start()
         for i, (p, err) in enumerate(procs):
             lines = [json.loads(x) for x in p.stdout if x.startswith("{")]
             p.wait()
             err.close()
             done = [x for x in lines if x.get("event") == "done"]
             if not done:
+                with open(os.path.join(d, "vlaked.log")) as f:
+                    keep = ("failed", "lost", "is on the host", "back on GPU", "stays on", "swapping out", "error")
+                    tail = "".join([x for x in f.readlines() if any(k in x for k in keep)][-40:])
                 with open(err.name) as f:
-                    raise RuntimeError("user %d failed (exit %s):\n%s" % (i, p.returncode, f.read()[-2000:]))
+                    raise RuntimeError("user %d failed (exit %s):\n%s\nvlaked's log:\n%s" % (
+                        i, p.returncode, f.read()[-2000:], tail))
             outs[i] = done[0]
             if any(not b["ok"] for b in done[0]["bursts"]):
                 with open(err.name) as f:
@@ -134,6 +219,10 @@ def run_mode(args, work, total, reclaim):
         daemon.stop()
     with open(os.path.join(d, "vlaked.log")) as f:
         log = f.read().splitlines()
+    user_lines = []
+    for i in range(args.users):
+        with open(os.path.join(d, "user%d.err" % i)) as f:
+            user_lines += f.read().splitlines()
     refusals = [x for x in log if " refused" in x or "waited" in x or "no memory" in x or "error" in x]
     bursts = [b for o in outs.values() for b in o["bursts"]]
     ok = [b for b in bursts if b["ok"]]
@@ -147,7 +236,8 @@ def run_mode(args, work, total, reclaim):
             "oom_ms": [round(b["ms"]) for b in bursts if not b["ok"]], "refusal_log": refusals[-8:],
             "oom_errors": [b.get("error", "") for b in bursts if not b["ok"]][-4:],
             "oom_stderr": [x for o in outs.values() for x in o.get("stderr", [])][-8:],
-            "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]}}
+            "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]},
+            "swap": swap_figures(log, user_lines) if overcommit else None}
 
 
 def main():
@@ -155,11 +245,15 @@ def main():
     ap.add_argument("--vlaked", required=True)
     ap.add_argument("--hook", required=True)
     ap.add_argument("--users", type=int, default=8)
-    ap.add_argument("--factor", type=float, default=1.3)
+    ap.add_argument("--factor", type=float)
+    ap.add_argument("--overcommit", action="store_true")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--deadline", type=int, default=600, help="seconds before a run's stuck users are reported")
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
+    if args.factor is None:
+        args.factor = 2.0 if args.overcommit else 1.3
     rc = torch_gpu_as_root("notebooks")
     if rc is not None:
         return rc
@@ -169,7 +263,10 @@ def main():
     work = tempfile.mkdtemp(prefix="vlake-notebooks-")
     os.chmod(work, 0o755)
     try:
-        runs = [run_mode(args, work, total, m) for m in ("off", "on")]
+        if args.overcommit:
+            runs = [run_alone(args, work, total), run_mode(args, work, total, "overcommit")]
+        else:
+            runs = [run_mode(args, work, total, m) for m in ("off", "on")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     off, on = runs
@@ -177,14 +274,26 @@ def main():
     mismatched = [k for k in same if on["sums"][k] != off["sums"][k]]
     print("%d users, limits %.1f GiB each = %.2fx the GPU (%.1f GiB)" % (
         args.users, on["limit_bytes"] / GiB, args.users * on["limit_bytes"] / total, total / GiB))
-    print("%-8s %7s %9s %5s %8s %12s %12s %12s %14s" % ("reclaim", "bursts", "completed", "OOM", "reclaims",
-                                                        "burst p50", "burst p99", "burst max", "NVML peak"))
+    print("%-10s %7s %9s %5s %8s %12s %12s %12s %14s" % ("run", "bursts", "completed", "OOM", "reclaims",
+                                                         "burst p50", "burst p99", "burst max", "NVML peak"))
     for r in runs:
         f = lambda v: "-" if v is None else "%.0f ms" % v
-        print("%-8s %7d %9d %5d %8d %12s %12s %12s %10.1f GiB" % (
+        if r["reclaim"] == "alone":
+            print("%-10s %7d %9d %5d %8s %12s %12s %12s %14s   (%.0f s, one user at a time, no vlake)" % (
+                "alone", r["bursts"], r["completed"], r["oom"], "-", "-", "-", "-", "-", r["wall_s"]))
+            continue
+        print("%-10s %7d %9d %5d %8d %12s %12s %12s %10.1f GiB" % (
             r["reclaim"], r["bursts"], r["completed"], r["oom"], r["reclaims"], f(r["burst_ms_p50"]),
             f(r["burst_ms_p99"]), f(r["burst_ms_max"]), r["nvml_peak_used_bytes"] / GiB))
     print("outputs: %d bursts completed in both runs, %d differ" % (len(same), len(mismatched)))
+    sw = on.get("swap")
+    if sw:
+        g = lambda v, unit: "-" if v is None else ("%.0f %s" % (v, unit) if unit == "ms" else "%.2f %s" % (v, unit))
+        print("swap: %d swap-outs (%.1f GiB), %d swap-ins, %d failures, %d restores that found no room in time" % (
+            sw["swap_outs"], sw["swapped_gib"], sw["swap_ins"], sw["swap_failures"], sw["stayed_on_host"]))
+        print("      a burst's wait for its restore: p50 %s, p99 %s, max %s (%d waits); checkpoint %s, restore %s" % (
+            g(sw["restore_wait_ms_p50"], "ms"), g(sw["restore_wait_ms_p99"], "ms"), g(sw["restore_wait_ms_max"], "ms"),
+            sw["restore_waits"], g(sw["checkpoint_s_per_gib"], "s/GiB"), g(sw["restore_s_per_gib"], "s/GiB")))
     for r in runs:
         if r["oom"]:
             print("reclaim %s: the OOM bursts ended after %s ms; vlaked's last refusals:" % (r["reclaim"], r["oom_ms"]))
@@ -198,6 +307,20 @@ def main():
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"runs": runs, "compared": len(same), "mismatched": mismatched}, fh)
+    if args.check and args.overcommit:
+        problems = []
+        if on["oom"] != 0 or on["completed"] != on["bursts"]:
+            problems.append("overcommit: %d of %d bursts done, %d OOM" % (on["completed"], on["bursts"], on["oom"]))
+        if mismatched or len(same) != on["bursts"]:
+            problems.append("outputs differ from the run alone: %d compared, %s" % (len(same), mismatched[:5]))
+        if not sw or sw["swap_outs"] == 0:
+            problems.append("nobody was swapped out: the workload does not need overcommit")
+        if sw and sw["swap_failures"]:
+            problems.append("%d checkpoints or restores failed" % sw["swap_failures"])
+        for p in problems:
+            print("FAIL " + p)
+        print("notebooks: %s" % ("PASS" if not problems else "FAIL"))
+        return 1 if problems else 0
     if args.check:
         problems = []
         if on["oom"] != 0:

@@ -1,5 +1,6 @@
 #include "client.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -50,14 +51,16 @@ bool DaemonClient::connected() const {
   return fd_.valid();
 }
 
-bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, bool reclaim) {
-  std::lock_guard lock(mu_);
-  if (!fd_) return false;
+bool DaemonClient::send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, bool reclaim,
+                                       bool active) {
+  // Never waits for a request in flight (a SwapIn may take minutes): the report goes next tick.
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || !fd_) return false;
   auto r = proto::make<proto::ReserveReport>(next_request_++);
   device.copy_to(r.device_uuid);
   r.bytes = bytes;
   r.blocks = blocks;
-  r.flags = reclaim ? proto::kReportReclaim : 0u;
+  r.flags = (reclaim ? proto::kReportReclaim : 0u) | (active ? proto::kReportActive : 0u);
   try {
     send_with_fds(fd_.get(), proto::encode(r), {});
     return true;
@@ -100,6 +103,10 @@ void DaemonClient::poll_pressure() {
       keep_drop_locked(*drop);
       continue;
     }
+    if (const proto::SwapNotice* n = d.get<proto::SwapNotice>()) {
+      keep_swap_locked(*n);
+      continue;
+    }
     const proto::Pressure* pressure = d.get<proto::Pressure>();
     if (pressure == nullptr) {
       last_error_ = "unexpected message from the daemon on an idle connection";
@@ -110,6 +117,37 @@ void DaemonClient::poll_pressure() {
     }
     keep_pressure_locked(*pressure);
   }
+}
+
+void DaemonClient::keep_swap_locked(const proto::SwapNotice& n) {
+  std::lock_guard lock(pressure_mu_);
+  swap_notices_.push_back(n);
+}
+
+std::vector<proto::SwapNotice> DaemonClient::take_swap_notices() {
+  std::lock_guard lock(pressure_mu_);
+  return std::exchange(swap_notices_, {});
+}
+
+bool DaemonClient::send_swap_ready(std::uint64_t swap_id) {
+  auto m = proto::make<proto::SwapReady>();
+  m.swap_id = swap_id;
+  // Not through mu_: the thread that holds it may wait for vlaked's answer for minutes, and that
+  // answer may depend on this message.
+  std::lock_guard side(side_mu_);
+  if (!side_fd_) return false;
+  try {
+    send_with_fds(side_fd_.get(), proto::encode(m), {});
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::optional<proto::SwapInReply> DaemonClient::swap_in() {
+  auto req = proto::make<proto::SwapIn>();
+  std::lock_guard lock(mu_);
+  return exchange_locked<proto::SwapIn, proto::SwapInReply>(req, nullptr);
 }
 
 void DaemonClient::keep_drop_locked(const proto::Drop& d) {
@@ -157,6 +195,13 @@ std::string DaemonClient::tenant_name() const {
 proto::GuardMode DaemonClient::guard_mode() const {
   std::lock_guard lock(mu_);
   return guard_mode_;
+}
+
+bool DaemonClient::overcommit() {
+  if (answered_.load(std::memory_order_acquire)) return overcommit_.load(std::memory_order_acquire);
+  std::lock_guard lock(mu_);
+  if (!fd_) (void)connect_locked();
+  return overcommit_.load(std::memory_order_acquire);
 }
 
 std::uint64_t DaemonClient::granularity() const {
@@ -282,6 +327,12 @@ bool DaemonClient::connect_locked() {
   generation_.fetch_add(1, std::memory_order_acq_rel);  // kept mappings of older connections are dropped
   tenant_name_.assign(ack.tenant_name, strnlen(ack.tenant_name, sizeof ack.tenant_name));
   guard_mode_ = ack.guard_mode;
+  overcommit_.store((ack.flags & proto::kAckOvercommit) != 0, std::memory_order_release);
+  answered_.store(true, std::memory_order_release);
+  {
+    std::lock_guard side(side_mu_);
+    side_fd_.reset(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
+  }
   granularity_ = ack.granularity;
   if (ack.wait_ms > 0) {
     // A grant may wait that long for memory (docs/quota.md, "Waiting for memory"): replies are
@@ -334,6 +385,10 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::v
     }
     if (const proto::Drop* drop = d->get<proto::Drop>()) {
       keep_drop_locked(*drop);
+      continue;
+    }
+    if (const proto::SwapNotice* n = d->get<proto::SwapNotice>()) {
+      keep_swap_locked(*n);
       continue;
     }
     const proto::Pressure* p = d->get<proto::Pressure>();
@@ -489,9 +544,11 @@ std::optional<proto::IpcCloseAck> DaemonClient::ipc_close(std::uint64_t import_i
 void DaemonClient::prepare_fork() noexcept {
   mu_.lock();
   pressure_mu_.lock();
+  side_mu_.lock();
 }
 
 void DaemonClient::parent_after_fork() noexcept {
+  side_mu_.unlock();
   pressure_mu_.unlock();
   mu_.unlock();
 }
@@ -507,6 +564,9 @@ void DaemonClient::child_after_fork() noexcept {
   retry_after_ = {};
   pressure_notes_.clear();
   drop_keys_.clear();
+  swap_notices_.clear();
+  side_fd_.reset();
+  side_mu_.unlock();
   generation_.fetch_add(1, std::memory_order_acq_rel);
   pressure_mu_.unlock();
   mu_.unlock();

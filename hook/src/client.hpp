@@ -112,9 +112,17 @@ class DaemonClient {
   bool send_guard_event(proto::GuardEvent event);
   bool send_readonly_write(proto::ReadOnlyWrite m);  // as send_guard_event (no reply)
   // `reclaim`: a reclaim callback is registered (ReserveReport::flags kReportReclaim).
-  bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, bool reclaim);
+  // `active`: a hooked CUDA call since the last such report (kReportActive, docs/swap.md).
+  bool send_reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, bool reclaim,
+                           bool active = false);
   void poll_pressure();
   [[nodiscard]] std::vector<PressureNote> take_pressure();
+  // Swapping (docs/swap.md): SwapNotices are kept like Pressure (take_swap_notices());
+  // send_swap_ready() answers one; swap_in() asks vlaked to restore this process and waits for
+  // the answer (up to the session's wait: minutes). nullopt: vlaked unreachable.
+  [[nodiscard]] std::vector<proto::SwapNotice> take_swap_notices();
+  bool send_swap_ready(std::uint64_t swap_id);
+  [[nodiscard]] std::optional<proto::SwapInReply> swap_in();
   // Kept mappings (docs/hook.md): Drop messages are kept like Pressure (read while a reply is
   // awaited or by poll_pressure()); take_drops() hands over their keys. send_dropped() sends
   // Dropped messages (kMaxDropKeys keys each) if a connection is open (never connects: a new
@@ -126,6 +134,15 @@ class DaemonClient {
   [[nodiscard]] std::uint64_t changes() const noexcept { return changes_.load(std::memory_order_acquire); }
 
   [[nodiscard]] proto::GuardMode guard_mode() const;
+  // Whether the tenant's namespace has `overcommit: true` (HelloAck kAckOvercommit; docs/swap.md):
+  // device allocations are then the process's own, charged with counted grants. Connects first
+  // when no Hello was answered yet (false if the daemon cannot be reached); afterwards one
+  // atomic load: the answer of the last Hello.
+  [[nodiscard]] bool overcommit();
+  // The last Hello's answer without connecting (false before any).
+  [[nodiscard]] bool overcommit_known() const noexcept {
+    return answered_.load(std::memory_order_acquire) && overcommit_.load(std::memory_order_acquire);
+  }
   [[nodiscard]] std::uint64_t granularity() const;
   [[nodiscard]] std::string tenant_name() const;
   [[nodiscard]] std::string last_error() const;
@@ -166,6 +183,12 @@ class DaemonClient {
   bool ask_passthrough_ = false;  // the next Hello says kHelloPassthrough
   bool passthrough_ = false;      // the daemon answered Status::passthrough
   proto::GuardMode guard_mode_ = proto::GuardMode::off;
+  // A duplicate of the connection's descriptor, for SwapReady: sent by the worker while another
+  // thread may hold mu_ for minutes (a parked grant, a SwapIn). Replaced at every connection.
+  std::mutex side_mu_;
+  UniqueFd side_fd_;                     // guarded by side_mu_
+  std::atomic<bool> answered_{false};    // a Hello was answered (overcommit_ is that answer's)
+  std::atomic<bool> overcommit_{false};  // HelloAck kAckOvercommit
   std::uint64_t granularity_ = 0;
   std::string last_error_;
   bool refused_ = false;               // the last connect failed on Error(limit_reached)
@@ -175,9 +198,11 @@ class DaemonClient {
   std::atomic<std::uint64_t> changes_{0};
   std::mutex pressure_mu_;  // after mu_ when both are held
   std::vector<PressureNote> pressure_notes_;
-  std::vector<std::uint64_t> drop_keys_;  // guarded by pressure_mu_
+  std::vector<std::uint64_t> drop_keys_;         // guarded by pressure_mu_
+  std::vector<proto::SwapNotice> swap_notices_;  // guarded by pressure_mu_
   std::atomic<std::uint64_t> generation_{0};
   void keep_drop_locked(const proto::Drop& d);
+  void keep_swap_locked(const proto::SwapNotice& n);
 };
 
 }  // namespace vlake::hook

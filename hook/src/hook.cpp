@@ -127,6 +127,7 @@ void fork_child() {
   s->allocs.clear_after_fork();
   s->client.child_after_fork();
   ipc::clear_after_fork();
+  g_swap_gate_closed.store(false, std::memory_order_relaxed);  // the parent's swap is not the child's
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();
   s->after_reclaim.clear();
@@ -294,6 +295,8 @@ struct Obtained {
 // a refusal is logged only if `report`.
 void drop_kept(State& s, int dev);
 
+void ensure_worker(State& s);  // the worker thread (below)
+
 Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bool report = true) {
   Obtained out;
   Uuid uuid{};
@@ -305,6 +308,8 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
     PhaseTimer t(Phase::grant);
     return s.client.grant(uuid, bytes, purpose);
   }();
+  // Overcommit (docs/swap.md): the worker reads vlaked's SwapNotices and reports activity.
+  if (s.client.overcommit_known()) ensure_worker(s);
   // The memory this process keeps mapped is what the request lacks (docs/hook.md, "Kept
   // mappings"): drop it (Dropped goes out before the next request) and ask again. Another thread
   // of this process (a reclaim callback emptying a framework's cache) may keep more meanwhile:
@@ -615,16 +620,55 @@ int device_of_uuid(State& s, const Uuid& u) {
 // Prefetch (defined with in_context below).
 void run_prefetch(State& s);
 
+// Swapping (docs/swap.md): a process whose other threads used more than a fifth of a CPU over
+// the last 500 ms is busy (it does not get ready to be swapped out); one on the host that did so
+// over the last 200 ms is brought back at once.
+constexpr std::uint64_t kBusyWindowNs = 500'000'000;
+constexpr std::uint64_t kWakeWindowNs = 200'000'000;
+
 // The worker's periodic duties; runs with busy_mu held.
 void worker_tick(State& s, std::vector<ReserveBlock>& work, std::vector<std::pair<int, std::uint64_t>>& reclaimed,
                  std::array<std::uint64_t, proto::kMaxDevices>& reported,
                  std::array<bool, proto::kMaxDevices>& reported_reclaim,
-                 std::chrono::steady_clock::time_point& last_report) {
+                 std::chrono::steady_clock::time_point& last_report,
+                 std::chrono::steady_clock::time_point& last_active_report) {
   retire_blocks(s, work, true);
   auto old = s.reserve.expire(std::chrono::steady_clock::now());
   bool urgent = !old.empty();
   retire_blocks(s, old, true);
   s.client.poll_pressure();
+  // Swapping (docs/swap.md): close the gate and say ready, or open it (the swap was called off).
+  if (s.client.overcommit_known()) {
+    s.cpu.sample(static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
+                 app_cpu_ns(static_cast<long>(::gettid())));
+  }
+  for (const proto::SwapNotice& n : s.client.take_swap_notices()) {
+    if (n.phase == proto::SwapPhase::host) {
+      s.on_host = g_swap_gate_closed.load(std::memory_order_acquire);  // the checkpoint is done
+      continue;
+    }
+    if (n.phase == proto::SwapPhase::out) {
+      if (s.cpu.busy(kBusyWindowNs)) {
+        // Its threads are computing: not idle (vlaked leaves it alone when it does not answer).
+        log(LogLevel::debug, "vlaked wants to move this process to host memory, but it is busy: not now");
+        continue;
+      }
+      s.on_host = false;
+      close_swap_gate();
+      log(LogLevel::info, "vlaked is moving this idle process to host memory; its next CUDA call brings it back");
+      (void)s.client.send_swap_ready(n.swap_id);
+    } else {
+      open_swap_gate();
+    }
+  }
+  // On the host, and its threads started computing: bring it back now, before one of them blocks
+  // in a driver call the hook does not intercept (docs/swap.md).
+  // (Not while the checkpoint runs: the driver's own work in the process uses the CPU then.)
+  if (!g_swap_gate_closed.load(std::memory_order_acquire)) {
+    s.on_host = false;
+  } else if (s.on_host && s.cpu.busy(kWakeWindowNs)) {
+    (void)ask_swap_in();
+  }
   // Kept mappings: the daemon's Drop messages, and mappings kept under an older connection.
   if (std::vector<std::uint64_t> keys = s.client.take_drops(); !keys.empty()) {
     drop_entries(s, s.kept.take_keys(keys));
@@ -657,7 +701,15 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::vector<std::pai
   reclaimed.clear();
   const bool reclaim = s.reclaim.registered();
   const auto now = std::chrono::steady_clock::now();
-  if (!urgent && now - last_report < std::chrono::milliseconds(250)) return;
+  // Overcommit: vlaked swaps out processes idle for a while; CUDA calls keep this one active
+  // (at most one report a second while it makes any).
+  bool active = false;
+  if (s.client.overcommit_known() && now - last_active_report >= std::chrono::seconds(1) &&
+      g_cuda_active.exchange(false, std::memory_order_relaxed)) {
+    active = true;
+    last_active_report = now;
+  }
+  if (!urgent && !active && now - last_report < std::chrono::milliseconds(250)) return;
   last_report = now;
   for (std::size_t d = 0; d < proto::kMaxDevices; ++d) {
     std::optional<Uuid> u;
@@ -667,10 +719,11 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::vector<std::pai
     }
     if (!u) continue;
     const std::uint64_t bytes = s.reserve.bytes(static_cast<int>(d));
-    if (bytes == reported[d] && reclaim == reported_reclaim[d]) continue;
-    if (s.client.send_reserve_report(*u, bytes, s.reserve.blocks(static_cast<int>(d)), reclaim)) {
+    if (bytes == reported[d] && reclaim == reported_reclaim[d] && !active) continue;
+    if (s.client.send_reserve_report(*u, bytes, s.reserve.blocks(static_cast<int>(d)), reclaim, active)) {
       reported[d] = bytes;
       reported_reclaim[d] = reclaim;
+      active = false;  // one report says it
     }
   }
 }
@@ -686,9 +739,11 @@ void worker_main(State* s) {
   sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, nullptr);  // the application's handlers never run here
   ::pthread_setname_np(::pthread_self(), "vlake-reserve");
+  t_gate_exempt = true;  // never asks for a restore (swap.hpp)
   std::array<std::uint64_t, proto::kMaxDevices> reported{};
   std::array<bool, proto::kMaxDevices> reported_reclaim{};
   auto last_report = std::chrono::steady_clock::time_point{};
+  auto last_active_report = std::chrono::steady_clock::time_point{};
   auto last_tick = std::chrono::steady_clock::time_point{};
   for (;;) {
     std::vector<ReserveBlock> work;
@@ -721,7 +776,7 @@ void worker_main(State* s) {
     if (work.empty() && reclaimed.empty() && now - last_tick < kWorkerPeriod) continue;
     last_tick = now;
     try {
-      worker_tick(*s, work, reclaimed, reported, reported_reclaim, last_report);
+      worker_tick(*s, work, reclaimed, reported, reported_reclaim, last_report, last_active_report);
     } catch (...) {
     }
   }
@@ -793,11 +848,31 @@ bool quota_or_memory(Status st) {
 // the call on the driver (passthrough policy). A warm request is served from the local reserve
 // (no driver VMM call, no daemon message); a refusal empties this process's reserve on that GPU
 // and asks once more.
+// Memory the process's own driver allocates (`allocate`, which sets *dptr), charged first with a
+// counted grant (refused: nothing allocated) and uncharged when the driver fails. Its free is
+// cuMemFree_v2's managed-table path. Used for cuMemAllocManaged, and for every device allocation
+// of an overcommit tenant (docs/swap.md).
+template <class Allocate>
+CUresult serve_counted(State& s, int dev, CUdeviceptr* dptr, std::uint64_t bytes, Allocate allocate) {
+  Obtained o = obtain(s, dev, bytes, GrantPurpose::counted);
+  if (o.decision == Decision::refused) return o.rc;
+  const CUresult rc = allocate();
+  if (o.decision == Decision::passthrough) return rc;
+  if (rc != CUDA_SUCCESS) {
+    give_back(s, o.grant.grant_id, 0);
+    return rc;
+  }
+  s.managed.insert(addr(*dptr), o.grant.grant_id);
+  return rc;
+}
+
 template <class Direct>
 CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct direct) {
   int dev = 0;
   CUcontext ctx = nullptr;
   if (CUresult rc = current_device(dev, &ctx); rc != CUDA_SUCCESS) return rc;
+  // Overcommit: the driver's memory, not the pool's, so that the process can be checkpointed.
+  if (s.client.overcommit()) return serve_counted(s, dev, dptr, bytes, direct);
   const bool reserve = reserve_usable(s);
   if (reserve) {
     const std::uint64_t gran = s.granularity.load(std::memory_order_relaxed);
@@ -1251,6 +1326,15 @@ CUresult on_cuMemAllocAsync(bool ptds, CUdeviceptr* dptr, size_t bytesize, CUstr
     return pass<Row::cuMemAllocAsync>(ptds, dptr, bytesize, hStream);
   }
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (s->client.overcommit()) {
+    // Overcommit (docs/swap.md): the device's current stream-ordered pool, counted like any
+    // cuMemAllocFromPoolAsync.
+    int dev = 0;
+    if (CUresult rc = current_device(dev); rc != CUDA_SUCCESS) return rc;
+    CUmemoryPool pool = nullptr;
+    if (CUresult rc = on_cuDeviceGetMemPool(false, &pool, dev); rc != CUDA_SUCCESS) return rc;
+    return on_cuMemAllocFromPoolAsync(ptds, dptr, bytesize, pool, hStream);
+  }
   // The memory is mapped before this call returns, so it is valid for any later work on the
   // stream (stream-ordered semantics hold trivially).
   return serve_alloc(*s, dptr, bytesize, [&] { return pass<Row::cuMemAllocAsync>(ptds, dptr, bytesize, hStream); });
@@ -1293,7 +1377,8 @@ CUresult on_cuMemCreate(bool ptds, CUmemGenericAllocationHandle* handle, size_t 
                         unsigned long long flags) {
   State* s = active();
   if (s == nullptr) return pass<Row::cuMemCreate>(ptds, handle, size, prop, flags);
-  if (!served_prop(prop, flags)) return create_counted(*s, ptds, handle, size, prop, flags);
+  // Overcommit (docs/swap.md): every handle is the driver's, counted.
+  if (!served_prop(prop, flags) || s->client.overcommit()) return create_counted(*s, ptds, handle, size, prop, flags);
   if (handle == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
   const UsedApi& api = used();
   if (api.cuMemGetAllocationGranularity == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
@@ -1422,16 +1507,8 @@ CUresult on_cuMemAllocManaged(bool ptds, CUdeviceptr* dptr, size_t bytesize, uns
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   int dev = 0;
   if (CUresult rc = current_device(dev); rc != CUDA_SUCCESS) return rc;
-  Obtained o = obtain(*s, dev, bytesize, GrantPurpose::counted);
-  if (o.decision == Decision::refused) return o.rc;
-  const CUresult rc = pass<Row::cuMemAllocManaged>(ptds, dptr, bytesize, flags);
-  if (o.decision == Decision::passthrough) return rc;
-  if (rc != CUDA_SUCCESS) {
-    give_back(*s, o.grant.grant_id, 0);
-    return rc;
-  }
-  s->managed.insert(addr(*dptr), o.grant.grant_id);
-  return rc;
+  return serve_counted(*s, dev, dptr, bytesize,
+                       [&] { return pass<Row::cuMemAllocManaged>(ptds, dptr, bytesize, flags); });
 }
 
 // ---- Virtualized queries ------------------------------------------------------------------------

@@ -29,6 +29,7 @@
 #include "real.hpp"
 #include "reclaim.hpp"
 #include "reserve.hpp"
+#include "swap.hpp"
 #include "tables.hpp"
 #include "usage_cache.hpp"
 
@@ -105,6 +106,9 @@ struct State {
   // thread when a Pressure is more than the reserve covers. What they freed into the reserve is
   // returned by the worker: after_reclaim (guarded by work_mu) holds device, bytes.
   Reclaimer reclaim;
+  // The application's CPU use, sampled by the worker of an overcommit process (swap.hpp).
+  CpuWatch cpu;
+  bool on_host = false;  // the worker's: vlaked said SwapNotice{host} and the gate is still closed
   std::vector<std::pair<int, std::uint64_t>> after_reclaim;
 };
 
@@ -263,6 +267,16 @@ CUresult on_cuGraphInstantiateWithParams(bool ptds, CUgraphExec* phGraphExec, CU
                                          CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams);
 CUresult on_cuGraphUpload(bool ptds, CUgraphExec hGraphExec, CUstream hStream);
 CUresult on_cuGraphLaunch(bool ptds, CUgraphExec hGraphExec, CUstream hStream);
+// Kernel launches: passed through (the swap gate is in pass()).
+CUresult on_cuLaunchKernel(bool ptds, CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                           unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                           unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra);
+CUresult on_cuLaunchCooperativeKernel(bool ptds, CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                      unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                      unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                      void** kernelParams);
+CUresult on_cuLaunchHostFunc(bool ptds, CUstream hStream, CUhostFn fn, void* userData);
+CUresult on_cuLaunchKernelEx(bool ptds, const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra);
 CUresult on_cuGraphExecDestroy(bool ptds, CUgraphExec hGraphExec);
 CUresult on_cuDeviceGraphMemTrim(bool ptds, CUdevice device);
 // Defined in exports.cpp (they need the cuGetProcAddress table).

@@ -16,6 +16,7 @@
 
 #include <atomic>
 
+#include "swap.hpp"
 #include "vlake/common/cuda_api.hpp"
 
 namespace vlake::hook {
@@ -71,9 +72,14 @@ bool load_driver() noexcept;
 using DlsymFn = void* (*)(void*, const char*);
 [[nodiscard]] DlsymFn real_dlsym() noexcept;
 
-// Calls the real function of row R; CUDA_ERROR_NOT_INITIALIZED when the driver has none.
+// Calls the real function of row R; CUDA_ERROR_NOT_INITIALIZED when the driver has none. Every
+// call passes the swap gate first (swap.hpp): one relaxed load while the process is on the GPU.
 template <Row R, class... A>
 CUresult pass(bool ptds, A... args) {
+  if (!g_cuda_active.load(std::memory_order_relaxed)) g_cuda_active.store(true, std::memory_order_relaxed);
+  if (g_swap_gate_closed.load(std::memory_order_relaxed)) [[unlikely]] {
+    if (const CUresult rc = wait_at_swap_gate(); rc != CUDA_SUCCESS) return rc;
+  }
   auto f = real_fn<R>(ptds);
   if (f == nullptr) {
     load_driver();

@@ -68,9 +68,10 @@ void Accounting::set_capacity(DeviceOrdinal d, Bytes capacity) {
   capacity_[d.value()] = capacity;
 }
 
-void Accounting::set_namespace(NamespaceId n, DeviceOrdinal d, Bytes limit, Bytes guaranteed) {
+void Accounting::set_namespace(NamespaceId n, DeviceOrdinal d, Bytes limit, Bytes guaranteed, bool overcommit) {
   std::lock_guard lock(mu_);
   NamespaceUsage& u = ns_locked(n, d);
+  u.overcommit = overcommit;
   const bool regroup = (u.guaranteed.value() == 0) != (guaranteed.value() == 0);
   u.limit = limit;
   u.guaranteed = guaranteed;
@@ -155,7 +156,7 @@ std::optional<Accounting::Reservation> Accounting::reserve(TenantId t, DeviceOrd
   // nothing more: no sums needed.
   const std::uint64_t own_physical = ns_held - std::min(ns_held, nu.dedup_saved.value());
   const bool within_guarantee = nu.guaranteed.value() != 0 && fits(own_physical, n.value(), nu.guaranteed.value());
-  if (auto cap = capacity_.find(d.value()); cap != capacity_.end() && !within_guarantee) {
+  if (auto cap = capacity_.find(d.value()); cap != capacity_.end() && !within_guarantee && !nu.overcommit) {
     const std::uint64_t before = borrowed_locked(d, nsid, 0);
     const std::uint64_t after = borrowed_locked(d, nsid, n.value());
     if (after > before) {
@@ -289,6 +290,7 @@ std::uint64_t Accounting::borrowed_locked(DeviceOrdinal d, NamespaceId n, std::u
   std::uint64_t sum = 0;
   std::uint64_t unguaranteed_held = 0;
   for (auto it = ns_.lower_bound(NsKey{d.value(), 0}); it != ns_.end() && it->first.first == d.value(); ++it) {
+    if (it->second.overcommit) continue;
     const std::uint64_t held = it->second.held().value() + (it->first.second == n.value() ? extra : 0);
     const std::uint64_t g = it->second.guaranteed.value();
     if (g == 0) {

@@ -48,6 +48,7 @@
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/outbox.hpp"
 #include "vlake/pool/publisher.hpp"
+#include "vlake/pool/swapper.hpp"
 
 namespace vlake::pool {
 
@@ -214,6 +215,8 @@ class Daemon::Impl {
   void reload(const std::string& why, bool force);
   void apply_config(ConfigWatch::Outcome o);
   void retry_parked();
+  void on_swaps();
+  void swap_work();
   void send_drops();
   void submit_builds();
   void on_builds();
@@ -237,6 +240,9 @@ class Daemon::Impl {
   // Warm reserve and stock builds off the loop (handle_builder.hpp); its workers write builds_fd_.
   UniqueFd builds_fd_;
   std::unique_ptr<HandleBuilder> builder_;
+  // Process checkpoints off the loop (swapper.hpp, docs/swap.md); its thread writes swaps_fd_.
+  UniqueFd swaps_fd_;
+  std::unique_ptr<Swapper> swapper_;
   std::unique_ptr<NvmlSource> nvml_;
   std::vector<std::string> device_files_;  // driver_->device_files(), for the GPU-user scan
   bool nvml_failed_logged_ = false;
@@ -308,6 +314,8 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   settings.pool_idle_release = opts_.pool_idle_release;
   settings.pool_keep = Bytes{opts_.pool_keep};
   settings.pressure_wait = opts_.pressure_wait;
+  settings.swap_idle = opts_.swap_idle;
+  settings.swap_margin = Bytes{opts_.swap_margin};
   settings.canary_interval = opts_.canary_interval;
   settings.daemon_pid = static_cast<std::uint32_t>(::getpid());
   settings.max_sessions_per_tenant = opts_.max_sessions_per_tenant;
@@ -395,6 +403,15 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
       (void)!::write(fd, &one, sizeof one);
     });
     poller_.add(builds_fd_.get(), Source::builds, 0);
+  }
+  if (driver_->checkpoint_supported() && opts_.swap_idle.count() > 0) {
+    swaps_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!swaps_fd_) throw StartupError(std::string("eventfd: ") + std::strerror(errno));
+    swapper_ = std::make_unique<Swapper>(*driver_, [fd = swaps_fd_.get()] {
+      const std::uint64_t one = 1;
+      (void)!::write(fd, &one, sizeof one);
+    });
+    poller_.add(swaps_fd_.get(), Source::swaps, 0);
   }
   for (const auto& [id, fd] : pidfds_) poller_.add(fd.get(), Source::pidfd, id);
   config_watch_.start(poller_);
@@ -547,6 +564,7 @@ int Daemon::Impl::run() {
             break;
           case Source::hello: on_hello_timer(); break;
           case Source::builds: on_builds(); break;
+          case Source::swaps: on_swaps(); break;
           case Source::alloc_listen: {
             const auto [fd, id] = alloc_watch_->listener(serial);
             if (fd >= 0) on_accept(fd, id, Source::alloc_listen, serial);
@@ -558,6 +576,7 @@ int Daemon::Impl::run() {
         retry_parked();
         send_drops();
         submit_builds();
+        swap_work();
       } catch (const std::exception& e) {
         node_->log_limiter().write(LogLevel::error, "event", std::string("event handling failed: ") + e.what(),
                                    std::chrono::steady_clock::now());
@@ -834,7 +853,8 @@ void Daemon::Impl::on_readable(ConnId serial) {
       type == proto::MsgType::usage_query || type == proto::MsgType::guard_event ||
       type == proto::MsgType::reserve_report || type == proto::MsgType::share_request ||
       type == proto::MsgType::share_commit || type == proto::MsgType::ipc_export || type == proto::MsgType::ipc_open ||
-      type == proto::MsgType::ipc_close || type == proto::MsgType::readonly_write || type == proto::MsgType::dropped;
+      type == proto::MsgType::ipc_close || type == proto::MsgType::readonly_write || type == proto::MsgType::dropped ||
+      type == proto::MsgType::swap_ready || type == proto::MsgType::swap_in;
   if (!request) {
     return malformed(serial,
                      "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
@@ -913,6 +933,10 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
           if (auto bad = node_->readonly_write(s, m, now())) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::Dropped>) {
           if (auto bad = node_->dropped(s, m)) malformed(serial, bad->reason);
+        } else if constexpr (std::is_same_v<T, proto::SwapReady>) {
+          if (auto bad = node_->swap_ready(s, m)) malformed(serial, bad->reason);
+        } else if constexpr (std::is_same_v<T, proto::SwapIn>) {
+          if (auto r = node_->swap_in(serial, s, m, now())) answer(std::variant<proto::SwapInReply, Malformed>(*r));
         } else if constexpr (std::is_same_v<T, proto::ReserveReport>) {
           if (auto bad = node_->reserve_report(s, m)) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::ShareRequest>) {
@@ -1011,6 +1035,39 @@ void Daemon::Impl::on_builds() {
                                     std::to_string(d.size.value() >> 20) + " MiB warm handle failed: " + d.error,
                                 std::chrono::steady_clock::now());
     }
+  }
+}
+
+// Swapping (docs/swap.md): finished checkpoints and restores into the Node, then what it wants
+// sent and run.
+void Daemon::Impl::on_swaps() {
+  drain(swaps_fd_.get());
+  if (!swapper_) return;
+  for (Swapper::Done& d : swapper_->take()) node_->swap_done(d.job, d.ok, d.freed, d.took, d.error, now());
+}
+
+void Daemon::Impl::swap_work() {
+  node_->swap_tick(now());
+  for (const SwapNoticeOut& n : node_->take_swap_notices()) {
+    auto it = conns_.find(n.conn);
+    if (it == conns_.end()) continue;
+    try {
+      send_with_fds(it->second.fd.get(), proto::encode(n.msg), {});
+    } catch (const std::exception& e) {
+      node_->log_limiter().warn("swap notice",
+                                "session " + std::to_string(n.session) + ": cannot send SwapNotice: " + e.what(),
+                                std::chrono::steady_clock::now());
+    }
+  }
+  for (const SwapJob& j : node_->take_swap_jobs()) {
+    if (swapper_) {
+      swapper_->submit(j);
+    } else {
+      node_->swap_done(j, false, Bytes{0}, std::chrono::nanoseconds(0), "swapping is off", now());
+    }
+  }
+  for (const SwapInOut& r : node_->take_swap_replies()) {
+    if (conns_.count(r.conn) != 0 && !send(r.conn, r.reply)) close_connection(r.conn);
   }
 }
 
@@ -1171,6 +1228,7 @@ void Daemon::Impl::close_connection(ConnId serial) {
 void Daemon::Impl::shutdown() {
   metrics_.reset();  // stops its threads before the segment may go
   builder_.reset();  // stops its workers; handles built and not adopted are released
+  swapper_.reset();  // after the job in progress; swapped processes stay on the host
   poller_.del(listen_fd_.get());
   listen_fd_.reset();
   if (socket_bound_) {

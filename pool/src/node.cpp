@@ -279,6 +279,7 @@ Node::Tenant& Node::tenant_for(const quota::TenantSpec& spec, std::uint32_t uid,
   t->kill_grace = spec.kill_grace;
   t->wait = spec.wait;
   t->allow_disable = spec.allow_disable;
+  t->overcommit = spec.overcommit;
   t->dedup_domain = spec.dedup_domain;
   t->ipc_domain = spec.ipc_domain;
   t->have_ids = alloc == nullptr;
@@ -479,6 +480,7 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
   copy_chars(ack.tenant_name, t.name);
   for (const Device& d : devices_) ack.devices[d.ordinal.value()] = device_quota(t, d);
   ack.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(wait_of(*sess).count(), proto::kMaxWaitMs));
+  if (t.overcommit) ack.flags |= proto::kAckOvercommit;
   out.answer = ack;
   return out;
 }
@@ -572,8 +574,13 @@ void Node::apply_namespaces() {
       it = namespaces_.emplace(spec.name, Namespace{NamespaceId{*slot + 1}, *slot, spec}).first;
     }
     it->second.spec = spec;
+    // Overcommit (docs/swap.md): its tenants' limits may add up to more than the GPU, so its own
+    // limit is what the file says (even above the GPU), and none when absent.
+    const bool overcommit = config_.overcommit_of(spec);
     for (const Device& d : devices_) {
-      acct_.set_namespace(it->second.id, d.ordinal, spec.limit_on(d.total), spec.guaranteed_on(d.total));
+      Bytes limit = spec.limit_on(d.total);
+      if (overcommit) limit = spec.limit ? spec.limit->on_device(d.total) : Accounting::kUnlimited;
+      acct_.set_namespace(it->second.id, d.ordinal, limit, spec.guaranteed_on(d.total), overcommit);
     }
     changes_.namespaces.insert(it->second.slot);
   }

@@ -156,6 +156,13 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     }
   }
   if (!res) return refuse(t, *dev, bytes, why, reply, now);
+  if (m.purpose == proto::GrantPurpose::counted && t.overcommit) {
+    // The process's own driver allocates it: room on the GPU first (docs/swap.md).
+    if (auto parked = make_room(conn, s, *dev, m, bytes, now, retry)) {
+      res->rollback();
+      return std::move(*parked);
+    }
+  }
 
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
   if (!slot) {
@@ -262,6 +269,11 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   ++counters_.grants;
   if (m.purpose == proto::GrantPurpose::counted) dev->counted += bytes;
   else dev->granted += bytes;
+  if (m.purpose == proto::GrantPurpose::counted && t.overcommit) {
+    // Its driver allocates it now (room() counts it until the GPU shows it); one served while the
+    // process is on the host is counted by its restore (try_restore).
+    if (s.swap == SwapState::none) note_counted(*dev, bytes);
+  }
   s.grants.push_back(g.id);
   const std::uint64_t gid = g.id;
   changes_.grants.insert(g.slot);
@@ -439,6 +451,7 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
   }
   s.reserve[static_cast<std::size_t>(dev->ordinal.value())] = std::min(m.bytes, held);
   s.reclaim = (m.flags & proto::kReportReclaim) != 0;
+  if ((m.flags & proto::kReportActive) != 0) s.last_active = steady_now();
   ++counters_.reserve_reports;
   touch_tenant(s.tenant);
   return std::nullopt;
@@ -507,9 +520,13 @@ Bytes Node::retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool 
 }
 
 std::chrono::milliseconds Node::wait_of(const Session& s) const {
-  if (s.wait) return *s.wait;
   auto it = tenants_.find(s.tenant.value());
-  return it == tenants_.end() ? std::chrono::milliseconds(0) : it->second.wait;
+  std::chrono::milliseconds w =
+      s.wait ? *s.wait : (it == tenants_.end() ? std::chrono::milliseconds(0) : it->second.wait);
+  // Overcommit (docs/swap.md): making room means checkpointing other processes (about a second
+  // per GiB) and a swapped process waits for its restore: never less than kOvercommitWait.
+  if (it != tenants_.end() && it->second.overcommit) w = std::max(w, kOvercommitWait);
+  return w;
 }
 
 std::int32_t Node::priority_of(TenantId t) const {
@@ -527,7 +544,7 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
   std::vector<PressureCandidate> candidates;
   std::vector<const Session*> of;
   for (const auto& [sid, ss] : sessions_) {
-    if (sid == requester.id || !ss.pressure || ss.conn == 0) continue;
+    if (sid == requester.id || !ss.pressure || ss.conn == 0 || ss.swap != SwapState::none) continue;
     if (ss.reserve[d] == 0 && !ss.reclaim) continue;
     if (std::find(exclude.begin(), exclude.end(), sid) != exclude.end()) continue;
     if (same_namespace && tenants_.at(ss.tenant.value()).ns != tenants_.at(requester.tenant.value()).ns) continue;
@@ -616,6 +633,14 @@ std::vector<Completion> Node::retry_parked(Now now) {
             again.asked.clear();
             again.round_at = now.steady;
             notes = pressure_for(sit->second, *dev, want, waiting, p.same_namespace);
+          }
+          // The GPU itself is short: idle processes of overcommit namespaces go to host memory
+          // (docs/swap.md), whichever namespace waits.
+          if (!p.same_namespace && settings_.swap_idle.count() > 0) {
+            const Bytes need = want + settings_.swap_margin;
+            const Bytes free = room(*dev);
+            const Bytes coming = swapping_out(*dev);
+            if (free + coming < need) (void)start_swaps(sit->second, *dev, need - free - coming, now);
           }
         }
         for (const PressureNote& n : notes) again.asked.push_back(n.session);

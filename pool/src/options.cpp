@@ -43,6 +43,11 @@ std::string DaemonOptions::usage() {
          "                           default 30s; 'off' or 0: kept until a grant needs the room)\n"
          "  --pool-keep SIZE         per GPU, free pool memory the idle release keeps, counting the\n"
          "                           warm reserve's and stock's clean handles (default 0)\n"
+         "  --swap-idle DURATION     a process of an overcommit namespace idle this long (no CUDA call)\n"
+         "                           may be checkpointed to host memory when the GPU is full\n"
+         "                           (docs/swap.md; default 30s; 'off' or 0: never)\n"
+         "  --swap-margin SIZE       free GPU memory kept beyond what a grant or a restore needs\n"
+         "                           before vlaked swaps processes out (default 256MiB)\n"
          "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
          "  --handle-reuse MODE      who a freed handle may serve next: 'tenant' (default) only the\n"
@@ -85,6 +90,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--pressure-wait-ms",
                                                   "--pool-idle-release",
                                                   "--pool-keep",
+                                                  "--swap-idle",
+                                                  "--swap-margin",
                                                   "--alloc-root",
                                                   "--handle-reuse",
                                                   "--max-sessions-per-tenant",
@@ -194,6 +201,25 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         if (o.pool_idle_release > std::chrono::milliseconds(86'400'000)) {
           throw OptionsError("--pool-idle-release must be at most 1 day (or 'off'), got '" + value + "'");
         }
+      }
+    } else if (arg == "--swap-idle") {
+      if (value == "off") {
+        o.swap_idle = std::chrono::milliseconds(0);
+      } else {
+        try {
+          o.swap_idle = quota::parse_duration(value);
+        } catch (const std::invalid_argument& e) {
+          throw OptionsError(std::string("--swap-idle: ") + e.what());
+        }
+        if (o.swap_idle > std::chrono::milliseconds(86'400'000)) {
+          throw OptionsError("--swap-idle must be at most 1 day (or 'off'), got '" + value + "'");
+        }
+      }
+    } else if (arg == "--swap-margin") {
+      try {
+        o.swap_margin = parse_size(value, Bytes{0}, Bytes{1ull << 50}).value();
+      } catch (const SizeError& e) {
+        throw OptionsError(arg + ": " + e.what());
       }
     } else if (arg == "--pool-keep") {
       try {

@@ -336,16 +336,16 @@ class Parser {
     return d;
   }
 
-  // `allow_disable` of `entry`, if present.
-  std::optional<bool> allow_disable(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["allow_disable"];
+  // The boolean `key` of `entry` (allow_disable, overcommit), if present.
+  std::optional<bool> flag(const YAML::Node& entry, const char* key, const std::string& where) const {
+    const YAML::Node v = entry[key];
     if (!v) return std::nullopt;
     const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
     if (v.IsScalar()) {
       if (s == "true") return true;
       if (s == "false") return false;
     }
-    fail(v.Mark(), "bad allow_disable '" + s + "' in " + where + " (use true or false)");
+    fail(v.Mark(), std::string("bad ") + key + " '" + s + "' in " + where + " (use true or false)");
   }
 
   // The dedup trust domain under `dedup_domain` of `entry`, if present (a DNS label).
@@ -506,18 +506,21 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(def, {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable", "dedup_domain", "wait"},
-                 "'default'");
+    p.check_keys(
+        def,
+        {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable", "dedup_domain", "wait", "overcommit"},
+        "'default'");
     const auto l = p.size(def, "limit", "'default'");
     cfg.default_guard_ = p.guard(def, "'default'");
     cfg.default_dedup_ = p.dedup(def, "'default'");
     cfg.default_enforce_ = p.enforce(def, "'default'");
     cfg.default_kill_grace_ = p.kill_grace(def, "'default'");
     cfg.default_wait_ = p.wait(def, "'default'");
-    cfg.default_allow_disable_ = p.allow_disable(def, "'default'");
+    cfg.default_allow_disable_ = p.flag(def, "allow_disable", "'default'");
+    cfg.default_overcommit_ = p.flag(def, "overcommit", "'default'");
     cfg.default_dedup_domain_ = p.dedup_domain(def, "'default'");
     if (!l && !cfg.default_guard_ && !cfg.default_dedup_ && !cfg.default_enforce_ && !cfg.default_kill_grace_ &&
-        !cfg.default_allow_disable_ && !cfg.default_dedup_domain_ && !cfg.default_wait_) {
+        !cfg.default_allow_disable_ && !cfg.default_dedup_domain_ && !cfg.default_wait_ && !cfg.default_overcommit_) {
       p.fail(def.Mark(), "missing 'limit' in 'default'");
     }
     if (l) {
@@ -536,7 +539,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
       p.check_keys(n,
                    {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup",
-                    "enforce", "kill_grace", "allow_disable", "dedup_domain", "ipc_domain", "wait"},
+                    "enforce", "kill_grace", "allow_disable", "dedup_domain", "ipc_domain", "wait", "overcommit"},
                    "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
@@ -562,7 +565,8 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       ns.enforce = p.enforce(n, where);
       ns.kill_grace = p.kill_grace(n, where);
       ns.wait = p.wait(n, where);
-      ns.allow_disable = p.allow_disable(n, where);
+      ns.allow_disable = p.flag(n, "allow_disable", where);
+      ns.overcommit = p.flag(n, "overcommit", where);
       ns.dedup_domain = p.dedup_domain(n, where);
       ns.ipc_domain = p.domain(n, "ipc_domain", where);
       if (ns.limit) {
@@ -733,7 +737,8 @@ TenantSpec QuotaConfig::make_spec(const std::string& kind, const std::string& la
                allow_disable_of(n),
                dedup_domain_of(n),
                n.ipc_domain.value_or(std::string()),
-               wait_of(n)};
+               wait_of(n),
+               overcommit_of(n)};
   return t;
 }
 
@@ -765,7 +770,8 @@ TenantSpec QuotaConfig::resolve_allocation(const std::string& name, const std::s
                     allow_disable_of(*n),
                     dedup_domain_of(*n),
                     n->ipc_domain.value_or(std::string()),
-                    wait_of(*n)};
+                    wait_of(*n),
+                    overcommit_of(*n)};
 }
 
 std::vector<ConfigError> check_file(const std::string& path, std::optional<Bytes> gpu_memory) {

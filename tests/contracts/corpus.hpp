@@ -281,6 +281,34 @@ inline proto::Dropped sample<proto::Dropped>() {
   return m;
 }
 
+template <>
+inline proto::SwapNotice sample<proto::SwapNotice>() {
+  auto m = proto::make<proto::SwapNotice>();
+  m.phase = proto::SwapPhase::out;
+  m.swap_id = 7;
+  return m;
+}
+
+template <>
+inline proto::SwapReady sample<proto::SwapReady>() {
+  auto m = proto::make<proto::SwapReady>();
+  m.swap_id = 7;
+  return m;
+}
+
+template <>
+inline proto::SwapIn sample<proto::SwapIn>() {
+  return proto::make<proto::SwapIn>();
+}
+
+template <>
+inline proto::SwapInReply sample<proto::SwapInReply>() {
+  auto m = proto::make<proto::SwapInReply>();
+  m.status = proto::Status::ok;
+  m.waited_ms = 1200;
+  return m;
+}
+
 template <proto::Message T>
 std::vector<std::byte> wire(const T& m) {
   const auto s = proto::encode(m);
@@ -449,6 +477,18 @@ inline std::vector<Rejection> field_rejections() {
       reject<Dropped>(
           "Dropped too many keys", client, [](Dropped& m) { m.count = kMaxDropKeys + 1; },
           "Dropped count 65 out of range"),
+      reject<SwapNotice>(
+          "SwapNotice phase", daemon, [](SwapNotice& m) { m.phase = static_cast<SwapPhase>(4); },
+          "SwapNotice phase 4 out of range"),
+      reject<SwapNotice>(
+          "SwapNotice no id", daemon, [](SwapNotice& m) { m.swap_id = 0; }, "SwapNotice swap_id is 0"),
+      reject<SwapReady>(
+          "SwapReady no id", client, [](SwapReady& m) { m.swap_id = 0; }, "SwapReady swap_id is 0"),
+      reject<SwapIn>(
+          "SwapIn reserved", client, [](SwapIn& m) { m.reserved = 1; }, "SwapIn reserved field is not zero"),
+      reject<SwapInReply>(
+          "SwapInReply reserved", daemon, [](SwapInReply& m) { m.reserved = 1; },
+          "SwapInReply reserved field is not zero"),
   };
 }
 

@@ -45,7 +45,7 @@ std::vector<std::byte> with(const T& m, std::size_t offset, const void* value, s
   proto::Hello, proto::HelloAck, proto::GrantRequest, proto::GrantReply, proto::Release, proto::ReleaseAck,           \
       proto::UsageQuery, proto::UsageReply, proto::Error, proto::GuardEvent, proto::Pressure, proto::ReserveReport,   \
       proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck, proto::ReadOnlyWrite, proto::Drop, \
-      proto::Dropped
+      proto::Dropped, proto::SwapNotice, proto::SwapReady, proto::SwapIn, proto::SwapInReply
 
 // ---------------------------------------------------------------------------------------------
 // round trips
@@ -162,7 +162,7 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
     CHECK(decode_bytes(b).error().kind == DecodeError::Kind::version);
   }
   SECTION("unknown message types") {
-    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{26}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
+    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{30}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
       const auto b = with(hello, offsetof(proto::Header, type), &t, sizeof t);
       CHECK(reason(b) == "unknown message type");
       CHECK(proto::message_name(static_cast<proto::MsgType>(t)) == nullptr);
@@ -337,7 +337,9 @@ TEST_CASE("codec: values the protocol allows are accepted", "[contracts][codec]"
     CHECK(reason(wire(m)).empty());
     m.flags = proto::kReportReclaim;
     CHECK(reason(wire(m)).empty());
-    m.flags = proto::kReportReclaim << 1;
+    m.flags = proto::kReportReclaim | proto::kReportActive;
+    CHECK(reason(wire(m)).empty());
+    m.flags = proto::kReportActive << 1;
     CHECK(reason(wire(m)) == "ReserveReport has unknown flags");
     m.flags = 0;
     m.reserved = 1;
@@ -357,8 +359,10 @@ TEST_CASE("codec: values the protocol allows are accepted", "[contracts][codec]"
     a.wait_ms = proto::kMaxWaitMs + 1;
     CHECK(reason(wire(a)) == "HelloAck wait_ms 600001 out of range");
     a.wait_ms = 0;
-    a.reserved2 = 1;
-    CHECK(reason(wire(a)) == "HelloAck reserved field is not zero");
+    a.flags = proto::kAckOvercommit;
+    CHECK(reason(wire(a)).empty());
+    a.flags = 2;
+    CHECK(reason(wire(a)) == "HelloAck flags 2 unknown");
   }
 }
 

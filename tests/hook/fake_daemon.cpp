@@ -256,6 +256,7 @@ void FakeDaemon::on_hello(int fd, const Hello& m) {
   ack.session_id = session;
   ack.granularity = granularity_;
   ack.guard_mode = options_.guard_mode;
+  if (options_.overcommit) ack.flags |= kAckOvercommit;
   ack.device_count = static_cast<std::uint32_t>(uuids_.size());
   std::snprintf(ack.tenant_name, sizeof ack.tenant_name, "%s", options_.tenant.c_str());
   for (std::size_t i = 0; i < uuids_.size() && i < kMaxDevices; ++i) {

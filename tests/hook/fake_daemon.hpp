@@ -58,6 +58,7 @@ struct FakeDaemonOptions {
   // (bytes 0 = all), and/or send a Pressure just before the reply to the Nth alloc grant.
   bool pressure_on_report = false;
   int pressure_before_grant = 0;  // 0 = never
+  bool overcommit = false;        // HelloAck says kAckOvercommit (docs/swap.md)
 };
 
 struct Counters {

@@ -223,6 +223,32 @@ TEST_CASE("cuMemAllocManaged passes through and is charged") {
   CHECK(c.refusals == 1);
 }
 
+TEST_CASE("overcommit: device allocations are the driver's, charged with counted grants") {
+  FakeDaemonOptions o = with_limit(64 * MiB);
+  o.overcommit = true;
+  Fixture f(o);
+  const auto r = f.run({"init", "alloc:a:3M", "fill:a:3M:7", "async:b:6M", "create:h:4M", "info#1", "free:a",
+                        "freeasync:b", "release:h", "info#2", "alloc:big:80M"});
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK(line_of(r.out, "alloc:a:3M")["rc"] == "0");
+  CHECK(line_of(r.out, "fill:a:3M:7")["ok"] == "1");
+  CHECK(line_of(r.out, "async:b:6M")["rc"] == "0");
+  CHECK(line_of(r.out, "create:h:4M")["rc"] == "0");
+  // 3 MiB charged as 4, the stream-ordered pool's reservation (at least 6 MiB), 4 MiB: all
+  // counted; nothing came from the pool.
+  const auto used1 = 64 * MiB - std::stoull(line_of(r.out, "info#1")["free"]);
+  CHECK(used1 >= 14 * MiB);
+  CHECK(line_of(r.out, "free:a")["rc"] == "0");
+  CHECK(line_of(r.out, "freeasync:b")["rc"] == "0");
+  CHECK(line_of(r.out, "release:h")["rc"] == "0");
+  CHECK(line_of(r.out, "alloc:big:80M")["rc"] == num(CUDA_ERROR_OUT_OF_MEMORY));
+  const Counters c = f.daemon->counters();
+  CHECK(c.grants_alloc == 0);
+  CHECK(c.grants_create == 0);
+  CHECK(c.grants_counted >= 3);
+  CHECK(c.refusals == 1);
+}
+
 TEST_CASE("cuMemCreate: the grant is released only after every reference and mapping is gone") {
   Fixture f(with_limit(64 * MiB));
   SECTION("released but still mapped: no release until unmap") {

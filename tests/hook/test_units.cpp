@@ -9,6 +9,7 @@
 
 #include "config.hpp"
 #include "log.hpp"
+#include "swap.hpp"  // before tables.hpp: it includes cuda.h the way the hook compiles it
 #include "tables.hpp"
 #include "write_span.hpp"
 
@@ -540,4 +541,28 @@ TEST_CASE("write spans: the bytes a memset or a 2D/3D copy writes, saturating", 
   d.dstMemoryType = CU_MEMORYTYPE_ARRAY;
   d.Depth = 2;
   CHECK(dst_3d(&d).second == 0);
+}
+
+TEST_CASE("swap: a process is busy when its other threads used more than a fifth of a CPU over the window") {
+  using vlake::hook::CpuWatch;
+  constexpr std::uint64_t ms = 1'000'000;
+  CpuWatch w;
+  CHECK_FALSE(w.busy(500 * ms));  // no samples
+  std::uint64_t cpu = 0;
+  // 50 ms ticks, idle (1 ms of CPU per tick: timers, heartbeats).
+  for (int i = 0; i < 12; ++i) w.sample(static_cast<std::uint64_t>(i) * 50 * ms, cpu += ms);
+  CHECK_FALSE(w.busy(500 * ms));
+  CHECK_FALSE(w.busy(200 * ms));
+  // It starts computing: 50 ms of CPU per 50 ms tick for two ticks.
+  w.sample(12 * 50 * ms, cpu += 50 * ms);
+  w.sample(13 * 50 * ms, cpu += 50 * ms);
+  CHECK(w.busy(200 * ms));  // 102 of 200 ms
+  CHECK(w.busy(500 * ms));  // 108 of 500 ms
+  // Idle again for a second: no longer busy.
+  for (int i = 14; i < 34; ++i) w.sample(static_cast<std::uint64_t>(i) * 50 * ms, cpu += ms);
+  CHECK_FALSE(w.busy(500 * ms));
+  // /proc/self/task is readable here: this thread's CPU time counts, the excluded one's does not.
+  const std::uint64_t all = vlake::hook::app_cpu_ns(-1);
+  CHECK(all > 0);
+  CHECK(vlake::hook::app_cpu_ns(static_cast<long>(::gettid())) <= all);
 }

@@ -1836,3 +1836,224 @@ TEST_CASE("node: without background builds the warm stock is built in tick and t
   w.node->tick(w.t);
   CHECK(d.pool->clean_stock().empty());
 }
+
+// ---- swapping idle processes to host memory (node_swap.cpp, docs/swap.md) ----------------------
+
+namespace {
+
+const char* kOvercommit =
+    "version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: nb, overcommit: true, users: [1001, 1002, 1003]}\n";
+
+GrantOut counted(World& w, ConnId conn, std::uint64_t session, std::uint64_t bytes) {
+  proto::GrantRequest m = w.request(bytes);
+  m.purpose = proto::GrantPurpose::counted;
+  return w.node->grant(conn, session, m, w.t);
+}
+
+void report_active(World& w, std::uint64_t session) {
+  proto::ReserveReport r = proto::make<proto::ReserveReport>(0);
+  w.node->devices().front().uuid.copy_to(r.device_uuid);
+  r.flags = proto::kReportActive;
+  CHECK_FALSE(w.node->reserve_report(session, r).has_value());
+}
+
+NodeSettings swap_settings() {
+  NodeSettings s;
+  s.swap_idle = std::chrono::milliseconds(1000);
+  s.swap_margin = Bytes{0};
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out an idle process", "[node][swap]") {
+  World w(kOvercommit, swap_settings());
+  REQUIRE(sim_gpu().driver().checkpoint_supported());
+  const auto a = w.hello(1, 101, 1001, true);
+  const auto b = w.hello(2, 102, 1002, true);
+  REQUIRE(std::holds_alternative<Granted>(counted(w, 1, a, 512 * kMiB)));
+  // A's driver holds its 512 MiB (taken here outside the pool, as A's own allocation would be).
+  const Bytes free = sim_gpu().driver().memory_info(DeviceOrdinal{0}).free;
+  w.take_outside(free - Bytes{128 * kMiB});
+  w.advance(std::chrono::milliseconds(2000));  // A idle
+  report_active(w, b);
+
+  // B's 256 MiB do not fit: parked; caches first (nobody to ask here), no swap yet.
+  GrantOut out = counted(w, 2, b, 256 * kMiB);
+  REQUIRE(std::holds_alternative<Parked>(out));
+  CHECK(w.node->take_swap_notices().empty());
+  // At the first retry (250 ms) A, idle for 2 s, is told to get ready.
+  w.advance(std::chrono::milliseconds(300));
+  REQUIRE(w.node->retry_due(w.t));
+  CHECK(w.node->retry_parked(w.t).empty());
+  std::vector<SwapNoticeOut> notes = w.node->take_swap_notices();
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].conn == 1);
+  CHECK(notes[0].msg.phase == proto::SwapPhase::out);
+  CHECK(w.node->session(a)->swap == SwapState::notified);
+  // A retry while A is on its way out swaps nobody else (B is not idle anyway).
+  w.advance(std::chrono::milliseconds(300));
+  (void)w.node->retry_parked(w.t);
+  CHECK(w.node->take_swap_notices().empty());
+
+  // A says ready: its checkpoint is queued for the swap thread.
+  proto::SwapReady ready = proto::make<proto::SwapReady>();
+  ready.swap_id = notes[0].msg.swap_id + 1;  // another swap's: ignored
+  CHECK_FALSE(w.node->swap_ready(a, ready).has_value());
+  CHECK(w.node->take_swap_jobs().empty());
+  ready.swap_id = notes[0].msg.swap_id;
+  CHECK_FALSE(w.node->swap_ready(a, ready).has_value());
+  std::vector<SwapJob> jobs = w.node->take_swap_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].pid == 101);
+  CHECK_FALSE(jobs[0].restore);
+  CHECK(w.node->session(a)->swap == SwapState::checkpointing);
+
+  // The checkpoint frees A's memory: B's grant is served.
+  sim_gpu().driver().release(w.outside);
+  w.outside = PhysicalHandle{};
+  w.node->swap_done(jobs[0], true, Bytes{512 * kMiB}, std::chrono::milliseconds(400), "", w.t);
+  CHECK(w.node->session(a)->swap == SwapState::swapped);
+  notes = w.node->take_swap_notices();  // A hears it is on the host (it asks as soon as it computes)
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].msg.phase == proto::SwapPhase::host);
+  CHECK(w.node->swap_stats().swap_outs == 1);
+  CHECK(w.node->swap_stats().swapped_bytes == 512 * kMiB);
+  REQUIRE(w.node->retry_due(w.t));
+  std::vector<Completion> done = w.node->retry_parked(w.t);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].conn == 2);
+  CHECK(std::holds_alternative<Granted>(done[0].out));
+  // A's quota still holds its 512 MiB: it is overcommitted, not its GPU.
+  CHECK(w.used(a) == 512_MiB);
+
+  // A's next CUDA call asks to come back: there is room, the restore is queued at once.
+  proto::SwapIn in = proto::make<proto::SwapIn>(41);
+  CHECK_FALSE(w.node->swap_in(1, a, in, w.t).has_value());
+  jobs = w.node->take_swap_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].restore);
+  w.advance(std::chrono::milliseconds(150));
+  w.node->swap_done(jobs[0], true, Bytes{0}, std::chrono::milliseconds(150), "", w.t);
+  std::vector<SwapInOut> replies = w.node->take_swap_replies();
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].conn == 1);
+  CHECK(replies[0].reply.status == proto::Status::ok);
+  CHECK(replies[0].reply.h.request_id == 41);
+  CHECK(replies[0].reply.waited_ms == 150);
+  CHECK(w.node->session(a)->swap == SwapState::none);
+  CHECK(w.node->swap_stats().swap_ins == 1);
+  CHECK(w.node->swap_stats().swapped_bytes == 0);
+}
+
+TEST_CASE("node: overcommit: a restore waits for room and swaps out others or times out clearly", "[node][swap]") {
+  World w(kOvercommit, swap_settings());
+  const auto a = w.hello(1, 101, 1001, true);
+  const auto b = w.hello(2, 102, 1002, true);
+  const auto c = w.hello(3, 103, 1003, true);
+  REQUIRE(std::holds_alternative<Granted>(counted(w, 1, a, 512 * kMiB)));
+  REQUIRE(std::holds_alternative<Granted>(counted(w, 3, c, 512 * kMiB)));
+  // A is swapped out (as above, without the grant that asked for it).
+  w.advance(std::chrono::milliseconds(2000));
+  w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
+  REQUIRE(std::holds_alternative<Parked>(counted(w, 2, b, 256 * kMiB)));
+  w.advance(std::chrono::milliseconds(300));
+  (void)w.node->retry_parked(w.t);
+  std::vector<SwapNoticeOut> notes = w.node->take_swap_notices();
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].conn == 1);  // A and C idle as long: the lower session id
+  proto::SwapReady ready = proto::make<proto::SwapReady>();
+  ready.swap_id = notes[0].msg.swap_id;
+  (void)w.node->swap_ready(a, ready);
+  SwapJob job = w.node->take_swap_jobs().at(0);
+  w.node->swap_done(job, true, Bytes{512 * kMiB}, std::chrono::milliseconds(400), "", w.t);
+  CHECK(w.node->session(a)->swap == SwapState::swapped);
+  (void)w.node->take_swap_notices();  // A's SwapNotice{host}
+
+  // The GPU stays full: A's SwapIn waits, and C (idle) is told to make room for it.
+  w.advance(std::chrono::milliseconds(2000));
+  report_active(w, b);
+  proto::SwapIn in = proto::make<proto::SwapIn>(5);
+  CHECK_FALSE(w.node->swap_in(1, a, in, w.t).has_value());
+  CHECK(w.node->take_swap_jobs().empty());
+  notes = w.node->take_swap_notices();
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].conn == 3);
+  // C never answers: after 2 s it is left alone (and told so).
+  w.advance(std::chrono::milliseconds(2100));
+  w.node->swap_tick(w.t);
+  notes = w.node->take_swap_notices();
+  REQUIRE_FALSE(notes.empty());
+  CHECK(notes.back().conn == 3);
+  CHECK(notes.back().msg.phase == proto::SwapPhase::back);
+  CHECK(w.node->session(c)->swap == SwapState::none);
+  // A waits up to the overcommit wait (2 minutes), then hears out_of_memory and stays on the host.
+  w.advance(std::chrono::milliseconds(120000));
+  w.node->swap_tick(w.t);
+  std::vector<SwapInOut> replies = w.node->take_swap_replies();
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].reply.status == proto::Status::out_of_memory);
+  CHECK(w.node->session(a)->swap == SwapState::swapped);
+  CHECK(w.node->swap_stats().swap_timeouts == 1);
+}
+
+TEST_CASE("node: overcommit: a SwapIn before the checkpoint calls the swap off and failures are reported",
+          "[node][swap]") {
+  World w(kOvercommit, swap_settings());
+  const auto a = w.hello(1, 101, 1001, true);
+  const auto b = w.hello(2, 102, 1002, true);
+  REQUIRE(std::holds_alternative<Granted>(counted(w, 1, a, 512 * kMiB)));
+  w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
+  w.advance(std::chrono::milliseconds(2000));
+  REQUIRE(std::holds_alternative<Parked>(counted(w, 2, b, 256 * kMiB)));
+  w.advance(std::chrono::milliseconds(300));
+  (void)w.node->retry_parked(w.t);
+  REQUIRE(w.node->take_swap_notices().size() == 1);
+  // A wakes up first: called off, answered at once.
+  proto::SwapIn in = proto::make<proto::SwapIn>(3);
+  const auto r = w.node->swap_in(1, a, in, w.t);
+  REQUIRE(r.has_value());
+  CHECK(r->status == proto::Status::ok);
+  CHECK(w.node->session(a)->swap == SwapState::none);
+
+  // Next time the checkpoint itself fails: A is told to go on, and counted as a failure.
+  w.advance(std::chrono::milliseconds(2000));
+  (void)w.node->retry_parked(w.t);
+  std::vector<SwapNoticeOut> notes = w.node->take_swap_notices();
+  REQUIRE(notes.size() == 1);
+  proto::SwapReady ready = proto::make<proto::SwapReady>();
+  ready.swap_id = notes[0].msg.swap_id;
+  (void)w.node->swap_ready(a, ready);
+  const SwapJob job = w.node->take_swap_jobs().at(0);
+  w.node->swap_done(job, false, Bytes{0}, std::chrono::milliseconds(1), "cuCheckpointProcessLock failed", w.t);
+  CHECK(w.node->session(a)->swap == SwapState::none);
+  CHECK(w.node->swap_stats().swap_failures == 1);
+  notes = w.node->take_swap_notices();
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].msg.phase == proto::SwapPhase::back);
+}
+
+TEST_CASE("node: overcommit: tenants without it are never swapped and their grants never wait for room",
+          "[node][swap]") {
+  World w(
+      "version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: nb, overcommit: true, users: [1001]}\n"
+      "  - {name: plain, users: [1002]}\n",
+      swap_settings());
+  const auto a = w.hello(1, 101, 1001, true);                              // overcommit
+  const auto p = w.hello(2, 102, 1002, true);                              // plain
+  REQUIRE(std::holds_alternative<Granted>(counted(w, 2, p, 256 * kMiB)));  // e.g. managed memory
+  w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
+  w.advance(std::chrono::milliseconds(5000));
+  // A needs room; P is idle but not in an overcommit namespace: nobody is swapped, and after the
+  // wait the grant goes on (A's driver decides).
+  REQUIRE(std::holds_alternative<Parked>(counted(w, 1, a, 256 * kMiB)));
+  w.advance(std::chrono::milliseconds(300));
+  (void)w.node->retry_parked(w.t);
+  CHECK(w.node->take_swap_notices().empty());
+  w.advance(std::chrono::milliseconds(120000));
+  std::vector<Completion> done = w.node->retry_parked(w.t);
+  REQUIRE(done.size() == 1);
+  CHECK(std::holds_alternative<Granted>(done[0].out));
+  // P's counted grants never wait for room (only overcommit tenants' do).
+  CHECK(std::holds_alternative<Granted>(counted(w, 2, p, 64 * kMiB)));
+}

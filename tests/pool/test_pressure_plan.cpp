@@ -6,7 +6,9 @@
 
 using vlake::Bytes;
 using vlake::pool::plan_pressure;
+using vlake::pool::plan_swap;
 using vlake::pool::PressureCandidate;
+using vlake::pool::SwapCandidate;
 
 namespace {
 
@@ -64,4 +66,44 @@ TEST_CASE("pressure plan: a reclaim callback offers what the session holds; noth
   CHECK(plan_pressure(s, 0, Bytes{450 * MiB}) == std::vector<std::size_t>{2, 3});
   CHECK(plan_pressure(s, 0, Bytes{0}).empty());
   CHECK(plan_pressure({}, 0, Bytes{MiB}).empty());
+}
+
+namespace {
+SwapCandidate swap_cand(std::uint64_t session, std::uint64_t mib, std::int32_t priority, int idle_s) {
+  SwapCandidate c;
+  c.session = session;
+  c.bytes = Bytes{mib * MiB};
+  c.priority = priority;
+  c.last_active = std::chrono::steady_clock::time_point(std::chrono::hours(1)) - std::chrono::seconds(idle_s);
+  return c;
+}
+const auto kNow = std::chrono::steady_clock::time_point(std::chrono::hours(1));
+}  // namespace
+
+TEST_CASE("swap plan: idle processes only, lowest priority then most idle, until the need is covered") {
+  const std::vector<SwapCandidate> s = {
+      swap_cand(1, 400, 0, 5),                               // idle 5 s: too recent for a 30 s idle rule
+      swap_cand(2, 300, 0, 100),                             // the most idle
+      swap_cand(3, 300, 0, 60),  swap_cand(4, 300, -1, 40),  // lower priority: first
+      swap_cand(5, 0, -5, 500),                              // holds nothing here
+  };
+  const std::chrono::milliseconds idle{30000};
+  CHECK(plan_swap(s, 0, Bytes{200 * MiB}, kNow, idle) == std::vector<std::size_t>{3});
+  CHECK(plan_swap(s, 0, Bytes{500 * MiB}, kNow, idle) == std::vector<std::size_t>{3, 1});
+  CHECK(plan_swap(s, 0, Bytes{900 * MiB}, kNow, idle) == std::vector<std::size_t>{3, 1, 2});
+  // All the idle ones together cannot cover it: nobody is disturbed.
+  CHECK(plan_swap(s, 0, Bytes{1000 * MiB}, kNow, idle).empty());
+  // With a 1 s idle rule the fifth-second one counts too.
+  CHECK(plan_swap(s, 0, Bytes{1000 * MiB}, kNow, std::chrono::milliseconds(1000)) ==
+        std::vector<std::size_t>{3, 1, 2, 0});
+  CHECK(plan_swap(s, 0, Bytes{0}, kNow, idle).empty());
+}
+
+TEST_CASE("swap plan: a process is never swapped out for a lower-priority one") {
+  const std::vector<SwapCandidate> s = {swap_cand(1, 300, 5, 100), swap_cand(2, 300, 0, 100)};
+  const std::chrono::milliseconds idle{1000};
+  CHECK(plan_swap(s, 0, Bytes{200 * MiB}, kNow, idle) == std::vector<std::size_t>{1});
+  CHECK(plan_swap(s, 0, Bytes{500 * MiB}, kNow, idle).empty());  // only the equal one counts
+  CHECK(plan_swap(s, 5, Bytes{500 * MiB}, kNow, idle) == std::vector<std::size_t>{1, 0});
+  CHECK(plan_swap(s, -1, Bytes{200 * MiB}, kNow, idle).empty());
 }

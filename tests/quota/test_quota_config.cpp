@@ -333,6 +333,29 @@ TEST_CASE("guard modes: user/group entry, then namespace, then default, else off
   CHECK(std::string(vlake::quota::guard_mode_name(GuardMode::canary)) == "canary");
 }
 
+TEST_CASE("overcommit: per namespace, then default, else off", "[quota]") {
+  const std::vector<gid_t> none;
+  CHECK_FALSE(QuotaConfig().resolve(1000, 1000, none).overcommit);
+  const QuotaConfig cfg = QuotaConfig::parse(
+      "version: 1\n"
+      "default: {overcommit: true}\n"
+      "namespaces:\n"
+      "  - {name: nb, users: [7001]}\n"
+      "  - {name: train, overcommit: false, users: [7002]}\n",
+      "o.yaml");
+  CHECK(cfg.resolve(7001, 1, none).overcommit);        // the default's
+  CHECK_FALSE(cfg.resolve(7002, 1, none).overcommit);  // its own
+  CHECK(cfg.resolve(9999, 1, none).overcommit);        // default namespace
+  CHECK(cfg.resolve_allocation("pod:nb/p/c", "nb", 64_MiB, 1024_MiB).overcommit);
+  CHECK_FALSE(cfg.resolve_allocation("pod:train/p/c", "train", 64_MiB, 1024_MiB).overcommit);
+  try {
+    (void)QuotaConfig::parse("version: 1\nnamespaces:\n  - name: nb\n    overcommit: on\n", "bad.yaml");
+    FAIL("accepted");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith("bad.yaml:4:17: bad overcommit 'on' in namespace 'nb' (use true or false)"));
+  }
+}
+
 TEST_CASE("memory outside vlake: enforce, kill_grace and allow_disable per namespace, then default", "[quota]") {
   using vlake::quota::Enforce;
   using namespace std::chrono_literals;

@@ -211,7 +211,8 @@ TEST_CASE("model: malformed configurations, each with its positioned message", "
       {ns + "  - research\n", "q.yaml:3:5: a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)"},
       {a + "    limits: 8GiB\n",
        "q.yaml:4:5: unknown key 'limits' in a 'namespaces' entry (allowed: name, limit, guaranteed, priority, "
-       "pod_limit, users, groups, guard, dedup, enforce, kill_grace, allow_disable, dedup_domain, ipc_domain, wait)"},
+       "pod_limit, users, groups, guard, dedup, enforce, kill_grace, allow_disable, dedup_domain, ipc_domain, wait, "
+       "overcommit)"},
       {a + "    guard: strict\n", "q.yaml:4:12: bad guard mode 'strict' in namespace 'a' (use off, canary or fault)"},
       {"version: 1\ndefault:\n  guard: yes\n",
        "q.yaml:3:10: bad guard mode 'yes' in 'default' (use off, canary or fault)"},
@@ -259,7 +260,7 @@ TEST_CASE("model: malformed configurations, each with its positioned message", "
        "q.yaml:3:5: missing 'limit' in a 'groups' entry (give 'limit', 'namespace' or 'guard')"},
       {"version: 1\ndefault:\n  guaranteed: 1GiB\n",
        "q.yaml:3:3: unknown key 'guaranteed' in 'default' (allowed: limit, guard, dedup, enforce, kill_grace, "
-       "allow_disable, dedup_domain, wait)"},
+       "allow_disable, dedup_domain, wait, overcommit)"},
       {"version: 1\ndefault: {}\n", "q.yaml:2:10: missing 'limit' in 'default'"},
       {"version: 1\nnamespace:\n  - name: a\n",
        "q.yaml:2:1: unknown key 'namespace' in the top level (allowed: version, default, namespaces, users, groups)"},

@@ -75,6 +75,10 @@ VLAKE_PROTO_MESSAGE(IpcCloseAck, ipc_close_ack);
 VLAKE_PROTO_MESSAGE(ReadOnlyWrite, readonly_write);
 VLAKE_PROTO_MESSAGE(Drop, drop);
 VLAKE_PROTO_MESSAGE(Dropped, dropped);
+VLAKE_PROTO_MESSAGE(SwapNotice, swap_notice);
+VLAKE_PROTO_MESSAGE(SwapReady, swap_ready);
+VLAKE_PROTO_MESSAGE(SwapIn, swap_in);
+VLAKE_PROTO_MESSAGE(SwapInReply, swap_in_reply);
 #undef VLAKE_PROTO_MESSAGE
 
 // A struct that travels as one message.
@@ -84,10 +88,10 @@ concept Message = std::is_trivially_copyable_v<T> && requires {
 };
 
 // Every message, alternative i being the struct of MsgType i + 1.
-using AnyMessage =
-    std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
-                 GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck, IpcExport,
-                 IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck, ReadOnlyWrite, Drop, Dropped>;
+using AnyMessage = std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply,
+                                Error, GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit,
+                                ShareAck, IpcExport, IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck,
+                                ReadOnlyWrite, Drop, Dropped, SwapNotice, SwapReady, SwapIn, SwapInReply>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {
@@ -179,7 +183,7 @@ inline std::optional<std::string> check_fields(const HelloAck& m) {
   }
   if (!detail::terminated(m.tenant_name)) return "HelloAck tenant name not terminated";
   if (m.wait_ms > kMaxWaitMs) return "HelloAck wait_ms " + detail::number(m.wait_ms) + " out of range";
-  if (m.reserved2 != 0) return "HelloAck reserved field is not zero";
+  if ((m.flags & ~kAckKnownFlags) != 0) return "HelloAck flags " + detail::number(m.flags) + " unknown";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const GrantRequest& m) {
@@ -230,6 +234,26 @@ inline std::optional<std::string> check_fields(const GuardEvent& m) {
 inline std::optional<std::string> check_fields(const Drop& m) {
   if (m.reserved != 0) return "Drop reserved field is not zero";
   if (m.count == 0 || m.count > kMaxDropKeys) return "Drop count " + detail::number(m.count) + " out of range";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const SwapNotice& m) {
+  if (m.phase != SwapPhase::out && m.phase != SwapPhase::back && m.phase != SwapPhase::host) {
+    return "SwapNotice phase " + detail::number(m.phase) + " out of range";
+  }
+  if (m.reserved != 0) return "SwapNotice reserved field is not zero";
+  if (m.swap_id == 0) return "SwapNotice swap_id is 0";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const SwapReady& m) {
+  if (m.swap_id == 0) return "SwapReady swap_id is 0";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const SwapIn& m) {
+  if (m.reserved != 0) return "SwapIn reserved field is not zero";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const SwapInReply& m) {
+  if (m.reserved != 0) return "SwapInReply reserved field is not zero";
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const Dropped& m) {

@@ -34,8 +34,9 @@
 namespace vlake::proto {
 
 inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
-inline constexpr std::uint16_t kVersion =
-    3;  // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags, wait_ms
+// 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags, wait_ms,
+// HelloAck::flags.
+inline constexpr std::uint16_t kVersion = 3;
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
 inline constexpr std::uint32_t kMaxDevices = 16;
@@ -66,6 +67,10 @@ enum class MsgType : std::uint16_t {
   readonly_write = 23,    // client -> daemon, no reply: a copy or memset into shared memory was refused
   drop = 24,              // daemon -> client, unsolicited, no reply: unmap these kept handles
   dropped = 25,           // client -> daemon, no reply: these kept handles are unmapped and closed
+  swap_notice = 26,       // daemon -> client, unsolicited: the process is about to be swapped out / is back
+  swap_ready = 27,        // client -> daemon, no reply: this process's hooked calls now wait
+  swap_in = 28,           // client -> daemon: bring this process back to the GPU
+  swap_in_reply = 29,     // daemon -> client
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -165,8 +170,59 @@ struct HelloAck {
   // Version 3: how long a grant of this session that no memory can serve now waits for memory
   // (the Hello's own wait, else the namespace's `wait`); the hook waits as long for replies.
   std::uint32_t wait_ms;
-  std::uint32_t reserved2;
+  std::uint32_t flags;  // version 3: HelloAckFlags
 };
+
+// Swapping idle processes to host memory (docs/swap.md), version 3. Only sessions of namespaces
+// with `overcommit: true` that said kHelloPressure take part.
+//   SwapNotice{out} (daemon -> client, unsolicited, request_id 0): vlaked wants to checkpoint
+//     this process. The client makes its hooked calls wait (the "gate"), then answers
+//     SwapReady{swap_id}; vlaked then locks and checkpoints the process with the driver.
+//   SwapIn (client -> daemon): a hooked call found the gate closed; vlaked restores the process
+//     (once the GPU has room for what it held) and answers SwapInReply{ok}; out_of_memory when no
+//     room came within the session's wait (the process stays on the host; the next call asks
+//     again); internal when the driver could not restore it. A SwapIn before the checkpoint
+//     began calls the swap off (ok at once).
+//   SwapNotice{back} (daemon -> client, unsolicited): the swap was called off or failed before
+//     the checkpoint; the client opens its gate.
+//   SwapNotice{host} (daemon -> client, unsolicited): the checkpoint is done (the process is on
+//     the host): from now on the client asks SwapIn as soon as its threads compute, even before
+//     a hooked call (one they make to an entry point the hook does not intercept would block).
+enum class SwapPhase : std::uint32_t {
+  out = 1,
+  back = 2,
+  host = 3,
+};
+struct SwapNotice {
+  Header h;
+  SwapPhase phase;
+  std::uint32_t reserved;
+  std::uint64_t swap_id;  // > 0
+};
+struct SwapReady {
+  Header h;
+  std::uint64_t swap_id;  // the SwapNotice{out}'s
+};
+struct SwapIn {
+  Header h;
+  std::uint64_t reserved;
+};
+struct SwapInReply {
+  Header h;
+  Status status;
+  std::uint32_t reserved;
+  std::uint64_t waited_ms;  // how long the process was kept off the GPU after it asked
+};
+
+// HelloAck::flags (version 3).
+enum HelloAckFlags : std::uint32_t {
+  // The tenant's namespace has `overcommit: true` (docs/swap.md): the hook has the process's own
+  // driver allocate its device memory (charged first with GrantRequest{counted}) instead of
+  // mapping pool handles, so that vlaked can checkpoint the process to host memory when it is
+  // idle and the GPU is full.
+  kAckOvercommit = 1u << 0,
+};
+inline constexpr std::uint32_t kAckKnownFlags = kAckOvercommit;
 
 enum class GrantPurpose : std::uint32_t {
   alloc = 1,    // cuMemAlloc / cuMemAllocPitch / cuMemAllocAsync: the hook maps it
@@ -335,8 +391,11 @@ struct Dropped {
 // either changed.
 enum ReportFlags : std::uint32_t {
   kReportReclaim = 1u << 0,
+  // The process made a hooked CUDA call since its last report (sent at most once a second by
+  // processes of overcommit namespaces: how vlaked tells idle ones, docs/swap.md).
+  kReportActive = 1u << 1,
 };
-inline constexpr std::uint32_t kReportKnownFlags = kReportReclaim;
+inline constexpr std::uint32_t kReportKnownFlags = kReportReclaim | kReportActive;
 struct ReserveReport {
   Header h;
   std::uint8_t device_uuid[16];
@@ -512,6 +571,10 @@ VLAKE_PROTO_CHECK(IpcCloseAck, 32);
 VLAKE_PROTO_CHECK(ReadOnlyWrite, 144);
 VLAKE_PROTO_CHECK(Drop, 544);
 VLAKE_PROTO_CHECK(Dropped, 544);
+VLAKE_PROTO_CHECK(SwapNotice, 40);
+VLAKE_PROTO_CHECK(SwapReady, 32);
+VLAKE_PROTO_CHECK(SwapIn, 32);
+VLAKE_PROTO_CHECK(SwapInReply, 40);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -542,6 +605,10 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::readonly_write: return sizeof(ReadOnlyWrite);
     case MsgType::drop: return sizeof(Drop);
     case MsgType::dropped: return sizeof(Dropped);
+    case MsgType::swap_notice: return sizeof(SwapNotice);
+    case MsgType::swap_ready: return sizeof(SwapReady);
+    case MsgType::swap_in: return sizeof(SwapIn);
+    case MsgType::swap_in_reply: return sizeof(SwapInReply);
   }
   return 0;
 }

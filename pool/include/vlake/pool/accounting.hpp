@@ -19,7 +19,9 @@
 //      borrowed(m) = max(0, held(m) - G(m)): if the grant increases borrowed(n), then after it
 //      sum_m borrowed(m) <= U                                       (else Refusal::guarantee)
 //   So a namespace always gets memory up to its guarantee, and above it borrows only memory
-//   nobody is guaranteed. Rule 3 applies only on devices given a capacity.
+//   nobody is guaranteed. Rule 3 applies only on devices given a capacity, and not to
+//   namespaces marked overcommit (set_namespace), which do not count in its sums either: their
+//   processes can be moved to host memory (docs/swap.md), so their bytes may exceed the GPU.
 // Shared (dedup) chunks: a tenant pays for what it maps, the node counts what exists. Rules 1
 //   and 2 charge the logical bytes of a grant that maps shared chunks, as before; rule 3 counts
 //   each shared chunk once per *saving group*: every namespace with a guarantee on the device is
@@ -98,6 +100,10 @@ class Accounting {
     // A namespace with a guarantee on the device: what sharing saves among its tenants (its
     // saving group's S); 0 for the others (their savings are the device's unguaranteed_saved).
     Bytes dedup_saved{0};
+    // `overcommit: true` (docs/swap.md): not held to rule 3 and not counted in it (its
+    // processes' memory can be moved to host memory; guarantees of others are kept by swapping
+    // them out when the GPU lacks room).
+    bool overcommit = false;
     [[nodiscard]] Bytes used() const noexcept { return granted + nonpool + unhooked + retained; }
     [[nodiscard]] Bytes held() const noexcept { return granted + nonpool + unhooked + retained + reserved; }
   };
@@ -159,7 +165,7 @@ class Accounting {
   // The device's memory C (enables rule 3 on it).
   void set_capacity(DeviceOrdinal d, Bytes capacity);
   // A namespace's limit (kUnlimited: none) and guarantee on a device.
-  void set_namespace(NamespaceId n, DeviceOrdinal d, Bytes limit, Bytes guaranteed);
+  void set_namespace(NamespaceId n, DeviceOrdinal d, Bytes limit, Bytes guaranteed, bool overcommit = false);
   // Forgets a namespace (its tenants must have been moved away; otherwise they keep counting
   // in an unconfigured namespace of that id).
   void remove_namespace(NamespaceId n);

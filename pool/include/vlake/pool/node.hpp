@@ -114,7 +114,12 @@ struct NodeSettings {
   // take_builds() (vlaked's HandleBuilder workers), also right after a grant that used the
   // stock or needed a new handle; the results come back through adopt()/build_failed().
   bool background_builds = false;
-  std::chrono::milliseconds pressure_wait{500};      // --pressure-wait-ms (0: never park)
+  std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms (0: never park)
+  // Swapping idle processes of overcommit namespaces to host memory (docs/swap.md): a process is
+  // idle after this long without a CUDA call or request (--swap-idle; 0: never swap), and the
+  // GPU keeps this much free beyond what a grant or a restore needs (--swap-margin).
+  std::chrono::milliseconds swap_idle{30000};
+  Bytes swap_margin{256ull << 20};
   std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
   std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
   // --handle-reuse: true (`tenant`, the default): a handle whose descriptor went to a tenant is
@@ -212,6 +217,45 @@ struct DropOut {
   proto::Drop msg{};
 };
 
+// Swapping idle processes to host memory (node_swap.cpp, docs/swap.md).
+enum class SwapState : std::uint8_t {
+  none,           // on the GPU
+  notified,       // SwapNotice{out} sent; waiting for its SwapReady
+  checkpointing,  // a SwapJob{out} runs (lock + checkpoint)
+  swapped,        // on the host
+  restoring,      // a SwapJob{restore} runs (restore + unlock)
+  lost,           // the driver could not restore it: it never runs again (docs/swap.md)
+};
+const char* to_string(SwapState s) noexcept;
+// A SwapNotice for a session's connection.
+struct SwapNoticeOut {
+  ConnId conn = 0;
+  std::uint64_t session = 0;
+  proto::SwapNotice msg{};
+};
+// Driver work for the loop's swap thread: checkpoint (lock + checkpoint) or restore (restore +
+// unlock) process `pid`; the result comes back through Node::swap_done().
+struct SwapJob {
+  std::uint64_t session = 0;
+  std::uint32_t pid = 0;
+  DeviceOrdinal device{0};  // where the memory it makes or needs room on is
+  bool restore = false;
+};
+// A SwapIn's answer, for the connection that asked.
+struct SwapInOut {
+  ConnId conn = 0;
+  proto::SwapInReply reply{};
+};
+struct SwapStats {
+  std::uint64_t swap_outs = 0;      // processes checkpointed
+  std::uint64_t swap_ins = 0;       // processes restored
+  std::uint64_t swap_failures = 0;  // checkpoints or restores the driver failed
+  std::uint64_t swap_timeouts = 0;  // SwapIns answered out_of_memory: no room within the wait
+  std::uint64_t swapped_bytes = 0;  // freed by the checkpoints of processes now on the host
+  std::uint64_t swap_out_ns = 0;    // time spent checkpointing (all of them)
+  std::uint64_t swap_in_ns = 0;     // time spent restoring
+};
+
 struct Granted {
   proto::GrantReply reply{};
   std::vector<int> fds;  // borrowed, one per handle, in reply order
@@ -284,6 +328,7 @@ class Node {
     quota::Enforce enforce = quota::Enforce::refuse;
     std::chrono::milliseconds kill_grace = quota::kDefaultKillGrace;
     bool allow_disable = false;
+    bool overcommit = false;            // its processes allocate their own memory and may be swapped out
     std::chrono::milliseconds wait{0};  // its namespace's `wait` for memory
     std::array<std::uint64_t, st::kMaxDevices> unhooked{};
     struct UnhookedProcess {
@@ -316,8 +361,23 @@ class Node {
     proto::GuardMode guard = proto::GuardMode::off;        // the mode its latest HelloAck gave
     std::array<std::uint64_t, st::kMaxDevices> reserve{};  // last ReserveReport per GPU
     bool reclaim = false;  // its last ReserveReport said kReportReclaim (a framework gives back its cache)
-    std::chrono::steady_clock::time_point last_active{};  // its last GrantRequest (or its Hello)
-    std::optional<std::chrono::milliseconds> wait;        // its Hello's own wait (kHelloWait)
+    // Its last GrantRequest, its Hello, or a ReserveReport saying kReportActive (a CUDA call).
+    std::chrono::steady_clock::time_point last_active{};
+    std::optional<std::chrono::milliseconds> wait;  // its Hello's own wait (kHelloWait)
+    // Swapping to host memory (node_swap.cpp, docs/swap.md).
+    SwapState swap = SwapState::none;
+    std::uint64_t swap_id = 0;
+    DeviceOrdinal swap_device{0};
+    Bytes swap_bytes{0};  // estimate while going out; what its checkpoint freed once out
+    // While restoring: what the restore takes back (its counted grants and its context).
+    Bytes swap_extra{0};
+    Bytes swap_context{0};                               // its tenant's non-pool bytes (NVML) when it was chosen
+    std::chrono::steady_clock::time_point swap_since{};  // when the current state began
+    ConnId swap_in_conn = 0;                             // a SwapIn waits for its answer (0: none)
+    std::uint64_t swap_in_request = 0;
+    std::chrono::steady_clock::time_point swap_in_at{};
+    // Not chosen again before this: it did not get ready in time, or its checkpoint failed.
+    std::chrono::steady_clock::time_point swap_skip_until{};
   };
   struct Grant {
     std::uint64_t id = 0;
@@ -430,6 +490,22 @@ class Node {
   // Keys sent in Drop messages since start.
   [[nodiscard]] std::uint64_t kept_drops() const noexcept { return kept_drops_; }
   std::optional<Malformed> reserve_report(std::uint64_t session, const proto::ReserveReport& m);
+  // ---- swapping idle processes to host memory (node_swap.cpp, docs/swap.md)
+  // The session's hooked calls now wait: its checkpoint is queued (take_swap_jobs()). A
+  // SwapReady for another swap id, or in another state, is ignored.
+  std::optional<Malformed> swap_ready(std::uint64_t session, const proto::SwapReady& m);
+  // Answers now, or nullopt: the answer comes later from take_swap_replies().
+  std::optional<proto::SwapInReply> swap_in(ConnId conn, std::uint64_t session, const proto::SwapIn& m, Now now);
+  // A SwapJob finished: `bytes` is what the checkpoint freed (0 unknown) or, for a restore,
+  // unused; `error` is the driver's message when !ok.
+  void swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nanoseconds took, const std::string& error,
+                 Now now);
+  // Restores waiting for room, notices nobody answered: called by the loop after every event.
+  void swap_tick(Now now);
+  std::vector<SwapNoticeOut> take_swap_notices() { return std::exchange(swap_notices_, {}); }
+  std::vector<SwapJob> take_swap_jobs() { return std::exchange(swap_jobs_, {}); }
+  std::vector<SwapInOut> take_swap_replies() { return std::exchange(swap_replies_, {}); }
+  [[nodiscard]] const SwapStats& swap_stats() const noexcept { return swap_stats_; }
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
   // A copy or memset into a shared range of one of the session's grants was refused
   // (docs/guard.md): recorded as a readonly_write event; one naming no grant of the session
@@ -554,6 +630,8 @@ class Node {
   static constexpr std::chrono::milliseconds kAskAgain{250};
   // Once everyone was asked, a new round (what they cached since) starts this long after the last.
   static constexpr std::chrono::milliseconds kNewRound{1000};
+  // The least wait for memory of an overcommit tenant's session (docs/swap.md).
+  static constexpr std::chrono::milliseconds kOvercommitWait{120000};
 
   // tenants (node.cpp)
   Tenant& tenant_for(const quota::TenantSpec& spec, std::uint32_t uid, std::uint32_t gid, const AllocationInfo* alloc);
@@ -577,7 +655,15 @@ class Node {
   [[nodiscard]] Bytes reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const;
   void finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_t kept_by = 0);
   std::uint64_t kept_drops_ = 0;
-  std::vector<BuildOut> builds_;      // take_builds()
+  std::vector<BuildOut> builds_;  // take_builds()
+  std::vector<SwapNoticeOut> swap_notices_;
+  // Counted grants of overcommit tenants served lately, per device ordinal: their drivers may
+  // not have allocated them yet, so the GPU's free memory does not show them (room()).
+  std::vector<std::pair<std::chrono::steady_clock::time_point, Bytes>> recent_counted_[st::kMaxDevices];
+  std::vector<SwapJob> swap_jobs_;
+  std::vector<SwapInOut> swap_replies_;
+  SwapStats swap_stats_;
+  std::uint64_t next_swap_id_ = 1;
   std::vector<DiscardOut> discards_;  // take_discards()
   // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
   // retained bytes there (accounting, changes, counters). Returns true if memory came back.
@@ -607,6 +693,26 @@ class Node {
   std::optional<GrantOut> park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                           const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
                                           const ParkedGrant* retry, bool same_namespace, bool retired);
+  // Overcommit (node_swap.cpp): a counted grant of an overcommit tenant that the GPU has no room
+  // for now. Parks it while caches are reclaimed and, from the first retry on, idle processes
+  // are swapped out; nullopt: go on and grant (room, or nothing more to do: the process's own
+  // driver decides).
+  std::optional<GrantOut> make_room(ConnId conn, const Session& s, Device& dev, const proto::GrantRequest& m,
+                                    Bytes bytes, Now now, const ParkedGrant* retry);
+  // Starts swapping out idle processes (not `requester`) to make `need` bytes of room on `dev`;
+  // returns the bytes their counted grants hold there (0: none eligible, nothing started).
+  Bytes start_swaps(const Session& requester, const Device& dev, Bytes need, Now now);
+  // Bytes on `dev` of processes being swapped out now (notified or checkpointing).
+  [[nodiscard]] Bytes swapping_out(const Device& dev) const;
+  // The GPU's free memory as its driver reports it now, and that less what restores under way
+  // take back (room), and those restores' bytes.
+  [[nodiscard]] Bytes device_free(const Device& dev);
+  [[nodiscard]] Bytes room(const Device& dev);
+  [[nodiscard]] Bytes restoring(const Device& dev) const;
+  void note_counted(const Device& dev, Bytes bytes);
+  void try_restore(Session& s, Now now);
+  // Queues a SwapNotice of `phase` for the session's connection (none when detached).
+  void notify(const Session& s, proto::SwapPhase phase);
   // Retires free handles bound to tenants other than `t` (of t's namespace only with
   // `same_namespace`) on `dev` until `bytes` were retired; returns the bytes retired.
   Bytes retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace);

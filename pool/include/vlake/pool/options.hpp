@@ -43,6 +43,10 @@ struct DaemonOptions {
   // (0: off); --pool-keep SIZE: unbound free bytes kept per GPU (counting the warm reserve and stock).
   std::chrono::milliseconds pool_idle_release{30'000};
   std::uint64_t pool_keep = 0;
+  // Swapping idle processes of overcommit namespaces to host memory (docs/swap.md):
+  // --swap-idle DURATION|off (idle this long: may be swapped out; 0: never), --swap-margin SIZE.
+  std::chrono::milliseconds swap_idle{30'000};
+  std::uint64_t swap_margin = 256ull << 20;
   // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
   bool bind_handles = true;
   std::string alloc_root;  // Kubernetes allocation directories (docs/device-plugin.md); "": off

@@ -37,4 +37,24 @@ struct PressureCandidate {
 std::vector<std::size_t> plan_pressure(const std::vector<PressureCandidate>& sessions, std::int32_t requester_priority,
                                        Bytes shortfall);
 
+// vlake::pool::plan_swap — which idle processes of overcommit namespaces are checkpointed to host
+// memory to make `need` bytes of room on a GPU (docs/swap.md).
+//
+// Contract: a candidate is eligible when its priority is at most the requester's, it holds
+// something on the GPU (`bytes` > 0) and it has been idle (no CUDA call reported, no request) for
+// at least `min_idle` at `now`. Eligible ones are ordered by priority (lowest first), then by
+// idleness (longest first), then session id, and taken until their bytes cover `need`. When all
+// of them together cannot cover it, nobody is chosen (swapping some out would disturb them for
+// nothing). Pure; thread-safe.
+struct SwapCandidate {
+  std::uint64_t session = 0;
+  Bytes bytes{0};  // what it holds on the GPU (an estimate: its counted grants there)
+  std::int32_t priority = 0;
+  std::chrono::steady_clock::time_point last_active{};
+};
+
+std::vector<std::size_t> plan_swap(const std::vector<SwapCandidate>& sessions, std::int32_t requester_priority,
+                                   Bytes need, std::chrono::steady_clock::time_point now,
+                                   std::chrono::milliseconds min_idle);
+
 }  // namespace vlake::pool

@@ -34,6 +34,10 @@
 // Waiting for memory: `wait: <duration>` (at most 10m) may appear in `default` and in a namespace
 // (its own, else the top-level default's, else 0): an allocation of its tenants that no memory
 // can serve now waits that long for memory before it fails.
+// Overcommit (docs/swap.md): `overcommit: true|false` may appear in `default` and in a namespace
+// (its own, else the top-level default's, else false): its tenants' processes allocate GPU memory
+// of their own (charged to their limits as before, but not from the pool), so that vlaked can move
+// an idle one to host memory when the GPU is full and bring it back when it runs again.
 // Dedup trust domains: `dedup_domain: <DNS label>` may appear in `default` and in a namespace. A
 // namespace's domain: its own, else the top-level `default.dedup_domain`, else none. Tenants
 // share chunks only with tenants of the same domain (a tenant holding a chunk's descriptor can
@@ -168,6 +172,9 @@ struct TenantSpec {
   // How long an allocation that no memory can serve now waits for memory (docs/quota.md,
   // "Waiting for memory"); 0: it fails at once unless other processes are being asked.
   std::chrono::milliseconds wait{0};
+  // Its namespace's `overcommit`: its processes allocate their own memory and may be swapped
+  // out to host memory when idle (docs/swap.md).
+  bool overcommit = false;
 };
 
 // "off" / "canary" / "fault" (for logs and messages).
@@ -186,6 +193,7 @@ struct NamespaceSpec {
   std::optional<std::chrono::milliseconds> kill_grace;  // nullopt: the top-level default's (or 30s)
   std::optional<std::chrono::milliseconds> wait;        // nullopt: the top-level default's (or 0)
   std::optional<bool> allow_disable;                    // nullopt: the top-level default's (or false)
+  std::optional<bool> overcommit;                       // nullopt: the top-level default's (or false)
   std::optional<std::string> dedup_domain;              // nullopt: the top-level default's (or none)
   std::optional<std::string> ipc_domain;                // nullopt: none (namespace-level only)
   // Positions (1-based; 0 when absent) for errors found later (check_device).
@@ -276,6 +284,9 @@ class QuotaConfig {
   [[nodiscard]] bool allow_disable_of(const NamespaceSpec& ns) const noexcept {
     return ns.allow_disable.value_or(default_allow_disable_.value_or(false));
   }
+  [[nodiscard]] bool overcommit_of(const NamespaceSpec& ns) const noexcept {
+    return ns.overcommit.value_or(default_overcommit_.value_or(false));
+  }
   // The dedup trust domain of namespace `ns`: its own, else `default.dedup_domain`, else "".
   [[nodiscard]] std::string dedup_domain_of(const NamespaceSpec& ns) const {
     return ns.dedup_domain.value_or(default_dedup_domain_.value_or(std::string()));
@@ -314,6 +325,7 @@ class QuotaConfig {
   std::optional<std::chrono::milliseconds> default_kill_grace_;
   std::optional<std::chrono::milliseconds> default_wait_;
   std::optional<bool> default_allow_disable_;
+  std::optional<bool> default_overcommit_;
   std::optional<std::string> default_dedup_domain_;
   std::vector<NamespaceSpec> namespaces_;
   std::vector<UserEntry> users_;
