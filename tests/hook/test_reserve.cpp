@@ -135,7 +135,7 @@ TEST_CASE("reserve: Pressure from the daemon makes the hook return its reserve")
   CHECK(c.last_reserve_bytes == 0);
 }
 
-TEST_CASE("reclaim: a Pressure the reserve cannot cover runs the registered callback; what it frees goes back") {
+TEST_CASE("reclaim: a Pressure the reserve cannot cover runs the registered callback and what it frees goes back") {
   FakeDaemonOptions o = limit_of(256 * MiB);
   o.pressure_on_report = true;  // answers the report that says kReportReclaim with a Pressure
   Fixture f(o);

@@ -277,7 +277,7 @@ TEST_CASE("node: a parked grant times out as out_of_memory, without flagged rese
   CHECK(w.used(b) == 0_B);
 }
 
-TEST_CASE("node: reclaim: a GPU held in full parks the grant; lower priorities first, never a waiting session",
+TEST_CASE("node: reclaim: a GPU held in full parks the grant: lower priorities first, never a waiting session",
           "[node][pressure]") {
   NodeSettings settings;
   settings.pressure_wait = std::chrono::milliseconds(500);

@@ -55,7 +55,7 @@ TEST_CASE("pressure plan: a tenant never takes memory from a higher-priority one
   CHECK(plan_pressure(s, 10, Bytes{10000 * MiB}) == std::vector<std::size_t>{2, 1, 0});
 }
 
-TEST_CASE("pressure plan: a reclaim callback offers what the session holds; nothing to give is never asked") {
+TEST_CASE("pressure plan: a reclaim callback offers what the session holds and nothing to give is never asked") {
   const std::vector<PressureCandidate> s = {
       cand(1, 0, 500, false, 0, 60),  // holds memory, no reserve, no callback: nothing to give
       cand(2, 0, 0, true, 0, 50),     // a callback but holds nothing here
