@@ -142,7 +142,11 @@ TEST_CASE("reclaim: a Pressure the reserve cannot cover runs the registered call
   const auto r = f.run({"init", "alloc:a:6M", "reclaim:a", "reclaimwait:5000", "sleep:300"}, reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(r.out.find("reclaim:a rc=0") != std::string::npos);
-  CHECK(r.out.find("reclaimwait:5000 count=1 freed_rc=0") != std::string::npos);
+  // The fake daemon answers every report that says kReportReclaim with a Pressure, so the
+  // callback may run more than once; its first run freed `a`.
+  const auto wait = line_of(r.out, "reclaimwait:5000");
+  CHECK(std::stoi(wait.at("count")) >= 1);
+  CHECK(wait.at("freed_rc") == "0");
   const Counters c = f.daemon->counters();
   CHECK(c.reclaim_reports >= 1);
   CHECK(c.pressure_sent >= 1);
