@@ -636,7 +636,7 @@ std::vector<Completion> Node::retry_parked(Now now) {
           }
           // The GPU itself is short: idle processes of overcommit namespaces go to host memory
           // (docs/swap.md), whichever namespace waits.
-          if (!p.same_namespace && settings_.swap_idle.count() > 0) {
+          if (!p.same_namespace && swaps_possible()) {
             const Bytes need = want + settings_.swap_margin;
             const Bytes free = room(*dev);
             const Bytes coming = swapping_out(*dev);

@@ -63,6 +63,21 @@ Bytes Node::device_free(const Device& dev) {
   }
 }
 
+Bytes Node::counted_on(const Session& s, DeviceOrdinal d) const {
+  Bytes held{0};
+  for (std::uint64_t gid : s.grants) {
+    const Grant& g = grants_.at(gid);
+    if (g.device == d && g.purpose == proto::GrantPurpose::counted) held += g.bytes;
+  }
+  return held;
+}
+
+bool Node::swaps_possible() const {
+  if (settings_.swap_idle.count() <= 0 || !driver_.checkpoint_supported()) return false;
+  return std::any_of(sessions_.begin(), sessions_.end(),
+                     [&](const auto& kv) { return tenants_.at(kv.second.tenant.value()).overcommit; });
+}
+
 Bytes Node::restoring(const Device& dev) const {
   Bytes in{0};
   for (const auto& [id, s] : sessions_) {
@@ -97,7 +112,7 @@ Bytes Node::swapping_out(const Device& dev) const {
 }
 
 Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need, Now now) {
-  if (settings_.swap_idle.count() <= 0 || !driver_.checkpoint_supported()) return Bytes{0};
+  if (!swaps_possible()) return Bytes{0};
   std::vector<SwapCandidate> candidates;
   std::vector<Session*> of;
   for (auto& [sid, ss] : sessions_) {
@@ -107,10 +122,7 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
     // while it waits (and when everyone waits for memory, somebody has to make room).
     SwapCandidate c;
     c.session = sid;
-    for (std::uint64_t gid : ss.grants) {
-      const Grant& g = grants_.at(gid);
-      if (g.device == dev.ordinal && g.purpose == proto::GrantPurpose::counted) c.bytes += g.bytes;
-    }
+    c.bytes = counted_on(ss, dev.ordinal);
     c.priority = priority_of(ss.tenant);
     c.last_active = ss.last_active;
     candidates.push_back(c);
@@ -195,12 +207,8 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
       if (driver_.process_state(static_cast<int>(s.pid)) == Driver::ProcessState::checkpointed) {
         s.swap = SwapState::swapped;
         s.swap_since = now.steady;
-        s.swap_bytes = Bytes{0};
-        for (std::uint64_t gid : s.grants) {
-          const Grant& g = grants_.at(gid);
-          s.swap_device = g.device;
-          s.swap_bytes += g.bytes;
-        }
+        if (!s.grants.empty()) s.swap_device = grants_.at(s.grants.front()).device;
+        s.swap_bytes = counted_on(s, s.swap_device);
         log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) +
                   ") was left on the host by an earlier vlaked: restoring it");
       }
@@ -234,11 +242,7 @@ void Node::try_restore(Session& s, Now now) {
   // What it holds now (its counted grants there, those served while it was away included) plus
   // its context: what the checkpoint freed is no measure when others allocate or free meanwhile
   // (measured on the H100: a restore sized by it lost a process).
-  Bytes held{0};
-  for (std::uint64_t gid : s.grants) {
-    const Grant& g = grants_.at(gid);
-    if (g.device == s.swap_device && g.purpose == proto::GrantPurpose::counted) held += g.bytes;
-  }
+  const Bytes held = counted_on(s, s.swap_device);
   const Bytes want = held + s.swap_context + settings_.swap_margin;
   const Bytes free = room(*dev);
   if (free >= want) {

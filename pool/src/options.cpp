@@ -13,6 +13,23 @@
 
 namespace vlake::pool {
 
+namespace {
+// A DURATION|off flag value: 'off' is 0; at most one day.
+std::chrono::milliseconds off_or_duration(const std::string& arg, const std::string& value) {
+  if (value == "off") return std::chrono::milliseconds(0);
+  std::chrono::milliseconds d{0};
+  try {
+    d = quota::parse_duration(value);
+  } catch (const std::invalid_argument& e) {
+    throw OptionsError(arg + ": " + e.what());
+  }
+  if (d > std::chrono::milliseconds(86'400'000)) {
+    throw OptionsError(arg + " must be at most 1 day (or 'off'), got '" + value + "'");
+  }
+  return d;
+}
+}  // namespace
+
 std::string DaemonOptions::usage() {
   return "usage: vlaked [options]\n"
          "  --config FILE            quota configuration (default /etc/vlake/vlake.yaml;\n"
@@ -189,32 +206,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       } catch (const SizeError& e) {
         throw OptionsError(arg + ": " + e.what());
       }
-    } else if (arg == "--pool-idle-release") {
-      if (value == "off") {
-        o.pool_idle_release = std::chrono::milliseconds(0);
-      } else {
-        try {
-          o.pool_idle_release = quota::parse_duration(value);
-        } catch (const std::invalid_argument& e) {
-          throw OptionsError(std::string("--pool-idle-release: ") + e.what());
-        }
-        if (o.pool_idle_release > std::chrono::milliseconds(86'400'000)) {
-          throw OptionsError("--pool-idle-release must be at most 1 day (or 'off'), got '" + value + "'");
-        }
-      }
-    } else if (arg == "--swap-idle") {
-      if (value == "off") {
-        o.swap_idle = std::chrono::milliseconds(0);
-      } else {
-        try {
-          o.swap_idle = quota::parse_duration(value);
-        } catch (const std::invalid_argument& e) {
-          throw OptionsError(std::string("--swap-idle: ") + e.what());
-        }
-        if (o.swap_idle > std::chrono::milliseconds(86'400'000)) {
-          throw OptionsError("--swap-idle must be at most 1 day (or 'off'), got '" + value + "'");
-        }
-      }
+    } else if (arg == "--pool-idle-release" || arg == "--swap-idle") {
+      (arg == "--swap-idle" ? o.swap_idle : o.pool_idle_release) = off_or_duration(arg, value);
     } else if (arg == "--swap-margin") {
       try {
         o.swap_margin = parse_size(value, Bytes{0}, Bytes{1ull << 50}).value();

@@ -710,6 +710,11 @@ class Node {
   [[nodiscard]] Bytes room(const Device& dev);
   [[nodiscard]] Bytes restoring(const Device& dev) const;
   void note_counted(const Device& dev, Bytes bytes);
+  // The bytes of the session's counted grants on GPU `d`.
+  [[nodiscard]] Bytes counted_on(const Session& s, DeviceOrdinal d) const;
+  // Swapping is on and some session is of an overcommit namespace (else nothing can be moved:
+  // no driver query is worth making).
+  [[nodiscard]] bool swaps_possible() const;
   void try_restore(Session& s, Now now);
   // Queues a SwapNotice of `phase` for the session's connection (none when detached).
   void notify(const Session& s, proto::SwapPhase phase);
