@@ -116,7 +116,7 @@ void poke(const std::string& host, int port) noexcept {
 std::string parse_listen_address(const std::string& address) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos) {
-    throw std::invalid_argument("metrics address '" + address + "' must be [HOST]:PORT (e.g. :9400, 127.0.0.1:9400)");
+    throw std::invalid_argument("metrics address '" + address + "' must be [HOST]:PORT (e.g. :19400, 127.0.0.1:19400)");
   }
   const std::string host = address.substr(0, colon);
   const std::string port = address.substr(colon + 1);

@@ -43,6 +43,8 @@ std::string PluginOptions::usage() {
          "  --unit SIZE                     memory per device id (default 1GiB)\n"
          "  --alloc-root DIR                allocation directories, shared with vlaked (default /run/vlake/alloc)\n"
          "  --hook-path PATH                hook library on the host (default /usr/lib/vlake/libvlake-hook.so)\n"
+         "  --hook-container-path PATH      where containers see it, read-only (default "
+         "/usr/lib/vlake/libvlake-hook.so)\n"
          "  --preload BOOL                  mount ld.so.preload into containers (default true)\n"
          "  --gpu-visibility MODE           env, cdi or both (default both)\n"
          "  --cdi-kind KIND                 CDI kind for cdi naming (default nvidia.com/gpu)\n"
@@ -68,6 +70,7 @@ PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
                                                   "--unit",
                                                   "--alloc-root",
                                                   "--hook-path",
+                                                  "--hook-container-path",
                                                   "--preload",
                                                   "--gpu-visibility",
                                                   "--cdi-kind",
@@ -111,7 +114,10 @@ PluginOptions PluginOptions::parse(int argc, const char* const* argv) {
       }
     } else if (arg == "--alloc-root") o.alloc_root = value;
     else if (arg == "--hook-path") o.hook_path = value;
-    else if (arg == "--preload") {
+    else if (arg == "--hook-container-path") {
+      if (value.front() != '/') throw OptionsError("--hook-container-path must be absolute, got '" + value + "'");
+      o.hook_container_path = value;
+    } else if (arg == "--preload") {
       if (value == "true" || value == "1" || value == "yes") o.preload = true;
       else if (value == "false" || value == "0" || value == "no") o.preload = false;
       else throw OptionsError("--preload must be true or false, got '" + value + "'");

@@ -438,7 +438,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
     const std::string dir = opts_.alloc_root + "/" + a.id;
     if (::mkdir(dir.c_str(), 0755) != 0) throw std::system_error(errno, std::generic_category(), "mkdir " + dir);
     ::chmod(dir.c_str(), 0755);
-    alloc::write_file_atomic(dir, alloc::kPreloadFile, opts_.hook_path + "\n");
+    alloc::write_file_atomic(dir, alloc::kPreloadFile, opts_.hook_container_path + "\n");
     alloc::write_file_atomic(dir, alloc::kAllocationFile, alloc::format_allocation(a));
 
     auto mount = [&](const std::string& host, const std::string& container, bool ro) {
@@ -448,7 +448,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
       m->set_read_only(ro);
     };
     mount(dir, kContainerDir, false);
-    mount(opts_.hook_path, opts_.hook_path, true);
+    mount(opts_.hook_path, opts_.hook_container_path, true);
     if (opts_.preload) mount(dir + "/" + alloc::kPreloadFile, "/etc/ld.so.preload", true);
     auto& envs = *out.mutable_envs();
     envs["VLAKE_SOCKET"] = std::string(kContainerDir) + "/" + alloc::kSocketFile;

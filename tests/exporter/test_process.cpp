@@ -79,7 +79,7 @@ TEST_CASE("exporter: per-tenant series of a running vlaked match vlakectl", "[pr
   CHECK(e.value("vlake_tenant_granted_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 12.0 * kMiB);
   CHECK(e.value("vlake_tenant_limit_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 64.0 * kMiB);
   CHECK(e.value("vlake_tenant_granted_bytes", {{"tenant", "uid:4402"}, {"gpu_index", "0"}}) == 6.0 * kMiB);
-  CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:4402"}, {"namespace", "default"}}) == 1);
+  CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:4402"}, {"tenant_namespace", "default"}}) == 1);
   CHECK(e.value("vlake_pool_granted_bytes", {{"gpu_index", "0"}}) == 18.0 * kMiB);
   CHECK(e.value("vlake_guard_violations_total", {{"kind", "readonly_write"}}) == 0);
   CHECK(e.value("vlake_kernel_faults_total", {{"guarded", "false"}, {"maps_shared", "false"}}) == 0);
@@ -96,9 +96,9 @@ TEST_CASE("exporter: per-tenant series of a running vlaked match vlakectl", "[pr
     const std::string name = t.at("name").str();
     for (const ctltest::Json& g : t.at("gpus").items) {
       const std::map<std::string, std::string> l{{"tenant", name},
-                                                 {"namespace", t.at("namespace").str()},
-                                                 {"pod", ""},
-                                                 {"container", ""},
+                                                 {"tenant_namespace", t.at("namespace").str()},
+                                                 {"tenant_pod", ""},
+                                                 {"tenant_container", ""},
                                                  {"gpu_index", std::to_string(g.at("index").u64())}};
       INFO(name << " on GPU " << g.at("index").u64());
       CHECK(e.value("vlake_tenant_used_bytes", l) == static_cast<double>(g.at("used").u64()));

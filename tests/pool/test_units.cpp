@@ -193,14 +193,14 @@ TEST_CASE("log limiter: a burst per key, then one line per token with the suppre
 TEST_CASE("options: --metrics-address", "[pool][options]") {
   // The default listens on loopback only: the metrics name tenants, namespaces and usage, which
   // other hosts need not see unless --metrics-address says so.
-  CHECK(parse({}).metrics_address == "127.0.0.1:9400");
-  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("default 127.0.0.1:9400"));
-  CHECK(parse({"--metrics-address", ":9400"}).metrics_address == ":9400");
+  CHECK(parse({}).metrics_address == "127.0.0.1:19400");
+  CHECK_THAT(DaemonOptions::usage(), Catch::Contains("default 127.0.0.1:19400"));
+  CHECK(parse({"--metrics-address", ":19400"}).metrics_address == ":19400");
   CHECK_FALSE(parse({}).metrics_address_given);
   CHECK(parse({"--metrics-address", "none"}).metrics_address.empty());
   CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address == "127.0.0.1:9500");
   CHECK(parse({"--metrics-address=127.0.0.1:9500"}).metrics_address_given);
-  CHECK_THROWS_WITH(parse({"--metrics-address", "9400"}), Catch::StartsWith("--metrics-address: "));
+  CHECK_THROWS_WITH(parse({"--metrics-address", "19400"}), Catch::StartsWith("--metrics-address: "));
   CHECK_THROWS_AS(parse({"--metrics-address", ":0"}), OptionsError);
   CHECK_THAT(DaemonOptions::usage(), Catch::Contains("--metrics-address ADDR"));
 }

@@ -112,9 +112,9 @@ TEST_CASE("a pod's process is attributed and limited to its allocation and its n
   bool labelled = false;
   std::istringstream lines(m.body);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("vlake_tenant_limit_bytes{", 0) == 0 && line.find("pod=\"train-0\"") != std::string::npos &&
-        line.find("container=\"worker\"") != std::string::npos &&
-        line.find("namespace=\"research\"") != std::string::npos) {
+    if (line.rfind("vlake_tenant_limit_bytes{", 0) == 0 && line.find(",tenant_pod=\"train-0\"") != std::string::npos &&
+        line.find(",tenant_container=\"worker\"") != std::string::npos &&
+        line.find(",tenant_namespace=\"research\"") != std::string::npos) {
       labelled = true;
     }
   }

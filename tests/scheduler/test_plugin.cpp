@@ -31,7 +31,7 @@ struct Fixture {
     o.endpoint = "vlake-test.sock";
     o.unit = Bytes{256ull << 20};
     o.alloc_root = root + "/alloc";
-    o.hook_path = "/usr/lib/vlake/libvlake-hook.so";
+    o.hook_path = "/var/lib/vlake/lib/libvlake-hook.so";  // on the host; containers see the default path
     o.pod_resources_socket = root + "/pod-resources/kubelet.sock";
     o.attribution_interval = std::chrono::milliseconds(100);
     o.gc_grace = std::chrono::milliseconds(300);
@@ -188,9 +188,11 @@ TEST_CASE("Allocate creates the allocation directory and answers mounts, envs an
   for (const auto& m : cr.mounts()) mounts[m.container_path()] = {m.host_path(), m.read_only()};
   REQUIRE(mounts.count("/run/vlake") == 1);
   CHECK(mounts["/run/vlake"] == std::make_pair(dir, false));
-  CHECK(mounts.at(f.o.hook_path) == std::make_pair(f.o.hook_path, true));
+  // The host's hook, wherever it is installed, at the one path tenants see (docs/device-plugin.md).
+  CHECK(mounts.at("/usr/lib/vlake/libvlake-hook.so") == std::make_pair(f.o.hook_path, true));
+  CHECK(mounts.count(f.o.hook_path) == 0);
   CHECK(mounts.at("/etc/ld.so.preload") == std::make_pair(dir + "/ld.so.preload", true));
-  CHECK(read_file(dir + "/ld.so.preload") == f.o.hook_path + "\n");
+  CHECK(read_file(dir + "/ld.so.preload") == "/usr/lib/vlake/libvlake-hook.so\n");
 
   const auto a = alloc::read_allocation(dir);
   REQUIRE(a);

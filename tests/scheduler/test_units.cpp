@@ -16,6 +16,7 @@ TEST_CASE("options: defaults and parsing", "[scheduler]") {
   CHECK(d.kubelet_socket() == "/var/lib/kubelet/device-plugins/kubelet.sock");
   CHECK(d.gpu_visibility == GpuVisibility::both);
   CHECK(d.preload);
+  CHECK(d.hook_container_path == "/usr/lib/vlake/libvlake-hook.so");
   const char* argv[] = {
       "p",     "--unit",          "512MiB", "--gpu-visibility=cdi", "--preload", "false", "--attribution-interval",
       "500ms", "--vlaked-socket", "none"};
@@ -30,6 +31,12 @@ TEST_CASE("options: defaults and parsing", "[scheduler]") {
                     "--unit: \"1GB\": decimal units are ambiguous; write 1GiB (1073741824 bytes) or a byte count");
   const char* bad2[] = {"p", "--gpu-visibility", "all"};
   CHECK_THROWS_AS(PluginOptions::parse(3, bad2), OptionsError);
+  const char* hook[] = {"p", "--hook-path", "/var/lib/vlake/lib/libvlake-hook.so", "--hook-container-path=/opt/h.so"};
+  const PluginOptions h = PluginOptions::parse(4, hook);
+  CHECK(h.hook_path == "/var/lib/vlake/lib/libvlake-hook.so");
+  CHECK(h.hook_container_path == "/opt/h.so");
+  const char* relative[] = {"p", "--hook-container-path", "lib/h.so"};
+  CHECK_THROWS_WITH(PluginOptions::parse(3, relative), "--hook-container-path must be absolute, got 'lib/h.so'");
 }
 
 TEST_CASE("attribution rule - exact id sets and owners kept and newest unowned first", "[scheduler]") {

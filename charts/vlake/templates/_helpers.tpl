@@ -55,6 +55,35 @@ app.kubernetes.io/part-of: vlake
 {{- default (printf "%s-quota" (include "vlake.fullname" .)) .Values.quota.existingConfigMap }}
 {{- end }}
 
+{{/*
+The DaemonSet's nodeSelector: .Values.nodeSelector as given ({} selects every node), or when it
+is null (the default) the GPU nodes NVIDIA GPU feature discovery labels.
+*/}}
+{{- define "vlake.nodeSelector" -}}
+{{- if kindIs "invalid" .Values.nodeSelector }}
+{{- toYaml (dict "nvidia.com/gpu.present" "true") }}
+{{- else if .Values.nodeSelector }}
+{{- toYaml .Values.nodeSelector }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the cluster serves a Prometheus Operator kind (monitoring.coreos.com/v1/<kind>). */}}
+{{- define "vlake.hasMonitoringKind" -}}
+{{- if .root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) }}true{{ end }}
+{{- end }}
+
+{{/* The ResourceQuota that admits pods of a system-* priority class outside kube-system. */}}
+{{- define "vlake.priorityClassQuota" -}}
+{{- if and .Values.priorityClassQuota.enabled (has .Values.priorityClassName (list "system-node-critical" "system-cluster-critical")) (ne .Release.Namespace "kube-system") }}true{{ end }}
+{{- end }}
+
+{{/*
+The hook's path in the image (the Dockerfile installs it there, as on hosts) and in tenant
+containers (the device plugin mounts the node's copy there): vlake's one hook path.
+*/}}
+{{- define "vlake.imageHookPath" -}}/usr/lib/vlake/libvlake-hook.so{{- end }}
+{{- define "vlake.containerHookPath" -}}/usr/lib/vlake/libvlake-hook.so{{- end }}
+
 {{/* Paths inside the containers (= host paths, see values.yaml hostPaths). */}}
 {{- define "vlake.socketPath" -}}{{ .Values.hostPaths.run }}/vlaked.sock{{- end }}
 {{- define "vlake.allocRoot" -}}{{ .Values.hostPaths.run }}/alloc{{- end }}

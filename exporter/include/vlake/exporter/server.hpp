@@ -4,7 +4,7 @@
 //   GET /healthz  200 "ok" when vlake_daemon_up would be 1, else 503 and the reason
 //   anything else 404 (other methods on those paths: 405)
 //
-// Addresses: "[HOST]:PORT" — ":9400" (all interfaces), "127.0.0.1:9400", "[::1]:9400".
+// Addresses: "[HOST]:PORT" — ":19400" (all interfaces), "127.0.0.1:19400", "[::1]:19400".
 // Port 0 is not supported. parse_listen_address() validates and returns civetweb's
 // listening_ports form; throws std::invalid_argument with a one-line message.
 //

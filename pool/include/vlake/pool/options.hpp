@@ -30,8 +30,10 @@ struct DaemonOptions {
   std::chrono::milliseconds canary_interval{10000};  // canary sweep period; 0: only at release
   unsigned state_mode = 0600;                        // who may read the state (vlakectl)
   long state_gid = -1;                               // group of the state segment; -1: unchanged
-  std::string metrics_address = "127.0.0.1:9400";    // exporter [HOST]:PORT (default loopback only: metrics name
-                                                     // tenants); "" (--metrics-address none): off
+  std::string metrics_address = "127.0.0.1:19400";   // exporter [HOST]:PORT (default loopback only: metrics name
+                                                     // tenants); "" (--metrics-address none): off.
+                                                     // Port 19400: outside the exporters' 9100-9999
+                                                     // (docs/metrics.md, "Port")
   bool metrics_address_given = false;                // explicit --metrics-address: failing to listen is fatal
                                                      // (the default only warns: see docs/metrics.md)
   // Pool performance (docs/pool.md).

@@ -28,7 +28,8 @@ struct PluginOptions {
   std::string resource = "vlake.io/gpu-memory";
   Bytes unit{1ull << 30};
   std::string alloc_root = "/run/vlake/alloc";
-  std::string hook_path = "/usr/lib/vlake/libvlake-hook.so";
+  std::string hook_path = "/usr/lib/vlake/libvlake-hook.so";            // on the host
+  std::string hook_container_path = "/usr/lib/vlake/libvlake-hook.so";  // where containers see it
   bool preload = true;
   GpuVisibility gpu_visibility = GpuVisibility::both;
   std::string cdi_kind = "nvidia.com/gpu";
