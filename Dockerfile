@@ -19,19 +19,20 @@ COPY --from=cuda /usr/local/cuda/include/cuda.h /usr/local/cuda/include/cudaType
 WORKDIR /src
 COPY . .
 RUN VLAKE_K8S_TOOLS=0 ./scripts/setup.sh
-# Stage the installed files and list the Debian packages that own their shared libraries.
+# Stage what `cmake --install` puts on a host, component runtime (packaging/install.cmake):
+# /usr/bin/{vlaked,vlakectl,vlake-device-plugin}, /usr/lib/vlake/libvlake-hook.so (the one hook
+# path of hosts, the Debian package and this image) and /usr/lib/vlake/python; then list the
+# Debian packages that own the shared libraries they link.
 RUN <<'SH'
 set -eu
 stage=/stage
-mkdir -p "$stage/usr/local/bin" "$stage/usr/local/lib/vlake" "$stage/usr/local/share/vlake"
+DESTDIR="$stage" cmake --install build/release --component runtime --strip
 for b in vlaked vlakectl vlake-device-plugin; do
-  f="$(find build/release -type f -name "$b" -perm -u+x | head -n1)"
-  [ -n "$f" ] || { echo "build/release has no $b" >&2; exit 1; }
-  install -m 0755 "$f" "$stage/usr/local/bin/$b"
+  [ -x "$stage/usr/bin/$b" ] || { echo "the install has no /usr/bin/$b" >&2; exit 1; }
 done
-install -m 0755 build/release/hook/libvlake-hook.so "$stage/usr/local/lib/vlake/libvlake-hook.so"
-strip --strip-debug "$stage"/usr/local/bin/* "$stage/usr/local/lib/vlake/libvlake-hook.so"
-for f in "$stage"/usr/local/bin/* "$stage/usr/local/lib/vlake/libvlake-hook.so"; do ldd "$f"; done |
+[ -f "$stage/usr/lib/vlake/libvlake-hook.so" ] || { echo "the install has no /usr/lib/vlake/libvlake-hook.so" >&2; exit 1; }
+mkdir -p "$stage/usr/share/vlake"
+for f in "$stage"/usr/bin/* "$stage/usr/lib/vlake/libvlake-hook.so"; do ldd "$f"; done |
   awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
   while read -r lib; do
     real="$(readlink -f "$lib")"
@@ -40,16 +41,16 @@ for f in "$stage"/usr/local/bin/* "$stage/usr/local/lib/vlake/libvlake-hook.so";
       if [ -n "$pkg" ]; then echo "${pkg%%:*}"; continue 2; fi
     done
     echo "no Debian package owns $lib" >&2; exit 1
-  done | sort -u > "$stage/usr/local/share/vlake/runtime-packages.txt"
-[ -s "$stage/usr/local/share/vlake/runtime-packages.txt" ]
-cat "$stage/usr/local/share/vlake/runtime-packages.txt"
+  done | sort -u > "$stage/usr/share/vlake/runtime-packages.txt"
+[ -s "$stage/usr/share/vlake/runtime-packages.txt" ]
+cat "$stage/usr/share/vlake/runtime-packages.txt"
 SH
 
 # ---- runtime: the binaries, the hook, and exactly the Debian libraries they link.
 FROM debian:bookworm-slim
 COPY --from=build /stage/ /
 RUN apt-get update \
- && xargs -a /usr/local/share/vlake/runtime-packages.txt \
+ && xargs -a /usr/share/vlake/runtime-packages.txt \
       apt-get install -y --no-install-recommends \
  && rm -rf /var/lib/apt/lists/* \
  && vlaked --help >/dev/null && vlakectl --help >/dev/null && vlake-device-plugin --help >/dev/null

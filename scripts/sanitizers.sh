@@ -22,8 +22,12 @@
 #                 folders that opt in with vlake_test_labels(<target> ... tsan).
 # Not run under any sanitizer: `gpu` (skipped without a GPU anyway), `charts` (helm and node.js
 # checks of the chart; the vlake code they call, vlakectl quota check and --help, the ctl and
-# pool tests cover), and prometheus.rules and prometheus.chart (promtool over YAML;
-# prometheus.dashboard_queries, which runs vlaked and hooked tenants, does run). Under asan only,
+# pool tests cover), `packaging` (cpack, dpkg and systemd-analyze over the installed files; the
+# programs they run, the same tests cover), and prometheus.rules and prometheus.chart (promtool
+# over YAML; prometheus.dashboard_queries, which runs vlaked and hooked tenants, does run;
+# prometheus.operator_scrape runs the same daemon and tenants under another scrape config),
+# `demo` and `docs` (scripts/demo.sh and the docs' runnable blocks: the programs they run, the
+# e2e, ctl and quota tests run; a docs example loads the simulator into python3). Under asan only,
 # sim.hostile is left out too: its Python driver loads the simulated NVML in-process (ctypes),
 # and an instrumented library cannot be loaded into an uninstrumented interpreter; the daemon
 # paths it drives are run under ASan by the pool.* tests (holder scan, limits, memory outside
@@ -90,10 +94,10 @@ if [[ "$san" == tsan ]]; then
   ctest_args+=(-L '^tsan$')
 else
   "${runner[@]}" cmake --build "$dir" -j "$jobs"
-  exclude='^prometheus\.(rules|chart)$'
-  [[ "$san" == asan ]] && exclude='^(prometheus\.(rules|chart)|sim\.hostile|tools\.python_(vlake|reclaim))$'
-  [[ "$san" == ubsan ]] && exclude='^(prometheus\.(rules|chart)|pool\.limits: out of descriptors.*)$'
-  ctest_args+=(-LE '^(gpu|charts)$' -E "$exclude")
+  exclude='^prometheus\.(rules|chart|operator_scrape)$'
+  [[ "$san" == asan ]] && exclude='^(prometheus\.(rules|chart|operator_scrape)|sim\.hostile|tools\.python_(vlake|reclaim))$'
+  [[ "$san" == ubsan ]] && exclude='^(prometheus\.(rules|chart|operator_scrape)|pool\.limits: out of descriptors.*)$'
+  ctest_args+=(-LE '^(gpu|charts|packaging|demo|docs)$' -E "$exclude")
 fi
 
 step test

@@ -16,13 +16,14 @@ preset="${VLAKE_PRESET:-release}"
 cuda_root="${VLAKE_CUDA_ROOT:-/usr/local/cuda}"
 
 packages=(
-  g++ cmake ninja-build pkg-config          # toolchain
+  g++ cmake ninja-build pkg-config binutils # toolchain; binutils: readelf, nm (tests/hook)
   clang-format                              # scripts/format.sh
   clang-14 libclang-rt-14-dev               # scripts/fuzz.sh: libFuzzer, ASan, UBSan (tests/fuzz)
   libboost-dev libyaml-cpp-dev              # Boost.Interprocess, yaml-cpp
   prometheus-cpp-dev libcivetweb-dev prometheus  # exporter; promtool + a real server in tests
   python3                                   # test scripts (Prometheus queries, GPU checks)
   catch2                                    # test framework
+  dpkg-dev systemd                          # tests/packaging: dpkg-shlibdeps (cpack), systemd-analyze
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # kubelet API
 )
 k8s_tools="${VLAKE_K8S_TOOLS:-1}"
