@@ -456,7 +456,7 @@ CUresult do_init() {
     proc->ctxs[i].device = i;
     proc->pools[i].device = i;
   }
-  if (CUresult rc = vlake::sim::Node::attach(config.node, config.device_count, config.capacity,
+  if (CUresult rc = vlake::sim::Node::attach(config.node, config.device_count, config.capacity, config.access,
                                              vlake::sim::current_process(), proc->node);
       rc != CUDA_SUCCESS) {
     return rc;

@@ -386,6 +386,12 @@ void purge_dead(NodeState* s, const ProcessId& self) {
 
 void print_error(const std::string& msg) { std::fprintf(stderr, "vlake-sim: %s\n", msg.c_str()); }
 
+std::string to_octal(unsigned v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%03o", v);
+  return buf;
+}
+
 }  // namespace
 
 ProcessId current_process() {
@@ -401,19 +407,34 @@ bool process_alive(const ProcessId& p) {
   return s->start_time == p.start_time;
 }
 
-CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity, const ProcessId& self,
-                      std::unique_ptr<Node>& out) {
+CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity, const FileAccess& access,
+                      const ProcessId& self, std::unique_ptr<Node>& out) {
   const std::string shm_name = "/vlake-sim-" + name;
   const std::string path = "/dev/shm" + shm_name;
   // The whole attach runs under flock on the file, and so does the unlink of an unused node
   // (detach): a process never attaches to a file that is being removed, and never sees a
   // half-built state (a creator that died half-way left magic == 0: initialized again).
   int fd = -1;
+  bool created = false;
   struct stat st {};
   for (int attempt = 0;; ++attempt) {
-    fd = ::shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
+    // O_EXCL tells whether this process created the file (and so sets its mode and group).
+    fd = ::shm_open(shm_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    created = fd >= 0;
+    if (fd < 0 && errno == EEXIST) {
+      fd = ::shm_open(shm_name.c_str(), O_RDWR | O_CLOEXEC, 0);
+      if (fd < 0 && errno == ENOENT && attempt < 100) continue;  // removed meanwhile: create it
+    }
     if (fd < 0) {
-      print_error("cannot open the node state " + path + ": " + std::strerror(errno));
+      const int err = errno;
+      std::string msg = "cannot open the node state " + path + ": " + std::strerror(err);
+      if (err == EACCES && ::stat(path.c_str(), &st) == 0) {
+        msg += " (mode 0" + to_octal(st.st_mode & 0777) + ", owner uid " + std::to_string(st.st_uid) + ", group gid " +
+               std::to_string(st.st_gid) +
+               "; the process that created it sets VLAKE_SIM_NODE_MODE and VLAKE_SIM_NODE_GROUP, "
+               "docs/simulator.md)";
+      }
+      print_error(msg);
       return CUDA_ERROR_OPERATING_SYSTEM;
     }
     ::flock(fd, LOCK_EX);
@@ -424,10 +445,24 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
   auto fail = [&](const std::string& msg, CUresult rc, void* mem) {
     if (!msg.empty()) print_error(msg);
     if (mem != nullptr) ::munmap(mem, sizeof(NodeState));
+    if (created) ::shm_unlink(shm_name.c_str());  // under flock: a waiting opener sees it gone
     ::flock(fd, LOCK_UN);
     ::close(fd);
     return rc;
   };
+  // Exactly the configured mode (the umask does not narrow it) and group.
+  int access_error = 0;
+  if (created && ::fchmod(fd, static_cast<mode_t>(access.mode)) != 0) access_error = errno;
+  if (created && access_error == 0 && access.gid >= 0 &&
+      ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(access.gid)) != 0) {
+    access_error = errno;
+  }
+  if (access_error != 0) {
+    return fail("cannot give the node state " + path + " mode 0" + to_octal(access.mode) +
+                    (access.gid >= 0 ? " and group " + std::to_string(access.gid) : std::string()) + ": " +
+                    std::strerror(access_error) + " (VLAKE_SIM_NODE_MODE, VLAKE_SIM_NODE_GROUP)",
+                CUDA_ERROR_OPERATING_SYSTEM, nullptr);
+  }
   if (static_cast<std::size_t>(st.st_size) < sizeof(NodeState) &&
       ::ftruncate(fd, static_cast<off_t>(sizeof(NodeState))) != 0) {
     return fail("cannot size the node state " + path + ": " + std::strerror(errno), CUDA_ERROR_OPERATING_SYSTEM,
@@ -800,6 +835,29 @@ bool read_config(Config& out, std::string& error) {
       return false;
     }
     c.peer_access = v[0] == '1';
+  }
+  if (const char* v = std::getenv("VLAKE_SIM_NODE_MODE"); v != nullptr) {
+    // 3 or 4 octal digits; read-write bits only, the owner's both.
+    const std::size_t n = std::strlen(v);
+    bool octal = n >= 3 && n <= 4;
+    for (std::size_t i = 0; i < n; ++i) octal = octal && v[i] >= '0' && v[i] <= '7';
+    const unsigned mode = octal ? static_cast<unsigned>(std::strtoul(v, nullptr, 8)) : 07777;
+    if ((mode & ~0666u) != 0 || (mode & 0600u) != 0600u) {
+      error = std::string("VLAKE_SIM_NODE_MODE='") + v +
+              "' is not an octal mode of read-write bits with the owner's both (0600, 0660, 0666, ...)";
+      return false;
+    }
+    c.access.mode = mode;
+  }
+  if (const char* v = std::getenv("VLAKE_SIM_NODE_GROUP"); v != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const long gid = std::strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || *v < '0' || *v > '9' || gid > 0xfffffffeL) {
+      error = std::string("VLAKE_SIM_NODE_GROUP='") + v + "' is not a numeric gid";
+      return false;
+    }
+    c.access.gid = gid;
   }
   out = c;
   return true;

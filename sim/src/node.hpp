@@ -21,6 +21,10 @@
 //   process that attaches; otherwise a process with different parameters is refused. The
 //   last process to detach (normal exit) removes the file; a file left by killed processes
 //   is harmless and reused.
+// - The process that creates the file gives it exactly the mode and group of its FileAccess
+//   (VLAKE_SIM_NODE_MODE, default 0660, whatever the umask; VLAKE_SIM_NODE_GROUP, default its
+//   own group): processes of other uids attach when that mode lets them read and write it. A
+//   file that exists keeps its mode and group.
 // - Thread-safety: all member functions may be called concurrently (the robust mutex
 //   serializes them, across processes too).
 #pragma once
@@ -51,12 +55,20 @@ bool process_alive(const ProcessId& p);
 
 struct NodeState;  // the shared layout, defined in node.cpp
 
+// Who may open a node file this process creates (docs/simulator.md, "Who may use a node").
+struct FileAccess {
+  unsigned mode = 0660;  // permission bits, a subset of 0666 with owner read-write
+  long gid = -1;         // group of the file; -1: the creating process's own
+};
+
 class Node {
  public:
-  // Opens (creating if needed) the node `name`, checks or sets its parameters, and attaches
-  // `self`. On failure prints one line to stderr and returns the CUresult for cuInit.
-  static CUresult attach(const std::string& name, int device_count, std::uint64_t capacity, const ProcessId& self,
-                         std::unique_ptr<Node>& out);
+  // Opens (creating if needed, with `access`) the node `name`, checks or sets its parameters,
+  // and attaches `self`. On failure prints one line to stderr and returns the CUresult for
+  // cuInit: CUDA_ERROR_OPERATING_SYSTEM when the file cannot be opened (another user's file
+  // whose mode keeps this process out) or given its mode and group.
+  static CUresult attach(const std::string& name, int device_count, std::uint64_t capacity, const FileAccess& access,
+                         const ProcessId& self, std::unique_ptr<Node>& out);
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -118,6 +130,7 @@ struct Config {
   std::uint64_t capacity = std::uint64_t{16} << 30;  // VLAKE_SIM_DEVICE_MEMORY
   std::uint64_t context_memory = 0;                  // VLAKE_SIM_CONTEXT_MEMORY
   bool peer_access = true;                           // VLAKE_SIM_PEER_ACCESS (1 or 0)
+  FileAccess access;                                 // VLAKE_SIM_NODE_MODE, VLAKE_SIM_NODE_GROUP
 };
 // Reads the VLAKE_SIM_* variables. On a bad value returns false and sets `error` to one line
 // naming the variable (the callers print it with their own prefix).

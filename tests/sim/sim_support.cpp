@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -84,7 +85,7 @@ void set_access(CUdeviceptr va, size_t size, CUmemAccess_flags flags, int dev) {
   REQUIRE(cuMemSetAccess(va, size, &desc, 1) == CUDA_SUCCESS);
 }
 
-Child spawn_probe(const std::vector<std::string>& args, const Env& env) {
+Child spawn_probe(const std::vector<std::string>& args, const Env& env, long uid, long gid) {
   std::map<std::string, std::string> vars;
   for (char** e = environ; *e != nullptr; ++e) {
     const char* eq = std::strchr(*e, '=');
@@ -115,6 +116,9 @@ Child spawn_probe(const std::vector<std::string>& args, const Env& env) {
   if (pid == 0) {
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
+    if ((uid >= 0 || gid >= 0) && ::setgroups(0, nullptr) != 0) ::_exit(126);
+    if (gid >= 0 && ::setgid(static_cast<gid_t>(gid)) != 0) ::_exit(126);
+    if (uid >= 0 && ::setuid(static_cast<uid_t>(uid)) != 0) ::_exit(126);
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
@@ -157,8 +161,8 @@ int finish(Child& c) {
   return WEXITSTATUS(status);
 }
 
-int run_probe(const std::vector<std::string>& args, const Env& env, std::string& output) {
-  Child c = spawn_probe(args, env);
+int run_probe(const std::vector<std::string>& args, const Env& env, std::string& output, long uid, long gid) {
+  Child c = spawn_probe(args, env, uid, gid);
   const int status = finish(c);
   output = c.output;
   return status;

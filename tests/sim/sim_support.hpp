@@ -35,14 +35,16 @@ struct Child {
   std::string output;  // what was read so far
 };
 
-// Starts the probe with `args`; the environment is this process's plus `env`.
-Child spawn_probe(const std::vector<std::string>& args, const Env& env = {});
+// Starts the probe with `args`; the environment is this process's plus `env`. `uid`/`gid` >= 0
+// (root only): the child runs with that uid and/or gid and no supplementary groups; it exits
+// 126 when it cannot switch.
+Child spawn_probe(const std::vector<std::string>& args, const Env& env = {}, long uid = -1, long gid = -1);
 // Reads the child's output until it contains `marker` (or EOF / timeout). True when found.
 bool read_until(Child& c, const std::string& marker, int timeout_ms = 10000);
 // Waits for the child and reads all its output; returns the exit status (or 128 + signal).
 int finish(Child& c);
 // spawn + finish.
-int run_probe(const std::vector<std::string>& args, const Env& env, std::string& output);
+int run_probe(const std::vector<std::string>& args, const Env& env, std::string& output, long uid = -1, long gid = -1);
 // The value of "key=value" in a probe's output ("" when absent).
 std::string value_of(const std::string& output, const std::string& key);
 // A node name that no other test uses.

@@ -87,6 +87,118 @@ TEST_CASE("VLAKE_SIM_DEVICE_COUNT is 1..16 and VLAKE_SIM_NODE a plain name", "[s
   }
 }
 
+TEST_CASE("VLAKE_SIM_NODE_MODE is read-write bits with the owner's and VLAKE_SIM_NODE_GROUP a gid", "[sim][env]") {
+  std::string out;
+  for (const char* text : {"0600", "660", "0666", "0644"}) {
+    INFO("VLAKE_SIM_NODE_MODE='" << text << "'");
+    CHECK(init_with({{"VLAKE_SIM_NODE_MODE", text}}, &out) == "0");
+  }
+  for (const char* text : {"", "abc", "0700", "0400", "0066", "1666", "66", "06666", "0668", "644x", "0777"}) {
+    INFO("VLAKE_SIM_NODE_MODE='" << text << "'");
+    CHECK(init_with({{"VLAKE_SIM_NODE_MODE", text}}, &out) == std::to_string(CUDA_ERROR_INVALID_VALUE));
+    CHECK(out.find("vlake-sim: VLAKE_SIM_NODE_MODE='") != std::string::npos);
+  }
+  CHECK(init_with({{"VLAKE_SIM_NODE_GROUP", std::to_string(::getgid()).c_str()}}, &out) == "0");
+  for (const char* text : {"", "x", "-1", "+5", "1.5", "4294967295", "12 "}) {
+    INFO("VLAKE_SIM_NODE_GROUP='" << text << "'");
+    CHECK(init_with({{"VLAKE_SIM_NODE_GROUP", text}}, &out) == std::to_string(CUDA_ERROR_INVALID_VALUE));
+    CHECK(out.find("vlake-sim: VLAKE_SIM_NODE_GROUP='") != std::string::npos);
+  }
+}
+
+namespace {
+struct NodeFile {
+  mode_t mode = 0;
+  gid_t gid = 0;
+};
+NodeFile node_file(const std::string& node) {
+  struct stat st {};
+  REQUIRE(::stat(("/dev/shm/vlake-sim-" + node).c_str(), &st) == 0);
+  return {static_cast<mode_t>(st.st_mode & 07777), st.st_gid};
+}
+// A process holding 2 MiB on `node`, created with `env` (it creates the node file).
+Child holder_on(const std::string& node, const Env& env = {}) {
+  Env e{{"VLAKE_SIM_NODE", node}};
+  e.insert(e.end(), env.begin(), env.end());
+  Child c = spawn_probe({"hold", std::to_string(kGran)}, e);
+  REQUIRE(read_until(c, "ready=1"));
+  return c;
+}
+void stop(Child& c, const std::string& node) {
+  ::kill(c.pid, SIGKILL);
+  finish(c);
+  ::unlink(("/dev/shm/vlake-sim-" + node).c_str());  // a killed last user leaves the file
+}
+// `used` on `node` as uid/gid: its used= figure, or "rc=<code>" when cuInit failed.
+std::string used_as(const std::string& node, long uid, long gid, const Env& env = {}) {
+  Env e{{"VLAKE_SIM_NODE", node}};
+  e.insert(e.end(), env.begin(), env.end());
+  std::string out;
+  const int status = run_probe({"used"}, e, out, uid, gid);
+  INFO(out);
+  REQUIRE(status != 126);  // could not switch uid/gid
+  if (!value_of(out, "used").empty()) return value_of(out, "used");
+  CHECK(out.find("cannot open the node state") != std::string::npos);
+  return "rc=" + value_of(out, "rc");
+}
+}  // namespace
+
+// Tenants of other uids use the node a root process created (vlaked on the simulator): the file
+// gets exactly VLAKE_SIM_NODE_MODE (default 0660) and VLAKE_SIM_NODE_GROUP, whatever the umask.
+TEST_CASE("the node file gets VLAKE_SIM_NODE_MODE and VLAKE_SIM_NODE_GROUP whatever the umask", "[sim][node]") {
+  const mode_t old_umask = ::umask(077);  // children inherit it: the file would be 0600
+  const std::string denied = "rc=" + std::to_string(CUDA_ERROR_OPERATING_SYSTEM);
+  const std::string held = std::to_string(kGran);
+
+  const std::string plain = fresh_node("mode");
+  Child a = holder_on(plain);
+  CHECK(node_file(plain).mode == 0660);
+  CHECK(node_file(plain).gid == ::getgid());
+  if (::geteuid() == 0) {
+    CHECK(used_as(plain, 4301, static_cast<long>(::getgid())) == held);  // in the file's group
+    CHECK(used_as(plain, 4301, 4301) == denied);                         // not in it
+  }
+  stop(a, plain);
+
+  const std::string open_node = fresh_node("mode");
+  Child b = holder_on(open_node, {{"VLAKE_SIM_NODE_MODE", "0666"}});
+  CHECK(node_file(open_node).mode == 0666);
+  if (::geteuid() == 0) CHECK(used_as(open_node, 4302, 4302) == held);
+  stop(b, open_node);
+
+  const std::string private_node = fresh_node("mode");
+  Child c = holder_on(private_node, {{"VLAKE_SIM_NODE_MODE", "0600"}});
+  CHECK(node_file(private_node).mode == 0600);
+  if (::geteuid() == 0) CHECK(used_as(private_node, 4301, static_cast<long>(::getgid())) == denied);
+  stop(c, private_node);
+
+  if (::geteuid() == 0) {
+    const std::string group_node = fresh_node("group");
+    Child d = holder_on(group_node, {{"VLAKE_SIM_NODE_GROUP", "4300"}});
+    CHECK(node_file(group_node).mode == 0660);
+    CHECK(node_file(group_node).gid == 4300);
+    CHECK(used_as(group_node, 4301, 4300) == held);
+    CHECK(used_as(group_node, 4302, 4302) == denied);
+    // A file that exists keeps its mode and group, whatever a later user asks for.
+    CHECK(used_as(group_node, 4301, 4300, {{"VLAKE_SIM_NODE_MODE", "0600"}, {"VLAKE_SIM_NODE_GROUP", "4301"}}) == held);
+    CHECK(node_file(group_node).mode == 0660);
+    CHECK(node_file(group_node).gid == 4300);
+    stop(d, group_node);
+
+    // A creator that may not give the file that group fails cuInit and leaves no file behind.
+    const std::string refused = fresh_node("group");
+    std::string out;
+    REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", refused}, {"VLAKE_SIM_NODE_GROUP", "4300"}}, out, 4303, 4303) == 0);
+    CHECK(value_of(out, "rc") == std::to_string(CUDA_ERROR_OPERATING_SYSTEM));
+    CHECK(out.find("vlake-sim: cannot give the node state /dev/shm/vlake-sim-" + refused +
+                   " mode 0660 and group 4300: Operation not permitted") != std::string::npos);
+    CHECK_FALSE(shm_exists(refused));
+  } else {
+    WARN("not root: the cases with other uids and groups were not run");
+  }
+  ::umask(old_umask);
+}
+
 TEST_CASE("before cuInit only versions and error strings and proc addresses work", "[sim][env]") {
   std::string out;
   REQUIRE(run_probe({"preinit"}, {{"VLAKE_SIM_NODE", fresh_node("pre")}}, out) == 0);
