@@ -22,9 +22,17 @@ reports swap-outs and swap-ins (vlaked's log), the time a burst's first call wai
 restore (p50/p99, the users' own lines) and seconds per GiB of checkpoint and restore. --check:
 0 OOM, every burst done, outputs identical to the run alone, and at least one swap-out.
 
+With --vlakectl PATH, what vlake shows is checked against NVML while the users run (every 250 ms:
+`vlakectl processes --json` and `vlakectl waits --json` beside NVML's process list): a process
+vlakectl shows on the host is not in NVML's list (read again after NVML, so that a restore in
+between does not count); waits name the processes being swapped out for them; idle times cover
+the users' idle periods; and vlakectl's swap counters at the end equal vlaked's log. --check then
+also fails on any of these.
+
 Needs root (primary groups); exit 77 without a GPU and PyTorch.
 
-  notebooks.py --vlaked PATH --hook PATH [--users 8] [--factor 1.3] [--rounds 5] [--overcommit] [--json OUT] [--check]
+  notebooks.py --vlaked PATH --hook PATH [--vlakectl PATH] [--users 8] [--factor 1.3] [--rounds 5] [--overcommit]
+               [--json OUT] [--check]
 """
 import argparse
 import json
@@ -132,6 +140,67 @@ def swap_figures(log, user_lines):
             "stayed_on_host": sum(1 for x in log if "stays on the host" in x)}
 
 
+def ctl_json(vlakectl, state, *cmd):
+    out = subprocess.run([vlakectl, "--state", state, "--json", *cmd], capture_output=True, text=True, timeout=10)
+    if out.returncode != 0:
+        raise RuntimeError("vlakectl %s: %s" % (" ".join(cmd), out.stderr.strip()))
+    return json.loads(out.stdout)
+
+
+class Observer:
+    """vlakectl's view of the users against NVML's, sampled while they run (--vlakectl)."""
+
+    def __init__(self, vlakectl, state, nv, pids):
+        self.vlakectl, self.state, self.nv, self.pids = vlakectl, state, nv, pids
+        self.samples = 0
+        self.host_seen = 0            # (sample, pid) pairs vlakectl showed on the host
+        self.host_but_listed = []     # of those, NVML listed the pid (and vlakectl still said host after)
+        self.gpu_listed = 0           # pids on the GPU with memory that NVML listed
+        self.waits_seen = 0           # (sample, waiter) pairs
+        self.waits_for_swapping = 0   # of those, naming a process being swapped out for it
+        self.max_waiting = 0
+        self.idle_max = 0.0
+        self.errors = []
+
+    def sample(self):
+        procs = ctl_json(self.vlakectl, self.state, "processes")["processes"]
+        listed = self.nv.processes()
+        after = {p["pid"]: p for p in ctl_json(self.vlakectl, self.state, "processes")["processes"]}
+        waits = ctl_json(self.vlakectl, self.state, "waits")["waits"]
+        self.samples += 1
+        for p in procs:
+            if p["pid"] not in self.pids:
+                continue
+            if p["idle_seconds"] is not None:
+                self.idle_max = max(self.idle_max, p["idle_seconds"])
+            if p["swap"]["state"] == "host":
+                self.host_seen += 1
+                still = after.get(p["pid"], {}).get("swap", {}).get("state") == "host"
+                if p["pid"] in listed and still:
+                    self.host_but_listed.append((p["pid"], listed[p["pid"]]))
+            elif p["swap"]["state"] == "gpu" and p["grants"] > 0 and p["pid"] in listed:
+                self.gpu_listed += 1
+        self.max_waiting = max(self.max_waiting, len(waits))
+        for w in waits:
+            self.waits_seen += 1
+            if any(f["why"] == "swapping out" and f["pid"] in self.pids for f in w["waits_for"]):
+                self.waits_for_swapping += 1
+
+    def run(self, stop):
+        while not stop.wait(0.25):
+            try:
+                self.sample()
+            except Exception as e:  # noqa: BLE001 - reported with the results
+                if len(self.errors) < 5:
+                    self.errors.append(str(e))
+
+    def figures(self):
+        return {"samples": self.samples, "host_seen": self.host_seen, "host_but_listed": self.host_but_listed[:8],
+                "gpu_listed": self.gpu_listed, "waits_seen": self.waits_seen,
+                "waits_for_swapping": self.waits_for_swapping, "max_waiting": self.max_waiting,
+                "idle_max_s": self.idle_max, "errors": self.errors}
+
+
 def run_mode(args, work, total, reclaim):
     from nvml import Nvml
     nv = Nvml(0)
@@ -173,6 +242,10 @@ def run_mode(args, work, total, reclaim):
                                   str(args.rounds), "off" if reclaim == "off" else "on", "idle"], env=env,
                                  stdout=subprocess.PIPE, stderr=err, text=True, group=GID0 + i, extra_groups=[])
             procs.append((p, err))
+        observer = None
+        if args.vlakectl:
+            observer = Observer(args.vlakectl, daemon.state, nv, {p.pid for p, _ in procs})
+            threading.Thread(target=observer.run, args=(stop,), daemon=True).start()
         # A watchdog: a user stuck past the deadline shows where (its Python stack, vlaked's log).
         def watchdog():
             if stop.wait(args.deadline):
@@ -210,6 +283,13 @@ def run_mode(args, work, total, reclaim):
                     outs[i]["stderr"] = [x for x in f.read().splitlines()
                                          if "vlake" in x and "asked for memory" not in x][-4:]
         wall = time.monotonic() - t0
+        seen = None
+        if observer is not None:
+            stop.set()
+            time.sleep(0.5)  # the observer's last sample
+            counters = ctl_json(args.vlakectl, daemon.state, "pool")["counters"]
+            seen = dict(observer.figures(), swap_outs=counters["swap_outs"], swap_ins=counters["swap_ins"],
+                        swap_failures=counters["swap_failures"], refusals=counters["refusals_recorded"])
     finally:
         stop.set()
         for p, err in procs:
@@ -237,7 +317,32 @@ def run_mode(args, work, total, reclaim):
             "oom_errors": [b.get("error", "") for b in bursts if not b["ok"]][-4:],
             "oom_stderr": [x for o in outs.values() for x in o.get("stderr", [])][-8:],
             "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]},
-            "swap": swap_figures(log, user_lines) if overcommit else None}
+            "swap": swap_figures(log, user_lines) if overcommit else None, "vlakectl": seen}
+
+
+def observed_problems(run, sw):
+    """What --vlakectl saw that contradicts NVML or vlaked's log (none without --vlakectl)."""
+    v = run.get("vlakectl")
+    if not v:
+        return []
+    problems = []
+    if v["samples"] < 4 or v["errors"]:
+        problems.append("vlakectl: %d samples, errors %s" % (v["samples"], v["errors"]))
+    if v["host_but_listed"]:
+        problems.append("vlakectl showed processes on the host that NVML listed: %s" % v["host_but_listed"])
+    if v["gpu_listed"] == 0:
+        problems.append("vlakectl never showed a process on the GPU that NVML listed")
+    if v["idle_max_s"] < 0.5:
+        problems.append("vlakectl's idle times stayed under 0.5 s (%.2f s); the users idle 0.5-3 s" % v["idle_max_s"])
+    if sw is not None:
+        if v["swap_outs"] != sw["swap_outs"] or v["swap_ins"] != sw["swap_ins"]:
+            problems.append("vlakectl counted %d swap-outs and %d swap-ins, vlaked's log %d and %d" % (
+                v["swap_outs"], v["swap_ins"], sw["swap_outs"], sw["swap_ins"]))
+        if sw["swap_outs"] > 0 and v["host_seen"] == 0:
+            problems.append("vlaked swapped processes out but vlakectl never showed one on the host")
+        if v["waits_seen"] > 0 and v["waits_for_swapping"] == 0 and sw["swap_outs"] > 0:
+            problems.append("no wait named a process being swapped out for it")
+    return problems
 
 
 def main():
@@ -251,6 +356,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--deadline", type=int, default=600, help="seconds before a run's stuck users are reported")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--vlakectl", help="check vlakectl's processes and waits against NVML while the users run")
     args = ap.parse_args()
     if args.factor is None:
         args.factor = 2.0 if args.overcommit else 1.3
@@ -295,6 +401,16 @@ def main():
             g(sw["restore_wait_ms_p50"], "ms"), g(sw["restore_wait_ms_p99"], "ms"), g(sw["restore_wait_ms_max"], "ms"),
             sw["restore_waits"], g(sw["checkpoint_s_per_gib"], "s/GiB"), g(sw["restore_s_per_gib"], "s/GiB")))
     for r in runs:
+        v = r.get("vlakectl")
+        if v:
+            print("vlakectl (%s, %d samples): on the host %d times, NVML listed %d of them; on the GPU and listed %d; "
+                  "%d waits seen (at most %d at once), %d naming a process being swapped out for them; idle up to "
+                  "%.1f s; counters: %d swap-outs, %d swap-ins, %d failures, %d refusals%s" % (
+                      r["reclaim"], v["samples"], v["host_seen"], len(v["host_but_listed"]), v["gpu_listed"],
+                      v["waits_seen"], v["max_waiting"], v["waits_for_swapping"], v["idle_max_s"], v["swap_outs"],
+                      v["swap_ins"], v["swap_failures"], v["refusals"],
+                      "; errors: %s" % v["errors"] if v["errors"] else ""))
+    for r in runs:
         if r["oom"]:
             print("reclaim %s: the OOM bursts ended after %s ms; vlaked's last refusals:" % (r["reclaim"], r["oom_ms"]))
             for line in r["refusal_log"]:
@@ -317,12 +433,13 @@ def main():
             problems.append("nobody was swapped out: the workload does not need overcommit")
         if sw and sw["swap_failures"]:
             problems.append("%d checkpoints or restores failed" % sw["swap_failures"])
+        problems += observed_problems(on, sw)
         for p in problems:
             print("FAIL " + p)
         print("notebooks: %s" % ("PASS" if not problems else "FAIL"))
         return 1 if problems else 0
     if args.check:
-        problems = []
+        problems = observed_problems(on, None)
         if on["oom"] != 0:
             problems.append("reclaim on: %d bursts hit out of memory" % on["oom"])
         if mismatched:

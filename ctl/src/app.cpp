@@ -25,13 +25,19 @@ constexpr const char* kClearScreen = "\x1b[H\x1b[2J";
 NodeView read_view(const std::string& state) {
   const StateSource src(state);
   const auto s = src.snapshot();
-  return build_view(*s, process_alive(s->header.daemon_pid, s->header.daemon_start_time));
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const std::uint64_t now_ns =
+      static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(now.tv_nsec);
+  return build_view(*s, process_alive(s->header.daemon_pid, s->header.daemon_start_time), now_ns);
 }
 
 std::string render(const CtlOptions& o, const NodeView& v, const std::string& stamp) {
   switch (o.command) {
     case Command::top: return o.json ? render_top_json(v, o.state) : render_top_text(v, o.state, stamp);
     case Command::tenants: return o.json ? render_tenants_json(v, o.state) : render_tenants_text(v, o.state);
+    case Command::processes: return o.json ? render_processes_json(v, o.state) : render_processes_text(v, o.state);
+    case Command::waits: return o.json ? render_waits_json(v, o.state) : render_waits_text(v, o.state);
     case Command::pool: return o.json ? render_pool_json(v, o.state) : render_pool_text(v, o.state);
     case Command::events: return o.json ? render_events_json(v, o.state) : render_events_text(v, o.state);
     default: return "";
@@ -53,7 +59,7 @@ int App::run(const CtlOptions& o) {
   try {
     if (o.command == Command::quota_check) return quota_check(o);
     if (o.command == Command::none) {
-      err_ << "vlakectl: no command given (top, tenants, pool or quota check FILE)\n";
+      err_ << "vlakectl: no command given (top, tenants, processes, waits, pool, events or quota check FILE)\n";
       return 2;
     }
     if (o.watch_seconds) return watch(o);

@@ -7,6 +7,24 @@
 
 namespace vlake::ctl {
 
+std::string human_duration(std::optional<double> seconds) {
+  if (!seconds || !std::isfinite(*seconds) || *seconds < 0) return "-";
+  const auto t = static_cast<std::uint64_t>(*seconds);
+  char buf[32];
+  if (t < 60) {
+    std::snprintf(buf, sizeof buf, "%llus", static_cast<unsigned long long>(t));
+  } else if (t < 3600) {
+    std::snprintf(buf, sizeof buf, "%llum", static_cast<unsigned long long>(t / 60));
+  } else if (t < 86400) {
+    std::snprintf(buf, sizeof buf, "%lluh%02llum", static_cast<unsigned long long>(t / 3600),
+                  static_cast<unsigned long long>(t % 3600 / 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llud%02lluh", static_cast<unsigned long long>(t / 86400),
+                  static_cast<unsigned long long>(t % 86400 / 3600));
+  }
+  return buf;
+}
+
 std::string human_size(Bytes b) {
   const std::uint64_t v = b.value();
   if (v < 1024) return std::to_string(v) + " B";

@@ -88,13 +88,18 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
       words.push_back(a);
     }
   }
-  if (words.empty()) throw UsageError("no command given (top, tenants, pool, events or quota check FILE)");
+  if (words.empty())
+    throw UsageError("no command given (top, tenants, processes, waits, pool, events or quota check FILE)");
   const std::string& cmd = words[0];
   std::size_t used = 1;
   if (cmd == "top") {
     o.command = Command::top;
   } else if (cmd == "tenants") {
     o.command = Command::tenants;
+  } else if (cmd == "processes" || cmd == "ps") {
+    o.command = Command::processes;
+  } else if (cmd == "waits") {
+    o.command = Command::waits;
   } else if (cmd == "pool") {
     o.command = Command::pool;
   } else if (cmd == "events") {
@@ -109,10 +114,13 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
     o.quota_file = words[2];
     used = 3;
   } else {
-    throw UsageError("unknown command '" + cmd + "' (top, tenants, pool, events or quota check FILE)");
+    throw UsageError("unknown command '" + cmd +
+                     "' (top, tenants, processes, waits, pool, events or quota check FILE)");
   }
   if (words.size() > used) throw UsageError("unexpected argument '" + words[used] + "' after '" + cmd + "'");
-  if (o.watch_seconds && o.command != Command::top) throw UsageError("--watch only applies to 'top'");
+  if (o.watch_seconds && o.command != Command::top && o.command != Command::processes && o.command != Command::waits) {
+    throw UsageError("--watch only applies to 'top', 'processes' and 'waits'");
+  }
   if (o.gpu_memory && o.command != Command::quota_check) {
     throw UsageError("--gpu-memory only applies to 'quota check'");
   }
@@ -126,13 +134,19 @@ std::string CtlOptions::usage() {
          "\n"
          "commands:\n"
          "  top [--watch [SECONDS]]  per GPU, one line per tenant: used, limit, guaranteed, share\n"
-         "                           of the GPU, processes; --watch redraws every SECONDS\n"
-         "                           (default 2) until interrupted\n"
+         "                           of the GPU, idle time, processes; then who waits for memory;\n"
+         "                           --watch redraws every SECONDS (default 2) until interrupted\n"
+         "                           (also for processes and waits)\n"
          "  tenants                  every tenant: per GPU used/granted/non-pool/limit, sessions\n"
-         "                           (pids), grant count\n"
+         "                           (pids), grant count, refusals, idle time\n"
+         "  processes (ps)           every process with a session: idle time (last CUDA call),\n"
+         "                           reclaim, where it is (GPU or host memory), what it waits for\n"
+         "  waits                    who waits for whom: processes waiting for memory or for their\n"
+         "                           restore, and the processes their wait depends on\n"
          "  pool                     per GPU pool bytes, granted, free, handles, orphaned,\n"
          "                           non-pool; the daemon and its counters\n"
-         "  events                   out-of-bounds guard alarms, oldest first (docs/guard.md)\n"
+         "  events                   out-of-bounds guard alarms (docs/guard.md), then refused\n"
+         "                           requests (the newest 256), oldest first\n"
          "  quota check FILE [--gpu-memory SIZE]\n"
          "                           validate a quota file (guarantee sums against SIZE if given);\n"
          "                           prints 'FILE: ok' and a summary, or\n"

@@ -80,6 +80,131 @@ std::string used_text(const TenantGpuView& u) { return sz(u.used) + (u.over_limi
 
 std::string guaranteed_text(const TenantGpuView& u) { return u.guaranteed ? sz(*u.guaranteed) : "-"; }
 
+void seconds_or_null(JsonWriter& j, std::string_view key, const std::optional<double>& v) {
+  j.key(key);
+  if (v) {
+    j.number(*v, 3);
+  } else {
+    j.null();
+  }
+}
+
+// Swapping shows only where it can happen (an overcommit namespace's process) or happened.
+bool swapping_in_play(const NodeView& v) {
+  for (const GpuView& g : v.gpus) {
+    if (g.swapped != 0) return true;
+  }
+  for (const TenantView& t : v.tenants) {
+    for (const SessionView& x : t.sessions) {
+      if (x.overcommit || x.swap != "gpu") return true;
+    }
+  }
+  return false;
+}
+
+// "host 12.5 GiB for 3m", "checkpointing 2.0 GiB", "gpu".
+std::string swap_text(const SessionView& x, std::uint64_t now) {
+  if (x.swap == "gpu") return "gpu";
+  std::string t = x.swap + " " + sz(x.swap_bytes);
+  if (x.swap == "host" && x.swap_since_unix_ns != 0 && now > x.swap_since_unix_ns) {
+    t += " for " + human_duration(static_cast<double>(now - x.swap_since_unix_ns) / 1e9);
+  }
+  return t;
+}
+
+// "456 (team/b, swapping out), 789 (team/c, asked to give back)"; "any memory freed" when none.
+std::string waits_for_text(const WaitView& w) {
+  if (w.waits_for.empty()) return w.waiter.wait == "restore" ? "room on the GPU" : "any memory freed";
+  std::string t;
+  for (const WaitView::For& f : w.waits_for) {
+    if (!t.empty()) t += ", ";
+    t += f.pid != 0 ? std::to_string(f.pid) + " (" + f.tenant + ", " + f.why + ")"
+                    : "session " + std::to_string(f.session) + " (gone)";
+  }
+  return t;
+}
+
+void session_json(JsonWriter& j, const SessionView& s) {
+  j.field_uint("id", s.id);
+  j.field_uint("pid", s.pid);
+  j.field_uint("uid", s.uid);
+  j.field_uint("gid", s.gid);
+  j.field("state", s.state);
+  j.field_uint("grants", s.grants);
+  j.field_uint("last_active_unix_ns", s.last_active_unix_ns);
+  seconds_or_null(j, "idle_seconds", s.idle_seconds);
+  j.field_bool("reclaim", s.reclaim);
+  j.field_bool("overcommit", s.overcommit);
+  j.key("swap").begin_object();
+  j.field("state", s.swap);
+  j.field_uint("gpu", s.swap_gpu);
+  j.field_uint("bytes", s.swap_bytes);
+  j.field_uint("since_unix_ns", s.swap_since_unix_ns);
+  j.field_uint("for_session", s.swap_for);
+  j.field_uint("swap_outs", s.swap_outs);
+  j.field_uint("swap_ins", s.swap_ins);
+  j.end_object();
+  j.key("wait");
+  if (s.wait.empty()) {
+    j.null();
+  } else {
+    j.begin_object();
+    j.field("for", s.wait);
+    j.field_uint("gpu", s.wait_gpu);
+    j.field_uint("bytes", s.wait_bytes);
+    j.field_uint("since_unix_ns", s.wait_since_unix_ns);
+    j.field_uint("deadline_unix_ns", s.wait_deadline_unix_ns);
+    j.key("waits_for").begin_array();
+    for (std::uint64_t f : s.waits_for) j.uint(f);
+    j.end_array();
+    j.end_object();
+  }
+}
+
+void wait_json(JsonWriter& j, const WaitView& w) {
+  j.begin_object();
+  j.field_uint("session", w.waiter.id);
+  j.field_uint("pid", w.waiter.pid);
+  j.field("tenant", w.tenant);
+  j.key("priority").number(w.priority, 0);
+  j.field("for", w.waiter.wait);
+  j.field_uint("gpu", w.waiter.wait_gpu);
+  j.field_uint("bytes", w.waiter.wait_bytes);
+  j.field_uint("since_unix_ns", w.waiter.wait_since_unix_ns);
+  j.field_uint("deadline_unix_ns", w.waiter.wait_deadline_unix_ns);
+  seconds_or_null(j, "waited_seconds", w.waited_seconds);
+  seconds_or_null(j, "left_seconds", w.left_seconds);
+  j.key("waits_for").begin_array();
+  for (const WaitView::For& f : w.waits_for) {
+    j.begin_object();
+    j.field_uint("session", f.session);
+    j.field_uint("pid", f.pid);
+    j.field("tenant", f.tenant);
+    j.field("why", f.why);
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+}
+
+std::string waits_table(const NodeView& v, const std::string& indent) {
+  Table t({{"PID", Table::Align::right},
+           {"TENANT"},
+           {"PRIO", Table::Align::right},
+           {"FOR"},
+           {"GPU", Table::Align::right},
+           {"SIZE", Table::Align::right},
+           {"WAITED", Table::Align::right},
+           {"LEFT", Table::Align::right},
+           {"WAITS FOR (PID)"}});
+  for (const WaitView& w : v.waits) {
+    t.add_row({std::to_string(w.waiter.pid), w.tenant, std::to_string(w.priority), w.waiter.wait,
+               std::to_string(w.waiter.wait_gpu), sz(w.waiter.wait_bytes), human_duration(w.waited_seconds),
+               human_duration(w.left_seconds), waits_for_text(w)});
+  }
+  return t.render(indent);
+}
+
 }  // namespace
 
 std::string render_top_text(const NodeView& v, const std::string& state, const std::string& stamp) {
@@ -87,26 +212,40 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
   const std::vector<TopRow> rows = top_rows(v);
   if (v.gpus.empty()) out += "no GPUs in the state (has vlaked finished starting?)\n";
   bool over = false;
+  const bool swapping = swapping_in_play(v);
   for (const GpuView& g : v.gpus) {
     out += "\nGPU " + std::to_string(g.index) + "  " + g.uuid_short + "  total " + sz(g.total) + "  pool: granted " +
            sz(g.granted) + " / free " + sz(g.free) + "  non-pool " + sz(g.nonpool) + "  guaranteed " +
            sz(g.guaranteed) + " (borrowed " + sz(g.borrowed) + ")" +
-           (g.unhooked != 0 ? "  outside vlake " + sz(g.unhooked) : std::string()) + "\n";
-    Table t({{"NAMESPACE"},
-             {"TENANT"},
-             {"USED", Table::Align::right},
-             {"OUTSIDE", Table::Align::right},
-             {"LIMIT", Table::Align::right},
-             {"GUARANTEED", Table::Align::right},
-             {"SHARE", Table::Align::right},
-             {"PROCS", Table::Align::right},
-             {"PIDS"}});
+           (g.unhooked != 0 ? "  outside vlake " + sz(g.unhooked) : std::string()) +
+           (g.swapped != 0 ? "  on host " + sz(g.swapped) : std::string()) + "\n";
+    std::vector<Table::Column> cols = {{"NAMESPACE"},
+                                       {"TENANT"},
+                                       {"USED", Table::Align::right},
+                                       {"OUTSIDE", Table::Align::right},
+                                       {"LIMIT", Table::Align::right},
+                                       {"GUARANTEED", Table::Align::right},
+                                       {"SHARE", Table::Align::right},
+                                       {"IDLE", Table::Align::right}};
+    if (swapping) cols.push_back({"ON HOST", Table::Align::right});
+    cols.push_back({"PROCS", Table::Align::right});
+    cols.push_back({"PIDS"});
+    Table t(std::move(cols));
     for (const TopRow& r : rows) {
       if (r.gpu != g.index) continue;
       over = over || r.usage.over_limit;
-      t.add_row({r.namespace_name, r.tenant, used_text(r.usage), sz(r.usage.unhooked), sz(r.usage.limit),
-                 guaranteed_text(r.usage), percent(r.usage.share_percent), std::to_string(r.pids.size()),
-                 join_pids(r.pids)});
+      std::vector<std::string> cells = {r.namespace_name,
+                                        r.tenant,
+                                        used_text(r.usage),
+                                        sz(r.usage.unhooked),
+                                        sz(r.usage.limit),
+                                        guaranteed_text(r.usage),
+                                        percent(r.usage.share_percent),
+                                        human_duration(r.idle_seconds)};
+      if (swapping) cells.push_back(sz(r.usage.swapped));
+      cells.push_back(std::to_string(r.pids.size()));
+      cells.push_back(join_pids(r.pids));
+      t.add_row(std::move(cells));
     }
     if (t.rows() == 0) {
       out += "  no tenant holds memory\n";
@@ -121,6 +260,7 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
     for (const TenantView& x : idle) out += " " + x.name + " (" + join_pids(x.pids) + ")";
     out += "\n";
   }
+  if (!v.waits.empty()) out += "\nwaiting (vlakectl waits):\n" + waits_table(v, "  ");
   return out;
 }
 
@@ -142,6 +282,7 @@ std::string render_top_json(const NodeView& v, const std::string& state) {
     j.field_uint("nonpool", g.nonpool);
     j.field_uint("guaranteed", g.guaranteed);
     j.field_uint("borrowed", g.borrowed);
+    j.field_uint("swapped", g.swapped);
     j.key("tenants").begin_array();
     for (const TopRow& r : rows) {
       if (r.gpu != g.index) continue;
@@ -150,6 +291,8 @@ std::string render_top_json(const NodeView& v, const std::string& state) {
       j.field("name", r.tenant);
       j.field("namespace", r.namespace_name);
       usage_json(j, r.usage);
+      j.field_uint("swapped", r.usage.swapped);
+      seconds_or_null(j, "idle_seconds", r.idle_seconds);
       j.field_uint("sessions", r.pids.size());
       pids_json(j, r.pids);
       j.end_object();
@@ -168,6 +311,9 @@ std::string render_top_json(const NodeView& v, const std::string& state) {
     j.end_object();
   }
   j.end_array();
+  j.key("waits").begin_array();
+  for (const WaitView& w : v.waits) wait_json(j, w);
+  j.end_array();
   j.end_object();
   return j.str();
 }
@@ -184,19 +330,25 @@ std::string render_tenants_text(const NodeView& v, const std::string& state) {
            {"OUTSIDE", Table::Align::right},
            {"LIMIT", Table::Align::right},
            {"GRANTS", Table::Align::right},
+           {"REFUSED", Table::Align::right},
+           {"IDLE", Table::Align::right},
            {"SESSIONS (PIDS)"}});
   for (const TenantView& x : v.tenants) {
     const std::string sessions =
         x.sessions.empty() ? "-" : std::to_string(x.sessions.size()) + " (" + join_pids(x.pids) + ")";
+    std::uint64_t refused = 0;
+    for (const auto& [why, n] : x.denials) refused += n;
     bool first = true;
     for (const TenantGpuView& u : x.gpus) {
       t.add_row({first ? std::to_string(x.id) : "", first ? x.name : "", std::to_string(u.gpu), used_text(u),
                  sz(u.granted), sz(u.nonpool), sz(u.unhooked), sz(u.limit), first ? std::to_string(x.grant_count) : "",
+                 first ? std::to_string(refused) : "", first ? human_duration(x.idle_seconds) : "",
                  first ? sessions : ""});
       first = false;
     }
     if (x.gpus.empty()) {
-      t.add_row({std::to_string(x.id), x.name, "-", "-", "-", "-", "-", "-", std::to_string(x.grant_count), sessions});
+      t.add_row({std::to_string(x.id), x.name, "-", "-", "-", "-", "-", "-", std::to_string(x.grant_count),
+                 std::to_string(refused), human_duration(x.idle_seconds), sessions});
     }
   }
   return out + "\n" + t.render();
@@ -215,16 +367,16 @@ std::string render_tenants_json(const NodeView& v, const std::string& state) {
     j.field("enforce", x.enforce);
     j.field_uint("unhooked_processes", x.unhooked_processes);
     j.field_uint("grant_count", x.grant_count);
+    j.key("priority").number(x.priority, 0);
+    seconds_or_null(j, "idle_seconds", x.idle_seconds);
+    j.key("denials").begin_object();
+    for (const auto& [why, n] : x.denials) j.field_uint(why, n);
+    j.end_object();
     pids_json(j, x.pids);
     j.key("sessions").begin_array();
     for (const SessionView& s : x.sessions) {
       j.begin_object();
-      j.field_uint("id", s.id);
-      j.field_uint("pid", s.pid);
-      j.field_uint("uid", s.uid);
-      j.field_uint("gid", s.gid);
-      j.field("state", s.state);
-      j.field_uint("grants", s.grants);
+      session_json(j, s);
       j.end_object();
     }
     j.end_array();
@@ -233,6 +385,7 @@ std::string render_tenants_json(const NodeView& v, const std::string& state) {
       j.begin_object();
       j.field_uint("index", u.gpu);
       usage_json(j, u);
+      j.field_uint("swapped", u.swapped);
       j.end_object();
     }
     j.end_array();
@@ -260,11 +413,12 @@ std::string render_pool_text(const NodeView& v, const std::string& state) {
            {"COUNTED", Table::Align::right},
            {"NON-POOL", Table::Align::right},
            {"GUARANTEED", Table::Align::right},
-           {"BORROWED", Table::Align::right}});
+           {"BORROWED", Table::Align::right},
+           {"ON HOST", Table::Align::right}});
   for (const GpuView& g : v.gpus) {
     t.add_row({std::to_string(g.index), g.uuid, sz(g.total), sz(g.pool_bytes), sz(g.granted), sz(g.free),
                std::to_string(g.free_handles), sz(g.largest_servable), sz(g.orphaned), sz(g.counted), sz(g.nonpool),
-               sz(g.guaranteed), sz(g.borrowed)});
+               sz(g.guaranteed), sz(g.borrowed), sz(g.swapped)});
   }
   out += v.gpus.empty() ? "no GPUs in the state\n" : t.render();
   out += "\ncounters:\n";
@@ -302,6 +456,7 @@ std::string render_pool_json(const NodeView& v, const std::string& state) {
     j.field_uint("unlisted", g.unlisted);
     j.field_uint("guaranteed", g.guaranteed);
     j.field_uint("borrowed", g.borrowed);
+    j.field_uint("swapped", g.swapped);
     j.end_object();
   }
   j.end_array();
@@ -330,9 +485,36 @@ std::string hex_address(std::uint64_t a) {
 }
 }  // namespace
 
+namespace {
+std::string refusals_text(const NodeView& v) {
+  if (v.refusals.empty()) return "\nno refusals\n";
+  Table t({{"SEQ", Table::Align::right},
+           {"TIME (UTC)"},
+           {"REASON"},
+           {"TENANT"},
+           {"GPU", Table::Align::right},
+           {"PID", Table::Align::right},
+           {"ASKED", Table::Align::right},
+           {"USED", Table::Align::right},
+           {"LIMIT", Table::Align::right},
+           {"WAITED", Table::Align::right}});
+  for (const RefusalView& r : v.refusals) {
+    const bool bytes = r.reason != "limit_reached";  // caps count sessions or grants
+    t.add_row({std::to_string(r.seq), utc(r.time_unix_ns), r.reason, r.tenant.empty() ? "-" : r.tenant,
+               r.gpu ? std::to_string(*r.gpu) : "-", std::to_string(r.pid), r.bytes != 0 ? sz(r.bytes) : "-",
+               bytes ? sz(r.used) : std::to_string(r.used),
+               r.limit == 0 ? "-"
+               : bytes      ? sz(r.limit)
+                            : std::to_string(r.limit),
+               r.waited_ms != 0 ? human_duration(static_cast<double>(r.waited_ms) / 1e3) : "-"});
+  }
+  return "\nrefusals (the newest " + std::to_string(state::kRefusalEvents) + " are kept):\n" + t.render("  ");
+}
+}  // namespace
+
 std::string render_events_text(const NodeView& v, const std::string& state) {
   std::string out = heading(v, state, "");
-  if (v.events.empty()) return out + "\nno guard alarms\n";
+  if (v.events.empty()) return out + "\nno guard alarms\n" + refusals_text(v);
   Table t({{"SEQ", Table::Align::right},
            {"TIME (UTC)"},
            {"KIND"},
@@ -363,7 +545,7 @@ std::string render_events_text(const NodeView& v, const std::string& state) {
                std::to_string(e.pid), e.requested_bytes != 0 ? sz(e.requested_bytes) : "-",
                e.kind == "canary" ? std::to_string(e.first_bad_offset) : "-", utc(e.allocated_unix_ns), where});
   }
-  return out + "\n" + t.render();
+  return out + "\nguard alarms:\n" + t.render("  ") + refusals_text(v);
 }
 
 std::string render_events_json(const NodeView& v, const std::string& state) {
@@ -403,6 +585,91 @@ std::string render_events_json(const NodeView& v, const std::string& state) {
     j.end_array();
     j.end_object();
   }
+  j.end_array();
+  j.key("refusals").begin_array();
+  for (const RefusalView& r : v.refusals) {
+    j.begin_object();
+    j.field_uint("seq", r.seq);
+    j.field_uint("time_unix_ns", r.time_unix_ns);
+    j.field("reason", r.reason);
+    j.field_uint("tenant_id", r.tenant_id);
+    j.field("tenant", r.tenant);
+    uint_or_null(j, "gpu", r.gpu);
+    j.field_uint("pid", r.pid);
+    j.field_uint("bytes", r.bytes);
+    j.field_uint("used", r.used);
+    j.field_uint("limit", r.limit);
+    j.field_uint("waited_ms", r.waited_ms);
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+  return j.str();
+}
+
+std::string render_processes_text(const NodeView& v, const std::string& state) {
+  std::string out = heading(v, state, "");
+  const auto rows = all_sessions(v);
+  if (rows.empty()) return out + "\nno processes\n";
+  const bool swapping = swapping_in_play(v);
+  std::vector<Table::Column> cols = {
+      {"PID", Table::Align::right},    {"SESSION", Table::Align::right}, {"TENANT"}, {"STATE"},
+      {"GRANTS", Table::Align::right}, {"IDLE", Table::Align::right},    {"RECLAIM"}};
+  if (swapping) cols.push_back({"WHERE"});
+  cols.push_back({"WAITING"});
+  Table t(std::move(cols));
+  for (const auto& [tn, x] : rows) {
+    std::string waiting = "-";
+    if (!x->wait.empty()) {
+      waiting = x->wait + " " + sz(x->wait_bytes) + " on GPU " + std::to_string(x->wait_gpu);
+      if (x->wait_since_unix_ns != 0 && v.now_unix_ns > x->wait_since_unix_ns) {
+        waiting += " for " + human_duration(static_cast<double>(v.now_unix_ns - x->wait_since_unix_ns) / 1e9);
+      }
+    }
+    std::vector<std::string> cells = {
+        std::to_string(x->pid),          std::to_string(x->id),    tn->name, x->state, std::to_string(x->grants),
+        human_duration(x->idle_seconds), x->reclaim ? "yes" : "no"};
+    if (swapping) cells.push_back(swap_text(*x, v.now_unix_ns));
+    cells.push_back(waiting);
+    t.add_row(std::move(cells));
+  }
+  return out + "\n" + t.render();
+}
+
+std::string render_processes_json(const NodeView& v, const std::string& state) {
+  JsonWriter j;
+  j.begin_object();
+  j.field("state", state);
+  daemon_json(j, v.daemon);
+  j.field_uint("now_unix_ns", v.now_unix_ns);
+  j.key("processes").begin_array();
+  for (const auto& [tn, x] : all_sessions(v)) {
+    j.begin_object();
+    j.field_uint("tenant_id", tn->id);
+    j.field("tenant", tn->name);
+    j.field("namespace", tn->namespace_name);
+    session_json(j, *x);
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+  return j.str();
+}
+
+std::string render_waits_text(const NodeView& v, const std::string& state) {
+  std::string out = heading(v, state, "");
+  if (v.waits.empty()) return out + "\nnobody waits for memory\n";
+  return out + "\n" + waits_table(v, "");
+}
+
+std::string render_waits_json(const NodeView& v, const std::string& state) {
+  JsonWriter j;
+  j.begin_object();
+  j.field("state", state);
+  daemon_json(j, v.daemon);
+  j.field_uint("now_unix_ns", v.now_unix_ns);
+  j.key("waits").begin_array();
+  for (const WaitView& w : v.waits) wait_json(j, w);
   j.end_array();
   j.end_object();
   return j.str();

@@ -14,10 +14,35 @@ namespace {
 
 std::string bounded(const char* p, std::size_t n) { return std::string(p, strnlen(p, n)); }
 
+// Seconds from `then` to `now` (none when either is unknown; 0 when `then` is later).
+std::optional<double> seconds_between(std::uint64_t then, std::uint64_t now) {
+  if (then == 0 || now == 0) return std::nullopt;
+  return now > then ? static_cast<double>(now - then) / 1e9 : 0.0;
+}
+
+const char* swap_name(std::uint32_t swap) {
+  switch (swap) {
+    case st::kSwapNone: return "gpu";
+    case st::kSwapNotified: return "notified";
+    case st::kSwapCheckpointing: return "checkpointing";
+    case st::kSwapHost: return "host";
+    case st::kSwapRestoring: return "restoring";
+    case st::kSwapLost: return "lost";
+    default: return "unknown";
+  }
+}
+
 }  // namespace
 
-NodeView build_view(const st::State& s, bool daemon_alive) {
+const std::vector<std::string>& refusal_reasons() {
+  static const std::vector<std::string> names = {"tenant_limit",  "namespace_limit", "guarantee", "out_of_memory",
+                                                 "limit_reached", "unknown_device",  "internal",  "restore_timeout"};
+  return names;
+}
+
+NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_unix_ns) {
   NodeView v;
+  v.now_unix_ns = now_unix_ns != 0 ? now_unix_ns : s.header.updated_unix_ns;
   const st::Header& h = s.header;
   v.daemon.layout_version = h.layout_version;
   v.daemon.pid = h.daemon_pid;
@@ -51,6 +76,7 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     g.unlisted = r.unlisted_bytes;
     g.guaranteed = r.guaranteed_bytes;
     g.borrowed = r.borrowed_bytes;
+    g.swapped = r.swapped_bytes;
     v.gpus.push_back(std::move(g));
   }
 
@@ -67,6 +93,27 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     x.tenant = r.tenant;
     x.state = r.state == st::kSessionConnected ? "connected" : r.state == st::kSessionDetached ? "detached" : "unknown";
     x.grants = r.grant_count;
+    x.last_active_unix_ns = r.last_active_unix_ns;
+    x.idle_seconds = seconds_between(r.last_active_unix_ns, v.now_unix_ns);
+    x.reclaim = (r.flags & st::kSessionReclaim) != 0;
+    x.overcommit = (r.flags & st::kSessionOvercommit) != 0;
+    x.swap = swap_name(r.swap);
+    x.swap_gpu = r.swap_device;
+    x.swap_bytes = r.swap_bytes;
+    x.swap_since_unix_ns = r.swap_since_unix_ns;
+    x.swap_for = r.swap_for;
+    x.swap_outs = r.swap_outs;
+    x.swap_ins = r.swap_ins;
+    x.wait = r.wait == st::kWaitMemory ? "memory" : r.wait == st::kWaitRestore ? "restore" : "";
+    if (!x.wait.empty()) {
+      x.wait_gpu = r.wait_device;
+      x.wait_bytes = r.wait_bytes;
+      x.wait_since_unix_ns = r.wait_since_unix_ns;
+      x.wait_deadline_unix_ns = r.wait_deadline_unix_ns;
+      for (std::uint32_t i = 0; i < std::min(r.waits_for_count, st::kMaxWaitsFor); ++i) {
+        x.waits_for.push_back(r.waits_for[i]);
+      }
+    }
     sessions[r.tenant].push_back(std::move(x));
   }
   std::map<std::uint32_t, std::uint64_t> grants;
@@ -91,6 +138,8 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     t.namespace_name = nsr != nullptr ? bounded(nsr->name, sizeof nsr->name) : "default";
     t.enforce = r.enforce == 0 ? "account" : r.enforce == 2 ? "kill" : "refuse";
     t.unhooked_processes = r.unhooked_processes;
+    t.priority = nsr != nullptr ? nsr->priority : 0;
+    for (std::size_t i = 0; i < st::kRefusalReasons; ++i) t.denials.emplace_back(refusal_reasons()[i], r.denials[i]);
     for (const GpuView& g : v.gpus) {
       TenantGpuView u;
       u.gpu = g.index;
@@ -107,7 +156,14 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     if (auto it = sessions.find(r.id); it != sessions.end()) {
       t.sessions = std::move(it->second);
       std::sort(t.sessions.begin(), t.sessions.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
-      for (const auto& x : t.sessions) t.pids.push_back(x.pid);
+      for (const auto& x : t.sessions) {
+        t.pids.push_back(x.pid);
+        if (x.idle_seconds && (!t.idle_seconds || *x.idle_seconds < *t.idle_seconds)) t.idle_seconds = x.idle_seconds;
+        const bool away = x.swap == "host" || x.swap == "restoring" || x.swap == "lost";
+        for (TenantGpuView& u : t.gpus) {
+          if (away && u.gpu == x.swap_gpu) u.swapped += x.swap_bytes;
+        }
+      }
       std::sort(t.pids.begin(), t.pids.end());
       t.pids.erase(std::unique(t.pids.begin(), t.pids.end()), t.pids.end());
     }
@@ -153,6 +209,63 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
     v.events.push_back(std::move(x));
   }
 
+  // The refusal ring, as the guard ring.
+  const std::uint64_t rnext = s.refusals.next_seq;
+  const std::uint64_t rfirst = rnext > st::kRefusalEvents ? rnext - st::kRefusalEvents : 1;
+  for (std::uint64_t seq = rfirst; seq < rnext; ++seq) {
+    const st::RefusalRecord& e = s.refusals.refusals[(seq - 1) % st::kRefusalEvents];
+    if (e.seq != seq) continue;
+    RefusalView x;
+    x.seq = e.seq;
+    x.time_unix_ns = e.time_unix_ns;
+    x.reason = e.reason >= 1 && e.reason <= st::kRefusalReasons ? refusal_reasons()[e.reason - 1] : "unknown";
+    x.tenant_id = e.tenant;
+    x.tenant = bounded(e.tenant_name, sizeof e.tenant_name);
+    x.pid = e.pid;
+    if (e.device != st::kGuardNoDevice) x.gpu = e.device;
+    x.bytes = e.bytes;
+    x.used = e.used;
+    x.limit = e.limit;
+    x.waited_ms = e.waited_ms;
+    v.refusals.push_back(std::move(x));
+  }
+
+  // Who waits for whom.
+  std::map<std::uint64_t, std::pair<const TenantView*, const SessionView*>> by_id;
+  for (const TenantView& t : v.tenants) {
+    for (const SessionView& x : t.sessions) by_id[x.id] = {&t, &x};
+  }
+  for (const auto& [id, ts] : by_id) {
+    const auto& [t, x] = ts;
+    if (x->wait.empty()) continue;
+    WaitView w;
+    w.waiter = *x;
+    w.tenant = t->name;
+    w.priority = t->priority;
+    w.waited_seconds = seconds_between(x->wait_since_unix_ns, v.now_unix_ns);
+    if (x->wait_deadline_unix_ns != 0 && v.now_unix_ns != 0) {
+      w.left_seconds = x->wait_deadline_unix_ns > v.now_unix_ns
+                           ? static_cast<double>(x->wait_deadline_unix_ns - v.now_unix_ns) / 1e9
+                           : 0.0;
+    }
+    for (std::uint64_t f : x->waits_for) {
+      WaitView::For o;
+      o.session = f;
+      if (auto it = by_id.find(f); it != by_id.end()) {
+        o.pid = it->second.second->pid;
+        o.tenant = it->second.first->name;
+        o.why = it->second.second->swap_for == id ? "swapping out" : "asked to give back";
+      } else {
+        o.why = "gone";
+      }
+      w.waits_for.push_back(std::move(o));
+    }
+    v.waits.push_back(std::move(w));
+  }
+  std::stable_sort(v.waits.begin(), v.waits.end(), [](const WaitView& a, const WaitView& b) {
+    return a.waiter.wait_since_unix_ns < b.waiter.wait_since_unix_ns;
+  });
+
   const st::Counters& c = s.counters;
   v.counters = {
       {"grants", c.grants},
@@ -193,8 +306,28 @@ NodeView build_view(const st::State& s, bool daemon_alive) {
       {"kernel_faults_shared", c.kernel_faults[st::kFaultMapsShared] + c.kernel_faults[3]},
       {"log_suppressed", c.log_suppressed},
       {"tenants_freed", c.tenants_freed},
+      {"swap_outs", c.swap_outs},
+      {"swap_ins", c.swap_ins},
+      {"swap_failures", c.swap_failures},
+      {"swap_timeouts", c.swap_timeouts},
+      {"swap_out_bytes", c.swap_out_bytes},
+      {"swap_in_bytes", c.swap_in_bytes},
+      {"swap_out_ns", c.swap_out_ns},
+      {"swap_in_ns", c.swap_in_ns},
+      {"refusals_recorded", c.refusals_recorded},
   };
   return v;
+}
+
+std::vector<std::pair<const TenantView*, const SessionView*>> all_sessions(const NodeView& v) {
+  std::vector<std::pair<const TenantView*, const SessionView*>> out;
+  for (const TenantView& t : v.tenants) {
+    for (const SessionView& x : t.sessions) out.emplace_back(&t, &x);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.first->name != b.first->name ? a.first->name < b.first->name : a.second->id < b.second->id;
+  });
+  return out;
 }
 
 std::vector<TopRow> top_rows(const NodeView& v) {
@@ -211,6 +344,7 @@ std::vector<TopRow> top_rows(const NodeView& v) {
       r.namespace_name = t.namespace_name;
       r.usage = u;
       r.pids = t.pids;
+      r.idle_seconds = t.idle_seconds;
       here.push_back(std::move(r));
     }
     std::sort(here.begin(), here.end(), [](const TopRow& a, const TopRow& b) {

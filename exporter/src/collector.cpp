@@ -204,12 +204,27 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   std::map<std::uint32_t, std::uint64_t> tenant_sessions;
   std::uint64_t connected = 0;
   std::uint64_t detached = 0;
+  // Layout 9: activity, swap and waits per tenant (docs/metrics.md, "Idle, swapped and waiting").
+  std::map<std::uint32_t, std::uint64_t> tenant_last_active;  // the most recent of its sessions
+  std::map<std::uint32_t, std::uint64_t> tenant_waiting;
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> tenant_swapped;  // (tenant, gpu)
+  std::uint64_t waiting_memory = 0;
+  std::uint64_t waiting_restore = 0;
   for (const st::SessionRecord& r : s.sessions) {
     if (r.state == st::kSessionFree) continue;
     ++tenant_sessions[r.tenant];
     if (r.state == st::kSessionConnected) ++connected;
     else if (r.state == st::kSessionDetached) ++detached;
+    auto& last = tenant_last_active[r.tenant];
+    last = std::max(last, r.last_active_unix_ns);
+    if (r.wait != st::kWaitNone) ++tenant_waiting[r.tenant];
+    if (r.wait == st::kWaitMemory) ++waiting_memory;
+    if (r.wait == st::kWaitRestore) ++waiting_restore;
+    if (r.swap == st::kSwapHost || r.swap == st::kSwapRestoring || r.swap == st::kSwapLost) {
+      tenant_swapped[{r.tenant, r.swap_device}] += r.swap_bytes;
+    }
   }
+  auto idle_seconds = [now_ns](std::uint64_t last) { return now_ns > last ? d(now_ns - last) / 1e9 : 0.0; };
 
   // Tenants
   MetricFamily& t_used = F.gauge("vlake_tenant_used_bytes",
@@ -230,6 +245,17 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
       F.gauge("vlake_tenant_reserve_bytes", "of its granted memory, what its processes keep unused in local reserves");
   MetricFamily& t_faults = F.counter("vlake_tenant_kernel_faults_total",
                                      "sticky kernel faults of its processes, by what is known (docs/guard.md)");
+  MetricFamily& t_denials = F.counter("vlake_tenant_denials_total",
+                                      "its refused requests by reason, since its record was created (vlakectl events)");
+  MetricFamily& t_idle = F.gauge("vlake_tenant_idle_seconds",
+                                 "seconds since the last CUDA call, grant or Hello of its most recent process");
+  MetricFamily& t_swapped = F.gauge("vlake_tenant_swapped_bytes",
+                                    "of its processes now in host memory: what their checkpoints freed (docs/swap.md)");
+  MetricFamily& t_waiting = F.gauge("vlake_tenant_waiting_processes",
+                                    "its processes waiting for memory or for their restore (vlakectl waits)");
+  static const char* const kReasons[st::kRefusalReasons] = {"tenant_limit",  "namespace_limit", "guarantee",
+                                                            "out_of_memory", "limit_reached",   "unknown_device",
+                                                            "internal",      "restore_timeout"};
   std::uint64_t tenants = 0;
   for (const st::TenantRecord& r : s.tenants) {
     if (r.in_use == 0) continue;
@@ -237,7 +263,9 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     const auto ns = namespaces.find(r.namespace_id);
     const std::string ns_name = ns == namespaces.end() ? "default" : bounded(ns->second->name, sizeof ns->second->name);
     // Kubernetes tenants ("pod:<namespace>/<pod>/<container>", docs/device-plugin.md) carry
-    // their pod and container; every other tenant has them empty.
+    // their pod and container; every other tenant has them empty. The labels are tenant_*, not
+    // namespace/pod/container: Prometheus sets those on the target (vlaked's own pod), and a
+    // scrape would rename or drop ours (docs/metrics.md, "Labels").
     const std::string tname = bounded(r.name, sizeof r.name);
     std::string pod, container;
     if (tname.rfind("pod:", 0) == 0) {
@@ -248,7 +276,8 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
         container = tname.substr(b + 1);
       }
     }
-    const Labels tl{{"tenant", tname}, {"namespace", ns_name}, {"pod", pod}, {"container", container}};
+    const Labels tl{
+        {"tenant", tname}, {"tenant_namespace", ns_name}, {"tenant_pod", pod}, {"tenant_container", container}};
     for (const Gpu& g : gpus) {
       const Labels l = join(g.labels, tl);
       // Memory outside vlake counts unless its namespace only accounts it (enforce: account).
@@ -261,7 +290,17 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
       set(t_limit, l, d(r.limit[g.index]));
       set(t_reserve, l, d(r.reserve[g.index]));
       set(t_over, l, (r.over_limit & (1u << g.index)) != 0 ? 1 : 0);
+      const auto sw = tenant_swapped.find({r.id, g.index});
+      set(t_swapped, l, sw == tenant_swapped.end() ? 0 : d(sw->second));
     }
+    for (std::uint32_t i = 0; i < st::kRefusalReasons; ++i) {
+      set(t_denials, join(tl, {{"reason", kReasons[i]}}), d(r.denials[i]));
+    }
+    if (const auto la = tenant_last_active.find(r.id); la != tenant_last_active.end() && la->second != 0) {
+      set(t_idle, tl, idle_seconds(la->second));
+    }
+    const auto wt = tenant_waiting.find(r.id);
+    set(t_waiting, tl, wt == tenant_waiting.end() ? 0 : d(wt->second));
     const auto it = tenant_sessions.find(r.id);
     set(t_sessions, tl, it == tenant_sessions.end() ? 0 : d(it->second));
     set(t_unhooked_procs, tl, d(r.unhooked_processes));
@@ -274,7 +313,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   MetricFamily& n_guar = F.gauge("vlake_namespace_guaranteed_bytes", "its guarantee");
   MetricFamily& n_over = F.gauge("vlake_namespace_over_limit", "1 when above a lowered limit");
   for (const auto& [id, n] : namespaces) {
-    const Labels nl{{"namespace", bounded(n->name, sizeof n->name)}};
+    const Labels nl{{"tenant_namespace", bounded(n->name, sizeof n->name)}};
     for (const Gpu& g : gpus) {
       const Labels l = join(g.labels, nl);
       set(n_used, l, d(n->used[g.index]));
@@ -284,7 +323,39 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     }
   }
 
+  // Processes: idle time each (bounded by the session table, state.hpp kMaxSessions).
+  {
+    std::map<std::uint32_t, std::string> names;
+    for (const st::TenantRecord& r : s.tenants) {
+      if (r.in_use != 0) names[r.id] = bounded(r.name, sizeof r.name);
+    }
+    MetricFamily& f = F.gauge("vlake_process_idle_seconds",
+                              "seconds since the process's last CUDA call (as its hook reports it), grant or Hello");
+    for (const st::SessionRecord& r : s.sessions) {
+      if (r.state == st::kSessionFree || r.last_active_unix_ns == 0) continue;
+      const auto n = names.find(r.tenant);
+      set(f, {{"tenant", n == names.end() ? "" : n->second}, {"pid", std::to_string(r.pid)}},
+          idle_seconds(r.last_active_unix_ns));
+    }
+  }
   set(F.gauge("vlake_tenants", "tenants known to the daemon"), {}, d(tenants));
+  {
+    MetricFamily& f = F.gauge("vlake_waiting_processes", "processes waiting for memory or for their restore");
+    set(f, {{"for", "memory"}}, d(waiting_memory));
+    set(f, {{"for", "restore"}}, d(waiting_restore));
+  }
+  // Swapping idle processes to host memory (docs/swap.md).
+  per_gpu("vlake_swapped_bytes", "memory of this GPU's processes now in host memory (what their checkpoints freed)",
+          [](const st::DeviceRecord& r) { return d(r.swapped_bytes); });
+  set(F.counter("vlake_swap_outs_total", "processes checkpointed to host memory"), {}, d(c.swap_outs));
+  set(F.counter("vlake_swap_ins_total", "processes restored from host memory"), {}, d(c.swap_ins));
+  set(F.counter("vlake_swap_failures_total", "checkpoints or restores the driver failed"), {}, d(c.swap_failures));
+  set(F.counter("vlake_swap_timeouts_total", "restores refused: no room on the GPU within the process's wait"), {},
+      d(c.swap_timeouts));
+  set(F.counter("vlake_swap_out_bytes_total", "bytes the checkpoints freed on the GPU"), {}, d(c.swap_out_bytes));
+  set(F.counter("vlake_swap_in_bytes_total", "bytes the restores took back on the GPU"), {}, d(c.swap_in_bytes));
+  set(F.counter("vlake_swap_out_seconds_total", "time spent checkpointing"), {}, d(c.swap_out_ns) / 1e9);
+  set(F.counter("vlake_swap_in_seconds_total", "time spent restoring"), {}, d(c.swap_in_ns) / 1e9);
   MetricFamily& sessions = F.gauge("vlake_sessions", "tenant processes");
   set(sessions, {{"state", "connected"}}, d(connected));
   set(sessions, {{"state", "detached"}}, d(detached));

@@ -139,6 +139,8 @@ class DaemonClient {
   // when no Hello was answered yet (false if the daemon cannot be reached); afterwards one
   // atomic load: the answer of the last Hello.
   [[nodiscard]] bool overcommit();
+  // A Hello was answered (this process has a session), without connecting.
+  [[nodiscard]] bool answered() const noexcept { return answered_.load(std::memory_order_acquire); }
   // The last Hello's answer without connecting (false before any).
   [[nodiscard]] bool overcommit_known() const noexcept {
     return answered_.load(std::memory_order_acquire) && overcommit_.load(std::memory_order_acquire);

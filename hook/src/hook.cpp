@@ -308,8 +308,9 @@ Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bo
     PhaseTimer t(Phase::grant);
     return s.client.grant(uuid, bytes, purpose);
   }();
-  // Overcommit (docs/swap.md): the worker reads vlaked's SwapNotices and reports activity.
-  if (s.client.overcommit_known()) ensure_worker(s);
+  // The worker reports activity (vlakectl's IDLE column) and, under overcommit (docs/swap.md),
+  // reads vlaked's SwapNotices.
+  if (s.client.answered()) ensure_worker(s);
   // The memory this process keeps mapped is what the request lacks (docs/hook.md, "Kept
   // mappings"): drop it (Dropped goes out before the next request) and ask again. Another thread
   // of this process (a reclaim callback emptying a framework's cache) may keep more meanwhile:
@@ -701,10 +702,10 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::vector<std::pai
   reclaimed.clear();
   const bool reclaim = s.reclaim.registered();
   const auto now = std::chrono::steady_clock::now();
-  // Overcommit: vlaked swaps out processes idle for a while; CUDA calls keep this one active
-  // (at most one report a second while it makes any).
+  // Activity (vlakectl's IDLE column, vlake_process_idle_seconds; overcommit: vlaked swaps out
+  // processes idle for a while): at most one report a second while the process makes CUDA calls.
   bool active = false;
-  if (s.client.overcommit_known() && now - last_active_report >= std::chrono::seconds(1) &&
+  if (s.client.answered() && now - last_active_report >= std::chrono::seconds(1) &&
       g_cuda_active.exchange(false, std::memory_order_relaxed)) {
     active = true;
     last_active_report = now;

@@ -152,6 +152,14 @@ void Node::touch_tenant(TenantId id) {
 
 std::chrono::steady_clock::time_point Node::steady_now() const { return env_.clock ? env_.clock().steady : last_now_; }
 
+std::uint64_t Node::unix_of(std::chrono::steady_clock::time_point t) const {
+  if (!env_.clock || t == std::chrono::steady_clock::time_point{}) return 0;
+  const Now n = env_.clock();
+  const auto ago = std::chrono::duration_cast<std::chrono::nanoseconds>(n.steady - t).count();
+  if (ago <= 0) return n.unix_ns;
+  return n.unix_ns > static_cast<std::uint64_t>(ago) ? n.unix_ns - static_cast<std::uint64_t>(ago) : 0;
+}
+
 std::size_t Node::sessions_of(TenantId t) const {
   std::size_t n = 0;
   for (const auto& [id, s] : sessions_) n += s.tenant == t ? 1 : 0;
@@ -223,6 +231,16 @@ std::size_t Node::free_idle_tenants() {
 }
 
 Changes Node::take_changes() {
+  // Waits are drawn from the parked grants (a handful): their sessions' records change with
+  // every ask and retry, and once more when the wait ends.
+  std::set<std::uint32_t> waiting;
+  for (const ParkedGrant& p : parked_) {
+    auto it = sessions_.find(p.session);
+    if (it != sessions_.end()) waiting.insert(it->second.slot);
+  }
+  changes_.sessions.insert(waiting.begin(), waiting.end());
+  changes_.sessions.insert(waiting_slots_.begin(), waiting_slots_.end());
+  waiting_slots_ = std::move(waiting);
   Changes c = std::move(changes_);
   changes_ = Changes{};
   return c;
@@ -383,6 +401,8 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       }
     } catch (const TenantTableFull& e) {
       ++counters_.denials_tenant_table;
+      record_refusal(TenantId{0}, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, tenants_.size(),
+                     st::kMaxTenants, std::chrono::milliseconds{0}, Now{when, 0});
       limited_.warn("tenant table", "session refused for " + who + ": " + e.what(), when);
       out.answer = Fatal{proto::Status::limit_reached, e.what()};
       return out;
@@ -421,6 +441,8 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       const std::string text = "session cap: tenant " + t->name + " holds " + std::to_string(held) + " of " +
                                std::to_string(settings_.max_sessions_per_tenant) +
                                " sessions (vlaked --max-sessions-per-tenant)";
+      record_refusal(t->id, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, held,
+                     settings_.max_sessions_per_tenant, std::chrono::milliseconds{0}, Now{when, 0});
       limited_.warn("session cap " + t->name, "session refused for " + who + ": " + text, when);
       out.answer = Fatal{proto::Status::limit_reached, text};
       return out;
@@ -430,6 +452,8 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       ++counters_.denials_other;
       const std::string text = "session table full: " + std::to_string(sessions_.size()) + " of " +
                                std::to_string(st::kMaxSessions) + " sessions in use";
+      record_refusal(t->id, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, sessions_.size(), st::kMaxSessions,
+                     std::chrono::milliseconds{0}, Now{when, 0});
       limited_.write(LogLevel::error, "session table", "session refused for " + who + ": " + text, when);
       out.answer = Fatal{proto::Status::limit_reached, text};
       free_tenant_if_idle(tid);
@@ -733,6 +757,7 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
   handles_released_base_ = s.counters.handles_released;
   counters_ = s.counters;
   guard_ = s.guard;
+  refusals_ = s.refusals;
   const std::uint64_t generation = config_record_.generation;
   const std::uint64_t loaded = config_record_.loaded_unix_ns;
   const st::ConfigRecord applied = config_record_;
@@ -773,6 +798,7 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     t.slot = i;
     t.name = std::string(r.name, strnlen(r.name, sizeof r.name));
     std::copy(std::begin(r.kernel_faults), std::end(r.kernel_faults), t.kernel_faults.begin());
+    std::copy(std::begin(r.denials), std::end(r.denials), t.denials.begin());
     // Until a live session re-resolves it: the namespace its name says, if still configured.
     t.ns = namespace_of_name(t.name);
     acct_.assign(t.id, t.ns);
@@ -804,6 +830,8 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     sess.uid = r.uid;
     sess.gid = r.gid;
     sess.tenant = t.id;
+    sess.swap_outs = r.swap_outs;
+    sess.swap_ins = r.swap_ins;
     session_slots_[i] = true;
     sessions_.emplace(sess.id, std::move(sess));
     kept.push_back(r.id);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "dedup.hpp"
+#include "vlake/common/fixed_chars.hpp"
 #include "vlake/contracts/codec.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/pressure_plan.hpp"
@@ -16,7 +17,53 @@ GrantOut Node::grant(ConnId conn, std::uint64_t session, const proto::GrantReque
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return Malformed{"session is gone"};
   it->second.last_active = now.steady;
-  return grant_impl(conn, it->second, m, now, nullptr);
+  touch_session(it->second);
+  GrantOut out = grant_impl(conn, it->second, m, now, nullptr);
+  if (const auto* r = std::get_if<Refused>(&out)) record_refused_grant(it->second, m, r->reply, now.steady, now);
+  return out;
+}
+
+void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st::RefusalReason reason, Bytes bytes,
+                          std::uint64_t used, std::uint64_t limit, std::chrono::milliseconds waited, Now now) {
+  if (reason < 1 || reason > st::kRefusalReasons) return;
+  Tenant* t = tid.value() != 0 ? tenant_mut(tid) : nullptr;
+  if (refusals_.next_seq == 0) refusals_.next_seq = 1;
+  const std::uint64_t seq = refusals_.next_seq++;
+  st::RefusalRecord& r = refusals_.refusals[(seq - 1) % st::kRefusalEvents];
+  r = st::RefusalRecord{};
+  r.seq = seq;
+  r.time_unix_ns = now.unix_ns != 0 ? now.unix_ns : unix_of(now.steady);
+  r.tenant = t != nullptr ? t->id.value() : 0;
+  r.pid = pid;
+  r.device = dev != nullptr ? static_cast<std::uint32_t>(dev->ordinal.value()) : st::kGuardNoDevice;
+  r.reason = reason;
+  r.bytes = bytes.value();
+  r.used = used;
+  r.limit = limit;
+  r.waited_ms = static_cast<std::uint64_t>(std::max<std::int64_t>(waited.count(), 0));
+  if (t != nullptr) {
+    copy_chars(r.tenant_name, t->name);
+    ++t->denials[reason - 1];
+    touch_tenant(t->id);
+  }
+  ++counters_.refusals_recorded;
+  changes_.refusals = true;
+}
+
+void Node::record_refused_grant(const Session& s, const proto::GrantRequest& m, const proto::GrantReply& r,
+                                std::chrono::steady_clock::time_point received, Now now) {
+  st::RefusalReason why = st::kRefusalInternal;
+  switch (r.status) {
+    case proto::Status::over_limit: why = st::kRefusalTenantLimit; break;
+    case proto::Status::namespace_over_limit: why = st::kRefusalNamespaceLimit; break;
+    case proto::Status::guarantee: why = st::kRefusalGuarantee; break;
+    case proto::Status::out_of_memory: why = st::kRefusalOutOfMemory; break;
+    case proto::Status::limit_reached: why = st::kRefusalLimitReached; break;
+    case proto::Status::unknown_device: why = st::kRefusalUnknownDevice; break;
+    default: break;
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now.steady - received);
+  record_refusal(s.tenant, s.pid, device_by_uuid(m.device_uuid), why, Bytes{m.bytes}, r.used, r.limit, waited, now);
 }
 
 Refused Node::refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now) {
@@ -451,7 +498,10 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
   }
   s.reserve[static_cast<std::size_t>(dev->ordinal.value())] = std::min(m.bytes, held);
   s.reclaim = (m.flags & proto::kReportReclaim) != 0;
-  if ((m.flags & proto::kReportActive) != 0) s.last_active = steady_now();
+  if ((m.flags & proto::kReportActive) != 0) {
+    s.last_active = steady_now();
+    touch_session(s);
+  }
   ++counters_.reserve_reports;
   touch_tenant(s.tenant);
   return std::nullopt;
@@ -654,6 +704,7 @@ std::vector<Completion> Node::retry_parked(Now now) {
       parked_.push_back(std::move(again));
       continue;
     }
+    if (const auto* r = std::get_if<Refused>(&out)) record_refused_grant(sit->second, p.req, r->reply, p.received, now);
     Completion c;
     c.conn = p.conn;
     c.received = p.received;

@@ -101,6 +101,52 @@ void Node::note_counted(const Device& dev, Bytes bytes) {
   recent_counted_[static_cast<std::size_t>(dev.ordinal.value())].emplace_back(steady_now(), bytes);
 }
 
+Bytes Node::swapped_bytes(DeviceOrdinal d) const {
+  Bytes host{0};
+  for (const auto& [id, s] : sessions_) {
+    const bool out = s.swap == SwapState::swapped || s.swap == SwapState::restoring || s.swap == SwapState::lost;
+    if (out && s.swap_device == d) host += s.swap_bytes;
+  }
+  return host;
+}
+
+Node::Wait Node::wait_of_session(const Session& s) const {
+  Wait w;
+  // Sessions being swapped out for it.
+  std::vector<std::uint64_t> swapping;
+  for (const auto& [id, o] : sessions_) {
+    if (o.swap_for == s.id && (o.swap == SwapState::notified || o.swap == SwapState::checkpointing)) {
+      swapping.push_back(id);
+    }
+  }
+  std::sort(swapping.begin(), swapping.end());
+  for (const ParkedGrant& p : parked_) {
+    if (p.session != s.id) continue;
+    const Device* dev = device_by_uuid(p.req.device_uuid);
+    w.kind = st::kWaitMemory;
+    w.device = dev != nullptr ? dev->ordinal : DeviceOrdinal{0};
+    w.bytes = Bytes{p.req.bytes};
+    w.since = p.received;
+    w.deadline = p.deadline;
+    w.waits_for = p.asked;
+    break;  // the oldest
+  }
+  if (w.kind == st::kWaitNone && s.swap_in_conn != 0 &&
+      (s.swap == SwapState::swapped || s.swap == SwapState::checkpointing || s.swap == SwapState::restoring)) {
+    w.kind = st::kWaitRestore;
+    w.device = s.swap_device;
+    w.bytes = counted_on(s, s.swap_device) + s.swap_context;
+    w.since = s.swap_in_at;
+    w.deadline = s.swap_in_at + wait_of(s);
+  }
+  if (w.kind != st::kWaitNone) {
+    for (std::uint64_t id : swapping) {
+      if (std::find(w.waits_for.begin(), w.waits_for.end(), id) == w.waits_for.end()) w.waits_for.push_back(id);
+    }
+  }
+  return w;
+}
+
 Bytes Node::swapping_out(const Device& dev) const {
   Bytes out{0};
   for (const auto& [id, s] : sessions_) {
@@ -139,6 +185,8 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
     // the checkpoint frees it too, and the restore needs it back.
     ss.swap_context = acct_.usage(ss.tenant, dev.ordinal).nonpool;
     ss.swap_since = now.steady;
+    ss.swap_for = requester.id;
+    changes_.sessions.insert(requester.slot);  // what it waits for changed
     notify(ss, proto::SwapPhase::out);
     started += ss.swap_bytes;
     changes_.sessions.insert(ss.slot);
@@ -230,6 +278,7 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
   }
   if (s.swap_in_conn == 0) s.swap_in_at = now.steady;
   s.swap_in_conn = conn;
+  changes_.sessions.insert(s.slot);
   s.swap_in_request = m.h.request_id;
   if (s.swap == SwapState::swapped) try_restore(s, now);
   return std::nullopt;
@@ -253,12 +302,15 @@ void Node::try_restore(Session& s, Now now) {
     return;
   }
   if (now.steady >= s.swap_in_at + wait_of(s)) {
-    ++swap_stats_.swap_timeouts;
+    ++counters_.swap_timeouts;
     proto::SwapInReply r = proto::make<proto::SwapInReply>(s.swap_in_request);
     r.status = proto::Status::out_of_memory;
     r.waited_ms = ms_between(s.swap_in_at, now.steady);
     swap_replies_.push_back(SwapInOut{s.swap_in_conn, r});
     s.swap_in_conn = 0;
+    changes_.sessions.insert(s.slot);
+    record_refusal(s.tenant, s.pid, dev, st::kRefusalRestoreTimeout, want, free.value(), 0,
+                   std::chrono::milliseconds{r.waited_ms}, now);
     limited_.write(LogLevel::info, "swap in " + std::to_string(s.id),
                    "session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) +
                        ") stays on the host: " + std::to_string(want.value() >> 20) + " MiB needed, " +
@@ -276,10 +328,13 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
   if (it == sessions_.end()) return;  // it ended meanwhile
   Session& s = it->second;
   changes_.sessions.insert(s.slot);
+  changes_.devices = true;
+  if (const Session* f = session(s.swap_for)) changes_.sessions.insert(f->slot);
+  s.swap_for = 0;
   const auto ns = static_cast<std::uint64_t>(std::max<std::int64_t>(took.count(), 0));
   if (!job.restore) {
     if (!ok) {
-      ++swap_stats_.swap_failures;
+      ++counters_.swap_failures;
       s.swap = SwapState::none;
       s.swap_skip_until = now.steady + kSkipAfterFailure;
       limited_.warn("swap failed",
@@ -295,11 +350,12 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
       }
       return;
     }
-    ++swap_stats_.swap_outs;
-    swap_stats_.swap_out_ns += ns;
+    ++counters_.swap_outs;
+    ++s.swap_outs;
+    counters_.swap_out_ns += ns;
     notify(s, proto::SwapPhase::host);
     if (bytes.value() > 0) s.swap_bytes = bytes;
-    swap_stats_.swapped_bytes += s.swap_bytes.value();
+    counters_.swap_out_bytes += s.swap_bytes.value();
     s.swap = SwapState::swapped;
     s.swap_since = now.steady;
     if (!parked_.empty()) memory_returned_ = true;
@@ -309,19 +365,21 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
     try_restore(s, now);  // it may have asked meanwhile
     return;
   }
-  swap_stats_.swapped_bytes -= std::min(swap_stats_.swapped_bytes, s.swap_bytes.value());
   proto::SwapInReply r = proto::make<proto::SwapInReply>(s.swap_in_request);
   r.waited_ms = ms_between(s.swap_in_at, now.steady);
   if (!ok) {
-    ++swap_stats_.swap_failures;
+    ++counters_.swap_failures;
     s.swap = SwapState::lost;
     r.status = proto::Status::internal;
     log_.error("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + "): restore failed: " + error +
                "; the process cannot run on the GPU again");
   } else {
-    ++swap_stats_.swap_ins;
-    swap_stats_.swap_in_ns += ns;
+    ++counters_.swap_ins;
+    ++s.swap_ins;
+    counters_.swap_in_ns += ns;
+    counters_.swap_in_bytes += s.swap_extra.value();
     s.swap = SwapState::none;
+    s.swap_since = now.steady;
     s.swap_extra = Bytes{0};
     s.last_active = now.steady;
     r.status = proto::Status::ok;
@@ -341,6 +399,8 @@ void Node::swap_tick(Now now) {
       s.swap = SwapState::none;
       s.swap_skip_until = now.steady + kSkipAfterFailure;
       changes_.sessions.insert(s.slot);
+      if (const Session* f = session(s.swap_for)) changes_.sessions.insert(f->slot);
+      s.swap_for = 0;
       notify(s, proto::SwapPhase::back);
       limited_.write(LogLevel::info, "swap ready",
                      "session " + std::to_string(id) + " did not get ready to be swapped out within " +

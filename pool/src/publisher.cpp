@@ -64,6 +64,7 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
   }
   s.config = node.config_record();
   if (c.all || c.guard) s.guard = node.guard_log();
+  if (c.all || c.refusals) s.refusals = node.refusal_log();
 
   // Grants and sessions: the changed slots (or all), zeroed when free.
   if (c.all) {
@@ -105,6 +106,7 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
     r.tenant = sess.tenant.value();
     r.state = sess.conn != 0 ? st::kSessionConnected : st::kSessionDetached;
     r.grant_count = static_cast<std::uint32_t>(sess.grants.size());
+    session_activity(node, sess, r);
   }
 
   // Tenants, then namespaces (their usage and tenant counts follow the tenants').
@@ -162,6 +164,39 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
   r.enforce = static_cast<std::uint32_t>(t->enforce);
   r.unhooked_processes = static_cast<std::uint32_t>(t->unhooked_procs.size());
   std::copy(t->kernel_faults.begin(), t->kernel_faults.end(), std::begin(r.kernel_faults));
+  std::copy(t->denials.begin(), t->denials.end(), std::begin(r.denials));
+}
+
+void StatePublisher::session_activity(const Node& node, const Node::Session& sess, st::SessionRecord& r) noexcept {
+  r.last_active_unix_ns = node.unix_of(sess.last_active);
+  switch (sess.swap) {
+    case SwapState::none: r.swap = st::kSwapNone; break;
+    case SwapState::notified: r.swap = st::kSwapNotified; break;
+    case SwapState::checkpointing: r.swap = st::kSwapCheckpointing; break;
+    case SwapState::swapped: r.swap = st::kSwapHost; break;
+    case SwapState::restoring: r.swap = st::kSwapRestoring; break;
+    case SwapState::lost: r.swap = st::kSwapLost; break;
+  }
+  r.swap_device = static_cast<std::uint32_t>(sess.swap_device.value());
+  r.swap_bytes = sess.swap == SwapState::none ? 0 : sess.swap_bytes.value();
+  r.swap_since_unix_ns = node.unix_of(sess.swap_since);
+  r.swap_for = sess.swap_for;
+  r.swap_outs = sess.swap_outs;
+  r.swap_ins = sess.swap_ins;
+  const Node::Tenant* t = node.tenant(sess.tenant);
+  r.flags = (sess.reclaim ? st::kSessionReclaim : 0u) | (t != nullptr && t->overcommit ? st::kSessionOvercommit : 0u);
+  try {
+    const Node::Wait w = node.wait_of_session(sess);
+    r.wait = w.kind;
+    r.wait_device = static_cast<std::uint32_t>(w.device.value());
+    r.wait_bytes = w.bytes.value();
+    r.wait_since_unix_ns = node.unix_of(w.since);
+    r.wait_deadline_unix_ns = node.unix_of(w.deadline);
+    r.waits_for_count = static_cast<std::uint32_t>(std::min<std::size_t>(w.waits_for.size(), st::kMaxWaitsFor));
+    for (std::uint32_t i = 0; i < r.waits_for_count; ++i) r.waits_for[i] = w.waits_for[i];
+  } catch (...) {
+    // No memory for the list: published without it (the next publish has it).
+  }
 }
 
 void StatePublisher::namespace_record(const Node& node, const Node::Namespace& ns, st::State& s) noexcept {
@@ -237,6 +272,7 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     r.held_fd_bytes = pool.held_fd_bytes().value();
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
+    r.swapped_bytes = node.swapped_bytes(d.ordinal).value();
     const Accounting::DeviceEntry du = node.accounting().device_usage(d.ordinal);
     r.guaranteed_bytes = du.guaranteed.value();
     r.borrowed_bytes = du.borrowed.value();

@@ -158,9 +158,11 @@ struct DaemonCounts {
   std::uint64_t releases = 0;
 };
 
+// `requests`: messages of the allocation path. ReserveReports are left out: the hook's worker
+// thread sends them (reserve changes, and activity at most once a second), never the caller.
 DaemonCounts counts(const DaemonProcess& d) {
   const auto s = vlake::state::StateReader(d.state).snapshot();
-  return {s->counters.requests, s->counters.grants, s->counters.releases};
+  return {s->counters.requests - s->counters.reserve_reports, s->counters.grants, s->counters.releases};
 }
 
 // Waits until the daemon's counters stop moving (a release or report may still be in flight).

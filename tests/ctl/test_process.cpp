@@ -133,9 +133,9 @@ TEST_CASE("vlakectl: top, tenants and pool match the grants of two tenants", "[p
   REQUIRE(text.exit_code == 0);
   CHECK(text.out.find("GPU 0  GPU-") != std::string::npos);
   CHECK(text.out.find("total 1.0 GiB  pool: granted 28.0 MiB") != std::string::npos);
-  CHECK(text.out.find("user:4301  12.0 MiB      0 B   64.0 MiB           -   1.2%      1  " +
-                      std::to_string(a.pid())) != std::string::npos);
-  CHECK(text.out.find("\x1b[") == std::string::npos);  // no ANSI codes in a pipe
+  CHECK(text.out.find("user:4301  12.0 MiB      0 B   64.0 MiB           -   1.2%  ") != std::string::npos);
+  CHECK(text.out.find("s      1  " + std::to_string(a.pid())) != std::string::npos);  // IDLE in seconds, PROCS, PIDS
+  CHECK(text.out.find("\x1b[") == std::string::npos);                                 // no ANSI codes in a pipe
 
   // A refused grant and a release show up at once.
   CHECK(num(a.ok("grant " + std::to_string(64 * kMiB)), "status") != 0);
@@ -213,7 +213,8 @@ TEST_CASE("vlakectl: usage errors and --help", "[process]") {
   CHECK(r.exit_code == 2);
   CHECK(r.out.empty());
   CHECK(r.err ==
-        "vlakectl: unknown command 'frob' (top, tenants, pool, events or quota check FILE)\ntry 'vlakectl --help'\n");
+        "vlakectl: unknown command 'frob' (top, tenants, processes, waits, pool, events or quota check FILE)\ntry "
+        "'vlakectl --help'\n");
   r = run_ctl({});
   CHECK(r.exit_code == 2);
   r = run_ctl({"top", "--watch", "0"});

@@ -46,6 +46,21 @@ constexpr std::uint64_t kGiB = 1ULL << 30;
 
 std::string unique(const std::string& tag) { return "ctlu" + std::to_string(::getpid()) + "-" + tag; }
 
+// A session record of layout 8's fields (uid = gid), the rest zero.
+st::SessionRecord session_record(std::uint64_t id, std::uint64_t start, std::uint32_t pid, std::uint32_t uid,
+                                 std::uint32_t tenant, std::uint32_t state, std::uint32_t grants) {
+  st::SessionRecord r{};
+  r.id = id;
+  r.start_time = start;
+  r.pid = pid;
+  r.uid = uid;
+  r.gid = uid;
+  r.tenant = tenant;
+  r.state = state;
+  r.grant_count = grants;
+  return r;
+}
+
 // A node: 2 GPUs; tenant 1 "user:alice" uses GPU 0 (grants + non-pool) with 2 sessions;
 // tenant 2 "group:ml" uses GPU 1 only; tenant 3 (a name without NUL) has no usage and no
 // session; tenant 4 "uid:9" has a session but no memory.
@@ -113,10 +128,10 @@ std::unique_ptr<st::State> synthetic_state() {
   std::strcpy(e.name, "uid:9");
   e.limit[0] = e.limit[1] = kGiB;
 
-  s->sessions[9] = {14, 103, 7001, 9, 9, 4, st::kSessionConnected, 0};
-  s->sessions[0] = {11, 100, 5001, 1000, 1000, 1, st::kSessionConnected, 2};
-  s->sessions[3] = {12, 101, 5002, 1000, 1000, 1, st::kSessionDetached, 1};
-  s->sessions[4] = {13, 102, 6001, 2000, 2000, 2, st::kSessionConnected, 1};
+  s->sessions[9] = session_record(14, 103, 7001, 9, 4, st::kSessionConnected, 0);
+  s->sessions[0] = session_record(11, 100, 5001, 1000, 1, st::kSessionConnected, 2);
+  s->sessions[3] = session_record(12, 101, 5002, 1000, 1, st::kSessionDetached, 1);
+  s->sessions[4] = session_record(13, 102, 6001, 2000, 2, st::kSessionConnected, 1);
   s->grants[0] = {1, 11, 30 * kMiB, 1, 0, 0, 1, st::kGrantLive, 0, 0, 0};
   s->grants[1] = {2, 11, 6 * kMiB, 1, 0, 2, 0, st::kGrantLive, 0, 0, 0};
   s->grants[7] = {3, 12, 4 * kMiB, 1, 0, 0, 1, st::kGrantOrphaned, 0, 0, 0};
@@ -168,8 +183,9 @@ TEST_CASE("options: commands and global options", "[units]") {
 }
 
 TEST_CASE("options: bad command lines say what is wrong", "[units]") {
-  CHECK(parse_error({}) == "no command given (top, tenants, pool, events or quota check FILE)");
-  CHECK(parse_error({"frob"}) == "unknown command 'frob' (top, tenants, pool, events or quota check FILE)");
+  CHECK(parse_error({}) == "no command given (top, tenants, processes, waits, pool, events or quota check FILE)");
+  CHECK(parse_error({"frob"}) ==
+        "unknown command 'frob' (top, tenants, processes, waits, pool, events or quota check FILE)");
   CHECK(parse_error({"top", "--frob"}) == "unknown option '--frob'");
   CHECK(parse_error({"top", "-x"}) == "unknown option '-x'");
   CHECK(parse_error({"top", "--state"}) == "--state needs a value (a segment name)");
@@ -181,7 +197,7 @@ TEST_CASE("options: bad command lines say what is wrong", "[units]") {
   CHECK(parse_error({"quota", "check"}) == "quota check: missing FILE");
   CHECK(parse_error({"quota", "check", "a", "b"}) == "unexpected argument 'b' after 'quota'");
   CHECK(parse_error({"tenants", "extra"}) == "unexpected argument 'extra' after 'tenants'");
-  CHECK(parse_error({"pool", "--watch"}) == "--watch only applies to 'top'");
+  CHECK(parse_error({"pool", "--watch"}) == "--watch only applies to 'top', 'processes' and 'waits'");
   CHECK(parse_error({"top", "--watch", "0"}).find("out of range") != std::string::npos);
   CHECK(parse_error({"top", "--watch=1e9"}).find("out of range") != std::string::npos);
   CHECK(parse_error({"top", "--watch=abc"}).find("not a number") != std::string::npos);
@@ -375,14 +391,13 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string top = render_top_text(v, "st1", "");
   INFO(top);
   CHECK(top.rfind("vlaked pid 4242 (not running), state st1, 4 sessions, 4 grants\n", 0) == 0);
-  CHECK(top.find(
-            "GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
-            "  guaranteed 0 B (borrowed 0 B)\n"
-            "  NAMESPACE  TENANT            USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  PROCS  PIDS\n"
-            "  default    user:alice  548.0 MiB*      0 B  16.0 GiB           -   0.7%      2  5001,5002\n\nGPU 1") !=
-        std::string::npos);
-  CHECK(top.find("\n  NAMESPACE  TENANT       USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  PROCS  PIDS\n"
-                 "  research   group:ml  8.0 GiB      0 B  40.0 GiB    16.0 GiB  10.0%      1  6001\n") !=
+  CHECK(top.find("GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
+                 "  guaranteed 0 B (borrowed 0 B)\n"
+                 "  NAMESPACE  TENANT            USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
+                 "  default    user:alice  548.0 MiB*      0 B  16.0 GiB           -   0.7%     -      2  "
+                 "5001,5002\n\nGPU 1") != std::string::npos);
+  CHECK(top.find("\n  NAMESPACE  TENANT       USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
+                 "  research   group:ml  8.0 GiB      0 B  40.0 GiB    16.0 GiB  10.0%     -      1  6001\n") !=
         std::string::npos);
   CHECK(top.find("\n* above its limit") != std::string::npos);
   CHECK(top.find("\nconnected, no memory: uid:9 (7001)\n") != std::string::npos);
@@ -423,7 +438,7 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string tt = render_tenants_text(v, "st1");
   INFO(tt);
   CHECK(tt.find("\n 1  user:alice ") != std::string::npos);
-  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB  512.0 MiB      0 B  16.0 GiB       3  2 (5001,5002)\n") !=
+  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB  512.0 MiB      0 B  16.0 GiB       3        0     -  2 (5001,5002)\n") !=
         std::string::npos);
   CHECK(tt.find(" 1     8.0 GiB   8.0 GiB        0 B      0 B  40.0 GiB\n") != std::string::npos);
 
@@ -678,4 +693,150 @@ TEST_CASE("render: memory outside vlake per tenant, counted in USED unless enfor
   CHECK(pj.at("gpus").at(0).at("nvml_used").u64() == 700 * kMiB);
   CHECK(pj.at("gpus").at(0).at("unlisted").u64() == 300 * kMiB);
   CHECK(pj.at("counters").at("unhooked_kills").u64() == 5);
+}
+
+TEST_CASE("format: human durations", "[units]") {
+  CHECK(human_duration(std::nullopt) == "-");
+  CHECK(human_duration(-1.0) == "-");
+  CHECK(human_duration(std::numeric_limits<double>::infinity()) == "-");
+  CHECK(human_duration(0.4) == "0s");
+  CHECK(human_duration(59.9) == "59s");
+  CHECK(human_duration(60.0) == "1m");
+  CHECK(human_duration(3599.0) == "59m");
+  CHECK(human_duration(3600.0 + 5 * 60) == "1h05m");
+  CHECK(human_duration(2 * 86400.0 + 4 * 3600) == "2d04h");
+}
+
+TEST_CASE("options: processes, ps and waits, with --watch", "[units]") {
+  CHECK(parse({"processes"}).command == Command::processes);
+  CHECK(parse({"ps"}).command == Command::processes);
+  CHECK(parse({"waits", "--json"}).command == Command::waits);
+  CHECK(parse({"waits", "--watch", "1"}).watch_seconds == 1.0);
+  CHECK_THROWS_AS(parse({"pool", "--watch"}), UsageError);
+}
+
+// Layout 9: what each process does (idle, swapped, waiting), who waits for whom, refusals.
+TEST_CASE("render: idle times, swap states, who waits for whom and refusals", "[units]") {
+  auto s = synthetic_state();
+  constexpr std::uint64_t kS = 1'000'000'000ULL;
+  const std::uint64_t now = 1'700'000'000ULL * kS;
+  s->header.updated_unix_ns = now;
+  st::SessionRecord& alice1 = s->sessions[0];  // session 11, pid 5001: going out for session 13
+  alice1.last_active_unix_ns = now - 120 * kS;
+  alice1.flags = st::kSessionOvercommit;
+  alice1.swap = st::kSwapCheckpointing;
+  alice1.swap_device = 0;
+  alice1.swap_bytes = 30 * kMiB;
+  alice1.swap_for = 13;
+  s->sessions[3].last_active_unix_ns = now - 5 * kS;  // session 12, pid 5002
+  st::SessionRecord& ml = s->sessions[4];             // session 13, pid 6001: waits
+  ml.last_active_unix_ns = now - 1 * kS;
+  ml.flags = st::kSessionReclaim;
+  ml.wait = st::kWaitMemory;
+  ml.wait_device = 1;
+  ml.wait_bytes = 2 * kGiB;
+  ml.wait_since_unix_ns = now - 12 * kS;
+  ml.wait_deadline_unix_ns = now + 108 * kS;
+  ml.waits_for_count = 2;
+  ml.waits_for[0] = 11;
+  ml.waits_for[1] = 99;                      // ended meanwhile
+  st::SessionRecord& nine = s->sessions[9];  // session 14, pid 7001: on the host
+  nine.flags = st::kSessionOvercommit;
+  nine.swap = st::kSwapHost;
+  nine.swap_device = 0;
+  nine.swap_bytes = kGiB;
+  nine.swap_since_unix_ns = now - 180 * kS;
+  nine.swap_outs = 1;
+  s->devices[0].swapped_bytes = kGiB;
+  s->tenants[0].denials[st::kRefusalTenantLimit - 1] = 3;
+  s->tenants[0].denials[st::kRefusalOutOfMemory - 1] = 1;
+  s->counters.swap_outs = 4;
+  for (std::uint64_t seq = 1; seq <= 2; ++seq) {
+    st::RefusalRecord& r = s->refusals.refusals[seq - 1];
+    r.seq = seq;
+    r.time_unix_ns = now - (10 - seq) * kS;
+    r.tenant = 1;
+    std::strcpy(r.tenant_name, "user:alice");
+    r.pid = 5001;
+    r.device = seq == 1 ? 0 : st::kGuardNoDevice;
+    r.reason = seq == 1 ? st::kRefusalTenantLimit : st::kRefusalLimitReached;
+    r.bytes = seq == 1 ? 20 * kGiB : 0;
+    r.used = seq == 1 ? 548 * kMiB : 128;
+    r.limit = seq == 1 ? 16 * kGiB : 128;
+    r.waited_ms = seq == 1 ? 1500 : 0;
+  }
+  s->refusals.next_seq = 3;
+  const NodeView v = build_view(*s, true);
+
+  REQUIRE(v.tenants.size() == 4);
+  REQUIRE(v.tenants[0].idle_seconds.has_value());
+  CHECK(*v.tenants[0].idle_seconds == Approx(5.0));  // the least idle of its processes
+  CHECK(v.tenants[0].gpus[0].swapped == 0);          // going out is not out yet
+  CHECK(v.tenants[3].gpus[0].swapped == kGiB);       // uid:9's process is on the host
+  REQUIRE(v.waits.size() == 1);
+  CHECK(v.waits[0].waiter.pid == 6001);
+  CHECK(*v.waits[0].waited_seconds == Approx(12.0));
+  CHECK(*v.waits[0].left_seconds == Approx(108.0));
+  REQUIRE(v.waits[0].waits_for.size() == 2);
+  CHECK(v.waits[0].waits_for[0].why == "swapping out");
+  CHECK(v.waits[0].waits_for[1].why == "gone");
+
+  const std::string top = render_top_text(v, "st1", "");
+  INFO(top);
+  CHECK_THAT(top, Catch::Contains("  on host 1.0 GiB\n"));
+  CHECK_THAT(top, Catch::Contains("SHARE  IDLE  ON HOST  PROCS  PIDS"));
+  CHECK_THAT(top, Catch::Contains("0.7%    5s      0 B      2  5001,5002"));
+  CHECK_THAT(top, Catch::Contains("\nwaiting (vlakectl waits):\n"));
+  CHECK_THAT(
+      top, Catch::Contains("6001  group:ml     0  memory    1  2.0 GiB     12s    1m  5001 (user:alice, swapping out), "
+                           "session 99 (gone)\n"));
+
+  const std::string ps = render_processes_text(v, "st1");
+  INFO(ps);
+  CHECK_THAT(ps, Catch::Contains("7001       14  uid:9"));
+  CHECK_THAT(ps, Catch::Contains("host 1.0 GiB for 3m"));
+  CHECK_THAT(ps, Catch::Contains("checkpointing 30.0 MiB"));
+  CHECK_THAT(ps, Catch::Contains("memory 2.0 GiB on GPU 1 for 12s"));
+  const Json pj = parse_json(render_processes_json(v, "st1"));
+  REQUIRE(pj.at("processes").size() == 4);
+  const Json& p0 = pj.at("processes").at(0);  // group:ml sorts first
+  CHECK(p0.at("tenant").str() == "group:ml");
+  CHECK(p0.at("reclaim").boolean());
+  CHECK(p0.at("wait").at("for").str() == "memory");
+  CHECK(p0.at("wait").at("waits_for").at(0).u64() == 11);
+  CHECK(p0.at("idle_seconds").num() == Approx(1.0));
+  const Json& p1 = pj.at("processes").at(2);  // then uid:9, then user:alice
+  CHECK(p1.at("pid").u64() == 5001);
+  CHECK(p1.at("swap").at("state").str() == "checkpointing");
+  CHECK(p1.at("swap").at("for_session").u64() == 13);
+  CHECK(p1.at("wait").is_null());
+
+  const Json wj = parse_json(render_waits_json(v, "st1"));
+  REQUIRE(wj.at("waits").size() == 1);
+  CHECK(wj.at("waits").at(0).at("waits_for").at(0).at("pid").u64() == 5001);
+  CHECK(wj.at("waits").at(0).at("left_seconds").num() == Approx(108.0));
+  CHECK_THAT(render_waits_text(build_view(*synthetic_state(), true), "st1"),
+             Catch::Contains("nobody waits for memory"));
+
+  const Json tj = parse_json(render_tenants_json(v, "st1"));
+  CHECK(tj.at("tenants").at(0).at("denials").at("tenant_limit").u64() == 3);
+  CHECK(tj.at("tenants").at(0).at("denials").at("out_of_memory").u64() == 1);
+  CHECK(tj.at("tenants").at(0).at("denials").at("restore_timeout").u64() == 0);
+  CHECK(tj.at("tenants").at(0).at("idle_seconds").num() == Approx(5.0));
+  CHECK(tj.at("tenants").at(3).at("gpus").at(0).at("swapped").u64() == kGiB);
+
+  const std::string ev = render_events_text(v, "st1");
+  INFO(ev);
+  CHECK_THAT(ev, Catch::Contains("no guard alarms"));
+  CHECK_THAT(ev, Catch::Contains("refusals (the newest 256 are kept):"));
+  CHECK_THAT(ev, Catch::Contains("tenant_limit   user:alice    0  5001  20.0 GiB  548.0 MiB  16.0 GiB      1s"));
+  CHECK_THAT(ev, Catch::Contains("limit_reached  user:alice    -  5001         -        128       128       -"));
+  const Json ej = parse_json(render_events_json(v, "st1"));
+  REQUIRE(ej.at("refusals").size() == 2);
+  CHECK(ej.at("refusals").at(0).at("reason").str() == "tenant_limit");
+  CHECK(ej.at("refusals").at(0).at("waited_ms").u64() == 1500);
+  CHECK(ej.at("refusals").at(1).at("gpu").is_null());
+  const Json poj = parse_json(render_pool_json(v, "st1"));
+  CHECK(poj.at("counters").at("swap_outs").u64() == 4);
+  CHECK(poj.at("gpus").at(0).at("swapped").u64() == kGiB);
 }

@@ -141,9 +141,28 @@ std::unique_ptr<st::State> synthetic() {
   name(c.name, sizeof c.name, "uid:2000");
   c.namespace_id = 99;
 
-  s->sessions[0] = st::SessionRecord{1, 0, 100, 0, 0, 1, st::kSessionConnected, 1};
-  s->sessions[1] = st::SessionRecord{2, 0, 101, 0, 0, 1, st::kSessionDetached, 0};
-  s->sessions[7] = st::SessionRecord{3, 0, 102, 0, 0, 4, st::kSessionConnected, 2};
+  // Fields by name: the record grows at its end with new layouts (the rest stays 0).
+  auto session = [](std::uint64_t id, std::uint32_t pid, std::uint32_t tenant, std::uint32_t state,
+                    std::uint32_t grants) {
+    st::SessionRecord r{};
+    r.id = id;
+    r.pid = pid;
+    r.tenant = tenant;
+    r.state = state;
+    r.grant_count = grants;
+    return r;
+  };
+  s->sessions[0] = session(1, 100, 1, st::kSessionConnected, 1);
+  s->sessions[1] = session(2, 101, 1, st::kSessionDetached, 0);
+  s->sessions[7] = session(3, 102, 4, st::kSessionConnected, 2);
+  // Layout 9: activity, a process on the host, one waiting for memory, refusals.
+  s->sessions[0].last_active_unix_ns = kNow - 30'000'000'000ULL;
+  s->sessions[7].last_active_unix_ns = kNow - 2'000'000'000ULL;
+  s->sessions[1].swap = st::kSwapHost;
+  s->sessions[1].swap_device = 0;
+  s->sessions[1].swap_bytes = 3 * kGiB;
+  s->sessions[7].wait = st::kWaitMemory;
+  s->devices[0].swapped_bytes = 3 * kGiB;
 
   st::Counters& k = s->counters;
   k.grants = 11;
@@ -222,10 +241,14 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
   using T = MetricType;
   const std::set<std::string> none;
   const std::set<std::string> gpu{"gpu", "gpu_index"};
-  const std::set<std::string> tenant{"gpu", "gpu_index", "tenant", "namespace", "pod", "container"};
-  const std::set<std::string> tenant_only{"tenant", "namespace", "pod", "container"};
-  const std::set<std::string> ns{"gpu", "gpu_index", "namespace"};
-  const std::set<std::string> tenant_fault_labels{"tenant", "namespace", "pod", "container", "guarded", "maps_shared"};
+  // Never namespace/pod/container: Prometheus sets those on the target (docs/metrics.md, "Labels").
+  const std::set<std::string> tenant{"gpu",        "gpu_index",       "tenant", "tenant_namespace",
+                                     "tenant_pod", "tenant_container"};
+  const std::set<std::string> tenant_only{"tenant", "tenant_namespace", "tenant_pod", "tenant_container"};
+  const std::set<std::string> ns{"gpu", "gpu_index", "tenant_namespace"};
+  const std::set<std::string> tenant_reason{"tenant", "tenant_namespace", "tenant_pod", "tenant_container", "reason"};
+  const std::set<std::string> tenant_fault_labels{"tenant",           "tenant_namespace", "tenant_pod",
+                                                  "tenant_container", "guarded",          "maps_shared"};
   struct Want {
     const char* name;
     T type;
@@ -311,6 +334,21 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_ipc_exports_total", T::Counter, none},
       {"vlake_ipc_opens_total", T::Counter, none},
       {"vlake_ipc_refused_total", T::Counter, none},
+      {"vlake_tenant_denials_total", T::Counter, tenant_reason},
+      {"vlake_tenant_idle_seconds", T::Gauge, tenant_only},
+      {"vlake_tenant_swapped_bytes", T::Gauge, tenant},
+      {"vlake_tenant_waiting_processes", T::Gauge, tenant_only},
+      {"vlake_process_idle_seconds", T::Gauge, {"tenant", "pid"}},
+      {"vlake_waiting_processes", T::Gauge, {"for"}},
+      {"vlake_swapped_bytes", T::Gauge, gpu},
+      {"vlake_swap_outs_total", T::Counter, none},
+      {"vlake_swap_ins_total", T::Counter, none},
+      {"vlake_swap_failures_total", T::Counter, none},
+      {"vlake_swap_timeouts_total", T::Counter, none},
+      {"vlake_swap_out_bytes_total", T::Counter, none},
+      {"vlake_swap_in_bytes_total", T::Counter, none},
+      {"vlake_swap_out_seconds_total", T::Counter, none},
+      {"vlake_swap_in_seconds_total", T::Counter, none},
   };
   CHECK(fs.size() == want.size());
   for (const Want& w : want) {
@@ -333,6 +371,37 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
   CHECK(family(fs, "vlake_kernel_faults_total").metric.size() == 4);
   CHECK(family(fs, "vlake_tenant_kernel_faults_total").metric.size() == 12);  // 3 tenants x 4
   CHECK(family(fs, "vlake_sessions").metric.size() == 2);
+  CHECK(family(fs, "vlake_tenant_denials_total").metric.size() == 24);  // 3 tenants x 8 reasons
+  CHECK(family(fs, "vlake_tenant_idle_seconds").metric.size() == 2);    // tenants with a known activity
+  CHECK(family(fs, "vlake_process_idle_seconds").metric.size() == 2);
+}
+
+TEST_CASE("collector: idle, swapped, waiting and refused, per tenant and process", "[unit]") {
+  auto s = synthetic();
+  s->counters.swap_outs = 3;
+  s->counters.swap_in_ns = 1'500'000'000ULL;
+  for (st::TenantRecord& r : s->tenants) {
+    if (r.id == 1) {
+      r.denials[st::kRefusalTenantLimit - 1] = 5;
+      r.denials[st::kRefusalRestoreTimeout - 1] = 1;
+    }
+  }
+  const Exposition e = scrape_text(*s);
+  const std::map<std::string, std::string> alice{{"tenant", "research/user:alice"}};
+  CHECK(e.value("vlake_tenant_idle_seconds", alice) == Approx(30.0));  // its most recent process
+  CHECK(e.value("vlake_process_idle_seconds", {{"pid", "100"}}) == Approx(30.0));
+  CHECK(e.value("vlake_process_idle_seconds", {{"pid", "102"}}) == Approx(2.0));
+  CHECK(e.value("vlake_tenant_swapped_bytes", {{"tenant", "research/user:alice"}, {"gpu_index", "0"}}) == 3.0 * kGiB);
+  CHECK(e.value("vlake_tenant_swapped_bytes", {{"tenant", "research/user:alice"}, {"gpu_index", "1"}}) == 0);
+  CHECK(e.value("vlake_swapped_bytes", {{"gpu_index", "0"}}) == 3.0 * kGiB);
+  CHECK(e.value("vlake_waiting_processes", {{"for", "memory"}}) == 1);
+  CHECK(e.value("vlake_waiting_processes", {{"for", "restore"}}) == 0);
+  CHECK(e.value("vlake_tenant_waiting_processes", alice) == 0);
+  CHECK(e.value("vlake_tenant_denials_total", {{"tenant", "research/user:alice"}, {"reason", "tenant_limit"}}) == 5);
+  CHECK(e.value("vlake_tenant_denials_total", {{"tenant", "research/user:alice"}, {"reason", "restore_timeout"}}) == 1);
+  CHECK(e.value("vlake_tenant_denials_total", {{"tenant", "research/user:alice"}, {"reason", "guarantee"}}) == 0);
+  CHECK(e.value("vlake_swap_outs_total") == 3);
+  CHECK(e.value("vlake_swap_in_seconds_total") == Approx(1.5));
 }
 
 TEST_CASE("collector: values from the state", "[unit]") {
@@ -361,8 +430,11 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_dedup_logical_bytes", g0) == 7);
   CHECK(e.value("vlake_dedup_physical_bytes", g0) == 5);
 
-  const std::map<std::string, std::string> alice0{
-      {"tenant", "research/user:alice"}, {"namespace", "research"}, {"pod", ""}, {"container", ""}, {"gpu_index", "0"}};
+  const std::map<std::string, std::string> alice0{{"tenant", "research/user:alice"},
+                                                  {"tenant_namespace", "research"},
+                                                  {"tenant_pod", ""},
+                                                  {"tenant_container", ""},
+                                                  {"gpu_index", "0"}};
   CHECK(e.value("vlake_tenant_used_bytes", alice0) == 53.0 * kMiB);
   CHECK(e.value("vlake_tenant_unhooked_bytes", alice0) == 3.0 * kMiB);
   CHECK(e.value("vlake_tenant_unhooked_processes", {{"tenant", "uid:1000"}}) == 2);
@@ -382,20 +454,21 @@ TEST_CASE("collector: values from the state", "[unit]") {
   CHECK(e.value("vlake_tenant_over_limit", alice0) == 1);
   CHECK(e.value("vlake_tenant_over_limit", {{"tenant", "research/user:alice"}, {"gpu_index", "1"}}) == 0);
   CHECK(e.value("vlake_tenant_limit_bytes", {{"tenant", "research/user:alice"}, {"gpu_index", "1"}}) == 2.0 * kGiB);
-  CHECK(e.value("vlake_tenant_used_bytes", {{"tenant", "uid:1000"}, {"namespace", "default"}, {"gpu_index", "1"}}) ==
-        6.0 * kMiB);
-  CHECK(e.value("vlake_tenant_used_bytes", {{"tenant", "uid:2000"}, {"namespace", "default"}, {"gpu_index", "0"}}) ==
-        0);
+  CHECK(e.value("vlake_tenant_used_bytes",
+                {{"tenant", "uid:1000"}, {"tenant_namespace", "default"}, {"gpu_index", "1"}}) == 6.0 * kMiB);
+  CHECK(e.value("vlake_tenant_used_bytes",
+                {{"tenant", "uid:2000"}, {"tenant_namespace", "default"}, {"gpu_index", "0"}}) == 0);
   CHECK(e.value("vlake_tenant_sessions", {{"tenant", "research/user:alice"}}) == 2);
   CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:1000"}}) == 1);
   CHECK(e.value("vlake_tenant_sessions", {{"tenant", "uid:2000"}}) == 0);
 
-  CHECK(e.value("vlake_namespace_used_bytes", {{"namespace", "research"}, {"gpu_index", "0"}}) == 50.0 * kMiB);
-  CHECK(e.value("vlake_namespace_limit_bytes", {{"namespace", "research"}, {"gpu_index", "1"}}) == 16.0 * kGiB);
-  CHECK(e.value("vlake_namespace_limit_bytes", {{"namespace", "default"}, {"gpu_index", "1"}}) == 80.0 * kGiB);
-  CHECK(e.value("vlake_namespace_guaranteed_bytes", {{"namespace", "research"}, {"gpu_index", "0"}}) == 8.0 * kGiB);
-  CHECK(e.value("vlake_namespace_over_limit", {{"namespace", "research"}, {"gpu_index", "1"}}) == 1);
-  CHECK(e.value("vlake_namespace_over_limit", {{"namespace", "research"}, {"gpu_index", "0"}}) == 0);
+  CHECK(e.value("vlake_namespace_used_bytes", {{"tenant_namespace", "research"}, {"gpu_index", "0"}}) == 50.0 * kMiB);
+  CHECK(e.value("vlake_namespace_limit_bytes", {{"tenant_namespace", "research"}, {"gpu_index", "1"}}) == 16.0 * kGiB);
+  CHECK(e.value("vlake_namespace_limit_bytes", {{"tenant_namespace", "default"}, {"gpu_index", "1"}}) == 80.0 * kGiB);
+  CHECK(e.value("vlake_namespace_guaranteed_bytes", {{"tenant_namespace", "research"}, {"gpu_index", "0"}}) ==
+        8.0 * kGiB);
+  CHECK(e.value("vlake_namespace_over_limit", {{"tenant_namespace", "research"}, {"gpu_index", "1"}}) == 1);
+  CHECK(e.value("vlake_namespace_over_limit", {{"tenant_namespace", "research"}, {"gpu_index", "0"}}) == 0);
 
   CHECK(e.value("vlake_tenants") == 3);
   CHECK(e.value("vlake_sessions", {{"state", "connected"}}) == 2);
@@ -505,10 +578,10 @@ TEST_CASE("collector: Collect() without a snapshot answers build_info and daemon
 }
 
 TEST_CASE("exporter: listen addresses", "[unit]") {
-  CHECK(exporter::parse_listen_address(":9400") == "9400");
-  CHECK(exporter::parse_listen_address("127.0.0.1:9400") == "127.0.0.1:9400");
+  CHECK(exporter::parse_listen_address(":19400") == "19400");
+  CHECK(exporter::parse_listen_address("127.0.0.1:19400") == "127.0.0.1:19400");
   CHECK(exporter::parse_listen_address("0.0.0.0:1") == "0.0.0.0:1");
-  for (const char* bad : {"9400", "127.0.0.1:0", ":65536", ":x", "host:", "local host:80", "[::1:80"}) {
+  for (const char* bad : {"19400", "127.0.0.1:0", ":65536", ":x", "host:", "local host:80", "[::1:80"}) {
     INFO(bad);
     CHECK_THROWS_AS(exporter::parse_listen_address(bad), std::invalid_argument);
   }
@@ -590,7 +663,7 @@ bool connects(const std::string& host, int port) {
 
 }  // namespace
 
-// vlaked's default --metrics-address is 127.0.0.1:9400 (tests/pool's options test): such a
+// vlaked's default --metrics-address is 127.0.0.1:19400 (tests/pool's options test): such a
 // server must not be reachable on the host's other addresses. Where the host has no other IPv4
 // address, only loopback is checked (a warning says so).
 TEST_CASE("exporter: a loopback address is reachable on loopback only", "[unit]") {

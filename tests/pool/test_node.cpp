@@ -1891,6 +1891,16 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   CHECK(notes[0].conn == 1);
   CHECK(notes[0].msg.phase == proto::SwapPhase::out);
   CHECK(w.node->session(a)->swap == SwapState::notified);
+  // Who waits for whom: B's grant waits for A, which goes out for it.
+  {
+    const Node::Wait bw = w.node->wait_of_session(*w.node->session(b));
+    CHECK(bw.kind == st::kWaitMemory);
+    CHECK(bw.bytes == 256_MiB);
+    CHECK(bw.waits_for == std::vector<std::uint64_t>{a});
+    CHECK(w.node->session(a)->swap_for == b);
+    CHECK(w.node->wait_of_session(*w.node->session(a)).kind == st::kWaitNone);
+    CHECK(w.node->take_changes().sessions.count(w.node->session(b)->slot) == 1);  // published while it waits
+  }
   // A retry while A is on its way out swaps nobody else (B is not idle anyway).
   w.advance(std::chrono::milliseconds(300));
   (void)w.node->retry_parked(w.t);
@@ -1917,8 +1927,8 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   notes = w.node->take_swap_notices();  // A hears it is on the host (it asks as soon as it computes)
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].msg.phase == proto::SwapPhase::host);
-  CHECK(w.node->swap_stats().swap_outs == 1);
-  CHECK(w.node->swap_stats().swapped_bytes == 512 * kMiB);
+  CHECK(w.node->counters().swap_outs == 1);
+  CHECK(w.node->swapped_bytes(DeviceOrdinal{0}).value() == 512 * kMiB);
   REQUIRE(w.node->retry_due(w.t));
   std::vector<Completion> done = w.node->retry_parked(w.t);
   REQUIRE(done.size() == 1);
@@ -1942,8 +1952,14 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   CHECK(replies[0].reply.h.request_id == 41);
   CHECK(replies[0].reply.waited_ms == 150);
   CHECK(w.node->session(a)->swap == SwapState::none);
-  CHECK(w.node->swap_stats().swap_ins == 1);
-  CHECK(w.node->swap_stats().swapped_bytes == 0);
+  CHECK(w.node->counters().swap_ins == 1);
+  CHECK(w.node->swapped_bytes(DeviceOrdinal{0}).value() == 0);
+  CHECK(w.node->session(a)->swap_outs == 1);
+  CHECK(w.node->session(a)->swap_ins == 1);
+  CHECK(w.node->session(a)->swap_for == 0);
+  CHECK(w.node->counters().swap_out_bytes == 512 * kMiB);
+  CHECK(w.node->counters().swap_in_ns == 150'000'000);
+  CHECK(w.node->wait_of_session(*w.node->session(b)).kind == st::kWaitNone);  // served
 }
 
 TEST_CASE("node: overcommit: a restore waits for room and swaps out others or times out clearly", "[node][swap]") {
@@ -1994,7 +2010,7 @@ TEST_CASE("node: overcommit: a restore waits for room and swaps out others or ti
   REQUIRE(replies.size() == 1);
   CHECK(replies[0].reply.status == proto::Status::out_of_memory);
   CHECK(w.node->session(a)->swap == SwapState::swapped);
-  CHECK(w.node->swap_stats().swap_timeouts == 1);
+  CHECK(w.node->counters().swap_timeouts == 1);
 }
 
 TEST_CASE("node: overcommit: a SwapIn before the checkpoint calls the swap off and failures are reported",
@@ -2027,7 +2043,7 @@ TEST_CASE("node: overcommit: a SwapIn before the checkpoint calls the swap off a
   const SwapJob job = w.node->take_swap_jobs().at(0);
   w.node->swap_done(job, false, Bytes{0}, std::chrono::milliseconds(1), "cuCheckpointProcessLock failed", w.t);
   CHECK(w.node->session(a)->swap == SwapState::none);
-  CHECK(w.node->swap_stats().swap_failures == 1);
+  CHECK(w.node->counters().swap_failures == 1);
   notes = w.node->take_swap_notices();
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].msg.phase == proto::SwapPhase::back);
@@ -2056,4 +2072,66 @@ TEST_CASE("node: overcommit: tenants without it are never swapped and their gran
   CHECK(std::holds_alternative<Granted>(done[0].out));
   // P's counted grants never wait for room (only overcommit tenants' do).
   CHECK(std::holds_alternative<Granted>(counted(w, 2, p, 64 * kMiB)));
+}
+
+TEST_CASE("node: refusals are logged with their reason, and per tenant", "[node][refusals][state]") {
+  NodeSettings settings;
+  settings.max_sessions_per_tenant = 1;
+  World w("version: 1\ndefault: {limit: 4MiB}\n", settings);
+  const auto s1 = w.hello(1, 101, 1001);
+  w.t.unix_ns = 5'000'000'000ULL;
+  CHECK(w.refused(1, s1, 8 * kMiB) == proto::Status::over_limit);
+  // A second session of the same tenant is over the session cap.
+  proto::Hello m = proto::make<proto::Hello>(1);
+  HelloOut out = w.node->open_session(Peer{2, 102, 1001, 1001, 1102, ""}, m);
+  REQUIRE(std::holds_alternative<Fatal>(out.answer));
+  const st::RefusalLog& log = w.node->refusal_log();
+  REQUIRE(log.next_seq == 3);
+  const st::RefusalRecord& r1 = log.refusals[0];
+  CHECK(r1.seq == 1);
+  CHECK(r1.reason == st::kRefusalTenantLimit);
+  CHECK(r1.pid == 101);
+  CHECK(r1.device == 0);
+  CHECK(r1.bytes == 8 * kMiB);
+  CHECK(r1.limit == 4 * kMiB);
+  CHECK(r1.time_unix_ns == 5'000'000'000ULL);
+  CHECK(std::string(r1.tenant_name) == "uid:1001");
+  const st::RefusalRecord& r2 = log.refusals[1];
+  CHECK(r2.reason == st::kRefusalLimitReached);
+  CHECK(r2.pid == 102);
+  CHECK(r2.device == st::kGuardNoDevice);
+  CHECK(r2.used == 1);
+  CHECK(r2.limit == 1);
+  const Node::Session* s = w.node->session(s1);
+  REQUIRE(s != nullptr);
+  const Node::Tenant* t = w.node->tenant(s->tenant);
+  REQUIRE(t != nullptr);
+  CHECK(t->denials[st::kRefusalTenantLimit - 1] == 1);
+  CHECK(t->denials[st::kRefusalLimitReached - 1] == 1);
+  CHECK(w.node->counters().refusals_recorded == 2);
+  CHECK(w.node->take_changes().refusals);
+
+  // Published: the ring, the tenant's denials, and a session's activity.
+  const std::string name = "vlake-node-test-rf-" + std::to_string(::getpid());
+  struct Cleanup {
+    std::string n;
+    ~Cleanup() { ::unlink(("/dev/shm/" + n).c_str()); }
+  } cleanup{name};
+  st::StateSegment seg(name);
+  StatePublisher pub(seg, 1, 2, 1000);
+  pub.publish_all(*w.node, w.t.unix_ns);
+  CHECK(seg.state().refusals.next_seq == 3);
+  CHECK(seg.state().refusals.refusals[0].reason == st::kRefusalTenantLimit);
+  bool found = false;
+  for (const st::TenantRecord& r : seg.state().tenants) {
+    if (r.in_use == 0 || std::string(r.name) != "uid:1001") continue;
+    found = true;
+    CHECK(r.denials[st::kRefusalTenantLimit - 1] == 1);
+  }
+  CHECK(found);
+  const st::SessionRecord& sr = seg.state().sessions[s->slot];
+  CHECK(sr.id == s1);
+  CHECK(sr.last_active_unix_ns == 5'000'000'000ULL);  // its grant (refused) was its last activity
+  CHECK(sr.swap == st::kSwapNone);
+  CHECK(sr.wait == st::kWaitNone);
 }

@@ -391,8 +391,8 @@ struct Dropped {
 // either changed.
 enum ReportFlags : std::uint32_t {
   kReportReclaim = 1u << 0,
-  // The process made a hooked CUDA call since its last report (sent at most once a second by
-  // processes of overcommit namespaces: how vlaked tells idle ones, docs/swap.md).
+  // The process made a hooked CUDA call since its last report (sent at most once a second: how
+  // vlaked tells idle processes, for swapping (docs/swap.md) and for vlakectl and the metrics).
   kReportActive = 1u << 1,
 };
 inline constexpr std::uint32_t kReportKnownFlags = kReportReclaim | kReportActive;

@@ -40,7 +40,7 @@ class mapped_region;
 namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 8;
+inline constexpr std::uint32_t kLayoutVersion = 9;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -152,6 +152,18 @@ struct Counters {
   // Layout 8: the longest grant (receive -> reply sent) counted in the histogram above, in
   // nanoseconds (the histogram only bounds it by a bucket); kept over restarts like the others.
   std::uint64_t grant_latency_max_ns;
+  // Layout 9: swapping idle processes to host memory (docs/swap.md). Bytes are what the
+  // checkpoints freed (out) and what the restores took back (in: the process's counted grants and
+  // context when it was restored); seconds are the driver calls' time.
+  std::uint64_t swap_outs;      // processes checkpointed to host memory
+  std::uint64_t swap_ins;       // processes restored
+  std::uint64_t swap_failures;  // checkpoints or restores the driver failed
+  std::uint64_t swap_timeouts;  // restores refused: no room within the process's wait
+  std::uint64_t swap_out_bytes;
+  std::uint64_t swap_in_bytes;
+  std::uint64_t swap_out_ns;
+  std::uint64_t swap_in_ns;
+  std::uint64_t refusals_recorded;  // refusals written to the refusal log (RefusalLog::next_seq - 1)
 };
 
 // The quota configuration in force.
@@ -214,7 +226,9 @@ struct DeviceRecord {
   // 1 - largest_servable_bytes / free_bytes.
   std::uint64_t largest_servable_bytes;
   std::uint64_t largest_servable_unbound_bytes;
-  std::uint64_t reserved6[1];
+  // Layout 9 (was reserved6[0]): memory of this GPU's processes now on the host (docs/swap.md):
+  // what their checkpoints freed.
+  std::uint64_t swapped_bytes;
 };
 
 enum NamespaceFlags : std::uint32_t {
@@ -255,6 +269,9 @@ struct TenantRecord {
   // Kernel faults of its processes, by kFault* attribute bits (index 0..3); were reserved6[2]
   // (always 0 there). Gone with the record when the tenant is freed.
   std::uint32_t kernel_faults[4];
+  // Layout 9: refusals of its requests by RefusalReason (index = reason - 1), since the record was
+  // created (gone with the record when the tenant is freed).
+  std::uint64_t denials[8];
 };
 
 // What is known about a kernel fault (docs/guard.md): index bits of Counters::kernel_faults and
@@ -266,6 +283,27 @@ enum FaultAttributes : std::uint32_t {
 
 enum SessionState : std::uint32_t { kSessionFree = 0, kSessionConnected = 1, kSessionDetached = 2 };
 
+// Layout 9: where a session's process is (docs/swap.md); SessionRecord::swap.
+enum SessionSwap : std::uint32_t {
+  kSwapNone = 0,           // on the GPU
+  kSwapNotified = 1,       // told to get ready to be swapped out
+  kSwapCheckpointing = 2,  // being checkpointed to host memory
+  kSwapHost = 3,           // on the host
+  kSwapRestoring = 4,      // being restored
+  kSwapLost = 5,           // its restore failed: it never runs on the GPU again
+};
+// Layout 9: what a session waits for (docs/notebooks.md, "Who waits for whom"); SessionRecord::wait.
+enum SessionWait : std::uint32_t {
+  kWaitNone = 0,
+  kWaitMemory = 1,   // a grant no memory can serve yet is parked
+  kWaitRestore = 2,  // its process, on the host, waits to be restored
+};
+enum SessionFlags : std::uint32_t {
+  kSessionReclaim = 1u << 0,     // a framework gives back its cache when asked (reclaim callback)
+  kSessionOvercommit = 1u << 1,  // its namespace has `overcommit: true`
+};
+inline constexpr std::uint32_t kMaxWaitsFor = 4;
+
 struct SessionRecord {
   std::uint64_t id;
   std::uint64_t start_time;  // /proc/<pid>/stat field 22
@@ -275,6 +313,26 @@ struct SessionRecord {
   std::uint32_t tenant;  // TenantId
   std::uint32_t state;   // SessionState
   std::uint32_t grant_count;
+  // Layout 9.
+  // Its last CUDA call as its hook reports it (at most a second late), its last grant or its Hello;
+  // 0: unknown.
+  std::uint64_t last_active_unix_ns;
+  std::uint32_t swap;                // SessionSwap
+  std::uint32_t swap_device;         // ordinal its swap is about (kSwapNone: the last one)
+  std::uint64_t swap_bytes;          // going out: its counted grants there; on the host: what its checkpoint freed
+  std::uint64_t swap_since_unix_ns;  // when `swap` took its value (0: never swapped)
+  std::uint64_t swap_for;            // being swapped out to make room for this session (0: none)
+  std::uint32_t swap_outs;           // its checkpoints
+  std::uint32_t swap_ins;            // its restores
+  std::uint32_t wait;                // SessionWait
+  std::uint32_t wait_device;         // ordinal
+  std::uint64_t wait_bytes;          // the grant it waits for, or what its restore needs
+  std::uint64_t wait_since_unix_ns;
+  std::uint64_t wait_deadline_unix_ns;  // when the wait ends with out_of_memory
+  std::uint32_t waits_for_count;        // entries of waits_for (more may exist: the first kMaxWaitsFor)
+  std::uint32_t flags;                  // SessionFlags
+  // Sessions whose memory it waits for: asked to give back cached memory, or being swapped out for it.
+  std::uint64_t waits_for[kMaxWaitsFor];
 };
 
 enum GrantState : std::uint32_t { kGrantFree = 0, kGrantLive = 1, kGrantOrphaned = 2 };
@@ -331,6 +389,41 @@ struct GuardLog {
   GuardEventRecord events[kGuardEvents];
 };
 
+// Layout 9: refused requests (docs/vlakectl.md, "events"), a ring of the last kRefusalEvents.
+inline constexpr std::uint32_t kRefusalEvents = 256;
+enum RefusalReason : std::uint32_t {
+  kRefusalTenantLimit = 1,     // the tenant's limit
+  kRefusalNamespaceLimit = 2,  // its namespace's limit
+  kRefusalGuarantee = 3,       // memory guaranteed to other namespaces
+  kRefusalOutOfMemory = 4,     // no memory on the GPU within the wait (a grant, or a restore)
+  kRefusalLimitReached = 5,    // a cap: sessions or grants per tenant, a full table
+  kRefusalUnknownDevice = 6,   // a GPU this node does not have
+  kRefusalInternal = 7,        // an internal error
+  kRefusalRestoreTimeout = 8,  // a swapped-out process could not be restored within its wait
+};
+inline constexpr std::uint32_t kRefusalReasons = 8;  // TenantRecord::denials[reason - 1]
+
+struct RefusalRecord {
+  std::uint64_t seq;           // 1-based; 0: slot never written
+  std::uint64_t time_unix_ns;  // when it was refused
+  std::uint32_t tenant;        // TenantId (0: none, e.g. the tenant table was full)
+  std::uint32_t pid;
+  std::uint32_t device;     // ordinal; kGuardNoDevice: none or unknown
+  std::uint32_t reason;     // RefusalReason
+  std::uint64_t bytes;      // asked for (a restore: what it needs)
+  std::uint64_t used;       // at the refusal: the limit's usage, or the GPU's free memory (out of memory)
+  std::uint64_t limit;      // the limit, the cap, or 0
+  std::uint64_t waited_ms;  // how long it waited for memory before the refusal
+  char tenant_name[kTenantNameBytes];
+};
+
+// Slot of refusal `seq` (>= 1): refusals[(seq - 1) % kRefusalEvents].
+struct RefusalLog {
+  std::uint64_t next_seq;  // 1 + refusals recorded so far (0 or 1: none)
+  std::uint64_t reserved;
+  RefusalRecord refusals[kRefusalEvents];
+};
+
 struct State {
   Header header;
   Counters counters;
@@ -340,7 +433,8 @@ struct State {
   TenantRecord tenants[kMaxTenants];
   SessionRecord sessions[kMaxSessions];
   GrantRecord grants[kMaxGrants];
-  GuardLog guard;  // layout 4
+  GuardLog guard;       // layout 4
+  RefusalLog refusals;  // layout 9
 };
 
 #define VLAKE_STATE_CHECK(T, bytes)                                    \
@@ -348,16 +442,19 @@ struct State {
   static_assert(std::is_standard_layout_v<T>, #T " must be standard"); \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
 VLAKE_STATE_CHECK(Header, 104);
-VLAKE_STATE_CHECK(Counters, 440 + 8 * 17);
+VLAKE_STATE_CHECK(Counters, 440 + 8 * 17 + 8 * 9);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
 VLAKE_STATE_CHECK(DeviceRecord, 200 + 64);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
-VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16);
-VLAKE_STATE_CHECK(SessionRecord, 40);
+VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64);
+VLAKE_STATE_CHECK(SessionRecord, 40 + 120);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
-VLAKE_STATE_CHECK(State, 104 + 576 + 808 + 264 * 16 + 472 * 256 + 936 * 256 + 40 * 1024 + 64 * 16384 + 16 + 344 * 256);
+VLAKE_STATE_CHECK(RefusalRecord, 64 + 128);
+VLAKE_STATE_CHECK(RefusalLog, 16 + 192 * 256);
+VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 264 * 16 + 472 * 256 + 1000 * 256 + 160 * 1024 + 64 * 16384 + 16 +
+                             344 * 256 + 16 + 192 * 256);
 #undef VLAKE_STATE_CHECK
 
 class StateError : public std::runtime_error {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,10 @@ namespace vlake::ctl {
 // the largest binary unit whose value is at least 1, with one decimal (rounded half up; a value
 // that rounds to 1024.0 moves to the next unit).
 std::string human_size(Bytes b);
+
+// A duration for people: "0s", "42s", "12m", "3h05m", "2d04h" (whole units, rounded down);
+// "-" for none or a non-finite or negative value.
+std::string human_duration(std::optional<double> seconds);
 
 // "12.5%" (one decimal); "-" for a non-finite value.
 std::string percent(double p);

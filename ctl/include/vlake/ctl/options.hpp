@@ -26,7 +26,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class Command { none, top, tenants, pool, events, quota_check };
+enum class Command { none, top, tenants, processes, waits, pool, events, quota_check };
 
 inline constexpr const char* kDefaultState = "vlake-state";
 inline constexpr double kDefaultWatchSeconds = 2.0;

@@ -40,6 +40,7 @@ struct GpuView {
   std::uint64_t unlisted = 0;    // of it, charged to no process NVML lists (DeviceRecord)
   std::uint64_t guaranteed = 0;  // sum of the namespaces' guarantees on this GPU
   std::uint64_t borrowed = 0;    // memory held above their guarantees, all namespaces
+  std::uint64_t swapped = 0;     // of its processes now on the host: what their checkpoints freed (docs/swap.md)
 };
 
 struct SessionView {
@@ -50,6 +51,27 @@ struct SessionView {
   std::uint32_t tenant = 0;
   std::string state;  // "connected" | "detached"
   std::uint32_t grants = 0;
+  // Activity: its last CUDA call (as its hook reports it), grant or Hello; idle = now - that
+  // (none: unknown).
+  std::uint64_t last_active_unix_ns = 0;
+  std::optional<double> idle_seconds;
+  bool reclaim = false;     // a framework gives back its cache when asked
+  bool overcommit = false;  // its namespace may swap it to host memory
+  // Swapping (docs/swap.md): "gpu", "notified", "checkpointing", "host", "restoring", "lost".
+  std::string swap = "gpu";
+  std::uint32_t swap_gpu = 0;
+  std::uint64_t swap_bytes = 0;  // going out: its memory there; on the host: what its checkpoint freed
+  std::uint64_t swap_since_unix_ns = 0;
+  std::uint64_t swap_for = 0;  // the session it is being swapped out for (0: none)
+  std::uint32_t swap_outs = 0;
+  std::uint32_t swap_ins = 0;
+  // Waiting: "" (not), "memory" (a grant waits for memory), "restore" (it waits to come back).
+  std::string wait;
+  std::uint32_t wait_gpu = 0;
+  std::uint64_t wait_bytes = 0;
+  std::uint64_t wait_since_unix_ns = 0;
+  std::uint64_t wait_deadline_unix_ns = 0;
+  std::vector<std::uint64_t> waits_for;  // session ids (the first state::kMaxWaitsFor)
 };
 
 // One tenant on one GPU.
@@ -63,6 +85,7 @@ struct TenantGpuView {
   std::optional<std::uint64_t> guaranteed;  // its namespace's guarantee; none: "-" / null
   bool over_limit = false;                  // a lowered limit left it above: grants refused until it drops
   double share_percent = 0;                 // used / GPU total * 100
+  std::uint64_t swapped = 0;                // of its processes now on the host (docs/swap.md)
 };
 
 struct TenantView {
@@ -75,6 +98,45 @@ struct TenantView {
   std::uint64_t grant_count = 0;         // live + orphaned grants
   std::string enforce;                   // its namespace's `enforce`: "account" | "refuse" | "kill"
   std::uint32_t unhooked_processes = 0;  // its processes on a GPU without a session
+  std::int32_t priority = 0;             // its namespace's priority
+  std::optional<double> idle_seconds;    // the least idle of its sessions (none: no session, or unknown)
+  // Refusals of its requests since its record was created, by reason (refusal_reasons() order).
+  std::vector<std::pair<std::string, std::uint64_t>> denials;
+};
+
+// The reason names of refusals, by state::RefusalReason - 1: "tenant_limit", "namespace_limit",
+// "guarantee", "out_of_memory", "limit_reached", "unknown_device", "internal", "restore_timeout".
+const std::vector<std::string>& refusal_reasons();
+
+// One refused request from the daemon's refusal ring (state.hpp RefusalRecord).
+struct RefusalView {
+  std::uint64_t seq = 0;
+  std::uint64_t time_unix_ns = 0;
+  std::string reason;  // refusal_reasons()
+  std::uint32_t tenant_id = 0;
+  std::string tenant;  // "" when the tenant table was full
+  std::uint32_t pid = 0;
+  std::optional<std::uint32_t> gpu;
+  std::uint64_t bytes = 0;
+  std::uint64_t used = 0;
+  std::uint64_t limit = 0;
+  std::uint64_t waited_ms = 0;
+};
+
+// Who waits for whom (docs/notebooks.md): a waiting process and the processes its wait depends on.
+struct WaitView {
+  SessionView waiter;
+  std::string tenant;
+  std::int32_t priority = 0;
+  struct For {
+    std::uint64_t session = 0;
+    std::uint32_t pid = 0;  // 0: the session is gone
+    std::string tenant;
+    std::string why;  // "swapping out" (for this waiter) or "asked to give back"
+  };
+  std::vector<For> waits_for;
+  std::optional<double> waited_seconds;  // now - since
+  std::optional<double> left_seconds;    // deadline - now
 };
 
 // One line of `top`: a tenant on a GPU.
@@ -84,7 +146,8 @@ struct TopRow {
   std::string tenant;
   std::string namespace_name;
   TenantGpuView usage;
-  std::vector<std::uint32_t> pids;  // the tenant's sessions (a session spans all GPUs)
+  std::vector<std::uint32_t> pids;     // the tenant's sessions (a session spans all GPUs)
+  std::optional<double> idle_seconds;  // the tenant's (TenantView::idle_seconds)
 };
 
 struct DaemonView {
@@ -127,9 +190,16 @@ struct NodeView {
   std::uint64_t sessions = 0;                                   // sessions in the table
   std::uint64_t grants = 0;                                     // grants in the table
   std::vector<GuardEventView> events;                           // the guard ring, oldest first
+  std::vector<RefusalView> refusals;                            // the refusal ring, oldest first
+  std::vector<WaitView> waits;                                  // by waiting time, longest first
+  std::uint64_t now_unix_ns = 0;                                // what idle and wait times are measured to
 };
 
-NodeView build_view(const state::State& s, bool daemon_alive);
+// `now_unix_ns`: the reader's clock for idle and wait times (0: the daemon's last update).
+NodeView build_view(const state::State& s, bool daemon_alive, std::uint64_t now_unix_ns = 0);
+
+// Every session, by tenant name then session id.
+std::vector<std::pair<const TenantView*, const SessionView*>> all_sessions(const NodeView& v);
 
 // The rows of `top` for every GPU (in GPU order, then by tenant name): the tenants that use
 // memory on that GPU.

@@ -246,16 +246,6 @@ struct SwapInOut {
   ConnId conn = 0;
   proto::SwapInReply reply{};
 };
-struct SwapStats {
-  std::uint64_t swap_outs = 0;      // processes checkpointed
-  std::uint64_t swap_ins = 0;       // processes restored
-  std::uint64_t swap_failures = 0;  // checkpoints or restores the driver failed
-  std::uint64_t swap_timeouts = 0;  // SwapIns answered out_of_memory: no room within the wait
-  std::uint64_t swapped_bytes = 0;  // freed by the checkpoints of processes now on the host
-  std::uint64_t swap_out_ns = 0;    // time spent checkpointing (all of them)
-  std::uint64_t swap_in_ns = 0;     // time spent restoring
-};
-
 struct Granted {
   proto::GrantReply reply{};
   std::vector<int> fds;  // borrowed, one per handle, in reply order
@@ -299,9 +289,11 @@ struct Changes {
   std::set<std::uint32_t> grants;      // grant slots (free slots are cleared)
   std::set<std::uint32_t> namespaces;  // namespace slots (free slots are cleared)
   bool devices = false;
-  bool guard = false;  // the guard event log
+  bool guard = false;     // the guard event log
+  bool refusals = false;  // the refusal log
   [[nodiscard]] bool empty() const noexcept {
-    return !all && !devices && !guard && tenants.empty() && sessions.empty() && grants.empty() && namespaces.empty();
+    return !all && !devices && !guard && !refusals && tenants.empty() && sessions.empty() && grants.empty() &&
+           namespaces.empty();
   }
 };
 
@@ -339,7 +331,8 @@ class Node {
     std::vector<UnhookedProcess> unhooked_procs;
     // Under `enforce: kill`: since when it has been over a limit with unhooked processes.
     std::optional<std::chrono::steady_clock::time_point> over_since;
-    std::array<std::uint32_t, 4> kernel_faults{};  // by st::FaultAttributes bits (docs/guard.md)
+    std::array<std::uint32_t, 4> kernel_faults{};              // by st::FaultAttributes bits (docs/guard.md)
+    std::array<std::uint64_t, st::kRefusalReasons> denials{};  // by st::RefusalReason - 1
   };
   struct Namespace {
     NamespaceId id;
@@ -378,6 +371,9 @@ class Node {
     std::chrono::steady_clock::time_point swap_in_at{};
     // Not chosen again before this: it did not get ready in time, or its checkpoint failed.
     std::chrono::steady_clock::time_point swap_skip_until{};
+    std::uint64_t swap_for = 0;  // being swapped out to make room for this session (0: none)
+    std::uint32_t swap_outs = 0;
+    std::uint32_t swap_ins = 0;
   };
   struct Grant {
     std::uint64_t id = 0;
@@ -505,7 +501,9 @@ class Node {
   std::vector<SwapNoticeOut> take_swap_notices() { return std::exchange(swap_notices_, {}); }
   std::vector<SwapJob> take_swap_jobs() { return std::exchange(swap_jobs_, {}); }
   std::vector<SwapInOut> take_swap_replies() { return std::exchange(swap_replies_, {}); }
-  [[nodiscard]] const SwapStats& swap_stats() const noexcept { return swap_stats_; }
+  // Bytes of GPU `d`'s processes now on the host (what their checkpoints freed; restoring and
+  // lost ones included). Swap counters are in counters() (swap_outs, swap_ins, ...).
+  [[nodiscard]] Bytes swapped_bytes(DeviceOrdinal d) const;
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
   // A copy or memset into a shared range of one of the session's grants was refused
   // (docs/guard.md): recorded as a readonly_write event; one naming no grant of the session
@@ -599,6 +597,19 @@ class Node {
   [[nodiscard]] const Accounting& accounting() const noexcept { return acct_; }
   [[nodiscard]] const st::Counters& counters() const noexcept { return counters_; }
   [[nodiscard]] const st::GuardLog& guard_log() const noexcept { return guard_; }
+  [[nodiscard]] const st::RefusalLog& refusal_log() const noexcept { return refusals_; }
+  // CLOCK_REALTIME of a steady-clock time point, through NodeEnv::clock (0 without one).
+  [[nodiscard]] std::uint64_t unix_of(std::chrono::steady_clock::time_point t) const;
+  // What a session waits for now (a parked grant, else a restore), for the publisher and tests.
+  struct Wait {
+    std::uint32_t kind = st::kWaitNone;  // st::SessionWait
+    DeviceOrdinal device{0};
+    Bytes bytes{0};
+    std::chrono::steady_clock::time_point since{};
+    std::chrono::steady_clock::time_point deadline{};
+    std::vector<std::uint64_t> waits_for;  // sessions asked to give back, or swapped out, for it
+  };
+  [[nodiscard]] Wait wait_of_session(const Session& s) const;
   [[nodiscard]] const st::ConfigRecord& config_record() const noexcept { return config_record_; }
   [[nodiscard]] std::uint64_t next_session_id() const noexcept { return next_session_id_; }
   [[nodiscard]] std::uint64_t next_grant_id() const noexcept { return next_grant_id_; }
@@ -609,7 +620,8 @@ class Node {
   [[nodiscard]] Bytes dedup_logical(DeviceOrdinal d) const;
   [[nodiscard]] Bytes dedup_physical(DeviceOrdinal d) const;
   [[nodiscard]] std::size_t parked() const noexcept { return parked_.size(); }
-  // Everything that changed since the last call (the publisher's), and a look without taking.
+  // Everything that changed since the last call (the publisher's), and a look without taking. The
+  // sessions waiting for memory (parked grants) now or at the previous call are always included.
   Changes take_changes();
   [[nodiscard]] const Changes& pending_changes() const noexcept { return changes_; }
 
@@ -662,7 +674,6 @@ class Node {
   std::vector<std::pair<std::chrono::steady_clock::time_point, Bytes>> recent_counted_[st::kMaxDevices];
   std::vector<SwapJob> swap_jobs_;
   std::vector<SwapInOut> swap_replies_;
-  SwapStats swap_stats_;
   std::uint64_t next_swap_id_ = 1;
   std::vector<DiscardOut> discards_;  // take_discards()
   // Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
@@ -681,6 +692,13 @@ class Node {
   // grants (node_grant.cpp)
   GrantOut grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry);
   Refused refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal why, proto::GrantReply reply, Now now);
+  // Records a refusal in the refusal log and the tenant's denials (TenantId 0 and a null `dev`:
+  // none).
+  void record_refusal(TenantId t, std::uint32_t pid, const Device* dev, st::RefusalReason reason, Bytes bytes,
+                      std::uint64_t used, std::uint64_t limit, std::chrono::milliseconds waited, Now now);
+  // A grant answered Refused: recorded by its reply's status.
+  void record_refused_grant(const Session& s, const proto::GrantRequest& m, const proto::GrantReply& r,
+                            std::chrono::steady_clock::time_point received, Now now);
   // `same_namespace`: only sessions of the requester's namespace (what the others give back
   // does not lower its namespace's usage).
   std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall,
@@ -787,6 +805,8 @@ class Node {
   LogLimiter limited_;                                // counts into counters_.log_suppressed
   std::chrono::steady_clock::time_point last_now_{};  // the latest Now seen (for untimed operations)
   st::GuardLog guard_{};
+  st::RefusalLog refusals_{};
+  std::set<std::uint32_t> waiting_slots_;  // session slots waiting at the last take_changes()
   st::ConfigRecord config_record_{};
   std::uint64_t next_session_id_ = 1;
   std::uint64_t next_grant_id_ = 1;

@@ -36,6 +36,8 @@ class StatePublisher {
   static void tenant(const Node& node, const Node::Tenant& t, st::State& s) noexcept;
   static void namespace_record(const Node& node, const Node::Namespace& n, st::State& s) noexcept;
   static void devices(const Node& node, st::State& s) noexcept;
+  // A session's activity, swap state and wait (layout 9).
+  static void session_activity(const Node& node, const Node::Session& sess, st::SessionRecord& r) noexcept;
 
   st::StateSegment& seg_;
   std::uint32_t daemon_pid_;
