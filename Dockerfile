@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# vlake node image: vlaked, vlakectl, vlake-device-plugin and libvlake-hook.so (the Helm chart
+# vlake node image: vlaked, vlakectl, vlake-device-plugin, vlake-events and libvlake-hook.so (the Helm chart
 # charts/vlake runs all of them from this one image). docs/kubernetes.md, "Building the image":
 #
 #   docker build -t <registry>/vlake:0.1.0 .
@@ -20,14 +20,14 @@ WORKDIR /src
 COPY . .
 RUN VLAKE_K8S_TOOLS=0 ./scripts/setup.sh
 # Stage what `cmake --install` puts on a host, component runtime (packaging/install.cmake):
-# /usr/bin/{vlaked,vlakectl,vlake-device-plugin}, /usr/lib/vlake/libvlake-hook.so (the one hook
+# /usr/bin/{vlaked,vlakectl,vlake-device-plugin,vlake-events}, /usr/lib/vlake/libvlake-hook.so (the one hook
 # path of hosts, the Debian package and this image) and /usr/lib/vlake/python; then list the
 # Debian packages that own the shared libraries they link.
 RUN <<'SH'
 set -eu
 stage=/stage
 DESTDIR="$stage" cmake --install build/release --component runtime --strip
-for b in vlaked vlakectl vlake-device-plugin; do
+for b in vlaked vlakectl vlake-device-plugin vlake-events; do
   [ -x "$stage/usr/bin/$b" ] || { echo "the install has no /usr/bin/$b" >&2; exit 1; }
 done
 [ -f "$stage/usr/lib/vlake/libvlake-hook.so" ] || { echo "the install has no /usr/lib/vlake/libvlake-hook.so" >&2; exit 1; }
@@ -53,8 +53,9 @@ RUN apt-get update \
  && xargs -a /usr/share/vlake/runtime-packages.txt \
       apt-get install -y --no-install-recommends \
  && rm -rf /var/lib/apt/lists/* \
- && vlaked --help >/dev/null && vlakectl --help >/dev/null && vlake-device-plugin --help >/dev/null
+ && vlaked --help >/dev/null && vlakectl --help >/dev/null && vlake-device-plugin --help >/dev/null \
+ && vlake-events --help >/dev/null
 LABEL org.opencontainers.image.title="vlake" \
-      org.opencontainers.image.description="vlake multi-tenant GPU memory virtualization: vlaked, vlakectl, vlake-device-plugin, libvlake-hook.so"
+      org.opencontainers.image.description="vlake multi-tenant GPU memory virtualization: vlaked, vlakectl, vlake-device-plugin, vlake-events, libvlake-hook.so"
 # vlaked and the device plugin run as root (host sockets, /dev/shm, the kubelet's directories).
 CMD ["vlaked", "--help"]

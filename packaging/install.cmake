@@ -3,7 +3,7 @@
 # targets named here exist. Every install rule and all CPack settings of the project live here.
 #
 # Layout with prefix /usr (the presets set it, and it is the default here; its sysconfdir is /etc):
-#   /usr/bin/vlaked, /usr/bin/vlakectl, /usr/bin/vlake-device-plugin (when built)
+#   /usr/bin/vlaked, /usr/bin/vlakectl; /usr/bin/vlake-device-plugin, /usr/bin/vlake-events (when built)
 #   /usr/lib/vlake/libvlake-hook.so          the one hook path (hosts, the package, the image)
 #   /usr/lib/vlake/python/vlake/             python/vlake (PYTHONPATH=/usr/lib/vlake/python)
 #   /usr/lib/systemd/system/vlaked.service   packaging/vlaked.service
@@ -34,7 +34,7 @@ set(VLAKE_INSTALL_UNITDIR "${CMAKE_INSTALL_PREFIX}/lib/systemd/system")
 
 set(_vlake_programs vlaked vlakectl)
 if(TARGET vlake-device-plugin)
-  list(APPEND _vlake_programs vlake-device-plugin)
+  list(APPEND _vlake_programs vlake-device-plugin vlake-events)
 endif()
 install(TARGETS ${_vlake_programs} RUNTIME DESTINATION "${VLAKE_INSTALL_BINDIR}" COMPONENT runtime)
 # The hook is dlopen'ed by path (LD_PRELOAD, /etc/ld.so.preload, the device plugin's mount), not

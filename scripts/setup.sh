@@ -25,6 +25,7 @@ packages=(
   catch2                                    # test framework
   dpkg-dev systemd                          # tests/packaging: dpkg-shlibdeps (cpack), systemd-analyze
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # kubelet API
+  libcurl4-openssl-dev                      # vlake-events: Kubernetes Events (scheduler/)
 )
 k8s_tools="${VLAKE_K8S_TOOLS:-1}"
 if [[ "$k8s_tools" != 0 ]]; then

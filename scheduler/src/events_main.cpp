@@ -1,0 +1,3 @@
+#include "vlake/scheduler/events.hpp"
+
+int main(int argc, char** argv) { return vlake::scheduler::events_main(argc, argv); }
