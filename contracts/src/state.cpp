@@ -243,4 +243,11 @@ std::unique_ptr<State> StateReader::snapshot() const {
   }
 }
 
+const char* refusal_reason_name(std::uint32_t reason) noexcept {
+  static constexpr const char* kNames[kRefusalReasons] = {"tenant_limit",  "namespace_limit", "guarantee",
+                                                          "out_of_memory", "limit_reached",   "unknown_device",
+                                                          "internal",      "restore_timeout"};
+  return reason >= 1 && reason <= kRefusalReasons ? kNames[reason - 1] : "unknown";
+}
+
 }  // namespace vlake::state

@@ -103,12 +103,10 @@ bool swapping_in_play(const NodeView& v) {
 }
 
 // "host 12.5 GiB for 3m", "checkpointing 2.0 GiB", "gpu".
-std::string swap_text(const SessionView& x, std::uint64_t now) {
+std::string swap_text(const SessionView& x) {
   if (x.swap == "gpu") return "gpu";
   std::string t = x.swap + " " + sz(x.swap_bytes);
-  if (x.swap == "host" && x.swap_since_unix_ns != 0 && now > x.swap_since_unix_ns) {
-    t += " for " + human_duration(static_cast<double>(now - x.swap_since_unix_ns) / 1e9);
-  }
+  if (x.swap == "host" && x.swap_seconds) t += " for " + human_duration(x.swap_seconds);
   return t;
 }
 
@@ -622,14 +620,12 @@ std::string render_processes_text(const NodeView& v, const std::string& state) {
     std::string waiting = "-";
     if (!x->wait.empty()) {
       waiting = x->wait + " " + sz(x->wait_bytes) + " on GPU " + std::to_string(x->wait_gpu);
-      if (x->wait_since_unix_ns != 0 && v.now_unix_ns > x->wait_since_unix_ns) {
-        waiting += " for " + human_duration(static_cast<double>(v.now_unix_ns - x->wait_since_unix_ns) / 1e9);
-      }
+      if (x->wait_seconds) waiting += " for " + human_duration(x->wait_seconds);
     }
     std::vector<std::string> cells = {
         std::to_string(x->pid),          std::to_string(x->id),    tn->name, x->state, std::to_string(x->grants),
         human_duration(x->idle_seconds), x->reclaim ? "yes" : "no"};
-    if (swapping) cells.push_back(swap_text(*x, v.now_unix_ns));
+    if (swapping) cells.push_back(swap_text(*x));
     cells.push_back(waiting);
     t.add_row(std::move(cells));
   }

@@ -34,12 +34,6 @@ const char* swap_name(std::uint32_t swap) {
 
 }  // namespace
 
-const std::vector<std::string>& refusal_reasons() {
-  static const std::vector<std::string> names = {"tenant_limit",  "namespace_limit", "guarantee", "out_of_memory",
-                                                 "limit_reached", "unknown_device",  "internal",  "restore_timeout"};
-  return names;
-}
-
 NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_unix_ns) {
   NodeView v;
   v.now_unix_ns = now_unix_ns != 0 ? now_unix_ns : s.header.updated_unix_ns;
@@ -98,9 +92,11 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     x.reclaim = (r.flags & st::kSessionReclaim) != 0;
     x.overcommit = (r.flags & st::kSessionOvercommit) != 0;
     x.swap = swap_name(r.swap);
+    x.swapped_out = st::swapped_out(r.swap);
     x.swap_gpu = r.swap_device;
     x.swap_bytes = r.swap_bytes;
     x.swap_since_unix_ns = r.swap_since_unix_ns;
+    x.swap_seconds = seconds_between(r.swap_since_unix_ns, v.now_unix_ns);
     x.swap_for = r.swap_for;
     x.swap_outs = r.swap_outs;
     x.swap_ins = r.swap_ins;
@@ -109,6 +105,7 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
       x.wait_gpu = r.wait_device;
       x.wait_bytes = r.wait_bytes;
       x.wait_since_unix_ns = r.wait_since_unix_ns;
+      x.wait_seconds = seconds_between(r.wait_since_unix_ns, v.now_unix_ns);
       x.wait_deadline_unix_ns = r.wait_deadline_unix_ns;
       for (std::uint32_t i = 0; i < std::min(r.waits_for_count, st::kMaxWaitsFor); ++i) {
         x.waits_for.push_back(r.waits_for[i]);
@@ -139,7 +136,8 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     t.enforce = r.enforce == 0 ? "account" : r.enforce == 2 ? "kill" : "refuse";
     t.unhooked_processes = r.unhooked_processes;
     t.priority = nsr != nullptr ? nsr->priority : 0;
-    for (std::size_t i = 0; i < st::kRefusalReasons; ++i) t.denials.emplace_back(refusal_reasons()[i], r.denials[i]);
+    for (std::uint32_t i = 0; i < st::kRefusalReasons; ++i)
+      t.denials.emplace_back(st::refusal_reason_name(i + 1), r.denials[i]);
     for (const GpuView& g : v.gpus) {
       TenantGpuView u;
       u.gpu = g.index;
@@ -159,9 +157,8 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
       for (const auto& x : t.sessions) {
         t.pids.push_back(x.pid);
         if (x.idle_seconds && (!t.idle_seconds || *x.idle_seconds < *t.idle_seconds)) t.idle_seconds = x.idle_seconds;
-        const bool away = x.swap == "host" || x.swap == "restoring" || x.swap == "lost";
         for (TenantGpuView& u : t.gpus) {
-          if (away && u.gpu == x.swap_gpu) u.swapped += x.swap_bytes;
+          if (x.swapped_out && u.gpu == x.swap_gpu) u.swapped += x.swap_bytes;
         }
       }
       std::sort(t.pids.begin(), t.pids.end());
@@ -218,7 +215,7 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     RefusalView x;
     x.seq = e.seq;
     x.time_unix_ns = e.time_unix_ns;
-    x.reason = e.reason >= 1 && e.reason <= st::kRefusalReasons ? refusal_reasons()[e.reason - 1] : "unknown";
+    x.reason = st::refusal_reason_name(e.reason);
     x.tenant_id = e.tenant;
     x.tenant = bounded(e.tenant_name, sizeof e.tenant_name);
     x.pid = e.pid;
@@ -242,7 +239,7 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     w.waiter = *x;
     w.tenant = t->name;
     w.priority = t->priority;
-    w.waited_seconds = seconds_between(x->wait_since_unix_ns, v.now_unix_ns);
+    w.waited_seconds = x->wait_seconds;
     if (x->wait_deadline_unix_ns != 0 && v.now_unix_ns != 0) {
       w.left_seconds = x->wait_deadline_unix_ns > v.now_unix_ns
                            ? static_cast<double>(x->wait_deadline_unix_ns - v.now_unix_ns) / 1e9

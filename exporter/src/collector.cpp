@@ -220,7 +220,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     if (r.wait != st::kWaitNone) ++tenant_waiting[r.tenant];
     if (r.wait == st::kWaitMemory) ++waiting_memory;
     if (r.wait == st::kWaitRestore) ++waiting_restore;
-    if (r.swap == st::kSwapHost || r.swap == st::kSwapRestoring || r.swap == st::kSwapLost) {
+    if (st::swapped_out(r.swap)) {
       tenant_swapped[{r.tenant, r.swap_device}] += r.swap_bytes;
     }
   }
@@ -253,9 +253,6 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
                                     "of its processes now in host memory: what their checkpoints freed (docs/swap.md)");
   MetricFamily& t_waiting = F.gauge("vlake_tenant_waiting_processes",
                                     "its processes waiting for memory or for their restore (vlakectl waits)");
-  static const char* const kReasons[st::kRefusalReasons] = {"tenant_limit",  "namespace_limit", "guarantee",
-                                                            "out_of_memory", "limit_reached",   "unknown_device",
-                                                            "internal",      "restore_timeout"};
   std::uint64_t tenants = 0;
   for (const st::TenantRecord& r : s.tenants) {
     if (r.in_use == 0) continue;
@@ -294,7 +291,7 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
       set(t_swapped, l, sw == tenant_swapped.end() ? 0 : d(sw->second));
     }
     for (std::uint32_t i = 0; i < st::kRefusalReasons; ++i) {
-      set(t_denials, join(tl, {{"reason", kReasons[i]}}), d(r.denials[i]));
+      set(t_denials, join(tl, {{"reason", st::refusal_reason_name(i + 1)}}), d(r.denials[i]));
     }
     if (const auto la = tenant_last_active.find(r.id); la != tenant_last_active.end() && la->second != 0) {
       set(t_idle, tl, idle_seconds(la->second));

@@ -32,12 +32,6 @@ std::string bounded(const char (&chars)[N]) {
   return std::string(chars, std::find(chars, chars + N, '\0'));
 }
 
-const char* refusal_reason_name(std::uint32_t r) noexcept {
-  static constexpr const char* kNames[] = {"tenant_limit",  "namespace_limit", "guarantee", "out_of_memory",
-                                           "limit_reached", "unknown_device",  "internal",  "restore_timeout"};
-  return r >= 1 && r <= st::kRefusalReasons ? kNames[r - 1] : "unknown";
-}
-
 // A DNS-1123 label: what Kubernetes namespaces are.
 bool dns_label(std::string_view s) {
   if (s.empty() || s.size() > 63) return false;
@@ -69,7 +63,7 @@ std::string sz(std::uint64_t b) { return format_size(Bytes{b}); }
 
 std::string refusal_message(const st::RefusalRecord& r, const std::string& tenant) {
   std::string m = "vlake refused " + (r.bytes != 0 ? sz(r.bytes) : std::string("a request")) + " on " +
-                  gpu_text(r.device) + " for " + who(r.pid, tenant) + ": " + refusal_reason_name(r.reason);
+                  gpu_text(r.device) + " for " + who(r.pid, tenant) + ": " + st::refusal_reason_name(r.reason);
   switch (r.reason) {
     case st::kRefusalTenantLimit:
     case st::kRefusalNamespaceLimit:

@@ -88,3 +88,21 @@ TEST_CASE("state segment: created, resumed, refused on mismatch, consistent snap
   boost::interprocess::shared_memory_object::remove(name.c_str());
   CHECK_THROWS_WITH(st::StateReader(name), Catch::Contains("cannot open state segment"));
 }
+
+TEST_CASE("state names: refusal reasons and the swap states whose memory is on the host", "[contracts][state]") {
+  const char* const names[] = {"tenant_limit",  "namespace_limit", "guarantee", "out_of_memory",
+                               "limit_reached", "unknown_device",  "internal",  "restore_timeout"};
+  static_assert(sizeof names / sizeof names[0] == st::kRefusalReasons);
+  CHECK(std::string(st::refusal_reason_name(st::kRefusalTenantLimit)) == "tenant_limit");
+  CHECK(std::string(st::refusal_reason_name(st::kRefusalRestoreTimeout)) == "restore_timeout");
+  for (std::uint32_t r = 1; r <= st::kRefusalReasons; ++r)
+    CHECK(std::string(st::refusal_reason_name(r)) == names[r - 1]);
+  CHECK(std::string(st::refusal_reason_name(0)) == "unknown");
+  CHECK(std::string(st::refusal_reason_name(st::kRefusalReasons + 1)) == "unknown");
+  CHECK_FALSE(st::swapped_out(st::kSwapNone));
+  CHECK_FALSE(st::swapped_out(st::kSwapNotified));
+  CHECK_FALSE(st::swapped_out(st::kSwapCheckpointing));
+  CHECK(st::swapped_out(st::kSwapHost));
+  CHECK(st::swapped_out(st::kSwapRestoring));
+  CHECK(st::swapped_out(st::kSwapLost));
+}

@@ -304,6 +304,12 @@ enum SessionFlags : std::uint32_t {
 };
 inline constexpr std::uint32_t kMaxWaitsFor = 4;
 
+// A SessionSwap whose process's memory is in host memory: on the host, being restored, or lost
+// (a failed restore leaves it there). What DeviceRecord::swapped_bytes and the readers count.
+constexpr bool swapped_out(std::uint32_t swap) noexcept {
+  return swap == kSwapHost || swap == kSwapRestoring || swap == kSwapLost;
+}
+
 struct SessionRecord {
   std::uint64_t id;
   std::uint64_t start_time;  // /proc/<pid>/stat field 22
@@ -402,6 +408,11 @@ enum RefusalReason : std::uint32_t {
   kRefusalRestoreTimeout = 8,  // a swapped-out process could not be restored within its wait
 };
 inline constexpr std::uint32_t kRefusalReasons = 8;  // TenantRecord::denials[reason - 1]
+
+// The name of a RefusalReason, as vlakectl, the metrics (`reason` label) and Kubernetes Events
+// spell it: "tenant_limit", "namespace_limit", "guarantee", "out_of_memory", "limit_reached",
+// "unknown_device", "internal", "restore_timeout"; "unknown" for any other value.
+const char* refusal_reason_name(std::uint32_t reason) noexcept;
 
 struct RefusalRecord {
   std::uint64_t seq;           // 1-based; 0: slot never written

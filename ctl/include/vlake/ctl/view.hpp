@@ -59,10 +59,12 @@ struct SessionView {
   bool overcommit = false;  // its namespace may swap it to host memory
   // Swapping (docs/swap.md): "gpu", "notified", "checkpointing", "host", "restoring", "lost".
   std::string swap = "gpu";
+  bool swapped_out = false;  // its memory is in host memory (state::swapped_out: host, restoring, lost)
   std::uint32_t swap_gpu = 0;
   std::uint64_t swap_bytes = 0;  // going out: its memory there; on the host: what its checkpoint freed
   std::uint64_t swap_since_unix_ns = 0;
-  std::uint64_t swap_for = 0;  // the session it is being swapped out for (0: none)
+  std::optional<double> swap_seconds;  // now - swap_since (none: never swapped, or unknown)
+  std::uint64_t swap_for = 0;          // the session it is being swapped out for (0: none)
   std::uint32_t swap_outs = 0;
   std::uint32_t swap_ins = 0;
   // Waiting: "" (not), "memory" (a grant waits for memory), "restore" (it waits to come back).
@@ -70,6 +72,7 @@ struct SessionView {
   std::uint32_t wait_gpu = 0;
   std::uint64_t wait_bytes = 0;
   std::uint64_t wait_since_unix_ns = 0;
+  std::optional<double> wait_seconds;  // now - wait_since (none: not waiting, or unknown)
   std::uint64_t wait_deadline_unix_ns = 0;
   std::vector<std::uint64_t> waits_for;  // session ids (the first state::kMaxWaitsFor)
 };
@@ -100,19 +103,16 @@ struct TenantView {
   std::uint32_t unhooked_processes = 0;  // its processes on a GPU without a session
   std::int32_t priority = 0;             // its namespace's priority
   std::optional<double> idle_seconds;    // the least idle of its sessions (none: no session, or unknown)
-  // Refusals of its requests since its record was created, by reason (refusal_reasons() order).
+  // Refusals of its requests since its record was created, by reason (state::RefusalReason order,
+  // named by state::refusal_reason_name).
   std::vector<std::pair<std::string, std::uint64_t>> denials;
 };
-
-// The reason names of refusals, by state::RefusalReason - 1: "tenant_limit", "namespace_limit",
-// "guarantee", "out_of_memory", "limit_reached", "unknown_device", "internal", "restore_timeout".
-const std::vector<std::string>& refusal_reasons();
 
 // One refused request from the daemon's refusal ring (state.hpp RefusalRecord).
 struct RefusalView {
   std::uint64_t seq = 0;
   std::uint64_t time_unix_ns = 0;
-  std::string reason;  // refusal_reasons()
+  std::string reason;  // state::refusal_reason_name()
   std::uint32_t tenant_id = 0;
   std::string tenant;  // "" when the tenant table was full
   std::uint32_t pid = 0;
