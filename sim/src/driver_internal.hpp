@@ -1,27 +1,96 @@
-// What driver.cpp lends the other translation units of the simulated driver (driver_pools.cpp,
-// driver_peer.cpp). Not part of the library's interface.
+// The private interface between the translation units of the simulated driver (libcuda.so.1):
+// the process state every entry point works on and the checks, address-space and allocation
+// helpers they share. Not part of the library's interface (nothing here is exported).
+//
+// Files (each one concern; the entry points it implements are listed at its top):
+//   driver_state.cpp       initialization state, context/stream checks, host VA, physical
+//                          allocations, mappings and the access check of the copy engines
+//   driver_init.cpp        cuInit, versions, error strings, the cuGetProcAddress table, the
+//                          simulator's own exports (call counters, device file, node lock owner)
+//   driver_devices.cpp     devices, primary contexts, the context stack
+//   driver_streams.cpp     streams, events, context synchronization
+//   driver_classic.cpp     cuMemAlloc-like allocation and free (plain, pitched, managed, async)
+//   driver_pointers.cpp    pointer queries (address range, attributes) and legacy CUDA IPC
+//   driver_copy.cpp        linear copies and memsets
+//   driver_copy2d.cpp      2D/3D copies and 2D memsets
+//   driver_vmm.cpp         virtual memory management (cuMem{Create,Map,SetAccess,...})
+//   driver_kernels.cpp     modules, kernels and launches
+//   driver_checkpoint.cpp  process checkpoints
+//   driver_pools.cpp       memory pools, stream capture, graph memory (namespace pools below)
+//   driver_peer.cpp        peer access between devices
 //
 // Contract
-// - Every function takes the process's `mu` itself (callers hold no simulator lock), except
-//   where noted; none throws except std::bad_alloc.
-// - guarded(f) is how every entry point runs its body: std::bad_alloc becomes
-//   CUDA_ERROR_OUT_OF_MEMORY, any other exception CUDA_ERROR_UNKNOWN.
-// - process() is the process state after a successful cuInit (nullptr before).
-// - reachable(addr, n, device, write) is the copy engines' access check (caller holds
-//   process()->mu, shared or exclusive); copy_refused(ctx) is what a refused copy returns.
+// - Process state: g_proc is the process state after a successful cuInit (nullptr before; never
+//   destroyed). Its `mu` guards mappings, reservations, handles, physical allocations, streams,
+//   events and modules: helpers marked "caller holds mu" expect it held (shared or exclusive as
+//   stated); all others take it themselves (callers hold no simulator lock).
+// - Errors: helpers return CUresult codes (rules.hpp names the simulator's choices); none throws
+//   except std::bad_alloc. guarded(f) is how every entry point runs its body: std::bad_alloc
+//   becomes CUDA_ERROR_OUT_OF_MEMORY, any other exception CUDA_ERROR_UNKNOWN.
+// - The lent names (process(), context(), reachable(), ...) are what driver_pools.cpp and
+//   driver_peer.cpp use; the other translation units use the helpers directly.
 // - Peer state: CUctx_st::peers bit d means the context enabled peer access to device d's
 //   primary context. peer_reaches / forget_peers read and clear it (caller holds mu
 //   exclusively for forget_peers).
-// - The hooks driver.cpp calls (namespace pools) are implemented in driver_pools.cpp.
+// - The hooks driver_classic.cpp and driver_streams.cpp call (namespace pools) are implemented in
+//   driver_pools.cpp.
 #pragma once
 
 #include "process.hpp"
+#include "rules.hpp"
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <new>
+#include <type_traits>
+#include <vector>
+
+#define VLAKE_SIM_API extern "C" __attribute__((visibility("default")))
+
+// Per-thread-default-stream variants of entry points older than CUDA 7.0. They are not rows of
+// cuda_api.def (cudaTypedefs.h types them PFN_<base>_v7000_ptds/_ptsz, a name the .def's
+// PFN_<base>_v<version> check cannot form), but the real driver exports them and its
+// cuGetProcAddress returns exactly them for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM at
+// version >= 7000 (measured), so the simulator does the same. Each forwards to its legacy
+// function (streams are synchronous).
+//   X(base, per-thread symbol, version, cudaTypedefs.h type)
+#define VLAKE_SIM_PER_THREAD_ROWS(X)                                                         \
+  X(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, 7000, PFN_cuMemcpyHtoD_v7000_ptds)                   \
+  X(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, 7000, PFN_cuMemcpyDtoH_v7000_ptds)                   \
+  X(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, 7000, PFN_cuMemcpyDtoD_v7000_ptds)                   \
+  X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyHtoDAsync_v7000_ptsz)    \
+  X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoHAsync_v7000_ptsz)    \
+  X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoDAsync_v7000_ptsz)    \
+  X(cuMemsetD8, cuMemsetD8_v2_ptds, 7000, PFN_cuMemsetD8_v7000_ptds)                         \
+  X(cuMemsetD32, cuMemsetD32_v2_ptds, 7000, PFN_cuMemsetD32_v7000_ptds)                      \
+  X(cuMemsetD8Async, cuMemsetD8Async_ptsz, 7000, PFN_cuMemsetD8Async_v7000_ptsz)             \
+  X(cuMemsetD32Async, cuMemsetD32Async_ptsz, 7000, PFN_cuMemsetD32Async_v7000_ptsz)          \
+  X(cuStreamSynchronize, cuStreamSynchronize_ptsz, 7000, PFN_cuStreamSynchronize_v7000_ptsz) \
+  X(cuStreamQuery, cuStreamQuery_ptsz, 7000, PFN_cuStreamQuery_v7000_ptsz)                   \
+  X(cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 7000, PFN_cuStreamWaitEvent_v7000_ptsz)       \
+  X(cuEventRecord, cuEventRecord_ptsz, 7000, PFN_cuEventRecord_v7000_ptsz)                   \
+  X(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, PFN_cuLaunchKernel_v7000_ptsz)
+
+// The simulator's rows beyond cuda_api.def that are not per-thread variants: entry points the
+// hook intercepts (hook/src/hooked.def) that common's table does not list.
+//   X(base, symbol, version): symbol has type PFN_<base>_v<version> of cudaTypedefs.h.
+#define VLAKE_SIM_EXTRA_ROWS(X)
+
+// Declarations with the exact cudaTypedefs.h types: a definition with other parameters does
+// not compile.
+#define VLAKE_SIM_DECLARE_PT(base, sym, version, pfn) extern "C" std::remove_pointer_t<pfn> sym;
+VLAKE_SIM_PER_THREAD_ROWS(VLAKE_SIM_DECLARE_PT)
+#undef VLAKE_SIM_DECLARE_PT
+#define VLAKE_SIM_CHECK_EXTRA(base, sym, version) \
+  static_assert(std::is_same_v<decltype(&::sym), PFN_##base##_v##version>, #sym " does not match its PFN");
+VLAKE_SIM_EXTRA_ROWS(VLAKE_SIM_CHECK_EXTRA)
+#undef VLAKE_SIM_CHECK_EXTRA
 
 namespace vlake::sim {
 
@@ -42,6 +111,79 @@ inline void forget_peers(Process& p, CUctx_st& ctx) {
 }  // namespace vlake::sim
 
 namespace vlake::sim::internal {
+
+// ---- Shared by the translation units of driver_*.cpp ------------------------------------------
+
+inline constexpr std::size_t kGran = rules::kGranularity;
+
+// Initialization: 0 cuInit not called; 1 initialized; 2 cuInit failed (the failure is cached,
+// like the real driver's). g_init_pid: the process that initialized (not a fork()ed child).
+extern std::atomic<int> g_init;
+extern std::atomic<CUresult> g_init_error;
+extern std::atomic<pid_t> g_init_pid;
+extern std::mutex g_init_mu;
+extern Process* g_proc;
+
+// The calling thread's current context (top of its context stack), or nullptr.
+CUctx_st* current_ctx();
+
+// Initialized and not in a fork()ed child of the process that initialized. Blocks while
+// another process has this one locked or checkpointed (cuCheckpointProcessLock): every entry
+// point that needs an initialized driver passes here.
+CUresult check_init();
+// A context-requiring call: initialized, a live current context, no sticky error.
+CUresult check_ctx(CUctx_st*& ctx);
+bool valid_device(CUdevice dev);
+// The primary context behind a handle, or nullptr.
+CUctx_st* ctx_of_handle(CUcontext c);
+
+inline std::uintptr_t as_addr(CUdeviceptr p) { return static_cast<std::uintptr_t>(p); }
+inline void* as_ptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+inline bool add_overflows(std::uintptr_t a, std::size_t n) { return a + n < a; }
+
+// Host VA. reserve_va: `size` bytes of PROT_NONE VA aligned to `align` (a power of two), 0 on
+// failure. unmap_to_reservation: puts back PROT_NONE over [base, base + size). prot_of: the
+// host protection a mapping needs (the most any device has).
+std::uintptr_t reserve_va(std::size_t size, std::size_t align);
+void unmap_to_reservation(std::uintptr_t base, std::size_t size);
+int prot_of(const Mapping& m, int device_count);
+
+// Physical allocations are memfds named "vlake-sim:d<device>:t<requestedHandleTypes>", so an
+// importer can check that an fd is a simulator allocation and recover its device and types.
+int create_memfd(std::size_t size, int device, unsigned handle_types);
+bool parse_memfd(int fd, int& device, unsigned& handle_types);
+// Creates the Phys of a new allocation (charged to the node). Caller holds mu exclusively.
+CUresult new_phys(std::size_t size, int device, unsigned handle_types, bool classic, Phys*& out);
+// Drops `p` once nothing in this process refers to it. Caller holds mu exclusively.
+void maybe_destroy(Phys* p);
+// A new reference to the handle of `p` (import of a known allocation, retain). Caller holds mu
+// exclusively.
+CUmemGenericAllocationHandle add_handle_ref(Phys* p);
+Phys* find_handle(CUmemGenericAllocationHandle h);
+
+using MappingIt = std::map<std::uintptr_t, Mapping>::iterator;
+// The mapping containing addr (within its visible bytes), or end(). Caller holds mu.
+MappingIt mapping_at(std::uintptr_t addr);
+// True when [addr, addr + n) is covered by mappings giving `device` the access needed. For a
+// kernel (`kernel` = its context) cuMemAlloc memory of another device (not managed memory)
+// also needs peer access. Caller holds mu.
+bool accessible(std::uintptr_t addr, std::size_t n, int device, bool write, const CUctx_st* kernel = nullptr);
+// The whole VMM mappings that exactly tile [addr, addr + size): CUDA_SUCCESS, `not_mapped` when
+// addr is not inside any mapping, `partial` otherwise. Caller holds mu.
+CUresult whole_mappings(std::uintptr_t addr, std::size_t size, CUresult not_mapped, CUresult partial,
+                        std::vector<MappingIt>& out);
+// The VMM mappings wholly inside [addr, addr + size) for cuMemUnmap. Caller holds mu.
+CUresult mappings_inside(std::uintptr_t addr, std::size_t size, std::vector<MappingIt>& out);
+// What a copy engine refusing a bad access returns (and does to the context).
+CUresult refused(CUctx_st* ctx);
+// A known stream (the legacy/per-thread handles included). Caller holds mu.
+bool valid_stream(CUstream s);
+// Frees what a primary context owns and clears its sticky error. Caller holds mu exclusively.
+void destroy_ctx_resources(CUctx_st* ctx);
+// The stream check of an asynchronous copy or memset: initialized and a known stream.
+CUresult check_async_stream(CUstream s);
+
+// ---- Lent to driver_pools.cpp and driver_peer.cpp -----------------------------------------------
 
 template <class F>
 CUresult guarded(F&& f) noexcept {

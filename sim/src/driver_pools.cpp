@@ -306,7 +306,7 @@ bool legacy(CUstream s) {
 
 }  // namespace
 
-// ---- Hooks called by driver.cpp -------------------------------------------------------------------
+// ---- Hooks called by driver_classic.cpp and driver_streams.cpp --------------------------------
 
 namespace vlake::sim::pools {
 

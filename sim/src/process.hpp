@@ -49,7 +49,7 @@ struct CUevent_st {
   unsigned flags = 0;
   bool recorded = false;
   std::chrono::steady_clock::time_point when{};
-  std::chrono::steady_clock::time_point done{};  // when + VLAKE_SIM_EVENT_LAG_MS (driver.cpp)
+  std::chrono::steady_clock::time_point done{};  // when + VLAKE_SIM_EVENT_LAG_MS (driver_streams.cpp)
 };
 
 // A loaded module: the .entry names found in its PTX.
@@ -65,7 +65,7 @@ struct CUmemPoolHandle_st {
   int device = 0;
 };
 
-// A kernel the simulator executes on the host (see driver.cpp, run_kernel).
+// A kernel the simulator executes on the host (see driver_kernels.cpp, run_kernel).
 struct CUfunc_st {
   CUmod_st* module = nullptr;
   std::string name;

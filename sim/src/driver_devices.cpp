@@ -1,0 +1,325 @@
+// The simulated driver's devices and contexts: cuDeviceGet, cuDeviceGetCount, cuDeviceGetName,
+// cuDeviceGetUuid(_v2), cuDeviceTotalMem_v2, cuDeviceGetAttribute, cuDeviceGetPCIBusId, the
+// primary context calls (cuDevicePrimaryCtx{Retain,Release_v2,GetState,Reset_v2}) and the
+// per-thread context stack (cuCtx{Get,Set}Current, cuCtx{Push,Pop}Current_v2, cuCtxGetDevice).
+// Only primary contexts exist; the stack is per thread (current_ctx()).
+#include "vlake/common/cuda_api.hpp"
+
+#include "call_counts.hpp"
+#include "driver_internal.hpp"
+#include "node.hpp"
+#include "process.hpp"
+#include "rules.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+using vlake::sim::Mapping;
+using vlake::sim::Phys;
+using namespace vlake::sim::internal;
+namespace rules = vlake::sim::rules;
+
+namespace {
+
+// Per-thread context stack (trivially destructible, so safe in a dlopen'ed library).
+constexpr int kMaxStack = 64;
+thread_local CUctx_st* t_stack[kMaxStack];
+thread_local int t_depth = 0;
+
+// ---- Device facts -------------------------------------------------------------------------------
+
+CUuuid device_uuid(int dev) {
+  const auto bytes = vlake::sim::device_uuid(g_proc->node_name, dev);
+  CUuuid u{};
+  std::memcpy(u.bytes, bytes.data(), sizeof u.bytes);
+  return u;
+}
+
+bool device_attribute(CUdevice_attribute a, int dev, int& v) {
+  switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; return true;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; return true;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: v = 2147483647; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; return true;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; return true;
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; return true;
+    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; return true;
+    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = CU_COMPUTEMODE_DEFAULT; return true;
+    case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: v = 512; return true;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev + 1; return true;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = 2619000; return true;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; return true;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 52428800; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; return true;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 3; return true;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; return true;
+    // 32 on the H100 (measured); the pitch cuMemAllocPitch_v2 returns is a multiple of
+    // TEXTURE_ALIGNMENT (512), see rules::kPitchAlignment.
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: v = 32; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = 233472; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; return true;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; return true;  // cuMemAllocManaged (measured 1)
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: v = dev; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: v = 2; return true;
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = 232448; return true;
+    case CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 0; return true;  // no cuMemHostRegister
+    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: v = 0; return true;  // not simulated
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = 32; return true;
+    case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: v = 32505856; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: v = 134213632; return true;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: v = 1024; return true;
+    case CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; return true;  // cuMemAllocAsync (measured 1)
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: v = 4; return true;
+    case CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: v = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_NUMA_ID: v = -1; return true;
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_MPS_ENABLED: v = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = -1; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+CUctx_st* vlake::sim::internal::current_ctx() { return t_depth > 0 ? t_stack[t_depth - 1] : nullptr; }
+
+// =================================================================================================
+// Devices
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  VLAKE_SIM_COUNT(cuDeviceGet);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetCount(int* count) {
+  VLAKE_SIM_COUNT(cuDeviceGetCount);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *count = g_proc->device_count;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetName);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(name, static_cast<std::size_t>(len), "%s", rules::kDeviceName);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *uuid = device_uuid(dev);
+    return CUDA_SUCCESS;
+  });
+}
+}  // namespace
+
+VLAKE_SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetUuid);
+  return get_uuid(uuid, dev);
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetUuid_v2);
+  return get_uuid(uuid, dev);
+}
+
+VLAKE_SIM_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceTotalMem_v2);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = static_cast<size_t>(g_proc->capacity);
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetAttribute);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  int v = 0;
+  if (!device_attribute(attrib, dev, v)) return CUDA_ERROR_INVALID_VALUE;
+  *pi = v;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDeviceGetPCIBusId);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02x:00.0", static_cast<unsigned>(dev + 1));
+  return CUDA_SUCCESS;
+}
+
+// =================================================================================================
+// Contexts
+// =================================================================================================
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxRetain);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    CUctx_st& ctx = g_proc->ctxs[dev];
+    // Creating the context charges its VLAKE_SIM_CONTEXT_MEMORY on the node (a record this
+    // process holds, listed by NVML); it must fit like any allocation.
+    std::unique_lock lock(g_proc->mu);
+    if (ctx.retains.load() == 0) {
+      if (CUresult rc = g_proc->node->charge_context(dev, g_proc->context_memory); rc != CUDA_SUCCESS) {
+        return rc;
+      }
+    }
+    ctx.retains.fetch_add(1);
+    *pctx = &ctx;
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxRelease_v2);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::unique_lock lock(g_proc->mu);
+    CUctx_st& ctx = g_proc->ctxs[dev];
+    if (ctx.retains.load() <= 0) return rules::kReleaseUnretained;
+    if (ctx.retains.fetch_sub(1) == 1) {
+      destroy_ctx_resources(&ctx);
+      g_proc->node->release_context(dev);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxGetState);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = g_proc->ctxs[dev].retains.load() > 0 ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  VLAKE_SIM_COUNT(cuDevicePrimaryCtxReset_v2);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::unique_lock lock(g_proc->mu);
+    destroy_ctx_resources(&g_proc->ctxs[dev]);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  VLAKE_SIM_COUNT(cuCtxGetCurrent);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = current_ctx();
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+  VLAKE_SIM_COUNT(cuCtxSetCurrent);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (ctx == nullptr) {
+    if (t_depth > 0) --t_depth;
+    return CUDA_SUCCESS;
+  }
+  if (ctx_of_handle(ctx) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_depth == 0) t_depth = 1;
+  t_stack[t_depth - 1] = ctx;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  VLAKE_SIM_COUNT(cuCtxPushCurrent_v2);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (ctx == nullptr || ctx_of_handle(ctx) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_depth >= kMaxStack) return CUDA_ERROR_OUT_OF_MEMORY;
+  t_stack[t_depth++] = ctx;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  VLAKE_SIM_COUNT(cuCtxPopCurrent_v2);
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (t_depth == 0) return rules::kPopEmpty;
+  CUctx_st* top = t_stack[--t_depth];
+  if (pctx != nullptr) *pctx = top;
+  return CUDA_SUCCESS;
+}
+
+VLAKE_SIM_API CUresult cuCtxGetDevice(CUdevice* device) {
+  VLAKE_SIM_COUNT(cuCtxGetDevice);
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *device = ctx->device;
+  return CUDA_SUCCESS;
+}

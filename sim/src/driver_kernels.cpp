@@ -1,0 +1,193 @@
+// The simulated driver's modules and kernels: cuModuleLoadData, cuModuleUnload,
+// cuModuleGetFunction, cuLaunchKernel(_ptsz). PTX is not compiled: the simulator runs the
+// kernels it knows by entry name on the host, synchronously, with the access checks of a GPU
+// (a fault poisons the context: sticky CUDA_ERROR_ILLEGAL_ADDRESS).
+#include "vlake/common/chunk_hash.hpp"
+#include "vlake/common/cuda_api.hpp"
+
+#include "call_counts.hpp"
+#include "driver_internal.hpp"
+#include "process.hpp"
+#include "rules.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+using vlake::sim::Mapping;
+using vlake::sim::Phys;
+using namespace vlake::sim::internal;
+namespace rules = vlake::sim::rules;
+
+// =================================================================================================
+// Modules and kernels: PTX is not compiled; the simulator runs the kernels it knows by entry
+// name on the host, synchronously, with the access checks of a GPU (a fault is sticky).
+// =================================================================================================
+
+namespace {
+
+constexpr const char* kKnownKernels[] = {
+    // vlake_fill_u32(unsigned* p, unsigned long long n, unsigned v): p[0..n) = v
+    "vlake_fill_u32",
+    // vlake_hash_u64(const u64* p, u64 n, u64* partials): lane t of the grid's threads folds
+    // p[t], p[t + threads], ... into partials[t] (vlake/common/chunk_hash.hpp)
+    "vlake_hash_u64",
+};
+
+bool known_kernel(const std::string& name) {
+  for (const char* k : kKnownKernels) {
+    if (name == k) return true;
+  }
+  return false;
+}
+
+// Executes `f` with its parameters; a bad access poisons the context (reported by the next
+// synchronizing call, as on a GPU) and leaves memory untouched.
+void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params, std::uint64_t threads) {
+  if (f->name == "vlake_hash_u64") {
+    CUdeviceptr p = 0;
+    unsigned long long n = 0;
+    CUdeviceptr out = 0;
+    std::memcpy(&p, params[0], sizeof p);
+    std::memcpy(&n, params[1], sizeof n);
+    std::memcpy(&out, params[2], sizeof out);
+    if (threads > SIZE_MAX / 8 || as_addr(out) % 8 != 0 ||
+        !accessible(as_addr(out), static_cast<std::size_t>(threads) * 8, ctx->device, true, ctx) ||
+        (n != 0 && (n > SIZE_MAX / 8 || as_addr(p) % 8 != 0 ||
+                    !accessible(as_addr(p), static_cast<std::size_t>(n) * 8, ctx->device, false, ctx)))) {
+      ctx->sticky.store(rules::kIllegalAccess);
+      return;
+    }
+    const auto* words = static_cast<const std::uint64_t*>(as_ptr(as_addr(p)));
+    std::vector<std::uint64_t> acc(static_cast<std::size_t>(threads));
+    for (std::size_t t = 0; t < acc.size(); ++t) acc[t] = vlake::chunk_hash_seed(t);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      auto& a = acc[static_cast<std::size_t>(i % threads)];
+      a = vlake::chunk_hash_step(a, words[i]);
+    }
+    std::memcpy(as_ptr(as_addr(out)), acc.data(), acc.size() * 8);
+    return;
+  }
+  if (f->name == "vlake_fill_u32") {
+    CUdeviceptr p = 0;
+    unsigned long long n = 0;
+    unsigned v = 0;
+    std::memcpy(&p, params[0], sizeof p);
+    std::memcpy(&n, params[1], sizeof n);
+    std::memcpy(&v, params[2], sizeof v);
+    if (n == 0) return;
+    if (n > SIZE_MAX / 4 || as_addr(p) % 4 != 0 ||
+        !accessible(as_addr(p), static_cast<std::size_t>(n) * 4, ctx->device, true, ctx)) {
+      ctx->sticky.store(rules::kIllegalAccess);
+      return;
+    }
+    auto* words = static_cast<std::uint32_t*>(as_ptr(as_addr(p)));
+    std::fill(words, words + n, v);
+  }
+}
+
+}  // namespace
+
+VLAKE_SIM_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  VLAKE_SIM_COUNT(cuModuleLoadData);
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::string_view text(static_cast<const char*>(image));
+    auto mod = std::make_unique<CUmod_st>();
+    for (std::size_t pos = text.find(".entry"); pos != std::string_view::npos; pos = text.find(".entry", pos + 6)) {
+      std::size_t b = pos + 6;
+      while (b < text.size() && (text[b] == ' ' || text[b] == '\t')) ++b;
+      std::size_t e = b;
+      while (e < text.size() &&
+             (std::isalnum(static_cast<unsigned char>(text[e])) != 0 || text[e] == '_' || text[e] == '$')) {
+        ++e;
+      }
+      if (e > b) mod->entries.emplace_back(text.substr(b, e - b));
+    }
+    if (mod->entries.empty()) return rules::kBadImage;
+    std::unique_lock lock(g_proc->mu);
+    g_proc->modules.insert(mod.get());
+    *module = mod.release();
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuModuleUnload(CUmodule hmod) {
+  VLAKE_SIM_COUNT(cuModuleUnload);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    std::unique_lock lock(g_proc->mu);
+    if (g_proc->modules.erase(hmod) == 0) return rules::kBadModuleOrFunction;
+    delete hmod;
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  VLAKE_SIM_COUNT(cuModuleGetFunction);
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::unique_lock lock(g_proc->mu);
+    if (g_proc->modules.count(hmod) == 0) return rules::kBadModuleOrFunction;
+    const std::string wanted(name);
+    if (std::find(hmod->entries.begin(), hmod->entries.end(), wanted) == hmod->entries.end() || !known_kernel(wanted)) {
+      return rules::kNoSuchFunction;
+    }
+    for (const auto& f : hmod->functions) {
+      if (f->name == wanted) {
+        *hfunc = f.get();
+        return CUDA_SUCCESS;
+      }
+    }
+    auto f = std::make_unique<CUfunc_st>();
+    f->module = hmod;
+    f->name = wanted;
+    *hfunc = f.get();
+    hmod->functions.push_back(std::move(f));
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                      unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                      unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
+                                      void** extra) {
+  VLAKE_SIM_COUNT(cuLaunchKernel);
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    (void)sharedMemBytes;
+    if (gridDimX == 0 || gridDimY == 0 || gridDimZ == 0 || blockDimX == 0 || blockDimY == 0 || blockDimZ == 0 ||
+        std::uint64_t{blockDimX} * blockDimY * blockDimZ > 1024) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (kernelParams == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_lock lock(g_proc->mu);
+    if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
+    bool found = false;
+    for (CUmod_st* m : g_proc->modules) {
+      for (const auto& fn : m->functions) found = found || fn.get() == f;
+    }
+    if (!found) return rules::kBadModuleOrFunction;
+    run_kernel(ctx, f, kernelParams, std::uint64_t{gridDimX} * gridDimY * gridDimZ * blockDimX * blockDimY * blockDimZ);
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                           unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                           unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                           void** kernelParams, void** extra) {
+  VLAKE_SIM_COUNT(cuLaunchKernel_ptsz);
+  return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                        kernelParams, extra);
+}
