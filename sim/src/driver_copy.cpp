@@ -1,7 +1,11 @@
 // The simulated driver's linear copies and memsets: cuMemcpy{HtoD,DtoH,DtoD}_v2 and their
-// Async variants, cuMemsetD{8,32}_v2, cuMemsetD{8,32}Async and the per-thread variants. A copy
-// checks, under the shared lock, that the current context's device may write the destination
-// and read the source; a refused copy returns rules::kCopyBadAccess (see refused()).
+// Async variants, cuMemcpy and cuMemcpyAsync (unified addressing: a pointer inside a mapping is
+// device memory, any other host memory), cuMemsetD{8,16,32}_v2, cuMemsetD{8,16,32}Async and the
+// per-thread variants; copy_rows and memset_rows, which the 2D/3D calls share
+// (driver_copy2d.cpp). A copy checks, under the shared lock, that the current context's device
+// may write every destination row and read every source row before it moves a byte; a refused
+// copy returns rules::kCopyBadAccess (see refused()). Streams are synchronous: an Async call
+// checks its stream, then does what its synchronous twin does.
 #include "vlake/common/cuda_api.hpp"
 
 #include "call_counts.hpp"
@@ -12,6 +16,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <shared_mutex>
 
@@ -21,20 +26,6 @@ using namespace vlake::sim::internal;
 namespace rules = vlake::sim::rules;
 
 namespace {
-
-// ---- Copies ---------------------------------------------------------------------------------
-
-CUresult copy_checked(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device, std::size_t n) {
-  CUctx_st* ctx = nullptr;
-  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-  if (n == 0) return CUDA_SUCCESS;
-  if ((!dst_device && dst == 0) || (!src_device && src == 0)) return CUDA_ERROR_INVALID_VALUE;
-  std::shared_lock lock(g_proc->mu);
-  if (dst_device && !accessible(dst, n, ctx->device, true)) return refused(ctx);
-  if (src_device && !accessible(src, n, ctx->device, false)) return refused(ctx);
-  std::memmove(as_ptr(dst), as_ptr(src), n);
-  return CUDA_SUCCESS;
-}
 
 // Zeroes [dst, dst + n) (accessible, checked by the caller) as a GPU would, fast: whole pages of
 // the memfds behind the range are punched out (they read as zero in every process mapping them,
@@ -64,28 +55,83 @@ void zero_fill(std::uintptr_t dst, std::size_t n) {
   }
 }
 
-CUresult memset_checked(std::uintptr_t dst, std::size_t elem, unsigned value, std::size_t count) {
+template <class T>
+void fill_row(std::uintptr_t dst, std::size_t count, unsigned value) {
+  auto* p = static_cast<T*>(as_ptr(dst));
+  std::fill(p, p + count, static_cast<T>(value));
+}
+
+// A device side: CU_MEMORYTYPE_DEVICE, or CU_MEMORYTYPE_UNIFIED inside a mapping. Caller holds mu.
+bool on_device(const CopySide& s) {
+  return s.type == CU_MEMORYTYPE_DEVICE ||
+         (s.type == CU_MEMORYTYPE_UNIFIED && mapping_at(s.base) != g_proc->mappings.end());
+}
+
+CUresult copy_checked(std::uintptr_t dst, bool dst_device, std::uintptr_t src, bool src_device, std::size_t n) {
+  return copy_rows({dst_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST, dst},
+                   {src_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST, src}, n, 1, 1);
+}
+
+CUresult copy_unified(CUdeviceptr dst, CUdeviceptr src, std::size_t n) {
+  return copy_rows({CU_MEMORYTYPE_UNIFIED, as_addr(dst)}, {CU_MEMORYTYPE_UNIFIED, as_addr(src)}, n, 1, 1);
+}
+
+}  // namespace
+
+namespace vlake::sim::internal {
+
+CUresult copy_rows(const CopySide& dst, const CopySide& src, std::size_t width, std::size_t height, std::size_t depth) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-  if (elem == 4 && dst % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (count == 0) return CUDA_SUCCESS;
-  if (count > SIZE_MAX / elem) return CUDA_ERROR_INVALID_VALUE;
+  if (width == 0 || height == 0 || depth == 0) return CUDA_SUCCESS;
   std::shared_lock lock(g_proc->mu);
-  if (!accessible(dst, count * elem, ctx->device, true)) return refused(ctx);
-  if ((value & (elem == 1 ? 0xffu : ~0u)) == 0) {
-    zero_fill(dst, count * elem);
-    return CUDA_SUCCESS;
+  const bool dst_device = on_device(dst);
+  const bool src_device = on_device(src);
+  if ((!dst_device && dst.base == 0) || (!src_device && src.base == 0)) return CUDA_ERROR_INVALID_VALUE;
+  for (std::size_t z = 0; z < depth; ++z) {
+    for (std::size_t y = 0; y < height; ++y) {
+      if (dst_device && !accessible(dst.row(y, z), width, ctx->device, true)) return refused(ctx);
+      if (src_device && !accessible(src.row(y, z), width, ctx->device, false)) return refused(ctx);
+    }
   }
-  if (elem == 1) {
-    std::memset(as_ptr(dst), static_cast<int>(value & 0xffu), count);
-  } else {
-    auto* p = static_cast<std::uint32_t*>(as_ptr(dst));
-    std::fill(p, p + count, static_cast<std::uint32_t>(value));
+  for (std::size_t z = 0; z < depth; ++z) {
+    for (std::size_t y = 0; y < height; ++y) std::memmove(as_ptr(dst.row(y, z)), as_ptr(src.row(y, z)), width);
   }
   return CUDA_SUCCESS;
 }
 
-}  // namespace
+CUresult memset_rows(std::uintptr_t dst, std::size_t pitch, std::size_t elem, unsigned value, std::size_t width,
+                     std::size_t height) {
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  if (dst % elem != 0 || (height > 1 && pitch % elem != 0)) return CUDA_ERROR_INVALID_VALUE;
+  if (width == 0 || height == 0) return CUDA_SUCCESS;
+  if (width > SIZE_MAX / elem) return CUDA_ERROR_INVALID_VALUE;
+  const std::size_t row_bytes = width * elem;
+  if (height > 1 && (row_bytes > pitch || height - 1 > (SIZE_MAX - row_bytes) / pitch)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::shared_lock lock(g_proc->mu);
+  for (std::size_t y = 0; y < height; ++y) {
+    if (!accessible(dst + y * pitch, row_bytes, ctx->device, true)) return refused(ctx);
+  }
+  const unsigned mask = elem == 1 ? 0xffu : elem == 2 ? 0xffffu : ~0u;
+  for (std::size_t y = 0; y < height; ++y) {
+    const std::uintptr_t row = dst + y * pitch;
+    if ((value & mask) == 0) {
+      zero_fill(row, row_bytes);
+    } else if (elem == 1) {
+      std::memset(as_ptr(row), static_cast<int>(value & mask), width);
+    } else if (elem == 2) {
+      fill_row<std::uint16_t>(row, width, value);
+    } else {
+      fill_row<std::uint32_t>(row, width, value);
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace vlake::sim::internal
 
 VLAKE_SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyHtoD_v2);
@@ -109,16 +155,14 @@ VLAKE_SIM_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDev
 VLAKE_SIM_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
                                             CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyHtoDAsync_v2);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
+  return on_stream(hStream, [&] {
     return copy_checked(as_addr(dstDevice), true, reinterpret_cast<std::uintptr_t>(srcHost), false, ByteCount);
   });
 }
 
 VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyDtoHAsync_v2);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
+  return on_stream(hStream, [&] {
     return copy_checked(reinterpret_cast<std::uintptr_t>(dstHost), false, as_addr(srcDevice), true, ByteCount);
   });
 }
@@ -126,36 +170,48 @@ VLAKE_SIM_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice
 VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                                             CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemcpyDtoDAsync_v2);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
-    return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount);
-  });
+  return on_stream(hStream,
+                   [&] { return copy_checked(as_addr(dstDevice), true, as_addr(srcDevice), true, ByteCount); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpy);
+  return guarded([&] { return copy_unified(dst, src, ByteCount); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyAsync);
+  return on_stream(hStream, [&] { return copy_unified(dst, src, ByteCount); });
 }
 
 VLAKE_SIM_API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
   VLAKE_SIM_COUNT(cuMemsetD8_v2);
-  return guarded([&] { return memset_checked(as_addr(dstDevice), 1, uc, N); });
+  return guarded([&] { return memset_rows(as_addr(dstDevice), 0, 1, uc, N, 1); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N) {
+  VLAKE_SIM_COUNT(cuMemsetD16_v2);
+  return guarded([&] { return memset_rows(as_addr(dstDevice), 0, 2, us, N, 1); });
 }
 
 VLAKE_SIM_API CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
   VLAKE_SIM_COUNT(cuMemsetD32_v2);
-  return guarded([&] { return memset_checked(as_addr(dstDevice), 4, ui, N); });
+  return guarded([&] { return memset_rows(as_addr(dstDevice), 0, 4, ui, N, 1); });
 }
 
 VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemsetD8Async);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
-    return memset_checked(as_addr(dstDevice), 1, uc, N);
-  });
+  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), 0, 1, uc, N, 1); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD16Async);
+  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), 0, 2, us, N, 1); });
 }
 
 VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemsetD32Async);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_async_stream(hStream); rc != CUDA_SUCCESS) return rc;
-    return memset_checked(as_addr(dstDevice), 4, ui, N);
-  });
+  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), 0, 4, ui, N, 1); });
 }
 
 VLAKE_SIM_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
@@ -209,4 +265,24 @@ VLAKE_SIM_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char
 VLAKE_SIM_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
   VLAKE_SIM_COUNT(cuMemsetD32Async_ptsz);
   return cuMemsetD32Async(dstDevice, ui, N, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpy_ptds);
+  return cuMemcpy(dst, src, ByteCount);
+}
+
+VLAKE_SIM_API CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyAsync_ptsz);
+  return cuMemcpyAsync(dst, src, ByteCount, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N) {
+  VLAKE_SIM_COUNT(cuMemsetD16_v2_ptds);
+  return cuMemsetD16_v2(dstDevice, us, N);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD16Async_ptsz);
+  return cuMemsetD16Async(dstDevice, us, N, hStream);
 }

@@ -60,27 +60,67 @@
 // version >= 7000 (measured), so the simulator does the same. Each forwards to its legacy
 // function (streams are synchronous).
 //   X(base, per-thread symbol, version, cudaTypedefs.h type)
-#define VLAKE_SIM_PER_THREAD_ROWS(X)                                                         \
-  X(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, 7000, PFN_cuMemcpyHtoD_v7000_ptds)                   \
-  X(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, 7000, PFN_cuMemcpyDtoH_v7000_ptds)                   \
-  X(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, 7000, PFN_cuMemcpyDtoD_v7000_ptds)                   \
-  X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyHtoDAsync_v7000_ptsz)    \
-  X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoHAsync_v7000_ptsz)    \
-  X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoDAsync_v7000_ptsz)    \
-  X(cuMemsetD8, cuMemsetD8_v2_ptds, 7000, PFN_cuMemsetD8_v7000_ptds)                         \
-  X(cuMemsetD32, cuMemsetD32_v2_ptds, 7000, PFN_cuMemsetD32_v7000_ptds)                      \
-  X(cuMemsetD8Async, cuMemsetD8Async_ptsz, 7000, PFN_cuMemsetD8Async_v7000_ptsz)             \
-  X(cuMemsetD32Async, cuMemsetD32Async_ptsz, 7000, PFN_cuMemsetD32Async_v7000_ptsz)          \
-  X(cuStreamSynchronize, cuStreamSynchronize_ptsz, 7000, PFN_cuStreamSynchronize_v7000_ptsz) \
-  X(cuStreamQuery, cuStreamQuery_ptsz, 7000, PFN_cuStreamQuery_v7000_ptsz)                   \
-  X(cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 7000, PFN_cuStreamWaitEvent_v7000_ptsz)       \
-  X(cuEventRecord, cuEventRecord_ptsz, 7000, PFN_cuEventRecord_v7000_ptsz)                   \
-  X(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, PFN_cuLaunchKernel_v7000_ptsz)
+#define VLAKE_SIM_PER_THREAD_ROWS(X)                                                                           \
+  X(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, 7000, PFN_cuMemcpyHtoD_v7000_ptds)                                     \
+  X(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, 7000, PFN_cuMemcpyDtoH_v7000_ptds)                                     \
+  X(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, 7000, PFN_cuMemcpyDtoD_v7000_ptds)                                     \
+  X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyHtoDAsync_v7000_ptsz)                      \
+  X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoHAsync_v7000_ptsz)                      \
+  X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2_ptsz, 7000, PFN_cuMemcpyDtoDAsync_v7000_ptsz)                      \
+  X(cuMemsetD8, cuMemsetD8_v2_ptds, 7000, PFN_cuMemsetD8_v7000_ptds)                                           \
+  X(cuMemsetD32, cuMemsetD32_v2_ptds, 7000, PFN_cuMemsetD32_v7000_ptds)                                        \
+  X(cuMemsetD8Async, cuMemsetD8Async_ptsz, 7000, PFN_cuMemsetD8Async_v7000_ptsz)                               \
+  X(cuMemsetD32Async, cuMemsetD32Async_ptsz, 7000, PFN_cuMemsetD32Async_v7000_ptsz)                            \
+  X(cuStreamSynchronize, cuStreamSynchronize_ptsz, 7000, PFN_cuStreamSynchronize_v7000_ptsz)                   \
+  X(cuStreamQuery, cuStreamQuery_ptsz, 7000, PFN_cuStreamQuery_v7000_ptsz)                                     \
+  X(cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 7000, PFN_cuStreamWaitEvent_v7000_ptsz)                         \
+  X(cuEventRecord, cuEventRecord_ptsz, 7000, PFN_cuEventRecord_v7000_ptsz)                                     \
+  X(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, PFN_cuLaunchKernel_v7000_ptsz)                                  \
+  X(cuMemcpy, cuMemcpy_ptds, 7000, PFN_cuMemcpy_v7000_ptds)                                                    \
+  X(cuMemcpyAsync, cuMemcpyAsync_ptsz, 7000, PFN_cuMemcpyAsync_v7000_ptsz)                                     \
+  X(cuMemcpyPeer, cuMemcpyPeer_ptds, 7000, PFN_cuMemcpyPeer_v7000_ptds)                                        \
+  X(cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz, 7000, PFN_cuMemcpyPeerAsync_v7000_ptsz)                         \
+  X(cuMemcpy2D, cuMemcpy2D_v2_ptds, 7000, PFN_cuMemcpy2D_v7000_ptds)                                           \
+  X(cuMemcpy2DUnaligned, cuMemcpy2DUnaligned_v2_ptds, 7000, PFN_cuMemcpy2DUnaligned_v7000_ptds)                \
+  X(cuMemcpy2DAsync, cuMemcpy2DAsync_v2_ptsz, 7000, PFN_cuMemcpy2DAsync_v7000_ptsz)                            \
+  X(cuMemcpy3D, cuMemcpy3D_v2_ptds, 7000, PFN_cuMemcpy3D_v7000_ptds)                                           \
+  X(cuMemcpy3DAsync, cuMemcpy3DAsync_v2_ptsz, 7000, PFN_cuMemcpy3DAsync_v7000_ptsz)                            \
+  X(cuMemsetD16, cuMemsetD16_v2_ptds, 7000, PFN_cuMemsetD16_v7000_ptds)                                        \
+  X(cuMemsetD16Async, cuMemsetD16Async_ptsz, 7000, PFN_cuMemsetD16Async_v7000_ptsz)                            \
+  X(cuMemsetD2D8, cuMemsetD2D8_v2_ptds, 7000, PFN_cuMemsetD2D8_v7000_ptds)                                     \
+  X(cuMemsetD2D16, cuMemsetD2D16_v2_ptds, 7000, PFN_cuMemsetD2D16_v7000_ptds)                                  \
+  X(cuMemsetD2D32, cuMemsetD2D32_v2_ptds, 7000, PFN_cuMemsetD2D32_v7000_ptds)                                  \
+  X(cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz, 7000, PFN_cuMemsetD2D8Async_v7000_ptsz)                         \
+  X(cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz, 7000, PFN_cuMemsetD2D16Async_v7000_ptsz)                      \
+  X(cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz, 7000, PFN_cuMemsetD2D32Async_v7000_ptsz)                      \
+  X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, 9000, PFN_cuLaunchCooperativeKernel_v9000_ptsz) \
+  X(cuLaunchHostFunc, cuLaunchHostFunc_ptsz, 10000, PFN_cuLaunchHostFunc_v10000_ptsz)                          \
+  X(cuLaunchKernelEx, cuLaunchKernelEx_ptsz, 11060, PFN_cuLaunchKernelEx_v11060_ptsz)
 
 // The simulator's rows beyond cuda_api.def that are not per-thread variants: entry points the
 // hook intercepts (hook/src/hooked.def) that common's table does not list.
 //   X(base, symbol, version): symbol has type PFN_<base>_v<version> of cudaTypedefs.h.
-#define VLAKE_SIM_EXTRA_ROWS(X)
+#define VLAKE_SIM_EXTRA_ROWS(X)                                 \
+  X(cuCtxSynchronize, cuCtxSynchronize_v2, 13000)               \
+  X(cuMemcpy, cuMemcpy, 4000)                                   \
+  X(cuMemcpyAsync, cuMemcpyAsync, 4000)                         \
+  X(cuMemcpyPeerAsync, cuMemcpyPeerAsync, 4000)                 \
+  X(cuMemcpy2D, cuMemcpy2D_v2, 3020)                            \
+  X(cuMemcpy2DUnaligned, cuMemcpy2DUnaligned_v2, 3020)          \
+  X(cuMemcpy2DAsync, cuMemcpy2DAsync_v2, 3020)                  \
+  X(cuMemcpy3D, cuMemcpy3D_v2, 3020)                            \
+  X(cuMemcpy3DAsync, cuMemcpy3DAsync_v2, 3020)                  \
+  X(cuMemsetD16, cuMemsetD16_v2, 3020)                          \
+  X(cuMemsetD16Async, cuMemsetD16Async, 3020)                   \
+  X(cuMemsetD2D8, cuMemsetD2D8_v2, 3020)                        \
+  X(cuMemsetD2D16, cuMemsetD2D16_v2, 3020)                      \
+  X(cuMemsetD2D32, cuMemsetD2D32_v2, 3020)                      \
+  X(cuMemsetD2D8Async, cuMemsetD2D8Async, 3020)                 \
+  X(cuMemsetD2D16Async, cuMemsetD2D16Async, 3020)               \
+  X(cuMemsetD2D32Async, cuMemsetD2D32Async, 3020)               \
+  X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000) \
+  X(cuLaunchHostFunc, cuLaunchHostFunc, 10000)                  \
+  X(cuLaunchKernelEx, cuLaunchKernelEx, 11060)
 
 // Declarations with the exact cudaTypedefs.h types: a definition with other parameters does
 // not compile.
@@ -183,6 +223,25 @@ void destroy_ctx_resources(CUctx_st* ctx);
 // The stream check of an asynchronous copy or memset: initialized and a known stream.
 CUresult check_async_stream(CUstream s);
 
+// One side of a copy: where its rows are. Row y of slice z starts at base + y*pitch + z*slice.
+struct CopySide {
+  CUmemorytype type;  // CU_MEMORYTYPE_HOST, _DEVICE or _UNIFIED (device when inside a mapping)
+  std::uintptr_t base;
+  std::size_t pitch = 0;
+  std::size_t slice = 0;
+  std::uintptr_t row(std::size_t y, std::size_t z) const { return base + y * pitch + z * slice; }
+};
+// Copies `depth` slices of `height` rows of `width` bytes (driver_copy.cpp): needs a current
+// context; nothing is copied unless the context's device may write every destination row and
+// read every source row that is device memory (else refused()); a null host side is
+// CUDA_ERROR_INVALID_VALUE; an empty copy succeeds.
+CUresult copy_rows(const CopySide& dst, const CopySide& src, std::size_t width, std::size_t height, std::size_t depth);
+// Sets `height` rows (`pitch` bytes apart; ignored for one row) of `width` elements of `elem`
+// bytes (1, 2 or 4) to `value` (driver_copy.cpp): dst and pitch aligned to elem, the row within
+// the pitch, every row writable by the current context's device (else refused()).
+CUresult memset_rows(std::uintptr_t dst, std::size_t pitch, std::size_t elem, unsigned value, std::size_t width,
+                     std::size_t height);
+
 // ---- Lent to driver_pools.cpp and driver_peer.cpp -----------------------------------------------
 
 template <class F>
@@ -194,6 +253,15 @@ CUresult guarded(F&& f) noexcept {
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }
+}
+
+// An asynchronous call's body (streams are synchronous): guarded, after check_async_stream(s).
+template <class F>
+CUresult on_stream(CUstream s, F&& f) noexcept {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_async_stream(s); rc != CUDA_SUCCESS) return rc;
+    return f();
+  });
 }
 
 Process* process();

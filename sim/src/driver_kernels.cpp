@@ -1,5 +1,6 @@
 // The simulated driver's modules and kernels: cuModuleLoadData, cuModuleUnload,
-// cuModuleGetFunction, cuLaunchKernel(_ptsz). PTX is not compiled: the simulator runs the
+// cuModuleGetFunction, cuLaunchKernel, cuLaunchCooperativeKernel, cuLaunchKernelEx,
+// cuLaunchHostFunc and their per-thread variants. PTX is not compiled: the simulator runs the
 // kernels it knows by entry name on the host, synchronously, with the access checks of a GPU
 // (a fault poisons the context: sticky CUDA_ERROR_ILLEGAL_ADDRESS).
 #include "vlake/common/chunk_hash.hpp"
@@ -157,31 +158,113 @@ VLAKE_SIM_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, con
   });
 }
 
+namespace {
+
+// A cooperative grid must be co-resident: at most kMultiprocessors x (the blocks of this size
+// one multiprocessor holds: kMaxBlocksPerMultiprocessor, kMaxThreadsPerMultiprocessor /
+// threads per block) blocks (the device attributes of driver_devices.cpp), else
+// CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
+constexpr std::uint64_t kMultiprocessors = 132;
+constexpr std::uint64_t kMaxBlocksPerMultiprocessor = 32;
+constexpr std::uint64_t kMaxThreadsPerMultiprocessor = 2048;
+
+struct Launch {
+  CUfunction f;
+  unsigned grid[3];
+  unsigned block[3];
+  CUstream stream;
+  void** params;
+  void** extra;
+  bool cooperative;
+};
+
+// cuLaunchKernel and its variants: checks the launch, then runs the kernel (synchronously).
+CUresult launch(const Launch& l) {
+  CUctx_st* ctx = nullptr;
+  if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  const std::uint64_t blocks = std::uint64_t{l.grid[0]} * l.grid[1] * l.grid[2];
+  const std::uint64_t threads_per_block = std::uint64_t{l.block[0]} * l.block[1] * l.block[2];
+  if (blocks == 0 || threads_per_block == 0 || threads_per_block > 1024) return CUDA_ERROR_INVALID_VALUE;
+  if (l.params == nullptr || l.extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (l.cooperative && blocks > kMultiprocessors * std::min(kMaxBlocksPerMultiprocessor,
+                                                            kMaxThreadsPerMultiprocessor / threads_per_block)) {
+    return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+  }
+  std::shared_lock lock(g_proc->mu);
+  if (!valid_stream(l.stream)) return rules::kBadStreamOrEvent;
+  bool found = false;
+  for (CUmod_st* m : g_proc->modules) {
+    for (const auto& fn : m->functions) found = found || fn.get() == l.f;
+  }
+  if (!found) return rules::kBadModuleOrFunction;
+  run_kernel(ctx, l.f, l.params, blocks * threads_per_block);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 VLAKE_SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                       unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                       unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
                                       void** extra) {
   VLAKE_SIM_COUNT(cuLaunchKernel);
+  (void)sharedMemBytes;
+  return guarded([&] {
+    return launch(
+        {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, hStream, kernelParams, extra, false});
+  });
+}
+
+VLAKE_SIM_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                                 unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                                 unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                                 void** kernelParams) {
+  VLAKE_SIM_COUNT(cuLaunchCooperativeKernel);
+  (void)sharedMemBytes;
+  return guarded([&] {
+    return launch(
+        {f, {gridDimX, gridDimY, gridDimZ}, {blockDimX, blockDimY, blockDimZ}, hStream, kernelParams, nullptr, true});
+  });
+}
+
+// The launch attributes are accepted and ignored, except CU_LAUNCH_ATTRIBUTE_COOPERATIVE.
+VLAKE_SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra) {
+  VLAKE_SIM_COUNT(cuLaunchKernelEx);
+  return guarded([&]() -> CUresult {
+    if (config == nullptr || (config->numAttrs != 0 && config->attrs == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    bool cooperative = false;
+    for (unsigned i = 0; i < config->numAttrs; ++i) {
+      const CUlaunchAttribute& a = config->attrs[i];
+      if (a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) cooperative = a.value.cooperative != 0;
+    }
+    return launch({f,
+                   {config->gridDimX, config->gridDimY, config->gridDimZ},
+                   {config->blockDimX, config->blockDimY, config->blockDimZ},
+                   config->hStream,
+                   kernelParams,
+                   extra,
+                   cooperative});
+  });
+}
+
+// A host function runs at once on the calling thread (streams are synchronous), outside every
+// simulator lock, so it may call the driver.
+VLAKE_SIM_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+  VLAKE_SIM_COUNT(cuLaunchHostFunc);
   return guarded([&]() -> CUresult {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-    (void)sharedMemBytes;
-    if (gridDimX == 0 || gridDimY == 0 || gridDimZ == 0 || blockDimX == 0 || blockDimY == 0 || blockDimZ == 0 ||
-        std::uint64_t{blockDimX} * blockDimY * blockDimZ > 1024) {
-      return CUDA_ERROR_INVALID_VALUE;
+    if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    {
+      std::shared_lock lock(g_proc->mu);
+      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
     }
-    if (kernelParams == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::shared_lock lock(g_proc->mu);
-    if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
-    bool found = false;
-    for (CUmod_st* m : g_proc->modules) {
-      for (const auto& fn : m->functions) found = found || fn.get() == f;
-    }
-    if (!found) return rules::kBadModuleOrFunction;
-    run_kernel(ctx, f, kernelParams, std::uint64_t{gridDimX} * gridDimY * gridDimZ * blockDimX * blockDimY * blockDimZ);
+    fn(userData);
     return CUDA_SUCCESS;
   });
 }
+
+// ---- Per-thread variants (VLAKE_SIM_PER_THREAD_ROWS) ---------------------------------------------
 
 VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                            unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
@@ -190,4 +273,25 @@ VLAKE_SIM_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, 
   VLAKE_SIM_COUNT(cuLaunchKernel_ptsz);
   return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
                         kernelParams, extra);
+}
+
+VLAKE_SIM_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                                      unsigned int gridDimZ, unsigned int blockDimX,
+                                                      unsigned int blockDimY, unsigned int blockDimZ,
+                                                      unsigned int sharedMemBytes, CUstream hStream,
+                                                      void** kernelParams) {
+  VLAKE_SIM_COUNT(cuLaunchCooperativeKernel_ptsz);
+  return cuLaunchCooperativeKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                                   hStream, kernelParams);
+}
+
+VLAKE_SIM_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                                             void** extra) {
+  VLAKE_SIM_COUNT(cuLaunchKernelEx_ptsz);
+  return cuLaunchKernelEx(config, f, kernelParams, extra);
+}
+
+VLAKE_SIM_API CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
+  VLAKE_SIM_COUNT(cuLaunchHostFunc_ptsz);
+  return cuLaunchHostFunc(hStream, fn, userData);
 }

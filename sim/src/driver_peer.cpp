@@ -1,8 +1,10 @@
 // The simulated driver's peer access between devices: cuDeviceCanAccessPeer,
-// cuCtxEnablePeerAccess, cuCtxDisablePeerAccess and cuMemcpyPeer (docs/simulator.md, "Several
-// devices"). Peer access is a bit per (context, peer device) in CUctx_st::peers; like the real
-// driver it only concerns cuMemAlloc memory (kernels of a context touching another device's
-// cuMemAlloc memory need it); VMM memory is reached through cuMemSetAccess alone.
+// cuCtxEnablePeerAccess, cuCtxDisablePeerAccess, cuMemcpyPeer, cuMemcpyPeerAsync and their
+// per-thread variants (docs/simulator.md, "Several devices"). Peer access is a bit per (context, peer device) in
+// CUctx_st::peers; like the real driver it only concerns cuMemAlloc memory (kernels of a context touching another
+// device's cuMemAlloc memory need it); VMM memory is reached through cuMemSetAccess alone.
+#include "vlake/common/cuda_api.hpp"
+
 #include "call_counts.hpp"
 #include "driver_internal.hpp"
 #include "rules.hpp"
@@ -73,26 +75,51 @@ VLAKE_SIM_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
   });
 }
 
+namespace {
+
 // A copy between two contexts' memory: needs no peer access (the driver stages it), but the
 // destination must be writable by its context's device and the source readable by its own.
+CUresult copy_peer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext,
+                   size_t ByteCount) {
+  CUctx_st* cur = nullptr;
+  if (CUresult rc = internal::context(cur); rc != CUDA_SUCCESS) return rc;
+  std::shared_lock lock(internal::process()->mu);
+  CUctx_st* dst = live_context(dstContext);
+  CUctx_st* src = live_context(srcContext);
+  if (dst == nullptr || src == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (ByteCount == 0) return CUDA_SUCCESS;
+  const auto d = static_cast<std::uintptr_t>(dstDevice);
+  const auto s = static_cast<std::uintptr_t>(srcDevice);
+  if (!internal::reachable(d, ByteCount, dst->device, true) || !internal::reachable(s, ByteCount, src->device, false)) {
+    return internal::copy_refused(cur);
+  }
+  std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), ByteCount);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 VLAKE_SIM_API CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                                     CUcontext srcContext, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyPeer);
-  return guarded([&]() -> CUresult {
-    CUctx_st* cur = nullptr;
-    if (CUresult rc = internal::context(cur); rc != CUDA_SUCCESS) return rc;
-    std::shared_lock lock(internal::process()->mu);
-    CUctx_st* dst = live_context(dstContext);
-    CUctx_st* src = live_context(srcContext);
-    if (dst == nullptr || src == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    if (ByteCount == 0) return CUDA_SUCCESS;
-    const auto d = static_cast<std::uintptr_t>(dstDevice);
-    const auto s = static_cast<std::uintptr_t>(srcDevice);
-    if (!internal::reachable(d, ByteCount, dst->device, true) ||
-        !internal::reachable(s, ByteCount, src->device, false)) {
-      return internal::copy_refused(cur);
-    }
-    std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), ByteCount);
-    return CUDA_SUCCESS;
-  });
+  return guarded([&] { return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                                         CUcontext srcContext, size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyPeerAsync);
+  return internal::on_stream(hStream,
+                             [&] { return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                                         CUcontext srcContext, size_t ByteCount) {
+  VLAKE_SIM_COUNT(cuMemcpyPeer_ptds);
+  return cuMemcpyPeer(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
+}
+
+VLAKE_SIM_API CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                                              CUcontext srcContext, size_t ByteCount, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpyPeerAsync_ptsz);
+  return cuMemcpyPeerAsync(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
 }

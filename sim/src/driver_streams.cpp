@@ -1,4 +1,4 @@
-// The simulated driver's streams, events and context synchronization: cuCtxSynchronize,
+// The simulated driver's streams, events and context synchronization: cuCtxSynchronize(_v2),
 // cuStream{Create,Destroy_v2,Synchronize,Query,WaitEvent}, cuEvent{Create,Record,Query,
 // Synchronize,Destroy_v2,ElapsedTime_v2} and their per-thread variants. Streams are
 // synchronous: every operation has completed when its call returns; VLAKE_SIM_EVENT_LAG_MS
@@ -66,6 +66,21 @@ VLAKE_SIM_API CUresult cuCtxSynchronize() {
   VLAKE_SIM_COUNT(cuCtxSynchronize);
   CUctx_st* ctx = nullptr;
   if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  wait_recorded_events();
+  vlake::sim::pools::synchronized();
+  return CUDA_SUCCESS;
+}
+
+// CUDA 13: synchronizes `ctx` (null: the current context) without making it current. A handle
+// that is not a live primary context is CUDA_ERROR_INVALID_CONTEXT; the context's sticky error
+// is returned like cuCtxSynchronize's.
+VLAKE_SIM_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  VLAKE_SIM_COUNT(cuCtxSynchronize_v2);
+  if (ctx == nullptr) return cuCtxSynchronize();
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  CUctx_st* c = ctx_of_handle(ctx);
+  if (c == nullptr || c->retains.load() <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult sticky = c->sticky.load(); sticky != CUDA_SUCCESS) return sticky;
   wait_recorded_events();
   vlake::sim::pools::synchronized();
   return CUDA_SUCCESS;

@@ -1,0 +1,211 @@
+// The simulated driver's pitched copies and memsets: cuMemcpy2D_v2, cuMemcpy2DUnaligned_v2,
+// cuMemcpy2DAsync_v2, cuMemcpy3D_v2, cuMemcpy3DAsync_v2, cuMemsetD2D{8,16,32}_v2,
+// cuMemsetD2D{8,16,32}Async and their per-thread variants. They run on copy_rows / memset_rows
+// (driver_copy.cpp): every row is checked before any byte moves.
+//
+// Rules (docs/simulator.md, "Copies and memsets")
+// - A side's memory type is CU_MEMORYTYPE_HOST (srcHost/dstHost), _DEVICE or _UNIFIED
+//   (srcDevice/dstDevice; unified is device memory when inside a mapping, host otherwise).
+//   The simulator has no CUDA arrays: CU_MEMORYTYPE_ARRAY, like any other type, is
+//   CUDA_ERROR_INVALID_VALUE.
+// - Several rows need XInBytes + WidthInBytes <= pitch on both sides; several slices need
+//   Y + Height <= the side's slice height (srcHeight/dstHeight); LODs must be 0
+//   (CUDA_ERROR_INVALID_VALUE otherwise). An empty copy (a zero extent) succeeds.
+// - cuMemcpy2D_v2 and cuMemcpy2DUnaligned_v2 behave the same (no pitch alignment is required).
+#include "vlake/common/cuda_api.hpp"
+
+#include "call_counts.hpp"
+#include "driver_internal.hpp"
+#include "process.hpp"
+
+#include <cstdint>
+
+using namespace vlake::sim::internal;
+
+namespace {
+
+// The geometry of one side of a 2D/3D copy.
+struct Geometry {
+  CUmemorytype type;
+  const void* host;
+  CUdeviceptr device;
+  std::size_t x, y, z, lod;
+  std::size_t pitch;
+  std::size_t height;  // rows per slice (3D)
+};
+
+CUresult side_of(const Geometry& g, std::size_t width, std::size_t height, std::size_t depth, CopySide& out) {
+  if (g.type != CU_MEMORYTYPE_HOST && g.type != CU_MEMORYTYPE_DEVICE && g.type != CU_MEMORYTYPE_UNIFIED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (g.lod != 0) return CUDA_ERROR_INVALID_VALUE;
+  if ((height > 1 || depth > 1) && (g.x > g.pitch || width > g.pitch - g.x)) return CUDA_ERROR_INVALID_VALUE;
+  if (depth > 1 && (g.y > g.height || height > g.height - g.y)) return CUDA_ERROR_INVALID_VALUE;
+  const std::uintptr_t base =
+      g.type == CU_MEMORYTYPE_HOST ? reinterpret_cast<std::uintptr_t>(g.host) : as_addr(g.device);
+  out = CopySide{g.type, base + g.x + g.y * g.pitch + g.z * g.height * g.pitch, g.pitch, g.height * g.pitch};
+  return CUDA_SUCCESS;
+}
+
+CUresult copy_3d(const CUDA_MEMCPY3D* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CopySide src{};
+  CopySide dst{};
+  const Geometry s{p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes, p->srcY,
+                   p->srcZ,          p->srcLOD,  p->srcPitch,  p->srcHeight};
+  const Geometry d{p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes, p->dstY,
+                   p->dstZ,          p->dstLOD,  p->dstPitch,  p->dstHeight};
+  if (CUresult rc = side_of(s, p->WidthInBytes, p->Height, p->Depth, src); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = side_of(d, p->WidthInBytes, p->Height, p->Depth, dst); rc != CUDA_SUCCESS) return rc;
+  return copy_rows(dst, src, p->WidthInBytes, p->Height, p->Depth);
+}
+
+// A 2D copy is a 3D copy of one slice.
+CUresult copy_2d(const CUDA_MEMCPY2D* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_MEMCPY3D c{};
+  c.srcXInBytes = p->srcXInBytes;
+  c.srcY = p->srcY;
+  c.srcMemoryType = p->srcMemoryType;
+  c.srcHost = p->srcHost;
+  c.srcDevice = p->srcDevice;
+  c.srcArray = p->srcArray;
+  c.srcPitch = p->srcPitch;
+  c.dstXInBytes = p->dstXInBytes;
+  c.dstY = p->dstY;
+  c.dstMemoryType = p->dstMemoryType;
+  c.dstHost = p->dstHost;
+  c.dstDevice = p->dstDevice;
+  c.dstArray = p->dstArray;
+  c.dstPitch = p->dstPitch;
+  c.WidthInBytes = p->WidthInBytes;
+  c.Height = p->Height;
+  c.Depth = 1;
+  return copy_3d(&c);
+}
+
+}  // namespace
+
+VLAKE_SIM_API CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy) {
+  VLAKE_SIM_COUNT(cuMemcpy2D_v2);
+  return guarded([&] { return copy_2d(pCopy); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy) {
+  VLAKE_SIM_COUNT(cuMemcpy2DUnaligned_v2);
+  return guarded([&] { return copy_2d(pCopy); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpy2DAsync_v2);
+  return on_stream(hStream, [&] { return copy_2d(pCopy); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy) {
+  VLAKE_SIM_COUNT(cuMemcpy3D_v2);
+  return guarded([&] { return copy_3d(pCopy); });
+}
+
+VLAKE_SIM_API CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpy3DAsync_v2);
+  return on_stream(hStream, [&] { return copy_3d(pCopy); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                                       size_t Height) {
+  VLAKE_SIM_COUNT(cuMemsetD2D8_v2);
+  return guarded([&] { return memset_rows(as_addr(dstDevice), dstPitch, 1, uc, Width, Height); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                                        size_t Height) {
+  VLAKE_SIM_COUNT(cuMemsetD2D16_v2);
+  return guarded([&] { return memset_rows(as_addr(dstDevice), dstPitch, 2, us, Width, Height); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                                        size_t Height) {
+  VLAKE_SIM_COUNT(cuMemsetD2D32_v2);
+  return guarded([&] { return memset_rows(as_addr(dstDevice), dstPitch, 4, ui, Width, Height); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                                         size_t Height, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD2D8Async);
+  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), dstPitch, 1, uc, Width, Height); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                                          size_t Height, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD2D16Async);
+  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), dstPitch, 2, us, Width, Height); });
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                                          size_t Height, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD2D32Async);
+  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), dstPitch, 4, ui, Width, Height); });
+}
+
+// ---- Per-thread variants (VLAKE_SIM_PER_THREAD_ROWS) ---------------------------------------------
+
+VLAKE_SIM_API CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy) {
+  VLAKE_SIM_COUNT(cuMemcpy2D_v2_ptds);
+  return cuMemcpy2D_v2(pCopy);
+}
+
+VLAKE_SIM_API CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy) {
+  VLAKE_SIM_COUNT(cuMemcpy2DUnaligned_v2_ptds);
+  return cuMemcpy2DUnaligned_v2(pCopy);
+}
+
+VLAKE_SIM_API CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpy2DAsync_v2_ptsz);
+  return cuMemcpy2DAsync_v2(pCopy, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy) {
+  VLAKE_SIM_COUNT(cuMemcpy3D_v2_ptds);
+  return cuMemcpy3D_v2(pCopy);
+}
+
+VLAKE_SIM_API CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemcpy3DAsync_v2_ptsz);
+  return cuMemcpy3DAsync_v2(pCopy, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                                            size_t Height) {
+  VLAKE_SIM_COUNT(cuMemsetD2D8_v2_ptds);
+  return cuMemsetD2D8_v2(dstDevice, dstPitch, uc, Width, Height);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                                             size_t Height) {
+  VLAKE_SIM_COUNT(cuMemsetD2D16_v2_ptds);
+  return cuMemsetD2D16_v2(dstDevice, dstPitch, us, Width, Height);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                                             size_t Height) {
+  VLAKE_SIM_COUNT(cuMemsetD2D32_v2_ptds);
+  return cuMemsetD2D32_v2(dstDevice, dstPitch, ui, Width, Height);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
+                                              size_t Height, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD2D8Async_ptsz);
+  return cuMemsetD2D8Async(dstDevice, dstPitch, uc, Width, Height, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
+                                               size_t Height, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD2D16Async_ptsz);
+  return cuMemsetD2D16Async(dstDevice, dstPitch, us, Width, Height, hStream);
+}
+
+VLAKE_SIM_API CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
+                                               size_t Height, CUstream hStream) {
+  VLAKE_SIM_COUNT(cuMemsetD2D32Async_ptsz);
+  return cuMemsetD2D32Async(dstDevice, dstPitch, ui, Width, Height, hStream);
+}
