@@ -1,5 +1,6 @@
 // The simulator's entry points in one process: proc-address resolution, error strings,
 // context rules, sticky errors, pointer attributes, streams/events and thread-safety.
+#include "sim_kernels.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -314,36 +315,6 @@ TEST_CASE("context rules - per-thread current context and INVALID_CONTEXT withou
     CHECK(results[i] == CUDA_SUCCESS);
   }
 }
-
-namespace {
-
-constexpr const char* kFillPtx = R"(
-.version 8.0
-.target sm_75
-.address_size 64
-.visible .entry vlake_fill_u32(.param .u64 p0, .param .u64 p1, .param .u32 p2)
-{
-  ret;
-}
-)";
-
-CUfunction fill_kernel() {
-  static CUfunction fn = [] {
-    CUmodule mod = nullptr;
-    REQUIRE(cuModuleLoadData(&mod, kFillPtx) == CUDA_SUCCESS);
-    CUfunction f = nullptr;
-    REQUIRE(cuModuleGetFunction(&f, mod, "vlake_fill_u32") == CUDA_SUCCESS);
-    return f;
-  }();
-  return fn;
-}
-
-CUresult launch_fill(CUdeviceptr p, unsigned long long n, unsigned v) {
-  void* args[] = {&p, &n, &v};
-  return cuLaunchKernel(fill_kernel(), 4, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
-}
-
-}  // namespace
 
 TEST_CASE("the copy engines refuse bad accesses and leave the context usable", "[sim][access]") {
   init_ctx(1);

@@ -3,6 +3,7 @@
 // to another device's cuMemAlloc memory, per-device VMM access (several descriptors at once,
 // cuMemGetAccess per device, the copy engines and kernels of a context obeying its device's
 // access), cuMemcpyPeer.
+#include "sim_kernels.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -14,25 +15,6 @@
 using namespace simtest;
 
 namespace {
-
-constexpr const char* kFillPtx = R"(
-.version 8.0
-.target sm_75
-.address_size 64
-.visible .entry vlake_fill_u32(.param .u64 p0, .param .u64 p1, .param .u32 p2)
-{
-  ret;
-}
-)";
-
-CUresult launch_fill(CUdeviceptr p, unsigned long long n, unsigned v) {
-  CUmodule mod = nullptr;
-  if (CUresult rc = cuModuleLoadData(&mod, kFillPtx); rc != CUDA_SUCCESS) return rc;
-  CUfunction f = nullptr;
-  if (CUresult rc = cuModuleGetFunction(&f, mod, "vlake_fill_u32"); rc != CUDA_SUCCESS) return rc;
-  void* args[] = {&p, &n, &v};
-  return cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
-}
 
 // One 2 MiB VMM allocation of device `owner`, mapped with no access yet.
 struct Vmm {
