@@ -41,6 +41,7 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstddef>
@@ -192,6 +193,10 @@ int prot_of(const Mapping& m, int device_count);
 // importer can check that an fd is a simulator allocation and recover its device and types.
 int create_memfd(std::size_t size, int device, unsigned handle_types);
 bool parse_memfd(int fd, int& device, unsigned& handle_types);
+// A Phys for the memfd `fd` (owned from now on; `st` its fstat) of `size` bytes on `device`, added
+// to the process's table with a fresh block id; the caller charged or held it on the node.
+// Caller holds mu exclusively.
+Phys* add_phys(int fd, const struct stat& st, std::size_t size, int device);
 // Creates the Phys of a new allocation (charged to the node). Caller holds mu exclusively.
 CUresult new_phys(std::size_t size, int device, unsigned handle_types, bool classic, Phys*& out);
 // Drops `p` once nothing in this process refers to it. Caller holds mu exclusively.

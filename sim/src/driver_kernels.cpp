@@ -48,16 +48,21 @@ bool known_kernel(const std::string& name) {
   return false;
 }
 
+// Kernel parameter `i` (cuLaunchKernel's kernelParams: an array of pointers to the values).
+template <class T>
+T param(void** params, int i) {
+  T v{};
+  std::memcpy(&v, params[i], sizeof v);
+  return v;
+}
+
 // Executes `f` with its parameters; a bad access poisons the context (reported by the next
 // synchronizing call, as on a GPU) and leaves memory untouched.
 void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params, std::uint64_t threads) {
   if (f->name == "vlake_hash_u64") {
-    CUdeviceptr p = 0;
-    unsigned long long n = 0;
-    CUdeviceptr out = 0;
-    std::memcpy(&p, params[0], sizeof p);
-    std::memcpy(&n, params[1], sizeof n);
-    std::memcpy(&out, params[2], sizeof out);
+    const auto p = param<CUdeviceptr>(params, 0);
+    const auto n = param<unsigned long long>(params, 1);
+    const auto out = param<CUdeviceptr>(params, 2);
     if (threads > SIZE_MAX / 8 || as_addr(out) % 8 != 0 ||
         !accessible(as_addr(out), static_cast<std::size_t>(threads) * 8, ctx->device, true, ctx) ||
         (n != 0 && (n > SIZE_MAX / 8 || as_addr(p) % 8 != 0 ||
@@ -76,12 +81,9 @@ void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params, std::uint64_t 
     return;
   }
   if (f->name == "vlake_fill_u32") {
-    CUdeviceptr p = 0;
-    unsigned long long n = 0;
-    unsigned v = 0;
-    std::memcpy(&p, params[0], sizeof p);
-    std::memcpy(&n, params[1], sizeof n);
-    std::memcpy(&v, params[2], sizeof v);
+    const auto p = param<CUdeviceptr>(params, 0);
+    const auto n = param<unsigned long long>(params, 1);
+    const auto v = param<unsigned>(params, 2);
     if (n == 0) return;
     if (n > SIZE_MAX / 4 || as_addr(p) % 4 != 0 ||
         !accessible(as_addr(p), static_cast<std::size_t>(n) * 4, ctx->device, true, ctx)) {

@@ -135,6 +135,19 @@ Pool* find_pool(CUmemoryPool h) {
   return nullptr;
 }
 
+// The body of a call on a known pool: initialized, under the pools' lock, f(pool); an unknown
+// pool is CUDA_ERROR_INVALID_VALUE.
+template <class F>
+CUresult on_pool(CUmemoryPool h, F&& f) {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(st().mu);
+    Pool* p = find_pool(h);
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return f(*p);
+  });
+}
+
 CUmemoryPool default_pool(int dev) { return internal::default_pool(dev); }
 
 void note_highs(Pool& p) {
@@ -442,14 +455,11 @@ VLAKE_SIM_API CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps*
 }
 
 VLAKE_SIM_API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
-    std::lock_guard lock(st().mu);
-    Pool* p = find_pool(pool);
-    if (p == nullptr || p->is_default) return CUDA_ERROR_INVALID_VALUE;
-    release_above(*p, 0);
+  return on_pool(pool, [&](Pool& p) -> CUresult {
+    if (p.is_default) return CUDA_ERROR_INVALID_VALUE;
+    release_above(p, 0);
     // Outstanding allocations keep their memory until freed (cuda.h: released automatically).
-    p->destroyed = true;
+    p.destroyed = true;
     for (auto& c : st().current) {
       if (c == pool) c = nullptr;
     }
@@ -458,33 +468,25 @@ VLAKE_SIM_API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 }
 
 VLAKE_SIM_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
-    std::lock_guard lock(st().mu);
-    Pool* p = find_pool(pool);
-    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    release_above(*p, minBytesToKeep);
+  return on_pool(pool, [&](Pool& p) -> CUresult {
+    release_above(p, minBytesToKeep);
     return CUDA_SUCCESS;
   });
 }
 
 VLAKE_SIM_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return on_pool(pool, [&](Pool& p) -> CUresult {
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::lock_guard lock(st().mu);
-    Pool* p = find_pool(pool);
-    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
     auto put64 = [value](std::uint64_t v) { *static_cast<cuuint64_t*>(value) = v; };
     switch (attr) {
       case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *static_cast<int*>(value) = 1; break;
-      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: put64(p->threshold); break;
-      case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: put64(p->reserved()); break;
-      case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: put64(p->reserved_high); break;
-      case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: put64(p->used_bytes()); break;
-      case CU_MEMPOOL_ATTR_USED_MEM_HIGH: put64(p->used_high); break;
+      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: put64(p.threshold); break;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: put64(p.reserved()); break;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: put64(p.reserved_high); break;
+      case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: put64(p.used_bytes()); break;
+      case CU_MEMPOOL_ATTR_USED_MEM_HIGH: put64(p.used_high); break;
       default: return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
@@ -492,25 +494,21 @@ VLAKE_SIM_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attrib
 }
 
 VLAKE_SIM_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return on_pool(pool, [&](Pool& p) -> CUresult {
     if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::lock_guard lock(st().mu);
-    Pool* p = find_pool(pool);
-    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const cuuint64_t v = *static_cast<cuuint64_t*>(value);
     switch (attr) {
       case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: break;
-      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = v; break;
+      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p.threshold = v; break;
       case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:  // may only be reset to zero
         if (v != 0) return CUDA_ERROR_INVALID_VALUE;
-        p->reserved_high = p->reserved();
+        p.reserved_high = p.reserved();
         break;
       case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
         if (v != 0) return CUDA_ERROR_INVALID_VALUE;
-        p->used_high = p->used_bytes();
+        p.used_high = p.used_bytes();
         break;
       default: return CUDA_ERROR_INVALID_VALUE;
     }

@@ -110,26 +110,30 @@ bool parse_memfd(int fd, int& device, unsigned& handle_types) {
   return std::sscanf(target, "/memfd:vlake-sim:d%d:t%u", &device, &handle_types) == 2;
 }
 
-// Creates the Phys of a new allocation (charged to the node). Caller holds mu exclusively.
-CUresult new_phys(std::size_t size, int device, unsigned handle_types, bool classic, Phys*& out) {
-  int fd = create_memfd(size, device, handle_types);
-  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  struct stat st {};
-  ::fstat(fd, &st);
+Phys* add_phys(int fd, const struct stat& st, std::size_t size, int device) {
   auto p = std::make_unique<Phys>();
   p->fd = fd;
   p->dev = st.st_dev;
   p->ino = st.st_ino;
   p->size = size;
   p->device = device;
-  p->classic = classic;
-  if (CUresult rc = g_proc->node->charge_new(p->dev, p->ino, size, device); rc != CUDA_SUCCESS) {
+  p->block_id = g_proc->next_id++;
+  Phys* raw = p.get();
+  g_proc->phys.emplace(std::make_pair(raw->dev, raw->ino), std::move(p));
+  return raw;
+}
+
+CUresult new_phys(std::size_t size, int device, unsigned handle_types, bool classic, Phys*& out) {
+  int fd = create_memfd(size, device, handle_types);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct stat st {};
+  ::fstat(fd, &st);
+  if (CUresult rc = g_proc->node->charge_new(st.st_dev, st.st_ino, size, device); rc != CUDA_SUCCESS) {
     ::close(fd);
     return rc;
   }
-  p->block_id = g_proc->next_id++;
-  out = p.get();
-  g_proc->phys.emplace(std::make_pair(p->dev, p->ino), std::move(p));
+  out = add_phys(fd, st, size, device);
+  out->classic = classic;
   return CUDA_SUCCESS;
 }
 

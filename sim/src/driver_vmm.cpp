@@ -286,19 +286,11 @@ VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHand
       ::close(own);
       return rc;
     }
-    auto p = std::make_unique<Phys>();
-    p->fd = own;
-    p->dev = st.st_dev;
-    p->ino = st.st_ino;
-    p->size = size;
-    p->device = device;
-    p->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p->prop.location.id = device;
-    p->prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(types);
-    p->block_id = g_proc->next_id++;
-    Phys* raw = p.get();
-    g_proc->phys.emplace(std::make_pair(raw->dev, raw->ino), std::move(p));
+    Phys* raw = add_phys(own, st, size, device);
+    raw->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    raw->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    raw->prop.location.id = device;
+    raw->prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(types);
     *handle = add_handle_ref(raw);
     return CUDA_SUCCESS;
   });

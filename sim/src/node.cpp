@@ -384,6 +384,30 @@ void purge_dead(NodeState* s, const ProcessId& self) {
   shrink_hwm(s);
 }
 
+// A free record for a new allocation of `size` bytes on `device`, charged to the device, with
+// no holder yet (the caller adds them); nullptr when the table is full even after the dead
+// processes' records are purged.
+Record* new_record(NodeState* s, const ProcessId& self, std::uint64_t dev, std::uint64_t ino, std::uint64_t size,
+                   int device) {
+  Record* r = free_slot(s);
+  if (r == nullptr) {
+    purge_dead(s, self);
+    r = free_slot(s);
+  }
+  if (r == nullptr) return nullptr;
+  r->dev = dev;
+  r->ino = ino;
+  r->size = size;
+  r->device = device;
+  r->nholders = 0;
+  r->fd_held = 0;
+  r->creator_gone = 0;
+  r->swapped = 0;
+  r->imported = 0;
+  s->used[device] += size;
+  return r;
+}
+
 void print_error(const std::string& msg) { std::fprintf(stderr, "vlake-sim: %s\n", msg.c_str()); }
 
 std::string to_octal(unsigned v) {
@@ -591,23 +615,10 @@ CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t si
   // answer depends on it, so that the lock every process shares is held for microseconds.
   if (!fits()) purge_dead(state_, self_);
   if (!fits()) return CUDA_ERROR_OUT_OF_MEMORY;
-  Record* r = free_slot(state_);
-  if (r == nullptr) {
-    purge_dead(state_, self_);
-    r = free_slot(state_);
-  }
+  Record* r = new_record(state_, self_, dev, ino, size, device);
   if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  r->dev = dev;
-  r->ino = ino;
-  r->size = size;
-  r->device = device;
   r->holders[0] = self_;
   r->nholders = 1;
-  r->fd_held = 0;
-  r->creator_gone = 0;
-  r->swapped = 0;
-  r->imported = 0;
-  state_->used[device] += size;
   return CUDA_SUCCESS;
 }
 
@@ -619,21 +630,8 @@ CUresult Node::hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, in
     r = find(state_, dev, ino);
   }
   if (r == nullptr) {
-    r = free_slot(state_);
-    if (r == nullptr) {
-      purge_dead(state_, self_);
-      r = free_slot(state_);
-    }
+    r = new_record(state_, self_, dev, ino, size, device);
     if (r == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-    r->dev = dev;
-    r->ino = ino;
-    r->size = size;
-    r->device = device;
-    r->nholders = 0;
-    r->fd_held = 0;
-    r->creator_gone = 0;
-    r->swapped = 0;
-    state_->used[device] += size;
   } else if (r->swapped != 0) {
     // Imported from a checkpointed process's descriptor: the memory is needed on the device
     // again, and that process can no longer be restored (it shares it now).

@@ -1,6 +1,7 @@
 // Pitched, managed and stream-ordered allocations, their device attributes, and cuGetProcAddress
 // with the per-thread-default-stream flag. Expected values are the H100 measurements recorded
 // in docs/simulator.md (sim/tools/measure_driver.cpp).
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -15,19 +16,6 @@
 using namespace simtest;
 
 namespace {
-
-void* sim_handle() {
-  void* h = ::dlopen(VLAKE_SIM_LIB, RTLD_NOW | RTLD_NOLOAD);
-  REQUIRE(h != nullptr);
-  return h;
-}
-
-template <class T>
-T attr(CUpointer_attribute a, CUdeviceptr p) {
-  T v{};
-  REQUIRE(cuPointerGetAttribute(&v, a, p) == CUDA_SUCCESS);
-  return v;
-}
 
 int device_attr(CUdevice_attribute a) {
   int v = -12345;

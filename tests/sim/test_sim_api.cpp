@@ -1,6 +1,6 @@
 // The simulator's entry points in one process: proc-address resolution, error strings,
 // context rules, sticky errors, pointer attributes, streams/events and thread-safety.
-#include "sim_kernels.hpp"
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -22,23 +22,28 @@ using namespace simtest;
 
 namespace {
 
-void* sim_handle() {
-  void* h = ::dlopen(VLAKE_SIM_LIB, RTLD_NOW | RTLD_NOLOAD);
-  REQUIRE(h != nullptr);
-  return h;
-}
-
-template <class T>
-T attr(CUpointer_attribute a, CUdeviceptr p) {
-  T v{};
-  REQUIRE(cuPointerGetAttribute(&v, a, p) == CUDA_SUCCESS);
-  return v;
-}
-
 struct Vmm {
   CUdeviceptr va = 0;
   size_t size = 0;
 };
+
+struct TwoChunks {
+  CUmemGenericAllocationHandle h1 = 0;
+  CUmemGenericAllocationHandle h2 = 0;
+  CUdeviceptr va = 0;
+};
+
+// Two 2 MiB allocations of `prop` mapped side by side, without access, at the start of a 6 MiB
+// reservation (the caller unmaps, releases and frees).
+TwoChunks two_chunks(const CUmemAllocationProp& prop) {
+  TwoChunks c;
+  REQUIRE(cuMemCreate(&c.h1, kGran, &prop, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemCreate(&c.h2, kGran, &prop, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemAddressReserve(&c.va, 3 * kGran, 0, 0, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemMap(c.va, kGran, 0, c.h1, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemMap(c.va + kGran, kGran, 0, c.h2, 0) == CUDA_SUCCESS);
+  return c;
+}
 
 }  // namespace
 
@@ -318,15 +323,8 @@ TEST_CASE("context rules - per-thread current context and INVALID_CONTEXT withou
 
 TEST_CASE("the copy engines refuse bad accesses and leave the context usable", "[sim][access]") {
   init_ctx(1);
-  CUmemAllocationProp prop = device_prop(1);
-  CUmemGenericAllocationHandle h1 = 0;
-  CUmemGenericAllocationHandle h2 = 0;
-  REQUIRE(cuMemCreate(&h1, kGran, &prop, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemCreate(&h2, kGran, &prop, 0) == CUDA_SUCCESS);
-  CUdeviceptr va = 0;
-  REQUIRE(cuMemAddressReserve(&va, 3 * kGran, 0, 0, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemMap(va, kGran, 0, h1, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemMap(va + kGran, kGran, 0, h2, 0) == CUDA_SUCCESS);
+  const CUmemAllocationProp prop = device_prop(1);
+  auto [h1, h2, va] = two_chunks(prop);
   std::vector<char> buf(2 * kGran, 'x');
   auto refused = [&](const char* what, CUresult rc) {
     INFO(what);
@@ -359,15 +357,8 @@ TEST_CASE("the copy engines refuse bad accesses and leave the context usable", "
 
 TEST_CASE("an illegal kernel access poisons the context with ILLEGAL_ADDRESS", "[sim][sticky]") {
   init_ctx(1);
-  CUmemAllocationProp prop = device_prop(1);
-  CUmemGenericAllocationHandle h1 = 0;
-  CUmemGenericAllocationHandle h2 = 0;
-  REQUIRE(cuMemCreate(&h1, kGran, &prop, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemCreate(&h2, kGran, &prop, 0) == CUDA_SUCCESS);
-  CUdeviceptr va = 0;
-  REQUIRE(cuMemAddressReserve(&va, 3 * kGran, 0, 0, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemMap(va, kGran, 0, h1, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemMap(va + kGran, kGran, 0, h2, 0) == CUDA_SUCCESS);
+  const CUmemAllocationProp prop = device_prop(1);
+  auto [h1, h2, va] = two_chunks(prop);
   std::vector<char> buf(64);
 
   auto expect_poisoned = [&](const char* what, CUdeviceptr p, unsigned long long n) {

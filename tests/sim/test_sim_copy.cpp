@@ -63,6 +63,33 @@ CUDA_MEMCPY2D copy2d(CUmemorytype src_type, const void* src_host, CUdeviceptr sr
   return c;
 }
 
+// One side of a 3D copy of the test: 5 bytes x 2 rows x 2 slices.
+struct Side3d {
+  CUmemorytype type;
+  void* host;
+  CUdeviceptr dev;
+  size_t pitch;
+  size_t height;
+};
+
+CUDA_MEMCPY3D copy3d(const Side3d& src, const Side3d& dst) {
+  CUDA_MEMCPY3D c{};
+  c.srcMemoryType = src.type;
+  c.srcHost = src.host;
+  c.srcDevice = src.dev;
+  c.srcPitch = src.pitch;
+  c.srcHeight = src.height;
+  c.dstMemoryType = dst.type;
+  c.dstHost = dst.host;
+  c.dstDevice = dst.dev;
+  c.dstPitch = dst.pitch;
+  c.dstHeight = dst.height;
+  c.WidthInBytes = 5;
+  c.Height = 2;
+  c.Depth = 2;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("cuMemcpy and cuMemcpyAsync tell device from host memory by address", "[sim][copy]") {
@@ -238,20 +265,9 @@ TEST_CASE("cuMemcpy3D copies a box between slices", "[sim][copy]") {
     }
   }
   DeviceBuffer dev(2 * 3 * 128);
-  CUDA_MEMCPY3D c{};
-  c.srcMemoryType = CU_MEMORYTYPE_HOST;
-  c.srcHost = host.data();
-  c.srcPitch = 64;
-  c.srcHeight = 4;
+  CUDA_MEMCPY3D c = copy3d({CU_MEMORYTYPE_HOST, host.data(), 0, 64, 4}, {CU_MEMORYTYPE_DEVICE, nullptr, dev.p, 128, 3});
   c.srcXInBytes = 2;
   c.srcY = 1;
-  c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-  c.dstDevice = dev.p;
-  c.dstPitch = 128;
-  c.dstHeight = 3;
-  c.WidthInBytes = 5;
-  c.Height = 2;
-  c.Depth = 2;
   CHECK(cuMemcpy3D_v2(&c) == CUDA_SUCCESS);
   auto img = dev.read();
   CHECK(img[0] == 12);         // slice 0, row 1, x 2
@@ -262,18 +278,8 @@ TEST_CASE("cuMemcpy3D copies a box between slices", "[sim][copy]") {
   CHECK(img[2 * 128] == 0);  // the third row of a destination slice stays untouched
 
   std::fill(host.begin(), host.end(), 0);
-  CUDA_MEMCPY3D down{};
-  down.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-  down.srcDevice = dev.p;
-  down.srcPitch = 128;
-  down.srcHeight = 3;
-  down.dstMemoryType = CU_MEMORYTYPE_HOST;
-  down.dstHost = host.data();
-  down.dstPitch = 64;
-  down.dstHeight = 4;
-  down.WidthInBytes = 5;
-  down.Height = 2;
-  down.Depth = 2;
+  const CUDA_MEMCPY3D down =
+      copy3d({CU_MEMORYTYPE_DEVICE, nullptr, dev.p, 128, 3}, {CU_MEMORYTYPE_HOST, host.data(), 0, 64, 4});
   for (auto* fn : {&cuMemcpy3D_v2, &cuMemcpy3D_v2_ptds}) {
     std::fill(host.begin(), host.end(), 0);
     CHECK(fn(&down) == CUDA_SUCCESS);

@@ -1,6 +1,6 @@
 // The simulator's launch variants (cooperative, extensible, host functions), cuCtxSynchronize_v2,
 // and the per-thread variants of the pool and graph calls the hook intercepts.
-#include "sim_kernels.hpp"
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>

@@ -3,7 +3,7 @@
 // to another device's cuMemAlloc memory, per-device VMM access (several descriptors at once,
 // cuMemGetAccess per device, the copy engines and kernels of a context obeying its device's
 // access), cuMemcpyPeer.
-#include "sim_kernels.hpp"
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>

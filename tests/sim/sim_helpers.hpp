@@ -1,13 +1,31 @@
-// The kernel the simulator tests launch: vlake_fill_u32(unsigned* p, unsigned long long n,
-// unsigned v) sets p[0..n) = v (the simulator runs it on the host by its entry name; see
-// sim/src/driver_kernels.cpp). For Catch2 test files: failures to load are REQUIRE failures.
+// Helpers of the simulator's Catch2 tests (failures are REQUIRE failures): the simulator's
+// library handle, pointer attributes, and the kernel the tests launch, vlake_fill_u32(unsigned*
+// p, unsigned long long n, unsigned v), which sets p[0..n) = v (the simulator runs it on the
+// host by its entry name; see sim/src/driver_kernels.cpp).
 #pragma once
 
 #include "vlake/common/cuda_api.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
+
 namespace simtest {
+
+// The simulated libcuda.so.1 this test binary links (VLAKE_SIM_LIB), already loaded.
+inline void* sim_handle() {
+  void* h = ::dlopen(VLAKE_SIM_LIB, RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(h != nullptr);
+  return h;
+}
+
+// Pointer attribute `a` of `p` (cuPointerGetAttribute must succeed).
+template <class T>
+T attr(CUpointer_attribute a, CUdeviceptr p) {
+  T v{};
+  REQUIRE(cuPointerGetAttribute(&v, a, p) == CUDA_SUCCESS);
+  return v;
+}
 
 inline constexpr const char* kFillPtx = R"(
 .version 8.0
