@@ -184,36 +184,6 @@ VLAKE_SIM_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t By
   return on_stream(hStream, [&] { return copy_unified(dst, src, ByteCount); });
 }
 
-VLAKE_SIM_API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  VLAKE_SIM_COUNT(cuMemsetD8_v2);
-  return guarded([&] { return memset_rows(as_addr(dstDevice), 0, 1, uc, N, 1); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N) {
-  VLAKE_SIM_COUNT(cuMemsetD16_v2);
-  return guarded([&] { return memset_rows(as_addr(dstDevice), 0, 2, us, N, 1); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-  VLAKE_SIM_COUNT(cuMemsetD32_v2);
-  return guarded([&] { return memset_rows(as_addr(dstDevice), 0, 4, ui, N, 1); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD8Async);
-  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), 0, 1, uc, N, 1); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD16Async);
-  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), 0, 2, us, N, 1); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD32Async);
-  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), 0, 4, ui, N, 1); });
-}
-
 VLAKE_SIM_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpyHtoD_v2_ptds);
   return cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount);
@@ -247,26 +217,6 @@ VLAKE_SIM_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdevice
   return cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream);
 }
 
-VLAKE_SIM_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  VLAKE_SIM_COUNT(cuMemsetD8_v2_ptds);
-  return cuMemsetD8_v2(dstDevice, uc, N);
-}
-
-VLAKE_SIM_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-  VLAKE_SIM_COUNT(cuMemsetD32_v2_ptds);
-  return cuMemsetD32_v2(dstDevice, ui, N);
-}
-
-VLAKE_SIM_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD8Async_ptsz);
-  return cuMemsetD8Async(dstDevice, uc, N, hStream);
-}
-
-VLAKE_SIM_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD32Async_ptsz);
-  return cuMemsetD32Async(dstDevice, ui, N, hStream);
-}
-
 VLAKE_SIM_API CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
   VLAKE_SIM_COUNT(cuMemcpy_ptds);
   return cuMemcpy(dst, src, ByteCount);
@@ -277,12 +227,27 @@ VLAKE_SIM_API CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size
   return cuMemcpyAsync(dst, src, ByteCount, hStream);
 }
 
-VLAKE_SIM_API CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N) {
-  VLAKE_SIM_COUNT(cuMemsetD16_v2_ptds);
-  return cuMemsetD16_v2(dstDevice, us, N);
-}
+// cuMemsetD<bits>_v2, cuMemsetD<bits>Async and their per-thread variants: N elements of `elem`
+// bytes (type T) set to `value`.
+#define VLAKE_SIM_MEMSET(bits, T, elem)                                                                            \
+  VLAKE_SIM_API CUresult cuMemsetD##bits##_v2(CUdeviceptr dstDevice, T value, size_t N) {                          \
+    VLAKE_SIM_COUNT(cuMemsetD##bits##_v2);                                                                         \
+    return guarded([&] { return memset_rows(as_addr(dstDevice), 0, elem, value, N, 1); });                         \
+  }                                                                                                                \
+  VLAKE_SIM_API CUresult cuMemsetD##bits##Async(CUdeviceptr dstDevice, T value, size_t N, CUstream hStream) {      \
+    VLAKE_SIM_COUNT(cuMemsetD##bits##Async);                                                                       \
+    return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), 0, elem, value, N, 1); });              \
+  }                                                                                                                \
+  VLAKE_SIM_API CUresult cuMemsetD##bits##_v2_ptds(CUdeviceptr dstDevice, T value, size_t N) {                     \
+    VLAKE_SIM_COUNT(cuMemsetD##bits##_v2_ptds);                                                                    \
+    return cuMemsetD##bits##_v2(dstDevice, value, N);                                                              \
+  }                                                                                                                \
+  VLAKE_SIM_API CUresult cuMemsetD##bits##Async_ptsz(CUdeviceptr dstDevice, T value, size_t N, CUstream hStream) { \
+    VLAKE_SIM_COUNT(cuMemsetD##bits##Async_ptsz);                                                                  \
+    return cuMemsetD##bits##Async(dstDevice, value, N, hStream);                                                   \
+  }
 
-VLAKE_SIM_API CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD16Async_ptsz);
-  return cuMemsetD16Async(dstDevice, us, N, hStream);
-}
+VLAKE_SIM_MEMSET(8, unsigned char, 1)
+VLAKE_SIM_MEMSET(16, unsigned short, 2)
+VLAKE_SIM_MEMSET(32, unsigned int, 4)
+#undef VLAKE_SIM_MEMSET

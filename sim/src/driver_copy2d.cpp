@@ -111,42 +111,6 @@ VLAKE_SIM_API CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream h
   return on_stream(hStream, [&] { return copy_3d(pCopy); });
 }
 
-VLAKE_SIM_API CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
-                                       size_t Height) {
-  VLAKE_SIM_COUNT(cuMemsetD2D8_v2);
-  return guarded([&] { return memset_rows(as_addr(dstDevice), dstPitch, 1, uc, Width, Height); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
-                                        size_t Height) {
-  VLAKE_SIM_COUNT(cuMemsetD2D16_v2);
-  return guarded([&] { return memset_rows(as_addr(dstDevice), dstPitch, 2, us, Width, Height); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
-                                        size_t Height) {
-  VLAKE_SIM_COUNT(cuMemsetD2D32_v2);
-  return guarded([&] { return memset_rows(as_addr(dstDevice), dstPitch, 4, ui, Width, Height); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
-                                         size_t Height, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD2D8Async);
-  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), dstPitch, 1, uc, Width, Height); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
-                                          size_t Height, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD2D16Async);
-  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), dstPitch, 2, us, Width, Height); });
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
-                                          size_t Height, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD2D32Async);
-  return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), dstPitch, 4, ui, Width, Height); });
-}
-
 // ---- Per-thread variants (VLAKE_SIM_PER_THREAD_ROWS) ---------------------------------------------
 
 VLAKE_SIM_API CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy) {
@@ -174,38 +138,31 @@ VLAKE_SIM_API CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstr
   return cuMemcpy3DAsync_v2(pCopy, hStream);
 }
 
-VLAKE_SIM_API CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
-                                            size_t Height) {
-  VLAKE_SIM_COUNT(cuMemsetD2D8_v2_ptds);
-  return cuMemsetD2D8_v2(dstDevice, dstPitch, uc, Width, Height);
-}
+// cuMemsetD2D<bits>_v2, cuMemsetD2D<bits>Async and their per-thread variants: Height rows,
+// dstPitch bytes apart, of Width elements of `elem` bytes (type T) set to `value`.
+#define VLAKE_SIM_MEMSET_2D(bits, T, elem)                                                                            \
+  VLAKE_SIM_API CUresult cuMemsetD2D##bits##_v2(CUdeviceptr dstDevice, size_t dstPitch, T value, size_t Width,        \
+                                                size_t Height) {                                                      \
+    VLAKE_SIM_COUNT(cuMemsetD2D##bits##_v2);                                                                          \
+    return guarded([&] { return memset_rows(as_addr(dstDevice), dstPitch, elem, value, Width, Height); });            \
+  }                                                                                                                   \
+  VLAKE_SIM_API CUresult cuMemsetD2D##bits##Async(CUdeviceptr dstDevice, size_t dstPitch, T value, size_t Width,      \
+                                                  size_t Height, CUstream hStream) {                                  \
+    VLAKE_SIM_COUNT(cuMemsetD2D##bits##Async);                                                                        \
+    return on_stream(hStream, [&] { return memset_rows(as_addr(dstDevice), dstPitch, elem, value, Width, Height); }); \
+  }                                                                                                                   \
+  VLAKE_SIM_API CUresult cuMemsetD2D##bits##_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, T value, size_t Width,   \
+                                                     size_t Height) {                                                 \
+    VLAKE_SIM_COUNT(cuMemsetD2D##bits##_v2_ptds);                                                                     \
+    return cuMemsetD2D##bits##_v2(dstDevice, dstPitch, value, Width, Height);                                         \
+  }                                                                                                                   \
+  VLAKE_SIM_API CUresult cuMemsetD2D##bits##Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, T value, size_t Width, \
+                                                       size_t Height, CUstream hStream) {                             \
+    VLAKE_SIM_COUNT(cuMemsetD2D##bits##Async_ptsz);                                                                   \
+    return cuMemsetD2D##bits##Async(dstDevice, dstPitch, value, Width, Height, hStream);                              \
+  }
 
-VLAKE_SIM_API CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
-                                             size_t Height) {
-  VLAKE_SIM_COUNT(cuMemsetD2D16_v2_ptds);
-  return cuMemsetD2D16_v2(dstDevice, dstPitch, us, Width, Height);
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
-                                             size_t Height) {
-  VLAKE_SIM_COUNT(cuMemsetD2D32_v2_ptds);
-  return cuMemsetD2D32_v2(dstDevice, dstPitch, ui, Width, Height);
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
-                                              size_t Height, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD2D8Async_ptsz);
-  return cuMemsetD2D8Async(dstDevice, dstPitch, uc, Width, Height, hStream);
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
-                                               size_t Height, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD2D16Async_ptsz);
-  return cuMemsetD2D16Async(dstDevice, dstPitch, us, Width, Height, hStream);
-}
-
-VLAKE_SIM_API CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
-                                               size_t Height, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemsetD2D32Async_ptsz);
-  return cuMemsetD2D32Async(dstDevice, dstPitch, ui, Width, Height, hStream);
-}
+VLAKE_SIM_MEMSET_2D(8, unsigned char, 1)
+VLAKE_SIM_MEMSET_2D(16, unsigned short, 2)
+VLAKE_SIM_MEMSET_2D(32, unsigned int, 4)
+#undef VLAKE_SIM_MEMSET_2D

@@ -726,11 +726,13 @@ CUresult Node::restore_process(std::int32_t pid) {
   if (w == nullptr || w->state != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
   if (w->unsupported == 1) return CUDA_ERROR_NOT_SUPPORTED;
   if (w->unsupported == 2) return CUDA_ERROR_OPERATING_SYSTEM;
+  auto swapped_out = [&](const Record& r) {
+    return r.swapped != 0 && r.nholders > 0 && same(r.holders[0], w->process);
+  };
   auto needed = [&] {
     std::array<std::uint64_t, rules::kMaxDevices> need{};
     for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
-      const Record& r = state_->records[i];
-      if (r.swapped != 0 && r.nholders > 0 && same(r.holders[0], w->process)) need[r.device] += r.size;
+      if (swapped_out(state_->records[i])) need[state_->records[i].device] += state_->records[i].size;
     }
     return need;
   };
@@ -749,7 +751,7 @@ CUresult Node::restore_process(std::int32_t pid) {
   }
   for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
     Record& r = state_->records[i];
-    if (r.swapped == 0 || r.nholders == 0 || !same(r.holders[0], w->process)) continue;
+    if (!swapped_out(r)) continue;
     r.swapped = 0;
     state_->used[r.device] += r.size;
   }
