@@ -151,6 +151,20 @@ unsigned self_pid() { return static_cast<unsigned>(::getpid()); }
 
 }  // namespace
 
+namespace {
+
+// The start of a test on device 0: a current context, an NVML session, this process's pid and
+// the device's used memory before the test allocates.
+struct Baseline {
+  Baseline() : ctx(init_ctx()), me(self_pid()), before(memory(0).used) {}
+  CUcontext ctx;
+  NvmlSession session;
+  unsigned me;
+  unsigned long long before;
+};
+
+}  // namespace
+
 TEST_CASE("nvml exports only nvml* and every call but nvmlErrorString needs init", "[sim][nvml]") {
   const Nvml& n = nvml();
   CHECK(::dlsym(n.lib, "_ZN5vlake3sim10parse_sizeEPKcRm") == nullptr);  // internals are hidden
@@ -398,10 +412,7 @@ TEST_CASE("an allocation held only through a descriptor stays on the device, cha
   // Measured on the H100 (docs/driver.md): after the creator released its handle, an exported
   // descriptor still open keeps the memory in use; NVML charges it to no process until the last
   // descriptor closes.
-  init_ctx();
-  NvmlSession session;
-  const unsigned me = self_pid();
-  const unsigned long long before = memory(0).used;
+  const Baseline base;
   const size_t size = 16 * kMiB;
   CUmemAllocationProp prop = device_prop(0);
   CUmemGenericAllocationHandle h = 0;
@@ -409,18 +420,18 @@ TEST_CASE("an allocation held only through a descriptor stays on the device, cha
   int fd = -1;
   REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
   REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);
-  CHECK(memory(0).used == before + size);
-  CHECK(used_bytes() == before + size);
-  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}});
+  CHECK(memory(0).used == base.before + size);
+  CHECK(used_bytes() == base.before + size);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{base.me, kContext}});
   // The descriptor still reaches the memory: importing it again needs no new capacity.
   CUmemGenericAllocationHandle again = 0;
   REQUIRE(cuMemImportFromShareableHandle(&again, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
-  CHECK(memory(0).used == before + size);
+  CHECK(memory(0).used == base.before + size);
   REQUIRE(cuMemRelease(again) == CUDA_SUCCESS);
   ::close(fd);
-  CHECK(memory(0).used == before);
-  CHECK(used_bytes() == before);
+  CHECK(memory(0).used == base.before);
+  CHECK(used_bytes() == base.before);
 }
 
 TEST_CASE("memory created without a context is in used but its process is not listed", "[sim][nvml]") {
@@ -428,20 +439,17 @@ TEST_CASE("memory created without a context is in used but its process is not li
   // not in nvmlDeviceGetComputeRunningProcesses_v3, yet its memory is in the device's used
   // memory. It still has the driver's device file open (here the node file), which is how
   // vlaked finds it (docs/daemon.md, "Memory outside vlake").
-  init_ctx();
-  NvmlSession session;
-  const unsigned me = self_pid();
-  const unsigned long long before = memory(0).used;
+  const Baseline base;
   const size_t size = 32 * kMiB;
   Child creator = spawn_probe({"create", std::to_string(size)});
   REQUIRE(read_until(creator, "ready=1"));
-  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}});
-  CHECK(memory(0).used == before + size);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{base.me, kContext}});
+  CHECK(memory(0).used == base.before + size);
   CHECK(memory(0).used == used_bytes());
   nvmlMemory_v2_t m2{};
   m2.version = VLAKE_NVML_MEMORY_V2;
   REQUIRE(nvml().memory_v2(device(0), &m2) == NVML_SUCCESS);
-  CHECK(m2.used == before + size);
+  CHECK(m2.used == base.before + size);
 
   // The node file stays open in the process (O_CLOEXEC) while it is attached.
   const char* node = std::getenv("VLAKE_SIM_NODE");
@@ -458,8 +466,8 @@ TEST_CASE("memory created without a context is in used but its process is not li
   // It dies: its memory is gone with it.
   REQUIRE(::kill(creator.pid, SIGKILL) == 0);
   CHECK(finish(creator) == 128 + SIGKILL);
-  CHECK(memory(0).used == before);
-  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{me, kContext}});
+  CHECK(memory(0).used == base.before);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{base.me, kContext}});
 }
 
 TEST_CASE("nvml charges follow holder order, not the last one in", "[sim][nvml]") {
