@@ -1,7 +1,5 @@
 #include "vlake/common/duration.hpp"
 
-#include "vlake/common/excerpt.hpp"
-
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -21,14 +19,9 @@ struct Unit {
 };
 constexpr Unit kUnits[] = {{"h", 3'600'000}, {"m", 60'000}, {"s", 1000}, {"ms", 1}};
 
-bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-bool digit(char c) { return c >= '0' && c <= '9'; }
-
-std::string_view strip(std::string_view s) {
-  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
-  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
-  return s;
-}
+using grammar::Number;
+using grammar::read_number;
+using grammar::trim;
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -43,40 +36,6 @@ std::optional<std::int64_t> unit_ms(std::string_view unit) {
     if (unit == u.name) return u.ms;
   }
   return std::nullopt;
-}
-
-// A number of the grammar at the front of a text: whole digits, optional fraction.
-struct Number {
-  std::string_view whole;
-  std::string_view frac;  // digits after '.', if any
-  bool dot = false;
-  std::size_t end = 0;  // where the number ends in the text
-  [[nodiscard]] std::string_view text(std::string_view s) const { return s.substr(0, end); }
-  [[nodiscard]] bool zero() const {
-    for (char c : whole) {
-      if (c != '0') return false;
-    }
-    for (char c : frac) {
-      if (c != '0') return false;
-    }
-    return true;
-  }
-};
-
-Number read_number(std::string_view s) {
-  Number n;
-  std::size_t i = 0;
-  while (i < s.size() && digit(s[i])) ++i;
-  n.whole = s.substr(0, i);
-  if (i < s.size() && s[i] == '.') {
-    n.dot = true;
-    std::size_t j = i + 1;
-    while (j < s.size() && digit(s[j])) ++j;
-    n.frac = s.substr(i + 1, j - i - 1);
-    i = j;
-  }
-  n.end = i;
-  return n;
 }
 
 // Why a number times `ms` is not a whole number of milliseconds in range, or the milliseconds.
@@ -119,7 +78,7 @@ std::optional<std::int64_t> compound(std::string_view s) {
   while (!s.empty()) {
     const Number n = read_number(s);
     if (n.whole.empty() || (n.dot && n.frac.empty())) return std::nullopt;
-    s = strip(s.substr(n.end));
+    s = trim(s.substr(n.end));
     std::size_t u = 0;
     while (u < s.size() && s[u] >= 'a' && s[u] <= 'z') ++u;
     const std::optional<std::int64_t> ms = unit_ms(s.substr(0, u));
@@ -128,7 +87,7 @@ std::optional<std::int64_t> compound(std::string_view s) {
     if (!v.why.empty() || v.ms > kMaxMs - total) return std::nullopt;
     total += v.ms;
     ++parts;
-    s = strip(s.substr(u));
+    s = trim(s.substr(u));
   }
   if (parts < 2) return std::nullopt;
   return total;
@@ -169,15 +128,10 @@ std::string unknown_unit(std::string_view s, const Number& n, std::string_view u
   return "unexpected \"" + std::string(unit) + "\" after the number; " + kUse;
 }
 
-std::string quoted(std::string_view text) { return "\"" + excerpt(text) + "\""; }
-
 }  // namespace
 
-DurationError::DurationError(std::string_view text, std::string reason)
-    : std::invalid_argument(quoted(text) + ": " + reason), text_(text), reason_(std::move(reason)) {}
-
 milliseconds parse_duration(std::string_view text) {
-  const std::string_view s = strip(text);
+  const std::string_view s = trim(text);
   auto fail = [&](const std::string& why) -> milliseconds { throw DurationError(text, why); };
   if (s.empty()) return fail("empty; write a duration such as 500ms, 30s or 2m");
   if (s[0] == '-') return fail("a duration cannot be negative");
@@ -185,7 +139,7 @@ milliseconds parse_duration(std::string_view text) {
   const Number n = read_number(s);
   if (n.whole.empty()) return fail("expected a number, such as 500ms, 30s or 2m");
   if (n.dot && n.frac.empty()) return fail("expected digits after '.'");
-  const std::string_view unit = strip(s.substr(n.end));
+  const std::string_view unit = trim(s.substr(n.end));
   if (unit.empty()) {
     if (n.zero()) return milliseconds(0);
     const std::string num(n.text(s));
@@ -210,7 +164,7 @@ milliseconds parse_duration(std::string_view text, milliseconds min, millisecond
 }
 
 milliseconds parse_duration_or_off(std::string_view text, milliseconds max) {
-  if (strip(text) == "off") return milliseconds(0);
+  if (trim(text) == "off") return milliseconds(0);
   return parse_duration(text, milliseconds(0), max);
 }
 

@@ -36,19 +36,14 @@
 #include <string>
 #include <string_view>
 
+#include "vlake/common/grammar.hpp"
+
 namespace vlake {
 
-class DurationError : public std::invalid_argument {
+// text() and reason(): vlake/common/grammar.hpp.
+class DurationError : public GrammarError {
  public:
-  DurationError(std::string_view text, std::string reason);
-  // The text as given (untrimmed).
-  [[nodiscard]] const std::string& text() const noexcept { return text_; }
-  // What is wrong and what to write instead, without the text.
-  [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
-
- private:
-  std::string text_;
-  std::string reason_;
+  using GrammarError::GrammarError;
 };
 
 // The duration `text` says (grammar above; "off" is an error). Throws DurationError.
