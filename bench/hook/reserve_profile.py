@@ -3,7 +3,7 @@
 VLAKE_RESERVE_AGE from measurements (docs/hook.md, "Choosing the reserve's defaults").
 
 Each workload runs once under libvlake-hook.so with a real vlaked, with a reserve that keeps
-everything (VLAKE_RESERVE=64GiB, VLAKE_RESERVE_AGE=3600) and VLAKE_RESERVE_STATS set: the hook
+everything (VLAKE_RESERVE=64GiB, VLAKE_RESERVE_AGE=1h) and VLAKE_RESERVE_STATS set: the hook
 records, for every warm reuse, how long the block was idle (gap) and the bytes freed at or after
 it still in the reserve (its LRU stack distance: the smallest cap that would have kept it). So
 one run tells, for any (age, cap), which share of the reuses those settings keep. A reuse the
@@ -184,7 +184,7 @@ def main():
                 continue
             prefix = os.path.join(work, name)
             env = dict(os.environ, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock, VLAKE_RESERVE="64GiB",
-                       VLAKE_RESERVE_AGE="3600", VLAKE_RESERVE_STATS=prefix, **extra)
+                       VLAKE_RESERVE_AGE="3600s", VLAKE_RESERVE_STATS=prefix, **extra)
             t0 = time.monotonic()
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             took = time.monotonic() - t0

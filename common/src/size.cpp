@@ -1,7 +1,5 @@
 #include "vlake/common/size.hpp"
 
-#include "vlake/common/excerpt.hpp"
-
 #include <limits>
 #include <optional>
 
@@ -13,16 +11,9 @@ constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
 constexpr const char* kUnitNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
 constexpr const char* kUse = "use B, KiB, MiB, GiB or TiB (or Ki, Mi, Gi, Ti)";
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+using grammar::trim;
 bool is_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
 
 std::string lowered(std::string_view s) {
   std::string out(s);
@@ -32,7 +23,7 @@ std::string lowered(std::string_view s) {
 
 // Power of 1024 (0..4) of a unit of the grammar; nullopt when `unit` is not one.
 std::optional<int> binary_unit(std::string_view unit) {
-  if (unit.empty() || unit == "B") return 0;
+  if (unit == "B") return 0;
   if (unit == "KiB" || unit == "Ki") return 1;
   if (unit == "MiB" || unit == "Mi") return 2;
   if (unit == "GiB" || unit == "Gi") return 3;
@@ -92,10 +83,7 @@ std::optional<Exact> exact_form(std::string_view whole, std::string_view frac, i
   return Exact{std::to_string(value) + kUnitNames[power], value << shift};
 }
 
-struct Parsed {
-  std::string_view whole;
-  std::string_view frac;  // digits after '.', if any
-  bool dot = false;
+struct Parsed : grammar::Number {
   std::string_view unit;  // trimmed
 };
 
@@ -104,22 +92,13 @@ struct Parsed {
 Parsed split(std::string_view text) {
   const std::string_view s = trim(text);
   auto fail = [&](const std::string& why) -> Parsed { throw SizeError(text, why); };
-  if (s.empty()) return fail("empty; write a size such as 512MiB, 2GiB or a byte count");
+  if (s.empty()) return fail("empty; write a size such as 512MiB or 2GiB");
   if (s[0] == '-') return fail("a size cannot be negative");
   Parsed p;
-  std::size_t i = 0;
-  while (i < s.size() && is_digit(s[i])) ++i;
-  if (i == 0) return fail("expected a number, such as 512MiB, 2GiB or a byte count");
-  p.whole = s.substr(0, i);
-  if (i < s.size() && s[i] == '.') {
-    p.dot = true;
-    std::size_t j = i + 1;
-    while (j < s.size() && is_digit(s[j])) ++j;
-    p.frac = s.substr(i + 1, j - i - 1);
-    if (p.frac.empty()) return fail("expected digits after '.'");
-    i = j;
-  }
-  p.unit = trim(s.substr(i));
+  static_cast<grammar::Number&>(p) = grammar::read_number(s);
+  if (p.whole.empty()) return fail("expected a number, such as 512MiB or 2GiB");
+  if (p.dot && p.frac.empty()) return fail("expected digits after '.'");
+  p.unit = trim(s.substr(p.end));
   return p;
 }
 
@@ -129,11 +108,17 @@ Parsed split(std::string_view text) {
 
 Bytes parse_bytes(std::string_view text, const Parsed& p) {
   auto fail = [&](const std::string& why) -> Bytes { throw SizeError(text, why); };
+  if (p.unit.empty()) {
+    if (p.zero()) return Bytes{0};
+    const std::string n(p.whole);
+    if (p.dot) return fail("a size needs a unit; write a whole number of B, KiB, MiB or GiB");
+    return fail("a size needs a unit; write " + n + "B, " + n + "KiB, " + n + "MiB or " + n + "GiB");
+  }
   if (const std::optional<int> power = ambiguous_unit(p.unit)) {
     const std::optional<Exact> e = exact_form(p.whole, p.frac, *power);
     const std::string what = p.unit.size() == 1 ? "single-letter units are ambiguous" : "decimal units are ambiguous";
-    if (!e) return fail(what + "; write a whole number of KiB, MiB, GiB or TiB, or a byte count");
-    return fail(what + "; write " + e->text + " (" + std::to_string(e->bytes) + " bytes) or a byte count");
+    if (!e) return fail(what + "; write a whole number of B, KiB, MiB, GiB or TiB");
+    return fail(what + "; write " + e->text + " (" + std::to_string(e->bytes) + " bytes)");
   }
   const std::optional<int> power = binary_unit(p.unit);
   if (!power) {
@@ -153,7 +138,7 @@ Bytes parse_bytes(std::string_view text, const Parsed& p) {
     const std::optional<Exact> e = exact_form(p.whole, p.frac, *power);
     if (*power == 0) return fail("a byte count is a whole number");
     if (e) return fail("a size is a whole number; write " + e->text);
-    return fail("a size is a whole number; use a smaller unit or a byte count");
+    return fail("a size is a whole number; use a smaller unit");
   }
   const std::optional<std::uint64_t> w = to_u64(p.whole);
   const unsigned shift = static_cast<unsigned>(*power) * 10;
@@ -161,13 +146,7 @@ Bytes parse_bytes(std::string_view text, const Parsed& p) {
   return Bytes{*w << shift};
 }
 
-// Bounded: a size read from a file may be any length (vlake/common/excerpt.hpp).
-std::string quoted(std::string_view text) { return "\"" + excerpt(text) + "\""; }
-
 }  // namespace
-
-SizeError::SizeError(std::string_view text, std::string reason)
-    : std::invalid_argument(quoted(text) + ": " + reason), text_(text), reason_(std::move(reason)) {}
 
 Bytes parse_size(std::string_view text) {
   const Parsed p = split(text);

@@ -1,10 +1,9 @@
 #include "vlake/ctl/options.hpp"
 
+#include "vlake/common/duration.hpp"
 #include "vlake/common/size.hpp"
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
+#include <chrono>
 #include <vector>
 
 namespace vlake::ctl {
@@ -19,18 +18,16 @@ void check_state_name(const std::string& name) {
   if (name.size() > 250) throw UsageError("--state: name too long");
 }
 
+// --watch's DURATION (vlake/common/duration.hpp), 100ms..24h, in seconds.
 double parse_seconds(const std::string& text) {
-  if (text.empty()) throw UsageError("--watch: empty interval");
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
-  if (errno != 0 || end != text.c_str() + text.size() || !std::isfinite(v)) {
-    throw UsageError("--watch: '" + text + "' is not a number of seconds");
+  using std::chrono::milliseconds;
+  try {
+    const milliseconds d = parse_duration(text, milliseconds(static_cast<long long>(kMinWatchSeconds * 1000)),
+                                          milliseconds(static_cast<long long>(kMaxWatchSeconds * 1000)));
+    return static_cast<double>(d.count()) / 1000.0;
+  } catch (const DurationError& e) {
+    throw UsageError("--watch: " + std::string(e.what()));
   }
-  if (v < kMinWatchSeconds || v > kMaxWatchSeconds) {
-    throw UsageError("--watch: '" + text + "' out of range (0.1 to 86400 seconds)");
-  }
-  return v;
 }
 
 bool looks_numeric(const std::string& s) { return !s.empty() && ((s[0] >= '0' && s[0] <= '9') || s[0] == '.'); }
@@ -133,9 +130,10 @@ std::string CtlOptions::usage() {
          "Shows what vlaked holds on this node (read-only; reads /dev/shm/NAME).\n"
          "\n"
          "commands:\n"
-         "  top [--watch [SECONDS]]  per GPU, one line per tenant: used, limit, guaranteed, share\n"
+         "  top [--watch [DURATION]] per GPU, one line per tenant: used, limit, guaranteed, share\n"
          "                           of the GPU, idle time, processes; then who waits for memory;\n"
-         "                           --watch redraws every SECONDS (default 2) until interrupted\n"
+         "                           --watch redraws every DURATION (default 2s; e.g. 1s, 500ms)\n"
+         "                           until interrupted\n"
          "                           (also for processes and waits)\n"
          "  tenants                  every tenant: per GPU used/granted/non-pool/limit, sessions\n"
          "                           (pids), grant count, refusals, idle time\n"
@@ -156,6 +154,9 @@ std::string CtlOptions::usage() {
          "  --state NAME   vlaked's state segment (default $VLAKE_STATE, else vlake-state)\n"
          "  --json         one JSON document instead of text (sizes in bytes)\n"
          "  --help         this text\n"
+         "\n"
+         "A SIZE needs a unit (B, KiB, MiB, GiB, TiB) and a DURATION one of ms, s, m, h: a bare\n"
+         "number other than 0 is refused.\n"
          "\n"
          "exit codes: 0 ok, 1 quota file invalid, 2 usage error or state not readable\n";
 }

@@ -80,7 +80,7 @@ replicas_run() {
   local i fd pids=() fds=()
   for i in $(seq "$replicas"); do
     mkfifo "$work/$name.$i.in"
-    env LD_PRELOAD="$hook" VLAKE_SOCKET="$work/vlaked.sock" VLAKE_RESERVE_AGE=5 \
+    env LD_PRELOAD="$hook" VLAKE_SOCKET="$work/vlaked.sock" VLAKE_RESERVE_AGE=5s \
       "$python" "$here/serve.py" "$@" <"$work/$name.$i.in" >"$work/$name.$i.jsonl" 2>"$work/$name.$i.err" &
     pids+=($!)
     children+=($!)

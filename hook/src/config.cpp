@@ -3,35 +3,14 @@
 #include <strings.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 
+#include "vlake/common/duration.hpp"
 #include "vlake/common/size.hpp"
 
 namespace vlake::hook {
-
-std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) {
-  double scale = 1000.0;  // seconds by default
-  if (text.size() > 2 && text.substr(text.size() - 2) == "ms") {
-    scale = 1.0;
-    text.remove_suffix(2);
-  } else if (text.size() > 1 && text.back() == 's') {
-    text.remove_suffix(1);
-  }
-  if (text.empty() || text.size() > 32) return std::nullopt;
-  for (char c : text) {
-    if ((c < '0' || c > '9') && c != '.') return std::nullopt;
-  }
-  const std::string copy(text);
-  char* end = nullptr;
-  const double v = std::strtod(copy.c_str(), &end);
-  if (end == nullptr || *end != '\0' || !std::isfinite(v) || v < 0 || v * scale > 1e9) {
-    return std::nullopt;
-  }
-  return std::chrono::milliseconds(static_cast<long long>(std::llround(v * scale)));
-}
 
 namespace {
 
@@ -52,6 +31,21 @@ Config Config::parse(const Lookup& lookup) {
   auto bad = [&c](const char* name, const char* value, const char* expected) {
     c.problems.push_back(std::string("ignoring ") + name + "=\"" + value + "\" (expected " + expected + ")");
   };
+  using ms = std::chrono::milliseconds;
+  constexpr ms kLongest{1'000'000'000};  // what the socket's timeouts can take (about 11.6 days)
+  // `name`, if set, into `out` when it is a duration in [min, max] (vlake/common/duration.hpp);
+  // else a problem naming the variable and what to write. True when `out` was set.
+  auto duration = [&](const char* name, ms min, ms max, ms& out) {
+    const char* v = lookup(name);
+    if (v == nullptr) return false;
+    try {
+      out = parse_duration(v, min, max);
+      return true;
+    } catch (const DurationError& e) {
+      c.problems.push_back(std::string("ignoring ") + name + "=\"" + v + "\": " + e.reason());
+      return false;
+    }
+  };
   if (const char* v = lookup("VLAKE_SOCKET"); v != nullptr) {
     if (*v == '\0' || std::string_view(v).size() >= 108) {
       bad("VLAKE_SOCKET", v, "a socket path of 1..107 characters");
@@ -68,29 +62,9 @@ Config Config::parse(const Lookup& lookup) {
       bad("VLAKE_ON_UNREACHABLE", v, "refuse or passthrough");
     }
   }
-  if (const char* v = lookup("VLAKE_RECONNECT_TIMEOUT"); v != nullptr) {
-    if (auto d = parse_duration(v)) {
-      c.reconnect_timeout = *d;
-    } else {
-      bad("VLAKE_RECONNECT_TIMEOUT", v, "a duration such as 5, 0.5, 500ms");
-    }
-  }
-  if (const char* v = lookup("VLAKE_TIMEOUT"); v != nullptr) {
-    auto d = parse_duration(v);
-    if (d && d->count() > 0) {
-      c.timeout = *d;
-    } else {
-      bad("VLAKE_TIMEOUT", v, "a positive duration such as 10, 2.5, 500ms");
-    }
-  }
-  if (const char* v = lookup("VLAKE_WAIT"); v != nullptr) {
-    auto d = parse_duration(v);
-    if (d && *d <= std::chrono::minutes(10)) {
-      c.wait = *d;
-    } else {
-      bad("VLAKE_WAIT", v, "a duration up to 10 minutes such as 30, 2.5, 500ms");
-    }
-  }
+  duration("VLAKE_RECONNECT_TIMEOUT", ms(0), kLongest, c.reconnect_timeout);
+  duration("VLAKE_TIMEOUT", ms(1), kLongest, c.timeout);
+  if (std::chrono::milliseconds w{0}; duration("VLAKE_WAIT", ms(0), std::chrono::minutes(10), w)) c.wait = w;
   if (const char* v = lookup("VLAKE_LOG"); v != nullptr) {
     try {
       c.log_level = parse_log_level(v);
@@ -139,14 +113,7 @@ Config Config::parse(const Lookup& lookup) {
       bad("VLAKE_PREFETCH", v, "a count from 0 (off) to 64");
     }
   }
-  if (const char* v = lookup("VLAKE_RESERVE_AGE"); v != nullptr) {
-    auto d = parse_duration(v);
-    if (d && d->count() > 0) {
-      c.reserve_age = *d;
-    } else {
-      bad("VLAKE_RESERVE_AGE", v, "a positive duration such as 30, 2.5, 500ms");
-    }
-  }
+  duration("VLAKE_RESERVE_AGE", ms(1), kLongest, c.reserve_age);
   return c;
 }
 

@@ -19,11 +19,14 @@
 //     VLAKE_PROFILE            1 = print the cold path's time per phase at exit
 //     VLAKE_PREFETCH           blocks of one size fetched ahead at most (docs/hook.md,
 //                              "Prefetch")                                      default 0 = off
-//   A size follows vlake's one grammar (vlake/common/size.hpp, docs/hook.md): a byte count or a
-//   whole number with KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 1GB are
-//   rejected with a message that says what to write (and the default is kept).
+//   A size follows vlake's one grammar (vlake/common/size.hpp, docs/grammar.md): a whole number
+//   with B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti), or 0; a bare number ("8") and decimal units
+//   such as 1GB are rejected with a message that says what to write (and the default is kept).
 //   VLAKE_LOG takes the level names of vlake/common/log.hpp (any case; "warning" = warn).
-//   A duration is a decimal number of seconds ("5", "0.25"), or a number with "ms" or "s".
+//   A duration follows vlake's one grammar (vlake/common/duration.hpp, docs/grammar.md): a
+//   number with ms, s, m or h ("500ms", "2.5s", "1m"); a bare number other than 0 is refused
+//   ("VLAKE_TIMEOUT=30": write 30s or 30ms) and the default is kept. VLAKE_TIMEOUT and
+//   VLAKE_RESERVE_AGE must be more than 0, VLAKE_WAIT at most 10m; all at most 1000000s.
 // - Plain value type; thread-safe as any value once built.
 #pragma once
 
@@ -64,8 +67,5 @@ struct Config {
   [[nodiscard]] static Config parse(const Lookup& lookup);
   [[nodiscard]] static Config from_environment();
 };
-
-// "5", "0.5", "250ms", "2s" -> milliseconds; nullopt when malformed or negative.
-[[nodiscard]] std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
 
 }  // namespace vlake::hook

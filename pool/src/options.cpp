@@ -1,9 +1,9 @@
 #include "vlake/pool/options.hpp"
 #include "vlake/common/cli.hpp"
+#include "vlake/common/duration.hpp"
 #include "vlake/common/size.hpp"
 
 #include "vlake/exporter/server.hpp"
-#include "vlake/quota/quota_config.hpp"
 
 #include <grp.h>
 
@@ -12,23 +12,6 @@
 #include <string_view>
 
 namespace vlake::pool {
-
-namespace {
-// A DURATION|off flag value: 'off' is 0; at most one day.
-std::chrono::milliseconds off_or_duration(const std::string& arg, const std::string& value) {
-  if (value == "off") return std::chrono::milliseconds(0);
-  std::chrono::milliseconds d{0};
-  try {
-    d = quota::parse_duration(value);
-  } catch (const std::invalid_argument& e) {
-    throw OptionsError(arg + ": " + e.what());
-  }
-  if (d > std::chrono::milliseconds(86'400'000)) {
-    throw OptionsError(arg + " must be at most 1 day (or 'off'), got '" + value + "'");
-  }
-  return d;
-}
-}  // namespace
 
 std::string DaemonOptions::usage() {
   return "usage: vlaked [options]\n"
@@ -56,7 +39,7 @@ std::string DaemonOptions::usage() {
          "  --warm-stock SIZE        per GPU, clean handles of the sizes recent grants asked for,\n"
          "                           built ahead on a worker thread (default 0: off; e.g. 1GiB)\n"
          "  --pool-idle-release DURATION  free pool memory unused this long goes back to the driver,\n"
-         "                           oldest first, down to --pool-keep (e.g. 500ms, 30s, 2m; up to 1 day;\n"
+         "                           oldest first, down to --pool-keep (e.g. 500ms, 30s, 2m; up to 24h;\n"
          "                           default 30s; 'off' or 0: kept until a grant needs the room)\n"
          "  --pool-keep SIZE         per GPU, free pool memory the idle release keeps, counting the\n"
          "                           warm reserve's and stock's clean handles (default 0)\n"
@@ -84,7 +67,9 @@ std::string DaemonOptions::usage() {
          "                                   (default 5000)\n"
          "  --guard-event-rate N             guard events recorded per second per tenant, 1..10000 (default 10)\n"
          "  --guard-event-burst N            guard events recorded in a row per tenant, 1..10000 (default 20)\n"
-         "  --help                   this text\n";
+         "  --help                   this text\n"
+         "A SIZE needs a unit (B, KiB, MiB, GiB, TiB) and a DURATION one of ms, s, m, h; a bare\n"
+         "number other than 0 is refused. Options named -ms take a plain number of milliseconds.\n";
 }
 
 DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
@@ -137,6 +122,14 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       }
       return n;
     };
+    // A size in [lo, hi] (vlake/common/size.hpp), or an error naming the option.
+    auto size = [&](std::uint64_t lo, std::uint64_t hi) {
+      try {
+        return parse_size(value, Bytes{lo}, Bytes{hi}).value();
+      } catch (const SizeError& e) {
+        throw OptionsError(arg + ": " + e.what());
+      }
+    };
     auto nonempty = [&](std::string& dst) {
       if (value.empty()) throw OptionsError("option " + arg + " needs a non-empty value");
       dst = value;
@@ -157,21 +150,9 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         throw OptionsError(std::string("--log-level: ") + e.what());
       }
     } else if (arg == "--sample-interval-ms") {
-      bool digits = !value.empty() && value.size() <= 9;
-      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
-      const long long ms = digits ? std::stoll(value) : -1;
-      if (ms < 10 || ms > 3'600'000) {
-        throw OptionsError("--sample-interval-ms must be a number 10..3600000, got '" + value + "'");
-      }
-      o.sample_interval = std::chrono::milliseconds(ms);
+      o.sample_interval = std::chrono::milliseconds(number(10, 3'600'000));
     } else if (arg == "--canary-interval-ms") {
-      bool digits = !value.empty() && value.size() <= 9;
-      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
-      const long long ms = digits ? std::stoll(value) : -1;
-      if (ms < 0 || ms > 86'400'000) {
-        throw OptionsError("--canary-interval-ms must be a number 0..86400000, got '" + value + "'");
-      }
-      o.canary_interval = std::chrono::milliseconds(ms);
+      o.canary_interval = std::chrono::milliseconds(number(0, 86'400'000));
     } else if (arg == "--state-mode") {
       bool octal = !value.empty() && value.size() <= 4;
       for (char c : value) octal = octal && c >= '0' && c <= '7';
@@ -197,36 +178,25 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
         }
         o.metrics_address = value;
       }
-    } else if (arg == "--bulk-size" || arg == "--warm-reserve" || arg == "--warm-stock") {
-      const bool bulk = arg == "--bulk-size";
-      try {
-        const Bytes v = bulk ? parse_size(value, Bytes{2ull << 20}, Bytes{1ull << 40})
-                             : parse_size(value, Bytes{0}, Bytes{1ull << 50});
-        (bulk ? o.bulk_size : arg == "--warm-reserve" ? o.warm_reserve : o.warm_stock) = v.value();
-      } catch (const SizeError& e) {
-        throw OptionsError(arg + ": " + e.what());
-      }
-    } else if (arg == "--pool-idle-release" || arg == "--swap-idle") {
-      (arg == "--swap-idle" ? o.swap_idle : o.pool_idle_release) = off_or_duration(arg, value);
+    } else if (arg == "--bulk-size") {
+      o.bulk_size = size(2ull << 20, 1ull << 40);
+    } else if (arg == "--warm-reserve") {
+      o.warm_reserve = size(0, 1ull << 50);
+    } else if (arg == "--warm-stock") {
+      o.warm_stock = size(0, 1ull << 50);
     } else if (arg == "--swap-margin") {
-      try {
-        o.swap_margin = parse_size(value, Bytes{0}, Bytes{1ull << 50}).value();
-      } catch (const SizeError& e) {
-        throw OptionsError(arg + ": " + e.what());
-      }
+      o.swap_margin = size(0, 1ull << 50);
     } else if (arg == "--pool-keep") {
-      try {
-        o.pool_keep = parse_size(value, Bytes{0}, Bytes{1ull << 50}).value();
-      } catch (const SizeError& e) {
+      o.pool_keep = size(0, 1ull << 50);
+    } else if (arg == "--pool-idle-release" || arg == "--swap-idle") {
+      try {  // DURATION|off: 'off' and 0 turn it off; at most one day
+        (arg == "--swap-idle" ? o.swap_idle : o.pool_idle_release) =
+            parse_duration_or_off(value, std::chrono::hours(24));
+      } catch (const DurationError& e) {
         throw OptionsError(arg + ": " + e.what());
       }
     } else if (arg == "--pressure-wait-ms") {
-      bool digits = !value.empty() && value.size() <= 9;
-      for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
-      const long long ms = digits ? std::stoll(value) : -1;
-      if (ms < 0 || ms > 60'000)
-        throw OptionsError("--pressure-wait-ms must be a number 0..60000, got '" + value + "'");
-      o.pressure_wait = std::chrono::milliseconds(ms);
+      o.pressure_wait = std::chrono::milliseconds(number(0, 60'000));
     } else if (arg == "--handle-reuse") {
       if (value == "tenant") o.bind_handles = true;
       else if (value == "node") o.bind_handles = false;

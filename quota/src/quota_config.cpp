@@ -8,6 +8,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "vlake/common/duration.hpp"
 #include "vlake/common/excerpt.hpp"
 #include "vlake/common/size.hpp"
 #include "vlake/common/unique_fd.hpp"
@@ -18,10 +19,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace vlake::quota {
@@ -60,19 +63,6 @@ const char* enforce_name(Enforce e) noexcept {
     case Enforce::kill: return "kill";
   }
   return "unknown";
-}
-
-std::chrono::milliseconds parse_duration(const std::string& text) {
-  std::size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
-  const std::string num = text.substr(0, i);
-  const std::string unit = text.substr(i);
-  if (num.empty() || num.size() > 9) throw std::invalid_argument("bad duration \"" + text + "\" (e.g. 500ms, 30s, 2m)");
-  const long long n = std::stoll(num);
-  if (unit.empty() || unit == "ms") return std::chrono::milliseconds(n);
-  if (unit == "s") return std::chrono::milliseconds(n * 1000);
-  if (unit == "m") return std::chrono::milliseconds(n * 60'000);
-  throw std::invalid_argument("bad duration \"" + text + "\": unknown unit '" + unit + "' (use ms, s or m)");
 }
 
 ConfigError::ConfigError(const std::string& file, int line, int column, const std::string& what)
@@ -235,29 +225,34 @@ class Parser {
     return static_cast<std::int32_t>(n);
   }
 
-  // The guard mode under `guard` of `entry`, if present.
-  std::optional<GuardMode> guard(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["guard"];
+  // The value named under `key` of `entry`, one of `names`, if present; else "bad <what> '<text>'
+  // in <where> (use a, b or c)".
+  template <class T>
+  std::optional<T> choice(const YAML::Node& entry, const char* key, const std::string& what, const std::string& where,
+                          std::initializer_list<std::pair<const char*, T>> names) const {
+    const YAML::Node v = entry[key];
     if (!v) return std::nullopt;
     const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
-    if (v.IsScalar()) {
-      if (s == "off") return GuardMode::off;
-      if (s == "canary") return GuardMode::canary;
-      if (s == "fault") return GuardMode::fault;
+    std::string use;
+    std::size_t i = 0;
+    for (const auto& [name, value] : names) {
+      if (v.IsScalar() && s == name) return value;
+      use += std::string(i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + name;
+      ++i;
     }
-    fail(v.Mark(), "bad guard mode '" + excerpt(s) + "' in " + where + " (use off, canary or fault)");
+    fail(v.Mark(), "bad " + what + " '" + excerpt(s) + "' in " + where + " (use " + use + ")");
+  }
+
+  // The guard mode under `guard` of `entry`, if present.
+  std::optional<GuardMode> guard(const YAML::Node& entry, const std::string& where) const {
+    return choice<GuardMode>(entry, "guard", "guard mode", where,
+                             {{"off", GuardMode::off}, {"canary", GuardMode::canary}, {"fault", GuardMode::fault}});
   }
 
   // The dedup mode under `dedup` of `entry`, if present.
   std::optional<DedupMode> dedup(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["dedup"];
-    if (!v) return std::nullopt;
-    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
-    if (v.IsScalar()) {
-      if (s == "off") return DedupMode::off;
-      if (s == "transparent") return DedupMode::transparent;
-    }
-    fail(v.Mark(), "bad dedup mode '" + excerpt(s) + "' in " + where + " (use off or transparent)");
+    return choice<DedupMode>(entry, "dedup", "dedup mode", where,
+                             {{"off", DedupMode::off}, {"transparent", DedupMode::transparent}});
   }
 
   // No mapping anywhere in the document has the same key twice (YAML forbids it; yaml-cpp
@@ -298,54 +293,33 @@ class Parser {
 
   // The policy for memory outside vlake under `enforce` of `entry`, if present.
   std::optional<Enforce> enforce(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["enforce"];
-    if (!v) return std::nullopt;
-    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
-    if (v.IsScalar()) {
-      if (s == "account") return Enforce::account;
-      if (s == "refuse") return Enforce::refuse;
-      if (s == "kill") return Enforce::kill;
-    }
-    fail(v.Mark(), "bad enforce mode '" + s + "' in " + where + " (use account, refuse or kill)");
+    return choice<Enforce>(entry, "enforce", "enforce mode", where,
+                           {{"account", Enforce::account}, {"refuse", Enforce::refuse}, {"kill", Enforce::kill}});
   }
 
-  // `kill_grace` of `entry`, if present.
+  // The duration under `key` of `entry` (vlake/common/duration.hpp), at most `max`, if present.
+  std::optional<std::chrono::milliseconds> duration(const YAML::Node& entry, const char* key, const std::string& where,
+                                                    std::chrono::milliseconds max) const {
+    const YAML::Node v = entry[key];
+    if (!v) return std::nullopt;
+    if (!v.IsScalar()) fail(v.Mark(), "'" + std::string(key) + "' in " + where + " must be a duration (e.g. 30s)");
+    try {
+      return vlake::parse_duration(v.Scalar(), std::chrono::milliseconds(0), max);
+    } catch (const DurationError& e) {
+      fail(v.Mark(), "bad " + std::string(key) + " " + e.what() + " in " + where);  // bad wait "30": … unit
+    }
+  }
   std::optional<std::chrono::milliseconds> kill_grace(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["kill_grace"];
-    if (!v) return std::nullopt;
-    if (!v.IsScalar()) fail(v.Mark(), "'kill_grace' in " + where + " must be a duration (e.g. 30s)");
-    try {
-      return parse_duration(trim(v.Scalar()));
-    } catch (const std::invalid_argument& e) {
-      fail(v.Mark(), std::string(e.what()) + " in 'kill_grace' of " + where);
-    }
+    return duration(entry, "kill_grace", where, std::chrono::milliseconds::max());
   }
-
-  // `wait` of `entry`, if present: at most 10 minutes.
+  // `wait`: at most 10 minutes (kMaxWait).
   std::optional<std::chrono::milliseconds> wait(const YAML::Node& entry, const std::string& where) const {
-    const YAML::Node v = entry["wait"];
-    if (!v) return std::nullopt;
-    if (!v.IsScalar()) fail(v.Mark(), "'wait' in " + where + " must be a duration (e.g. 30s)");
-    std::chrono::milliseconds d{0};
-    try {
-      d = parse_duration(trim(v.Scalar()));
-    } catch (const std::invalid_argument& e) {
-      fail(v.Mark(), std::string(e.what()) + " in 'wait' of " + where);
-    }
-    if (d > kMaxWait) fail(v.Mark(), "'wait' of " + where + " is more than 10m");
-    return d;
+    return duration(entry, "wait", where, kMaxWait);
   }
 
   // The boolean `key` of `entry` (allow_disable, overcommit), if present.
   std::optional<bool> flag(const YAML::Node& entry, const char* key, const std::string& where) const {
-    const YAML::Node v = entry[key];
-    if (!v) return std::nullopt;
-    const std::string s = v.IsScalar() ? trim(v.Scalar()) : std::string("?");
-    if (v.IsScalar()) {
-      if (s == "true") return true;
-      if (s == "false") return false;
-    }
-    fail(v.Mark(), std::string("bad ") + key + " '" + s + "' in " + where + " (use true or false)");
+    return choice<bool>(entry, key, key, where, {{"true", true}, {"false", false}});
   }
 
   // The dedup trust domain under `dedup_domain` of `entry`, if present (a DNS label).

@@ -1,38 +1,14 @@
 #include "vlake/scheduler/options.hpp"
 #include "vlake/common/cli.hpp"
+#include "vlake/common/duration.hpp"
 #include "vlake/common/size.hpp"
 
-#include <cctype>
 #include <string_view>
 
 namespace vlake::scheduler {
-namespace {
-
-bool digits_only(std::string_view s) {
-  if (s.empty() || s.size() > 15) return false;
-  for (char c : s) {
-    if (std::isdigit(static_cast<unsigned char>(c)) == 0) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 std::chrono::milliseconds parse_duration(const std::string& text) {
-  std::size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) ++i;
-  const std::string num = text.substr(0, i);
-  const std::string unit = text.substr(i);
-  if (!digits_only(num) || num.size() > 9)
-    throw std::invalid_argument("bad duration '" + text + "' (e.g. 500ms, 2s, 1m)");
-  const long long n = std::stoll(num);
-  long long ms;
-  if (unit.empty() || unit == "ms") ms = n;
-  else if (unit == "s") ms = n * 1000;
-  else if (unit == "m") ms = n * 60'000;
-  else throw std::invalid_argument("bad duration '" + text + "': unknown unit '" + unit + "' (use ms, s, m)");
-  if (ms <= 0) throw std::invalid_argument("bad duration '" + text + "': must be more than 0");
-  return std::chrono::milliseconds(ms);
+  return vlake::parse_duration(text, std::chrono::milliseconds(1), std::chrono::hours(24));
 }
 
 std::string PluginOptions::usage() {
@@ -58,7 +34,9 @@ std::string PluginOptions::usage() {
          "  --state NAME                    vlaked's state segment (default vlake-state)\n"
          "  --health-interval DUR           health check period (default 5s)\n"
          "  --log-level LEVEL               debug, info, warn or error (default info)\n"
-         "  --help                          this text\n";
+         "  --help                          this text\n"
+         "A SIZE needs a unit (B, KiB, MiB, GiB, TiB; or Ki, Mi, Gi, Ti) and a DUR one of ms, s, m, h\n"
+         "(e.g. 500ms, 2.5s, 1m; more than 0, at most 24h); a bare number is refused.\n";
 }
 
 PluginOptions PluginOptions::parse(int argc, const char* const* argv) {

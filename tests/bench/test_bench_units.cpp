@@ -21,7 +21,7 @@ using namespace vlake;
 using namespace vlake::bench;
 
 TEST_CASE("size lists use the common size grammar", "[bench]") {
-  const std::vector<Bytes> s = parse_sizes("2MiB,20MiB,1Gi,4096");
+  const std::vector<Bytes> s = parse_sizes("2MiB,20MiB,1Gi,4096B");
   REQUIRE(s.size() == 4);
   CHECK(s[0].value() == (2ULL << 20));
   CHECK(s[1].value() == (20ULL << 20));
@@ -29,6 +29,8 @@ TEST_CASE("size lists use the common size grammar", "[bench]") {
   CHECK(s[3].value() == 4096);
   CHECK_THROWS_AS(parse_sizes("2MiB,20M"), vlake::SizeError);  // no single-letter units
   CHECK_THROWS_AS(parse_sizes("2MiB,,1GiB"), vlake::SizeError);
+  CHECK_THROWS_WITH(parse_sizes("2MiB,4096"),
+                    "\"4096\": a size needs a unit; write 4096B, 4096KiB, 4096MiB or 4096GiB");
   CHECK_THROWS(parse_sizes(""));
   CHECK_THROWS_WITH(AllocBench::parse({"--sizes", "1GB"}), Catch::Contains("--sizes: \"1GB\": decimal units"));
 }

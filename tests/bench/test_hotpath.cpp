@@ -182,7 +182,7 @@ DaemonCounts settled(const DaemonProcess& d) {
 TEST_CASE("warm alloc/free pairs make no VMM call and send no daemon message", "[hotpath]") {
   DaemonProcess d("hotwarm", limits_yaml("1GiB"));
   REQUIRE(d.start());
-  Tenant t(d, {"VLAKE_RESERVE=768MiB", "VLAKE_RESERVE_AGE=600"});
+  Tenant t(d, {"VLAKE_RESERVE=768MiB", "VLAKE_RESERVE_AGE=600s"});
   for (const auto& size : kSizes) t.ok("pairs " + size + " 1");  // warm-up: fills the reserve
   const DaemonCounts before = settled(d);
   for (const auto& size : kSizes) {

@@ -570,6 +570,11 @@ const BAD = [
   ["relative host path", { hostPaths: { hookDir: "lib/vlake" } }, "hostPaths.hookDir"],
   ["state mode with group write", { daemon: { stateMode: "0664" } }, "daemon.stateMode"],
   ["bad duration", { devicePlugin: { gcGrace: "30" } }, "devicePlugin.gcGrace"],
+  ["duration without a unit: daemon.poolIdleRelease 30", { daemon: { poolIdleRelease: "30" } }, "daemon.poolIdleRelease"],
+  ["duration without a unit: daemon.poolIdleRelease 30000 (a number)", { daemon: { poolIdleRelease: 30000 } }, "daemon.poolIdleRelease"],
+  ["size without a unit: daemon.warmReserve 8", { daemon: { warmReserve: "8" } }, "daemon.warmReserve"],
+  ["size without a unit: default.limit 8", { quota: { config: { default: { limit: "8" } } } }, "quota.config.default.limit"],
+  ["size without a unit: default.limit 4096 (a number)", { quota: { config: { default: { limit: 4096 } } } }, "quota.config.default.limit"],
   ["metrics host a name", { daemon: { metricsHost: "node.example" } }, "daemon.metricsHost"],
   ["metrics host an unbracketed IPv6 pod IP", { daemon: { metricsHost: "$(POD_IP6)" } }, "daemon.metricsHost"],
 ];
@@ -577,10 +582,10 @@ const BAD = [
 function caseSchema() {
   const good = template("-f", fullValues);
   check(good.code === 0, "control: full-values.yaml passes the schema", good.err);
-  const good2 = template("--set", "quota.config.default.limit=4096", "--set", "quota.config.users[0].uid=7",
+  const good2 = template("--set", "quota.config.default.limit=4096B", "--set", "quota.config.users[0].uid=7",
     "--set", "quota.config.users[0].limit=0.5%", "--set", "quota.config.groups[0].name=ml",
     "--set", "quota.config.groups[0].limit=100%");
-  check(good2.code === 0, "control: byte count, 0.5% and 100% are valid sizes", good2.err);
+  check(good2.code === 0, "control: byte count with B, 0.5% and 100% are valid sizes", good2.err);
   const good3 = template("-f", valuesFile({ nodeSelector: null, serviceMonitor: { honorLabels: false },
     devicePlugin: { unit: "512Mi" }, daemon: { bulkSize: "64Mi", warmReserve: "1Gi" },
     quota: { config: { default: { limit: "8Gi" }, namespaces: [{ name: "a", limit: "16Gi", pod_limit: "512Mi" }] } } }));

@@ -153,7 +153,7 @@ TEST_CASE("vlakectl: top --watch prints snapshots until SIGINT, then exits 0", "
   REQUIRE(d.start());
   Helper a(d.node, 4301, 0);
   a.ok("connect " + d.socket);
-  CtlBackground w({"--state", d.state, "top", "--watch", "1"});
+  CtlBackground w({"--state", d.state, "top", "--watch", "1s"});
   REQUIRE(w.wait_for("vlaked pid", 2, 10000));
   w.signal(SIGINT);
   CHECK(w.wait() == 0);
@@ -173,7 +173,7 @@ TEST_CASE("vlakectl: a missing segment is exit 2 with the reason", "[process]") 
     CHECK(r.err == "vlakectl: cannot read vlaked state '" + name + "' (/dev/shm/" + name +
                        "): no such segment — is vlaked running? (--state " + name + ")\n");
   }
-  const CtlResult w = run_ctl({"--state", name, "top", "--watch", "1"});
+  const CtlResult w = run_ctl({"--state", name, "top", "--watch", "1s"});
   CHECK(w.exit_code == 2);
   CHECK(w.err.find("no such segment") != std::string::npos);
 }

@@ -71,7 +71,7 @@ TenantProcess::TenantProcess(const pooltest::DaemonProcess& daemon, const std::v
   env.push_back(std::string("LD_PRELOAD=") + VLAKE_HOOK_LIB);
   env.push_back("LD_LIBRARY_PATH=" + sim_dir());
   env.push_back("VLAKE_SOCKET=" + daemon.socket);
-  env.push_back("VLAKE_RECONNECT_TIMEOUT=10");
+  env.push_back("VLAKE_RECONNECT_TIMEOUT=10s");
   // These tests follow every alloc/free at the daemon; the reserve is tested on its own.
   env.push_back("VLAKE_RESERVE=" + reserve_);
   for (const std::string& kv : extra_env) env.push_back(kv);

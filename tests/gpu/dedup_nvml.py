@@ -16,7 +16,7 @@ and their memory is back, before the next one starts:
                 namespace when this runs as root) allocates what sharing saved and writes it,
                 and an allocation of 1.5 GiB more is refused (the GPU really is that full).
 Every measurement waits until what the replicas freed has left the hook's local reserve
-(VLAKE_RESERVE_AGE=5) and vlaked's free pool (--pool-idle-release 5s): memory still in either is
+(VLAKE_RESERVE_AGE=5s) and vlaked's free pool (--pool-idle-release 5s): memory still in either is
 on the GPU and is counted. vlaked runs without its warm stock (--warm-stock 0): the clean handles
 it builds ahead for sizes in demand (docs/pool.md) are free pool memory that the idle release
 keeps while the demand lasts, and would be counted as if the replicas held it.
@@ -227,7 +227,7 @@ def main():
     rows = []  # (phase, NVML - baseline, counters)
     completed = False
     try:
-        hooked = dict(env, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock, VLAKE_RESERVE_AGE=str(RESERVE_AGE_S))
+        hooked = dict(env, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock, VLAKE_RESERVE_AGE=f"{RESERVE_AGE_S}s")
         # vlaked creates its own CUDA context with the first grant: one tenant process first, so
         # that the baseline holds it (and nothing of the process once its memory is released).
         # With expandable segments PyTorch allocates through cuMemCreate, which vlaked does not

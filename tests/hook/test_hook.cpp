@@ -371,7 +371,7 @@ TEST_CASE("daemon gone for good: reconnect gives up after VLAKE_RECONNECT_TIMEOU
   o.vanish_on_drop = true;
   Fixture f(o);
   const auto start = std::chrono::steady_clock::now();
-  const auto r = f.run({"init", "alloc:a:2M", "alloc:b:2M"}, {{"VLAKE_RECONNECT_TIMEOUT", "0.4"}});
+  const auto r = f.run({"init", "alloc:a:2M", "alloc:b:2M"}, {{"VLAKE_RECONNECT_TIMEOUT", "400ms"}});
   const auto took = std::chrono::steady_clock::now() - start;
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:a:2M")["rc"] == "0");

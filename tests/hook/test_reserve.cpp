@@ -25,7 +25,7 @@ FakeDaemonOptions limit_of(std::uint64_t limit) {
   return o;
 }
 
-Env reserve(const std::string& cap, const std::string& age = "30") {
+Env reserve(const std::string& cap, const std::string& age = "30s") {
   return {{"VLAKE_RESERVE", cap}, {"VLAKE_RESERVE_AGE", age}};
 }
 

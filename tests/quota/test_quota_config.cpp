@@ -22,7 +22,6 @@ std::vector<gid_t> none;
 }
 
 TEST_CASE("size strings parse to bytes or percentages", "[quota]") {
-  CHECK(vlake::quota::parse_limit("4096") == Limit::bytes(Bytes{4096}));
   CHECK(vlake::quota::parse_limit("4096B") == Limit::bytes(Bytes{4096}));
   CHECK(vlake::quota::parse_limit("3KiB") == Limit::bytes(3_KiB));
   CHECK(vlake::quota::parse_limit("512MiB") == Limit::bytes(512_MiB));
@@ -41,7 +40,9 @@ TEST_CASE("size strings parse to bytes or percentages", "[quota]") {
     const char* why;
   };
   const std::vector<Bad> bad = {
-      {"8GB", "\"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes) or a byte count"},
+      {"8GB", "\"8GB\": decimal units are ambiguous; write 8GiB (8589934592 bytes)"},
+      {"8", "\"8\": a size needs a unit; write 8B, 8KiB, 8MiB or 8GiB"},
+      {"4096", "\"4096\": a size needs a unit; write 4096B, 4096KiB, 4096MiB or 4096GiB"},
       {"0", "greater than zero"},
       {"0GiB", "greater than zero"},
       {"-1GiB", "cannot be negative"},
@@ -51,7 +52,7 @@ TEST_CASE("size strings parse to bytes or percentages", "[quota]") {
       {"", "empty"},
       {"GiB", "expected a number"},
       {"1.5GiB", "whole number"},
-      {"99999999999999999999", "too large"},
+      {"99999999999999999999B", "too large"},
       {"20000000TiB", "too large"},
   };
   for (const Bad& b : bad) {
@@ -391,7 +392,9 @@ TEST_CASE("memory outside vlake: enforce, kill_grace and allow_disable per names
       {"version: 1\ndefault:\n  enforce: block\n",
        "bad.yaml:3:12: bad enforce mode 'block' in 'default' (use account, refuse or kill)"},
       {"version: 1\nnamespaces:\n  - name: lab\n    kill_grace: 30sec\n",
-       "bad.yaml:4:17: bad duration \"30sec\": unknown unit 'sec' (use ms, s or m) in 'kill_grace' of namespace 'lab'"},
+       "bad.yaml:4:17: bad kill_grace \"30sec\": unknown unit \"sec\"; write 30s in namespace 'lab'"},
+      {"version: 1\nnamespaces:\n  - name: lab\n    kill_grace: 30\n",
+       "bad.yaml:4:17: bad kill_grace \"30\": a duration needs a unit; write 30s or 30ms in namespace 'lab'"},
       {"version: 1\nnamespaces:\n  - name: lab\n    allow_disable: yes\n",
        "bad.yaml:4:20: bad allow_disable 'yes' in namespace 'lab' (use true or false)"},
       {"version: 1\nusers:\n  - {uid: 5, limit: 1GiB, enforce: kill}\n",

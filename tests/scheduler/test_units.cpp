@@ -28,7 +28,7 @@ TEST_CASE("options: defaults and parsing", "[scheduler]") {
   CHECK(o.vlaked_socket.empty());
   const char* bad[] = {"p", "--unit", "1GB"};
   CHECK_THROWS_WITH(PluginOptions::parse(3, bad),
-                    "--unit: \"1GB\": decimal units are ambiguous; write 1GiB (1073741824 bytes) or a byte count");
+                    "--unit: \"1GB\": decimal units are ambiguous; write 1GiB (1073741824 bytes)");
   const char* bad2[] = {"p", "--gpu-visibility", "all"};
   CHECK_THROWS_AS(PluginOptions::parse(3, bad2), OptionsError);
   const char* hook[] = {"p", "--hook-path", "/var/lib/vlake/lib/libvlake-hook.so", "--hook-container-path=/opt/h.so"};
@@ -37,6 +37,22 @@ TEST_CASE("options: defaults and parsing", "[scheduler]") {
   CHECK(h.hook_container_path == "/opt/h.so");
   const char* relative[] = {"p", "--hook-container-path", "lib/h.so"};
   CHECK_THROWS_WITH(PluginOptions::parse(3, relative), "--hook-container-path must be absolute, got 'lib/h.so'");
+}
+
+TEST_CASE("options: sizes and durations need units", "[scheduler]") {
+  auto parse = [](const char* flag, const char* value) {
+    const char* argv[] = {"p", flag, value};
+    return PluginOptions::parse(3, argv);
+  };
+  CHECK(parse("--unit", "8GiB").unit.value() == (8ull << 30));
+  CHECK(parse("--gc-grace", "30s").gc_grace.count() == 30'000);
+  CHECK(parse("--health-interval", "2.5s").health_interval.count() == 2500);
+  CHECK(parse("--attribution-interval", "1m").attribution_interval.count() == 60'000);
+  CHECK_THROWS_WITH(parse("--unit", "8"), "--unit: \"8\": a size needs a unit; write 8B, 8KiB, 8MiB or 8GiB");
+  CHECK_THROWS_WITH(parse("--gc-grace", "30"), "--gc-grace: \"30\": a duration needs a unit; write 30s or 30ms");
+  CHECK_THROWS_WITH(parse("--health-interval", "0"), "--health-interval: \"0\": must be greater than zero");
+  CHECK_THROWS_WITH(parse("--gc-grace", "25h"), "--gc-grace: \"25h\": must be at most 24h");
+  CHECK_THROWS_AS(parse("--gc-grace", "30"), OptionsError);
 }
 
 TEST_CASE("attribution rule - exact id sets and owners kept and newest unowned first", "[scheduler]") {

@@ -32,10 +32,10 @@ bool shm_exists(const std::string& node) {
 
 }  // namespace
 
-TEST_CASE("VLAKE_SIM_DEVICE_MEMORY takes a byte count or a binary unit", "[sim][env]") {
+TEST_CASE("VLAKE_SIM_DEVICE_MEMORY takes a size with a binary unit", "[sim][env]") {
   const std::pair<const char*, size_t> good[] = {
       {"512MiB", size_t{512} << 20}, {"4GiB", size_t{4} << 30},     {"3Gi", size_t{3} << 30},
-      {"2048Ki", size_t{2} << 20},   {"2097152", size_t{2} << 20},  {"1TiB", size_t{1} << 40},
+      {"2048Ki", size_t{2} << 20},   {"2097152B", size_t{2} << 20}, {"1TiB", size_t{1} << 40},
       {" 5MiB", size_t{5} << 20},    {"4194304B", size_t{4} << 20}, {"6144 KiB ", size_t{6} << 20},
   };
   for (const auto& [text, bytes] : good) {
@@ -51,8 +51,8 @@ TEST_CASE("VLAKE_SIM_DEVICE_MEMORY takes a byte count or a binary unit", "[sim][
 
 TEST_CASE("a bad VLAKE_SIM_DEVICE_MEMORY fails cuInit with one clear line", "[sim][env]") {
   const char* bad[] = {
-      "",     "abc",      "12XB", "-5", "0", "1.5GiB", "3G", "1GB", "1KiB", "99999999999999999999", "20000000TiB",
-      "1gib", "0x100000", "5M"};
+      "",     "abc",      "12XB", "-5",     "0", "1.5GiB", "3G", "1GB", "1KiB", "99999999999999999999", "20000000TiB",
+      "1gib", "0x100000", "5M",   "2097152"};
   for (const char* text : bad) {
     INFO("VLAKE_SIM_DEVICE_MEMORY='" << text << "'");
     std::string out;
@@ -62,7 +62,10 @@ TEST_CASE("a bad VLAKE_SIM_DEVICE_MEMORY fails cuInit with one clear line", "[si
   std::string out;
   CHECK(init_with({{"VLAKE_SIM_DEVICE_MEMORY", "1GB"}}, &out) == std::to_string(CUDA_ERROR_INVALID_VALUE));
   CHECK(out.find("vlake-sim: VLAKE_SIM_DEVICE_MEMORY=\"1GB\": decimal units are ambiguous; write 1GiB "
-                 "(1073741824 bytes) or a byte count") != std::string::npos);
+                 "(1073741824 bytes)") != std::string::npos);
+  CHECK(init_with({{"VLAKE_SIM_DEVICE_MEMORY", "8"}}, &out) == std::to_string(CUDA_ERROR_INVALID_VALUE));
+  CHECK(out.find("vlake-sim: VLAKE_SIM_DEVICE_MEMORY=\"8\": a size needs a unit; write 8B, 8KiB, 8MiB or 8GiB") !=
+        std::string::npos);
 }
 
 TEST_CASE("VLAKE_SIM_DEVICE_COUNT is 1..16 and VLAKE_SIM_NODE a plain name", "[sim][env]") {

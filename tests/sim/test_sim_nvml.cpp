@@ -541,12 +541,12 @@ TEST_CASE("nvml reads the machine from the node, or from the environment when un
 
 TEST_CASE("VLAKE_SIM_CONTEXT_MEMORY is a size or 0", "[sim][env]") {
   std::string out;
-  for (const char* good : {"0", "518MiB", "4096"}) {
+  for (const char* good : {"0", "518MiB", "4096B"}) {
     INFO(good);
     REQUIRE(run_probe({"used"}, {{"VLAKE_SIM_NODE", fresh_node("ctx")}, {"VLAKE_SIM_CONTEXT_MEMORY", good}}, out) == 0);
     std::uint64_t expected = 0;
     if (std::string(good) == "518MiB") expected = size_t{518} << 20;
-    if (std::string(good) == "4096") expected = 4096;
+    if (std::string(good) == "4096B") expected = 4096;
     CHECK(value_of(out, "used") == std::to_string(expected));
   }
   REQUIRE(run_probe({"init"}, {{"VLAKE_SIM_NODE", fresh_node("ctx")}, {"VLAKE_SIM_CONTEXT_MEMORY", "much"}}, out) == 0);

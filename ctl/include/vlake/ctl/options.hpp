@@ -1,11 +1,13 @@
 // vlake::ctl::CtlOptions — vlakectl's command line.
 //
 //   vlakectl [--state NAME] [--json] COMMAND
-//   COMMAND: top [--watch [SECONDS]] | tenants | pool | events | quota check FILE [--gpu-memory SIZE]
+//   COMMAND: top [--watch [DURATION]] | tenants | pool | events | quota check FILE [--gpu-memory SIZE]
 //
 // Global options may come before or after the command. `--state` defaults to $VLAKE_STATE,
 // then "vlake-state". Options taking a value accept `--opt VALUE` and `--opt=VALUE`; `--watch`
-// takes an optional value (the next word is taken only if it starts with a digit or '.').
+// takes an optional value (the next word is taken only if it starts with a digit or '.'): a
+// duration of vlake's one grammar (vlake/common/duration.hpp), 100ms..24h, so "--watch 1" is
+// refused ("write 1s or 1ms"); --gpu-memory takes a size (vlake/common/size.hpp).
 //
 // Contract: parse() is pure (the environment value is passed in) and thread-safe. It returns
 // the options, or throws UsageError with a one-line message naming what is wrong. `--help`

@@ -29,8 +29,9 @@
 // per-process figure) does: account = shown only; refuse = it counts toward the tenant's and its
 // namespace's usage when grants are admitted; kill = refuse, and those processes are killed when
 // the tenant is still over a limit `kill_grace` later. `allow_disable`: whether VLAKE_DISABLE=1
-// turns the hook off for the namespace's tenants. A duration is a whole number with ms, s or m
-// ("500ms", "30s", "2m"; a bare number is milliseconds), 0 allowed.
+// turns the hook off for the namespace's tenants. A duration follows vlake's one grammar
+// (vlake/common/duration.hpp): a number with ms, s, m or h ("500ms", "2.5s", "2m"), or 0; a bare
+// number such as `wait: 30` is an error that says what to write.
 // Waiting for memory: `wait: <duration>` (at most 10m) may appear in `default` and in a namespace
 // (its own, else the top-level default's, else 0): an allocation of its tenants that no memory
 // can serve now waits that long for memory before it fails.
@@ -46,8 +47,8 @@
 // CUDA IPC domains: `ipc_domain: <DNS label>` may appear in a namespace only (not in `default`).
 // A tenant's IPC handles may be opened by its own processes and by tenants of namespaces that
 // declare the same domain (docs/ipc.md); without a domain only by the tenant itself.
-// Sizes: vlake's one size grammar (vlake/common/size.hpp): a byte count, or a whole number with
-// B, KiB, MiB, GiB, TiB (or Ki, Mi, Gi, Ti); decimal units such as 8GB are errors. Here also a
+// Sizes: vlake's one size grammar (vlake/common/size.hpp): a whole number with B, KiB, MiB, GiB,
+// TiB (or Ki, Mi, Gi, Ti); a bare number (`limit: 8`) and decimal units such as 8GB are errors. Here also a
 // percentage of the GPU ("50%", up to 4 decimals, 0 < p <= 100). Limits and guarantees are per
 // GPU: each GPU is enforced on its own.
 //
@@ -154,10 +155,6 @@ inline constexpr std::chrono::milliseconds kDefaultKillGrace{30'000};
 // The longest `wait` the quota file accepts (docs/quota.md, "Waiting for memory").
 inline constexpr std::chrono::milliseconds kMaxWait{600'000};
 
-// "500ms", "30s", "2m", "250" (milliseconds): a whole number, 0 allowed. Throws
-// std::invalid_argument naming the text and what is wrong.
-std::chrono::milliseconds parse_duration(const std::string& text);
-
 struct TenantSpec {
   std::string name;                    // e.g. "research/user:alice", "uid:1000"
   Limit limit;                         // per GPU
@@ -206,9 +203,9 @@ struct NamespaceSpec {
   [[nodiscard]] Bytes guaranteed_on(Bytes total) const noexcept;
 };
 
-// Parses a size string ("8GiB", "4096", "50%", "12.5%") with vlake::parse_size_or_percent and
-// rejects zero. Throws vlake::SizeError (a std::invalid_argument): `"<text>": <what is wrong>`
-// (decimal unit, zero, negative, percentage over 100, ...).
+// Parses a size string ("8GiB", "4096B", "50%", "12.5%"; a bare "4096" is refused) with
+// vlake::parse_size_or_percent and rejects zero. Throws vlake::SizeError (a std::invalid_argument): `"<text>": <what is
+// wrong>` (decimal unit, zero, negative, percentage over 100, ...).
 Limit parse_limit(const std::string& text);
 
 // A byte count for messages: vlake::format_size() when that is a whole number of a unit

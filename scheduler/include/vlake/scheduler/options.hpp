@@ -49,7 +49,10 @@ struct PluginOptions {
   [[nodiscard]] std::string plugin_socket() const { return kubelet_dir + "/" + endpoint; }
 };
 
-// "500ms", "2s", "1m", "1500" (ms) -> milliseconds; throws std::invalid_argument.
+// A positive duration of vlake's one grammar (vlake/common/duration.hpp), at most 24h: "500ms",
+// "2.5s", "1m"; a bare number such as "1500" is refused. Throws vlake::DurationError (a
+// std::invalid_argument) naming the text and what to write. Used for every DUR flag of the plugin
+// and of vlake-events (events.hpp).
 std::chrono::milliseconds parse_duration(const std::string& text);
 
 }  // namespace vlake::scheduler
