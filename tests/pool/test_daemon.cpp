@@ -17,6 +17,7 @@
 #include "corpus.hpp"
 #include "harness.hpp"
 #include "pool_client.hpp"
+#include "tenant_figures.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
@@ -106,8 +107,7 @@ TEST_CASE("daemon: grants within the limit succeed, over the limit charge nothin
   DaemonProcess d("limit", kConfig);
   REQUIRE(d.start());
   PoolClient c(d.socket);
-  const auto ack = c.hello();
-  const Uuid dev = uuid_of(ack);
+  const Uuid dev = uuid_of(c.hello());
 
   auto g1 = c.grant(dev, 3 * kMiB);  // rounded up to the granularity
   REQUIRE(g1.reply.status == Status::ok);
@@ -525,8 +525,7 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
   DaemonProcess d("malformed", kConfig);
   REQUIRE(d.start());
   PoolClient good(d.socket);
-  const auto ack = good.hello();
-  const Uuid dev = uuid_of(ack);
+  const Uuid dev = uuid_of(good.hello());
   auto keep = good.grant(dev, 2 * kMiB);
   REQUIRE(keep.reply.status == Status::ok);
 
@@ -545,6 +544,30 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
     return m;
   };
 
+  // A Hello or a 1 MiB GrantRequest changed by `edit`, sent; a GrantRequest in a `size`-byte datagram.
+  auto hello_edited = [&](std::function<void(proto::Hello&)> edit) {
+    return [=](PoolClient& c) {
+      auto m = hello_msg();
+      edit(m);
+      c.send(m);
+    };
+  };
+  auto grant_edited = [&](std::function<void(proto::GrantRequest&)> edit) {
+    return [=](PoolClient& c) {
+      auto m = grant_msg(kMiB);
+      edit(m);
+      c.send(m);
+    };
+  };
+  auto grant_in = [&](std::size_t size) {
+    return [=](PoolClient& c) {
+      std::vector<std::byte> b(size);
+      auto m = grant_msg(kMiB);
+      std::memcpy(b.data(), &m, sizeof m);
+      c.send_bytes(b.data(), b.size());
+    };
+  };
+
   struct Case {
     const char* name;
     bool hello_first;
@@ -560,42 +583,11 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
          c.send_bytes(b, sizeof b);
        },
        "shorter than a header"},
-      {"wrong magic", false,
-       [&](PoolClient& c) {
-         auto m = hello_msg();
-         m.h.magic = 0x12345678;
-         c.send(m);
-       },
-       "bad magic"},
-      {"wrong size field", false,
-       [&](PoolClient& c) {
-         auto m = hello_msg();
-         m.h.size = 71;
-         c.send(m);
-       },
-       "size does not match"},
-      {"datagram longer than its type", true,
-       [&](PoolClient& c) {
-         std::vector<std::byte> b(sizeof(proto::GrantRequest) + 8);
-         auto m = grant_msg(kMiB);
-         std::memcpy(b.data(), &m, sizeof m);
-         c.send_bytes(b.data(), b.size());
-       },
-       "size does not match"},
-      {"oversized datagram", true,
-       [&](PoolClient& c) {
-         std::vector<std::byte> b(8000);
-         auto m = grant_msg(kMiB);
-         std::memcpy(b.data(), &m, sizeof m);
-         c.send_bytes(b.data(), b.size());
-       },
-       "larger than"},
-      {"unknown type", true,
-       [&](PoolClient& c) {
-         auto m = hello_msg();
-         m.h.type = static_cast<proto::MsgType>(99);
-         c.send(m);
-       },
+      {"wrong magic", false, hello_edited([](proto::Hello& m) { m.h.magic = 0x12345678; }), "bad magic"},
+      {"wrong size field", false, hello_edited([](proto::Hello& m) { m.h.size = 71; }), "size does not match"},
+      {"datagram longer than its type", true, grant_in(sizeof(proto::GrantRequest) + 8), "size does not match"},
+      {"oversized datagram", true, grant_in(8000), "larger than"},
+      {"unknown type", true, hello_edited([](proto::Hello& m) { m.h.type = static_cast<proto::MsgType>(99); }),
        "unknown message type"},
       {"reply type from a client", true,
        [&](PoolClient& c) {
@@ -615,19 +607,9 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
        "descriptors attached"},
       {"huge bytes", true, [&](PoolClient& c) { c.send(grant_msg(1ULL << 62)); }, "more than the GPU"},
       {"zero bytes", true, [&](PoolClient& c) { c.send(grant_msg(0)); }, "for 0 bytes"},
-      {"bad purpose", true,
-       [&](PoolClient& c) {
-         auto m = grant_msg(kMiB);
-         m.purpose = static_cast<GrantPurpose>(7);
-         c.send(m);
-       },
+      {"bad purpose", true, grant_edited([](proto::GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(7); }),
        "purpose 7 out of range"},
-      {"reserved field", true,
-       [&](PoolClient& c) {
-         auto m = grant_msg(kMiB);
-         m.reserved = 1;
-         c.send(m);
-       },
+      {"reserved field", true, grant_edited([](proto::GrantRequest& m) { m.reserved = 1; }),
        "reserved field is not zero"},
       {"grant before hello", false, [&](PoolClient& c) { c.send(grant_msg(kMiB)); }, "request before Hello"},
       // CUDA IPC (docs/ipc.md): the same framing rules.
@@ -811,13 +793,7 @@ TEST_CASE("daemon: NVML per-process usage counts against the quota", "[daemon]")
     ::rename((file + ".tmp").c_str(), file.c_str());
   };
   write_usage(10 * kMiB);
-  REQUIRE(eventually(
-      [&] {
-        const auto snap = snapshot(d.state);
-        const st::TenantRecord* t = tenant(*snap, "user:4242");
-        return t != nullptr && t->nonpool[0] == 10 * kMiB;
-      },
-      3000));
+  REQUIRE(eventually([&] { return tenant_gpu0(d.state, "user:4242", &st::TenantRecord::nonpool) == 10 * kMiB; }, 3000));
   auto s = snapshot(d.state);
   CHECK(s->devices[0].nonpool_bytes == 10 * kMiB);
   CHECK(s->counters.nvml_samples > 0);
@@ -848,11 +824,7 @@ TEST_CASE("daemon: with the simulator's NVML, pool memory is not a tenant's non-
   REQUIRE(num(g, "status") == 0);
   a.ok("meminfo");                          // a context: NVML lists the helper
   a.ok("own " + std::to_string(6 * kMiB));  // NVML charges this to the helper
-  auto nonpool = [&] {
-    const auto snap = snapshot(d.state);
-    const st::TenantRecord* t = tenant(*snap, "user:4242");
-    return t == nullptr ? ~0ULL : t->nonpool[0];
-  };
+  auto nonpool = [&] { return tenant_gpu0(d.state, "user:4242", &st::TenantRecord::nonpool); };
   // The pool handle is charged to the daemon (it holds it), not to the tenant that maps it.
   CHECK(eventually([&] { return nonpool() == 6 * kMiB; }, 3000));
   CHECK(num(a.ok("usage"), "used") == 14 * kMiB);
@@ -889,6 +861,20 @@ static void flood_queries(PoolClient& c, const Uuid& dev, int n) {
   }
 }
 
+// Sends `n` GrantRequests of 2 MiB without reading the replies; returns their request ids.
+static std::vector<std::uint64_t> flood_grants(PoolClient& c, const Uuid& dev, int n) {
+  std::vector<std::uint64_t> ids;
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(c.next_request_id());
+    auto m = proto::make<proto::GrantRequest>(ids.back());
+    dev.copy_to(m.device_uuid);
+    m.bytes = 2 * kMiB;
+    m.purpose = GrantPurpose::alloc;
+    c.send(m);
+  }
+  return ids;
+}
+
 // How many UsageReply messages the kernel queues to a connection of this daemon that does not
 // read: a probe client floods it until the daemon closes it, then counts what it can still read.
 static int kernel_queue_capacity(const DaemonProcess& d) {
@@ -917,15 +903,7 @@ TEST_CASE("daemon: a client that stops reading gets every reply later and stalls
   // Replies the kernel queues, then 20 grants and 20 queries more: those wait in the daemon's
   // outbox (Outbox::kMaxMessages is 64) until the client reads.
   flood_queries(slow, dev, queued_by_kernel);
-  std::vector<std::uint64_t> grant_ids;
-  for (int i = 0; i < 20; ++i) {
-    grant_ids.push_back(slow.next_request_id());
-    auto m = proto::make<proto::GrantRequest>(grant_ids.back());
-    dev.copy_to(m.device_uuid);
-    m.bytes = 2 * kMiB;
-    m.purpose = GrantPurpose::alloc;
-    slow.send(m);
-  }
+  const std::vector<std::uint64_t> grant_ids = flood_grants(slow, dev, 20);
   flood_queries(slow, dev, 20);
   // Meanwhile another client is served at once.
   PoolClient other(d.socket);
@@ -968,13 +946,7 @@ TEST_CASE("daemon: a client over its outbox bound is closed and its undelivered 
   // than the outbox holds: the daemon closes the connection.
   try {
     flood_queries(slow, dev, queued_by_kernel + 16);
-    for (int i = 0; i < 20; ++i) {
-      auto m = proto::make<proto::GrantRequest>(slow.next_request_id());
-      dev.copy_to(m.device_uuid);
-      m.bytes = 2 * kMiB;
-      m.purpose = GrantPurpose::alloc;
-      slow.send(m);
-    }
+    flood_grants(slow, dev, 20);  // their replies wait in the outbox
     flood_queries(slow, dev, 2000);
   } catch (const std::exception&) {
     // closed by the daemon already

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "harness.hpp"
+#include "tenant_figures.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
@@ -160,13 +161,8 @@ TEST_CASE("daemon quota: hot reload by rename and in-place edit, lowered limits,
 
   // Lower both limits below current usage: applied within ~2 s, nothing revoked.
   write_atomically(d.config, team_config("32MiB", "64MiB"));
-  REQUIRE(eventually(
-      [&] {
-        const auto x = snapshot(d.state);
-        const st::TenantRecord* t = tenant(*x, "team/user:4242");
-        return t != nullptr && t->limit[0] == 32 * kMiB;
-      },
-      2000));
+  REQUIRE(
+      eventually([&] { return tenant_gpu0(d.state, "team/user:4242", &st::TenantRecord::limit) == 32 * kMiB; }, 2000));
   s = snapshot(d.state);
   CHECK(s->config.generation == 2);
   CHECK(s->counters.config_reloads == 1);

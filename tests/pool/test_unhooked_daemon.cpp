@@ -13,6 +13,7 @@
 #include <string>
 
 #include "harness.hpp"
+#include "tenant_figures.hpp"
 #include "vlake/common/proc.hpp"
 #include "vlake/contracts/protocol.hpp"
 
@@ -30,9 +31,18 @@ std::string config(const std::string& policy) {
 }
 
 std::uint64_t unhooked(const std::string& state, const std::string& name) {
-  const auto snap = snapshot(state);
-  const st::TenantRecord* t = tenant(*snap, name);
-  return t == nullptr ? ~0ULL : t->unhooked[0];
+  return tenant_gpu0(state, name, &st::TenantRecord::unhooked);
+}
+
+// `pid` (tenant user:4242's) gets killed, and the kill is counted and logged.
+void expect_killed(const DaemonProcess& d, std::uint32_t pid) {
+  auto gone = [&] {
+    const auto st = read_proc_stat(pid);
+    return !st || st->state == 'Z';
+  };
+  REQUIRE(eventually(gone, 10000));
+  CHECK(eventually([&] { return snapshot(d.state)->counters.unhooked_kills == 1; }, 3000));
+  CHECK_THAT(d.log(), Catch::Contains("killed pid " + std::to_string(pid) + " of tenant user:4242"));
 }
 
 void rewrite(const DaemonProcess& d, const std::string& yaml) {
@@ -89,14 +99,7 @@ TEST_CASE("daemon unhooked: enforce kill kills the unhooked process after the gr
   Helper over(d.node, 4242, 0);
   over.ok("meminfo");
   over.ok("own " + std::to_string(80 * kMiB));  // over the 64 MiB limit on its own
-  const auto pid = static_cast<std::uint32_t>(over.pid());
-  auto gone = [&] {
-    const auto st = read_proc_stat(pid);
-    return !st || st->state == 'Z';
-  };
-  REQUIRE(eventually(gone, 10000));
-  CHECK(eventually([&] { return snapshot(d.state)->counters.unhooked_kills == 1; }, 3000));
-  CHECK_THAT(d.log(), Catch::Contains("killed pid " + std::to_string(pid) + " of tenant user:4242"));
+  expect_killed(d, static_cast<std::uint32_t>(over.pid()));
   const auto st = read_proc_stat(static_cast<std::uint32_t>(under.pid()));
   REQUIRE(st.has_value());
   CHECK(st->state != 'Z');
@@ -135,14 +138,7 @@ TEST_CASE("daemon unhooked: enforce kill kills a process that holds memory witho
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper over(d.node, 4242, 0);
   over.ok("own " + std::to_string(256 * kMiB));  // over the 64 MiB limit, and not in NVML's list
-  const auto pid = static_cast<std::uint32_t>(over.pid());
-  auto gone = [&] {
-    const auto st = read_proc_stat(pid);
-    return !st || st->state == 'Z';
-  };
-  REQUIRE(eventually(gone, 10000));
-  CHECK(eventually([&] { return snapshot(d.state)->counters.unhooked_kills == 1; }, 3000));
-  CHECK_THAT(d.log(), Catch::Contains("killed pid " + std::to_string(pid) + " of tenant user:4242"));
+  expect_killed(d, static_cast<std::uint32_t>(over.pid()));
   CHECK(eventually([&] { return snapshot(d.state)->devices[0].unlisted_bytes == 0; }, 3000));
 }
 #endif

@@ -1,284 +1,47 @@
-// vlaked's event loop: start-up, sockets, the codec, signals, timers and watchers. Every
-// decision is the Node's (node.hpp); this file decodes, calls and encodes.
+// vlaked's event loop (Daemon::Impl, daemon_impl.hpp): waits on the epoll set, dispatches each
+// event to its handler, decodes client messages (contracts/codec.hpp), calls the Node (every
+// decision is its own, node.hpp) and encodes its answers; after each event it carries out what
+// the Node asked for (parked grants to retry, builds, swaps, Drop messages). Replies that a
+// socket does not take at once wait in the connection's Outbox (outbox.hpp). run() returns
+// after SIGTERM/SIGINT and a graceful shutdown.
+//
+// The constructor runs the start-up steps in order (daemon_startup.cpp has them); accepting
+// and closing connections are in connections.cpp.
 #include "vlake/pool/daemon.hpp"
 
-#include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
-#include <pwd.h>
 #include <signal.h>
-#include <sys/eventfd.h>
-#include <sys/file.h>
-#include <sys/resource.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/timerfd.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <iostream>
-#include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <system_error>
-#include <unordered_map>
 #include <vector>
 
-#include "alloc_watch.hpp"
-#include "config_watch.hpp"
-#include "poller.hpp"
+#include "daemon_impl.hpp"
+#include "gpu_reading.hpp"
+#include "process_control.hpp"
 #include "vlake/common/excerpt.hpp"
 #include "vlake/common/fixed_chars.hpp"
 #include "vlake/common/proc.hpp"
 #include "vlake/common/unix_socket.hpp"
-#include "vlake/contracts/codec.hpp"
-#include "vlake/contracts/state.hpp"
-#include "vlake/exporter/server.hpp"
-#include "vlake/pool/conn_limits.hpp"
-#include "vlake/pool/handle_builder.hpp"
 #include "vlake/pool/holder_scan.hpp"
-#include "vlake/pool/node.hpp"
-#include "vlake/pool/nvml_source.hpp"
-#include "vlake/pool/outbox.hpp"
-#include "vlake/pool/publisher.hpp"
-#include "vlake/pool/swapper.hpp"
+#include "vlake/pool/proc_identity.hpp"
 
 namespace vlake::pool {
 
 namespace {
-
-int pidfd_open(std::uint32_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0)); }
-
-// Kills (pid, start_time) with SIGKILL through a pidfd, so that a reused pid is never hit: the
-// pidfd pins the process whose start time is checked after opening it. False: gone or refused.
-bool kill_process(std::uint32_t pid, std::uint64_t start_time) {
-  UniqueFd fd(pidfd_open(pid));
-  if (!fd || process_start_time(pid) != start_time) return false;
-  return ::syscall(SYS_pidfd_send_signal, fd.get(), SIGKILL, nullptr, 0) == 0;
-}
-
-bool pidfd_exited(int pidfd) {
-  pollfd p{pidfd, POLLIN, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
-}
-
-std::vector<gid_t> supplementary_groups(uid_t uid, gid_t gid) {
-  std::vector<char> buf(16384);
-  passwd pw{};
-  passwd* res = nullptr;
-  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &res) != 0 || res == nullptr) return {gid};
-  int n = 64;
-  std::vector<gid_t> groups(static_cast<std::size_t>(n));
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    int count = n;
-    if (::getgrouplist(pw.pw_name, gid, groups.data(), &count) >= 0) {
-      groups.resize(static_cast<std::size_t>(count));
-      return groups;
-    }
-    n = count + 16;
-    groups.resize(static_cast<std::size_t>(n));
-  }
-  return {gid};
-}
-
-Now now() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return Now{std::chrono::steady_clock::now(),
-             static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<std::uint64_t>(ts.tv_nsec)};
-}
-
-std::string parent_dir(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// A one-shot deadline timer that re-arms only when the deadline changes: the loop asks for it
-// after every message, and a timerfd_settime per message was a quarter of the loop's syscalls.
-struct DeadlineTimer {
-  UniqueFd fd;
-  bool known = false;  // whether `at` is what the timerfd is armed with
-  std::optional<std::chrono::steady_clock::time_point> at;
-
-  void set(std::optional<std::chrono::steady_clock::time_point> deadline);
-  // The timer fired: a one-shot timerfd is disarmed once it has.
-  void fired() {
-    known = true;
-    at.reset();
-  }
-};
-
-void arm(int timer_fd, std::chrono::nanoseconds first, std::chrono::nanoseconds interval) {
-  itimerspec its{};
-  its.it_value.tv_sec = static_cast<time_t>(first.count() / 1'000'000'000);
-  its.it_value.tv_nsec = static_cast<long>(first.count() % 1'000'000'000);
-  its.it_interval.tv_sec = static_cast<time_t>(interval.count() / 1'000'000'000);
-  its.it_interval.tv_nsec = static_cast<long>(interval.count() % 1'000'000'000);
-  ::timerfd_settime(timer_fd, 0, &its, nullptr);
-}
-
-UniqueFd make_timer() {
-  UniqueFd fd(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!fd) throw StartupError(std::string("timerfd_create: ") + std::strerror(errno));
-  return fd;
-}
-
-void DeadlineTimer::set(std::optional<std::chrono::steady_clock::time_point> deadline) {
-  if (known && at == deadline) return;
-  if (!deadline) {
-    arm(fd.get(), std::chrono::nanoseconds(0), std::chrono::nanoseconds(0));
-  } else {
-    const auto wait =
-        std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(1), *deadline - std::chrono::steady_clock::now());
-    arm(fd.get(), wait, std::chrono::nanoseconds(0));
-  }
-  known = true;
-  at = deadline;
-}
-
 // A rejected quota file's error in the log: one bounded line.
 constexpr std::size_t kMaxErrorLogBytes = 1024;
-
-// The warm reserve and stock leave a GPU at least total / this free (HandleBuilder headroom).
-constexpr std::uint64_t kBuildHeadroomDivisor = 64;
-
-void drain(int fd) {
-  std::uint64_t expirations = 0;
-  (void)!::read(fd, &expirations, sizeof expirations);
-}
-
-// Raises the descriptor limit's soft value to the hard one (every connection is a descriptor);
-// returns the soft limit in force.
-rlim_t raise_nofile() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
-  if (rl.rlim_cur < rl.rlim_max) {
-    rlimit want = rl;
-    want.rlim_cur = rl.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &want) == 0) return want.rlim_cur;
-  }
-  return rl.rlim_cur;
-}
-
-UniqueFd open_reserve_fd() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
-
 }  // namespace
 
-class Daemon::Impl {
- public:
-  Impl(const DaemonOptions& o, Logger& log);
-  ~Impl();
-  int run();
-
- private:
-  struct Connection {
-    UniqueFd fd;
-    std::uint32_t pid = 0;
-    std::uint32_t uid = 0;
-    std::uint32_t gid = 0;
-    std::uint64_t session = 0;
-    std::string alloc_id;  // accepted on that allocation's socket: its identity
-    // When the process said Hello: its first counted grant needs an NVML reading taken after
-    // this (its context exists by then), whatever kCountedResampleInterval says.
-    std::chrono::steady_clock::time_point hello_at{};
-    Outbox outbox{};  // replies its socket did not take yet (outbox.hpp)
-  };
-
-  // start-up
-  void take_lock();
-  quota::QuotaConfig load_config(bool& from_file);
-  void open_state();
-  void bind_socket();
-
-  // loop
-  void on_accept(int listen_fd, const std::string& alloc_id, Source src, std::uint64_t src_serial);
-  bool accept_without_descriptors(int listen_fd, int err, Source src, std::uint64_t src_serial);
-  void resume_accepting();
-  void on_hello_timer();
-  void sample_gpus(const Now& t);
-  void arm_hello_timer();
-  void on_signal();
-  void on_timer();
-  void on_readable(ConnId serial);
-  void on_writable(ConnId serial);
-  void on_message(ConnId serial, Connection& c, const proto::AnyMessage& msg);
-  void on_process_exit(std::uint64_t session);
-  void reload(const std::string& why, bool force);
-  void apply_config(ConfigWatch::Outcome o);
-  void retry_parked();
-  void on_swaps();
-  void swap_work();
-  void send_drops();
-  void submit_builds();
-  void on_builds();
-  void arm_park_timer();
-  void shutdown();
-
-  // replies
-  template <class T>
-  bool send(ConnId serial, const T& msg, std::span<const int> fds = {}, std::uint64_t grant = 0);
-  bool send_bytes(ConnId serial, std::span<const std::byte> bytes, std::span<const int> fds, std::uint64_t grant);
-  void deliver(ConnId serial, GrantOut out, std::chrono::steady_clock::time_point received);
-  void malformed(ConnId serial, const std::string& reason);
-  void fail(ConnId serial, std::uint64_t request_id, proto::Status s, const std::string& text);
-  void close_connection(ConnId serial);
-
-  const DaemonOptions opts_;
-  Logger& log_;
-  UniqueFd lock_fd_;
-  std::unique_ptr<Driver> driver_;
-  std::unique_ptr<Node> node_;
-  // Warm reserve and stock builds off the loop (handle_builder.hpp); its workers write builds_fd_.
-  UniqueFd builds_fd_;
-  std::unique_ptr<HandleBuilder> builder_;
-  // Process checkpoints off the loop (swapper.hpp, docs/swap.md); its thread writes swaps_fd_.
-  UniqueFd swaps_fd_;
-  std::unique_ptr<Swapper> swapper_;
-  std::unique_ptr<NvmlSource> nvml_;
-  std::vector<std::string> device_files_;  // driver_->device_files(), for the GPU-user scan
-  bool nvml_failed_logged_ = false;
-  // When sample_gpus() last ran; a counted grant resamples when it is older than this.
-  std::chrono::steady_clock::time_point last_sample_{};
-  static constexpr std::chrono::milliseconds kCountedResampleInterval{100};
-  std::unique_ptr<st::StateSegment> seg_;
-  std::unique_ptr<StatePublisher> publisher_;
-  std::unique_ptr<exporter::MetricsServer> metrics_;  // its own threads; reads the segment
-  ConfigWatch config_watch_;
-  bool config_missing_logged_ = false;
-  std::optional<AllocWatch> alloc_watch_;
-
-  Poller poller_;
-  std::unordered_map<ConnId, Connection> conns_;
-  std::unordered_map<std::uint64_t, UniqueFd> pidfds_;  // by session
-  ConnId next_conn_ = 1;
-  UniqueFd listen_fd_;
-  UniqueFd signal_fd_;
-  UniqueFd timer_fd_;
-  DeadlineTimer park_timer_;
-  DeadlineTimer hello_timer_;
-  ConnLimits conn_limits_;
-  UniqueFd reserve_fd_;  // closed to accept-and-close a connection when out of descriptors
-  struct Paused {
-    int fd;
-    Source src;
-    std::uint64_t serial;
-  };
-  std::vector<Paused> paused_;  // listeners not polled until the next tick (out of descriptors)
-  bool stop_ = false;
-  bool socket_bound_ = false;
-};
-
 // ---------------------------------------------------------------------------------------------
-// start-up
+// start-up, in order (the steps are in daemon_startup.cpp)
 
 Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
     : opts_(o),
@@ -286,15 +49,7 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
       config_watch_(o.config, log),
       conn_limits_(ConnLimitSettings{o.max_connections_per_uid, o.max_unauthenticated, o.max_unauthenticated_per_uid,
                                      o.hello_timeout}) {
-  // SIGTERM/SIGINT/SIGHUP arrive through the signalfd; SIGPIPE never kills the daemon.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
-  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-
+  block_signals();
   take_lock();
   const rlim_t nofile = raise_nofile();
   reserve_fd_ = open_reserve_fd();
@@ -373,56 +128,7 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
     log_.info("metrics exporter disabled (--metrics-address none)");
   }
   bind_socket();
-
-  // The loop's sources.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGHUP);
-  signal_fd_.reset(::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK));
-  if (!signal_fd_) throw StartupError(std::string("signalfd: ") + std::strerror(errno));
-  timer_fd_ = make_timer();
-  arm(timer_fd_.get(), opts_.sample_interval, opts_.sample_interval);
-  park_timer_.fd = make_timer();
-  hello_timer_.fd = make_timer();
-  poller_.add(listen_fd_.get(), Source::listen, 0);
-  poller_.add(hello_timer_.fd.get(), Source::hello, 0);
-  poller_.add(signal_fd_.get(), Source::signal, 0);
-  poller_.add(timer_fd_.get(), Source::timer, 0);
-  poller_.add(park_timer_.fd.get(), Source::park, 0);
-  if (opts_.warm_reserve > 0 || opts_.warm_stock > 0) {
-    builds_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!builds_fd_) throw StartupError(std::string("eventfd: ") + std::strerror(errno));
-    std::vector<HandleBuilder::Gpu> gpus;
-    for (const Node::Device& d : node_->devices()) {
-      gpus.push_back({d.ordinal, d.granularity, Bytes{d.total.value() / kBuildHeadroomDivisor}});
-    }
-    builder_ = std::make_unique<HandleBuilder>(*driver_, gpus, [fd = builds_fd_.get()] {
-      const std::uint64_t one = 1;
-      (void)!::write(fd, &one, sizeof one);
-    });
-    poller_.add(builds_fd_.get(), Source::builds, 0);
-  }
-  if (driver_->checkpoint_supported() && opts_.swap_idle.count() > 0) {
-    swaps_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!swaps_fd_) throw StartupError(std::string("eventfd: ") + std::strerror(errno));
-    swapper_ = std::make_unique<Swapper>(*driver_, [fd = swaps_fd_.get()] {
-      const std::uint64_t one = 1;
-      (void)!::write(fd, &one, sizeof one);
-    });
-    poller_.add(swaps_fd_.get(), Source::swaps, 0);
-  }
-  for (const auto& [id, fd] : pidfds_) poller_.add(fd.get(), Source::pidfd, id);
-  config_watch_.start(poller_);
-  if (!opts_.alloc_root.empty()) {
-    alloc_watch_.emplace(opts_.alloc_root, log_);
-    try {
-      alloc_watch_->start(poller_, *node_, opts_.sample_interval);
-    } catch (const std::exception& e) {
-      throw StartupError(e.what());
-    }
-  }
+  add_sources();
   publisher_->publish(*node_, now().unix_ns);
   log_.info("serving " + opts_.socket + " (" + std::to_string(node_->devices().size()) + " GPU(s), driver " +
             driver_->name() + ", state " + st::segment_path(opts_.state) + ")");
@@ -440,88 +146,6 @@ Daemon::Impl::~Impl() {
   metrics_.reset();
   node_.reset();
   if (socket_bound_) ::unlink(opts_.socket.c_str());
-}
-
-void Daemon::Impl::take_lock() {
-  try {
-    mkdir_p(parent_dir(opts_.socket));
-  } catch (const std::exception& e) {
-    throw StartupError(std::string("cannot create the socket directory: ") + e.what());
-  }
-  const std::string lock = opts_.lock_path();
-  lock_fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!lock_fd_) throw StartupError("cannot open lock file " + lock + ": " + std::strerror(errno));
-  if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) throw StartupError("cannot lock " + lock + ": " + std::strerror(errno));
-    char buf[32] = {};
-    const ssize_t n = ::pread(lock_fd_.get(), buf, sizeof buf - 1, 0);
-    std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "?";
-    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-    throw StartupError("another vlaked (pid " + pid + ") owns " + opts_.socket);
-  }
-  const std::string me = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(lock_fd_.get(), 0) != 0 || ::pwrite(lock_fd_.get(), me.data(), me.size(), 0) < 0) {
-    log_.warn("cannot write the pid into " + lock + ": " + std::strerror(errno));
-  }
-}
-
-quota::QuotaConfig Daemon::Impl::load_config(bool& from_file) {
-  ConfigWatch::Outcome o = config_watch_.load_now();
-  if (o.kind == ConfigWatch::Outcome::Kind::missing) {
-    log_.info("no quota file at " + opts_.config + ": every uid is its own tenant with 100% of each GPU");
-    return quota::QuotaConfig();
-  }
-  if (o.kind != ConfigWatch::Outcome::Kind::changed || !o.config) throw StartupError("bad quota file: " + o.error);
-  from_file = true;
-  log_.info("quota file " + opts_.config + " loaded (default limit " + o.config->default_limit().to_string() + ", " +
-            std::to_string(o.config->namespaces().size()) + " namespace(s))");
-  return std::move(*o.config);
-}
-
-void Daemon::Impl::open_state() {
-  try {
-    seg_ = std::make_unique<st::StateSegment>(opts_.state, opts_.state_mode, opts_.state_gid);
-  } catch (const st::StateError& e) {
-    throw StartupError(e.what());
-  }
-  const auto pid = static_cast<std::uint32_t>(::getpid());
-  publisher_ = std::make_unique<StatePublisher>(*seg_, pid, process_start_time(pid),
-                                                static_cast<std::uint32_t>(opts_.sample_interval.count()));
-  if (seg_->origin() == st::StateSegment::Origin::resumed) {
-    // Sessions of live processes (same pid and start time) keep their grants.
-    const st::State& old = seg_->state();
-    std::set<std::uint64_t> alive;
-    for (const st::SessionRecord& r : old.sessions) {
-      if (r.state == st::kSessionFree || r.start_time == 0 || process_start_time(r.pid) != r.start_time) continue;
-      UniqueFd fd(pidfd_open(r.pid));
-      if (!fd || process_start_time(r.pid) != r.start_time) continue;
-      alive.insert(r.id);
-      pidfds_[r.id] = std::move(fd);
-    }
-    log_.info("state segment " + st::segment_path(opts_.state) + " found");
-    const std::vector<std::uint64_t> kept = node_->resume(old, alive);
-    for (auto it = pidfds_.begin(); it != pidfds_.end();) {
-      it = std::find(kept.begin(), kept.end(), it->first) == kept.end() ? pidfds_.erase(it) : std::next(it);
-    }
-  }
-  publisher_->publish_all(*node_, now().unix_ns);
-}
-
-void Daemon::Impl::bind_socket() {
-  listen_fd_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listen_fd_) throw StartupError(std::string("socket: ") + std::strerror(errno));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (opts_.socket.size() >= sizeof addr.sun_path) throw StartupError("socket path too long: " + opts_.socket);
-  std::memcpy(addr.sun_path, opts_.socket.data(), opts_.socket.size());
-  // We hold the lock: a socket file left here is stale.
-  if (::unlink(opts_.socket.c_str()) == 0) log_.info("removed stale socket " + opts_.socket);
-  if (::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    throw StartupError("cannot bind " + opts_.socket + ": " + std::strerror(errno));
-  }
-  socket_bound_ = true;
-  ::chmod(opts_.socket.c_str(), 0666);
-  if (::listen(listen_fd_.get(), 128) != 0) throw StartupError(std::string("listen: ") + std::strerror(errno));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -588,105 +212,6 @@ int Daemon::Impl::run() {
   return 0;
 }
 
-void Daemon::Impl::on_accept(int listen_fd, const std::string& alloc_id, Source src, std::uint64_t src_serial) {
-  // A bounded batch per event, so that a connection flood cannot starve the other sources.
-  for (int batch = 0; batch < 256; ++batch) {
-    UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if ((errno == EMFILE || errno == ENFILE) && accept_without_descriptors(listen_fd, errno, src, src_serial))
-        continue;
-      node_->log_limiter().warn("accept", std::string("accept: ") + std::strerror(errno),
-                                std::chrono::steady_clock::now());
-      return;
-    }
-    const auto t = std::chrono::steady_clock::now();
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      node_->log_limiter().warn("accept", std::string("SO_PEERCRED: ") + std::strerror(errno), t);
-      continue;
-    }
-    const ConnId serial = next_conn_++;
-    const std::string peer = ConnLimits::peer_of(cred.uid, alloc_id);
-    const ConnLimits::Admit admit = conn_limits_.admit(serial, peer, t);
-    if (admit != ConnLimits::Admit::ok) {
-      // Closed at once: nothing is read from it, nothing is sent.
-      if (admit == ConnLimits::Admit::peer_cap) node_->count_connection_cap();
-      else node_->count_unauthenticated();
-      node_->log_limiter().warn(
-          "connection refused " + peer,
-          "connection from pid " + std::to_string(cred.pid) + " closed: " + conn_limits_.describe(admit, peer), t);
-      continue;
-    }
-    poller_.add(fd.get(), Source::conn, serial);
-    log_.debug("connection " + std::to_string(serial) + " from pid " + std::to_string(cred.pid) + " uid " +
-               std::to_string(cred.uid) + (alloc_id.empty() ? std::string() : " on allocation " + alloc_id));
-    conns_.emplace(serial,
-                   Connection{std::move(fd), static_cast<std::uint32_t>(cred.pid), cred.uid, cred.gid, 0, alloc_id});
-    if (conn_limits_.unauthenticated() == 1) arm_hello_timer();
-  }
-}
-
-// Out of descriptors: the pending connection would make the listener readable forever. Closes
-// the reserve descriptor to accept it and close it at once, then takes the reserve back; when
-// even that fails, the listener is not polled until the next tick. Returns true if a connection
-// was taken off the queue.
-bool Daemon::Impl::accept_without_descriptors(int listen_fd, int err, Source src, std::uint64_t src_serial) {
-  const auto t = std::chrono::steady_clock::now();
-  node_->count_connection_cap();
-  node_->log_limiter().warn("accept descriptors",
-                            std::string("accept: ") + std::strerror(err) +
-                                ": out of descriptors; closing new connections at once (see --max-connections-per-uid)",
-                            t);
-  reserve_fd_.reset();
-  UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-  const bool took = static_cast<bool>(fd);
-  fd.reset();
-  reserve_fd_ = open_reserve_fd();
-  if (took && reserve_fd_) return true;
-  // Stop polling this listener until the next tick (no busy loop).
-  poller_.del(listen_fd);
-  paused_.push_back(Paused{listen_fd, src, src_serial});
-  return false;
-}
-
-void Daemon::Impl::resume_accepting() {
-  if (!reserve_fd_) reserve_fd_ = open_reserve_fd();
-  for (const Paused& p : paused_) {
-    // An allocation's socket may have gone (and its number been reused) meanwhile.
-    if (p.src == Source::alloc_listen && (!alloc_watch_ || alloc_watch_->listener(p.serial).first != p.fd)) continue;
-    try {
-      poller_.add(p.fd, p.src, p.serial);
-    } catch (const std::exception&) {
-      // already polled again, or gone
-    }
-  }
-  paused_.clear();
-}
-
-void Daemon::Impl::arm_hello_timer() { hello_timer_.set(conn_limits_.next_deadline()); }
-
-void Daemon::Impl::on_hello_timer() {
-  drain(hello_timer_.fd.get());
-  hello_timer_.fired();
-  const auto t = std::chrono::steady_clock::now();
-  const std::vector<std::uint64_t> late = conn_limits_.expired(t);
-  for (std::uint64_t serial : late) {
-    auto it = conns_.find(serial);
-    if (it == conns_.end()) continue;
-    node_->count_unauthenticated();
-    node_->log_limiter().warn("hello timeout uid " + std::to_string(it->second.uid),
-                              "connection " + std::to_string(serial) + " (pid " + std::to_string(it->second.pid) +
-                                  ", uid " + std::to_string(it->second.uid) + ") closed: no Hello within " +
-                                  std::to_string(opts_.hello_timeout.count()) + " ms (vlaked --hello-timeout-ms)",
-                              t);
-    close_connection(serial);
-  }
-  arm_hello_timer();
-}
-
 void Daemon::Impl::on_signal() {
   signalfd_siginfo si{};
   while (::read(signal_fd_.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
@@ -736,29 +261,20 @@ void Daemon::Impl::sample_gpus(const Now& t) {
       // Who the processes without a session are (/proc); the Node decides what it means.
       std::set<std::uint32_t> session_pids;
       for (const auto& [id, sess] : node_->sessions()) session_pids.insert(sess.pid);
-      std::set<std::uint32_t> seen;
+      const ReadingSubjects subjects = reading_subjects(sample, session_pids, node_->settings().daemon_pid);
       std::vector<ProcessIdentity> ids;
-      for (const GpuSample& g : sample) {
-        for (const ProcessUsage& p : g.processes) {
-          if (p.pid == node_->settings().daemon_pid || session_pids.count(p.pid) != 0 || !seen.insert(p.pid).second) {
-            continue;
-          }
-          if (auto id = read_process_identity(p.pid, alloc_watch_.has_value())) ids.push_back(std::move(*id));
-        }
+      for (std::uint32_t pid : subjects.sessionless) {
+        if (auto id = read_process_identity(pid, alloc_watch_.has_value())) ids.push_back(std::move(*id));
       }
       // Who has the driver's device files open (/proc/<pid>/fd): GPU users NVML may not list (a
       // process that creates memory without a CUDA context is not in its process list).
-      std::set<std::uint32_t> listed;
-      for (const GpuSample& g : sample) {
-        for (const ProcessUsage& p : g.processes) listed.insert(p.pid);
-      }
       // The scan reads every process's descriptor table: only when some GPU has memory to place.
       bool unlisted = false;
       for (const GpuSample& g : sample) unlisted = unlisted || node_->unlisted_memory(g) > kUnlistedTolerance;
       std::vector<ProcessIdentity> users;
       const std::vector<std::string> none;
       for (std::uint32_t pid : device_file_users(unlisted ? device_files_ : none, node_->settings().daemon_pid)) {
-        if (listed.count(pid) != 0) continue;
+        if (subjects.listed.count(pid) != 0) continue;
         if (auto id = read_process_identity(pid, alloc_watch_.has_value())) users.push_back(std::move(*id));
       }
       for (const KillOrder& k : node_->observe_gpus(sample, ids, t, users)) {
@@ -918,8 +434,7 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, proto::GrantRequest>) {
           if (m.purpose == proto::GrantPurpose::counted && nvml_ &&
-              (last_sample_ <= c.hello_at ||
-               std::chrono::steady_clock::now() - last_sample_ >= kCountedResampleInterval)) {
+              reading_stale(last_sample_, c.hello_at, std::chrono::steady_clock::now(), kCountedResampleInterval)) {
             sample_gpus(now());
           }
           deliver(serial, node_->grant(serial, s, m, now()), std::chrono::steady_clock::now());
@@ -1203,26 +718,6 @@ void Daemon::Impl::malformed(ConnId serial, const std::string& reason) {
                             std::chrono::steady_clock::now());
   node_->count_malformed();
   fail(serial, 0, proto::Status::bad_request, reason);
-}
-
-void Daemon::Impl::close_connection(ConnId serial) {
-  auto it = conns_.find(serial);
-  if (it == conns_.end()) return;
-  Connection c = std::move(it->second);
-  conns_.erase(it);
-  conn_limits_.closed(serial);
-  poller_.del(c.fd.get());
-  c.fd.reset();
-  // Grants whose replies were still queued never reached the client: undone.
-  for (const std::uint64_t g : c.outbox.grants()) node_->undo_grant(g);
-  if (c.session == 0) return;
-  auto p = pidfds_.find(c.session);
-  const bool exited = p == pidfds_.end() || pidfd_exited(p->second.get());
-  if (exited && p != pidfds_.end()) {
-    poller_.del(p->second.get());
-    pidfds_.erase(p);
-  }
-  node_->connection_closed(serial, c.session, exited);
 }
 
 void Daemon::Impl::shutdown() {

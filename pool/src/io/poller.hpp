@@ -15,14 +15,14 @@
 namespace vlake::pool {
 
 enum class Source : std::uint64_t {
-  listen = 1,
-  signal = 2,
-  timer = 3,
-  conn = 4,
-  pidfd = 5,
-  config_watch = 6,
-  config_settle = 7,
-  park = 8,
+  listen = 1,         // the node socket: a connection to accept
+  signal = 2,         // the signalfd (SIGTERM, SIGINT, SIGHUP)
+  timer = 3,          // the periodic tick (NVML sample, safety nets)
+  conn = 4,           // a client connection (serial: its ConnId)
+  pidfd = 5,          // a session's process exited (serial: the session)
+  config_watch = 6,   // inotify on the quota file's directory (ConfigWatch)
+  config_settle = 7,  // the quota file held still long enough to be read
+  park = 8,           // the earliest deadline of the Node's parked grants
   config_result = 9,  // the quota file reader finished (ConfigWatch)
   hello = 10,         // the Hello deadline of connections that have not said Hello
   builds = 11,        // the HandleBuilder finished a warm reserve or stock handle (eventfd)
@@ -41,27 +41,22 @@ class Poller {
   static Source source_of(std::uint64_t t) { return static_cast<Source>(t >> 56); }
   static std::uint64_t serial_of(std::uint64_t t) { return t & ((1ULL << 56) - 1); }
 
-  void add(int fd, Source k, std::uint64_t serial) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = token(k, serial);
-    if (::epoll_ctl(fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      throw std::system_error(errno, std::generic_category(), "epoll_ctl");
-    }
-  }
+  void add(int fd, Source k, std::uint64_t serial) { ctl(EPOLL_CTL_ADD, fd, EPOLLIN, token(k, serial)); }
   void del(int fd) noexcept { ::epoll_ctl(fd_.get(), EPOLL_CTL_DEL, fd, nullptr); }
   // Also reports `fd` writable (EPOLLOUT) while `on`: a connection with replies waiting.
   void watch_writable(int fd, Source k, std::uint64_t serial, bool on) {
-    epoll_event ev{};
-    ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
-    ev.data.u64 = token(k, serial);
-    if (::epoll_ctl(fd_.get(), EPOLL_CTL_MOD, fd, &ev) != 0) {
-      throw std::system_error(errno, std::generic_category(), "epoll_ctl");
-    }
+    ctl(EPOLL_CTL_MOD, fd, EPOLLIN | (on ? EPOLLOUT : 0u), token(k, serial));
   }
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
 
  private:
+  void ctl(int op, int fd, std::uint32_t events, std::uint64_t data) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = data;
+    if (::epoll_ctl(fd_.get(), op, fd, &ev) != 0) throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+  }
+
   UniqueFd fd_;
 };
 
