@@ -47,8 +47,7 @@ struct Table {
 
 }  // namespace
 
-TEST_CASE("dedup table: equal chunks of two grants become one shared chunk, counted per reference",
-          "[pool][dedup]") {
+TEST_CASE("dedup table: equal chunks of two grants become one shared chunk, counted per reference", "[pool][dedup]") {
   Table t;
   auto a = t.grant(kA, 8_MiB, 1);
   auto b = t.grant(kB, 8_MiB, 1);  // the same four chunks

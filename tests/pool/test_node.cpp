@@ -8,6 +8,20 @@ using namespace vlake::pool;
 using namespace vlake::literals;
 using namespace vlake::nodetest;
 
+namespace {
+
+// A Kubernetes allocation of `bytes` on GPU 0, added to the node.
+AllocationInfo add_allocation(World& w, const std::string& id, Bytes bytes) {
+  AllocationInfo a;
+  a.id = id;
+  a.device = DeviceOrdinal{0};
+  a.bytes = bytes;
+  w.node->allocation_added(a);
+  return a;
+}
+
+}  // namespace
+
 TEST_CASE("node: grants within the tenant limit, a refusal names the limit and charges nothing", "[node]") {
   World w("version: 1\ndefault: {limit: 8MiB}\n");
   const auto s = w.hello(1, 100, 1000);
@@ -372,11 +386,7 @@ default: {limit: 100%}
 namespaces:
   - {name: team, pod_limit: 96MiB, guard: canary}
 )");
-  AllocationInfo a;
-  a.id = "0123456789abcdef";
-  a.device = DeviceOrdinal{0};
-  a.bytes = 128_MiB;
-  w.node->allocation_added(a);
+  const AllocationInfo a = add_allocation(w, "0123456789abcdef", 128_MiB);
   const auto s = w.hello(1, 100, 0, false, a.id);
   CHECK(w.tenant_of(s) == "alloc:0123456789abcdef");
   CHECK(w.node->accounting().usage(w.node->session(s)->tenant, DeviceOrdinal{0}).limit == 128_MiB);
@@ -645,11 +655,7 @@ TEST_CASE("node: a full session table refuses with limit_reached and a clear tex
 
 TEST_CASE("node: an allocation's tenant lives while its allocation or a session does", "[node][limits][k8s]") {
   World w("version: 1\ndefault: {limit: 100%}\n");
-  AllocationInfo a;
-  a.id = "00000000000000aa";
-  a.device = DeviceOrdinal{0};
-  a.bytes = 64_MiB;
-  w.node->allocation_added(a);
+  const AllocationInfo a = add_allocation(w, "00000000000000aa", 64_MiB);
   const auto s = w.hello(1, 100, 0, false, a.id);
   CHECK(w.tenant_of(s) == "alloc:00000000000000aa");
   w.granted(1, s, 2 * kMiB);
@@ -793,11 +799,7 @@ TEST_CASE("node: VLAKE_DISABLE passes through only where the quota file allows i
 TEST_CASE("node: on Kubernetes an unhooked process is charged to the allocation mounted into it",
           "[node][unhooked][k8s]") {
   World w("version: 1\ndefault: {limit: 100%}\n");
-  AllocationInfo a;
-  a.id = "0123456789abcdef";
-  a.device = DeviceOrdinal{0};
-  a.bytes = 32_MiB;
-  w.node->allocation_added(a);
+  const AllocationInfo a = add_allocation(w, "0123456789abcdef", 32_MiB);
   w.node->allocation_owner(a.id, alloc::Owner{"team", "trainer-0", "main"});
   CHECK(w.observe_gpus({gpu0(50_MiB, {{200, 40_MiB}, {201, 6_MiB}})},
                        {who(200, 0, {"ffffffffffffffff", a.id}), who(201, 0)}, w.t)
