@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vlake/pool/features/dedup/dedup.hpp"
 #include "vlake/common/fixed_chars.hpp"
 #include "vlake/contracts/codec.hpp"
+#include "vlake/pool/features/dedup/dedup.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/pressure_plan.hpp"
 
@@ -430,12 +430,8 @@ std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, 
   auto sit = sessions_.find(session);
   if (sit == sessions_.end()) return Malformed{"session is gone"};
   Session& s = sit->second;
-  proto::ReleaseAck ack{};
-  ack.h = proto::make_header<proto::ReleaseAck>(proto::MsgType::release_ack, m.h.request_id);
-  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
-    ack.status = proto::Status::unknown_grant;
-    return ack;
-  }
+  proto::ReleaseAck ack = proto::make<proto::ReleaseAck>(m.h.request_id);
+  if (!s.holds(m.grant_id)) return with_status(ack, proto::Status::unknown_grant);
   Grant& g = grants_.at(m.grant_id);
   const DeviceOrdinal d = g.device;
   const bool exported = (m.flags & proto::kReleaseExported) != 0;

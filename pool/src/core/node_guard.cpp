@@ -6,6 +6,7 @@
 #include <sstream>
 #include "vlake/common/fixed_chars.hpp"
 
+#include "vlake/contracts/codec.hpp"
 #include "vlake/pool/features/dedup/dedup.hpp"
 #include "vlake/pool/node.hpp"
 
@@ -258,13 +259,12 @@ bool Node::guard_admitted(const Tenant& t, const Session& s, const char* what, c
 std::optional<Malformed> Node::readonly_write(std::uint64_t session, const proto::ReadOnlyWrite& m, Now now) {
   const Session* s = this->session(session);
   if (s == nullptr) return Malformed{"session is gone"};
-  const Tenant& t = tenants_.at(s->tenant.value());
-  const Device* dev = device_by_uuid(m.device_uuid);
   // It must name a grant of this session on that GPU that holds shared chunks, and a shared range
   // that fits in it (the daemon cannot see the process's addresses).
+  const Grant* g = s->holds(m.grant_id) ? &grants_.at(m.grant_id) : nullptr;
+  const Tenant& t = tenants_.at(s->tenant.value());
+  const Device* dev = device_by_uuid(m.device_uuid);
   std::string bad;
-  const Grant* g = nullptr;
-  if (std::find(s->grants.begin(), s->grants.end(), m.grant_id) != s->grants.end()) g = &grants_.at(m.grant_id);
   if (dev == nullptr) {
     bad = "names a GPU this node does not have";
   } else if (g == nullptr || g->device != dev->ordinal) {
@@ -316,9 +316,7 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
     reply.status = status;
     return out;
   };
-  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
-    return answer(proto::Status::unknown_grant);
-  }
+  if (!s.holds(m.grant_id)) return answer(proto::Status::unknown_grant);
   Grant& g = grants_.at(m.grant_id);
   // Another process maps its handles through CUDA IPC (docs/ipc.md): the layout stays.
   if (ipc_.imports_open(g.id) > 0) return answer(proto::Status::bad_request);
@@ -411,11 +409,9 @@ std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t sessio
   auto sit = sessions_.find(session);
   if (sit == sessions_.end()) return Malformed{"session is gone"};
   Session& s = sit->second;
-  proto::ShareAck ack{};
-  ack.h = proto::make_header<proto::ShareAck>(proto::MsgType::share_ack, m.h.request_id);
+  proto::ShareAck ack = proto::make<proto::ShareAck>(m.h.request_id);
   const Dedup::Plan* plan = dedup().pending(s.id);
-  if (plan == nullptr || plan->grant_id != m.grant_id ||
-      std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
+  if (plan == nullptr || plan->grant_id != m.grant_id || !s.holds(m.grant_id)) {
     ack.status = proto::Status::unknown_grant;
     return ack;
   }

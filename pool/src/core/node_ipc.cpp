@@ -22,6 +22,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "vlake/contracts/codec.hpp"
 #include "vlake/pool/features/dedup/dedup.hpp"
 #include "vlake/pool/node.hpp"
 
@@ -59,12 +60,8 @@ std::variant<proto::IpcExportReply, Malformed> Node::ipc_export(std::uint64_t se
   auto sit = sessions_.find(session);
   if (sit == sessions_.end()) return Malformed{"session is gone"};
   Session& s = sit->second;
-  proto::IpcExportReply r{};
-  r.h = proto::make_header<proto::IpcExportReply>(proto::MsgType::ipc_export_reply, m.h.request_id);
-  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
-    r.status = proto::Status::unknown_grant;
-    return r;
-  }
+  proto::IpcExportReply r = proto::make<proto::IpcExportReply>(m.h.request_id);
+  if (!s.holds(m.grant_id)) return with_status(r, proto::Status::unknown_grant);
   Grant& g = grants_.at(m.grant_id);
   const Tenant& t = tenants_.at(s.tenant.value());
   // Only memory this daemon can hand out again: an alloc grant with live handles whose layout is

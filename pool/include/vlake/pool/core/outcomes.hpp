@@ -63,6 +63,13 @@ struct PressureNote {
   proto::Pressure msg{};
 };
 
+// `reply` answered with `status`.
+template <class Reply>
+Reply with_status(Reply reply, proto::Status status) {
+  reply.status = status;
+  return reply;
+}
+
 struct Granted {
   proto::GrantReply reply{};
   std::vector<int> fds;  // borrowed, one per handle, in reply order

@@ -5,6 +5,7 @@
 // warm stock). Thread-safety: none.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -71,6 +72,10 @@ struct SessionRecord {
   TenantId tenant;
   ConnId conn = 0;  // 0: detached
   std::vector<std::uint64_t> grants;
+  // Whether `grant` is one of its own grants.
+  [[nodiscard]] bool holds(std::uint64_t grant) const {
+    return std::find(grants.begin(), grants.end(), grant) != grants.end();
+  }
   std::string alloc_id;                                  // opened through that allocation's socket
   bool pressure = false;                                 // its latest Hello set kHelloPressure
   proto::GuardMode guard = proto::GuardMode::off;        // the mode its latest HelloAck gave
