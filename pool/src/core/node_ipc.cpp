@@ -57,13 +57,12 @@ std::size_t Node::imports_of(TenantId t) const {
 }
 
 std::variant<proto::IpcExportReply, Malformed> Node::ipc_export(std::uint64_t session, const proto::IpcExport& m) {
-  auto sit = sessions_.find(session);
-  if (sit == sessions_.end()) return Malformed{"session is gone"};
-  Session& s = sit->second;
+  const Session* s = this->session(session);
+  if (s == nullptr) return Malformed{"session is gone"};
   proto::IpcExportReply r = proto::make<proto::IpcExportReply>(m.h.request_id);
-  if (!s.holds(m.grant_id)) return with_status(r, proto::Status::unknown_grant);
-  Grant& g = grants_.at(m.grant_id);
-  const Tenant& t = tenants_.at(s.tenant.value());
+  if (!s->holds(m.grant_id)) return with_status(r, proto::Status::unknown_grant);
+  const Grant& g = grants_.at(m.grant_id);
+  const Tenant& t = tenants_.at(s->tenant.value());
   // Only memory this daemon can hand out again: an alloc grant with live handles whose layout is
   // the plain one (shared dedup chunks are not exported; docs/ipc.md, "Limits").
   if (g.purpose != proto::GrantPurpose::alloc || g.orphaned || g.handles.empty() ||
