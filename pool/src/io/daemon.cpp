@@ -197,10 +197,7 @@ int Daemon::Impl::run() {
           case Source::alloc_watch: alloc_watch_->on_watch(poller_, *node_); break;
           case Source::alloc_timer: alloc_watch_->on_timer(poller_, *node_); break;
         }
-        retry_parked();
-        send_drops();
-        submit_builds();
-        swap_work();
+        apply(node_->settle(now()));
       } catch (const std::exception& e) {
         node_->log_limiter().write(LogLevel::error, "event", std::string("event handling failed: ") + e.what(),
                                    std::chrono::steady_clock::now());
@@ -277,9 +274,7 @@ void Daemon::Impl::sample_gpus(const Now& t) {
         if (subjects.listed.count(pid) != 0) continue;
         if (auto id = read_process_identity(pid, alloc_watch_.has_value())) users.push_back(std::move(*id));
       }
-      for (const KillOrder& k : node_->observe_gpus(sample, ids, t, users)) {
-        node_->unhooked_killed(k, kill_process(k.pid, k.start_time));
-      }
+      node_->observe_gpus(sample, ids, t, users);  // kills: Effects::kills
       nvml_failed_logged_ = false;
     } catch (const std::exception& e) {
       if (!nvml_failed_logged_) log_.warn(std::string("NVML sampling failed: ") + e.what());
@@ -509,30 +504,50 @@ void Daemon::Impl::on_process_exit(std::uint64_t session) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// parked grants (docs/pool.md, "Pressure protocol")
+// what an event leaves to do (effects.hpp)
 
-void Daemon::Impl::retry_parked() {
-  const Now t = now();
-  if (node_->retry_due(t)) {
-    for (Completion& c : node_->retry_parked(t)) {
-      if (conns_.count(c.conn) != 0) deliver(c.conn, std::move(c.out), c.received);
+// Parked grants' answers (docs/pool.md, "Pressure protocol"), Drops of kept mappings
+// (docs/hook.md; a client whose socket is full gets none, logged: its memory stays charged until
+// it ends), warm builds and discards, swapping (docs/swap.md) and kills (`enforce: kill`), in
+// that order.
+void Daemon::Impl::apply(Effects&& fx) {
+  // A notice for a session's connection (none when it is gone); one that cannot be sent is logged.
+  auto notify = [&](ConnId conn, std::uint64_t session, const auto& msg, const char* what, const char* log_key) {
+    auto it = conns_.find(conn);
+    if (it == conns_.end()) return;
+    try {
+      send_with_fds(it->second.fd.get(), proto::encode(msg), {});
+    } catch (const std::exception& e) {
+      node_->log_limiter().warn(log_key,
+                                "session " + std::to_string(session) + ": cannot send " + what + ": " + e.what(),
+                                std::chrono::steady_clock::now());
     }
+  };
+  for (Completion& c : fx.completions) {
+    if (conns_.count(c.conn) != 0) deliver(c.conn, std::move(c.out), c.received);
   }
   arm_park_timer();
-}
-
-// Kept mappings (docs/hook.md): Drop messages for what this event retired or handed elsewhere.
-// A client whose socket is full gets none (logged): its memory stays charged until it ends.
-void Daemon::Impl::submit_builds() {
-  std::vector<BuildOut> builds = node_->take_builds();
-  for (const BuildOut& b : builds) {
+  for (const DropOut& d : fx.drops) notify(d.conn, d.session, d.msg, "Drop", "drop");
+  for (const BuildOut& b : fx.builds) {
     if (builder_) builder_->submit(b.device, b.size);
     else node_->build_failed(b.device, b.size, false);
   }
-  for (DiscardOut& d : node_->take_discards()) {
+  for (DiscardOut& d : fx.discards) {
     if (builder_) builder_->discard(d.device, std::move(d.handle));
     else release_built(*driver_, d.handle);
   }
+  for (const SwapNoticeOut& n : fx.swap_notices) notify(n.conn, n.session, n.msg, "SwapNotice", "swap notice");
+  for (const SwapJob& j : fx.swap_jobs) {
+    if (swapper_) {
+      swapper_->submit(j);
+    } else {
+      node_->swap_done(j, false, Bytes{0}, std::chrono::nanoseconds(0), "swapping is off", now());
+    }
+  }
+  for (const SwapInOut& r : fx.swap_replies) {
+    if (conns_.count(r.conn) != 0 && !send(r.conn, r.reply)) close_connection(r.conn);
+  }
+  for (const KillOrder& k : fx.kills) node_->unhooked_killed(k, kill_process(k.pid, k.start_time));
 }
 
 void Daemon::Impl::on_builds() {
@@ -559,44 +574,6 @@ void Daemon::Impl::on_swaps() {
   drain(swaps_fd_.get());
   if (!swapper_) return;
   for (Swapper::Done& d : swapper_->take()) node_->swap_done(d.job, d.ok, d.freed, d.took, d.error, now());
-}
-
-void Daemon::Impl::swap_work() {
-  node_->swap_tick(now());
-  for (const SwapNoticeOut& n : node_->take_swap_notices()) {
-    auto it = conns_.find(n.conn);
-    if (it == conns_.end()) continue;
-    try {
-      send_with_fds(it->second.fd.get(), proto::encode(n.msg), {});
-    } catch (const std::exception& e) {
-      node_->log_limiter().warn("swap notice",
-                                "session " + std::to_string(n.session) + ": cannot send SwapNotice: " + e.what(),
-                                std::chrono::steady_clock::now());
-    }
-  }
-  for (const SwapJob& j : node_->take_swap_jobs()) {
-    if (swapper_) {
-      swapper_->submit(j);
-    } else {
-      node_->swap_done(j, false, Bytes{0}, std::chrono::nanoseconds(0), "swapping is off", now());
-    }
-  }
-  for (const SwapInOut& r : node_->take_swap_replies()) {
-    if (conns_.count(r.conn) != 0 && !send(r.conn, r.reply)) close_connection(r.conn);
-  }
-}
-
-void Daemon::Impl::send_drops() {
-  for (const DropOut& d : node_->take_drops()) {
-    auto it = conns_.find(d.conn);
-    if (it == conns_.end()) continue;
-    try {
-      send_with_fds(it->second.fd.get(), proto::encode(d.msg), {});
-    } catch (const std::exception& e) {
-      node_->log_limiter().warn("drop", "session " + std::to_string(d.session) + ": cannot send Drop: " + e.what(),
-                                std::chrono::steady_clock::now());
-    }
-  }
 }
 
 void Daemon::Impl::arm_park_timer() { park_timer_.set(node_->next_deadline()); }

@@ -100,11 +100,9 @@ class Daemon::Impl {
   void on_process_exit(std::uint64_t session);
   void reload(const std::string& why, bool force);
   void apply_config(ConfigWatch::Outcome o);
-  void retry_parked();
+  // What the Node wants done after an event (effects.hpp), carried out in one place.
+  void apply(Effects&& fx);
   void on_swaps();
-  void swap_work();
-  void send_drops();
-  void submit_builds();
   void on_builds();
   void arm_park_timer();
   void shutdown();

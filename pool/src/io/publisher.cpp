@@ -24,12 +24,12 @@ StatePublisher::StatePublisher(st::StateSegment& seg, std::uint32_t daemon_pid, 
       sample_interval_ms_(sample_interval_ms) {}
 
 void StatePublisher::publish(Node& node, std::uint64_t now_unix_ns) noexcept {
-  const Changes c = node.take_changes();
+  const Changes c = node.changes_to_publish();
   write(node, c, now_unix_ns);
 }
 
 void StatePublisher::publish_all(Node& node, std::uint64_t now_unix_ns) noexcept {
-  Changes c = node.take_changes();
+  Changes c = node.changes_to_publish();
   c.all = true;
   write(node, c, now_unix_ns);
 }
@@ -150,7 +150,7 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     r.limit[i] = u.limit.value();
     r.granted[i] = u.granted.value();
     r.nonpool[i] = u.nonpool.value();
-    r.unhooked[i] = t->unhooked[i];  // NVML's figure, charged (in used()) unless `enforce: account`
+    r.unhooked[i] = node.unhooked().of(t->id).bytes[i];  // NVML's figure, charged (in used()) unless `enforce: account`
     r.retained[i] = u.retained.value();
     if (u.used() > u.limit) over |= 1u << i;
     std::uint64_t reserve = 0;
@@ -162,14 +162,16 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
   r.namespace_id = t->ns.value();
   r.over_limit = over;
   r.enforce = static_cast<std::uint32_t>(t->enforce);
-  r.unhooked_processes = static_cast<std::uint32_t>(t->unhooked_procs.size());
-  std::copy(t->kernel_faults.begin(), t->kernel_faults.end(), std::begin(r.kernel_faults));
+  r.unhooked_processes = static_cast<std::uint32_t>(node.unhooked().of(t->id).procs.size());
+  const GuardBook::Faults faults = node.guard_book().kernel_faults(t->id);
+  std::copy(faults.begin(), faults.end(), std::begin(r.kernel_faults));
   std::copy(t->denials.begin(), t->denials.end(), std::begin(r.denials));
 }
 
 void StatePublisher::session_activity(const Node& node, const Node::Session& sess, st::SessionRecord& r) noexcept {
   r.last_active_unix_ns = node.unix_of(sess.last_active);
-  switch (sess.swap) {
+  const SwapRecord sw = node.swaps().get(sess.id);
+  switch (sw.state) {
     case SwapState::none: r.swap = st::kSwapNone; break;
     case SwapState::notified: r.swap = st::kSwapNotified; break;
     case SwapState::checkpointing: r.swap = st::kSwapCheckpointing; break;
@@ -177,12 +179,12 @@ void StatePublisher::session_activity(const Node& node, const Node::Session& ses
     case SwapState::restoring: r.swap = st::kSwapRestoring; break;
     case SwapState::lost: r.swap = st::kSwapLost; break;
   }
-  r.swap_device = static_cast<std::uint32_t>(sess.swap_device.value());
-  r.swap_bytes = sess.swap == SwapState::none ? 0 : sess.swap_bytes.value();
-  r.swap_since_unix_ns = node.unix_of(sess.swap_since);
-  r.swap_for = sess.swap_for;
-  r.swap_outs = sess.swap_outs;
-  r.swap_ins = sess.swap_ins;
+  r.swap_device = static_cast<std::uint32_t>(sw.device.value());
+  r.swap_bytes = sw.state == SwapState::none ? 0 : sw.bytes.value();
+  r.swap_since_unix_ns = node.unix_of(sw.since);
+  r.swap_for = sw.for_session;
+  r.swap_outs = sw.outs;
+  r.swap_ins = sw.ins;
   const Node::Tenant* t = node.tenant(sess.tenant);
   r.flags = (sess.reclaim ? st::kSessionReclaim : 0u) | (t != nullptr && t->overcommit ? st::kSessionOvercommit : 0u);
   try {
@@ -262,7 +264,7 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
       const Accounting::Usage u = node.accounting().usage(t.id, d.ordinal);
       nonpool += u.nonpool.value();
       retained += u.retained.value();
-      unhooked += t.unhooked[i];  // NVML's figure, whether or not `enforce` charges it
+      unhooked += node.unhooked().of(t.id).bytes[i];  // NVML's figure, whether or not `enforce` charges it
     }
     r.nonpool_bytes = nonpool;
     r.unhooked_bytes = unhooked;

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "dedup.hpp"
 #include "vlake/common/fixed_chars.hpp"
 #include "vlake/contracts/codec.hpp"
+#include "vlake/pool/features/dedup/dedup.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/pressure_plan.hpp"
 
@@ -23,6 +23,8 @@ GrantOut Node::grant(ConnId conn, std::uint64_t session, const proto::GrantReque
   return out;
 }
 
+// Records a refusal in the refusal log and the tenant's denials (TenantId 0 and a null `dev`:
+// none).
 void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st::RefusalReason reason, Bytes bytes,
                           std::uint64_t used, std::uint64_t limit, std::chrono::milliseconds waited, Now now) {
   if (reason < 1 || reason > st::kRefusalReasons) return;
@@ -50,6 +52,7 @@ void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st
   changes_.refusals = true;
 }
 
+// A grant answered Refused: recorded by its reply's status.
 void Node::record_refused_grant(const Session& s, const proto::GrantRequest& m, const proto::GrantReply& r,
                                 std::chrono::steady_clock::time_point received, Now now) {
   st::RefusalReason why = st::kRefusalInternal;
@@ -121,17 +124,26 @@ Refused Node::refuse(const Tenant& t, const Device& dev, Bytes bytes, Refusal wh
 }
 
 GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry) {
+  Admission a = admit(conn, s, m, now, retry);
+  if (auto* answered = std::get_if<GrantOut>(&a)) return std::move(*answered);
+  return serve(conn, s, m, now, retry, std::get<Admitted>(std::move(a)));
+}
+
+// Admission: the device, the grant cap, the tenant's and namespace's limits and the guarantee
+// (retiring bound free handles that stand in the way), then room for an overcommit tenant's
+// counted grant. Every answer it gives itself (refused, parked, malformed) is a GrantOut.
+Node::Admission Node::admit(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry) {
   proto::GrantReply reply{};
   reply.h = proto::make_header<proto::GrantReply>(proto::MsgType::grant_reply, m.h.request_id);
   Device* dev = device_mut(m.device_uuid);
   if (dev == nullptr) {
     ++counters_.denials_unknown_device;
     reply.status = proto::Status::unknown_device;
-    return Refused{reply};
+    return GrantOut{Refused{reply}};
   }
   if (m.bytes > dev->total.value()) {
-    return Malformed{"GrantRequest for " + std::to_string(m.bytes) + " bytes, more than the GPU's " +
-                     std::to_string(dev->total.value())};
+    return GrantOut{Malformed{"GrantRequest for " + std::to_string(m.bytes) + " bytes, more than the GPU's " +
+                              std::to_string(dev->total.value())}};
   }
   const Tenant& t = tenants_.at(s.tenant.value());
   const Bytes bytes = round_up(Bytes{m.bytes}, dev->granularity);
@@ -147,7 +159,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
                   "tenant " + t.name + ": grant refused: grant cap: " + std::to_string(held) + " of " +
                       std::to_string(settings_.max_grants_per_tenant) + " grants (vlaked --max-grants-per-tenant)",
                   now.steady);
-    return Refused{reply};
+    return GrantOut{Refused{reply}};
   }
 
   Accounting::Usage before{};
@@ -181,7 +193,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     // Its own kept mappings hold what it lacks (docs/hook.md, "Kept mappings"): it drops them
     // and asks again; not a refusal.
     reply.status = proto::Status::drop_kept;
-    return Refused{reply};
+    return GrantOut{Refused{reply}};
   }
   if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
     // The GPU is held in full (memory beyond the namespace's guarantee is not free), or the
@@ -198,19 +210,31 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     }
     if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
       if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, bytes, now, retry, same_namespace, false)) {
-        return std::move(*parked);
+        return GrantOut{std::move(*parked)};
       }
     }
   }
-  if (!res) return refuse(t, *dev, bytes, why, reply, now);
+  if (!res) return GrantOut{refuse(t, *dev, bytes, why, reply, now)};
   if (m.purpose == proto::GrantPurpose::counted && t.overcommit) {
     // The process's own driver allocates it: room on the GPU first (docs/swap.md).
     if (auto parked = make_room(conn, s, *dev, m, bytes, now, retry)) {
       res->rollback();
-      return std::move(*parked);
+      return GrantOut{std::move(*parked)};
     }
   }
+  return Admitted{dev, &t, bytes, std::move(*res), reply};
+}
 
+// Serving an admitted grant: a grant slot, the pool's handles (a counted grant has none), the
+// canary; memory the pool lacks parks it (or refuses it out_of_memory). The reservation commits
+// only when it is Granted.
+GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry,
+                     Admitted admitted) {
+  Device* dev = admitted.dev;
+  const Tenant& t = *admitted.tenant;
+  const Bytes bytes = admitted.bytes;
+  proto::GrantReply& reply = admitted.reply;
+  Accounting::Reservation& res = admitted.res;
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
   if (!slot) {
     ++counters_.denials_other;
@@ -269,7 +293,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       }
     } catch (const PoolOutOfMemory&) {
       grant_slots_[*slot] = false;
-      res->rollback();
+      res.rollback();
       if (retry == nullptr && dev->pool->kept_by(s.id).value() > 0) {
         // Its own kept mappings hold memory the GPU lacks: it drops them and asks again.
         reply.status = proto::Status::drop_kept;
@@ -281,7 +305,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
       // may be what this grant lacks (retried at once, parked meanwhile).
       const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
       const bool retired = retire_others_bound(t, *dev, shortfall, false).value() > 0;
-      if (retired) memory_returned_ = true;
+      if (retired) parking_.retry_soon();
       if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, shortfall, now, retry, false, retired)) {
         return std::move(*parked);
       }
@@ -311,7 +335,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
     out.fds.push_back(h->fd.get());
   }
   g.handle_count = static_cast<std::uint32_t>(g.handles.size());
-  res->commit();
+  res.commit();
   ++next_grant_id_;
   ++counters_.grants;
   if (m.purpose == proto::GrantPurpose::counted) dev->counted += bytes;
@@ -319,7 +343,7 @@ GrantOut Node::grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m,
   if (m.purpose == proto::GrantPurpose::counted && t.overcommit) {
     // Its driver allocates it now (room() counts it until the GPU shows it); one served while the
     // process is on the host is counted by its restore (try_restore).
-    if (s.swap == SwapState::none) note_counted(*dev, bytes);
+    if (swaps_.state(s.id) == SwapState::none) swaps_.note_counted(dev->ordinal, steady_now(), bytes);
   }
   s.grants.push_back(g.id);
   const std::uint64_t gid = g.id;
@@ -371,8 +395,8 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_
   }
   // CUDA IPC (docs/ipc.md): the token dies with the grant; handles another process mapped
   // are retired like exported ones, never pooled.
-  if (g.ipc_token != 0) ipc_tokens_.erase(g.ipc_token);
-  exported = exported || g.ipc_imported;
+  exported = exported || ipc_.ever_imported(g.id);
+  ipc_.forget_grant(g.id);
   // An exported release retires the handles; their descriptors stay open (and charged to the
   // releaser as retained) while another process holds them (docs/pool.md, "Handle binding").
   for (auto& h : g.handles) {
@@ -398,27 +422,23 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_
     touch_session(sit->second);
   }
   touch_tenant(g.tenant);
-  if (!parked_.empty()) memory_returned_ = true;  // the loop retries them after this event
-  grants_.erase(g.id);                            // g is gone from here on
+  parking_.memory_returned();  // the loop retries them after this event
+  grants_.erase(g.id);         // g is gone from here on
 }
 
 std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, const proto::Release& m) {
   auto sit = sessions_.find(session);
   if (sit == sessions_.end()) return Malformed{"session is gone"};
   Session& s = sit->second;
-  proto::ReleaseAck ack{};
-  ack.h = proto::make_header<proto::ReleaseAck>(proto::MsgType::release_ack, m.h.request_id);
-  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
-    ack.status = proto::Status::unknown_grant;
-    return ack;
-  }
+  proto::ReleaseAck ack = proto::make<proto::ReleaseAck>(m.h.request_id);
+  if (!s.holds(m.grant_id)) return with_status(ack, proto::Status::unknown_grant);
   Grant& g = grants_.at(m.grant_id);
   const DeviceOrdinal d = g.device;
   const bool exported = (m.flags & proto::kReleaseExported) != 0;
   // Kept mappings (docs/hook.md): one handle of an alloc grant, bound to the tenant, still
   // mapped in this process; otherwise the flag is ignored.
   const bool keep = (m.flags & proto::kReleaseKeepMapped) != 0 && !exported && g.handles.size() == 1 &&
-                    g.purpose == proto::GrantPurpose::alloc && !g.canary && !g.orphaned && !g.ipc_imported &&
+                    g.purpose == proto::GrantPurpose::alloc && !g.canary && !g.orphaned && !ipc_.ever_imported(g.id) &&
                     devices_.at(static_cast<std::size_t>(d.value())).pool->binding();
   if (!hold_for_imports(g)) finish_grant(g, s.tenant, exported, keep ? s.id : 0);
   ack.status = proto::Status::ok;
@@ -432,14 +452,14 @@ std::optional<Malformed> Node::dropped(std::uint64_t session, const proto::Dropp
   const std::span<const std::uint64_t> keys(m.keys, m.count);
   for (Device& d : devices_) {
     if (d.pool->dropped(session, keys)) {
-      if (settle_device(d) && !parked_.empty()) memory_returned_ = true;
+      if (settle_device(d)) parking_.memory_returned();
       changes_.devices = true;
     }
   }
   return std::nullopt;
 }
 
-std::vector<DropOut> Node::take_drops() {
+void Node::collect_drops() {
   std::vector<DropOut> out;
   for (Device& d : devices_) {
     for (const DropNote& n : d.pool->take_drops()) {
@@ -460,7 +480,18 @@ std::vector<DropOut> Node::take_drops() {
       ++kept_drops_;
     }
   }
-  return out;
+  for (DropOut& o : out) fx_.drops.push_back(o);
+}
+
+Effects Node::hand_over() {
+  collect_drops();
+  return std::exchange(fx_, Effects{});
+}
+
+Effects Node::settle(Now now) {
+  if (retry_due(now)) retry_parked(now);
+  swap_tick(now);
+  return hand_over();
 }
 
 std::variant<proto::UsageReply, Malformed> Node::usage(std::uint64_t session, const proto::UsageQuery& m) {
@@ -510,6 +541,11 @@ std::optional<Malformed> Node::reserve_report(std::uint64_t session, const proto
 // ---------------------------------------------------------------------------------------------
 // pressure and parked grants (docs/pool.md, "Pressure protocol")
 
+// A grant no memory can serve now: parked while the sessions plan_pressure() picks are asked
+// for `shortfall` (Parked, with their Pressure notes); a retried one stays Parked until its
+// deadline. `retired`: the caller just released memory to the driver (park it even with nobody
+// to ask: the retry comes at once). nullopt: refuse it (nobody to ask and nothing returned,
+// parking off, or the deadline passed).
 std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                               const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
                                               const ParkedGrant* retry, bool same_namespace, bool retired) {
@@ -538,10 +574,7 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   if (notes.empty() && !retired && own.count() == 0 && dev.pool->pinned_bytes(s.id).value() == 0) {
     return std::nullopt;
   }
-  ParkedGrant parked{conn,           s.id,      m, now.steady, now.steady + wait, {}, now.steady + kAskAgain,
-                     same_namespace, now.steady};
-  for (const PressureNote& n : notes) parked.asked.push_back(n.session);
-  parked_.push_back(std::move(parked));
+  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), same_namespace);
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "parked " + t.name,
                  "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
@@ -551,6 +584,8 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   return GrantOut{Parked{std::move(notes)}};
 }
 
+// Retires free handles bound to tenants other than `t` (of t's namespace only with
+// `same_namespace`) on `dev` until `bytes` were retired; returns the bytes retired.
 Bytes Node::retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace) {
   Bytes retired{0};
   for (const auto& [id, other] : tenants_) {
@@ -569,6 +604,8 @@ Bytes Node::retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool 
   return retired;
 }
 
+// How long a grant of `s` that no memory can serve waits: its Hello's own wait, else its
+// tenant's namespace's `wait` (docs/quota.md, "Waiting for memory").
 std::chrono::milliseconds Node::wait_of(const Session& s) const {
   auto it = tenants_.find(s.tenant.value());
   std::chrono::milliseconds w =
@@ -579,6 +616,7 @@ std::chrono::milliseconds Node::wait_of(const Session& s) const {
   return w;
 }
 
+// The priority of a tenant's namespace (quota file `priority`; 0 when it has none).
 std::int32_t Node::priority_of(TenantId t) const {
   auto it = tenants_.find(t.value());
   if (it == tenants_.end()) return 0;
@@ -588,21 +626,21 @@ std::int32_t Node::priority_of(TenantId t) const {
   return 0;
 }
 
+// `same_namespace`: only sessions of the requester's namespace (what the others give back
+// does not lower its namespace's usage).
 std::vector<PressureNote> Node::pressure_for(const Session& requester, const Device& dev, Bytes shortfall,
                                              const std::vector<std::uint64_t>& exclude, bool same_namespace) {
   const auto d = static_cast<std::size_t>(dev.ordinal.value());
   std::vector<PressureCandidate> candidates;
   std::vector<const Session*> of;
   for (const auto& [sid, ss] : sessions_) {
-    if (sid == requester.id || !ss.pressure || ss.conn == 0 || ss.swap != SwapState::none) continue;
+    if (sid == requester.id || !ss.pressure || ss.conn == 0 || swaps_.state(sid) != SwapState::none) continue;
     if (ss.reserve[d] == 0 && !ss.reclaim) continue;
     if (std::find(exclude.begin(), exclude.end(), sid) != exclude.end()) continue;
     if (same_namespace && tenants_.at(ss.tenant.value()).ns != tenants_.at(requester.tenant.value()).ns) continue;
     // A session waiting for a grant of its own is busy, and its callbacks may need what its
     // waiting thread holds (Python's interpreter lock): asking it could only stall both.
-    if (std::any_of(parked_.begin(), parked_.end(), [sid = sid](const ParkedGrant& p) { return p.session == sid; })) {
-      continue;
-    }
+    if (parking_.of_session(sid) != nullptr) continue;
     PressureCandidate c;
     c.session = sid;
     c.reserve = Bytes{ss.reserve[d]};
@@ -638,20 +676,11 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
   return notes;
 }
 
-bool Node::retry_due(Now now) const {
-  if (parked_.empty()) return false;
-  if (memory_returned_) return true;
-  for (const ParkedGrant& p : parked_) {
-    if (now.steady >= p.deadline || now.steady >= p.next_ask) return true;
-  }
-  return false;
-}
+bool Node::retry_due(Now now) const { return parking_.due(now.steady); }
 
-std::vector<Completion> Node::retry_parked(Now now) {
-  memory_returned_ = false;
-  std::vector<ParkedGrant> todo;
-  todo.swap(parked_);
-  std::vector<Completion> done;
+void Node::retry_parked(Now now) {
+  const std::vector<ParkedGrant> todo = parking_.begin_retry();
+  std::vector<Completion>& done = fx_.completions;
   for (std::size_t i = 0; i < todo.size(); ++i) {
     const ParkedGrant& p = todo[i];
     auto sit = sessions_.find(p.session);
@@ -660,25 +689,25 @@ std::vector<Completion> Node::retry_parked(Now now) {
     try {
       out = grant_impl(p.conn, sit->second, p.req, now, &p);
     } catch (...) {
-      for (std::size_t j = i + 1; j < todo.size(); ++j) parked_.push_back(todo[j]);
+      for (std::size_t j = i + 1; j < todo.size(); ++j) parking_.park_again(todo[j]);
       throw;
     }
     if (std::holds_alternative<Parked>(out)) {
       ParkedGrant again = p;
-      if (now.steady >= p.next_ask) {
+      if (ParkingLot::ask_due(p, now.steady)) {
         // Still short: the next sessions in the plan's order are asked (docs/pool.md).
-        again.next_ask = now.steady + kAskAgain;
+        again.next_ask = now.steady + ParkingLot::kAskAgain;
         std::vector<PressureNote> notes;
         if (const Device* dev = device_by_uuid(p.req.device_uuid)) {
           const Bytes want = round_up(Bytes{p.req.bytes}, dev->granularity);
-          // Sessions whose own grants wait are not asked (pressure_for skips those in parked_;
+          // Sessions whose own grants wait are not asked (pressure_for skips those in the parking lot;
           // the ones not retried yet are still in `todo`).
           std::vector<std::uint64_t> waiting;
           for (std::size_t j = i + 1; j < todo.size(); ++j) waiting.push_back(todo[j].session);
           std::vector<std::uint64_t> skip = waiting;
           skip.insert(skip.end(), p.asked.begin(), p.asked.end());
           notes = pressure_for(sit->second, *dev, want, skip, p.same_namespace);
-          if (notes.empty() && !again.asked.empty() && now.steady >= p.round_at + kNewRound) {
+          if (notes.empty() && ParkingLot::new_round_due(again, now.steady)) {
             // Everyone was asked: what they cached since may cover it; a new round.
             again.asked.clear();
             again.round_at = now.steady;
@@ -689,7 +718,7 @@ std::vector<Completion> Node::retry_parked(Now now) {
           if (!p.same_namespace && swaps_possible()) {
             const Bytes need = want + settings_.swap_margin;
             const Bytes free = room(*dev);
-            const Bytes coming = swapping_out(*dev);
+            const Bytes coming = swaps_.swapping_out(dev->ordinal);
             if (free + coming < need) (void)start_swaps(sit->second, *dev, need - free - coming, now);
           }
         }
@@ -701,7 +730,7 @@ std::vector<Completion> Node::retry_parked(Now now) {
           c.out.emplace<Parked>().pressure = std::move(notes);
         }
       }
-      parked_.push_back(std::move(again));
+      parking_.park_again(std::move(again));
       continue;
     }
     if (const auto* r = std::get_if<Refused>(&out)) record_refused_grant(sit->second, p.req, r->reply, p.received, now);
@@ -711,21 +740,16 @@ std::vector<Completion> Node::retry_parked(Now now) {
     c.out = std::move(out);
     done.push_back(std::move(c));
   }
-  return done;
 }
 
-std::optional<std::chrono::steady_clock::time_point> Node::next_deadline() const {
-  std::optional<std::chrono::steady_clock::time_point> first;
-  for (const ParkedGrant& p : parked_) {
-    const auto at = std::min(p.deadline, p.next_ask);
-    if (!first || at < *first) first = at;
-  }
-  return first;
-}
+std::optional<std::chrono::steady_clock::time_point> Node::next_deadline() const { return parking_.next_wakeup(); }
 
 // ---------------------------------------------------------------------------------------------
 // periodic work
 
+// Warm reserve and stock of one GPU (warm_stock.hpp): releases surplus clean handles and
+// queues (`queue`: for Effects::builds, at most kMaxBuildsInFlight per GPU) or builds inline (at
+// most max_inline) what it lacks.
 void Node::plan_warm(Device& d, std::chrono::steady_clock::time_point now, std::size_t max_inline, bool queue) {
   if (d.stock->budget().value() == 0) return;
   WarmStock::View view{d.pool->clean_stock(), d.building};
@@ -733,19 +757,19 @@ void Node::plan_warm(Device& d, std::chrono::steady_clock::time_point now, std::
   for (const auto& [size, n] : d.building) in_flight += n;
   std::size_t max_make = queue ? (in_flight < kMaxBuildsInFlight ? kMaxBuildsInFlight - in_flight : 0) : max_inline;
   // Nothing is built while grants wait for memory or right after a build found no room.
-  if (!parked_.empty() || now < d.builds_paused_until) max_make = 0;
+  if (!parking_.empty() || now < d.builds_paused_until) max_make = 0;
   const WarmStock::Plan p = d.stock->plan(view, now, max_make);
   for (Bytes size : p.release) {
     std::optional<BuiltHandle> b = d.pool->take_clean(size);
     if (!b) continue;
     changes_.devices = true;
-    if (queue) discards_.push_back(DiscardOut{d.ordinal, std::move(*b)});  // released on the builder
+    if (queue) fx_.discards.push_back(DiscardOut{d.ordinal, std::move(*b)});  // released on the builder
     else release_built(driver_, *b);
   }
   std::uint64_t made = 0;
   for (Bytes size : p.make) {
     if (queue) {
-      builds_.push_back(BuildOut{d.ordinal, size});
+      fx_.builds.push_back(BuildOut{d.ordinal, size});
       ++d.building[size.value()];
       continue;
     }
@@ -798,15 +822,15 @@ void Node::tick(Now now) {
   release_idle(now);
   // Retired handles still held by another process: scan again.
   for (Device& d : devices_) {
-    if (d.pool->held_fds() > 0 && settle_device(d, true) && !parked_.empty()) memory_returned_ = true;
+    if (d.pool->held_fds() > 0 && settle_device(d, true)) parking_.memory_returned();
   }
-  if (settings_.canary_interval.count() > 0 && now.steady - last_canary_sweep_ >= settings_.canary_interval) {
-    last_canary_sweep_ = now.steady;
+  if (guard_book_.sweep_due(now.steady, settings_.canary_interval)) {
     canary_sweep(now.unix_ns);
   }
   changes_.all = true;
 }
 
+// Idle release of every GPU's free pool (tick).
 void Node::release_idle(Now now) {
   if (settings_.pool_idle_release.count() <= 0) return;
   for (Device& d : devices_) {
@@ -822,17 +846,20 @@ void Node::release_idle(Now now) {
     // Bound handles were retired: their descriptors close (and their tenants' retained charge
     // goes) once nobody else holds them.
     settle_device(d);
-    if (!parked_.empty()) memory_returned_ = true;
+    parking_.memory_returned();
     changes_.devices = true;
   }
 }
 
+// Scans the device's newly retired (`all`: every) held descriptors and records every tenant's
+// retained bytes there (accounting, changes, counters). Returns true if memory came back.
 bool Node::settle_device(Device& d, bool all) {
   const bool closed = d.pool->settle(all);
   sync_retained(d);
   return closed;
 }
 
+// Records every tenant's retained bytes on `d` (no scan).
 void Node::sync_retained(Device& d) {
   const std::map<std::uint32_t, Bytes> r = d.pool->retained_all();
   for (const auto& [tid, t] : tenants_) {

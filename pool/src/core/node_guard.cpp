@@ -6,7 +6,8 @@
 #include <sstream>
 #include "vlake/common/fixed_chars.hpp"
 
-#include "dedup.hpp"
+#include "vlake/contracts/codec.hpp"
+#include "vlake/pool/features/dedup/dedup.hpp"
 #include "vlake/pool/node.hpp"
 
 namespace vlake::pool {
@@ -101,25 +102,19 @@ void Node::canary_sweep(std::uint64_t now_unix_ns) {
   for (const auto& [id, g] : grants_) {
     if (g.canary && !g.orphaned && !g.handles.empty()) ids.push_back(id);
   }
-  if (ids.empty()) return;
-  std::sort(ids.begin(), ids.end());
-  auto start = std::upper_bound(ids.begin(), ids.end(), canary_cursor_);
-  if (start == ids.end()) start = ids.begin();
   std::uint64_t budget = 0;
-  for (std::size_t k = 0; k < ids.size() && budget < kCanarySweepBytes; ++k) {
-    const std::size_t idx = (static_cast<std::size_t>(start - ids.begin()) + k) % ids.size();
-    const Grant& g = grants_.at(ids[idx]);
+  for (std::uint64_t id : guard_book_.sweep_order(std::move(ids))) {
+    if (budget >= kCanarySweepBytes) break;
+    const Grant& g = grants_.at(id);
     budget += g.bytes.value() > g.requested ? g.bytes.value() - g.requested : 0;
     (void)canary_check(g, "sweep", now_unix_ns);
-    canary_cursor_ = g.id;
+    guard_book_.swept(g.id);
   }
 }
 
 void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns) {
   e.time_unix_ns = now_unix_ns;
-  if (guard_.next_seq == 0) guard_.next_seq = 1;
-  e.seq = guard_.next_seq++;
-  guard_.events[(e.seq - 1) % st::kGuardEvents] = e;
+  e = guard_book_.record(e);
   changes_.guard = true;
   // Guard violations are what a guard established (canary damage, a refused write into a shared
   // range); a kernel fault is counted as what it is, with what is known (docs/guard.md).
@@ -130,7 +125,7 @@ void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns)
       const std::uint32_t i = e.flags & (st::kFaultGuarded | st::kFaultMapsShared);
       ++counters_.kernel_faults[i];
       if (auto it = tenants_.find(e.tenant); it != tenants_.end()) {
-        ++it->second.kernel_faults[i];
+        guard_book_.count_fault(it->second.id, i);
         changes_.tenants.insert(it->second.slot);
       }
       break;
@@ -169,9 +164,8 @@ std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::G
   const Session* s = this->session(session);
   if (s == nullptr) return Malformed{"session is gone"};
   // A client can only report on itself: tenant and pid are the session's.
-  Tenant& t = tenants_.at(s->tenant.value());
+  const Tenant& t = tenants_.at(s->tenant.value());
   const Device* dev = device_by_uuid(m.device_uuid);
-  last_now_ = std::max(last_now_, now.steady);
   // The event must name memory this session holds. The daemon cannot see the process's
   // addresses; it checks that the GPU is one where the session holds grants and that the
   // suspects (at least one, non-null, distinct, no more than the live allocations reported)
@@ -206,14 +200,7 @@ std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::G
             " the session holds on GPU " + std::to_string(dev->ordinal.value());
     }
   }
-  if (!bad.empty()) {
-    ++counters_.guard_events_rejected;
-    limited_.warn("guard rejected " + t.name,
-                  "tenant " + t.name + " (pid " + std::to_string(s->pid) + "): guard event rejected: it " + bad,
-                  now.steady);
-    return std::nullopt;
-  }
-  if (!guard_rate_ok(t, *s, now)) return std::nullopt;
+  if (!guard_admitted(t, *s, "guard event", bad, now)) return std::nullopt;
   st::GuardEventRecord e{};
   // A kernel fault, with what is known: the hook says whether the process maps shared chunks
   // on that GPU (kind fault_maps_shared; older hooks called it `readonly`); the daemon adds
@@ -244,19 +231,21 @@ std::optional<Malformed> Node::guard_event(std::uint64_t session, const proto::G
   return std::nullopt;
 }
 
-bool Node::guard_rate_ok(Tenant& t, const Session& s, Now now) {
+// A guard event (`what`) a session sent: rejected (counted, logged) when `bad` says why it does
+// not fit what the session holds; else it takes one token of the tenant's guard event bucket,
+// dropped (counted, logged) when empty. True: record it.
+bool Node::guard_admitted(const Tenant& t, const Session& s, const char* what, const std::string& bad, Now now) {
+  last_now_ = std::max(last_now_, now.steady);
+  if (!bad.empty()) {
+    ++counters_.guard_events_rejected;
+    limited_.warn("guard rejected " + t.name,
+                  "tenant " + t.name + " (pid " + std::to_string(s.pid) + "): " + what + " rejected: it " + bad,
+                  now.steady);
+    return false;
+  }
   // Rate per tenant (a token bucket): excess events are counted, not recorded, so that one
   // tenant cannot push the other tenants' alarms out of the ring.
-  const double burst = settings_.guard_event_burst;
-  if (t.guard_tokens < 0) {
-    t.guard_tokens = burst;
-    t.guard_last = now.steady;
-  } else if (now.steady > t.guard_last) {
-    t.guard_tokens = std::min(burst, t.guard_tokens + std::chrono::duration<double>(now.steady - t.guard_last).count() *
-                                                          settings_.guard_event_rate);
-    t.guard_last = now.steady;
-  }
-  if (t.guard_tokens < 1.0) {
+  if (!guard_book_.admit(t.id, now.steady)) {
     ++counters_.guard_events_limited;
     limited_.warn("guard limited " + t.name,
                   "tenant " + t.name + " (pid " + std::to_string(s.pid) +
@@ -264,21 +253,18 @@ bool Node::guard_rate_ok(Tenant& t, const Session& s, Now now) {
                   now.steady);
     return false;
   }
-  t.guard_tokens -= 1.0;
   return true;
 }
 
 std::optional<Malformed> Node::readonly_write(std::uint64_t session, const proto::ReadOnlyWrite& m, Now now) {
   const Session* s = this->session(session);
   if (s == nullptr) return Malformed{"session is gone"};
-  Tenant& t = tenants_.at(s->tenant.value());
-  const Device* dev = device_by_uuid(m.device_uuid);
-  last_now_ = std::max(last_now_, now.steady);
   // It must name a grant of this session on that GPU that holds shared chunks, and a shared range
   // that fits in it (the daemon cannot see the process's addresses).
+  const Grant* g = s->holds(m.grant_id) ? &grants_.at(m.grant_id) : nullptr;
+  const Tenant& t = tenants_.at(s->tenant.value());
+  const Device* dev = device_by_uuid(m.device_uuid);
   std::string bad;
-  const Grant* g = nullptr;
-  if (std::find(s->grants.begin(), s->grants.end(), m.grant_id) != s->grants.end()) g = &grants_.at(m.grant_id);
   if (dev == nullptr) {
     bad = "names a GPU this node does not have";
   } else if (g == nullptr || g->device != dev->ordinal) {
@@ -290,15 +276,7 @@ std::optional<Malformed> Node::readonly_write(std::uint64_t session, const proto
              m.shared_bytes > g->bytes.value() - m.shared_offset) {
     bad = "names a range larger than grant " + std::to_string(m.grant_id);
   }
-  if (!bad.empty()) {
-    ++counters_.guard_events_rejected;
-    limited_.warn(
-        "guard rejected " + t.name,
-        "tenant " + t.name + " (pid " + std::to_string(s->pid) + "): readonly_write event rejected: it " + bad,
-        now.steady);
-    return std::nullopt;
-  }
-  if (!guard_rate_ok(t, *s, now)) return std::nullopt;
+  if (!guard_admitted(t, *s, "readonly_write event", bad, now)) return std::nullopt;
   st::GuardEventRecord e{};
   e.kind = static_cast<std::uint32_t>(proto::GuardKind::readonly_write);
   e.tenant = t.id.value();
@@ -338,12 +316,10 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
     reply.status = status;
     return out;
   };
-  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
-    return answer(proto::Status::unknown_grant);
-  }
+  if (!s.holds(m.grant_id)) return answer(proto::Status::unknown_grant);
   Grant& g = grants_.at(m.grant_id);
   // Another process maps its handles through CUDA IPC (docs/ipc.md): the layout stays.
-  if (g.imports > 0) return answer(proto::Status::bad_request);
+  if (ipc_.imports_open(g.id) > 0) return answer(proto::Status::bad_request);
   Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
   const std::uint64_t gran = dev.granularity.value();
   if (m.bytes == 0 || m.offset % gran != 0 || m.bytes % gran != 0 || m.offset > g.bytes.value() ||
@@ -433,11 +409,9 @@ std::variant<proto::ShareAck, Malformed> Node::share_commit(std::uint64_t sessio
   auto sit = sessions_.find(session);
   if (sit == sessions_.end()) return Malformed{"session is gone"};
   Session& s = sit->second;
-  proto::ShareAck ack{};
-  ack.h = proto::make_header<proto::ShareAck>(proto::MsgType::share_ack, m.h.request_id);
+  proto::ShareAck ack = proto::make<proto::ShareAck>(m.h.request_id);
   const Dedup::Plan* plan = dedup().pending(s.id);
-  if (plan == nullptr || plan->grant_id != m.grant_id ||
-      std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
+  if (plan == nullptr || plan->grant_id != m.grant_id || !s.holds(m.grant_id)) {
     ack.status = proto::Status::unknown_grant;
     return ack;
   }

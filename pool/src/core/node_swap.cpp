@@ -18,42 +18,27 @@ namespace vlake::pool {
 
 namespace {
 
-// A notified process that does not answer SwapReady within this is left alone, and neither it nor
-// one whose checkpoint failed is chosen again for kSkipAfterFailure.
-constexpr std::chrono::milliseconds kReadyTimeout{2000};
-constexpr std::chrono::milliseconds kSkipAfterFailure{60000};
-// A counted grant's driver allocation is expected within this after the grant (room()).
-constexpr std::chrono::milliseconds kRecentGrant{2000};
-
 std::uint64_t ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return b > a ? static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count()) : 0;
 }
 
 }  // namespace
 
+// Queues a SwapNotice of `phase` for the session's connection (none when detached).
 void Node::notify(const Session& s, proto::SwapPhase phase) {
   if (s.conn == 0) return;  // detached: its process hears nothing until it reconnects
   SwapNoticeOut n;
+  const SwapRecord sw = swaps_.get(s.id);
   n.conn = s.conn;
   n.session = s.id;
   n.msg = proto::make<proto::SwapNotice>();
   n.msg.phase = phase;
-  n.msg.swap_id = s.swap_id;
-  swap_notices_.push_back(n);
+  n.msg.swap_id = sw.id;
+  fx_.swap_notices.push_back(n);
 }
 
-const char* to_string(SwapState s) noexcept {
-  switch (s) {
-    case SwapState::none: return "on the GPU";
-    case SwapState::notified: return "asked to get ready";
-    case SwapState::checkpointing: return "being checkpointed";
-    case SwapState::swapped: return "on the host";
-    case SwapState::restoring: return "being restored";
-    case SwapState::lost: return "lost (restore failed)";
-  }
-  return "?";
-}
-
+// The GPU's free memory as its driver reports it now, and that less what restores under way
+// and counted grants served lately take back (SwapBook).
 Bytes Node::device_free(const Device& dev) {
   try {
     return driver_.memory_info(dev.ordinal).free;
@@ -63,6 +48,7 @@ Bytes Node::device_free(const Device& dev) {
   }
 }
 
+// The bytes of the session's counted grants on GPU `d`.
 Bytes Node::counted_on(const Session& s, DeviceOrdinal d) const {
   Bytes held{0};
   for (std::uint64_t gid : s.grants) {
@@ -72,61 +58,32 @@ Bytes Node::counted_on(const Session& s, DeviceOrdinal d) const {
   return held;
 }
 
+// Swapping is on and some session is of an overcommit namespace (else nothing can be moved:
+// no driver query is worth making).
 bool Node::swaps_possible() const {
   if (settings_.swap_idle.count() <= 0 || !driver_.checkpoint_supported()) return false;
   return std::any_of(sessions_.begin(), sessions_.end(),
                      [&](const auto& kv) { return tenants_.at(kv.second.tenant.value()).overcommit; });
 }
 
-Bytes Node::restoring(const Device& dev) const {
-  Bytes in{0};
-  for (const auto& [id, s] : sessions_) {
-    if (s.swap == SwapState::restoring && s.swap_device == dev.ordinal) in += s.swap_extra;
-  }
-  return in;
-}
-
 Bytes Node::room(const Device& dev) {
   const Bytes free = device_free(dev);
   // Restores under way take memory back, and so do the drivers of processes just granted some.
-  Bytes taken = restoring(dev);
-  auto& recent = recent_counted_[static_cast<std::size_t>(dev.ordinal.value())];
-  const auto now = steady_now();
-  std::erase_if(recent, [&](const auto& r) { return now - r.first > kRecentGrant; });
-  for (const auto& r : recent) taken += r.second;
+  const Bytes taken = swaps_.restoring(dev.ordinal) + swaps_.recent_counted(dev.ordinal, steady_now());
   return free > taken ? free - taken : Bytes{0};
-}
-
-void Node::note_counted(const Device& dev, Bytes bytes) {
-  recent_counted_[static_cast<std::size_t>(dev.ordinal.value())].emplace_back(steady_now(), bytes);
-}
-
-Bytes Node::swapped_bytes(DeviceOrdinal d) const {
-  Bytes host{0};
-  for (const auto& [id, s] : sessions_) {
-    const bool out = s.swap == SwapState::swapped || s.swap == SwapState::restoring || s.swap == SwapState::lost;
-    if (out && s.swap_device == d) host += s.swap_bytes;
-  }
-  return host;
 }
 
 Node::Wait Node::wait_of_session(const Session& s) const {
   Wait w;
+  const SwapRecord sw = swaps_.get(s.id);
   const bool restoring_wait =
-      s.swap_in_conn != 0 &&
-      (s.swap == SwapState::swapped || s.swap == SwapState::checkpointing || s.swap == SwapState::restoring);
-  const bool parked =
-      std::any_of(parked_.begin(), parked_.end(), [&](const ParkedGrant& p) { return p.session == s.id; });
+      sw.in_conn != 0 &&
+      (sw.state == SwapState::swapped || sw.state == SwapState::checkpointing || sw.state == SwapState::restoring);
+  const bool parked = parking_.of_session(s.id) != nullptr;
   if (!parked && !restoring_wait) return w;  // most sessions: no walk over the others
   // Sessions being swapped out for it.
-  std::vector<std::uint64_t> swapping;
-  for (const auto& [id, o] : sessions_) {
-    if (o.swap_for == s.id && (o.swap == SwapState::notified || o.swap == SwapState::checkpointing)) {
-      swapping.push_back(id);
-    }
-  }
-  std::sort(swapping.begin(), swapping.end());
-  for (const ParkedGrant& p : parked_) {
+  const std::vector<std::uint64_t> swapping = swaps_.swapping_for(s.id);
+  for (const ParkedGrant& p : parking_.grants()) {
     if (p.session != s.id) continue;
     const Device* dev = device_by_uuid(p.req.device_uuid);
     w.kind = st::kWaitMemory;
@@ -139,10 +96,10 @@ Node::Wait Node::wait_of_session(const Session& s) const {
   }
   if (w.kind == st::kWaitNone && restoring_wait) {
     w.kind = st::kWaitRestore;
-    w.device = s.swap_device;
-    w.bytes = counted_on(s, s.swap_device) + s.swap_context;
-    w.since = s.swap_in_at;
-    w.deadline = s.swap_in_at + wait_of(s);
+    w.device = sw.device;
+    w.bytes = counted_on(s, sw.device) + sw.context;
+    w.since = sw.in_at;
+    w.deadline = sw.in_at + wait_of(s);
   }
   if (w.kind != st::kWaitNone) {
     for (std::uint64_t id : swapping) {
@@ -152,23 +109,17 @@ Node::Wait Node::wait_of_session(const Session& s) const {
   return w;
 }
 
-Bytes Node::swapping_out(const Device& dev) const {
-  Bytes out{0};
-  for (const auto& [id, s] : sessions_) {
-    if ((s.swap == SwapState::notified || s.swap == SwapState::checkpointing) && s.swap_device == dev.ordinal) {
-      out += s.swap_bytes;
-    }
-  }
-  return out;
-}
-
+// Starts swapping out idle processes (not `requester`) to make `need` bytes of room on `dev`;
+// returns the bytes their counted grants hold there (0: none eligible, nothing started).
 Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need, Now now) {
   if (!swaps_possible()) return Bytes{0};
   std::vector<SwapCandidate> candidates;
   std::vector<Session*> of;
   for (auto& [sid, ss] : sessions_) {
-    if (sid == requester.id || ss.swap != SwapState::none || !ss.pressure || ss.conn == 0 || ss.pid == 0) continue;
-    if (!tenants_.at(ss.tenant.value()).overcommit || now.steady < ss.swap_skip_until) continue;
+    if (sid == requester.id || swaps_.state(sid) != SwapState::none || !ss.pressure || ss.conn == 0 || ss.pid == 0) {
+      continue;
+    }
+    if (!tenants_.at(ss.tenant.value()).overcommit || now.steady < swaps_.get(sid).skip_until) continue;
     // A process waiting for a grant of its own may be moved too: it uses nothing on the GPU
     // while it waits (and when everyone waits for memory, somebody has to make room).
     SwapCandidate c;
@@ -182,22 +133,23 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
   Bytes started{0};
   for (std::size_t i : plan_swap(candidates, priority_of(requester.tenant), need, now.steady, settings_.swap_idle)) {
     Session& ss = *of[i];
-    ss.swap = SwapState::notified;
-    ss.swap_id = next_swap_id_++;
-    ss.swap_device = dev.ordinal;
-    ss.swap_bytes = candidates[i].bytes;
+    SwapRecord& sw = swaps_.of(ss.id);
+    sw.state = SwapState::notified;
+    sw.id = swaps_.next_id();
+    sw.device = dev.ordinal;
+    sw.bytes = candidates[i].bytes;
     // Its context and the driver's own memory, as NVML saw it last (about 520 MiB on an H100):
     // the checkpoint frees it too, and the restore needs it back.
-    ss.swap_context = acct_.usage(ss.tenant, dev.ordinal).nonpool;
-    ss.swap_since = now.steady;
-    ss.swap_for = requester.id;
+    sw.context = acct_.usage(ss.tenant, dev.ordinal).nonpool;
+    sw.since = now.steady;
+    sw.for_session = requester.id;
     changes_.sessions.insert(requester.slot);  // what it waits for changed
     notify(ss, proto::SwapPhase::out);
-    started += ss.swap_bytes;
+    started += sw.bytes;
     changes_.sessions.insert(ss.slot);
     limited_.write(LogLevel::info, "swap out",
                    "GPU " + std::to_string(dev.ordinal.value()) + ": swapping out session " + std::to_string(ss.id) +
-                       " (pid " + std::to_string(ss.pid) + ", " + std::to_string(ss.swap_bytes.value() >> 20) +
+                       " (pid " + std::to_string(ss.pid) + ", " + std::to_string(sw.bytes.value() >> 20) +
                        " MiB, idle " + std::to_string(ms_between(ss.last_active, now.steady)) + " ms) for session " +
                        std::to_string(requester.id),
                    now.steady);
@@ -205,6 +157,10 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
   return started;
 }
 
+// Overcommit (node_swap.cpp): a counted grant of an overcommit tenant that the GPU has no room
+// for now. Parks it while caches are reclaimed and, from the first retry on, idle processes
+// are swapped out; nullopt: go on and grant (room, or nothing more to do: the process's own
+// driver decides).
 std::optional<GrantOut> Node::make_room(ConnId conn, const Session& s, Device& dev, const proto::GrantRequest& m,
                                         Bytes bytes, Now now, const ParkedGrant* retry) {
   const Bytes want = bytes + settings_.swap_margin;
@@ -215,18 +171,16 @@ std::optional<GrantOut> Node::make_room(ConnId conn, const Session& s, Device& d
   if (retry != nullptr) {
     if (now.steady >= retry->deadline) return std::nullopt;  // the driver decides
     // Caches first (the Pressure of the first park); from the first retry on, processes.
-    const Bytes coming = swapping_out(dev);
-    if (coming < shortfall && now.steady >= retry->received + kAskAgain) {
+    const Bytes coming = swaps_.swapping_out(dev.ordinal);
+    if (coming < shortfall && now.steady >= retry->received + ParkingLot::kAskAgain) {
       (void)start_swaps(s, dev, shortfall - coming, now);
     }
     return GrantOut{Parked{}};
   }
   if (wait.count() <= 0) return std::nullopt;
   std::vector<PressureNote> notes = pressure_for(s, dev, shortfall, {}, false);
-  const Bytes coming = swapping_out(dev);
-  ParkedGrant parked{conn, s.id, m, now.steady, now.steady + wait, {}, now.steady + kAskAgain, false, now.steady};
-  for (const PressureNote& n : notes) parked.asked.push_back(n.session);
-  parked_.push_back(std::move(parked));
+  const Bytes coming = swaps_.swapping_out(dev.ordinal);
+  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), false);
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "room " + std::to_string(s.id),
                  "GPU " + std::to_string(dev.ordinal.value()) + ": " + std::to_string(bytes.value() >> 20) +
@@ -241,10 +195,11 @@ std::optional<Malformed> Node::swap_ready(std::uint64_t session, const proto::Sw
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return std::nullopt;
   Session& s = it->second;
-  if (s.swap != SwapState::notified || s.swap_id != m.swap_id) return std::nullopt;  // called off meanwhile
-  s.swap = SwapState::checkpointing;
-  s.swap_since = steady_now();
-  swap_jobs_.push_back(SwapJob{s.id, s.pid, s.swap_device, false});
+  SwapRecord& sw = swaps_.of(s.id);
+  if (sw.state != SwapState::notified || sw.id != m.swap_id) return std::nullopt;  // called off meanwhile
+  sw.state = SwapState::checkpointing;
+  sw.since = steady_now();
+  fx_.swap_jobs.push_back(SwapJob{s.id, s.pid, sw.device, false});
   return std::nullopt;
 }
 
@@ -254,14 +209,15 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return r;
   Session& s = it->second;
-  if (s.swap == SwapState::none && driver_.checkpoint_supported()) {
+  SwapRecord& sw = swaps_.of(s.id);
+  if (sw.state == SwapState::none && driver_.checkpoint_supported()) {
     // A previous vlaked may have checkpointed it: the driver knows.
     try {
       if (driver_.process_state(static_cast<int>(s.pid)) == Driver::ProcessState::checkpointed) {
-        s.swap = SwapState::swapped;
-        s.swap_since = now.steady;
-        if (!s.grants.empty()) s.swap_device = grants_.at(s.grants.front()).device;
-        s.swap_bytes = counted_on(s, s.swap_device);
+        sw.state = SwapState::swapped;
+        sw.since = now.steady;
+        if (!s.grants.empty()) sw.device = grants_.at(s.grants.front()).device;
+        sw.bytes = counted_on(s, sw.device);
         log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) +
                   ") was left on the host by an earlier vlaked: restoring it");
       }
@@ -269,11 +225,11 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
       // Not a process the driver knows: it is on the GPU.
     }
   }
-  switch (s.swap) {
+  switch (sw.state) {
     case SwapState::none: return r;  // not swapped (a stale gate): go on
     case SwapState::notified:
       // Called off before the checkpoint began: the process needs the GPU again.
-      s.swap = SwapState::none;
+      sw.state = SwapState::none;
       changes_.sessions.insert(s.slot);
       return r;
     case SwapState::lost: r.status = proto::Status::internal; return r;
@@ -281,38 +237,39 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
     case SwapState::swapped:
     case SwapState::restoring: break;
   }
-  if (s.swap_in_conn == 0) s.swap_in_at = now.steady;
-  s.swap_in_conn = conn;
+  if (sw.in_conn == 0) sw.in_at = now.steady;
+  sw.in_conn = conn;
   changes_.sessions.insert(s.slot);
-  s.swap_in_request = m.h.request_id;
-  if (s.swap == SwapState::swapped) try_restore(s, now);
+  sw.in_request = m.h.request_id;
+  if (sw.state == SwapState::swapped) try_restore(s, now);
   return std::nullopt;
 }
 
 void Node::try_restore(Session& s, Now now) {
-  if (s.swap != SwapState::swapped || s.swap_in_conn == 0) return;
-  const Device* dev = device_by_ordinal(s.swap_device);
+  SwapRecord& sw = swaps_.of(s.id);
+  if (sw.state != SwapState::swapped || sw.in_conn == 0) return;
+  const Device* dev = device_by_ordinal(sw.device);
   if (dev == nullptr) return;
   // What it holds now (its counted grants there, those served while it was away included) plus
   // its context: what the checkpoint freed is no measure when others allocate or free meanwhile
   // (measured on the H100: a restore sized by it lost a process).
-  const Bytes held = counted_on(s, s.swap_device);
-  const Bytes want = held + s.swap_context + settings_.swap_margin;
+  const Bytes held = counted_on(s, sw.device);
+  const Bytes want = held + sw.context + settings_.swap_margin;
   const Bytes free = room(*dev);
   if (free >= want) {
-    s.swap_extra = held + s.swap_context;  // what room() counts as taken while it restores
-    s.swap = SwapState::restoring;
-    s.swap_since = now.steady;
-    swap_jobs_.push_back(SwapJob{s.id, s.pid, s.swap_device, true});
+    sw.extra = held + sw.context;  // what room() counts as taken while it restores
+    sw.state = SwapState::restoring;
+    sw.since = now.steady;
+    fx_.swap_jobs.push_back(SwapJob{s.id, s.pid, sw.device, true});
     return;
   }
-  if (now.steady >= s.swap_in_at + wait_of(s)) {
+  if (now.steady >= sw.in_at + wait_of(s)) {
     ++counters_.swap_timeouts;
-    proto::SwapInReply r = proto::make<proto::SwapInReply>(s.swap_in_request);
+    proto::SwapInReply r = proto::make<proto::SwapInReply>(sw.in_request);
     r.status = proto::Status::out_of_memory;
-    r.waited_ms = ms_between(s.swap_in_at, now.steady);
-    swap_replies_.push_back(SwapInOut{s.swap_in_conn, r});
-    s.swap_in_conn = 0;
+    r.waited_ms = ms_between(sw.in_at, now.steady);
+    fx_.swap_replies.push_back(SwapInOut{sw.in_conn, r});
+    sw.in_conn = 0;
     changes_.sessions.insert(s.slot);
     record_refusal(s.tenant, s.pid, dev, st::kRefusalRestoreTimeout, want, free.value(), 0,
                    std::chrono::milliseconds{r.waited_ms}, now);
@@ -323,7 +280,7 @@ void Node::try_restore(Session& s, Now now) {
                    now.steady);
     return;
   }
-  const Bytes coming = swapping_out(*dev);
+  const Bytes coming = swaps_.swapping_out(dev->ordinal);
   if (free + coming < want) (void)start_swaps(s, *dev, want - free - coming, now);
 }
 
@@ -332,87 +289,89 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
   auto it = sessions_.find(job.session);
   if (it == sessions_.end()) return;  // it ended meanwhile
   Session& s = it->second;
+  SwapRecord& sw = swaps_.of(s.id);
   changes_.sessions.insert(s.slot);
   changes_.devices = true;
-  if (const Session* f = session(s.swap_for)) changes_.sessions.insert(f->slot);
-  s.swap_for = 0;
+  if (const Session* f = session(sw.for_session)) changes_.sessions.insert(f->slot);
+  sw.for_session = 0;
   const auto ns = static_cast<std::uint64_t>(std::max<std::int64_t>(took.count(), 0));
   if (!job.restore) {
     if (!ok) {
       ++counters_.swap_failures;
-      s.swap = SwapState::none;
-      s.swap_skip_until = now.steady + kSkipAfterFailure;
+      sw.state = SwapState::none;
+      sw.skip_until = now.steady + SwapBook::kSkipAfterFailure;
       limited_.warn("swap failed",
                     "session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) +
                         "): checkpoint failed: " + error + "; it stays on the GPU",
                     now.steady);
       notify(s, proto::SwapPhase::back);
-      if (s.swap_in_conn != 0) {
-        proto::SwapInReply r = proto::make<proto::SwapInReply>(s.swap_in_request);
+      if (sw.in_conn != 0) {
+        proto::SwapInReply r = proto::make<proto::SwapInReply>(sw.in_request);
         r.status = proto::Status::ok;
-        swap_replies_.push_back(SwapInOut{s.swap_in_conn, r});
-        s.swap_in_conn = 0;
+        fx_.swap_replies.push_back(SwapInOut{sw.in_conn, r});
+        sw.in_conn = 0;
       }
       return;
     }
     ++counters_.swap_outs;
-    ++s.swap_outs;
+    ++sw.outs;
     counters_.swap_out_ns += ns;
     notify(s, proto::SwapPhase::host);
-    if (bytes.value() > 0) s.swap_bytes = bytes;
-    counters_.swap_out_bytes += s.swap_bytes.value();
-    s.swap = SwapState::swapped;
-    s.swap_since = now.steady;
-    if (!parked_.empty()) memory_returned_ = true;
+    if (bytes.value() > 0) sw.bytes = bytes;
+    counters_.swap_out_bytes += sw.bytes.value();
+    sw.state = SwapState::swapped;
+    sw.since = now.steady;
+    parking_.memory_returned();
     log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) +
-              ") is on the host: " + std::to_string(s.swap_bytes.value() >> 20) + " MiB freed on GPU " +
-              std::to_string(s.swap_device.value()) + " in " + std::to_string(ns / 1000000) + " ms");
+              ") is on the host: " + std::to_string(sw.bytes.value() >> 20) + " MiB freed on GPU " +
+              std::to_string(sw.device.value()) + " in " + std::to_string(ns / 1000000) + " ms");
     try_restore(s, now);  // it may have asked meanwhile
     return;
   }
-  proto::SwapInReply r = proto::make<proto::SwapInReply>(s.swap_in_request);
-  r.waited_ms = ms_between(s.swap_in_at, now.steady);
+  proto::SwapInReply r = proto::make<proto::SwapInReply>(sw.in_request);
+  r.waited_ms = ms_between(sw.in_at, now.steady);
   if (!ok) {
     ++counters_.swap_failures;
-    s.swap = SwapState::lost;
+    sw.state = SwapState::lost;
     r.status = proto::Status::internal;
     log_.error("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + "): restore failed: " + error +
                "; the process cannot run on the GPU again");
   } else {
     ++counters_.swap_ins;
-    ++s.swap_ins;
+    ++sw.ins;
     counters_.swap_in_ns += ns;
-    counters_.swap_in_bytes += s.swap_extra.value();
-    s.swap = SwapState::none;
-    s.swap_since = now.steady;
-    s.swap_extra = Bytes{0};
+    counters_.swap_in_bytes += sw.extra.value();
+    sw.state = SwapState::none;
+    sw.since = now.steady;
+    sw.extra = Bytes{0};
     s.last_active = now.steady;
     r.status = proto::Status::ok;
     log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + ") is back on GPU " +
-              std::to_string(s.swap_device.value()) + " after " + std::to_string(r.waited_ms) + " ms (" +
-              std::to_string(s.swap_bytes.value() >> 20) + " MiB, restore " + std::to_string(ns / 1000000) + " ms)");
+              std::to_string(sw.device.value()) + " after " + std::to_string(r.waited_ms) + " ms (" +
+              std::to_string(sw.bytes.value() >> 20) + " MiB, restore " + std::to_string(ns / 1000000) + " ms)");
   }
-  if (s.swap_in_conn != 0) swap_replies_.push_back(SwapInOut{s.swap_in_conn, r});
-  s.swap_in_conn = 0;
+  if (sw.in_conn != 0) fx_.swap_replies.push_back(SwapInOut{sw.in_conn, r});
+  sw.in_conn = 0;
 }
 
 void Node::swap_tick(Now now) {
   for (auto& [id, s] : sessions_) {
-    if (s.swap == SwapState::notified && now.steady >= s.swap_since + kReadyTimeout) {
+    SwapRecord& sw = swaps_.of(id);
+    if (sw.state == SwapState::notified && now.steady >= sw.since + SwapBook::kReadyTimeout) {
       // Its hook did not answer (no worker thread, or an older hook): left alone, and told so in
       // case its answer was lost.
-      s.swap = SwapState::none;
-      s.swap_skip_until = now.steady + kSkipAfterFailure;
+      sw.state = SwapState::none;
+      sw.skip_until = now.steady + SwapBook::kSkipAfterFailure;
       changes_.sessions.insert(s.slot);
-      if (const Session* f = session(s.swap_for)) changes_.sessions.insert(f->slot);
-      s.swap_for = 0;
+      if (const Session* f = session(sw.for_session)) changes_.sessions.insert(f->slot);
+      sw.for_session = 0;
       notify(s, proto::SwapPhase::back);
       limited_.write(LogLevel::info, "swap ready",
                      "session " + std::to_string(id) + " did not get ready to be swapped out within " +
-                         std::to_string(kReadyTimeout.count()) + " ms; left on the GPU",
+                         std::to_string(SwapBook::kReadyTimeout.count()) + " ms; left on the GPU",
                      now.steady);
     }
-    if (s.swap == SwapState::swapped && s.swap_in_conn != 0) try_restore(s, now);
+    if (sw.state == SwapState::swapped && sw.in_conn != 0) try_restore(s, now);
   }
 }
 

@@ -22,7 +22,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "dedup.hpp"
+#include "vlake/contracts/codec.hpp"
+#include "vlake/pool/features/dedup/dedup.hpp"
 #include "vlake/pool/node.hpp"
 
 namespace vlake::pool {
@@ -48,7 +49,7 @@ std::uint64_t random_u64() {
 std::size_t Node::imports_of(TenantId t) const {
   // By the importing session's tenant now (a reload may have moved the session).
   std::size_t n = 0;
-  for (const auto& [id, imp] : imports_) {
+  for (const auto& [id, imp] : ipc_.imports()) {
     const Session* s = session(imp.session);
     n += (s != nullptr ? s->tenant : imp.tenant) == t ? 1 : 0;
   }
@@ -56,17 +57,12 @@ std::size_t Node::imports_of(TenantId t) const {
 }
 
 std::variant<proto::IpcExportReply, Malformed> Node::ipc_export(std::uint64_t session, const proto::IpcExport& m) {
-  auto sit = sessions_.find(session);
-  if (sit == sessions_.end()) return Malformed{"session is gone"};
-  Session& s = sit->second;
-  proto::IpcExportReply r{};
-  r.h = proto::make_header<proto::IpcExportReply>(proto::MsgType::ipc_export_reply, m.h.request_id);
-  if (std::find(s.grants.begin(), s.grants.end(), m.grant_id) == s.grants.end()) {
-    r.status = proto::Status::unknown_grant;
-    return r;
-  }
-  Grant& g = grants_.at(m.grant_id);
-  const Tenant& t = tenants_.at(s.tenant.value());
+  const Session* s = this->session(session);
+  if (s == nullptr) return Malformed{"session is gone"};
+  proto::IpcExportReply r = proto::make<proto::IpcExportReply>(m.h.request_id);
+  if (!s->holds(m.grant_id)) return with_status(r, proto::Status::unknown_grant);
+  const Grant& g = grants_.at(m.grant_id);
+  const Tenant& t = tenants_.at(s->tenant.value());
   // Only memory this daemon can hand out again: an alloc grant with live handles whose layout is
   // the plain one (shared dedup chunks are not exported; docs/ipc.md, "Limits").
   if (g.purpose != proto::GrantPurpose::alloc || g.orphaned || g.handles.empty() ||
@@ -78,26 +74,24 @@ std::variant<proto::IpcExportReply, Malformed> Node::ipc_export(std::uint64_t se
     r.status = proto::Status::bad_request;
     return r;
   }
-  if (g.ipc_token == 0) {
-    try {
-      std::uint64_t token = random_u64();
-      while (ipc_tokens_.count(token) != 0) token = random_u64();
-      g.ipc_secret = random_u64();
-      g.ipc_token = token;
-      ipc_tokens_[token] = g.id;
-    } catch (const std::exception& e) {
-      limited_.write(LogLevel::error, "ipc random", std::string("IPC export failed: ") + e.what(), steady_now());
-      r.status = proto::Status::internal;
-      return r;
-    }
+  const IpcRegistry::Export* e = nullptr;
+  bool fresh = false;
+  try {
+    e = &ipc_.export_grant(g.id, random_u64, &fresh);
+  } catch (const std::exception& ex) {
+    limited_.write(LogLevel::error, "ipc random", std::string("IPC export failed: ") + ex.what(), steady_now());
+    r.status = proto::Status::internal;
+    return r;
+  }
+  if (fresh) {
     ++counters_.ipc_exports;
     if (log_.enabled(LogLevel::debug)) {
       log_.debug("grant " + std::to_string(g.id) + " of " + t.name + " exported for CUDA IPC");
     }
   }
   r.status = proto::Status::ok;
-  r.token = g.ipc_token;
-  r.secret = g.ipc_secret;
+  r.token = e->token;
+  r.secret = e->secret;
   r.bytes = g.bytes.value();
   return r;
 }
@@ -118,13 +112,10 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
     r.status = st;
     return out;
   };
-  auto tok = ipc_tokens_.find(m.token);
-  if (tok == ipc_tokens_.end()) return refuse(proto::Status::unknown_handle, "unknown handle");
-  auto git = grants_.find(tok->second);
-  // Compared without an early exit on the first differing byte.
-  if (git == grants_.end() || ((git->second.ipc_secret ^ m.secret) != 0)) {
-    return refuse(proto::Status::unknown_handle, "unknown handle or wrong secret");
-  }
+  if (!ipc_.known_token(m.token)) return refuse(proto::Status::unknown_handle, "unknown handle");
+  const std::optional<std::uint64_t> named = ipc_.find(m.token, m.secret);
+  auto git = named ? grants_.find(*named) : grants_.end();
+  if (git == grants_.end()) return refuse(proto::Status::unknown_handle, "unknown handle or wrong secret");
   Grant& g = git->second;
   const Tenant* owner = tenant(g.tenant);
   const bool same = g.tenant == s.tenant;
@@ -137,7 +128,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
   if (g.handles.empty()) return refuse(proto::Status::unknown_handle, "the grant has no handles left");
   // Freed by its owner, held only for the imports already open: no new ones (as the driver
   // refuses a handle of freed memory).
-  if (g.released) return refuse(proto::Status::unknown_handle, "the memory was freed by its owner");
+  if (ipc_.released(g.id)) return refuse(proto::Status::unknown_handle, "the memory was freed by its owner");
   if (const std::size_t held = grants_of(me.id) + imports_of(me.id); held >= settings_.max_grants_per_tenant) {
     ++counters_.denials_grant_cap;
     limited_.warn("grant cap " + me.name,
@@ -148,7 +139,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
     r.status = proto::Status::limit_reached;
     return out;
   }
-  if (imports_.size() >= st::kMaxGrants) {
+  if (ipc_.imports().size() >= st::kMaxGrants) {
     ++counters_.denials_other;
     limited_.write(
         LogLevel::error, "import table",
@@ -177,14 +168,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
     offset += h->size.value();
     out.fds.push_back(h->fd.get());
   }
-  Import imp;
-  imp.id = next_import_id_++;
-  imp.session = s.id;
-  imp.tenant = s.tenant;
-  imp.grant = g.id;
-  imports_.emplace(imp.id, imp);
-  ++g.imports;
-  g.ipc_imported = true;
+  const Import& imp = ipc_.open(s.id, s.tenant, g.id);
   ++counters_.ipc_opens;
   r.status = proto::Status::ok;
   r.import_id = imp.id;
@@ -199,7 +183,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
 }
 
 void Node::ipc_undeliverable(std::uint64_t import_id) {
-  if (imports_.count(import_id) == 0) return;
+  if (ipc_.imports().count(import_id) == 0) return;
   --counters_.ipc_opens;
   drop_import(import_id);
 }
@@ -208,8 +192,8 @@ std::variant<proto::IpcCloseAck, Malformed> Node::ipc_close(std::uint64_t sessio
   if (sessions_.count(session) == 0) return Malformed{"session is gone"};
   proto::IpcCloseAck ack{};
   ack.h = proto::make_header<proto::IpcCloseAck>(proto::MsgType::ipc_close_ack, m.h.request_id);
-  auto it = imports_.find(m.import_id);
-  if (it == imports_.end() || it->second.session != session) {
+  auto it = ipc_.imports().find(m.import_id);
+  if (it == ipc_.imports().end() || it->second.session != session) {
     ack.status = proto::Status::unknown_handle;
     return ack;
   }
@@ -219,32 +203,27 @@ std::variant<proto::IpcCloseAck, Malformed> Node::ipc_close(std::uint64_t sessio
 }
 
 void Node::drop_import(std::uint64_t import_id) {
-  auto it = imports_.find(import_id);
-  if (it == imports_.end()) return;
-  const std::uint64_t gid = it->second.grant;
-  imports_.erase(it);
-  auto git = grants_.find(gid);
+  const std::optional<IpcRegistry::Closed> c = ipc_.close(import_id);
+  if (!c) return;
+  auto git = grants_.find(c->grant);
   if (git == grants_.end()) return;
   Grant& g = git->second;
-  if (g.imports > 0) --g.imports;
-  if (g.imports == 0 && g.released) {
+  if (c->finish) {
     const TenantId owner = g.tenant;
     finish_grant(g, owner, true);  // imported: retired, never pooled
     free_tenant_if_idle(owner);
   }
 }
 
+// Every import of the session (it ended).
 void Node::drop_imports_of(std::uint64_t session) {
-  std::vector<std::uint64_t> ids;
-  for (const auto& [id, imp] : imports_) {
-    if (imp.session == session) ids.push_back(id);
-  }
-  for (std::uint64_t id : ids) drop_import(id);
+  for (std::uint64_t id : ipc_.imports_of_session(session)) drop_import(id);
 }
 
+// A grant that is being released (by its owner, or at its session's end): true if it is held
+// for open imports (marked released, out of its session's list) instead of being finished.
 bool Node::hold_for_imports(Grant& g) {
-  if (g.imports == 0) return false;
-  g.released = true;
+  if (!ipc_.hold(g.id)) return false;
   auto sit = sessions_.find(g.session);
   if (sit != sessions_.end()) {
     auto& v = sit->second.grants;
@@ -253,7 +232,8 @@ bool Node::hold_for_imports(Grant& g) {
   }
   changes_.grants.insert(g.slot);
   limited_.info("ipc held " + std::to_string(g.tenant.value()),
-                "grant " + std::to_string(g.id) + " released by its owner while " + std::to_string(g.imports) +
+                "grant " + std::to_string(g.id) + " released by its owner while " +
+                    std::to_string(ipc_.imports_open(g.id)) +
                     " IPC import(s) are open: held (and charged) until they close",
                 steady_now());
   return true;

@@ -1,4 +1,4 @@
-#include "dedup.hpp"
+#include "vlake/pool/features/dedup/dedup.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -13,7 +13,7 @@ void Node::charge_unhooked(Tenant& t) {
   for (const Device& d : devices_) {
     const auto i = static_cast<std::size_t>(d.ordinal.value());
     const bool charged = t.enforce != quota::Enforce::account;
-    acct_.set_unhooked(t.id, d.ordinal, Bytes{charged ? t.unhooked[i] : 0});
+    acct_.set_unhooked(t.id, d.ordinal, Bytes{charged ? unhooked_.of(t.id).bytes[i] : 0});
   }
 }
 
@@ -23,7 +23,7 @@ bool Node::over_a_limit(const Tenant& t) const {
   for (const Device& d : devices_) {
     const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
     if (u.used() > u.limit) return true;
-    if (t.unhooked[static_cast<std::size_t>(d.ordinal.value())] == 0) continue;
+    if (unhooked_.of(t.id).bytes[static_cast<std::size_t>(d.ordinal.value())] == 0) continue;
     const Accounting::NamespaceUsage nu = acct_.namespace_usage(t.ns, d.ordinal);
     if (nu.used() > nu.limit) return true;
   }
@@ -49,9 +49,8 @@ Bytes Node::unlisted_memory(const GpuSample& g) const {
 }
 
 Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
-  const auto key = std::make_pair(p.pid, p.start_time);
-  if (auto it = unhooked_tenants_.find(key); it != unhooked_tenants_.end()) {
-    if (Tenant* t = tenant_mut(it->second)) return t;
+  if (const std::optional<TenantId> known = unhooked_.cached(p.pid, p.start_time)) {
+    if (Tenant* t = tenant_mut(*known)) return t;
   }
   Tenant* t = nullptr;
   for (const std::string& a : p.alloc_ids) {
@@ -61,12 +60,12 @@ Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
     }
   }
   if (t == nullptr) t = &tenant_for_uid(p.uid, p.gid);
-  unhooked_tenants_[key] = t->id;
+  unhooked_.remember(p.pid, p.start_time, t->id);
   return t;
 }
 
-std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
-                                          Now now, const std::vector<ProcessIdentity>& users) {
+void Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids, Now now,
+                        const std::vector<ProcessIdentity>& users) {
   // Pids holding a session (connected or detached): today's non-pool rule.
   set_nonpool(attribute_nonpool(sample, nonpool_inputs()));
   std::unordered_set<std::uint32_t> session_pids;
@@ -77,7 +76,7 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
 
   // Every other pid: its tenant, as a session of that process would resolve.
   std::map<std::uint32_t, std::array<std::uint64_t, st::kMaxDevices>> unhooked;  // by tenant id
-  std::map<std::uint32_t, std::map<std::uint32_t, Tenant::UnhookedProcess>> procs;
+  std::map<std::uint32_t, std::map<std::uint32_t, UnhookedProcess>> procs;
   for (const GpuSample& g : sample) {
     Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
     dev.nvml_used = g.used;
@@ -94,7 +93,7 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
         continue;
       }
       unhooked[t->id.value()][static_cast<std::size_t>(g.device.value())] += p.used.value();
-      Tenant::UnhookedProcess& up = procs[t->id.value()][p.pid];
+      UnhookedProcess& up = procs[t->id.value()][p.pid];
       up.pid = p.pid;
       up.start_time = pi.start_time;
       up.bytes += p.used;
@@ -131,7 +130,7 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
       if (t == nullptr) continue;
       unhooked[t->id.value()][static_cast<std::size_t>(g.device.value())] += share;
       if (st != session_tenant.end()) continue;  // a session's process is never killed
-      Tenant::UnhookedProcess& up = procs[t->id.value()][u->pid];
+      UnhookedProcess& up = procs[t->id.value()][u->pid];
       up.pid = u->pid;
       up.start_time = u->start_time;
       up.bytes += Bytes{share};
@@ -139,55 +138,40 @@ std::vector<KillOrder> Node::observe_gpus(const std::vector<GpuSample>& sample, 
   }
 
   // Forget processes that left the GPUs.
-  for (auto it = unhooked_tenants_.begin(); it != unhooked_tenants_.end();) {
-    const auto p = by_pid.find(it->first.first);
-    const bool live = p != by_pid.end() && p->second->start_time == it->first.second;
-    it = live ? std::next(it) : unhooked_tenants_.erase(it);
-  }
+  unhooked_.prune([&](std::uint32_t pid, std::uint64_t start_time) {
+    const auto p = by_pid.find(pid);
+    return p != by_pid.end() && p->second->start_time == start_time;
+  });
 
-  std::vector<KillOrder> kills;
+  std::vector<KillOrder>& kills = fx_.kills;
   for (auto& [tid, t] : tenants_) {
     std::array<std::uint64_t, st::kMaxDevices> now_bytes{};
     if (auto it = unhooked.find(tid); it != unhooked.end()) now_bytes = it->second;
-    std::vector<Tenant::UnhookedProcess> now_procs;
+    std::vector<UnhookedProcess> now_procs;
     if (auto it = procs.find(tid); it != procs.end()) {
       for (const auto& [pid, up] : it->second) now_procs.push_back(up);
     }
-    if (now_procs.size() > t.unhooked_procs.size()) {
-      for (const auto& up : now_procs) {
-        const bool known = std::any_of(t.unhooked_procs.begin(), t.unhooked_procs.end(),
-                                       [&](const Tenant::UnhookedProcess& o) { return o.pid == up.pid; });
-        if (!known) {
-          log_.info("tenant " + t.name + ": pid " + std::to_string(up.pid) + " uses " +
-                    std::to_string(up.bytes.value()) +
-                    " bytes of GPU memory outside vlake (enforce: " + quota::enforce_name(t.enforce) + ")");
-        }
-      }
+    for (const UnhookedProcess& up : unhooked_.newcomers(t.id, now_procs)) {
+      log_.info("tenant " + t.name + ": pid " + std::to_string(up.pid) + " uses " + std::to_string(up.bytes.value()) +
+                " bytes of GPU memory outside vlake (enforce: " + quota::enforce_name(t.enforce) + ")");
     }
-    if (now_bytes != t.unhooked || now_procs.size() != t.unhooked_procs.size()) touch_tenant(t.id);
-    t.unhooked = now_bytes;
-    t.unhooked_procs = std::move(now_procs);
+    if (unhooked_.record(t.id, now_bytes, std::move(now_procs))) touch_tenant(t.id);
     charge_unhooked(t);
 
     // enforce: kill — over a limit for kill_grace with processes outside vlake: they go.
-    if (t.enforce != quota::Enforce::kill || t.unhooked_procs.empty() || !over_a_limit(t)) {
-      t.over_since.reset();
-      continue;
-    }
-    if (!t.over_since) {
-      t.over_since = now.steady;
-      log_.warn("tenant " + t.name + " is over its limit with " + std::to_string(t.unhooked_procs.size()) +
+    const UnhookedUse& use = unhooked_.of(t.id);
+    const bool over = t.enforce == quota::Enforce::kill && !use.procs.empty() && over_a_limit(t);
+    if (over && !use.over_since) {
+      log_.warn("tenant " + t.name + " is over its limit with " + std::to_string(use.procs.size()) +
                 " process(es) using GPU memory outside vlake; they are killed in " +
                 std::to_string(t.kill_grace.count()) + " ms unless it gets back under (enforce: kill)");
     }
-    if (now.steady - *t.over_since < t.kill_grace) continue;
-    t.over_since.reset();
-    for (const Tenant::UnhookedProcess& up : t.unhooked_procs) {
+    if (unhooked_.over_limit(t.id, over, now.steady, t.kill_grace) != UnhookedBook::Verdict::kill) continue;
+    for (const UnhookedProcess& up : use.procs) {
       kills.push_back(KillOrder{up.pid, up.start_time, t.id, t.name, up.bytes});
     }
   }
   changes_.devices = true;
-  return kills;
 }
 
 void Node::unhooked_killed(const KillOrder& k, bool killed) {

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include "vlake/common/fixed_chars.hpp"
 
-#include "dedup.hpp"
+#include "vlake/pool/features/dedup/dedup.hpp"
 
 namespace vlake::pool {
 
@@ -30,7 +30,8 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
       log_(log),
       settings_(settings),
       env_(std::move(env)),
-      limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed) {
+      limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed),
+      guard_book_(settings.guard_event_rate, settings.guard_event_burst) {
   const int n = driver_.device_count();
   if (n <= 0) throw std::runtime_error("no GPU found");
   if (static_cast<std::uint32_t>(n) > st::kMaxDevices) {
@@ -61,7 +62,7 @@ Node::~Node() {
   // holds (grants first: their handles go back to the pools).
   grants_.clear();
   dedup_.reset();
-  for (DiscardOut& d : discards_) release_built(driver_, d.handle);  // never handed to the loop
+  for (DiscardOut& d : fx_.discards) release_built(driver_, d.handle);  // never handed to the loop
   devices_.clear();
 }
 
@@ -177,10 +178,7 @@ std::size_t Node::grants_of(TenantId t) const {
 // live allocation.
 bool Node::tenant_idle(const Tenant& t) const {
   if (!t.alloc_id.empty() && allocs_.count(t.alloc_id) != 0) return false;
-  if (!t.unhooked_procs.empty()) return false;
-  for (const std::uint64_t b : t.unhooked) {
-    if (b != 0) return false;
-  }
+  if (!unhooked_.of(t.id).empty()) return false;
   for (const auto& [id, s] : sessions_) {
     if (s.tenant == t.id) return false;
   }
@@ -211,6 +209,8 @@ bool Node::free_tenant_if_idle(TenantId id) {
   tenant_slots_[t.slot] = false;
   tenant_ids_.erase(t.name);
   log_.debug("tenant " + t.name + " (id " + std::to_string(id.value()) + ") freed: holds nothing");
+  guard_book_.forget(id);
+  unhooked_.forget(id);
   tenants_.erase(it);
   ++counters_.tenants_freed;
   return true;
@@ -230,11 +230,11 @@ std::size_t Node::free_idle_tenants() {
   return n;
 }
 
-Changes Node::take_changes() {
+Changes Node::changes_to_publish() {
   // Waits are drawn from the parked grants (a handful): their sessions' records change with
   // every ask and retry, and once more when the wait ends.
   std::set<std::uint32_t> waiting;
-  for (const ParkedGrant& p : parked_) {
+  for (const ParkedGrant& p : parking_.grants()) {
     auto it = sessions_.find(p.session);
     if (it != sessions_.end()) waiting.insert(it->second.slot);
   }
@@ -259,6 +259,8 @@ proto::DeviceQuota Node::device_quota(const Tenant& t, const Device& d) const {
   return q;
 }
 
+// What replies call `used`: usage minus the tenant's bound free handles (retired on demand
+// when it needs the room, so they are not memory it cannot have); retained descriptors count.
 Bytes Node::reported_used(TenantId t, const Device& d, const Accounting::Usage& u) const {
   const Bytes used = u.used();
   return used - std::min(used, d.pool->bound_free_bytes(t));
@@ -539,7 +541,7 @@ void Node::end_session_locked(Session& s, const char* why) {
   // Kept mappings died with the process (or, for a live one, are dropped when it reconnects).
   for (Device& d : devices_) {
     if (d.pool->forget_session(id)) {
-      if (settle_device(d) && !parked_.empty()) memory_returned_ = true;
+      if (settle_device(d)) parking_.memory_returned();
     }
   }
   const std::vector<std::uint64_t> grant_ids = s.grants;
@@ -556,7 +558,7 @@ void Node::end_session_locked(Session& s, const char* why) {
     for (Device& d : devices_) {
       if (d.pool->bound_free_bytes(tenant).value() == 0 && d.pool->held_fds() == 0) continue;
       (void)d.pool->retire_bound(tenant, Bytes{~0ULL});
-      if (settle_device(d) && !parked_.empty()) memory_returned_ = true;
+      if (settle_device(d)) parking_.memory_returned();
     }
   }
   session_slots_[s.slot] = false;
@@ -568,6 +570,7 @@ void Node::end_session_locked(Session& s, const char* why) {
                 "session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
                     std::to_string(grant_ids.size()) + " grant(s) returned",
                 steady_now());
+  swaps_.forget(id);
   sessions_.erase(id);
   free_tenant_if_idle(tenant);
 }
@@ -666,7 +669,7 @@ void Node::retarget_tenants() {
 void Node::apply(quota::QuotaConfig cfg, const std::string& source, bool from_file, Now now, const std::string& why) {
   config_ = std::move(cfg);
   apply_namespaces();
-  unhooked_tenants_.clear();
+  unhooked_.clear_cache();
   retarget_tenants();
   // Namespaces gone from the file: their tenants have moved; drop them.
   std::vector<std::string> gone;
@@ -705,7 +708,7 @@ void Node::config_rejected(const std::string& error, Now now) {
 // Kubernetes allocations (docs/device-plugin.md)
 
 void Node::allocation_added(const AllocationInfo& a) {
-  unhooked_tenants_.clear();
+  unhooked_.clear_cache();
   allocs_[a.id] = a;
   // Sessions resumed from a previous vlaked that came through this allocation (by tenant name).
   const std::string tname = alloc::tenant_name(a.id, a.owner);
@@ -720,7 +723,7 @@ void Node::allocation_added(const AllocationInfo& a) {
 }
 
 void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
-  unhooked_tenants_.clear();
+  unhooked_.clear_cache();
   auto it = allocs_.find(id);
   if (it == allocs_.end() || it->second.owner == owner) return;
   it->second.owner = owner;
@@ -730,7 +733,7 @@ void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
 // Sessions opened through it keep their tenant until they end; a tenant left holding nothing
 // is freed.
 void Node::allocation_removed(const std::string& id) {
-  unhooked_tenants_.clear();
+  unhooked_.clear_cache();
   allocs_.erase(id);
   std::vector<TenantId> ids;
   for (const auto& [tid, t] : tenants_) {
@@ -756,7 +759,7 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
   handles_created_base_ = s.counters.handles_created;
   handles_released_base_ = s.counters.handles_released;
   counters_ = s.counters;
-  guard_ = s.guard;
+  guard_book_.resume(s.guard);
   refusals_ = s.refusals;
   const std::uint64_t generation = config_record_.generation;
   const std::uint64_t loaded = config_record_.loaded_unix_ns;
@@ -797,7 +800,9 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     t.id = TenantId{i + 1};
     t.slot = i;
     t.name = std::string(r.name, strnlen(r.name, sizeof r.name));
-    std::copy(std::begin(r.kernel_faults), std::end(r.kernel_faults), t.kernel_faults.begin());
+    GuardBook::Faults faults{};
+    std::copy(std::begin(r.kernel_faults), std::end(r.kernel_faults), faults.begin());
+    guard_book_.set_faults(t.id, faults);
     std::copy(std::begin(r.denials), std::end(r.denials), t.denials.begin());
     // Until a live session re-resolves it: the namespace its name says, if still configured.
     t.ns = namespace_of_name(t.name);
@@ -830,8 +835,9 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     sess.uid = r.uid;
     sess.gid = r.gid;
     sess.tenant = t.id;
-    sess.swap_outs = r.swap_outs;
-    sess.swap_ins = r.swap_ins;
+    SwapRecord& sw = swaps_.of(sess.id);
+    sw.outs = r.swap_outs;
+    sw.ins = r.swap_ins;
     session_slots_[i] = true;
     sessions_.emplace(sess.id, std::move(sess));
     kept.push_back(r.id);

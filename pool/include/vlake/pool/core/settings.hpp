@@ -1,0 +1,82 @@
+// vlake::pool settings of a Node: what vlaked's options decide (NodeSettings) and the small
+// functions it asks the system through (NodeEnv, faked in tests).
+//
+// Plain values; no thread-safety of their own. NodeEnv's functions are called on the event loop.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "vlake/common/strong_types.hpp"
+#include "vlake/pool/core/outcomes.hpp"
+#include "vlake/pool/device_pool.hpp"
+
+namespace vlake::pool {
+
+namespace st = vlake::state;
+
+// Bounds (docs/daemon.md, "Limits"): every table is fixed (state.hpp). A tenant holds at most
+// max_sessions_per_tenant sessions and max_grants_per_tenant grants; at a cap, and when a table
+// is full, the Hello is answered Fatal{limit_reached, "<which>: <n> of <max> …"} and a grant
+// Refused with status limit_reached (GrantReply used/limit then carry the grant count and the
+// cap), each counted under its reason (Counters layout 6). GuardEvents are checked against the
+// sender's grants and rate-limited per tenant; log lines a tenant can trigger go through
+// Node::log_limiter() (Counters::log_suppressed).
+struct NodeSettings {
+  Bytes bulk_size{64ull << 20};  // --bulk-size
+  Bytes warm_reserve{0};         // --warm-reserve, per GPU
+  Bytes warm_stock{0};           // --warm-stock, per GPU (warm_stock.hpp)
+  // Warm reserve and stock builds: false: inline, bounded, in tick() (tests); true: queued for
+  // take_builds() (vlaked's HandleBuilder workers), also right after a grant that used the
+  // stock or needed a new handle; the results come back through adopt()/build_failed().
+  bool background_builds = false;
+  std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms (0: never park)
+  // Swapping idle processes of overcommit namespaces to host memory (docs/swap.md): a process is
+  // idle after this long without a CUDA call or request (--swap-idle; 0: never swap), and the
+  // GPU keeps this much free beyond what a grant or a restore needs (--swap-margin).
+  std::chrono::milliseconds swap_idle{30000};
+  Bytes swap_margin{256ull << 20};
+  std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
+  std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
+  // --handle-reuse: true (`tenant`, the default): a handle whose descriptor went to a tenant is
+  // bound to it and never served to another tenant (docs/pool.md, "Handle binding"); false
+  // (`node`): freed handles serve any tenant after a scrub (a tenant that keeps a descriptor can
+  // read and write the memory's next owner's data).
+  bool bind_handles = true;
+  // Idle release (docs/pool.md): free handles free for this long go back to the driver, except
+  // the clean ones the warm reserve and stock want, down to pool_keep unbound free bytes per GPU
+  // (bound ones all go). 0: off (the daemon's default is 30 s: --pool-idle-release).
+  std::chrono::milliseconds pool_idle_release{0};
+  Bytes pool_keep{0};  // --pool-keep, per GPU
+  // Caps against hostile tenants (docs/daemon.md, "Limits"). A tenant at a cap is refused with
+  // Status::limit_reached; other tenants are unaffected.
+  std::uint32_t max_sessions_per_tenant = 128;  // --max-sessions-per-tenant (of kMaxSessions 1024)
+  std::uint32_t max_grants_per_tenant = 2048;   // --max-grants-per-tenant (of kMaxGrants 16384)
+  double guard_event_rate = 10;                 // --guard-event-rate: GuardEvents per second per tenant
+  double guard_event_burst = 20;                // --guard-event-burst
+  double log_rate = 5;                          // lines per second per tenant-triggered log site and key
+  double log_burst = 20;
+};
+
+// Device memory NVML charges to no process ("unlisted": a process that creates memory without
+// a CUDA context is not in NVML's process list, docs/daemon.md) is attributed only above this:
+// below it, rounding and the driver's own bookkeeping are not worth charging anyone for.
+inline constexpr Bytes kUnlistedTolerance{64ull << 20};
+
+// Effects the Node needs from the system, as small functions (tests pass fakes).
+struct NodeEnv {
+  // Supplementary groups of a uid (with its primary gid), for the quota's group rules.
+  std::function<std::vector<gid_t>(uid_t, gid_t)> groups;
+  // The time, for timestamps of records written outside a timed operation (a canary alarm at
+  // a release). Unset: 0.
+  std::function<Now()> clock;
+  // Which other processes hold the daemon's exported descriptors (holder_scan.hpp: /proc and
+  // kcmp). A retired handle's descriptor stays open, and its bytes charged as retained, until
+  // this finds no holder. Unset: retired descriptors are closed at once (no scan).
+  HolderScan holders;
+};
+}  // namespace vlake::pool
