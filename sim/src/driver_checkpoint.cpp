@@ -21,8 +21,7 @@ namespace rules = vlake::sim::rules;
 
 VLAKE_SIM_API CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int* tid) {
   VLAKE_SIM_COUNT(cuCheckpointProcessGetRestoreThreadId);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (tid == nullptr) return CUDA_ERROR_INVALID_VALUE;
     CUprocessState st{};
     if (CUresult rc = g_proc->node->process_state(pid, st); rc != CUDA_SUCCESS) return rc;
@@ -33,8 +32,7 @@ VLAKE_SIM_API CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int* tid) 
 
 VLAKE_SIM_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState* state) {
   VLAKE_SIM_COUNT(cuCheckpointProcessGetState);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
     return g_proc->node->process_state(pid, *state);
   });
@@ -42,8 +40,7 @@ VLAKE_SIM_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState* stat
 
 VLAKE_SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
   VLAKE_SIM_COUNT(cuCheckpointProcessLock);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     (void)args;  // no submitted work to wait for: a timeout never expires
     return g_proc->node->lock_process(pid);
   });
@@ -51,8 +48,7 @@ VLAKE_SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* ar
 
 VLAKE_SIM_API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args) {
   VLAKE_SIM_COUNT(cuCheckpointProcessCheckpoint);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     (void)args;
     return g_proc->node->checkpoint_process(pid);
   });
@@ -60,8 +56,7 @@ VLAKE_SIM_API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckp
 
 VLAKE_SIM_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args) {
   VLAKE_SIM_COUNT(cuCheckpointProcessRestore);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (args != nullptr && args->gpuPairs != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // no GPU remapping
     return g_proc->node->restore_process(pid);
   });
@@ -69,8 +64,7 @@ VLAKE_SIM_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreAr
 
 VLAKE_SIM_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args) {
   VLAKE_SIM_COUNT(cuCheckpointProcessUnlock);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     (void)args;
     return g_proc->node->unlock_process(pid);
   });

@@ -75,14 +75,9 @@ CUresult free_classic(std::uintptr_t addr, CUresult unknown) {
 }
 
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    {
-      std::shared_lock lock(g_proc->mu);
-      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
-    }
+    if (!stream_ok(hStream)) return rules::kBadStreamOrEvent;
     if (bytesize == 0) {  // succeeds with a null pointer (measured)
       *dptr = 0;
       return CUDA_SUCCESS;
@@ -95,13 +90,8 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
 }
 
 CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-    {
-      std::shared_lock lock(g_proc->mu);
-      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
-    }
+  return in_context([&](CUctx_st*) -> CUresult {
+    if (!stream_ok(hStream)) return rules::kBadStreamOrEvent;
     if (dptr == 0) return CUDA_SUCCESS;  // measured
     if (CUresult rc = CUDA_SUCCESS; vlake::sim::pools::free_async(dptr, hStream, true, rc)) return rc;
     return free_classic(as_addr(dptr), rules::kFreeAsyncUnknown);
@@ -112,9 +102,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream) {
 
 VLAKE_SIM_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   VLAKE_SIM_COUNT(cuMemAlloc_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     return alloc_classic(ctx, bytesize, ClassicKind::plain, dptr);
   });
@@ -123,9 +111,7 @@ VLAKE_SIM_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 VLAKE_SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
                                           unsigned int ElementSizeBytes) {
   VLAKE_SIM_COUNT(cuMemAllocPitch_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0 ||
         (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)) {
       return rules::kBadPitchRequest;
@@ -143,9 +129,7 @@ VLAKE_SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, siz
 
 VLAKE_SIM_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   VLAKE_SIM_COUNT(cuMemAllocManaged);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
       return rules::kBadManagedRequest;
@@ -176,9 +160,7 @@ VLAKE_SIM_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 
 VLAKE_SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   VLAKE_SIM_COUNT(cuMemFree_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (CUresult rc = CUDA_SUCCESS; vlake::sim::pools::free_async(dptr, nullptr, false, rc)) return rc;
     return free_classic(as_addr(dptr), rules::kFreeUnknown);
   });
@@ -186,9 +168,7 @@ VLAKE_SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
 
 VLAKE_SIM_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   VLAKE_SIM_COUNT(cuMemGetInfo_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::uint64_t used = 0;
     std::uint64_t cap = 0;

@@ -165,8 +165,7 @@ VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 
 namespace {
 CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     *uuid = device_uuid(dev);
@@ -220,8 +219,7 @@ VLAKE_SIM_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxRetain);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     CUctx_st& ctx = g_proc->ctxs[dev];
@@ -241,8 +239,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxRelease_v2);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     std::unique_lock lock(g_proc->mu);
     CUctx_st& ctx = g_proc->ctxs[dev];
@@ -267,8 +264,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* fl
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxReset_v2);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     std::unique_lock lock(g_proc->mu);
     destroy_ctx_resources(&g_proc->ctxs[dev]);

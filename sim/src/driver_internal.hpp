@@ -260,6 +260,25 @@ CUresult guarded(F&& f) noexcept {
   }
 }
 
+// An entry point's body that needs an initialized driver: guarded, after check_init().
+template <class F>
+CUresult initialized(F&& f) noexcept {
+  return guarded([&]() -> CUresult {
+    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+    return f();
+  });
+}
+
+// An entry point's body that needs a current context: guarded, f(ctx) after check_ctx(ctx).
+template <class F>
+CUresult in_context(F&& f) noexcept {
+  return guarded([&]() -> CUresult {
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+    return f(ctx);
+  });
+}
+
 // An asynchronous call's body (streams are synchronous): guarded, after check_async_stream(s).
 template <class F>
 CUresult on_stream(CUstream s, F&& f) noexcept {

@@ -99,9 +99,7 @@ void run_kernel(CUctx_st* ctx, const CUfunc_st* f, void** params, std::uint64_t 
 
 VLAKE_SIM_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   VLAKE_SIM_COUNT(cuModuleLoadData);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const std::string_view text(static_cast<const char*>(image));
     auto mod = std::make_unique<CUmod_st>();
@@ -125,8 +123,7 @@ VLAKE_SIM_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
 
 VLAKE_SIM_API CUresult cuModuleUnload(CUmodule hmod) {
   VLAKE_SIM_COUNT(cuModuleUnload);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     std::unique_lock lock(g_proc->mu);
     if (g_proc->modules.erase(hmod) == 0) return rules::kBadModuleOrFunction;
     delete hmod;
@@ -136,8 +133,7 @@ VLAKE_SIM_API CUresult cuModuleUnload(CUmodule hmod) {
 
 VLAKE_SIM_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
   VLAKE_SIM_COUNT(cuModuleGetFunction);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::unique_lock lock(g_proc->mu);
     if (g_proc->modules.count(hmod) == 0) return rules::kBadModuleOrFunction;
@@ -253,14 +249,9 @@ VLAKE_SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction
 // simulator lock, so it may call the driver.
 VLAKE_SIM_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
   VLAKE_SIM_COUNT(cuLaunchHostFunc);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    {
-      std::shared_lock lock(g_proc->mu);
-      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
-    }
+    if (!stream_ok(hStream)) return rules::kBadStreamOrEvent;
     fn(userData);
     return CUDA_SUCCESS;
   });

@@ -95,9 +95,7 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
 
 VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
   VLAKE_SIM_COUNT(cuMemGetAddressRange_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     std::shared_lock lock(g_proc->mu);
     auto it = mapping_at(as_addr(dptr));
     if (it == g_proc->mappings.end()) return rules::kAddressRangeUnknown;
@@ -111,9 +109,7 @@ VLAKE_SIM_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize
 // memory is not carried across processes (a simulator limit), so no handle is ever issued.
 VLAKE_SIM_API CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   VLAKE_SIM_COUNT(cuIpcGetMemHandle);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::shared_lock lock(g_proc->mu);
     auto it = mapping_at(as_addr(dptr));
@@ -126,9 +122,7 @@ VLAKE_SIM_API CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dp
 VLAKE_SIM_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
   VLAKE_SIM_COUNT(cuIpcOpenMemHandle_v2);
   (void)handle;
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (pdptr == nullptr || (Flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -139,17 +133,12 @@ VLAKE_SIM_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle 
 VLAKE_SIM_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   VLAKE_SIM_COUNT(cuIpcCloseMemHandle);
   (void)dptr;
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-    return rules::kIpcBadHandle;
-  });
+  return in_context([&](CUctx_st*) -> CUresult { return rules::kIpcBadHandle; });
 }
 
 VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   VLAKE_SIM_COUNT(cuPointerGetAttribute);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (attribute == CU_POINTER_ATTRIBUTE_P2P_TOKENS) return CUDA_ERROR_NOT_SUPPORTED;
     std::shared_lock lock(g_proc->mu);
@@ -162,8 +151,7 @@ VLAKE_SIM_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute att
 VLAKE_SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
                                               CUdeviceptr ptr) {
   VLAKE_SIM_COUNT(cuPointerGetAttributes);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (numAttributes == 0 || attributes == nullptr || data == nullptr) {
       return CUDA_ERROR_INVALID_VALUE;
     }

@@ -92,9 +92,7 @@ VLAKE_SIM_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 
 VLAKE_SIM_API CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
   VLAKE_SIM_COUNT(cuStreamCreate);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     if (phStream == nullptr || (Flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -110,9 +108,7 @@ VLAKE_SIM_API CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
 
 VLAKE_SIM_API CUresult cuStreamDestroy_v2(CUstream hStream) {
   VLAKE_SIM_COUNT(cuStreamDestroy_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     std::unique_lock lock(g_proc->mu);
     if (g_proc->streams.erase(hStream) == 0) return rules::kBadStreamOrEvent;
     delete hStream;
@@ -123,13 +119,8 @@ VLAKE_SIM_API CUresult cuStreamDestroy_v2(CUstream hStream) {
 namespace {
 
 CUresult stream_sync(CUstream hStream, bool query) {
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
-    {
-      std::shared_lock lock(g_proc->mu);
-      if (!valid_stream(hStream)) return rules::kBadStreamOrEvent;
-    }
+  return in_context([&](CUctx_st*) -> CUresult {
+    if (!stream_ok(hStream)) return rules::kBadStreamOrEvent;
     if (vlake::sim::pools::capturing(hStream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (query && recorded_events_pending()) return CUDA_ERROR_NOT_READY;
     wait_recorded_events();
@@ -151,9 +142,7 @@ VLAKE_SIM_API CUresult cuStreamQuery(CUstream hStream) {
 
 VLAKE_SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
   VLAKE_SIM_COUNT(cuStreamWaitEvent);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -167,9 +156,7 @@ VLAKE_SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsig
 
 VLAKE_SIM_API CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   VLAKE_SIM_COUNT(cuEventCreate);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     const unsigned allowed = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if (phEvent == nullptr || (Flags & ~allowed) != 0) return CUDA_ERROR_INVALID_VALUE;
     auto e = std::make_unique<CUevent_st>();
@@ -184,9 +171,7 @@ VLAKE_SIM_API CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
 
 VLAKE_SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
   VLAKE_SIM_COUNT(cuEventRecord);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     std::unique_lock lock(g_proc->mu);
     if (g_proc->events.count(hEvent) == 0 || !valid_stream(hStream)) {
       return rules::kBadStreamOrEvent;
@@ -208,9 +193,7 @@ namespace {
 // CUDA_SUCCESS, CUDA_ERROR_NOT_READY (VLAKE_SIM_EVENT_LAG_MS: recorded, not complete yet; `done`
 // says when it will be) or an invalid handle.
 CUresult event_query(CUevent hEvent, std::chrono::steady_clock::time_point* done = nullptr) {
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     std::shared_lock lock(g_proc->mu);
     if (g_proc->events.count(hEvent) == 0) return rules::kBadStreamOrEvent;
     if (hEvent->recorded && hEvent->done > std::chrono::steady_clock::now()) {
@@ -241,9 +224,7 @@ VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) {
 
 VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
   VLAKE_SIM_COUNT(cuEventDestroy_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     std::unique_lock lock(g_proc->mu);
     if (g_proc->events.erase(hEvent) == 0) return rules::kBadStreamOrEvent;
     delete hEvent;
@@ -253,9 +234,7 @@ VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
 
 VLAKE_SIM_API CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   VLAKE_SIM_COUNT(cuEventElapsedTime_v2);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = check_ctx(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (pMilliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::shared_lock lock(g_proc->mu);
     if (g_proc->events.count(hStart) == 0 || g_proc->events.count(hEnd) == 0) {

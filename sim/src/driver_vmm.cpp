@@ -65,8 +65,7 @@ VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity, const 
 VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                                    unsigned long long flags) {
   VLAKE_SIM_COUNT(cuMemCreate);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = check_prop(prop); rc != CUDA_SUCCESS) return rc;
     if (size == 0 || size % kGran != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -84,8 +83,7 @@ VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t 
 
 VLAKE_SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   VLAKE_SIM_COUNT(cuMemRelease);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     std::unique_lock lock(g_proc->mu);
     Phys* p = find_handle(handle);
     if (p == nullptr) return rules::kUnknownHandle;
@@ -117,8 +115,7 @@ VLAKE_SIM_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t
 
 VLAKE_SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   VLAKE_SIM_COUNT(cuMemAddressFree);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     std::unique_lock lock(g_proc->mu);
     auto it = g_proc->reservations.find(as_addr(ptr));
     if (it == g_proc->reservations.end() || it->second != size) return rules::kAddressFreeUnknown;
@@ -135,8 +132,7 @@ VLAKE_SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 VLAKE_SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                                 unsigned long long flags) {
   VLAKE_SIM_COUNT(cuMemMap);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     std::unique_lock lock(g_proc->mu);
     Phys* p = find_handle(handle);
@@ -173,8 +169,7 @@ VLAKE_SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUm
 
 VLAKE_SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   VLAKE_SIM_COUNT(cuMemUnmap);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     std::unique_lock lock(g_proc->mu);
     std::vector<MappingIt> whole;
     if (CUresult rc = mappings_inside(as_addr(ptr), size, whole); rc != CUDA_SUCCESS) return rc;
@@ -191,8 +186,7 @@ VLAKE_SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 
 VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   VLAKE_SIM_COUNT(cuMemSetAccess);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; ++i) {
       if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
@@ -221,8 +215,7 @@ VLAKE_SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemA
 
 VLAKE_SIM_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
   VLAKE_SIM_COUNT(cuMemGetAccess);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(location->id)) return rules::kInvalidLocation;
@@ -237,8 +230,7 @@ VLAKE_SIM_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLoca
 VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
                                                     CUmemAllocationHandleType handleType, unsigned long long flags) {
   VLAKE_SIM_COUNT(cuMemExportToShareableHandle);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     std::shared_lock lock(g_proc->mu);
     Phys* p = find_handle(handle);
@@ -257,8 +249,7 @@ VLAKE_SIM_API CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmem
 VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
                                                       CUmemAllocationHandleType shHandleType) {
   VLAKE_SIM_COUNT(cuMemImportFromShareableHandle);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
       return rules::kUnsupportedHandleType;
@@ -298,8 +289,7 @@ VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHand
 
 VLAKE_SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
   VLAKE_SIM_COUNT(cuMemRetainAllocationHandle);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::unique_lock lock(g_proc->mu);
     auto it = mapping_at(reinterpret_cast<std::uintptr_t>(addr));
@@ -312,8 +302,7 @@ VLAKE_SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle*
 VLAKE_SIM_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                               CUmemGenericAllocationHandle handle) {
   VLAKE_SIM_COUNT(cuMemGetAllocationPropertiesFromHandle);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  return initialized([&]() -> CUresult {
     if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::shared_lock lock(g_proc->mu);
     Phys* p = find_handle(handle);
