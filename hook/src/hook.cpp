@@ -29,23 +29,6 @@ using proto::Status;
 
 // ---- Process state ------------------------------------------------------------------------------
 
-// Every process reads Pressure (kHelloPressure): one that keeps no reserve may still register a
-// reclaim callback later; the daemon asks only sessions that have something to give.
-State::State(Config c)
-    : config(std::move(c)),
-      client(config, true),
-      reserve(config.reserve_bytes, config.reserve_age),
-      // Sizes up to 1/16 of the reserve, at most 1/8 of it per size in flight.
-      prefetch(config.reserve_bytes > 0 ? config.prefetch : 0, config.reserve_bytes / 16, config.reserve_bytes / 8),
-      reclaim([this](int device, std::uint64_t bytes) {
-        {
-          std::lock_guard lock(work_mu);
-          after_reclaim.emplace_back(device, bytes);
-          kicked = true;
-        }
-        work_cv.notify_one();
-      }) {}
-
 namespace {
 
 std::atomic<State*> g_state{nullptr};
@@ -283,91 +266,16 @@ void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t reque
   }
 }
 
-enum class Decision { granted, refused, passthrough };
+using alloc::Decision;
+using alloc::Obtained;
 
-struct Obtained {
-  Decision decision = Decision::refused;
-  CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-  GrantResult grant;
-};
-
-// Asks the daemon for `bytes` on device `dev`, applying the refusal and unreachable policies;
-// a refusal is logged only if `report`.
 void drop_kept(State& s, int dev);
-
 void ensure_worker(State& s);  // the worker thread (below)
 
+// Asks the daemon for `bytes` on device `dev` (AllocPolicy::obtain); a refusal with a status is
+// logged only if `report`.
 Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bool report = true) {
-  Obtained out;
-  Uuid uuid{};
-  if (CUresult rc = device_uuid(s, dev, uuid); rc != CUDA_SUCCESS) {
-    out.rc = rc;
-    return out;
-  }
-  auto g = [&] {
-    PhaseTimer t(Phase::grant);
-    return s.client.grant(uuid, bytes, purpose);
-  }();
-  // The worker reports activity (vlakectl's IDLE column) and, under overcommit (docs/swap.md),
-  // reads vlaked's SwapNotices.
-  if (s.client.answered()) ensure_worker(s);
-  // The memory this process keeps mapped is what the request lacks (docs/hook.md, "Kept
-  // mappings"): drop it (Dropped goes out before the next request) and ask again. Another thread
-  // of this process (a reclaim callback emptying a framework's cache) may keep more meanwhile:
-  // a few rounds.
-  for (int round = 0; round < 4 && g && g->status == Status::drop_kept; ++round) {
-    drop_kept(s, dev);
-    PhaseTimer t(Phase::grant);
-    g = s.client.grant(uuid, bytes, purpose);
-  }
-  if (!g) {
-    const std::string why = s.client.last_error();
-    if (s.client.refused()) {
-      // The daemon is there and refuses this process for a limit: never a passthrough.
-      std::uint64_t suppressed = 0;
-      if (s.refusals.allow(suppressed)) {
-        log(LogLevel::error, "%s; request of %s on GPU %d refused%s", why.c_str(), format_bytes(bytes).c_str(), dev,
-            suppressed_note(suppressed).c_str());
-      }
-      out.rc = CUDA_ERROR_OUT_OF_MEMORY;
-      return out;
-    }
-    if (s.config.on_unreachable == OnUnreachable::passthrough) {
-      if (!s.passthrough_warned.exchange(true)) {
-        log(LogLevel::warn,
-            "cannot reach vlaked at %s (%s); VLAKE_ON_UNREACHABLE=passthrough: allocating "
-            "directly from the driver, without accounting",
-            s.client.socket_path().c_str(), why.c_str());
-      }
-      out.decision = Decision::passthrough;
-      return out;
-    }
-    std::uint64_t suppressed = 0;
-    if (s.unreachable.allow(suppressed)) {
-      log(LogLevel::error,
-          "cannot reach vlaked at %s (%s); request of %s on GPU %d refused. Start the daemon "
-          "(e.g. systemctl start vlaked) or point VLAKE_SOCKET at its socket; "
-          "VLAKE_ON_UNREACHABLE=passthrough runs without accounting%s",
-          s.client.socket_path().c_str(), why.c_str(), format_bytes(bytes).c_str(), dev,
-          suppressed_note(suppressed).c_str());
-    }
-    out.rc = CUDA_ERROR_OUT_OF_MEMORY;
-    return out;
-  }
-  if (g->status != Status::ok) {
-    if (report) report_refusal(s, *g, dev, bytes);
-    out.rc = CUDA_ERROR_OUT_OF_MEMORY;
-    out.grant = std::move(*g);
-    return out;
-  }
-  s.granularity.store(s.client.granularity(), std::memory_order_relaxed);
-  const proto::GuardMode gm = s.client.guard_mode();
-  s.canary.store(gm == proto::GuardMode::canary, std::memory_order_relaxed);
-  s.fault_guard.store(gm == proto::GuardMode::fault, std::memory_order_relaxed);
-  out.decision = Decision::granted;
-  out.rc = CUDA_SUCCESS;
-  out.grant = std::move(*g);
-  return out;
+  return s.policy.obtain(DeviceOrdinal{dev}, Bytes{bytes}, purpose, report);
 }
 
 void give_back(State& s, std::uint64_t grant_id, std::uint32_t flags) {
@@ -601,7 +509,7 @@ CUresult map_grant_only(State& s, GrantResult& g, int dev, std::uint64_t request
 
 // ---- Local reserve ------------------------------------------------------------------------------
 
-bool reserve_usable(const State& s) { return s.reserve.enabled() && !s.canary.load(std::memory_order_relaxed); }
+bool reserve_usable(const State& s) { return s.policy.reserve_usable(); }
 
 // Releases blocks that leave the reserve for good: kept mapped where they qualify and `keep`
 // (evicted or expired), else unmapped (pressure, refusals).
@@ -840,102 +748,14 @@ void kick_prefetch(State& s) {
   s.work_cv.notify_one();
 }
 
-bool quota_or_memory(Status st) {
-  return st == Status::over_limit || st == Status::namespace_over_limit || st == Status::guarantee ||
-         st == Status::out_of_memory;
-}
-
-// The alloc path shared by cuMemAlloc, cuMemAllocPitch and cuMemAllocAsync. `direct` performs
-// the call on the driver (passthrough policy). A warm request is served from the local reserve
-// (no driver VMM call, no daemon message); a refusal empties this process's reserve on that GPU
-// and asks once more.
-// Memory the process's own driver allocates (`allocate`, which sets *dptr), charged first with a
-// counted grant (refused: nothing allocated) and uncharged when the driver fails. Its free is
-// cuMemFree_v2's managed-table path. Used for cuMemAllocManaged, and for every device allocation
-// of an overcommit tenant (docs/swap.md).
-template <class Allocate>
-CUresult serve_counted(State& s, int dev, CUdeviceptr* dptr, std::uint64_t bytes, Allocate allocate) {
-  Obtained o = obtain(s, dev, bytes, GrantPurpose::counted);
-  if (o.decision == Decision::refused) return o.rc;
-  const CUresult rc = allocate();
-  if (o.decision == Decision::passthrough) return rc;
-  if (rc != CUDA_SUCCESS) {
-    give_back(s, o.grant.grant_id, 0);
-    return rc;
-  }
-  s.managed.insert(addr(*dptr), o.grant.grant_id);
-  return rc;
-}
-
+// The alloc path shared by cuMemAlloc, cuMemAllocPitch and cuMemAllocAsync (AllocPolicy):
+// `direct` performs the call on the driver (passthrough and counted paths).
 template <class Direct>
 CUresult serve_alloc(State& s, CUdeviceptr* dptr, std::uint64_t bytes, Direct direct) {
   int dev = 0;
   CUcontext ctx = nullptr;
   if (CUresult rc = current_device(dev, &ctx); rc != CUDA_SUCCESS) return rc;
-  // Overcommit: the driver's memory, not the pool's, so that the process can be checkpointed.
-  if (s.client.overcommit()) return serve_counted(s, dev, dptr, bytes, direct);
-  const bool reserve = reserve_usable(s);
-  if (reserve) {
-    const std::uint64_t gran = s.granularity.load(std::memory_order_relaxed);
-    ReserveBlock b;
-    if (gran != 0 && s.reserve.take(dev, round_up(bytes, gran), gran, b)) {
-      const bool prefetched = b.prefetched;
-      const std::uint64_t size = b.alloc.mapped;
-      place(s, std::move(b.alloc), s.fault_guard.load(std::memory_order_relaxed), ctx, bytes, dptr);
-      // A prefetched block used: its replacement, while the size still misses.
-      if (prefetched && s.prefetch.hit(dev, size, ctx, std::chrono::steady_clock::now())) kick_prefetch(s);
-      return CUDA_SUCCESS;
-    }
-    if (gran == 0) s.reserve.note_miss(bytes);  // the first grant tells the granularity
-  }
-  // Stream-ordered frees not completed yet: those the stream has passed (the application
-  // synchronized) count before a refusal, whoever completes them.
-  const std::uint64_t completed = s.frees_completed.load(std::memory_order_acquire);
-  const bool pending = s.frees_queued.load(std::memory_order_acquire) != completed;
-  const bool report_first = !reserve && !pending;
-  Obtained o = obtain(s, dev, bytes, GrantPurpose::alloc, report_first);
-  if (!report_first && o.decision == Decision::refused && !quota_or_memory(o.grant.status)) {
-    // Not a refusal that returning the reserve can change: reported as it stands.
-    report_refusal(s, o.grant, dev, bytes);
-  }
-  if ((reserve || pending) && o.decision == Decision::refused && quota_or_memory(o.grant.status)) {
-    if (pending) {
-      std::lock_guard lock(s.settle_mu);  // the worker's completions in progress are finished
-    }
-    finish_frees(s);
-    const bool freed = s.frees_completed.load(std::memory_order_acquire) != completed;
-    auto mine = s.reserve.drain(dev, 0);
-    if (!mine.empty() || freed) {
-      retire_blocks(s, mine);
-      o = obtain(s, dev, bytes, GrantPurpose::alloc);
-    } else {
-      report_refusal(s, o.grant, dev, bytes);
-    }
-  }
-  if (o.decision == Decision::passthrough) return direct();
-  if (o.decision == Decision::refused) return o.rc;
-  const std::uint64_t grant_id = o.grant.grant_id;
-  const std::uint64_t granted = o.grant.bytes;
-  const std::uint64_t room = o.grant.limit > o.grant.used ? o.grant.limit - o.grant.used : 0;
-  const CUresult rc = map_grant(s, o.grant, dev, ctx, bytes, dptr);
-  if (rc != CUDA_SUCCESS) {
-    give_back(s, grant_id, 0);
-    // vlaked granted the memory, but this process could not map it (the driver's own memory for
-    // mappings may have run out on a full GPU): say so, the application only sees the CUresult.
-    std::uint64_t suppressed = 0;
-    if (s.refusals.allow(suppressed)) {
-      log(LogLevel::warn, "GPU %d: mapping a grant of %llu bytes failed (CUresult %d)%s", dev,
-          static_cast<unsigned long long>(granted), static_cast<int>(rc),
-          suppressed > 0 ? " (similar messages suppressed)" : "");
-    }
-    return rc;
-  }
-  // The reserve missed this size (docs/hook.md, "Prefetch"): the worker fetches more of it, as
-  // long as the tenant has room for four times that.
-  if (reserve && room >= 4 * granted && s.prefetch.miss(dev, granted, ctx, std::chrono::steady_clock::now())) {
-    kick_prefetch(s);
-  }
-  return rc;
+  return s.policy.serve_alloc(DeviceOrdinal{dev}, ctx, Bytes{bytes}, dptr, direct);
 }
 
 // Frees a logical allocation of the alloc path: into the local reserve (after the fence that
@@ -1179,6 +999,128 @@ bool served_prop(const CUmemAllocationProp* prop, unsigned long long flags) {
 std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
 }  // namespace
+
+// ---- The allocation policy's seams (alloc/policy.hpp) -------------------------------------------
+
+namespace alloc {
+
+class ProcessSeams final : public Daemon, public Driver, public Reports {
+ public:
+  explicit ProcessSeams(State& s) noexcept : s_(s) {}
+
+  Answer grant(const Uuid& gpu, Bytes bytes, GrantPurpose purpose) override {
+    std::optional<GrantResult> g;
+    {
+      PhaseTimer t(Phase::grant);
+      g = s_.client.grant(gpu, bytes.value(), purpose);
+    }
+    // The worker reports activity (vlakectl's IDLE column) and, under overcommit (docs/swap.md),
+    // reads vlaked's SwapNotices.
+    if (s_.client.answered()) ensure_worker(s_);
+    Answer a;
+    if (!g) {
+      a.kind = s_.client.refused() ? Answer::Kind::refused : Answer::Kind::unreachable;
+      a.why = s_.client.last_error();
+      return a;
+    }
+    a.kind = Answer::Kind::reply;
+    a.result = std::move(*g);
+    if (a.result.status == Status::ok) {
+      a.granularity = s_.client.granularity();
+      a.guard = s_.client.guard_mode();
+    }
+    return a;
+  }
+  void release(std::uint64_t grant_id, std::uint32_t flags) override { give_back(s_, grant_id, flags); }
+  void drop_kept(DeviceOrdinal device) override { hook::drop_kept(s_, device.value()); }
+  bool overcommit() override { return s_.client.overcommit(); }
+
+  CUresult device_uuid(DeviceOrdinal device, Uuid& out) override { return hook::device_uuid(s_, device.value(), out); }
+  CUresult map(GrantResult& g, DeviceOrdinal device, CUcontext ctx, Bytes requested, CUdeviceptr* dptr) override {
+    return map_grant(s_, g, device.value(), ctx, requested.value(), dptr);
+  }
+  void place(LogicalAlloc a, bool guard, CUcontext ctx, Bytes requested, CUdeviceptr* dptr) override {
+    hook::place(s_, std::move(a), guard, ctx, requested.value(), dptr);
+  }
+  void retire(std::vector<ReserveBlock>& blocks) override { retire_blocks(s_, blocks); }
+  void record_counted(CUdeviceptr ptr, std::uint64_t grant_id) override { s_.managed.insert(addr(ptr), grant_id); }
+  std::uint64_t frees_queued() override { return s_.frees_queued.load(std::memory_order_acquire); }
+  std::uint64_t frees_completed() override { return s_.frees_completed.load(std::memory_order_acquire); }
+  void settle_frees(bool outstanding) override {
+    if (outstanding) {
+      std::lock_guard lock(s_.settle_mu);  // the worker's completions in progress are finished
+    }
+    finish_frees(s_);
+  }
+  void prefetch_hit(DeviceOrdinal device, Bytes size, CUcontext ctx) override {
+    if (s_.prefetch.hit(device.value(), size.value(), ctx, std::chrono::steady_clock::now())) kick_prefetch(s_);
+  }
+  void prefetch_miss(DeviceOrdinal device, Bytes size, CUcontext ctx) override {
+    if (s_.prefetch.miss(device.value(), size.value(), ctx, std::chrono::steady_clock::now())) kick_prefetch(s_);
+  }
+
+  void refusal(const GrantResult& g, DeviceOrdinal device, Bytes requested) override {
+    report_refusal(s_, g, device.value(), requested.value());
+  }
+  void limit_refusal(const std::string& why, DeviceOrdinal device, Bytes requested) override {
+    std::uint64_t suppressed = 0;
+    if (s_.refusals.allow(suppressed)) {
+      log(LogLevel::error, "%s; request of %s on GPU %d refused%s", why.c_str(),
+          format_bytes(requested.value()).c_str(), device.value(), suppressed_note(suppressed).c_str());
+    }
+  }
+  void unreachable(const std::string& why, DeviceOrdinal device, Bytes requested) override {
+    std::uint64_t suppressed = 0;
+    if (s_.unreachable.allow(suppressed)) {
+      log(LogLevel::error,
+          "cannot reach vlaked at %s (%s); request of %s on GPU %d refused. Start the daemon "
+          "(e.g. systemctl start vlaked) or point VLAKE_SOCKET at its socket; "
+          "VLAKE_ON_UNREACHABLE=passthrough runs without accounting%s",
+          s_.client.socket_path().c_str(), why.c_str(), format_bytes(requested.value()).c_str(), device.value(),
+          suppressed_note(suppressed).c_str());
+    }
+  }
+  void passthrough(const std::string& why) override {
+    if (!s_.passthrough_warned.exchange(true)) {
+      log(LogLevel::warn,
+          "cannot reach vlaked at %s (%s); VLAKE_ON_UNREACHABLE=passthrough: allocating "
+          "directly from the driver, without accounting",
+          s_.client.socket_path().c_str(), why.c_str());
+    }
+  }
+  void map_failed(DeviceOrdinal device, Bytes granted, CUresult rc) override {
+    std::uint64_t suppressed = 0;
+    if (s_.refusals.allow(suppressed)) {
+      log(LogLevel::warn, "GPU %d: mapping a grant of %llu bytes failed (CUresult %d)%s", device.value(),
+          static_cast<unsigned long long>(granted.value()), static_cast<int>(rc),
+          suppressed > 0 ? " (similar messages suppressed)" : "");
+    }
+  }
+
+ private:
+  State& s_;
+};
+
+}  // namespace alloc
+
+// Every process reads Pressure (kHelloPressure): one that keeps no reserve may still register a
+// reclaim callback later; the daemon asks only sessions that have something to give.
+State::State(Config c)
+    : config(std::move(c)),
+      client(config, true),
+      reserve(config.reserve_bytes, config.reserve_age),
+      // Sizes up to 1/16 of the reserve, at most 1/8 of it per size in flight.
+      prefetch(config.reserve_bytes > 0 ? config.prefetch : 0, config.reserve_bytes / 16, config.reserve_bytes / 8),
+      reclaim([this](int device, std::uint64_t bytes) {
+        {
+          std::lock_guard lock(work_mu);
+          after_reclaim.emplace_back(device, bytes);
+          kicked = true;
+        }
+        work_cv.notify_one();
+      }),
+      seams(new alloc::ProcessSeams(*this)),
+      policy(*seams, *seams, *seams, reserve, config.on_unreachable) {}
 
 void start_worker(State& s) { ensure_worker(s); }
 
@@ -1508,8 +1450,8 @@ CUresult on_cuMemAllocManaged(bool ptds, CUdeviceptr* dptr, size_t bytesize, uns
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   int dev = 0;
   if (CUresult rc = current_device(dev); rc != CUDA_SUCCESS) return rc;
-  return serve_counted(*s, dev, dptr, bytesize,
-                       [&] { return pass<Row::cuMemAllocManaged>(ptds, dptr, bytesize, flags); });
+  return s->policy.serve_counted(DeviceOrdinal{dev}, Bytes{bytesize}, dptr,
+                                 [&] { return pass<Row::cuMemAllocManaged>(ptds, dptr, bytesize, flags); });
 }
 
 // ---- Virtualized queries ------------------------------------------------------------------------

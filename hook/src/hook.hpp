@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "alloc/policy.hpp"
 #include "client.hpp"
 #include "config.hpp"
 #include "kept.hpp"
@@ -34,6 +35,10 @@
 #include "usage_cache.hpp"
 
 namespace vlake::hook {
+
+namespace alloc {
+class ProcessSeams;
+}
 
 struct State {
   explicit State(Config c);
@@ -69,10 +74,6 @@ struct State {
   Prefetch prefetch;
   // Devices that enabled peer access to each device's served memory (peer.hpp).
   PeerSet peers;
-  // From the last grant: read on the hot path without the connection's mutex.
-  std::atomic<std::uint64_t> granularity{0};
-  std::atomic<bool> canary{false};       // guard canary mode: the reserve is not used
-  std::atomic<bool> fault_guard{false};  // guard fault mode: pointers are right-aligned
 
   // The background worker (started with the first block put in the reserve): unmaps and
   // releases blocks that leave the reserve, expires idle blocks, answers Pressure and sends
@@ -110,6 +111,11 @@ struct State {
   CpuWatch cpu;
   bool on_host = false;  // the worker's: vlaked said SwapNotice{host} and the gate is still closed
   std::vector<std::pair<int, std::uint64_t>> after_reclaim;
+
+  // The allocation policy (alloc/policy.hpp) over this state's seams (never destroyed). The
+  // last grant's granularity and guard mode are read from it on the hot path.
+  alloc::ProcessSeams* const seams;
+  alloc::AllocPolicy policy;
 };
 
 [[nodiscard]] State* state() noexcept;
