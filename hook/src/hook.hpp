@@ -149,7 +149,7 @@ std::optional<UsageResult> usage_of(State& s, const Uuid& uuid);
 // Applies the daemon's usage answer to a (free, total) pair the driver reported.
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
 
-// ---- For counted.cpp (hook.cpp) ----
+// ---- For counted.cpp and the rooms (hook.cpp, alloc/) ----
 // The state when calls are intercepted (not passthrough, not initializing), else nullptr.
 [[nodiscard]] State* active_state() noexcept;
 // The device of the calling thread's current context.

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <deque>
+#include <ostream>
 #include <utility>
 #include <vector>
 
@@ -118,6 +119,20 @@ struct FakeReports : Reports {
   void map_failed(DeviceOrdinal, Bytes, CUresult) override { ++map_failures; }
 };
 
+// What a request did: requests sent, refusals reported, settles, reserve blocks retired.
+struct Tally {
+  std::size_t asked = 0;
+  int refusals = 0;
+  int settled = 0;
+  std::size_t retired = 0;
+  bool operator==(const Tally&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& o, const Tally& t) {
+  return o << "{asked " << t.asked << ", refusals " << t.refusals << ", settled " << t.settled << ", retired "
+           << t.retired << "}";
+}
+
 // A policy over fakes; `reserve_bytes` 0: no local reserve.
 struct Rig {
   explicit Rig(std::uint64_t reserve_bytes = 0, OnUnreachable on_unreachable = OnUnreachable::refuse)
@@ -144,6 +159,10 @@ struct Rig {
     b.alloc.device = kDev.value();
     b.prefetched = prefetched;
     REQUIRE(reserve.put(std::move(b)).empty());
+  }
+
+  [[nodiscard]] Tally tally() const {
+    return Tally{daemon.asked.size(), reports.refusals, driver.settled, driver.retired};
   }
 
   FakeDaemon daemon;
@@ -190,9 +209,8 @@ TEST_CASE("alloc policy: drop_kept rounds stop after four", "[alloc_policy]") {
   Rig r;
   for (int i = 0; i < 6; ++i) r.daemon.then(reply(Status::drop_kept));
   CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(r.tally() == Tally{kDropKeptRounds + 1, 1, 0, 0});
   CHECK(r.daemon.dropped == kDropKeptRounds);
-  CHECK(r.daemon.asked.size() == kDropKeptRounds + 1);
-  CHECK(r.reports.refusals == 1);
 }
 
 TEST_CASE("alloc policy: a quota refusal drains the reserve and asks once more", "[alloc_policy]") {
@@ -201,9 +219,7 @@ TEST_CASE("alloc policy: a quota refusal drains the reserve and asks once more",
   r.put_block(4 * kGran);  // too large for the request: stays in the reserve
   r.daemon.then(reply(Status::over_limit));
   CHECK(r.alloc() == CUDA_SUCCESS);
-  CHECK(r.driver.retired == 1);
-  CHECK(r.daemon.asked.size() == 2);
-  CHECK(r.reports.refusals == 0);
+  CHECK(r.tally() == Tally{2, 0, 1, 1});
 }
 
 TEST_CASE("alloc policy: a quota refusal settles stream-ordered frees and asks once more", "[alloc_policy]") {
@@ -212,9 +228,7 @@ TEST_CASE("alloc policy: a quota refusal settles stream-ordered frees and asks o
   r.driver.completes_on_settle = 1;
   r.daemon.then(reply(Status::out_of_memory));
   CHECK(r.alloc() == CUDA_SUCCESS);
-  CHECK(r.driver.settled == 1);
-  CHECK(r.daemon.asked.size() == 2);
-  CHECK(r.reports.refusals == 0);
+  CHECK(r.tally() == Tally{2, 0, 1, 0});
 }
 
 TEST_CASE("alloc policy: the retry is refused: reported once, after it", "[alloc_policy]") {
@@ -223,8 +237,7 @@ TEST_CASE("alloc policy: the retry is refused: reported once, after it", "[alloc
   r.put_block(4 * kGran);
   r.daemon.then(reply(Status::over_limit)).then(reply(Status::over_limit)).then(reply(Status::ok));
   CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.daemon.asked.size() == 2);  // once more, not twice
-  CHECK(r.reports.refusals == 1);
+  CHECK(r.tally() == Tally{2, 1, 1, 1});  // once more, not twice
 }
 
 TEST_CASE("alloc policy: nothing given back: no retry, the refusal reported once", "[alloc_policy]") {
@@ -233,18 +246,14 @@ TEST_CASE("alloc policy: nothing given back: no retry, the refusal reported once
   r.driver.queued = 1;  // a free outstanding that the streams have not passed
   r.daemon.then(reply(Status::guarantee));
   CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.driver.settled == 1);
-  CHECK(r.daemon.asked.size() == 1);
-  CHECK(r.reports.refusals == 1);
+  CHECK(r.tally() == Tally{1, 1, 1, 0});
 }
 
 TEST_CASE("alloc policy: without reserve or frees the first refusal is reported, no settle", "[alloc_policy]") {
   Rig r;
   r.daemon.then(reply(Status::over_limit));
   CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.reports.refusals == 1);
-  CHECK(r.driver.settled == 0);
-  CHECK(r.daemon.asked.size() == 1);
+  CHECK(r.tally() == Tally{1, 1, 0, 0});
 }
 
 TEST_CASE("alloc policy: a refusal the reserve cannot change is reported without a retry", "[alloc_policy]") {
@@ -253,9 +262,7 @@ TEST_CASE("alloc policy: a refusal the reserve cannot change is reported without
   r.put_block(4 * kGran);
   r.daemon.then(reply(Status::limit_reached));
   CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.reports.refusals == 1);
-  CHECK(r.driver.retired == 0);
-  CHECK(r.daemon.asked.size() == 1);
+  CHECK(r.tally() == Tally{1, 1, 0, 0});
 }
 
 TEST_CASE("alloc policy: an unreachable daemon is a passthrough only when configured", "[alloc_policy]") {
