@@ -24,6 +24,7 @@
 #include "config.hpp"
 #include "kept.hpp"
 #include "log.hpp"
+#include "pass.hpp"
 #include "peer.hpp"
 #include "pending.hpp"
 #include "prefetch.hpp"
