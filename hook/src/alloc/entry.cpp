@@ -324,37 +324,9 @@ CUresult on_cuMemGetAddressRange_v2(bool ptds, CUdeviceptr* pbase, size_t* psize
   return pass<Row::cuMemGetAddressRange_v2>(ptds, pbase, psize, dptr);
 }
 
-CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
-  State* s = active();
-  if (s != nullptr && data != nullptr &&
-      (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
-    if (auto r = ipc::imported(addr(ptr))) {
-      if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
-        const auto v = static_cast<CUdeviceptr>(r->base);
-        std::memcpy(data, &v, sizeof v);
-      } else {
-        const auto v = static_cast<size_t>(r->bytes);
-        std::memcpy(data, &v, sizeof v);
-      }
-      return CUDA_SUCCESS;
-    }
-    if (auto a = s->allocs.find(addr(ptr)); a && in_mapping(*a, addr(ptr))) {
-      if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
-        const auto v = static_cast<CUdeviceptr>(a->ptr);
-        std::memcpy(data, &v, sizeof v);
-      } else {
-        const auto v = static_cast<size_t>(a->requested);
-        std::memcpy(data, &v, sizeof v);
-      }
-      return CUDA_SUCCESS;
-    }
-  }
-  return pass<Row::cuPointerGetAttribute>(ptds, data, attribute, ptr);
-}
-
 namespace {
 
-// The range attributes of cuPointerGetAttributes answered with [base, base + bytes).
+// The range attributes of cuPointerGetAttribute(s) answered with [base, base + bytes).
 void write_range(unsigned n, const CUpointer_attribute* attributes, void** data, std::uint64_t base,
                  std::uint64_t bytes) {
   for (unsigned i = 0; i < n; ++i) {
@@ -369,6 +341,22 @@ void write_range(unsigned n, const CUpointer_attribute* attributes, void** data,
 }
 
 }  // namespace
+
+CUresult on_cuPointerGetAttribute(bool ptds, void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  State* s = active();
+  if (s != nullptr && data != nullptr &&
+      (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+    if (auto r = ipc::imported(addr(ptr))) {
+      write_range(1, &attribute, &data, r->base, r->bytes);
+      return CUDA_SUCCESS;
+    }
+    if (auto a = s->allocs.find(addr(ptr)); a && in_mapping(*a, addr(ptr))) {
+      write_range(1, &attribute, &data, a->ptr, a->requested);
+      return CUDA_SUCCESS;
+    }
+  }
+  return pass<Row::cuPointerGetAttribute>(ptds, data, attribute, ptr);
+}
 
 CUresult on_cuPointerGetAttributes(bool ptds, unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
                                    CUdeviceptr ptr) {
