@@ -19,10 +19,12 @@
 #include <optional>
 #include <vector>
 
+#include "alloc/policy.hpp"
 #include "client.hpp"
 #include "config.hpp"
 #include "kept.hpp"
 #include "log.hpp"
+#include "pass.hpp"
 #include "peer.hpp"
 #include "pending.hpp"
 #include "prefetch.hpp"
@@ -34,6 +36,10 @@
 #include "usage_cache.hpp"
 
 namespace vlake::hook {
+
+namespace alloc {
+class ProcessSeams;
+}
 
 struct State {
   explicit State(Config c);
@@ -69,10 +75,6 @@ struct State {
   Prefetch prefetch;
   // Devices that enabled peer access to each device's served memory (peer.hpp).
   PeerSet peers;
-  // From the last grant: read on the hot path without the connection's mutex.
-  std::atomic<std::uint64_t> granularity{0};
-  std::atomic<bool> canary{false};       // guard canary mode: the reserve is not used
-  std::atomic<bool> fault_guard{false};  // guard fault mode: pointers are right-aligned
 
   // The background worker (started with the first block put in the reserve): unmaps and
   // releases blocks that leave the reserve, expires idle blocks, answers Pressure and sends
@@ -110,6 +112,11 @@ struct State {
   CpuWatch cpu;
   bool on_host = false;  // the worker's: vlaked said SwapNotice{host} and the gate is still closed
   std::vector<std::pair<int, std::uint64_t>> after_reclaim;
+
+  // The allocation policy (alloc/policy.hpp) over this state's seams (never destroyed). The
+  // last grant's granularity and guard mode are read from it on the hot path.
+  alloc::ProcessSeams* const seams;
+  alloc::AllocPolicy policy;
 };
 
 [[nodiscard]] State* state() noexcept;
@@ -143,7 +150,7 @@ std::optional<UsageResult> usage_of(State& s, const Uuid& uuid);
 // Applies the daemon's usage answer to a (free, total) pair the driver reported.
 void virtualize_memory_info(const UsageResult& u, std::size_t& free, std::size_t& total) noexcept;
 
-// ---- For counted.cpp (hook.cpp) ----
+// ---- For counted.cpp and the rooms (hook.cpp, alloc/) ----
 // The state when calls are intercepted (not passthrough, not initializing), else nullptr.
 [[nodiscard]] State* active_state() noexcept;
 // The device of the calling thread's current context.

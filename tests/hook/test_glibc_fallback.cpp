@@ -1,5 +1,5 @@
 // The fallbacks the portable hook uses where the running glibc is older than what its code and its
-// static libstdc++/libgcc were built against (hook/src/glibc_floor.hpp): random bytes,
+// static libstdc++/libgcc were built against (hook/src/interposer/glibc_floor.hpp): random bytes,
 // pthread_cond_clockwait over pthread_cond_timedwait, _dl_find_object over dl_iterate_phdr
 // (checked against this glibc's own _dl_find_object).
 #include <dlfcn.h>

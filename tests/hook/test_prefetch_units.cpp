@@ -1,4 +1,4 @@
-// Prefetch's decisions (hook/src/prefetch.hpp) and VLAKE_PREFETCH.
+// Prefetch's decisions (hook/src/alloc/prefetch.hpp) and VLAKE_PREFETCH.
 #include <catch2/catch.hpp>
 
 #include <chrono>

@@ -10,13 +10,12 @@
 //   (the pointer the driver handed out), and are atomics: any thread may read or fill them.
 // - load_driver() runs once (thread-safe); it returns false when libcuda.so.1 cannot be loaded.
 //   used() is the table of used.def entry points (loaded by load_driver(); null members are
-//   missing from the library). Nothing here talks to the daemon.
+//   missing from the library). Nothing here talks to the daemon or knows a feature of the hook.
 // - real_dlsym() is glibc's dlsym (never the hook's override), resolved lazily with dlvsym.
 #pragma once
 
 #include <atomic>
 
-#include "swap.hpp"
 #include "vlake/common/cuda_api.hpp"
 
 namespace vlake::hook {
@@ -72,14 +71,10 @@ bool load_driver() noexcept;
 using DlsymFn = void* (*)(void*, const char*);
 [[nodiscard]] DlsymFn real_dlsym() noexcept;
 
-// Calls the real function of row R; CUDA_ERROR_NOT_INITIALIZED when the driver has none. Every
-// call passes the swap gate first (swap.hpp): one relaxed load while the process is on the GPU.
+// Calls the real function of row R; CUDA_ERROR_NOT_INITIALIZED when the driver has none. No
+// feature runs here: the hook's calls go through pass() (swap/pass.hpp).
 template <Row R, class... A>
-CUresult pass(bool ptds, A... args) {
-  if (!g_cuda_active.load(std::memory_order_relaxed)) g_cuda_active.store(true, std::memory_order_relaxed);
-  if (g_swap_gate_closed.load(std::memory_order_relaxed)) [[unlikely]] {
-    if (const CUresult rc = wait_at_swap_gate(); rc != CUDA_SUCCESS) return rc;
-  }
+CUresult call_real(bool ptds, A... args) {
   auto f = real_fn<R>(ptds);
   if (f == nullptr) {
     load_driver();

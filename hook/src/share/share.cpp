@@ -331,7 +331,7 @@ int share_readonly(State& s, std::uint64_t ptr, std::uint64_t bytes, vlake_share
 }
 
 bool may_offer(const State& s, std::uint64_t bytes) noexcept {
-  const std::uint64_t g = s.granularity.load(std::memory_order_relaxed);
+  const std::uint64_t g = s.policy.granularity();
   if (g != 0 && bytes < g) return false;
   const pid_t off = g_disabled_pid.load(std::memory_order_relaxed);
   return off == 0 || off != ::getpid();
@@ -342,7 +342,7 @@ namespace {
 // The allocation an upload of `bytes` to `dst` would be offered for (offer_upload's rules), or
 // nothing. Records nothing.
 std::optional<LogicalAlloc> offer_target(State& s, std::uint64_t dst, std::uint64_t bytes) {
-  if (!may_offer(s, bytes) || s.canary.load(std::memory_order_relaxed)) return std::nullopt;
+  if (!may_offer(s, bytes) || s.policy.canary()) return std::nullopt;
   auto found = s.allocs.find(dst);
   if (!found || found->ptr != dst || bytes < found->requested) return std::nullopt;
   const std::uint64_t g = s.client.granularity();

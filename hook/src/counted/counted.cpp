@@ -115,7 +115,7 @@ bool graph_attr(int dev, CUgraphMem_attribute attr, std::uint64_t& out) {
   return true;
 }
 
-std::uint64_t slack(State& s) { return std::max<std::uint64_t>(1, s.granularity.load(std::memory_order_relaxed)); }
+std::uint64_t slack(State& s) { return std::max<std::uint64_t>(1, s.policy.granularity()); }
 
 // Brings `ledger` (of memory on `dev`) to `reserved` bytes. Caller holds charge_mu. False when
 // a growth was refused (nothing was charged for it).

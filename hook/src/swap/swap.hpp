@@ -4,7 +4,7 @@
 // - vlaked tells a process of an overcommit namespace that it is about to be checkpointed
 //   (SwapNotice{out}); the worker thread closes the gate (close_swap_gate()) and answers
 //   SwapReady. From then on every hooked call of an application thread stops at the gate
-//   (pass() in real.hpp: one relaxed load while it is open) in wait_at_swap_gate(): one thread
+//   (pass() in pass.hpp: one relaxed load while it is open) in wait_at_swap_gate(): one thread
 //   asks vlaked to bring the process back (SwapIn) while the others wait for its answer; ok opens
 //   the gate and every call goes on. A SwapNotice{back} (the swap was called off) opens it too.
 // - The hook's worker thread is exempt (t_gate_exempt): it never asks, and while the process is
