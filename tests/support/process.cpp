@@ -74,8 +74,7 @@ void open_stream(Stream s, const std::string& file, bool input, Fd& ours, Fd& th
       if (theirs.fd < 0) fail("open " + file);
       return;
     case Stream::inherit:
-    case Stream::merged:
-      return;
+    case Stream::merged: return;
   }
 }
 
@@ -106,6 +105,17 @@ Env& Env::unset(const std::string& key) {
 Env& Env::unset_prefix(const std::string& prefix) {
   for (auto it = vars_.lower_bound(prefix); it != vars_.end() && it->first.rfind(prefix, 0) == 0;) {
     it = vars_.erase(it);
+  }
+  return *this;
+}
+
+Env& Env::apply(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  for (const auto& [k, v] : overrides) {
+    if (v == "\x01") {
+      vars_.erase(k);
+    } else {
+      vars_[k] = v;
+    }
   }
   return *this;
 }
@@ -291,7 +301,7 @@ Result run(const Spawn& spec, int timeout_ms) {
   r.status = p.wait(ms_left(deadline));
   if (r.status < 0) {
     r.timed_out = true;
-    p.kill();
+    r.status = p.kill();
   }
   r.out = p.out();
   r.err = p.err();

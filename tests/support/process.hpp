@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vlake::testsupport {
@@ -29,6 +30,8 @@ class Env {
   Env& set(const std::string& key_value);  // "KEY=value"
   Env& unset(const std::string& key);
   Env& unset_prefix(const std::string& prefix);  // every key starting with `prefix`
+  // Sets each {key, value} in order; the value "\x01" unsets the key instead.
+  Env& apply(const std::vector<std::pair<std::string, std::string>>& overrides);
   // Appends `suffix` to the variable, after `separator` when it already has a value.
   Env& append(const std::string& key, const std::string& suffix, const std::string& separator);
   [[nodiscard]] std::optional<std::string> get(const std::string& key) const;
@@ -48,7 +51,7 @@ enum class Stream {
 };
 
 struct Spawn {
-  std::vector<std::string> argv;  // argv[0]: the program's path
+  std::vector<std::string> argv;                // argv[0]: the program's path
   std::optional<std::vector<std::string>> env;  // "KEY=value"; unset: this process's environment
   Stream in = Stream::inherit;
   Stream out = Stream::pipe;
@@ -87,6 +90,8 @@ class Process {
   void drain(int timeout_ms);
   [[nodiscard]] const std::string& out() const noexcept { return out_; }
   [[nodiscard]] const std::string& err() const noexcept { return err_; }
+  // Whether an output pipe is still open (false once the child closed them all).
+  [[nodiscard]] bool reading() const noexcept { return out_fd_ >= 0 || err_fd_ >= 0; }
 
   // The wait status once the child has exited (reaping it), nullopt while it runs.
   std::optional<int> poll_exit();
@@ -111,11 +116,11 @@ class Process {
 
 // A program run to completion.
 struct Result {
-  int status = -1;         // wait status; -1 when it was killed at the timeout
+  int status = -1;         // wait status (of the SIGKILL when it timed out)
   bool timed_out = false;  // killed after `timeout_ms`
   std::string out;
   std::string err;
-  [[nodiscard]] int code() const { return status < 0 ? -1 : exit_code(status); }
+  [[nodiscard]] int code() const { return exit_code(status); }
 };
 
 // Spawns, reads stdout/stderr to the end, waits; kills the child after `timeout_ms`.
