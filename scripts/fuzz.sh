@@ -28,17 +28,10 @@ cuda_root="${VLAKE_CUDA_ROOT:-/usr/local/cuda}"
 read -r -a targets <<<"${VLAKE_FUZZ_TARGETS:-codec quota}"
 start=$SECONDS
 
-# Like scripts/sanitizers.sh: the sanitizer runtimes of this toolchain cannot map their shadow
-# memory when the kernel randomizes mmap with more than 28 bits; run without address-space
-# randomization where the kernel allows it.
-runner=()
-if [[ -r /proc/sys/vm/mmap_rnd_bits && "$(cat /proc/sys/vm/mmap_rnd_bits)" -gt 28 ]]; then
-  if setarch "$(uname -m)" -R true 2>/dev/null; then
-    runner=(setarch "$(uname -m)" -R)
-  else
-    echo "fuzz.sh: vm.mmap_rnd_bits > 28 and setarch -R is not allowed; the targets may fail" >&2
-  fi
-fi
+# Like scripts/sanitizers.sh: without address-space randomization where the kernel needs it.
+# shellcheck source=scripts/no_aslr.sh
+. scripts/no_aslr.sh
+no_aslr_runner fuzz.sh "the targets"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 

@@ -69,17 +69,10 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_stri
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-second_deadlock_stack=1:halt_on_error=0}"
 
-# The sanitizer runtimes of GCC 12 cannot map their shadow memory when the kernel randomizes
-# mmap with more than 28 bits (vm.mmap_rnd_bits = 32 on some recent kernels): tests then run
-# with address-space randomization off, where the kernel allows it.
-runner=()
-if [[ -r /proc/sys/vm/mmap_rnd_bits && "$(cat /proc/sys/vm/mmap_rnd_bits)" -gt 28 ]]; then
-  if setarch "$(uname -m)" -R true 2>/dev/null; then
-    runner=(setarch "$(uname -m)" -R)
-  else
-    echo "sanitizers.sh: vm.mmap_rnd_bits > 28 and setarch -R is not allowed; tests may fail" >&2
-  fi
-fi
+# Tests run with address-space randomization off where the sanitizer runtimes need it.
+# shellcheck source=scripts/no_aslr.sh
+. scripts/no_aslr.sh
+no_aslr_runner sanitizers.sh tests
 
 step configure
 flags="-O0 -g1"

@@ -248,26 +248,6 @@ std::string AllocBench::run() {
   return j.str();
 }
 
-int alloc_main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  AllocOptions o;
-  try {
-    o = AllocBench::parse(args);
-  } catch (const std::invalid_argument& e) {
-    if (std::string(e.what()) == "help") {
-      std::cout << AllocBench::usage();
-      return 0;
-    }
-    std::cerr << "vlake_bench_alloc: " << e.what() << "\n";
-    return 2;
-  }
-  try {
-    std::cout << AllocBench(o).run() << std::endl;
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "vlake_bench_alloc: " << e.what() << "\n";
-    return 1;
-  }
-}
+int alloc_main(int argc, char** argv) { return bench_main<AllocBench>("vlake_bench_alloc", argc, argv); }
 
 }  // namespace vlake::bench

@@ -15,6 +15,8 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <iostream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -109,5 +111,31 @@ std::uint64_t now_epoch_ms();
 
 // Monotonic nanoseconds.
 std::uint64_t now_ns() noexcept;
+
+// The main() of a benchmark class: Bench::parse(args) (an invalid_argument "help" prints
+// Bench::usage() and exits 0; another exits 2), then Bench(options).run() printed on stdout
+// (exit 0; an exception exits 1). Errors go to stderr after `name`.
+template <class Bench>
+int bench_main(const char* name, int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  decltype(Bench::parse(args)) o;
+  try {
+    o = Bench::parse(args);
+  } catch (const std::invalid_argument& e) {
+    if (std::string(e.what()) == "help") {
+      std::cout << Bench::usage();
+      return 0;
+    }
+    std::cerr << name << ": " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    std::cout << Bench(o).run() << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    return 1;
+  }
+}
 
 }  // namespace vlake::bench

@@ -199,26 +199,6 @@ std::string ReplayBench::run() {
   return j.str();
 }
 
-int replay_main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  ReplayOptions o;
-  try {
-    o = ReplayBench::parse(args);
-  } catch (const std::invalid_argument& e) {
-    if (std::string(e.what()) == "help") {
-      std::cout << ReplayBench::usage();
-      return 0;
-    }
-    std::cerr << "vlake_bench_replay: " << e.what() << "\n";
-    return 2;
-  }
-  try {
-    std::cout << ReplayBench(o).run() << std::endl;
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "vlake_bench_replay: " << e.what() << "\n";
-    return 1;
-  }
-}
+int replay_main(int argc, char** argv) { return bench_main<ReplayBench>("vlake_bench_replay", argc, argv); }
 
 }  // namespace vlake::bench

@@ -32,6 +32,17 @@ NodeView read_view(const std::string& state) {
   return build_view(*s, process_alive(s->header.daemon_pid, s->header.daemon_start_time), now_ns);
 }
 
+// read_view() into `v`; a state that cannot be read is reported on `err` (false).
+bool read_view_or_report(const std::string& state, NodeView& v, std::ostream& err) {
+  try {
+    v = read_view(state);
+    return true;
+  } catch (const StateAccessError& e) {
+    err << "vlakectl: " << e.what() << "\n";
+    return false;
+  }
+}
+
 std::string render(const CtlOptions& o, const NodeView& v, const std::string& stamp) {
   switch (o.command) {
     case Command::top: return o.json ? render_top_json(v, o.state) : render_top_text(v, o.state, stamp);
@@ -72,12 +83,7 @@ int App::run(const CtlOptions& o) {
 
 int App::run_state_command(const CtlOptions& o) {
   NodeView v;
-  try {
-    v = read_view(o.state);
-  } catch (const StateAccessError& e) {
-    err_ << "vlakectl: " << e.what() << "\n";
-    return 2;
-  }
+  if (!read_view_or_report(o.state, v, err_)) return 2;
   out_ << render(o, v, "");
   out_.flush();
   return 0;
@@ -94,12 +100,7 @@ int App::watch(const CtlOptions& o) {
   }
   // The first snapshot must work: a watch on a state that does not exist is an error.
   NodeView v;
-  try {
-    v = read_view(o.state);
-  } catch (const StateAccessError& e) {
-    err_ << "vlakectl: " << e.what() << "\n";
-    return 2;
-  }
+  if (!read_view_or_report(o.state, v, err_)) return 2;
   const double secs = *o.watch_seconds;
   timespec period{};
   period.tv_sec = static_cast<time_t>(secs);

@@ -6,15 +6,9 @@
 //   - cold (VLAKE_RESERVE=0): exactly the calls and messages the uncached path makes.
 #include <catch2/catch.hpp>
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <map>
-#include <sstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,8 +18,6 @@
 
 using vlake::pooltest::DaemonProcess;
 
-extern char** environ;
-
 namespace {
 
 constexpr std::uint64_t kPairs = 20;
@@ -33,123 +25,48 @@ const std::vector<std::string> kSizes = {"2MiB", "20MiB", "256MiB"};
 
 std::string limits_yaml(const std::string& limit) { return "version: 1\ndefault:\n  limit: " + limit + "\n"; }
 
-std::string sim_dir() {
-  std::string p = VLAKE_SIM_LIB;
-  return p.substr(0, p.rfind('/'));
-}
-
 // The hooked tenant, driven over its stdin/stdout.
 class Tenant {
  public:
   Tenant(const DaemonProcess& d, const std::vector<std::string>& extra_env) {
-    int in[2];
-    int out[2];
-    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
-    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-    std::vector<std::string> env;
-    std::string asan_options;  // the caller's, kept: the link-order option is appended below
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string kv = *e;
-      if (kv.rfind("ASAN_OPTIONS=", 0) == 0) {
-        asan_options = kv.substr(13) + ":";
-        continue;
-      }
-      if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("LD_LIBRARY_PATH=", 0) == 0 || kv.rfind("VLAKE_", 0) == 0) {
-        continue;
-      }
-      env.push_back(kv);
-    }
-    for (const auto& kv : vlake::pooltest::child_env(d.node)) {
-      if (kv.rfind("VLAKE_SIM_", 0) == 0) env.push_back(kv);
-    }
-    env.push_back(std::string("LD_PRELOAD=") + VLAKE_HOOK_LIB);
-    env.push_back("LD_LIBRARY_PATH=" + sim_dir());
-    env.push_back("VLAKE_SOCKET=" + d.socket);
-    env.push_back("ASAN_OPTIONS=" + asan_options + "verify_asan_link_order=0");
-    env.insert(env.end(), extra_env.begin(), extra_env.end());
-    pid_ = ::fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      std::vector<char*> envp;
-      for (auto& e : env) envp.push_back(e.data());
-      envp.push_back(nullptr);
-      std::string path = VLAKE_HOTPATH_TENANT;
-      char* argv[] = {path.data(), nullptr};
-      ::execve(argv[0], argv, envp.data());
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    in_ = in[1];
-    out_ = out[0];
+    vlake::testsupport::Env env = vlake::pooltest::hooked_env(d);
+    for (const auto& kv : extra_env) env.set(kv);
+    vlake::testsupport::Spawn spec;
+    spec.argv = {VLAKE_HOTPATH_TENANT};
+    spec.env = env.strings();
+    spec.in = vlake::testsupport::Stream::pipe;
+    spec.err = vlake::testsupport::Stream::inherit;
+    proc_ = std::make_unique<vlake::testsupport::Process>(spec);
     const std::string banner = read_line();
     INFO("tenant banner: " << banner);
     REQUIRE(banner.rfind("ok ready", 0) == 0);
   }
   ~Tenant() {
-    if (in_ >= 0) {
-      const std::string q = "quit\n";
-      (void)!::write(in_, q.data(), q.size());
-      ::close(in_);
-    }
-    for (int i = 0; i < 500; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) ::close(out_);
+    proc_->write("quit\n");
+    proc_->close_stdin();
+    proc_->wait(5000);  // SIGKILLed by ~Process if it lingers
   }
   Tenant(const Tenant&) = delete;
   Tenant& operator=(const Tenant&) = delete;
 
   // Sends a command that must answer "ok ..."; returns its key=value pairs as numbers.
   std::map<std::string, std::uint64_t> ok(const std::string& cmd) {
-    const std::string l = cmd + "\n";
-    REQUIRE(::write(in_, l.data(), l.size()) == static_cast<ssize_t>(l.size()));
+    REQUIRE(proc_->write(cmd + "\n"));
     const std::string reply = read_line();
     INFO(cmd << " -> " << reply);
     REQUIRE(reply.rfind("ok", 0) == 0);
     std::map<std::string, std::uint64_t> kv;
-    std::istringstream in(reply.substr(2));
-    std::string tok;
-    while (in >> tok) {
-      const auto eq = tok.find('=');
-      if (eq != std::string::npos) kv[tok.substr(0, eq)] = std::stoull(tok.substr(eq + 1));
-    }
+    for (const auto& [k, v] : vlake::pooltest::reply_fields(reply)) kv[k] = std::stoull(v);
     return kv;
   }
 
  private:
   std::string read_line() {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (;;) {
-      const auto nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return line;
-      }
-      if (std::chrono::steady_clock::now() > deadline) return "timeout";
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char b[4096];
-      const ssize_t n = ::read(out_, b, sizeof b);
-      if (n <= 0) return "eof (tenant exited)";
-      buf_.append(b, static_cast<std::size_t>(n));
-    }
+    const auto line = proc_->read_line(60000);
+    if (line) return *line;
+    return proc_->reading() ? "timeout" : "eof (tenant exited)";
   }
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  std::string buf_;
+  std::unique_ptr<vlake::testsupport::Process> proc_;
 };
 
 struct DaemonCounts {
@@ -175,6 +92,18 @@ DaemonCounts settled(const DaemonProcess& d) {
     last = now;
   }
   return last;
+}
+
+// Runs kPairs cold alloc/free pairs of `size` in the tenant and checks the daemon saw one Grant
+// and one Release message per pair, nothing else; returns the tenant's call counts.
+std::map<std::string, std::uint64_t> cold_pairs(const DaemonProcess& d, Tenant& t, const std::string& size) {
+  const DaemonCounts before = settled(d);
+  auto kv = t.ok("pairs " + size + " " + std::to_string(kPairs));
+  const DaemonCounts after = settled(d);
+  CHECK(after.requests - before.requests == 2 * kPairs);
+  CHECK(after.grants - before.grants == kPairs);
+  CHECK(after.releases - before.releases == kPairs);
+  return kv;
 }
 
 }  // namespace
@@ -207,13 +136,7 @@ TEST_CASE("cold alloc/free pairs (VLAKE_RESERVE=0 VLAKE_KEEP_MAPPED=0) make exac
   for (const auto& size : kSizes) t.ok("pairs " + size + " 1");
   for (const auto& size : kSizes) {
     INFO("size " << size);
-    const DaemonCounts before = settled(d);
-    const auto kv = t.ok("pairs " + size + " " + std::to_string(kPairs));
-    const DaemonCounts after = settled(d);
-    // Per pair: one Grant and one Release message, nothing else.
-    CHECK(after.requests - before.requests == 2 * kPairs);
-    CHECK(after.grants - before.grants == kPairs);
-    CHECK(after.releases - before.releases == kPairs);
+    const auto kv = cold_pairs(d, t, size);
     // Per alloc: H imports (H handles in the grant), one VA reservation, H maps, one
     // set-access over the whole range; per free: one unmap, H releases, one VA free.
     const std::uint64_t imports = kv.at("cuMemImportFromShareableHandle");
@@ -245,12 +168,7 @@ TEST_CASE("cold alloc/free pairs (VLAKE_RESERVE=0) reuse the kept mapping: two m
   for (const auto& size : kSizes) t.ok("pairs " + size + " 1");
   for (const auto& size : kSizes) {
     INFO("size " << size);
-    const DaemonCounts before = settled(d);
-    const auto kv = t.ok("pairs " + size + " " + std::to_string(kPairs));
-    const DaemonCounts after = settled(d);
-    CHECK(after.requests - before.requests == 2 * kPairs);
-    CHECK(after.grants - before.grants == kPairs);
-    CHECK(after.releases - before.releases == kPairs);
+    const auto kv = cold_pairs(d, t, size);
     const std::uint64_t imports = kv.at("cuMemImportFromShareableHandle");
     if (size == "2MiB") CHECK(imports == 0);  // one granule: always one handle
     if (imports == 0) {

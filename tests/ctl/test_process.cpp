@@ -14,14 +14,8 @@
 #include "json_parse.hpp"
 
 using namespace vlake;
-using vlake::ctltest::CtlBackground;
-using vlake::ctltest::CtlResult;
-using vlake::ctltest::Json;
-using vlake::ctltest::parse_json;
-using vlake::ctltest::run_ctl;
-using vlake::pooltest::DaemonProcess;
-using vlake::pooltest::Helper;
-using vlake::pooltest::num;
+using namespace vlake::ctltest;
+using namespace vlake::pooltest;
 
 namespace {
 

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 
+#include "harness.hpp"
 #include "json_parse.hpp"
 #include "vlake/contracts/state.hpp"
 #include "vlake/ctl/format.hpp"
@@ -26,6 +27,7 @@ using namespace vlake;
 using namespace vlake::ctl;
 using vlake::ctltest::Json;
 using vlake::ctltest::parse_json;
+using vlake::pooltest::session_record;
 namespace st = vlake::state;
 
 namespace {
@@ -45,21 +47,6 @@ constexpr std::uint64_t kMiB = 1ULL << 20;
 constexpr std::uint64_t kGiB = 1ULL << 30;
 
 std::string unique(const std::string& tag) { return "ctlu" + std::to_string(::getpid()) + "-" + tag; }
-
-// A session record of layout 8's fields (uid = gid), the rest zero.
-st::SessionRecord session_record(std::uint64_t id, std::uint64_t start, std::uint32_t pid, std::uint32_t uid,
-                                 std::uint32_t tenant, std::uint32_t state, std::uint32_t grants) {
-  st::SessionRecord r{};
-  r.id = id;
-  r.start_time = start;
-  r.pid = pid;
-  r.uid = uid;
-  r.gid = uid;
-  r.tenant = tenant;
-  r.state = state;
-  r.grant_count = grants;
-  return r;
-}
 
 // A node: 2 GPUs; tenant 1 "user:alice" uses GPU 0 (grants + non-pool) with 2 sessions;
 // tenant 2 "group:ml" uses GPU 1 only; tenant 3 (a name without NUL) has no usage and no

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness.hpp"
+#include "dedup_quota.hpp"
 #include "tenant_process.hpp"
 #include "vlake/common/chunk_hash.hpp"
 #include "vlake/contracts/protocol.hpp"
@@ -26,30 +26,16 @@
 
 using namespace vlake;
 using namespace std::chrono_literals;
-using e2e::TenantProcess;
+using namespace vlake::e2e;
 using pooltest::DaemonProcess;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ull << 20;
-constexpr std::uint64_t kAlloc = 20 * kMiB;
-constexpr std::uint64_t kShared = 16 * kMiB;  // whole chunks of [1 MiB, 19 MiB)
-constexpr std::uint64_t kEdges = 4 * kMiB;    // private: [0, 2 MiB) and [18 MiB, 20 MiB)
+constexpr std::uint64_t kAlloc = 20 * MiB;
+constexpr std::uint64_t kShared = 16 * MiB;  // whole chunks of [1 MiB, 19 MiB)
+constexpr std::uint64_t kEdges = 4 * MiB;    // private: [0, 2 MiB) and [18 MiB, 20 MiB)
 constexpr int kIllegalAddress = 700;
 constexpr int kInvalidValue = 1;
-
-bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
-
-std::unique_ptr<state::State> wait_state(const DaemonProcess& d, const std::function<bool(const state::State&)>& done) {
-  auto s = snapshot(d);
-  for (int i = 0; i < 100 && !done(*s); ++i) {
-    std::this_thread::sleep_for(50ms);
-    s = snapshot(d);
-  }
-  return s;
-}
 
 // Physical bytes the pool has out of its free list (grants' private handles + shared chunks).
 std::uint64_t physical(const state::State& s) { return s.devices[0].pool_bytes - s.devices[0].free_bytes; }
@@ -90,7 +76,7 @@ TEST_CASE("dedup: K tenants upload identical weights and share them", "[dedup]")
     CHECK(sh.at("rc") == "0");
     CHECK(field(sh, "shared") == kShared);
     CHECK(field(sh, "copied") == kEdges);
-    CHECK(field(sh, "chunk") == 2 * kMiB);
+    CHECK(field(sh, "chunk") == 2 * MiB);
     merged += field(sh, "merged");
     CHECK(kv.at("ok") == "1");
   }
@@ -215,7 +201,7 @@ TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges st
       ++writes;
       CHECK(std::string(e.call) == "cuMemsetD8");
       CHECK(e.requested_bytes == 16);
-      CHECK(e.first_bad_offset == 4 * kMiB);
+      CHECK(e.first_bad_offset == 4 * MiB);
     }
   }
   CHECK(faults == 1);
@@ -261,10 +247,10 @@ TEST_CASE("dedup: copies and memsets into shared chunks are refused and reported
     std::uint64_t bytes;
     std::uint64_t shared_offset;
   };
-  const Want want[] = {{"cuMemsetD8", kMiB, 2 * kMiB, 2 * kMiB},
-                       {"cuMemcpyDtoD", 4 * kMiB, 4096, 4 * kMiB},
-                       {"cuMemsetD32Async", 8 * kMiB, 64, 8 * kMiB},
-                       {"cuMemcpyHtoD", 16 * kMiB - 4096, 8192, 16 * kMiB - 4096}};
+  const Want want[] = {{"cuMemsetD8", MiB, 2 * MiB, 2 * MiB},
+                       {"cuMemcpyDtoD", 4 * MiB, 4096, 4 * MiB},
+                       {"cuMemsetD32Async", 8 * MiB, 64, 8 * MiB},
+                       {"cuMemcpyHtoD", 16 * MiB - 4096, 8192, 16 * MiB - 4096}};
   REQUIRE(s->guard.next_seq == 5);
   for (std::uint64_t seq = 1; seq < s->guard.next_seq; ++seq) {
     const auto& e = s->guard.events[(seq - 1) % state::kGuardEvents];
@@ -282,7 +268,7 @@ TEST_CASE("dedup: copies and memsets into shared chunks are refused and reported
     CHECK(e.flags == 0);
     REQUIRE(e.suspect_count == 1);
     CHECK(e.suspects[0].address == ptr);
-    CHECK(e.suspects[0].bytes == 20 * kMiB);
+    CHECK(e.suspects[0].bytes == 20 * MiB);
   }
 }
 
@@ -340,7 +326,7 @@ TEST_CASE("dedup: one differing byte keeps that chunk apart", "[dedup]") {
   const auto sh = b.line("share:w:1M:18M");
   CHECK(sh.at("rc") == "0");
   CHECK(field(sh, "shared") == kShared);
-  CHECK(field(sh, "merged") == kShared - 2 * kMiB);  // 7 of 8 chunks
+  CHECK(field(sh, "merged") == kShared - 2 * MiB);  // 7 of 8 chunks
   // B sees its own data (exactly the poked byte differs from the pattern); A sees A's.
   CHECK(b.line("verify:w:9:20M").at("bad") == "1");
   CHECK(a.line("verify:w:9:20M#after").at("ok") == "1");
@@ -367,24 +353,15 @@ TEST_CASE("dedup: a range without a whole chunk shares nothing, a second share i
   // A 3 MiB allocation (grant of 4 MiB): its first chunk is shared, the rest is private.
   const auto x = t.line("share:x:0:3M");
   CHECK(x.at("rc") == "0");
-  CHECK(field(x, "shared") == 2 * kMiB);
+  CHECK(field(x, "shared") == 2 * MiB);
 }
 
 // ---- transparent mode (docs/dedup.md "Transparent mode") ----------------------------------
 
 namespace {
 
-// Namespace `infer` shares uploads transparently; everyone else is in `default` (off).
-std::string transparent_quota() {
-  return "version: 1\n"
-         "default:\n"
-         "  limit: 256MiB\n"
-         "namespaces:\n"
-         "  - name: infer\n"
-         "    dedup: transparent\n"
-         "    dedup_domain: infer\n"
-         "    users: [4450, 4451, 4452, 4453]\n";
-}
+// Namespace `infer` (uids 4450-4453) shares uploads transparently; everyone else is in `default`.
+std::string transparent_quota() { return deduptest::transparent_quota("4450, 4451, 4452, 4453"); }
 
 // Occurrences of `needle` in `hay`.
 std::size_t count(const std::string& hay, const std::string& needle) {
@@ -498,7 +475,7 @@ TEST_CASE("dedup transparent: a namespace that is off shares nothing, asked once
   const auto s = snapshot(d);
   INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
   CHECK(s->devices[0].dedup_logical_bytes == 0);
-  CHECK(physical(*s) == 48 * kMiB);
+  CHECK(physical(*s) == 48 * MiB);
   REQUIRE(exited_ok(t.finish()));
   CHECK(t.line("verify:a:1:20M").at("ok") == "1");
   // Exactly one transparent offer reached the daemon, refused with dedup_disabled.
@@ -513,11 +490,11 @@ TEST_CASE("dedup transparent: a namespace that is off shares nothing, asked once
 }
 
 TEST_CASE("dedup: chunk hash", "[dedup][unit]") {
-  std::vector<std::uint8_t> a(2 * kMiB, 0x5a);
+  std::vector<std::uint8_t> a(2 * MiB, 0x5a);
   std::vector<std::uint8_t> b = a;
   CHECK(chunk_hash_reference(a.data(), a.size()) == chunk_hash_reference(b.data(), b.size()));
   b[12345] ^= 1;
   CHECK(chunk_hash_reference(a.data(), a.size()) != chunk_hash_reference(b.data(), b.size()));
-  std::vector<std::uint8_t> z(2 * kMiB, 0);
+  std::vector<std::uint8_t> z(2 * MiB, 0);
   CHECK(chunk_hash_reference(z.data(), z.size()) != chunk_hash_reference(z.data(), z.size() - 8));
 }

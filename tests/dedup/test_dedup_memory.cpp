@@ -20,33 +20,28 @@
 #include <thread>
 #include <vector>
 
-#include "harness.hpp"
+#include "dedup_quota.hpp"
 #include "tenant_process.hpp"
 #include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace std::chrono_literals;
-using e2e::TenantProcess;
+using namespace vlake::e2e;
 using pooltest::DaemonProcess;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ull << 20;
-constexpr std::uint64_t kReplica = 192 * kMiB;  // one replica's weights: 96 whole chunks
-constexpr std::uint64_t kContext = 8 * kMiB;    // VLAKE_SIM_CONTEXT_MEMORY of every tenant
+constexpr std::uint64_t kReplica = 192 * MiB;  // one replica's weights: 96 whole chunks
+constexpr std::uint64_t kContext = 8 * MiB;    // VLAKE_SIM_CONTEXT_MEMORY of every tenant
 constexpr int kReplicas = 4;
 constexpr std::uint64_t kSaved = (kReplicas - 1) * kReplica;  // 576 MiB
-constexpr std::uint64_t kDevice = 1024 * kMiB;                // the harness's simulated GPU
+constexpr std::uint64_t kDevice = 1024 * MiB;                 // the harness's simulated GPU
 // vlaked's hash scratch buffer (8 KiB, cuMemAlloc: one 2 MiB granule in the simulator), allocated
 // at the first share and kept for the daemon's life.
-constexpr std::uint64_t kHashScratch = 2 * kMiB;
+constexpr std::uint64_t kHashScratch = 2 * MiB;
 // The harness's simulated GPU has 1 GiB: 4 unshared replicas + kSaved do not fit, one shared
 // replica + kSaved do.
 constexpr long kFifthUid = 4470;
-
-bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
 
 // The replicas' uids (uid0 .. uid0 + 3) are the namespace `serve`, one trust domain, guaranteed
 // 256 MiB (one replica and the contexts, physically); the fifth tenant is in `batch`, without a
@@ -123,7 +118,22 @@ std::size_t count_of(const std::string& hay, const std::string& needle) {
   return n;
 }
 
-double mib(std::uint64_t b) { return static_cast<double>(b) / static_cast<double>(kMiB); }
+// The replica checked its weights (the "verify" step's line says ok=1).
+void require_verified(const DaemonProcess& d, TenantProcess& t) {
+  const auto v = t.wait_line("verify:w:9:192M ", 60000);
+  INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
+  REQUIRE(v.count("ok") == 1);
+  CHECK(v.at("ok") == "1");
+}
+
+// start_replicas(), then each replica checked its weights.
+Replicas verified_replicas(const DaemonProcess& d, bool share, long uid0) {
+  Replicas r = start_replicas(d, share, uid0);
+  for (auto& t : r.ts) require_verified(d, *t);
+  return r;
+}
+
+double mib(std::uint64_t b) { return static_cast<double>(b) / static_cast<double>(MiB); }
 
 }  // namespace
 
@@ -132,12 +142,8 @@ TEST_CASE("dedup memory: four sharing replicas use one replica of device memory 
   DaemonProcess d("dedup-mem", quota(4480));
   REQUIRE(d.start());
   const std::uint64_t before = pooltest::sim_used(d.node);
-  Replicas r = start_replicas(d, true, 4480);
+  Replicas r = verified_replicas(d, true, 4480);
   for (auto& t : r.ts) {
-    const auto v = t->wait_line("verify:w:9:192M ", 60000);
-    INFO(t->out() << t->err() << "\ndaemon log:\n" << d.log());
-    REQUIRE(v.count("ok") == 1);
-    CHECK(v.at("ok") == "1");
     const auto sh = t->wait_line("share:w:0:192M");
     CHECK(sh.at("rc") == "0");
     CHECK(sh.at("shared") == std::to_string(kReplica));
@@ -231,13 +237,7 @@ TEST_CASE("dedup memory: four replicas without sharing use four replicas and lea
   DaemonProcess d("dedup-mem-off", quota(4490));
   REQUIRE(d.start());
   const std::uint64_t before = pooltest::sim_used(d.node);
-  Replicas r = start_replicas(d, false, 4490);
-  for (auto& t : r.ts) {
-    const auto v = t->wait_line("verify:w:9:192M ", 60000);
-    INFO(t->out() << t->err() << "\ndaemon log:\n" << d.log());
-    REQUIRE(v.count("ok") == 1);
-    CHECK(v.at("ok") == "1");
-  }
+  Replicas r = verified_replicas(d, false, 4490);
   const std::uint64_t used = used_less_contexts(d, kReplicas) - before;
   const auto s = snapshot(d);
   std::printf(
@@ -262,15 +262,7 @@ TEST_CASE("dedup memory: four replicas without sharing use four replicas and lea
 }
 
 TEST_CASE("dedup transparent: an Async upload synchronizes its stream only for an offer", "[dedup]") {
-  DaemonProcess d("dedup-trsync",
-                  "version: 1\n"
-                  "default:\n"
-                  "  limit: 256MiB\n"
-                  "namespaces:\n"
-                  "  - name: infer\n"
-                  "    dedup: transparent\n"
-                  "    dedup_domain: infer\n"
-                  "    users: [4496]\n");
+  DaemonProcess d("dedup-trsync", deduptest::transparent_quota("4496"));
   REQUIRE(d.start());
   // The share fences with cuCtxSynchronize: every cuStreamSynchronize counted here is the Async
   // wrapper waiting for an upload it is about to offer.

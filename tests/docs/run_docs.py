@@ -34,6 +34,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import testprocs  # noqa: E402  (tests/support/testprocs.py)
+
 MARK_RUN = re.compile(r"^<!--\s*runnable\s*-->\s*$")
 MARK_FILE = re.compile(r"^<!--\s*runnable-file:\s*([A-Za-z0-9._-]+)\s*-->\s*$")
 MARK_ANY = re.compile(r"^<!--\s*runnable")
@@ -220,18 +223,9 @@ class Sandbox:
         return d
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for shm in (self.state, "vlake-sim-" + self.node):
-            try:
-                os.unlink("/dev/shm/" + shm)
-            except OSError:
-                pass
+        if self.proc is not None:
+            testprocs.stop(self.proc)
+        testprocs.unlink_quiet("/dev/shm/" + self.state, "/dev/shm/vlake-sim-" + self.node)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

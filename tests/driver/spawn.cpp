@@ -1,25 +1,17 @@
 #include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 
-#include <cerrno>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "support.hpp"
 #include "vlake/common/unix_socket.hpp"
 
-extern char** environ;
-
 namespace vlake::test {
 
 int Child::wait() {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw std::system_error(errno, std::generic_category(), "waitpid");
-  }
+  const int status = process->wait(5 * 60 * 1000);
+  if (status < 0) throw std::runtime_error("the child helper did not exit within 5 minutes");
   pid = -1;
   return status;
 }
@@ -30,16 +22,14 @@ Child spawn_child(const std::vector<std::string>& args) {
   const int flags = ::fcntl(pair.second.get(), F_GETFD);
   ::fcntl(pair.second.get(), F_SETFD, flags & ~FD_CLOEXEC);
 
-  std::vector<std::string> argv_s{VLAKE_DRIVER_CHILD_PATH, std::to_string(pair.second.get())};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_s) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, VLAKE_DRIVER_CHILD_PATH, nullptr, nullptr, argv.data(), environ);
-  if (rc != 0) throw std::system_error(rc, std::generic_category(), "posix_spawn child helper");
-  return Child{pid, std::move(pair.first)};
+  testsupport::Spawn spec;
+  spec.argv = {VLAKE_DRIVER_CHILD_PATH, std::to_string(pair.second.get())};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.out = testsupport::Stream::inherit;
+  spec.err = testsupport::Stream::inherit;
+  auto process = std::make_unique<testsupport::Process>(spec);
+  const int pid = process->pid();
+  return Child{pid, std::move(pair.first), std::move(process)};
 }
 
 }  // namespace vlake::test

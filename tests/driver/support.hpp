@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "process.hpp"
 #include "vlake/common/driver.hpp"
 #include "vlake/common/unique_fd.hpp"
 
@@ -21,11 +23,14 @@ inline constexpr int kSkipExit = 77;
 // Environment variable naming the driver library under test (a soname or a path).
 inline constexpr const char* kDriverEnv = "VLAKE_TEST_DRIVER";
 
-// Runs the child helper with `args`; its end of a SOCK_SEQPACKET pair is passed as the first
-// argument. Returns the parent's end; wait() reaps the child and returns its exit status.
+// Runs the child helper with `args` (vlake::test_support's process.hpp); its end of a
+// SOCK_SEQPACKET pair is passed as the first argument. Returns the parent's end; wait() reaps
+// the child and returns its wait status (throws when it runs past 5 minutes). A child never
+// waited for is SIGKILLed and reaped with the Child.
 struct Child {
   int pid = -1;
   UniqueFd socket;
+  std::unique_ptr<testsupport::Process> process;
   int wait();
 };
 Child spawn_child(const std::vector<std::string>& args);

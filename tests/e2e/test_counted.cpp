@@ -7,7 +7,6 @@
 
 #include <string>
 
-#include "harness.hpp"
 #include "tenant_process.hpp"
 #include "vlake/contracts/state.hpp"
 
@@ -17,9 +16,6 @@ using pooltest::DaemonProcess;
 
 #ifdef VLAKE_SIM_NVML_LIB
 namespace {
-
-constexpr std::uint64_t MiB = 1ULL << 20;
-constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
 const char* kYaml =
     "version: 1\ndefault: {limit: 32MiB}\nnamespaces:\n  - {name: lab}\n"

@@ -13,32 +13,17 @@
 #include <thread>
 #include <vector>
 
-#include "harness.hpp"
 #include "tenant_process.hpp"
 #include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace std::chrono_literals;
-using e2e::TenantProcess;
+using namespace vlake::e2e;
 using pooltest::DaemonProcess;
 
 namespace {
 
 constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
-
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
-
-bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
-// Polls the daemon's state until `done` holds (up to 5 s); the last snapshot.
-std::unique_ptr<state::State> wait_state(const DaemonProcess& d, const std::function<bool(const state::State&)>& done) {
-  auto s = snapshot(d);
-  for (int i = 0; i < 100 && !done(*s); ++i) {
-    std::this_thread::sleep_for(50ms);
-    s = snapshot(d);
-  }
-  return s;
-}
 
 std::vector<state::GuardEventRecord> events(const state::State& s) {
   std::vector<state::GuardEventRecord> out;

@@ -17,21 +17,16 @@
 #include <thread>
 #include <vector>
 
-#include "harness.hpp"
 #include "tenant_process.hpp"
 #include "vlake/contracts/protocol.hpp"
 #include "vlake/contracts/state.hpp"
 
 using namespace vlake;
 using namespace std::chrono_literals;
-using e2e::TenantProcess;
+using namespace vlake::e2e;
 using pooltest::DaemonProcess;
 
 namespace {
-
-constexpr std::uint64_t MiB = 1ull << 20;
-
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
 
 std::uint64_t granted(const DaemonProcess& d, const std::string& name) {
   const auto s = snapshot(d);
@@ -50,8 +45,6 @@ std::uint64_t granted_becomes(const DaemonProcess& d, const std::string& name, s
   }
   return now;
 }
-
-bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 // A directory every test uid may write the handle files into; removed at the end.
 struct HandleDir {

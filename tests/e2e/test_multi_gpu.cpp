@@ -14,26 +14,21 @@
 #include <thread>
 #include <vector>
 
-#include "harness.hpp"
 #include "tenant_process.hpp"
 #include "vlake/contracts/state.hpp"
 
 using namespace vlake;
-using e2e::TenantProcess;
+using namespace vlake::e2e;
 using pooltest::DaemonProcess;
 
 namespace {
 
-constexpr std::uint64_t MiB = 1ull << 20;
-constexpr int kOutOfMemory = 2;        // CUDA_ERROR_OUT_OF_MEMORY
 constexpr int kInvalidValue = 1;       // CUDA_ERROR_INVALID_VALUE: a copy without access
 constexpr int kIllegalAddress = 700;   // CUDA_ERROR_ILLEGAL_ADDRESS
 constexpr int kAlreadyEnabled = 704;   // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
 constexpr int kNotEnabled = 705;       // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
 constexpr int kPeerUnsupported = 217;  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
 constexpr unsigned kReadWrite = 3;     // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-
-bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 const state::TenantRecord* tenant(const state::State& s, const std::string& name) {
   for (const auto& t : s.tenants) {

@@ -17,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "harness.hpp"
 #include "pool_client.hpp"
 #include "tenant_process.hpp"
 #include "vlake/common/driver.hpp"
@@ -25,15 +24,10 @@
 
 using namespace vlake;
 using namespace std::chrono_literals;
-using e2e::TenantProcess;
+using namespace vlake::e2e;
 using pooltest::DaemonProcess;
 
 namespace {
-
-constexpr std::uint64_t MiB = 1ull << 20;
-constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
-
-std::unique_ptr<state::State> snapshot(const DaemonProcess& d) { return state::StateReader(d.state).snapshot(); }
 
 const state::TenantRecord* tenant(const state::State& s, const std::string& name) {
   for (const auto& t : s.tenants) {
@@ -96,8 +90,6 @@ std::uint64_t mapped_device_bytes(const std::vector<pid_t>& pids) {
   }
   return sum;
 }
-
-bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 std::string limits_yaml(const std::string& default_limit, const std::string& users = "") {
   return "version: 1\ndefault:\n  limit: " + default_limit + "\n" + users;

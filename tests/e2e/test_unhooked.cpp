@@ -5,7 +5,6 @@
 
 #include <string>
 
-#include "harness.hpp"
 #include "tenant_process.hpp"
 #include "vlake/contracts/state.hpp"
 
@@ -15,9 +14,6 @@ using pooltest::DaemonProcess;
 
 #ifdef VLAKE_SIM_NVML_LIB
 namespace {
-
-constexpr std::uint64_t MiB = 1ULL << 20;
-constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
 std::string yaml(bool allow) {
   return std::string("version: 1\ndefault: {limit: 16MiB}\nnamespaces:\n  - {name: lab, allow_disable: ") +

@@ -19,6 +19,7 @@
 
 #include <prometheus/text_serializer.h>
 
+#include "harness.hpp"
 #include "http_get.hpp"
 #include "vlake/exporter/collector.hpp"
 #include "vlake/exporter/server.hpp"
@@ -141,17 +142,10 @@ std::unique_ptr<st::State> synthetic() {
   name(c.name, sizeof c.name, "uid:2000");
   c.namespace_id = 99;
 
-  // Fields by name: the record grows at its end with new layouts (the rest stays 0).
+  // Fields by name: the record grows at its end with new layouts (the rest stays 0; start
+  // time and uid 0 here).
   auto session = [](std::uint64_t id, std::uint32_t pid, std::uint32_t tenant, std::uint32_t state,
-                    std::uint32_t grants) {
-    st::SessionRecord r{};
-    r.id = id;
-    r.pid = pid;
-    r.tenant = tenant;
-    r.state = state;
-    r.grant_count = grants;
-    return r;
-  };
+                    std::uint32_t grants) { return pooltest::session_record(id, 0, pid, 0, tenant, state, grants); };
   s->sessions[0] = session(1, 100, 1, st::kSessionConnected, 1);
   s->sessions[1] = session(2, 101, 1, st::kSessionDetached, 0);
   s->sessions[7] = session(3, 102, 4, st::kSessionConnected, 2);

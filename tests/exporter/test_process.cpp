@@ -174,16 +174,8 @@ TEST_CASE("exporter: /healthz is 200 while vlaked runs, 503 once it stops refres
 }
 
 TEST_CASE("exporter: vlaked refuses to start when its metrics port is in use", "[process]") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(fd, 1) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const int port = ntohs(a.sin_port);
+  int port = 0;
+  const int fd = exptest::listen_loopback(1, port);
   DaemonProcess d("expu");
   CHECK_FALSE(d.start({"--metrics-address", addr(port)}));
   ::close(fd);

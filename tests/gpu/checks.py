@@ -4,7 +4,12 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import testprocs  # noqa: E402,F401  (tests/support/testprocs.py, for the scripts importing checks)
+
 MiB = 1 << 20
+GiB = 1 << 30
+SKIP = 77
 
 
 def torch_gpu_as_root(name):
@@ -53,6 +58,13 @@ class Checks:
 
     def any_failed(self):
         return any(not ok for _, ok, _ in self.results)
+
+    def verdict(self, name):
+        """Prints "<name>: PASS" when there were checks and all passed, else FAIL; returns the
+        exit code (0 or 1)."""
+        ok = bool(self.results) and not self.any_failed()
+        print("%s: %s" % (name, "PASS" if ok else "FAIL"))
+        return 0 if ok else 1
 
     def table(self, width=90):
         """Prints the table of every check; returns the exit code (0 only if all passed)."""

@@ -35,7 +35,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from checks import Checks  # noqa: E402
+from checks import Checks, testprocs  # noqa: E402
 import node_slice as ns  # noqa: E402  (Daemon, state_json)
 
 MiB = 1 << 20
@@ -86,15 +86,7 @@ class Proc:
             pass
 
     def finish(self, timeout=120):
-        try:
-            self.p.stdin.close()
-        except (BrokenPipeError, ValueError):
-            pass
-        try:
-            self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        testprocs.end(self.p, timeout)
         self.err.close()
 
     def tail(self, n=800):
@@ -636,10 +628,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--row")
     ap.add_argument("--list", action="store_true")
-    ap.add_argument("--vlaked")
-    ap.add_argument("--hook")
-    ap.add_argument("--state-tool")
-    ap.add_argument("--vlakectl")
+    for tool in ("--vlaked", "--hook", "--state-tool", "--vlakectl"):
+        ap.add_argument(tool)
     ap.add_argument("--results", help="append one JSON line per mode here")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()

@@ -48,12 +48,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(ROOT, "examples", "shared-serving")
 sys.path.insert(0, HERE)
 sys.path.insert(0, EXAMPLE)
-from checks import Checks  # noqa: E402
+from checks import GiB, MiB, SKIP, Checks, testprocs  # noqa: E402
 import node_slice as ns  # noqa: E402
 
-MiB = 1 << 20
-GiB = 1 << 30
-SKIP = 77
 RESERVE_AGE_S = 5
 IDLE_S = 5
 SAMPLE_MS = 200
@@ -156,16 +153,7 @@ class Proc:
         self.p.stdin.flush()
 
     def end(self, timeout=120):
-        if self.p.poll() is None:
-            try:
-                self.p.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+        testprocs.end(self.p, timeout)
         self.err.close()
 
 

@@ -13,7 +13,6 @@ Checks (table at the end; exit 0 only if all passed, 77 = skipped):
 
   guard.py --vlaked PATH --hook PATH --vlakectl PATH
 """
-import argparse
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import node_slice as ns  # noqa: E402  (Daemon, run_json, check: the shared check list)
+from checks import testprocs  # noqa: E402
 
 CANARY_UID, FAULT_UID = 1001, 1002
 # 4 MiB + 4 KiB of float32: a multiple of 256 B (so fault mode ends it at a chunk's end) that
@@ -58,11 +58,7 @@ def user_env(base, uid, work):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--vlaked", required=True)
-    ap.add_argument("--hook", required=True)
-    ap.add_argument("--vlakectl", required=True)
-    args = ap.parse_args()
+    args = testprocs.tool_args("--vlaked", "--hook", "--vlakectl")
     if not shutil.which("nvidia-smi") or not ns.gpu_present():
         print("SKIP: no GPU with PyTorch here")
         return ns.SKIP

@@ -40,7 +40,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from checks import Checks  # noqa: E402
+from checks import Checks, testprocs  # noqa: E402
+import node_slice as ns  # noqa: E402  (clean_up)
 MiB = 1 << 20
 GiB = 1 << 30
 SKIP = 77
@@ -106,17 +107,9 @@ class Daemon:
         os.chmod(self.sock, 0o666)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        testprocs.stop(self.proc)
         self.log.close()
-        try:
-            os.unlink("/dev/shm/" + self.state)
-        except OSError:
-            pass
+        testprocs.unlink_quiet("/dev/shm/" + self.state)
 
 
 def gpu_users(nv):
@@ -387,12 +380,7 @@ namespaces:
     finally:
         for c in clients:
             c.close()
-        daemon.stop()
-        if check.any_failed():
-            with open(daemon.log_path) as f:
-                print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-40:]))
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        ns.clean_up(check, daemon, work, args.keep)
 
     return check.table(90)
 

@@ -12,7 +12,6 @@ Exit 0 if every check passed, 1 otherwise, 77 without a GPU or PyTorch.
 
   idle_release.py --vlaked PATH --hook PATH --state-tool PATH
 """
-import argparse
 import os
 import shutil
 import subprocess
@@ -23,11 +22,9 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from checks import Checks  # noqa: E402
+from checks import GiB, MiB, Checks, testprocs  # noqa: E402
 import node_slice as ns  # noqa: E402
 
-GiB = 1 << 30
-MiB = 1 << 20
 IDLE_S = 5
 SAMPLE_MS = 200
 
@@ -71,11 +68,7 @@ def metric(address, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--vlaked", required=True)
-    ap.add_argument("--hook", required=True)
-    ap.add_argument("--state-tool", required=True)
-    args = ap.parse_args()
+    args = testprocs.tool_args("--vlaked", "--hook", "--state-tool")
     if not ns.gpu_present():
         print("skipped: no GPU or no PyTorch")
         return 77

@@ -29,10 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from checks import Checks  # noqa: E402
-GiB = 1 << 30
-MiB = 1 << 20
-SKIP = 77
+from checks import GiB, MiB, SKIP, Checks, testprocs  # noqa: E402
 OTHER_UID = 1001
 THIRD_UID = 1002
 UNHOOKED_UID = 1003
@@ -83,17 +80,22 @@ class Daemon:
             time.sleep(0.1)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        testprocs.stop(self.proc)
         self.log.close()
-        try:
-            os.unlink("/dev/shm/" + self.state)
-        except OSError:
-            pass
+        testprocs.unlink_quiet("/dev/shm/" + self.state)
+
+
+def clean_up(check, daemon, work, keep=False):
+    """The end of a script around one daemon (a Daemon, or one with the same stop() and log):
+    stops it (printing its log's tail when a check failed) and removes the work directory
+    unless `keep`."""
+    if daemon is not None:
+        daemon.stop()
+        if check.any_failed():
+            with open(daemon.log.name) as f:
+                print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-40:]))
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def state_json(tool, state):
@@ -237,12 +239,7 @@ def main():
                         daemon_context, " (reserve %.1f apart)" % (mem["reserved"] / MiB))
         print("tenants:", json.dumps(st["tenants"])[:2000])
     finally:
-        daemon.stop()
-        if check.any_failed():
-            with open(daemon.log.name) as f:
-                print("---- vlaked log (tail) ----\n" + "".join(f.readlines()[-40:]))
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        clean_up(check, daemon, work, args.keep)
 
     return check.table(70)
 

@@ -112,11 +112,7 @@ def main():
                   any("revok" in l.lower() for l in t.stderr.splitlines()) and rc("sync#fault") == "0",
                   "sync rc %s" % rc("sync#fault"))
     finally:
-        if daemon is not None:
-            daemon.stop()
-            if check.any_failed():
-                print("vlaked log:\n" + open(daemon.log.name).read()[-4000:])
-        shutil.rmtree(work, ignore_errors=True)
+        ns.clean_up(check, daemon, work)
     return check.table()
 
 

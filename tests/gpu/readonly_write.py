@@ -122,11 +122,7 @@ def main():
               c.get("guard_readonly_writes") == 3 and c.get("kernel_faults") == 2 and
               c.get("kernel_faults_shared") == 1 and c.get("guard_violations_canary") == 0, json.dumps(c))
     finally:
-        if daemon is not None:
-            daemon.stop()
-            if check.any_failed():
-                print("vlaked log:\n" + open(daemon.log.name).read()[-4000:])
-        shutil.rmtree(work, ignore_errors=True)
+        ns.clean_up(check, daemon, work)
     return check.table()
 
 

@@ -16,7 +16,6 @@ and PyTorch.
 
   reclaim_torch.py --vlaked PATH --hook PATH --state-tool PATH
 """
-import argparse
 import os
 import shutil
 import sys
@@ -26,12 +25,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from checks import Checks, torch_gpu_as_root  # noqa: E402
+from checks import GiB, MiB, Checks, testprocs, torch_gpu_as_root  # noqa: E402
 import node_slice as ns  # noqa: E402
 from dedup_nvml import Proc  # noqa: E402
 
-MiB = 1 << 20
-GiB = 1 << 30
 GID_LOW, GID_HIGH = 64301, 64302
 
 PROGRAM = r"""
@@ -74,11 +71,7 @@ for line in sys.stdin:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--vlaked", required=True)
-    ap.add_argument("--hook", required=True)
-    ap.add_argument("--state-tool", required=True)
-    args = ap.parse_args()
+    args = testprocs.tool_args("--vlaked", "--hook", "--state-tool")
     rc = torch_gpu_as_root("reclaim_torch")
     if rc is not None:
         return rc
@@ -149,14 +142,8 @@ def main():
     finally:
         for p in procs:
             p.end()
-        daemon.stop()
-        if not all(ok for _, ok, _ in check.results):
-            with open(os.path.join(work, "vlaked.log")) as f:
-                print(f.read()[-4000:])
-        shutil.rmtree(work, ignore_errors=True)
-    ok = check.results and all(ok for _, ok, _ in check.results)
-    print("reclaim_torch: %s" % ("PASS" if ok else "FAIL"))
-    return 0 if ok else 1
+        ns.clean_up(check, daemon, work)
+    return check.verdict("reclaim_torch")
 
 
 if __name__ == "__main__":

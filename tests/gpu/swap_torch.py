@@ -19,7 +19,6 @@ groups); exit 77 (skipped) without a GPU, PyTorch or the driver's checkpoint API
 
   swap_torch.py --vlaked PATH --hook PATH --state-tool PATH
 """
-import argparse
 import ctypes
 import os
 import re
@@ -31,12 +30,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from checks import Checks, torch_gpu_as_root  # noqa: E402
+from checks import GiB, MiB, Checks, testprocs, torch_gpu_as_root  # noqa: E402
 import node_slice as ns  # noqa: E402
 from dedup_nvml import Proc  # noqa: E402
 
-MiB = 1 << 20
-GiB = 1 << 30
 GID_O, GID_N, GID_P = 64311, 64313, 64312
 
 PROGRAM = r"""
@@ -110,11 +107,7 @@ class Checkpoint:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--vlaked", required=True)
-    ap.add_argument("--hook", required=True)
-    ap.add_argument("--state-tool", required=True)
-    args = ap.parse_args()
+    args = testprocs.tool_args("--vlaked", "--hook", "--state-tool")
     rc = torch_gpu_as_root("swap_torch")
     if rc is not None:
         return rc
@@ -222,14 +215,8 @@ def main():
                 x.p.kill()  # P stays checkpointed for good
         for x in procs:
             x.end(timeout=30)
-        daemon.stop()
-        if not all(ok for _, ok, _ in check.results):
-            with open(os.path.join(work, "vlaked.log")) as f:
-                print(f.read()[-4000:])
-        shutil.rmtree(work, ignore_errors=True)
-    ok = check.results and all(ok for _, ok, _ in check.results)
-    print("swap_torch: %s" % ("PASS" if ok else "FAIL"))
-    return 0 if ok else 1
+        ns.clean_up(check, daemon, work)
+    return check.verdict("swap_torch")
 
 
 if __name__ == "__main__":

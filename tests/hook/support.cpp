@@ -1,19 +1,13 @@
 #include "support.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 
-extern char** environ;
+#include "process.hpp"
 
 namespace hooktest {
 
@@ -36,8 +30,6 @@ struct EnvSetup {
 };
 EnvSetup g_env;
 
-std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
-
 // Overrides for running the suite by hand against a real GPU (e.g. from another checkout):
 // VLAKE_HOOK_TEST_DRIVER (the fake daemon's driver; tenants then use the system's libcuda),
 // VLAKE_HOOK_TEST_LIB, VLAKE_HOOK_TEST_TENANT. Unset in CI: the simulator and the build tree.
@@ -54,87 +46,26 @@ std::string fresh_socket_path() {
 }
 
 RunResult run_tenant(const std::vector<std::string>& args, const Env& env) {
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  vars["LD_PRELOAD"] = setting("VLAKE_HOOK_TEST_LIB", VLAKE_HOOK_LIB);
+  vlake::testsupport::Env vars = vlake::testsupport::Env::inherited();
+  vars.set("LD_PRELOAD", setting("VLAKE_HOOK_TEST_LIB", VLAKE_HOOK_LIB));
   if (std::getenv("VLAKE_HOOK_TEST_DRIVER") == nullptr) {
-    vars["LD_LIBRARY_PATH"] = dir_of(VLAKE_SIM_LIB);
+    vars.set("LD_LIBRARY_PATH", vlake::testsupport::dir_of(VLAKE_SIM_LIB));
   }
-  vars["VLAKE_LOG"] = "warn";
+  vars.set("VLAKE_LOG", "warn");
   // The daemon-path tests see every alloc/free at the daemon; reserve tests set their own.
-  vars["VLAKE_RESERVE"] = "0";
+  vars.set("VLAKE_RESERVE", "0");
 #ifdef VLAKE_HOOK_SANITIZED
   // The preloaded hook comes before the sanitizer runtime in the load order (the caller's
   // options are kept: a second ASAN_OPTIONS would be ignored).
-  std::string& asan_options = vars["ASAN_OPTIONS"];
-  asan_options += asan_options.empty() ? "verify_asan_link_order=0" : ":verify_asan_link_order=0";
+  vars.append("ASAN_OPTIONS", "verify_asan_link_order=0", ":");
 #endif
-  for (const auto& [k, v] : env) {
-    if (v == "\x01") {
-      vars.erase(k);
-    } else {
-      vars[k] = v;
-    }
-  }
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  const std::string tenant = setting("VLAKE_HOOK_TEST_TENANT", VLAKE_TENANT);
-  std::vector<std::string> argv_strings{tenant};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  int out_pipe[2];
-  int err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    throw std::runtime_error("pipe");
-  }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, tenant.c_str(), &fa, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  if (rc != 0) throw std::runtime_error("posix_spawn failed");
-
-  RunResult r;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(50);
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open = 2;
-  while (open > 0 && std::chrono::steady_clock::now() < deadline) {
-    if (::poll(fds, 2, 200) <= 0) continue;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[4096];
-      const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n > 0) {
-        (i == 0 ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
-      } else {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-  }
-  if (open > 0) ::kill(pid, SIGKILL);
-  for (auto& f : fds) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  vars.apply(env);
+  vlake::testsupport::Spawn spec;
+  spec.argv = {setting("VLAKE_HOOK_TEST_TENANT", VLAKE_TENANT)};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.env = vars.strings();
+  const vlake::testsupport::Result r = vlake::testsupport::run(spec, 50000);
+  return RunResult{r.code(), r.out, r.err};
 }
 
 std::map<std::string, std::string> line_of(const std::string& out, const std::string& step) {

@@ -1,5 +1,6 @@
 // Helpers of the hook tests: the test process's simulated node, running vlake_hook_tenant under
-// LD_PRELOAD=libvlake-hook.so, and reading its "<step> rc=... key=value" lines.
+// LD_PRELOAD=libvlake-hook.so (with vlake::test_support's process.hpp), and reading its
+// "<step> rc=... key=value" lines.
 #pragma once
 
 #include <map>

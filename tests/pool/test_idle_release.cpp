@@ -26,13 +26,6 @@ IdleHandleView view(std::uint64_t mib, std::uint64_t seq, milliseconds freed_at,
   return IdleHandleView{Bytes{mib * kMiB}, bound, clean, seq, kT0 + freed_at};
 }
 
-const char* const kConfig = R"(version: 1
-default:
-  limit: 100%
-)";
-
-std::string mib(std::uint64_t n) { return std::to_string(n * kMiB); }
-
 }  // namespace
 
 TEST_CASE("idle release: nothing goes before the idle period", "[unit][idle]") {
@@ -86,7 +79,7 @@ TEST_CASE("idle release: bound handles age out whatever the keep bound", "[unit]
 }
 
 TEST_CASE("daemon: freed memory goes back to the simulated GPU after the idle period", "[daemon][sim][idle]") {
-  DaemonProcess d("idle", kConfig);
+  DaemonProcess d("idle", kWholeGpuConfig);
   // 500 ms: the re-allocation below must come before it, also on a loaded machine.
   REQUIRE(d.start({"--pool-idle-release", "500ms"}));
   Helper a(d.node, 4242, 0);
@@ -125,7 +118,7 @@ TEST_CASE("daemon: freed memory goes back to the simulated GPU after the idle pe
 }
 
 TEST_CASE("daemon: idle release keeps the warm reserve", "[daemon][sim][idle]") {
-  DaemonProcess d("idle-warm", kConfig);
+  DaemonProcess d("idle-warm", kWholeGpuConfig);
   REQUIRE(d.start({"--handle-reuse", "node", "--warm-reserve", "64MiB", "--pool-idle-release", "200ms"}));
   auto s = snapshot(d.state);
   REQUIRE(s->devices[0].free_bytes == 64 * kMiB);
@@ -155,7 +148,7 @@ TEST_CASE("daemon: idle release keeps the warm reserve", "[daemon][sim][idle]") 
 }
 
 TEST_CASE("daemon: idle release keeps --pool-keep bytes in the free pool", "[daemon][sim][idle]") {
-  DaemonProcess d("idle-keep", kConfig);
+  DaemonProcess d("idle-keep", kWholeGpuConfig);
   REQUIRE(d.start({"--handle-reuse", "node", "--pool-keep", "32MiB", "--pool-idle-release", "200ms"}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);
@@ -179,7 +172,7 @@ TEST_CASE("daemon: idle release keeps --pool-keep bytes in the free pool", "[dae
 }
 
 TEST_CASE("daemon: --pool-idle-release off keeps freed memory in the pool", "[daemon][sim][idle]") {
-  DaemonProcess d("idle-off", kConfig);
+  DaemonProcess d("idle-off", kWholeGpuConfig);
   REQUIRE(d.start({"--pool-idle-release", "off"}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);

@@ -35,13 +35,6 @@ std::vector<ServableHandleView> operator+(std::vector<ServableHandleView> a, con
   return a;
 }
 
-const char* const kConfig = R"(version: 1
-default:
-  limit: 100%
-)";
-
-std::string mib(std::uint64_t n) { return std::to_string(n * kMiB); }
-
 double ratio(const st::DeviceRecord& r) {
   return exporter::fragmentation_ratio(r.largest_servable_bytes, r.free_bytes);
 }
@@ -150,13 +143,12 @@ TEST_CASE(
 
 TEST_CASE("daemon: the fragmentation ratio follows grants and a grant of the servable size needs no new handle",
           "[daemon][sim][servable]") {
-  DaemonProcess d("servable", kConfig);
+  DaemonProcess d("servable", kWholeGpuConfig);
   REQUIRE(d.start({"--pool-idle-release", "off"}));  // default --handle-reuse tenant
-  Helper a(d.node, 4242, 0);
-  Helper b(d.node, 4243, 0);
-  Helper filler(d.node);
-  a.ok("connect " + d.socket);
-  b.ok("connect " + d.socket);
+  TwoTenants t(d);
+  Helper& a = t.a;
+  Helper& b = t.b;
+  Helper& filler = t.filler;
 
   // A frees memory in 40 pieces of 2 MiB (bound to A): 80 MiB free, a grant stitches 32 of them.
   std::vector<std::string> ids;
@@ -239,7 +231,7 @@ TEST_CASE("daemon: the fragmentation ratio follows grants and a grant of the ser
 }
 
 TEST_CASE("daemon: with --handle-reuse node a new tenant may be served every free handle", "[daemon][sim][servable]") {
-  DaemonProcess d("servable-node", kConfig);
+  DaemonProcess d("servable-node", kWholeGpuConfig);
   REQUIRE(d.start({"--pool-idle-release", "off", "--handle-reuse", "node"}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);

@@ -8,7 +8,6 @@
 
 #include <sstream>
 
-#include "harness.hpp"
 #include "http_get.hpp"
 #include "support.hpp"
 #include "tenant_process.hpp"
@@ -18,10 +17,8 @@
 using namespace vlake;
 using namespace vlake::schedtest;
 
-namespace {
-constexpr std::uint64_t MiB = 1ull << 20;
-constexpr int kOutOfMemory = 2;
-}  // namespace
+using vlake::e2e::kOutOfMemory;
+using vlake::e2e::MiB;
 
 TEST_CASE("a pod's process is attributed and limited to its allocation and its namespace quota", "[scheduler][e2e]") {
   // GPU: 1 GiB. The pod gets 3 units of 256 MiB; its namespace may hold 640 MiB in all.

@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "http_get.hpp"
 #include "json_parse.hpp"
+#include "process.hpp"
 #include "vlake/common/fixed_chars.hpp"
 #include "vlake/contracts/state.hpp"
 #include "vlake/scheduler/events.hpp"
@@ -317,16 +319,7 @@ class FakeApiServer {
   };
 
   explicit FakeApiServer(int status) : status_(status) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd_, 16) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    port_ = ntohs(a.sin_port);
+    fd_ = vlake::exptest::listen_loopback(16, port_);
     thread_ = std::thread([this] { serve(); });
   }
   ~FakeApiServer() {
@@ -363,17 +356,9 @@ class FakeApiServer {
         std::getline(lines, line);
         std::istringstream first(line);
         first >> r.method >> r.path;
-        std::size_t length = 0;
-        while (std::getline(lines, line)) {
-          if (!line.empty() && line.back() == '\r') line.pop_back();
-          const auto colon = line.find(':');
-          if (colon == std::string::npos) continue;
-          std::string name = line.substr(0, colon);
-          for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-          const std::string value = line.substr(line.find_first_not_of(' ', colon + 1));
-          if (name == "content-length") length = std::stoul(value);
-          if (name == "authorization") r.authorization = value;
-        }
+        auto fields = vlake::exptest::header_fields(lines);
+        const std::size_t length = fields.count("content-length") != 0 ? std::stoul(fields["content-length"]) : 0;
+        r.authorization = fields["authorization"];
         buf.erase(0, end + 4);
         while (buf.size() < length) {
           if (!read_more(c, buf)) break;
@@ -408,27 +393,6 @@ class FakeApiServer {
   std::vector<Request> requests_;
 };
 
-std::string make_temp_dir() {
-  std::string t = (std::filesystem::temp_directory_path() / "vlake-events-XXXXXX").string();
-  REQUIRE(::mkdtemp(t.data()) != nullptr);
-  return t;
-}
-
-struct TempDir {
-  std::string path = make_temp_dir();
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // A state segment written by the test, removed at the end.
 struct TestSegment {
   std::string name = "vlake-events-test-" + std::to_string(::getpid());
@@ -441,38 +405,14 @@ struct Run {
   std::string output;
 };
 
-Run run_events(const std::vector<std::string>& args, const std::string& dir) {
-  const std::string out = dir + "/events.out";
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    std::vector<std::string> a{VLAKE_EVENTS_PATH};
-    a.insert(a.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : a) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    FILE* f = std::freopen(out.c_str(), "w", stdout);
-    if (f == nullptr || ::dup2(1, 2) < 0) ::_exit(126);
-    ::unsetenv("VLAKE_STATE");
-    ::unsetenv("KUBERNETES_SERVICE_HOST");
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  bool done = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    done = ::waitpid(pid, &status, WNOHANG) == pid;
-    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (!done) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  Run r;
-  if (done && WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  r.output = read_file(out);
-  return r;
+Run run_events(const std::vector<std::string>& args) {
+  vlake::testsupport::Spawn spec;
+  spec.argv = {VLAKE_EVENTS_PATH};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.env = vlake::testsupport::Env::inherited().unset("VLAKE_STATE").unset("KUBERNETES_SERVICE_HOST").strings();
+  spec.err = vlake::testsupport::Stream::merged;
+  const vlake::testsupport::Result r = vlake::testsupport::run(spec, 30000);
+  return Run{!r.timed_out && WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1, r.out};
 }
 
 }  // namespace
@@ -487,16 +427,15 @@ TEST_CASE("events: vlake-events posts the rings to the API server", "[events][pr
     add_refusal(s, {.tenant = "research/user:\"alice\"", .tenant_id = 2, .reason = st::kRefusalNamespaceLimit});
     add_guard(s, proto::GuardKind::fault, "pod:team-b/infer/c");
   }
-  const TempDir tmp;
-  const std::string& dir = tmp.path;
+  const vlake::testsupport::TempDir tmp("vlake-events-");
+  const std::string& dir = tmp.path();
   const std::string token = dir + "/token";
   std::ofstream(token) << "s3cret-token\n";
 
   SECTION("replay: every event posted with the bearer token") {
     FakeApiServer api(201);
     const Run r = run_events({"--once", "--replay", "--state", t.name, "--node", "gpu-node-1", "--api-server",
-                              api.url(), "--token-file", token, "--ca-file", ""},
-                             dir);
+                              api.url(), "--token-file", token, "--ca-file", ""});
     INFO(r.output);
     CHECK(r.exit_code == 0);
     const auto reqs = api.requests();
@@ -523,9 +462,8 @@ TEST_CASE("events: vlake-events posts the rings to the API server", "[events][pr
   }
   SECTION("without --replay only later records are posted: none here") {
     FakeApiServer api(201);
-    const Run r = run_events(
-        {"--once", "--state", t.name, "--node", "n", "--api-server", api.url(), "--token-file", token, "--ca-file", ""},
-        dir);
+    const Run r = run_events({"--once", "--state", t.name, "--node", "n", "--api-server", api.url(), "--token-file",
+                              token, "--ca-file", ""});
     INFO(r.output);
     CHECK(r.exit_code == 0);
     CHECK(api.requests().empty());
@@ -533,8 +471,7 @@ TEST_CASE("events: vlake-events posts the rings to the API server", "[events][pr
   SECTION("an API error is logged with its status and body, and the exit status says so") {
     FakeApiServer api(403);
     const Run r = run_events({"--once", "--replay", "--state", t.name, "--node", "n", "--api-server", api.url(),
-                              "--token-file", "", "--ca-file", ""},
-                             dir);
+                              "--token-file", "", "--ca-file", ""});
     INFO(r.output);
     CHECK(r.exit_code == 1);
     CHECK(r.output.find("failed: HTTP 403: {}") != std::string::npos);
@@ -544,8 +481,7 @@ TEST_CASE("events: vlake-events posts the rings to the API server", "[events][pr
   }
   SECTION("an unreachable API server fails fast") {
     const Run r = run_events({"--once", "--replay", "--state", t.name, "--node", "n", "--api-server",
-                              "http://127.0.0.1:1", "--token-file", token, "--ca-file", ""},
-                             dir);
+                              "http://127.0.0.1:1", "--token-file", token, "--ca-file", ""});
     INFO(r.output);
     CHECK(r.exit_code == 1);
     CHECK(r.output.find("POST events to http://127.0.0.1:1 failed") != std::string::npos);

@@ -46,6 +46,13 @@ struct Fixture {
   }
 };
 
+// The fixture with its fake kubelet and the plugin (two simulated GPUs) running, registered.
+struct Registered : Fixture {
+  FakeKubelet kubelet{kdir};
+  RunningPlugin plugin{o, node, 2};
+  Registered() { REQUIRE(kubelet.registration.wait_requests(1)); }
+};
+
 std::vector<v1beta1::ListAndWatchResponse> read_updates(grpc::ClientReader<v1beta1::ListAndWatchResponse>& r,
                                                         std::size_t n) {
   std::vector<v1beta1::ListAndWatchResponse> out;
@@ -63,10 +70,8 @@ std::set<std::string> health_of(const v1beta1::ListAndWatchResponse& m) {
 }  // namespace
 
 TEST_CASE("plugin registers vlake.io/gpu-memory with its endpoint and options", "[scheduler]") {
-  Fixture f;
-  FakeKubelet kubelet(f.kdir);
-  RunningPlugin p(f.o, f.node, 2);
-  REQUIRE(kubelet.registration.wait_requests(1));
+  Registered f;
+  FakeKubelet& kubelet = f.kubelet;
   const auto req = kubelet.registration.requests().at(0);
   CHECK(req.version() == "v1beta1");
   CHECK(req.resource_name() == "vlake.io/gpu-memory");
@@ -84,10 +89,8 @@ TEST_CASE("plugin registers vlake.io/gpu-memory with its endpoint and options", 
 }
 
 TEST_CASE("ListAndWatch sends the device list and an update when health changes", "[scheduler]") {
-  Fixture f;
-  FakeKubelet kubelet(f.kdir);
-  RunningPlugin p(f.o, f.node, 2);
-  REQUIRE(kubelet.registration.wait_requests(1));
+  Registered f;
+  FakeKubelet& kubelet = f.kubelet;
   auto stub = kubelet.plugin(f.o.endpoint);
   grpc::ClientContext ctx;
   auto reader = stub->ListAndWatch(&ctx, v1beta1::Empty{});
@@ -121,10 +124,9 @@ TEST_CASE("ListAndWatch sends the device list and an update when health changes"
 }
 
 TEST_CASE("GetPreferredAllocation keeps a container on one GPU and honours must-include", "[scheduler]") {
-  Fixture f;
-  FakeKubelet kubelet(f.kdir);
-  RunningPlugin p(f.o, f.node, 2);
-  REQUIRE(kubelet.registration.wait_requests(1));
+  Registered f;
+  FakeKubelet& kubelet = f.kubelet;
+  RunningPlugin& p = f.plugin;
   const auto ids = p->device_ids();
   REQUIRE(ids.size() == 8);
   const std::string g0 = alloc::split_device_id(ids[0])->first;
@@ -158,10 +160,9 @@ TEST_CASE("GetPreferredAllocation keeps a container on one GPU and honours must-
 }
 
 TEST_CASE("Allocate creates the allocation directory and answers mounts, envs and CDI names", "[scheduler]") {
-  Fixture f;
-  FakeKubelet kubelet(f.kdir);
-  RunningPlugin p(f.o, f.node, 2);
-  REQUIRE(kubelet.registration.wait_requests(1));
+  Registered f;
+  FakeKubelet& kubelet = f.kubelet;
+  RunningPlugin& p = f.plugin;
   const auto ids = p->device_ids();
   const std::string g1 = alloc::split_device_id(ids[4])->first;
   auto stub = kubelet.plugin(f.o.endpoint);

@@ -2,20 +2,11 @@
 
 #include <catch2/catch.hpp>
 
-#include <fcntl.h>
-#include <grp.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
-#include <map>
-
-extern char** environ;
 
 namespace simtest {
 namespace {
@@ -86,79 +77,35 @@ void set_access(CUdeviceptr va, size_t size, CUmemAccess_flags flags, int dev) {
 }
 
 Child spawn_probe(const std::vector<std::string>& args, const Env& env, long uid, long gid) {
-  std::map<std::string, std::string> vars;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq != nullptr) vars[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
-  }
-  for (const auto& [k, v] : env) {
-    if (v == "\x01") {
-      vars.erase(k);
-    } else {
-      vars[k] = v;
-    }
-  }
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_strings{VLAKE_SIM_PROBE};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  int fds[2];
-  REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(fds[1], 1);
-    ::dup2(fds[1], 2);
-    if ((uid >= 0 || gid >= 0) && ::setgroups(0, nullptr) != 0) ::_exit(126);
-    if (gid >= 0 && ::setgid(static_cast<gid_t>(gid)) != 0) ::_exit(126);
-    if (uid >= 0 && ::setuid(static_cast<uid_t>(uid)) != 0) ::_exit(126);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
+  vlake::testsupport::Env vars = vlake::testsupport::Env::inherited();
+  vars.apply(env);
+  vlake::testsupport::Spawn spec;
+  spec.argv = {VLAKE_SIM_PROBE};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.env = vars.strings();
+  spec.err = vlake::testsupport::Stream::merged;
+  spec.uid = uid;
+  spec.gid = gid;
   Child c;
-  c.pid = pid;
-  c.out = fds[0];
+  c.process = std::make_unique<vlake::testsupport::Process>(spec);
+  c.pid = c.process->pid();
   return c;
 }
 
 bool read_until(Child& c, const std::string& marker, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (c.output.find(marker) == std::string::npos) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{c.out, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = ::read(c.out, buf, sizeof buf);
-    if (n <= 0) return c.output.find(marker) != std::string::npos;
-    c.output.append(buf, static_cast<size_t>(n));
-  }
-  return true;
+  const bool found =
+      c.process->read_until([&] { return c.process->out().find(marker) != std::string::npos; }, timeout_ms);
+  c.output = c.process->out();
+  return found;
 }
 
 int finish(Child& c) {
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::read(c.out, buf, sizeof buf);
-    if (n <= 0) break;
-    c.output.append(buf, static_cast<size_t>(n));
-  }
-  ::close(c.out);
-  c.out = -1;
-  int status = 0;
-  ::waitpid(c.pid, &status, 0);
+  c.process->drain(60000);
+  const int status = c.process->wait(60000) < 0 ? c.process->kill() : *c.process->status();
+  c.output = c.process->out();
+  c.process.reset();
   c.pid = -1;
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return WEXITSTATUS(status);
+  return vlake::testsupport::exit_code(status);
 }
 
 int run_probe(const std::vector<std::string>& args, const Env& env, std::string& output, long uid, long gid) {

@@ -1,14 +1,17 @@
 // Helpers shared by the simulator tests: the test process's node, context setup, and running
-// the vlake_sim_probe helper in child processes.
+// the vlake_sim_probe helper in child processes (vlake::test_support's process.hpp).
 #pragma once
 
 #include "vlake/common/cuda_api.hpp"
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "process.hpp"
 
 namespace simtest {
 
@@ -31,8 +34,8 @@ using Env = std::vector<std::pair<std::string, std::string>>;  // overrides; val
 
 struct Child {
   pid_t pid = -1;
-  int out = -1;        // read end of the child's stdout+stderr
-  std::string output;  // what was read so far
+  std::string output;                                    // what was read so far of its stdout+stderr
+  std::unique_ptr<vlake::testsupport::Process> process;  // SIGKILLs and reaps the probe when dropped
 };
 
 // Starts the probe with `args`; the environment is this process's plus `env`. `uid`/`gid` >= 0

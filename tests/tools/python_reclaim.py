@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from sim_vlaked import SimVlaked
+from sim_vlaked import TENANT_PROLOGUE, SimVlaked, testprocs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
@@ -34,17 +34,7 @@ UID_LOW, UID_HIGH = 64201, 64202
 #   alloc N       allocate N MiB, timed          -> {"rc", "ms"}
 #   stats         -> {"count" (vlake_reclaim_count), "calls" (callback runs), "held"}
 #   off           disable_reclaim                -> {"ok"}
-TENANT = r"""
-import ctypes, json, sys, time, threading
-sys.path.insert(0, sys.argv[1])
-import vlake
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+TENANT = "\nimport ctypes, json, sys, time, threading\n" + TENANT_PROLOGUE + r"""cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
 cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 held, lock, calls, handle = [], threading.Lock(), [0], None
 def alloc(n):
@@ -129,16 +119,7 @@ class Tenant:
         return json.loads(out)
 
     def close(self):
-        if self.p.poll() is None:
-            try:
-                self.p.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+        testprocs.end(self.p, 10)
 
 
 def device_used(tool, st):

@@ -21,22 +21,12 @@ import subprocess
 import sys
 import time
 
-from sim_vlaked import SimVlaked
+from sim_vlaked import TENANT_PROLOGUE, SimVlaked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
 
-TENANT = r"""
-import ctypes, json, sys
-sys.path.insert(0, sys.argv[1])
-import vlake
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-n = 8 << 20
+TENANT = "\nimport ctypes, json, sys\n" + TENANT_PROLOGUE + r"""n = 8 << 20
 m = vlake._DeviceMemory(n, 0)
 data = b"".join(bytes((j * 7 + c) % 256 for j in range(256)) * (n // 1024) for c in range(4))  # 4 distinct chunks
 cuda.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]

@@ -12,10 +12,25 @@ segment and the simulator's node file are removed.
 """
 import os
 import shutil
-import signal
 import subprocess
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+import testprocs  # noqa: E402  (tests/support/testprocs.py)
+
+# The start of a tenant program (python -c TENANT PYTHON_DIR ...): python/vlake imported from
+# argv[1], libcuda initialised with device 0's primary context current.
+TENANT_PROLOGUE = r"""sys.path.insert(0, sys.argv[1])
+import vlake
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+"""
 
 
 class SimVlaked:
@@ -54,20 +69,11 @@ class SimVlaked:
         return dict(self.env, LD_PRELOAD=os.path.abspath(hook), VLAKE_SOCKET=self.sock, **more)
 
     def __exit__(self, *exc):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        testprocs.stop(self.proc)
         self.log.close()
         if self.failed():
             with open(self.log_path) as f:
                 print(f.read()[-4000:])
-        for shm in ("/dev/shm/" + self.state, "/dev/shm/vlake-sim-" + self.node):
-            try:
-                os.unlink(shm)
-            except OSError:
-                pass
+        testprocs.unlink_quiet("/dev/shm/" + self.state, "/dev/shm/vlake-sim-" + self.node)
         shutil.rmtree(self.work, ignore_errors=True)
         return False

@@ -2,14 +2,18 @@
 // captured, or in the background (top --watch) with its stdout read incrementally.
 //
 // Contract: children get this process's environment minus VLAKE_STATE, plus `env`; uid/gid
-// >= 0 drop to that gid then uid in the child before exec (the tests run as root). Errors
-// (fork/pipe failures, timeouts) throw std::runtime_error. Not thread-safe per object.
+// >= 0 drop to that gid then uid in the child before exec (the tests run as root); stdin is
+// /dev/null. Processes are run with process.hpp (its errors throw std::system_error); a run
+// past its timeout is killed. Not thread-safe per object.
 #pragma once
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "process.hpp"
 
 namespace vlake::ctltest {
 
@@ -35,13 +39,10 @@ class CtlBackground {
   void signal(int sig);
   // Waits for exit (draining stdout); returns the exit code, or -1 (signal or timeout).
   int wait(int timeout_ms = 10000);
-  [[nodiscard]] const std::string& out() const noexcept { return out_; }
+  [[nodiscard]] const std::string& out() const noexcept { return proc_->out(); }
 
  private:
-  bool pump(int timeout_ms);  // reads once; false at EOF
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  std::string out_;
+  std::unique_ptr<testsupport::Process> proc_;
 };
 
 std::size_t count_of(const std::string& hay, const std::string& needle);

@@ -1,19 +1,23 @@
 // Test harness for daemon process tests: a vlaked started with the simulator on its own
 // simulated node, temp socket and state segment; tenant helper processes
-// (vlake_pool_test_client) driven over pipes; state segment snapshots.
+// (vlake_pool_test_client) driven over pipes; state segment snapshots. Processes are run with
+// process.hpp; every object removes what it created (processes, directory, segment, node).
 //
-// Paths come from compile definitions: VLAKED_PATH, VLAKE_POOL_CLIENT_PATH, VLAKE_SIM_LIB.
+// Paths come from compile definitions: VLAKED_PATH, VLAKE_POOL_CLIENT_PATH, VLAKE_SIM_LIB,
+// VLAKE_HOOK_LIB (vlake::test_support's).
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "process.hpp"
 #include "vlake/contracts/state.hpp"
 
 namespace vlake::pooltest {
@@ -21,9 +25,22 @@ namespace vlake::pooltest {
 // A name no other test (or test process) uses: "pt<pid>-<n>-<tag>".
 std::string unique_name(const std::string& tag);
 
+// A quota config giving every tenant the whole GPU.
+inline constexpr const char* kWholeGpuConfig = "version: 1\ndefault:\n  limit: 100%\n";
+// `n` MiB as the decimal byte count the helper's commands take.
+std::string mib(std::uint64_t n);
+
 // Environment of the daemon and its helpers: this process's plus the simulated node (with
 // `devices` GPUs).
 std::vector<std::string> child_env(const std::string& node, int devices = 1);
+
+class DaemonProcess;
+// Environment of a tenant program run under LD_PRELOAD=libvlake-hook.so against `daemon`: this
+// process's without LD_PRELOAD, LD_LIBRARY_PATH and VLAKE_*, plus the daemon's simulated node,
+// the hook, the simulator's directory on LD_LIBRARY_PATH, VLAKE_SOCKET, and (sanitizer builds:
+// the preloaded hook comes before the sanitizer runtime) verify_asan_link_order=0 appended to
+// the caller's ASAN_OPTIONS.
+testsupport::Env hooked_env(const DaemonProcess& daemon);
 
 class DaemonProcess {
  public:
@@ -42,7 +59,8 @@ class DaemonProcess {
   // Waits for the daemon to exit; returns its wait status, or -1 after `timeout_ms`.
   int wait_exit(int timeout_ms = 10000);
   [[nodiscard]] std::string log() const;
-  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  // The running daemon's pid; -1 before start() and once it exited.
+  [[nodiscard]] pid_t pid() const noexcept { return proc_ ? proc_->pid() : -1; }
 
   std::string dir;
   std::string socket;
@@ -53,8 +71,8 @@ class DaemonProcess {
   int devices = 1;  // GPUs of the simulated node (set before start())
 
  private:
-  pid_t spawn(const std::vector<std::string>& extra);
-  pid_t pid_ = -1;
+  [[nodiscard]] testsupport::Spawn spawn_spec(const std::vector<std::string>& extra) const;
+  std::unique_ptr<testsupport::Process> proc_;
   std::vector<std::string> last_extra_;
 };
 
@@ -78,16 +96,26 @@ class Helper {
   // and reply_fields()).
   std::map<std::string, std::string> ok(const std::string& line);
   void kill9();
-  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+  [[nodiscard]] pid_t pid() const noexcept { return proc_->status() ? -1 : proc_->pid(); }
 
  private:
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  std::string buf_;
+  std::unique_ptr<testsupport::Process> proc_;
+};
+
+// Two tenants, helpers as uids 4242 and 4243 (gid 0) connected to the daemon, and a root helper
+// not connected (it takes the simulated GPU's memory from outside vlake).
+struct TwoTenants {
+  explicit TwoTenants(const DaemonProcess& d);
+  Helper a;
+  Helper b;
+  Helper filler;
 };
 
 std::uint64_t num(const std::map<std::string, std::string>& kv, const std::string& key);
+
+// A session record of layout 8's fields (gid = uid), the rest zero: for synthetic states.
+state::SessionRecord session_record(std::uint64_t id, std::uint64_t start, std::uint32_t pid, std::uint32_t uid,
+                                    std::uint32_t tenant, std::uint32_t state, std::uint32_t grants);
 
 // Snapshot helpers.
 std::unique_ptr<state::State> snapshot(const std::string& state_name);

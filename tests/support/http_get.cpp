@@ -45,6 +45,37 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+int listen_loopback(int backlog, int& port) {
+  Fd s{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (s.fd < 0) throw std::runtime_error("socket failed");
+  sockaddr_in a = loopback(0);
+  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s.fd, backlog) != 0) {
+    throw std::runtime_error("bind/listen failed");
+  }
+  socklen_t len = sizeof a;
+  if (::getsockname(s.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) throw std::runtime_error("getsockname");
+  port = ntohs(a.sin_port);
+  const int fd = s.fd;
+  s.fd = -1;
+  return fd;
+}
+
+std::map<std::string, std::string> header_fields(std::istream& lines) {
+  std::map<std::string, std::string> fields;
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string k = line.substr(0, colon);
+    for (char& ch : k) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    std::string v = line.substr(colon + 1);
+    while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+    fields[k] = v;
+  }
+  return fields;
+}
+
 HttpResponse http_get(int port, const std::string& path, const std::string& method) {
   Fd s{::socket(AF_INET, SOCK_STREAM, 0)};
   if (s.fd < 0) throw std::runtime_error("socket failed");
@@ -74,16 +105,7 @@ HttpResponse http_get(int port, const std::string& path, const std::string& meth
   std::getline(head, line);
   if (line.rfind("HTTP/1.", 0) != 0 || line.size() < 12) throw std::runtime_error("bad status line: " + line);
   r.status = std::stoi(line.substr(9, 3));
-  while (std::getline(head, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string k = line.substr(0, colon);
-    for (char& ch : k) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    std::string v = line.substr(colon + 1);
-    while (!v.empty() && v.front() == ' ') v.erase(0, 1);
-    r.headers[k] = v;
-  }
+  r.headers = header_fields(head);
   r.body = raw.substr(end + 4);
   return r;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +22,12 @@ HttpResponse http_get(int port, const std::string& path, const std::string& meth
 
 // Binds 127.0.0.1:0, reads the port, closes the socket.
 int free_port();
+// A TCP socket listening on 127.0.0.1 at a free port (close-on-exec); returns the descriptor
+// (the caller closes it) and sets `port`. Throws std::runtime_error.
+int listen_loopback(int backlog, int& port);
+// The "Name: value" lines of an HTTP header (after the status or request line) up to the end of
+// `lines`: lower-case names, values without leading spaces or a trailing '\r'.
+std::map<std::string, std::string> header_fields(std::istream& lines);
 
 struct Sample {
   std::string name;

@@ -40,6 +40,22 @@ class Parser {
     for (const char* p = word; *p != '\0'; ++p) expect(*p);
   }
 
+  // The items of an object or array after its opening character: `item()` reads one, then a
+  // ',' continues and `close` ends the list.
+  template <class F>
+  void items(char close, F&& item) {
+    ws();
+    if (eat(close)) return;
+    for (;;) {
+      ws();
+      item();
+      ws();
+      if (eat(',')) continue;
+      expect(close);
+      return;
+    }
+  }
+
   Json value(int depth) {
     if (depth > 64) fail("too deep");
     if (i_ >= s_.size()) fail("unexpected end");
@@ -48,10 +64,7 @@ class Parser {
     if (c == '{') {
       v.type = Json::Type::object;
       ++i_;
-      ws();
-      if (eat('}')) return v;
-      for (;;) {
-        ws();
+      items('}', [&] {
         if (i_ >= s_.size() || s_[i_] != '"') fail("expected a key");
         std::string k = string();
         if (v.fields.count(k) != 0) fail("duplicate key '" + k + "'");
@@ -60,25 +73,14 @@ class Parser {
         ws();
         v.fields.emplace(k, value(depth + 1));
         v.order.push_back(k);
-        ws();
-        if (eat(',')) continue;
-        expect('}');
-        return v;
-      }
+      });
+      return v;
     }
     if (c == '[') {
       v.type = Json::Type::array;
       ++i_;
-      ws();
-      if (eat(']')) return v;
-      for (;;) {
-        ws();
-        v.items.push_back(value(depth + 1));
-        ws();
-        if (eat(',')) continue;
-        expect(']');
-        return v;
-      }
+      items(']', [&] { v.items.push_back(value(depth + 1)); });
+      return v;
     }
     if (c == '"') {
       v.type = Json::Type::string;

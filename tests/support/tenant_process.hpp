@@ -5,13 +5,28 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "harness.hpp"
+#include "process.hpp"
 
 namespace vlake::e2e {
+
+inline constexpr std::uint64_t MiB = 1ull << 20;
+inline constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+
+// Whether a wait status (finish()) is a normal exit with code 0.
+bool exited_ok(int status);
+// The daemon's state segment, read now.
+std::unique_ptr<state::State> snapshot(const pooltest::DaemonProcess& d);
+// Polls the daemon's state until `done` holds (up to 5 s); the last snapshot.
+std::unique_ptr<state::State> wait_state(const pooltest::DaemonProcess& d,
+                                         const std::function<bool(const state::State&)>& done);
 
 class TenantProcess {
  public:
@@ -30,21 +45,14 @@ class TenantProcess {
   // Waits for the exit; returns the wait status (-1 on timeout).
   int finish(int timeout_ms = 60000);
   void kill9();
-  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
-  [[nodiscard]] const std::string& out() const noexcept { return out_; }
-  [[nodiscard]] const std::string& err() const noexcept { return err_; }
+  [[nodiscard]] pid_t pid() const noexcept { return proc_->pid(); }
+  [[nodiscard]] const std::string& out() const noexcept { return proc_->out(); }
+  [[nodiscard]] const std::string& err() const noexcept { return proc_->err(); }
   // key=value pairs of the first stdout line starting with `prefix` (after finish()).
   [[nodiscard]] std::map<std::string, std::string> line(const std::string& prefix) const;
 
  private:
-  void pump(int timeout_ms);
-  std::string reserve_;
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int err_fd_ = -1;
-  int status_ = -1;
-  std::string out_;
-  std::string err_;
+  std::unique_ptr<testsupport::Process> proc_;
 };
 
 }  // namespace vlake::e2e
