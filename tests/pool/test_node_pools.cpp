@@ -227,7 +227,7 @@ TEST_CASE("node: unlisted memory is split equally among the GPU users NVML does 
   const Node::Tenant* mine = w.node->tenant(w.node->session(s)->tenant);
   REQUIRE(mine != nullptr);
   CHECK(w.node->unhooked().of(mine->id).bytes[0] == 100 * kMiB);  // the session's tenant
-  CHECK(w.node->unhooked().of(mine->id).procs.empty());     // a session's process is never killed
+  CHECK(w.node->unhooked().of(mine->id).procs.empty());           // a session's process is never killed
   CHECK(w.node->accounting().usage(mine->id, DeviceOrdinal{0}).unhooked == 100_MiB);
 }
 
