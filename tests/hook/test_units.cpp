@@ -38,18 +38,27 @@ vlake::UniqueFd some_fd() { return vlake::UniqueFd(::dup(STDERR_FILENO)); }
 
 }  // namespace
 
-TEST_CASE("config: defaults") {
-  const Config c = parse({});
+namespace {
+
+// The settings every variable below leaves at its default when unset or malformed.
+void check_default_settings(const Config& c) {
   CHECK(c.socket_path == "/run/vlake/vlaked.sock");
   CHECK(c.on_unreachable == OnUnreachable::refuse);
   CHECK(c.reconnect_timeout == 5000ms);
   CHECK(c.timeout == 10000ms);
   CHECK(c.log_level == LogLevel::warn);
   CHECK_FALSE(c.disabled);
+  CHECK_FALSE(c.wait.has_value());  // the namespace's `wait`
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults") {
+  const Config c = parse({});
+  check_default_settings(c);
   CHECK(c.reserve_bytes == std::uint64_t{512} << 20);  // measured: docs/hook.md
   CHECK(c.reserve_age == 5000ms);
   CHECK(c.reserve_stats.empty());
-  CHECK_FALSE(c.wait.has_value());  // the namespace's `wait`
   CHECK(c.problems.empty());
 }
 
@@ -79,13 +88,7 @@ TEST_CASE("config: malformed values keep the default and are reported") {
                           {"VLAKE_DISABLE", "maybe"},
                           {"VLAKE_WAIT", "11m"},
                           {"VLAKE_SOCKET", std::string(200, 'x')}});
-  CHECK(c.on_unreachable == OnUnreachable::refuse);
-  CHECK(c.reconnect_timeout == 5000ms);
-  CHECK(c.timeout == 10000ms);
-  CHECK(c.log_level == LogLevel::warn);
-  CHECK_FALSE(c.disabled);
-  CHECK(c.socket_path == "/run/vlake/vlaked.sock");
-  CHECK_FALSE(c.wait.has_value());
+  check_default_settings(c);
   CHECK(c.problems.size() == 7);
 }
 
