@@ -291,31 +291,38 @@ TEST_CASE("alloc policy: a refusal is retried once when the reserve or stream-or
   }
 }
 
-TEST_CASE("alloc policy: an unreachable daemon is a passthrough only when configured", "[alloc_policy]") {
-  SECTION("VLAKE_ON_UNREACHABLE=passthrough: the driver allocates") {
-    Rig r(0, OnUnreachable::passthrough);
-    r.daemon.then(no_reply(Answer::Kind::unreachable));
-    CHECK(r.alloc() == CUDA_SUCCESS);
-    CHECK(r.direct == 1);
-    CHECK(r.reports.passthroughs == 1);
-    CHECK(r.driver.mapped == 0);
+TEST_CASE("alloc policy: no answer is a passthrough only for an unreachable daemon so configured", "[alloc_policy]") {
+  // The daemon gave no grant (`kind`) under VLAKE_ON_UNREACHABLE=`mode`: the request's outcome and
+  // what was reported.
+  struct NoAnswerCase {
+    const char* name;
+    OnUnreachable mode;
+    Answer::Kind kind;
+    CUresult rc;
+    int direct;  // allocations the driver made directly
+    int passthroughs;
+    int unreachables;
+    int limit_refusals;
+  };
+  const NoAnswerCase cases[] = {
+      {"unreachable, VLAKE_ON_UNREACHABLE=passthrough: the driver allocates", OnUnreachable::passthrough,
+       Answer::Kind::unreachable, CUDA_SUCCESS, 1, 1, 0, 0},
+      {"unreachable, refuse: out of memory, reported", OnUnreachable::refuse, Answer::Kind::unreachable,
+       CUDA_ERROR_OUT_OF_MEMORY, 0, 0, 1, 0},
+      {"the daemon refusing the process is never a passthrough", OnUnreachable::passthrough, Answer::Kind::refused,
+       CUDA_ERROR_OUT_OF_MEMORY, 0, 0, 0, 1},
+  };
+  for (const NoAnswerCase& c : cases) {
+    INFO(c.name);
+    Rig r(0, c.mode);
+    r.daemon.then(no_reply(c.kind));
+    CHECK(r.alloc() == c.rc);
+    CHECK(r.direct == c.direct);
+    CHECK(r.reports.passthroughs == c.passthroughs);
+    CHECK(r.reports.unreachables == c.unreachables);
+    CHECK(r.reports.limit_refusals == c.limit_refusals);
+    CHECK(r.driver.mapped == 0);  // nothing granted, nothing mapped
   }
-  SECTION("refuse: out of memory, reported") {
-    Rig r(0, OnUnreachable::refuse);
-    r.daemon.then(no_reply(Answer::Kind::unreachable));
-    CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK(r.direct == 0);
-    CHECK(r.reports.unreachables == 1);
-  }
-}
-
-TEST_CASE("alloc policy: the daemon refusing the process is never a passthrough", "[alloc_policy]") {
-  Rig r(0, OnUnreachable::passthrough);
-  r.daemon.then(no_reply(Answer::Kind::refused));
-  CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.direct == 0);
-  CHECK(r.reports.limit_refusals == 1);
-  CHECK(r.reports.passthroughs == 0);
 }
 
 TEST_CASE("alloc policy: an overcommit tenant's allocation takes the counted path", "[alloc_policy]") {
