@@ -15,7 +15,6 @@
 //   forgets every entry (they are the parent's mappings) and unlocks.
 #pragma once
 
-#include "fork_lock.hpp"
 #include "vlake/common/cuda_api.hpp"  // cuda.h as the hook sees it (legacy names visible)
 
 #include <cstdint>
@@ -26,6 +25,7 @@
 #include <span>
 #include <vector>
 
+#include "fork_lock.hpp"
 #include "tables.hpp"
 
 namespace vlake::hook {

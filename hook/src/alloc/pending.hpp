@@ -25,7 +25,6 @@
 //   forgets every entry and event without touching them (they are the parent's) and unlocks.
 #pragma once
 
-#include "fork_lock.hpp"
 #include "vlake/common/cuda_api.hpp"  // cuda.h as the hook sees it (legacy names visible)
 
 #include <atomic>
@@ -37,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "fork_lock.hpp"
 #include "tables.hpp"
 
 namespace vlake::hook {

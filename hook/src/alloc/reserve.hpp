@@ -25,8 +25,8 @@
 #include <map>
 #include <mutex>
 #include <vector>
-#include "fork_lock.hpp"
 
+#include "fork_lock.hpp"
 #include "reserve_stats.hpp"
 #include "tables.hpp"
 

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <cuda.h>
-#include "fork_lock.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -30,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fork_lock.hpp"
 #include "vlake/common/unique_fd.hpp"
 
 namespace vlake::hook {

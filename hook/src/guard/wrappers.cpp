@@ -112,6 +112,21 @@ CUresult pass_write(bool ptds, const char* call, DstOrFn dst, A... args) {
   return rc;
 }
 
+// The 2D and 3D copies: the destination is read from the descriptor `pCopy`, on failure only.
+template <Row R, class Copy, class... Stream>
+CUresult pass_copy(bool ptds, const char* call, const Copy* pCopy, Stream... stream) {
+  return pass_write<R>(
+      ptds, call,
+      [=] {
+        if constexpr (std::is_same_v<Copy, CUDA_MEMCPY2D>) {
+          return dst_2d(pCopy);
+        } else {
+          return dst_3d(pCopy);
+        }
+      },
+      pCopy, stream...);
+}
+
 // The memsets of `Elem`-byte values: N values from dstDevice (1D), or Height rows of Width
 // values, dstPitch bytes apart (2D); `stream` is the Async variants' stream.
 template <Row R, std::uint64_t Elem, class V, class... Stream>
@@ -170,28 +185,23 @@ CUresult on_cuMemcpyPeerAsync(bool ptds, CUdeviceptr dstDevice, CUcontext dstCon
 }
 
 CUresult on_cuMemcpy2D_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
-  return pass_write<Row::cuMemcpy2D_v2>(
-      ptds, "cuMemcpy2D", [=] { return dst_2d(pCopy); }, pCopy);
+  return pass_copy<Row::cuMemcpy2D_v2>(ptds, "cuMemcpy2D", pCopy);
 }
 
 CUresult on_cuMemcpy2DUnaligned_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
-  return pass_write<Row::cuMemcpy2DUnaligned_v2>(
-      ptds, "cuMemcpy2DUnaligned", [=] { return dst_2d(pCopy); }, pCopy);
+  return pass_copy<Row::cuMemcpy2DUnaligned_v2>(ptds, "cuMemcpy2DUnaligned", pCopy);
 }
 
 CUresult on_cuMemcpy2DAsync_v2(bool ptds, const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
-  return pass_write<Row::cuMemcpy2DAsync_v2>(
-      ptds, "cuMemcpy2DAsync", [=] { return dst_2d(pCopy); }, pCopy, hStream);
+  return pass_copy<Row::cuMemcpy2DAsync_v2>(ptds, "cuMemcpy2DAsync", pCopy, hStream);
 }
 
 CUresult on_cuMemcpy3D_v2(bool ptds, const CUDA_MEMCPY3D* pCopy) {
-  return pass_write<Row::cuMemcpy3D_v2>(
-      ptds, "cuMemcpy3D", [=] { return dst_3d(pCopy); }, pCopy);
+  return pass_copy<Row::cuMemcpy3D_v2>(ptds, "cuMemcpy3D", pCopy);
 }
 
 CUresult on_cuMemcpy3DAsync_v2(bool ptds, const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
-  return pass_write<Row::cuMemcpy3DAsync_v2>(
-      ptds, "cuMemcpy3DAsync", [=] { return dst_3d(pCopy); }, pCopy, hStream);
+  return pass_copy<Row::cuMemcpy3DAsync_v2>(ptds, "cuMemcpy3DAsync", pCopy, hStream);
 }
 
 // Memsets: N elements of 1, 2 or 4 bytes; 2D: Height rows of Width elements, dstPitch bytes apart.

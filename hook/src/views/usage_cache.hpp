@@ -22,8 +22,8 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include "fork_lock.hpp"
 
+#include "fork_lock.hpp"
 #include "vlake/common/uuid.hpp"
 
 namespace vlake::hook {
