@@ -4,6 +4,7 @@
 #include "alloc/seams.hpp"
 
 #include "alloc/internal.hpp"
+#include "guarded_once.hpp"
 #include "ipc.hpp"
 #include "profile.hpp"
 #include "share.hpp"
@@ -172,13 +173,7 @@ void create_state() {
 State* state() noexcept {
   State* s = g_state.load(std::memory_order_acquire);
   if (s != nullptr) return s;
-  if (t_creating) return nullptr;
-  t_creating = true;
-  try {
-    std::call_once(g_state_once, create_state);
-  } catch (...) {
-  }
-  t_creating = false;
+  if (!call_once_guarded(g_state_once, t_creating, create_state)) return nullptr;
   return g_state.load(std::memory_order_acquire);
 }
 

@@ -518,23 +518,38 @@ std::vector<unsigned char> pattern(std::uint64_t seed, std::uint64_t off, std::u
   return v;
 }
 
-// One descriptor over a Unix stream socket (SCM_RIGHTS), as NCCL's proxy passes cuMem fds.
-bool send_fd(const std::string& path, int fd) {
+// The address of the Unix socket at `path`.
+sockaddr_un unix_address(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  return addr;
+}
+
+// Room for one SCM_RIGHTS descriptor, and a message of the one byte in `iov` with that room.
+struct FdControl {
+  alignas(cmsghdr) char bytes[CMSG_SPACE(sizeof(int))];
+};
+msghdr one_fd_message(iovec& iov, FdControl& control) {
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.bytes;
+  msg.msg_controllen = sizeof control.bytes;
+  return msg;
+}
+
+// One descriptor over a Unix stream socket (SCM_RIGHTS), as NCCL's proxy passes cuMem fds.
+bool send_fd(const std::string& path, int fd) {
+  sockaddr_un addr = unix_address(path);
   for (int i = 0; i < 3000; ++i) {
     const int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0) return false;
     if (::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
       char byte = 'F';
       iovec iov{&byte, 1};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
+      FdControl control{};
+      msghdr msg = one_fd_message(iov, control);
       cmsghdr* c = CMSG_FIRSTHDR(&msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
@@ -551,9 +566,7 @@ bool send_fd(const std::string& path, int fd) {
 }
 
 int recv_fd(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  sockaddr_un addr = unix_address(path);
   const int ls = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (ls < 0) return -1;
   ::unlink(path.c_str());
@@ -567,12 +580,8 @@ int recv_fd(const std::string& path) {
   if (conn < 0) return -1;
   char byte = 0;
   iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  FdControl control{};
+  msghdr msg = one_fd_message(iov, control);
   int fd = -1;
   if (::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) == 1) {
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
@@ -613,44 +622,72 @@ T handle_of(const std::string& n) {
   return static_cast<T>(handles.count(n) != 0 ? handles[n] : nullptr);
 }
 
+// Prints step `s`'s result; on success `h` becomes the handle called `name`.
+void keep_handle(const std::string& s, const std::string& name, CUresult rc, void* h) {
+  if (rc == CUDA_SUCCESS) handles[name] = h;
+  out("%s rc=%d", s.c_str(), rc);
+}
+
+// Step `s`: `create(&h)` makes a handle; on success it is called `name`.
+template <class H, class Create>
+void make_handle(const std::string& s, const std::string& name, Create create) {
+  H h = nullptr;
+  const CUresult rc = create(&h);
+  keep_handle(s, name, rc, h);
+}
+
+// The properties of a pool of pinned device-0 memory (explicit pools and graph allocations).
+CUmemPoolProps device0_pool_props() {
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  return props;
+}
+
+// The properties of pinned memory on `device`, for cuMemCreate.
+CUmemAllocationProp pinned_prop(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+// Step `s` = create:<name>:<size>...: cuMemCreate with `prop`; the handle is called <name>.
+void create_named(const std::string& s, const std::vector<std::string>& a, const CUmemAllocationProp& prop) {
+  CUmemGenericAllocationHandle h = 0;
+  const std::uint64_t size = size_of(a.at(2));
+  const CUresult rc = CALL(cuMemCreate, &h, size, &prop, 0);
+  if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, size};
+  out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
+}
+
 // The counted-path steps (see the header); false if `op` is not one of them.
 bool run_counted_step(const std::string& s, const std::vector<std::string>& a) {
   const std::string& op = a[0];
   if (op == "createx") {
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = pinned_prop(0);
     if (a.at(3) == "rdma") prop.allocFlags.gpuDirectRDMACapable = 1;
     if (a.at(3) == "compress") prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
-    CUmemGenericAllocationHandle h = 0;
-    const std::uint64_t size = size_of(a.at(2));
-    const CUresult rc = CALL(cuMemCreate, &h, size, &prop, 0);
-    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, size};
-    out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
+    create_named(s, a, prop);
   } else if (op == "alloc1") {
     CUdeviceptr_v1 p = 0;
     const CUresult rc = XCALL(cuMemAlloc, 2000, &p, static_cast<unsigned>(size_of(a.at(2))));
     if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size_of(a.at(2))};
     out("%s rc=%d ptr=0x%x", s.c_str(), rc, p);
   } else if (op == "pool") {
-    CUmemPoolProps props{};
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = 0;
+    CUmemPoolProps props = device0_pool_props();
     CUmemoryPool pool = nullptr;
     CUresult rc = XCALL(cuMemPoolCreate, 11020, &pool, &props);
     if (rc == CUDA_SUCCESS && a.size() > 2) {
       cuuint64_t threshold = size_of(a[2]);
       rc = XCALL(cuMemPoolSetAttribute, 11020, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
     }
-    if (rc == CUDA_SUCCESS) handles[a.at(1)] = pool;
-    out("%s rc=%d", s.c_str(), rc);
+    keep_handle(s, a.at(1), rc, pool);
   } else if (op == "defpool") {
-    CUmemoryPool pool = nullptr;
-    const CUresult rc = XCALL(cuDeviceGetDefaultMemPool, 11020, &pool, 0);
-    if (rc == CUDA_SUCCESS) handles[a.at(1)] = pool;
-    out("%s rc=%d", s.c_str(), rc);
+    make_handle<CUmemoryPool>(s, a.at(1),
+                              [](CUmemoryPool* pool) { return XCALL(cuDeviceGetDefaultMemPool, 11020, pool, 0); });
   } else if (op == "palloc") {
     CUdeviceptr p = 0;
     const std::uint64_t size = size_of(a.at(3));
@@ -681,20 +718,12 @@ bool run_counted_step(const std::string& s, const std::vector<std::string>& a) {
     if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{p, size_of(a.at(2))};
     out("%s rc=%d", s.c_str(), rc);
   } else if (op == "endcapture") {
-    CUgraph g = nullptr;
-    const CUresult rc = XCALL(cuStreamEndCapture, 10000, stream(), &g);
-    if (rc == CUDA_SUCCESS) handles[a.at(1)] = g;
-    out("%s rc=%d", s.c_str(), rc);
+    make_handle<CUgraph>(s, a.at(1), [](CUgraph* g) { return XCALL(cuStreamEndCapture, 10000, stream(), g); });
   } else if (op == "graph") {
-    CUgraph g = nullptr;
-    const CUresult rc = XCALL(cuGraphCreate, 10000, &g, 0);
-    if (rc == CUDA_SUCCESS) handles[a.at(1)] = g;
-    out("%s rc=%d", s.c_str(), rc);
+    make_handle<CUgraph>(s, a.at(1), [](CUgraph* g) { return XCALL(cuGraphCreate, 10000, g, 0); });
   } else if (op == "gnalloc") {
     CUDA_MEM_ALLOC_NODE_PARAMS params{};
-    params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    params.poolProps.location.id = 0;
+    params.poolProps = device0_pool_props();
     params.bytesize = size_of(a.at(3));
     CUgraphNode n = nullptr;
     const CUresult rc = XCALL(cuGraphAddMemAllocNode, 11040, &n, handle_of<CUgraph>(a.at(1)), nullptr, 0, &params);
@@ -718,8 +747,7 @@ bool run_counted_step(const std::string& s, const std::vector<std::string>& a) {
       params.hUploadStream = stream();
       rc = XCALL(cuGraphInstantiateWithParams, 12000, &e, handle_of<CUgraph>(a.at(2)), &params);
     }
-    if (rc == CUDA_SUCCESS) handles[a.at(1)] = e;
-    out("%s rc=%d", s.c_str(), rc);
+    keep_handle(s, a.at(1), rc, e);
   } else if (op == "glaunch") {
     out("%s rc=%d", s.c_str(), XCALL(cuGraphLaunch, 10000, handle_of<CUgraphExec>(a.at(1)), stream()));
   } else if (op == "gupload") {
@@ -899,17 +927,10 @@ void run_step(const std::string& s) {
         s.c_str(), rc, static_cast<long long>(start) - static_cast<long long>(p), size, rc2, ordinal,
         static_cast<long long>(mstart) - static_cast<long long>(p), msize);
   } else if (op == "create") {
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = g_device;
+    CUmemAllocationProp prop = pinned_prop(g_device);
     prop.requestedHandleTypes =
         a.size() > 3 && a[3] == "nofd" ? CU_MEM_HANDLE_TYPE_NONE : CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    CUmemGenericAllocationHandle h = 0;
-    const std::uint64_t size = size_of(a.at(2));
-    const CUresult rc = CALL(cuMemCreate, &h, size, &prop, 0);
-    if (rc == CUDA_SUCCESS) vars[a.at(1)] = Named{h, size};
-    out("%s rc=%d handle=%llu", s.c_str(), rc, static_cast<unsigned long long>(h));
+    create_named(s, a, prop);
   } else if (op == "reserve") {
     CUdeviceptr p = 0;
     const std::uint64_t size = size_of(a.at(2));

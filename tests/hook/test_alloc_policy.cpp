@@ -213,83 +213,116 @@ TEST_CASE("alloc policy: drop_kept rounds stop after four", "[alloc_policy]") {
   CHECK(r.daemon.dropped == kDropKeptRounds);
 }
 
-TEST_CASE("alloc policy: a quota refusal drains the reserve and asks once more", "[alloc_policy]") {
-  Rig r(64 * MiB);
-  r.learn_granularity();
-  r.put_block(4 * kGran);  // too large for the request: stays in the reserve
-  r.daemon.then(reply(Status::over_limit));
-  CHECK(r.alloc() == CUDA_SUCCESS);
-  CHECK(r.tally() == Tally{2, 0, 1, 1});
-}
-
-TEST_CASE("alloc policy: a quota refusal settles stream-ordered frees and asks once more", "[alloc_policy]") {
-  Rig r;
-  r.driver.queued = 1;
-  r.driver.completes_on_settle = 1;
-  r.daemon.then(reply(Status::out_of_memory));
-  CHECK(r.alloc() == CUDA_SUCCESS);
-  CHECK(r.tally() == Tally{2, 0, 1, 0});
-}
-
-TEST_CASE("alloc policy: the retry is refused: reported once, after it", "[alloc_policy]") {
-  Rig r(64 * MiB);
-  r.learn_granularity();
-  r.put_block(4 * kGran);
-  r.daemon.then(reply(Status::over_limit)).then(reply(Status::over_limit)).then(reply(Status::ok));
-  CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.tally() == Tally{2, 1, 1, 1});  // once more, not twice
-}
-
-TEST_CASE("alloc policy: nothing given back: no retry, the refusal reported once", "[alloc_policy]") {
-  Rig r(64 * MiB);
-  r.learn_granularity();
-  r.driver.queued = 1;  // a free outstanding that the streams have not passed
-  r.daemon.then(reply(Status::guarantee));
-  CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.tally() == Tally{1, 1, 1, 0});
-}
-
-TEST_CASE("alloc policy: without reserve or frees the first refusal is reported, no settle", "[alloc_policy]") {
-  Rig r;
-  r.daemon.then(reply(Status::over_limit));
-  CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.tally() == Tally{1, 1, 0, 0});
-}
-
-TEST_CASE("alloc policy: a refusal the reserve cannot change is reported without a retry", "[alloc_policy]") {
-  Rig r(64 * MiB);
-  r.learn_granularity();
-  r.put_block(4 * kGran);
-  r.daemon.then(reply(Status::limit_reached));
-  CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.tally() == Tally{1, 1, 0, 0});
-}
-
-TEST_CASE("alloc policy: an unreachable daemon is a passthrough only when configured", "[alloc_policy]") {
-  SECTION("VLAKE_ON_UNREACHABLE=passthrough: the driver allocates") {
-    Rig r(0, OnUnreachable::passthrough);
-    r.daemon.then(no_reply(Answer::Kind::unreachable));
-    CHECK(r.alloc() == CUDA_SUCCESS);
-    CHECK(r.direct == 1);
-    CHECK(r.reports.passthroughs == 1);
-    CHECK(r.driver.mapped == 0);
+TEST_CASE("alloc policy: a refusal is retried once when the reserve or stream-ordered frees give memory back",
+          "[alloc_policy]") {
+  // A refusal, what could be given back, and what the policy does about it.
+  struct RefusalCase {
+    const char* name;
+    bool reserve;                       // a 64 MiB reserve, the granularity learned
+    bool block;                         // a 4-granule block (too large for the request) in the reserve
+    std::uint64_t queued;               // stream-ordered frees outstanding
+    std::uint64_t completes_on_settle;  // of those, passed once settled
+    std::vector<Status> replies;        // the daemon's answers, in order
+    CUresult rc;
+    Tally tally;
+  };
+  const RefusalCase cases[] = {
+      {"a quota refusal drains the reserve and asks once more",
+       true,
+       true,
+       0,
+       0,
+       {Status::over_limit},
+       CUDA_SUCCESS,
+       Tally{2, 0, 1, 1}},
+      {"a quota refusal settles stream-ordered frees and asks once more",
+       false,
+       false,
+       1,
+       1,
+       {Status::out_of_memory},
+       CUDA_SUCCESS,
+       Tally{2, 0, 1, 0}},
+      // once more, not twice
+      {"the retry is refused: reported once, after it",
+       true,
+       true,
+       0,
+       0,
+       {Status::over_limit, Status::over_limit, Status::ok},
+       CUDA_ERROR_OUT_OF_MEMORY,
+       Tally{2, 1, 1, 1}},
+      // a free outstanding that the streams have not passed
+      {"nothing given back: no retry, the refusal reported once",
+       true,
+       false,
+       1,
+       0,
+       {Status::guarantee},
+       CUDA_ERROR_OUT_OF_MEMORY,
+       Tally{1, 1, 1, 0}},
+      {"without reserve or frees the first refusal is reported, no settle",
+       false,
+       false,
+       0,
+       0,
+       {Status::over_limit},
+       CUDA_ERROR_OUT_OF_MEMORY,
+       Tally{1, 1, 0, 0}},
+      {"a refusal the reserve cannot change is reported without a retry",
+       true,
+       true,
+       0,
+       0,
+       {Status::limit_reached},
+       CUDA_ERROR_OUT_OF_MEMORY,
+       Tally{1, 1, 0, 0}},
+  };
+  for (const RefusalCase& c : cases) {
+    INFO(c.name);
+    Rig r(c.reserve ? 64 * MiB : 0);
+    if (c.reserve) r.learn_granularity();
+    if (c.block) r.put_block(4 * kGran);
+    r.driver.queued = c.queued;
+    r.driver.completes_on_settle = c.completes_on_settle;
+    for (const Status st : c.replies) r.daemon.then(reply(st));
+    CHECK(r.alloc() == c.rc);
+    CHECK(r.tally() == c.tally);
   }
-  SECTION("refuse: out of memory, reported") {
-    Rig r(0, OnUnreachable::refuse);
-    r.daemon.then(no_reply(Answer::Kind::unreachable));
-    CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK(r.direct == 0);
-    CHECK(r.reports.unreachables == 1);
-  }
 }
 
-TEST_CASE("alloc policy: the daemon refusing the process is never a passthrough", "[alloc_policy]") {
-  Rig r(0, OnUnreachable::passthrough);
-  r.daemon.then(no_reply(Answer::Kind::refused));
-  CHECK(r.alloc() == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(r.direct == 0);
-  CHECK(r.reports.limit_refusals == 1);
-  CHECK(r.reports.passthroughs == 0);
+TEST_CASE("alloc policy: no answer is a passthrough only for an unreachable daemon so configured", "[alloc_policy]") {
+  // The daemon gave no grant (`kind`) under VLAKE_ON_UNREACHABLE=`mode`: the request's outcome and
+  // what was reported.
+  struct NoAnswerCase {
+    const char* name;
+    OnUnreachable mode;
+    Answer::Kind kind;
+    CUresult rc;
+    int direct;  // allocations the driver made directly
+    int passthroughs;
+    int unreachables;
+    int limit_refusals;
+  };
+  const NoAnswerCase cases[] = {
+      {"unreachable, VLAKE_ON_UNREACHABLE=passthrough: the driver allocates", OnUnreachable::passthrough,
+       Answer::Kind::unreachable, CUDA_SUCCESS, 1, 1, 0, 0},
+      {"unreachable, refuse: out of memory, reported", OnUnreachable::refuse, Answer::Kind::unreachable,
+       CUDA_ERROR_OUT_OF_MEMORY, 0, 0, 1, 0},
+      {"the daemon refusing the process is never a passthrough", OnUnreachable::passthrough, Answer::Kind::refused,
+       CUDA_ERROR_OUT_OF_MEMORY, 0, 0, 0, 1},
+  };
+  for (const NoAnswerCase& c : cases) {
+    INFO(c.name);
+    Rig r(0, c.mode);
+    r.daemon.then(no_reply(c.kind));
+    CHECK(r.alloc() == c.rc);
+    CHECK(r.direct == c.direct);
+    CHECK(r.reports.passthroughs == c.passthroughs);
+    CHECK(r.reports.unreachables == c.unreachables);
+    CHECK(r.reports.limit_refusals == c.limit_refusals);
+    CHECK(r.driver.mapped == 0);  // nothing granted, nothing mapped
+  }
 }
 
 TEST_CASE("alloc policy: an overcommit tenant's allocation takes the counted path", "[alloc_policy]") {

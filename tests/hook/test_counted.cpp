@@ -10,22 +10,14 @@
 #include <cstdint>
 #include <string>
 
+#include "daemon_case.hpp"
 #include "support.hpp"
 
 using namespace hooktest;
 
 namespace {
 
-constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
 constexpr std::uint64_t kLimit = 64 * MiB;
-
-std::string num(std::uint64_t v) { return std::to_string(v); }
-
-FakeDaemonOptions with_limit(std::uint64_t limit) {
-  FakeDaemonOptions o;
-  o.limit = limit;
-  return o;
-}
 
 // What the daemon charges the tenant, from the virtualized cuMemGetInfo of step `info`.
 std::uint64_t charged(const std::string& out, const std::string& info) {

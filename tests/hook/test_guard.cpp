@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "daemon_case.hpp"
 #include "support.hpp"
 
 using namespace hooktest;
@@ -14,8 +15,6 @@ using vlake::proto::GuardKind;
 using vlake::proto::GuardMode;
 
 namespace {
-
-constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
 
 FakeDaemonOptions with_mode(GuardMode mode) {
   FakeDaemonOptions o;
@@ -27,8 +26,6 @@ FakeDaemonOptions with_mode(GuardMode mode) {
 std::uint64_t ptr_of(const std::string& out, const std::string& step) {
   return std::strtoull(line_of(out, step)["ptr"].c_str(), nullptr, 16);
 }
-
-std::string num(std::uint64_t v) { return std::to_string(v); }
 
 constexpr const char* kFaultLine =
     "vlake: GPU fault (CUDA_ERROR_ILLEGAL_ADDRESS) on GPU 0 in cuCtxSynchronize; reported to "

@@ -10,20 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "daemon_case.hpp"
 #include "fake_daemon.hpp"
 #include "support.hpp"
 
 using namespace hooktest;
 
 namespace {
-
-constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
-
-FakeDaemonOptions limit_of(std::uint64_t limit) {
-  FakeDaemonOptions o;
-  o.limit = limit;
-  return o;
-}
 
 Env reserve(const std::string& cap, const std::string& age = "30s") {
   return {{"VLAKE_RESERVE", cap}, {"VLAKE_RESERVE_AGE", age}};
@@ -32,7 +25,7 @@ Env reserve(const std::string& cap, const std::string& age = "30s") {
 }  // namespace
 
 TEST_CASE("reserve: a freed allocation is reused with no daemon message, contents kept private") {
-  Fixture f(limit_of(256 * MiB));
+  Fixture f(with_limit(256 * MiB));
   const auto r = f.run({"init", "alloc:a:6M", "fill:a:6M:7", "free:a", "alloc:b:6M", "check:b:6M:7", "free:b",
                         "alloc:c:5M", "free:c", "info", "sleep:400"},
                        reserve("64MiB"));
@@ -57,7 +50,7 @@ TEST_CASE("reserve: a freed allocation is reused with no daemon message, content
 }
 
 TEST_CASE("reserve: a much larger block is not used for a small request") {
-  Fixture f(limit_of(256 * MiB));
+  Fixture f(with_limit(256 * MiB));
   const auto r = f.run({"init", "alloc:a:20M", "free:a", "alloc:b:2M", "free:b"}, reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:b:2M")["rc"] == "0");
@@ -66,7 +59,7 @@ TEST_CASE("reserve: a much larger block is not used for a small request") {
 }
 
 TEST_CASE("reserve: VLAKE_RESERVE=0 sends every alloc and free to the daemon") {
-  Fixture f(limit_of(256 * MiB));
+  Fixture f(with_limit(256 * MiB));
   const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:6M", "free:b"}, reserve("0"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   const Counters c = f.daemon->counters();
@@ -78,7 +71,7 @@ TEST_CASE("reserve: VLAKE_RESERVE=0 sends every alloc and free to the daemon") {
 }
 
 TEST_CASE("reserve: the byte cap returns the least recently freed blocks") {
-  Fixture f(limit_of(256 * MiB));
+  Fixture f(with_limit(256 * MiB));
   const auto r = f.run({"init", "alloc:a:6M", "alloc:b:6M", "free:a", "free:b", "sleep:300", "alloc:c:6M", "free:c"},
                        reserve("8MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
@@ -90,7 +83,7 @@ TEST_CASE("reserve: the byte cap returns the least recently freed blocks") {
 }
 
 TEST_CASE("reserve: idle blocks go back after VLAKE_RESERVE_AGE") {
-  Fixture f(limit_of(256 * MiB));
+  Fixture f(with_limit(256 * MiB));
   const auto r =
       f.run({"init", "alloc:a:6M", "free:a", "sleep:600", "alloc:b:6M", "free:b"}, reserve("64MiB", "200ms"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
@@ -101,7 +94,7 @@ TEST_CASE("reserve: idle blocks go back after VLAKE_RESERVE_AGE") {
 }
 
 TEST_CASE("reserve: a refusal empties the reserve and the request is granted on the second try") {
-  Fixture f(limit_of(10 * MiB));
+  Fixture f(with_limit(10 * MiB));
   const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:8M", "free:b"}, reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:b:8M")["rc"] == "0");
@@ -113,7 +106,7 @@ TEST_CASE("reserve: a refusal empties the reserve and the request is granted on 
 }
 
 TEST_CASE("reserve: a refusal that stands after emptying the reserve is reported once") {
-  Fixture f(limit_of(10 * MiB));
+  Fixture f(with_limit(10 * MiB));
   const auto r = f.run({"init", "alloc:a:6M", "free:a", "alloc:b:12M"}, reserve("64MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK(line_of(r.out, "alloc:b:12M")["rc"] == "2");  // CUDA_ERROR_OUT_OF_MEMORY
@@ -124,7 +117,7 @@ TEST_CASE("reserve: a refusal that stands after emptying the reserve is reported
 }
 
 TEST_CASE("reserve: Pressure from the daemon makes the hook return its reserve") {
-  FakeDaemonOptions o = limit_of(256 * MiB);
+  FakeDaemonOptions o = with_limit(256 * MiB);
   o.pressure_on_report = true;
   Fixture f(o);
   const auto r = f.run({"init", "alloc:a:6M", "alloc:b:2M", "free:a", "free:b", "sleep:800"}, reserve("64MiB"));
@@ -136,7 +129,7 @@ TEST_CASE("reserve: Pressure from the daemon makes the hook return its reserve")
 }
 
 TEST_CASE("reclaim: a Pressure the reserve cannot cover runs the registered callback and what it frees goes back") {
-  FakeDaemonOptions o = limit_of(256 * MiB);
+  FakeDaemonOptions o = with_limit(256 * MiB);
   o.pressure_on_report = true;  // answers the report that says kReportReclaim with a Pressure
   Fixture f(o);
   const auto r = f.run({"init", "alloc:a:6M", "reclaim:a", "reclaimwait:5000", "sleep:300"}, reserve("64MiB"));
@@ -155,7 +148,7 @@ TEST_CASE("reclaim: a Pressure the reserve cannot cover runs the registered call
 }
 
 TEST_CASE("reclaim: without a registered callback a Pressure only returns the reserve") {
-  FakeDaemonOptions o = limit_of(256 * MiB);
+  FakeDaemonOptions o = with_limit(256 * MiB);
   o.pressure_on_report = true;
   Fixture f(o);
   const auto r = f.run({"init", "alloc:a:6M", "alloc:b:2M", "free:b", "reclaimwait:600"}, reserve("64MiB"));
@@ -167,7 +160,7 @@ TEST_CASE("reclaim: without a registered callback a Pressure only returns the re
 }
 
 TEST_CASE("reserve: a Pressure message arriving before a grant reply is kept, the reply read") {
-  FakeDaemonOptions o = limit_of(256 * MiB);
+  FakeDaemonOptions o = with_limit(256 * MiB);
   o.pressure_before_grant = 1;  // just before the reply to the first alloc grant
   Fixture f(o);
   const auto r =
@@ -184,7 +177,7 @@ TEST_CASE("reserve: a Pressure message arriving before a grant reply is kept, th
 }
 
 TEST_CASE("reserve: threads allocating and freeing concurrently never share a block") {
-  Fixture f(limit_of(512 * MiB));
+  Fixture f(with_limit(512 * MiB));
   const auto r = f.run({"init", "threads:8:50:3M", "info"}, reserve("256MiB"));
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   auto t = line_of(r.out, "threads:8:50:3M");
@@ -200,7 +193,7 @@ TEST_CASE("reserve: VLAKE_RESERVE_STATS writes the reuse statistics at exit") {
   char dir[] = "/tmp/vlake-reserve-stats-XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
   const std::string prefix = std::string(dir) + "/stats";
-  Fixture f(limit_of(256 * MiB));
+  Fixture f(with_limit(256 * MiB));
   // a: reused after ~300 ms; b: reused at once; the 40M request misses (and so does each first one).
   const auto r = f.run({"init", "alloc:a:6M", "alloc:b:4M", "free:a", "sleep:300", "free:b", "alloc:c:6M", "alloc:d:4M",
                         "alloc:e:40M", "free:c", "free:d", "free:e"},
@@ -238,7 +231,7 @@ TEST_CASE("reserve: VLAKE_RESERVE_STATS writes the reuse statistics at exit") {
 }
 
 TEST_CASE("reserve: VLAKE_PREFETCH fetches the missing size ahead and the next allocation of it is warm") {
-  Fixture f(limit_of(256 * MiB));
+  Fixture f(with_limit(256 * MiB));
   Env env = reserve("64MiB");
   env.emplace_back("VLAKE_PREFETCH", "4");
   const auto r = f.run({"init", "alloc:a:2M", "sleep:300", "alloc:b:2M", "sleep:300", "free:a", "free:b", "info"}, env);
@@ -253,7 +246,7 @@ TEST_CASE("reserve: VLAKE_PREFETCH fetches the missing size ahead and the next a
 }
 
 TEST_CASE("reserve: VLAKE_PREFETCH fetches nothing when the tenant has no room for it") {
-  Fixture f(limit_of(6 * MiB));  // after a 2 MiB grant, 4 MiB left: less than 4 x 2 MiB
+  Fixture f(with_limit(6 * MiB));  // after a 2 MiB grant, 4 MiB left: less than 4 x 2 MiB
   Env env = reserve("64MiB");
   env.emplace_back("VLAKE_PREFETCH", "4");
   const auto r = f.run({"init", "alloc:a:2M", "sleep:300", "alloc:b:2M", "free:a", "free:b"}, env);

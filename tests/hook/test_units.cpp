@@ -38,29 +38,55 @@ vlake::UniqueFd some_fd() { return vlake::UniqueFd(::dup(STDERR_FILENO)); }
 
 }  // namespace
 
-TEST_CASE("config: defaults") {
-  const Config c = parse({});
+namespace {
+
+// The settings every variable below leaves at its default when unset or malformed.
+void check_default_settings(const Config& c) {
   CHECK(c.socket_path == "/run/vlake/vlaked.sock");
   CHECK(c.on_unreachable == OnUnreachable::refuse);
   CHECK(c.reconnect_timeout == 5000ms);
   CHECK(c.timeout == 10000ms);
   CHECK(c.log_level == LogLevel::warn);
   CHECK_FALSE(c.disabled);
+  CHECK_FALSE(c.wait.has_value());  // the namespace's `wait`
+}
+
+// Each variable of the tests below with a valid value and a malformed one.
+struct Setting {
+  const char* name;
+  std::string valid;
+  std::string malformed;
+};
+
+// Every variable set to its `valid` or its `malformed` value.
+std::map<std::string, std::string> settings(std::string Setting::*value) {
+  const Setting all[] = {
+      {"VLAKE_SOCKET", "/tmp/x.sock", std::string(200, 'x')},
+      {"VLAKE_ON_UNREACHABLE", "passthrough", "ignore"},
+      {"VLAKE_RECONNECT_TIMEOUT", "250ms", "-1"},
+      {"VLAKE_TIMEOUT", "2.5s", "0"},
+      {"VLAKE_LOG", "debug", "loud"},
+      {"VLAKE_WAIT", "30s", "11m"},
+      {"VLAKE_DISABLE", "1", "maybe"},
+  };
+  std::map<std::string, std::string> env;
+  for (const Setting& s : all) env[s.name] = s.*value;
+  return env;
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults") {
+  const Config c = parse({});
+  check_default_settings(c);
   CHECK(c.reserve_bytes == std::uint64_t{512} << 20);  // measured: docs/hook.md
   CHECK(c.reserve_age == 5000ms);
   CHECK(c.reserve_stats.empty());
-  CHECK_FALSE(c.wait.has_value());  // the namespace's `wait`
   CHECK(c.problems.empty());
 }
 
 TEST_CASE("config: every variable") {
-  const Config c = parse({{"VLAKE_SOCKET", "/tmp/x.sock"},
-                          {"VLAKE_ON_UNREACHABLE", "passthrough"},
-                          {"VLAKE_RECONNECT_TIMEOUT", "250ms"},
-                          {"VLAKE_TIMEOUT", "2.5s"},
-                          {"VLAKE_LOG", "debug"},
-                          {"VLAKE_WAIT", "30s"},
-                          {"VLAKE_DISABLE", "1"}});
+  const Config c = parse(settings(&Setting::valid));
   CHECK(c.socket_path == "/tmp/x.sock");
   CHECK(c.wait == std::optional(30000ms));
   CHECK(c.on_unreachable == OnUnreachable::passthrough);
@@ -72,20 +98,8 @@ TEST_CASE("config: every variable") {
 }
 
 TEST_CASE("config: malformed values keep the default and are reported") {
-  const Config c = parse({{"VLAKE_ON_UNREACHABLE", "ignore"},
-                          {"VLAKE_RECONNECT_TIMEOUT", "-1"},
-                          {"VLAKE_TIMEOUT", "0"},
-                          {"VLAKE_LOG", "loud"},
-                          {"VLAKE_DISABLE", "maybe"},
-                          {"VLAKE_WAIT", "11m"},
-                          {"VLAKE_SOCKET", std::string(200, 'x')}});
-  CHECK(c.on_unreachable == OnUnreachable::refuse);
-  CHECK(c.reconnect_timeout == 5000ms);
-  CHECK(c.timeout == 10000ms);
-  CHECK(c.log_level == LogLevel::warn);
-  CHECK_FALSE(c.disabled);
-  CHECK(c.socket_path == "/run/vlake/vlaked.sock");
-  CHECK_FALSE(c.wait.has_value());
+  const Config c = parse(settings(&Setting::malformed));
+  check_default_settings(c);
   CHECK(c.problems.size() == 7);
 }
 

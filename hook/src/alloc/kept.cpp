@@ -57,14 +57,8 @@ std::uint64_t KeptMappings::bytes(int device) const {
   return b;
 }
 
-std::size_t KeptMappings::size() const {
-  std::lock_guard lock(mu_);
-  return entries_.size();
-}
+std::size_t KeptMappings::size() const { return locked_size(entries_); }
 
-void KeptMappings::clear_after_fork() noexcept {
-  entries_.clear();
-  mu_.unlock();
-}
+void KeptMappings::clear_after_fork() noexcept { clear_and_unlock(entries_); }
 
 }  // namespace vlake::hook

@@ -25,11 +25,12 @@
 #include <span>
 #include <vector>
 
+#include "fork_lock.hpp"
 #include "tables.hpp"
 
 namespace vlake::hook {
 
-class KeptMappings {
+class KeptMappings : public ForkLock {
  public:
   struct Entry {
     LogicalAlloc alloc;  // base, reserved, mapped, handles, device, ctx; grant_id/ptr stale
@@ -49,12 +50,9 @@ class KeptMappings {
   [[nodiscard]] std::uint64_t bytes(int device) const;
   [[nodiscard]] std::size_t size() const;
 
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
-  mutable std::mutex mu_;
   std::map<std::uint64_t, Entry> entries_;
 };
 

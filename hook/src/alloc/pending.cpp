@@ -65,7 +65,7 @@ void PendingFrees::clear_after_fork() noexcept {
   entries_.clear();
   count_.store(0);
   poll_ = kMinPoll;
-  mu_.unlock();
+  unlock_after_fork();
 }
 
 CUevent EventPool::acquire(CUcontext ctx) {
@@ -87,14 +87,8 @@ bool EventPool::release(CUcontext ctx, CUevent event) {
   return true;
 }
 
-std::size_t EventPool::idle() const {
-  std::lock_guard lock(mu_);
-  return idle_.size();
-}
+std::size_t EventPool::idle() const { return locked_size(idle_); }
 
-void EventPool::clear_after_fork() noexcept {
-  idle_.clear();
-  mu_.unlock();
-}
+void EventPool::clear_after_fork() noexcept { clear_and_unlock(idle_); }
 
 }  // namespace vlake::hook

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "fork_lock.hpp"
 #include "tables.hpp"
 
 namespace vlake::hook {
@@ -49,7 +50,7 @@ struct PendingFree {
   EventState state = EventState::pending;  // the last answer of take_done()'s query
 };
 
-class PendingFrees {
+class PendingFrees : public ForkLock {
  public:
   static constexpr std::chrono::microseconds kMinPoll{50};
   static constexpr std::chrono::microseconds kMaxPoll{2000};
@@ -64,18 +65,15 @@ class PendingFrees {
   [[nodiscard]] bool maybe_pending() const noexcept { return count_.load(std::memory_order_acquire) != 0; }
   [[nodiscard]] std::chrono::microseconds next_poll() const;
 
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
-  mutable std::mutex mu_;
   std::vector<PendingFree> entries_;
   std::atomic<std::size_t> count_{0};  // entries_ plus those being queried by take_done()
   std::chrono::microseconds poll_ = kMinPoll;
 };
 
-class EventPool {
+class EventPool : public ForkLock {
  public:
   static constexpr std::size_t kMaxIdle = 64;
 
@@ -83,12 +81,9 @@ class EventPool {
   bool release(CUcontext ctx, CUevent event);
   [[nodiscard]] std::size_t idle() const;
 
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
-  mutable std::mutex mu_;
   std::vector<std::pair<CUcontext, CUevent>> idle_;
 };
 

@@ -144,7 +144,7 @@ std::uint64_t LocalReserve::total_bytes() const {
 void LocalReserve::clear_after_fork() noexcept {
   blocks_.clear();
   total_ = 0;
-  mu_.unlock();
+  unlock_after_fork();
 }
 
 }  // namespace vlake::hook

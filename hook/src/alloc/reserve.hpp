@@ -26,6 +26,7 @@
 #include <mutex>
 #include <vector>
 
+#include "fork_lock.hpp"
 #include "reserve_stats.hpp"
 #include "tables.hpp"
 
@@ -37,7 +38,7 @@ struct ReserveBlock {
   bool prefetched = false;  // fetched ahead by the worker (prefetch.hpp), never used yet
 };
 
-class LocalReserve {
+class LocalReserve : public ForkLock {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -69,8 +70,6 @@ class LocalReserve {
   [[nodiscard]] bool stats_enabled() const noexcept;
   [[nodiscard]] ReuseStats stats() const;
 
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
@@ -80,7 +79,6 @@ class LocalReserve {
 
   const std::uint64_t max_bytes_;
   const std::chrono::milliseconds max_age_;
-  mutable std::mutex mu_;
   std::multimap<Key, ReserveBlock> blocks_;
   std::uint64_t total_ = 0;
   bool stats_on_ = false;

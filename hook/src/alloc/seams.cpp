@@ -34,38 +34,48 @@ std::string suppressed_note(std::uint64_t n) {
   return " (" + std::to_string(n) + " similar message" + (n == 1 ? "" : "s") + " suppressed)";
 }
 
+namespace {
+
+// The wording of an out-of-memory refusal: "<cause><holder> <tenant> holds <used> of its <limit>
+// <what>"; `counts`: used and limit are numbers of grants, not bytes.
+struct Refusal {
+  const char* cause;
+  const char* holder;
+  bool counts;
+  const char* what;
+};
+
+// The wording for a status the daemon refuses an allocation with; nullptr for any other status.
+const Refusal* refusal_of(Status status) {
+  static constexpr Refusal kOverLimit{"", "tenant", false, "limit"};
+  static constexpr Refusal kNamespaceOverLimit{"", "the namespace of tenant", false, "limit"};
+  static constexpr Refusal kLimitReached{"", "tenant", true, "grants (vlaked's grant cap, or its grant table is full)"};
+  static constexpr Refusal kGuarantee{"the rest of the GPU is guaranteed to other namespaces; ", "tenant", false,
+                                      "limit"};
+  static constexpr Refusal kOutOfMemory{"the GPU is full (the node pool has no memory left); ", "tenant", false,
+                                        "limit"};
+  switch (status) {
+    case Status::over_limit: return &kOverLimit;
+    case Status::namespace_over_limit: return &kNamespaceOverLimit;
+    case Status::limit_reached: return &kLimitReached;
+    case Status::guarantee: return &kGuarantee;
+    case Status::out_of_memory: return &kOutOfMemory;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
 void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t requested) {
   std::uint64_t suppressed = 0;
   if (!s.refusals.allow(suppressed)) return;
   const std::string tenant = s.client.tenant_name();
   const std::string note = suppressed_note(suppressed);
-  if (g.status == Status::over_limit) {
-    log(LogLevel::error, "out of memory on GPU %d: tenant %s holds %s of its %s limit; request of %s refused%s", dev,
-        tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(), format_bytes(requested).c_str(),
-        note.c_str());
-  } else if (g.status == Status::namespace_over_limit) {
-    log(LogLevel::error,
-        "out of memory on GPU %d: the namespace of tenant %s holds %s of its %s limit; request of "
-        "%s refused%s",
-        dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
-        format_bytes(requested).c_str(), note.c_str());
-  } else if (g.status == Status::limit_reached) {
-    log(LogLevel::error,
-        "out of memory on GPU %d: tenant %s holds %llu of its %llu grants (vlaked's grant cap, or its grant table "
-        "is full); request of %s refused%s",
-        dev, tenant.c_str(), static_cast<unsigned long long>(g.used), static_cast<unsigned long long>(g.limit),
-        format_bytes(requested).c_str(), note.c_str());
-  } else if (g.status == Status::guarantee) {
-    log(LogLevel::error,
-        "out of memory on GPU %d: the rest of the GPU is guaranteed to other namespaces; tenant %s "
-        "holds %s of its %s limit; request of %s refused%s",
-        dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
-        format_bytes(requested).c_str(), note.c_str());
-  } else if (g.status == Status::out_of_memory) {
-    log(LogLevel::error,
-        "out of memory on GPU %d: the GPU is full (the node pool has no memory left); tenant %s "
-        "holds %s of its %s limit; request of %s refused%s",
-        dev, tenant.c_str(), format_bytes(g.used).c_str(), format_bytes(g.limit).c_str(),
+  if (const Refusal* why = refusal_of(g.status)) {
+    const std::string used = why->counts ? std::to_string(g.used) : format_bytes(g.used);
+    const std::string limit = why->counts ? std::to_string(g.limit) : format_bytes(g.limit);
+    log(LogLevel::error, "out of memory on GPU %d: %s%s %s holds %s of its %s %s; request of %s refused%s", dev,
+        why->cause, why->holder, tenant.c_str(), used.c_str(), limit.c_str(), why->what,
         format_bytes(requested).c_str(), note.c_str());
   } else {
     log(LogLevel::error, "allocation of %s on GPU %d refused by vlaked (status %d)%s", format_bytes(requested).c_str(),

@@ -103,10 +103,7 @@ std::vector<LogicalAlloc> AllocTable::newest(int device, std::size_t n) const {
   return out;
 }
 
-void AllocTable::clear_after_fork() noexcept {
-  by_base_.clear();
-  mu_.unlock();
-}
+void AllocTable::clear_after_fork() noexcept { clear_and_unlock(by_base_); }
 
 // ---- CreateTable --------------------------------------------------------------------------------
 
@@ -235,17 +232,9 @@ std::optional<CUmemAllocationProp> CreateTable::props(std::uint64_t handle) cons
   return grants_.at(live->second).prop;
 }
 
-std::size_t CreateTable::grants() const {
-  std::lock_guard lock(mu_);
-  return grants_.size();
-}
+std::size_t CreateTable::grants() const { return locked_size(grants_); }
 
-void CreateTable::clear_after_fork() noexcept {
-  grants_.clear();
-  live_.clear();
-  mappings_.clear();
-  mu_.unlock();
-}
+void CreateTable::clear_after_fork() noexcept { clear_and_unlock(grants_, live_, mappings_); }
 
 // ---- ManagedTable -------------------------------------------------------------------------------
 
@@ -263,9 +252,6 @@ std::optional<std::uint64_t> ManagedTable::take(std::uint64_t ptr) {
   return id;
 }
 
-void ManagedTable::clear_after_fork() noexcept {
-  grants_.clear();
-  mu_.unlock();
-}
+void ManagedTable::clear_after_fork() noexcept { clear_and_unlock(grants_); }
 
 }  // namespace vlake::hook

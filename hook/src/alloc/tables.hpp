@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fork_lock.hpp"
 #include "vlake/common/unique_fd.hpp"
 
 namespace vlake::hook {
@@ -48,7 +49,7 @@ struct LogicalAlloc {
   std::uint64_t key = 0;  // one handle with a daemon key: may be kept mapped on release (kept.hpp)
 };
 
-class AllocTable {
+class AllocTable : public ForkLock {
  public:
   void insert(LogicalAlloc a);
   // Removes and returns the allocation whose returned pointer is exactly `ptr`.
@@ -68,12 +69,9 @@ class AllocTable {
   // omitted) with `peers` holding the set they had.
   std::vector<LogicalAlloc> retag(int device, std::uint32_t peers);
 
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
-  mutable std::mutex mu_;
   std::map<std::uint64_t, LogicalAlloc> by_base_;  // reservation base -> allocation
 };
 
@@ -82,7 +80,7 @@ struct FinishedGrant {
   bool exported = false;
 };
 
-class CreateTable {
+class CreateTable : public ForkLock {
  public:
   // A new pool handle given to the application (one reference, no mapping).
   void add(std::uint64_t handle, std::uint64_t grant_id, std::uint64_t size, const CUmemAllocationProp& prop,
@@ -115,8 +113,6 @@ class CreateTable {
   [[nodiscard]] std::optional<CUmemAllocationProp> props(std::uint64_t handle) const;
   [[nodiscard]] std::size_t grants() const;
 
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
@@ -136,22 +132,18 @@ class CreateTable {
   };
   std::optional<FinishedGrant> finish_if_done(std::uint64_t grant_id);
 
-  mutable std::mutex mu_;
   std::map<std::uint64_t, Grant> grants_;                  // grant id -> grant
   std::unordered_map<std::uint64_t, std::uint64_t> live_;  // handle with references -> grant id
   std::map<std::uint64_t, Mapping> mappings_;              // mapped VA -> mapping
 };
 
-class ManagedTable {
+class ManagedTable : public ForkLock {
  public:
   void insert(std::uint64_t ptr, std::uint64_t grant_id);
   std::optional<std::uint64_t> take(std::uint64_t ptr);
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
-  std::mutex mu_;
   std::map<std::uint64_t, std::uint64_t> grants_;
 };
 

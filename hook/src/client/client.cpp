@@ -516,8 +516,7 @@ std::optional<proto::ShareAck> DaemonClient::share_commit(const proto::ShareComm
 }
 
 std::optional<proto::IpcExportReply> DaemonClient::ipc_export(std::uint64_t grant_id) {
-  proto::IpcExport req{};
-  req.h = proto::make_header<proto::IpcExport>(proto::MsgType::ipc_export, 0);
+  auto req = proto::make<proto::IpcExport>();
   req.grant_id = grant_id;
   std::lock_guard lock(mu_);
   return exchange_locked<proto::IpcExport, proto::IpcExportReply>(req, nullptr);
@@ -525,8 +524,7 @@ std::optional<proto::IpcExportReply> DaemonClient::ipc_export(std::uint64_t gran
 
 std::optional<proto::IpcOpenReply> DaemonClient::ipc_open(std::uint64_t token, std::uint64_t secret,
                                                           std::vector<UniqueFd>& fds) {
-  proto::IpcOpen req{};
-  req.h = proto::make_header<proto::IpcOpen>(proto::MsgType::ipc_open, 0);
+  auto req = proto::make<proto::IpcOpen>();
   req.token = token;
   req.secret = secret;
   std::lock_guard lock(mu_);
@@ -534,8 +532,7 @@ std::optional<proto::IpcOpenReply> DaemonClient::ipc_open(std::uint64_t token, s
 }
 
 std::optional<proto::IpcCloseAck> DaemonClient::ipc_close(std::uint64_t import_id) {
-  proto::IpcClose req{};
-  req.h = proto::make_header<proto::IpcClose>(proto::MsgType::ipc_close, 0);
+  auto req = proto::make<proto::IpcClose>();
   req.import_id = import_id;
   std::lock_guard lock(mu_);
   return exchange_locked<proto::IpcClose, proto::IpcCloseAck>(req, nullptr);

@@ -112,6 +112,44 @@ CUresult pass_write(bool ptds, const char* call, DstOrFn dst, A... args) {
   return rc;
 }
 
+// The 2D and 3D copies: the destination is read from the descriptor `pCopy`, on failure only.
+template <Row R, class Copy, class... Stream>
+CUresult pass_copy(bool ptds, const char* call, const Copy* pCopy, Stream... stream) {
+  return pass_write<R>(
+      ptds, call,
+      [=] {
+        if constexpr (std::is_same_v<Copy, CUDA_MEMCPY2D>) {
+          return dst_2d(pCopy);
+        } else {
+          return dst_3d(pCopy);
+        }
+      },
+      pCopy, stream...);
+}
+
+// The memsets of `Elem`-byte values: N values from dstDevice (1D), or Height rows of Width
+// values, dstPitch bytes apart (2D); `stream` is the Async variants' stream.
+template <Row R, std::uint64_t Elem, class V, class... Stream>
+CUresult pass_memset(bool ptds, const char* call, CUdeviceptr dstDevice, V value, size_t N, Stream... stream) {
+  return pass_write<R>(
+      ptds, call,
+      [=] {
+        return Dst{addr(dstDevice), span_elems(Elem, N)};
+      },
+      dstDevice, value, N, stream...);
+}
+
+template <Row R, std::uint64_t Elem, class V, class... Stream>
+CUresult pass_memset_2d(bool ptds, const char* call, CUdeviceptr dstDevice, size_t dstPitch, V value, size_t Width,
+                        size_t Height, Stream... stream) {
+  return pass_write<R>(
+      ptds, call,
+      [=] {
+        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(Elem, Width), Height)};
+      },
+      dstDevice, dstPitch, value, Width, Height, stream...);
+}
+
 }  // namespace
 
 // Copies and memsets into device memory: passed through; the checks run only on failure.
@@ -147,133 +185,81 @@ CUresult on_cuMemcpyPeerAsync(bool ptds, CUdeviceptr dstDevice, CUcontext dstCon
 }
 
 CUresult on_cuMemcpy2D_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
-  return pass_write<Row::cuMemcpy2D_v2>(
-      ptds, "cuMemcpy2D", [=] { return dst_2d(pCopy); }, pCopy);
+  return pass_copy<Row::cuMemcpy2D_v2>(ptds, "cuMemcpy2D", pCopy);
 }
 
 CUresult on_cuMemcpy2DUnaligned_v2(bool ptds, const CUDA_MEMCPY2D* pCopy) {
-  return pass_write<Row::cuMemcpy2DUnaligned_v2>(
-      ptds, "cuMemcpy2DUnaligned", [=] { return dst_2d(pCopy); }, pCopy);
+  return pass_copy<Row::cuMemcpy2DUnaligned_v2>(ptds, "cuMemcpy2DUnaligned", pCopy);
 }
 
 CUresult on_cuMemcpy2DAsync_v2(bool ptds, const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
-  return pass_write<Row::cuMemcpy2DAsync_v2>(
-      ptds, "cuMemcpy2DAsync", [=] { return dst_2d(pCopy); }, pCopy, hStream);
+  return pass_copy<Row::cuMemcpy2DAsync_v2>(ptds, "cuMemcpy2DAsync", pCopy, hStream);
 }
 
 CUresult on_cuMemcpy3D_v2(bool ptds, const CUDA_MEMCPY3D* pCopy) {
-  return pass_write<Row::cuMemcpy3D_v2>(
-      ptds, "cuMemcpy3D", [=] { return dst_3d(pCopy); }, pCopy);
+  return pass_copy<Row::cuMemcpy3D_v2>(ptds, "cuMemcpy3D", pCopy);
 }
 
 CUresult on_cuMemcpy3DAsync_v2(bool ptds, const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
-  return pass_write<Row::cuMemcpy3DAsync_v2>(
-      ptds, "cuMemcpy3DAsync", [=] { return dst_3d(pCopy); }, pCopy, hStream);
+  return pass_copy<Row::cuMemcpy3DAsync_v2>(ptds, "cuMemcpy3DAsync", pCopy, hStream);
 }
 
 // Memsets: N elements of 1, 2 or 4 bytes; 2D: Height rows of Width elements, dstPitch bytes apart.
 CUresult on_cuMemsetD8_v2(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-  return pass_write<Row::cuMemsetD8_v2>(ptds, "cuMemsetD8", Dst{addr(dstDevice), N}, dstDevice, uc, N);
+  return pass_memset<Row::cuMemsetD8_v2, 1>(ptds, "cuMemsetD8", dstDevice, uc, N);
 }
 
 CUresult on_cuMemsetD16_v2(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N) {
-  return pass_write<Row::cuMemsetD16_v2>(
-      ptds, "cuMemsetD16",
-      [=] {
-        return Dst{addr(dstDevice), span_elems(2, N)};
-      },
-      dstDevice, us, N);
+  return pass_memset<Row::cuMemsetD16_v2, 2>(ptds, "cuMemsetD16", dstDevice, us, N);
 }
 
 CUresult on_cuMemsetD32_v2(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-  return pass_write<Row::cuMemsetD32_v2>(
-      ptds, "cuMemsetD32",
-      [=] {
-        return Dst{addr(dstDevice), span_elems(4, N)};
-      },
-      dstDevice, ui, N);
+  return pass_memset<Row::cuMemsetD32_v2, 4>(ptds, "cuMemsetD32", dstDevice, ui, N);
 }
 
 CUresult on_cuMemsetD8Async(bool ptds, CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
-  return pass_write<Row::cuMemsetD8Async>(ptds, "cuMemsetD8Async", Dst{addr(dstDevice), N}, dstDevice, uc, N, hStream);
+  return pass_memset<Row::cuMemsetD8Async, 1>(ptds, "cuMemsetD8Async", dstDevice, uc, N, hStream);
 }
 
 CUresult on_cuMemsetD16Async(bool ptds, CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream) {
-  return pass_write<Row::cuMemsetD16Async>(
-      ptds, "cuMemsetD16Async",
-      [=] {
-        return Dst{addr(dstDevice), span_elems(2, N)};
-      },
-      dstDevice, us, N, hStream);
+  return pass_memset<Row::cuMemsetD16Async, 2>(ptds, "cuMemsetD16Async", dstDevice, us, N, hStream);
 }
 
 CUresult on_cuMemsetD32Async(bool ptds, CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
-  return pass_write<Row::cuMemsetD32Async>(
-      ptds, "cuMemsetD32Async",
-      [=] {
-        return Dst{addr(dstDevice), span_elems(4, N)};
-      },
-      dstDevice, ui, N, hStream);
+  return pass_memset<Row::cuMemsetD32Async, 4>(ptds, "cuMemsetD32Async", dstDevice, ui, N, hStream);
 }
 
 CUresult on_cuMemsetD2D8_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
                             size_t Height) {
-  return pass_write<Row::cuMemsetD2D8_v2>(
-      ptds, "cuMemsetD2D8",
-      [=] {
-        return Dst{addr(dstDevice), span_2d(dstPitch, Width, Height)};
-      },
-      dstDevice, dstPitch, uc, Width, Height);
+  return pass_memset_2d<Row::cuMemsetD2D8_v2, 1>(ptds, "cuMemsetD2D8", dstDevice, dstPitch, uc, Width, Height);
 }
 
 CUresult on_cuMemsetD2D16_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
                              size_t Height) {
-  return pass_write<Row::cuMemsetD2D16_v2>(
-      ptds, "cuMemsetD2D16",
-      [=] {
-        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height)};
-      },
-      dstDevice, dstPitch, us, Width, Height);
+  return pass_memset_2d<Row::cuMemsetD2D16_v2, 2>(ptds, "cuMemsetD2D16", dstDevice, dstPitch, us, Width, Height);
 }
 
 CUresult on_cuMemsetD2D32_v2(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
                              size_t Height) {
-  return pass_write<Row::cuMemsetD2D32_v2>(
-      ptds, "cuMemsetD2D32",
-      [=] {
-        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height)};
-      },
-      dstDevice, dstPitch, ui, Width, Height);
+  return pass_memset_2d<Row::cuMemsetD2D32_v2, 4>(ptds, "cuMemsetD2D32", dstDevice, dstPitch, ui, Width, Height);
 }
 
 CUresult on_cuMemsetD2D8Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
                               size_t Height, CUstream hStream) {
-  return pass_write<Row::cuMemsetD2D8Async>(
-      ptds, "cuMemsetD2D8Async",
-      [=] {
-        return Dst{addr(dstDevice), span_2d(dstPitch, Width, Height)};
-      },
-      dstDevice, dstPitch, uc, Width, Height, hStream);
+  return pass_memset_2d<Row::cuMemsetD2D8Async, 1>(ptds, "cuMemsetD2D8Async", dstDevice, dstPitch, uc, Width, Height,
+                                                   hStream);
 }
 
 CUresult on_cuMemsetD2D16Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
                                size_t Height, CUstream hStream) {
-  return pass_write<Row::cuMemsetD2D16Async>(
-      ptds, "cuMemsetD2D16Async",
-      [=] {
-        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(2, Width), Height)};
-      },
-      dstDevice, dstPitch, us, Width, Height, hStream);
+  return pass_memset_2d<Row::cuMemsetD2D16Async, 2>(ptds, "cuMemsetD2D16Async", dstDevice, dstPitch, us, Width, Height,
+                                                    hStream);
 }
 
 CUresult on_cuMemsetD2D32Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
                                size_t Height, CUstream hStream) {
-  return pass_write<Row::cuMemsetD2D32Async>(
-      ptds, "cuMemsetD2D32Async",
-      [=] {
-        return Dst{addr(dstDevice), span_2d(dstPitch, span_elems(4, Width), Height)};
-      },
-      dstDevice, dstPitch, ui, Width, Height, hStream);
+  return pass_memset_2d<Row::cuMemsetD2D32Async, 4>(ptds, "cuMemsetD2D32Async", dstDevice, dstPitch, ui, Width, Height,
+                                                    hStream);
 }
 
 // Host-to-device uploads: passed through; a successful upload that fills a whole alloc-path

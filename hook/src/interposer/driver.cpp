@@ -3,6 +3,7 @@
 
 #include <mutex>
 
+#include "guarded_once.hpp"
 #include "log.hpp"
 #include "real.hpp"
 
@@ -52,13 +53,8 @@ void load_once() {
 
 bool load_driver() noexcept {
   if (g_loaded.load(std::memory_order_acquire)) return true;
-  if (t_loading) return false;  // re-entered from inside dlopen: nothing is loaded yet
-  t_loading = true;
-  try {
-    std::call_once(g_once, load_once);
-  } catch (...) {
-  }
-  t_loading = false;
+  // Re-entered from inside dlopen: nothing is loaded yet.
+  if (!call_once_guarded(g_once, t_loading, load_once)) return false;
   return g_loaded.load(std::memory_order_acquire);
 }
 

@@ -117,30 +117,34 @@ void settle(State& s, std::uint64_t base, int device, std::uint32_t peers) {
   change(base, a->mapped, device, *had, now);
 }
 
-CUresult on_cuCtxEnablePeerAccess(bool ptds, CUcontext peerContext, unsigned int Flags) {
-  const CUresult rc = pass<Row::cuCtxEnablePeerAccess>(ptds, peerContext, Flags);
-  if (rc != CUDA_SUCCESS) return rc;  // the driver's errors, untouched
-  State* s = active_state();
-  int accessor = 0;
-  int owner = 0;
-  if (s == nullptr || !devices(peerContext, accessor, owner)) return rc;
-  std::lock_guard lock(s->peers.mu());
-  s->peers.add(owner, accessor);
-  retag_all(*s, owner);
-  return rc;
-}
+namespace {
 
-CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext) {
-  const CUresult rc = pass<Row::cuCtxDisablePeerAccess>(ptds, peerContext);
+// After the driver enabled (`enabled`) or disabled peer access to `peerContext`'s device: record
+// the change and retag the owner's allocations. The driver's errors pass untouched.
+CUresult peer_access_changed(CUresult rc, CUcontext peerContext, bool enabled) {
   if (rc != CUDA_SUCCESS) return rc;
   State* s = active_state();
   int accessor = 0;
   int owner = 0;
   if (s == nullptr || !devices(peerContext, accessor, owner)) return rc;
   std::lock_guard lock(s->peers.mu());
-  s->peers.remove(owner, accessor);
+  if (enabled) {
+    s->peers.add(owner, accessor);
+  } else {
+    s->peers.remove(owner, accessor);
+  }
   retag_all(*s, owner);
   return rc;
+}
+
+}  // namespace
+
+CUresult on_cuCtxEnablePeerAccess(bool ptds, CUcontext peerContext, unsigned int Flags) {
+  return peer_access_changed(pass<Row::cuCtxEnablePeerAccess>(ptds, peerContext, Flags), peerContext, true);
+}
+
+CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext) {
+  return peer_access_changed(pass<Row::cuCtxDisablePeerAccess>(ptds, peerContext), peerContext, false);
 }
 
 }  // namespace vlake::hook

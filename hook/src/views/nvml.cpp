@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstring>
+#include <type_traits>
 
 #include "exports.hpp"
 #include "hook.hpp"
@@ -81,20 +82,18 @@ bool tenant_usage(nvmlDevice_t device, UsageResult& u) {
 
 std::uint64_t saturating_sub(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
-}  // namespace
-
-}  // namespace vlake::hook
-
-extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
-                                                                                       nvmlMemory_t* memory) {
-  using namespace vlake::hook;
+// Both memory queries: ask the real NVML, then overwrite the figures with the tenant's view when
+// the daemon answers for `device` (the _v2 struct also reports nothing reserved).
+template <class F, class Memory>
+nvmlReturn_t tenant_memory_info(std::atomic<F>& slot, const char* name, nvmlDevice_t device, Memory* memory) {
   try {
-    auto real = resolved(g_mem, "nvmlDeviceGetMemoryInfo");
+    auto real = resolved(slot, name);
     if (real == nullptr) return NVML_ERROR_UNINITIALIZED;
     const nvmlReturn_t rc = real(device, memory);
     UsageResult u;
     if (rc != NVML_SUCCESS || !tenant_usage(device, u)) return rc;
     memory->total = u.limit;
+    if constexpr (std::is_same_v<Memory, nvmlMemory_v2_t>) memory->reserved = 0;
     memory->used = u.used;
     memory->free = saturating_sub(u.limit, u.used);
     return rc;
@@ -103,23 +102,18 @@ extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemo
   }
 }
 
+}  // namespace
+
+}  // namespace vlake::hook
+
+extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device,
+                                                                                       nvmlMemory_t* memory) {
+  return vlake::hook::tenant_memory_info(vlake::hook::g_mem, "nvmlDeviceGetMemoryInfo", device, memory);
+}
+
 extern "C" __attribute__((visibility("default"))) nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device,
                                                                                           nvmlMemory_v2_t* memory) {
-  using namespace vlake::hook;
-  try {
-    auto real = resolved(g_mem_v2, "nvmlDeviceGetMemoryInfo_v2");
-    if (real == nullptr) return NVML_ERROR_UNINITIALIZED;
-    const nvmlReturn_t rc = real(device, memory);
-    UsageResult u;
-    if (rc != NVML_SUCCESS || !tenant_usage(device, u)) return rc;
-    memory->total = u.limit;
-    memory->reserved = 0;
-    memory->used = u.used;
-    memory->free = saturating_sub(u.limit, u.used);
-    return rc;
-  } catch (...) {
-    return NVML_ERROR_UNKNOWN;
-  }
+  return vlake::hook::tenant_memory_info(vlake::hook::g_mem_v2, "nvmlDeviceGetMemoryInfo_v2", device, memory);
 }
 
 static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo), PFN_nvmlDeviceGetMemoryInfo>);

@@ -43,7 +43,7 @@ void UsageCache::put(const Uuid& device, const UsageFigures& u, std::uint64_t ge
 
 void UsageCache::clear_after_fork() noexcept {
   slots_ = {};
-  mu_.unlock();
+  unlock_after_fork();
 }
 
 }  // namespace vlake::hook

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 
+#include "fork_lock.hpp"
 #include "vlake/common/uuid.hpp"
 
 namespace vlake::hook {
@@ -39,7 +40,7 @@ struct UsageCachePolicy {
   std::uint64_t exact_divisor = 20;                      // 5 % of the limit
 };
 
-class UsageCache {
+class UsageCache : public ForkLock {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr std::size_t kSlots = 32;
@@ -53,8 +54,6 @@ class UsageCache {
   [[nodiscard]] std::uint64_t exact_margin(std::uint64_t limit) const noexcept;
   [[nodiscard]] const UsageCachePolicy& policy() const noexcept { return policy_; }
 
-  void lock_all() noexcept { mu_.lock(); }
-  void unlock_all() noexcept { mu_.unlock(); }
   void clear_after_fork() noexcept;
 
  private:
@@ -67,7 +66,6 @@ class UsageCache {
   };
 
   const UsageCachePolicy policy_;
-  mutable std::mutex mu_;
   std::array<Slot, kSlots> slots_{};
 };
 
