@@ -117,6 +117,13 @@ Swap* find_swap(NodeState* s, std::int32_t pid) {
   return nullptr;
 }
 
+// The process's checkpoint record if it is in state `expected`, else nullptr (the caller answers
+// CUDA_ERROR_ILLEGAL_STATE).
+Swap* swap_in_state(NodeState* s, std::int32_t pid, CUprocessState expected) {
+  Swap* w = find_swap(s, pid);
+  return w != nullptr && w->state == expected ? w : nullptr;
+}
+
 void erase_swap(NodeState* s, Swap* w) {
   *w = s->swaps[s->nswaps - 1];
   __atomic_store_n(&s->nswaps, s->nswaps - 1, __ATOMIC_RELEASE);
@@ -697,8 +704,8 @@ CUresult Node::lock_process(std::int32_t pid) {
 
 CUresult Node::checkpoint_process(std::int32_t pid) {
   Lock lock(state_);
-  Swap* w = find_swap(state_, pid);
-  if (w == nullptr || w->state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  Swap* w = swap_in_state(state_, pid, CU_PROCESS_STATE_LOCKED);
+  if (w == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   // Memory it alone holds goes to host memory (uncharged); its references to memory others hold
   // too are released, and then it cannot be restored (driver 580, docs/simulator.md).
   for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
@@ -722,8 +729,8 @@ CUresult Node::checkpoint_process(std::int32_t pid) {
 
 CUresult Node::restore_process(std::int32_t pid) {
   Lock lock(state_);
-  Swap* w = find_swap(state_, pid);
-  if (w == nullptr || w->state != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
+  Swap* w = swap_in_state(state_, pid, CU_PROCESS_STATE_CHECKPOINTED);
+  if (w == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   if (w->unsupported == 1) return CUDA_ERROR_NOT_SUPPORTED;
   if (w->unsupported == 2) return CUDA_ERROR_OPERATING_SYSTEM;
   auto swapped_out = [&](const Record& r) {
@@ -761,8 +768,8 @@ CUresult Node::restore_process(std::int32_t pid) {
 
 CUresult Node::unlock_process(std::int32_t pid) {
   Lock lock(state_);
-  Swap* w = find_swap(state_, pid);
-  if (w == nullptr || w->state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+  Swap* w = swap_in_state(state_, pid, CU_PROCESS_STATE_LOCKED);
+  if (w == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   erase_swap(state_, w);
   return CUDA_SUCCESS;
 }
