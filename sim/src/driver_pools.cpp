@@ -222,6 +222,18 @@ std::uint64_t exec_peak(const CUgraphExec_st& e) {
   return live;
 }
 
+// Destroys a graph or an executable graph registered in `live` (st().graphs or st().execs); a
+// null or unknown one is CUDA_ERROR_INVALID_VALUE.
+template <class Set>
+CUresult destroy_registered(Set& live, typename Set::key_type h) {
+  return internal::initialized([&]() -> CUresult {
+    std::lock_guard lock(st().mu);
+    if (h == nullptr || live.erase(h) == 0) return CUDA_ERROR_INVALID_VALUE;
+    delete h;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult launch_or_upload(CUgraphExec e, CUstream stream, bool launch) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
@@ -579,14 +591,7 @@ VLAKE_SIM_API CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
   });
 }
 
-VLAKE_SIM_API CUresult cuGraphDestroy(CUgraph hGraph) {
-  return internal::initialized([&]() -> CUresult {
-    std::lock_guard lock(st().mu);
-    if (hGraph == nullptr || st().graphs.erase(hGraph) == 0) return CUDA_ERROR_INVALID_VALUE;
-    delete hGraph;
-    return CUDA_SUCCESS;
-  });
-}
+VLAKE_SIM_API CUresult cuGraphDestroy(CUgraph hGraph) { return destroy_registered(st().graphs, hGraph); }
 
 VLAKE_SIM_API CUresult cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode*,
                                               size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS* nodeParams) {
@@ -713,14 +718,7 @@ VLAKE_SIM_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStre
   return guarded([&] { return launch_or_upload(hGraphExec, hStream, false); });
 }
 
-VLAKE_SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
-  return internal::initialized([&]() -> CUresult {
-    std::lock_guard lock(st().mu);
-    if (hGraphExec == nullptr || st().execs.erase(hGraphExec) == 0) return CUDA_ERROR_INVALID_VALUE;
-    delete hGraphExec;
-    return CUDA_SUCCESS;
-  });
-}
+VLAKE_SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) { return destroy_registered(st().execs, hGraphExec); }
 
 VLAKE_SIM_API CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
   if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;

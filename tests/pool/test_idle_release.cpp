@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "daemon_grants.hpp"
 #include "harness.hpp"
 #include "vlake/pool/idle_release.hpp"
 
@@ -25,13 +26,6 @@ IdleHandleView view(std::uint64_t mib, std::uint64_t seq, milliseconds freed_at,
                     bool clean = false) {
   return IdleHandleView{Bytes{mib * kMiB}, bound, clean, seq, kT0 + freed_at};
 }
-
-const char* const kConfig = R"(version: 1
-default:
-  limit: 100%
-)";
-
-std::string mib(std::uint64_t n) { return std::to_string(n * kMiB); }
 
 }  // namespace
 
@@ -86,7 +80,7 @@ TEST_CASE("idle release: bound handles age out whatever the keep bound", "[unit]
 }
 
 TEST_CASE("daemon: freed memory goes back to the simulated GPU after the idle period", "[daemon][sim][idle]") {
-  DaemonProcess d("idle", kConfig);
+  DaemonProcess d("idle", kWholeGpuConfig);
   // 500 ms: the re-allocation below must come before it, also on a loaded machine.
   REQUIRE(d.start({"--pool-idle-release", "500ms"}));
   Helper a(d.node, 4242, 0);
@@ -125,19 +119,14 @@ TEST_CASE("daemon: freed memory goes back to the simulated GPU after the idle pe
 }
 
 TEST_CASE("daemon: idle release keeps the warm reserve", "[daemon][sim][idle]") {
-  DaemonProcess d("idle-warm", kConfig);
+  DaemonProcess d("idle-warm", kWholeGpuConfig);
   REQUIRE(d.start({"--handle-reuse", "node", "--warm-reserve", "64MiB", "--pool-idle-release", "200ms"}));
   auto s = snapshot(d.state);
   REQUIRE(s->devices[0].free_bytes == 64 * kMiB);
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 4; ++i) {  // larger than the reserve: new handles
-    auto g = a.ok("grant " + mib(128));
-    REQUIRE(num(g, "status") == 0);
-    ids.push_back(g.at("id"));
-  }
-  for (const auto& id : ids) a.ok("release " + id);
+  const std::vector<std::string> ids = grant_each(a, 4, 128);  // larger than the reserve: new handles
+  release_all(a, ids);
   CHECK(eventually(
       [&] {
         s = snapshot(d.state);
@@ -155,17 +144,12 @@ TEST_CASE("daemon: idle release keeps the warm reserve", "[daemon][sim][idle]") 
 }
 
 TEST_CASE("daemon: idle release keeps --pool-keep bytes in the free pool", "[daemon][sim][idle]") {
-  DaemonProcess d("idle-keep", kConfig);
+  DaemonProcess d("idle-keep", kWholeGpuConfig);
   REQUIRE(d.start({"--handle-reuse", "node", "--pool-keep", "32MiB", "--pool-idle-release", "200ms"}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 4; ++i) {
-    auto g = a.ok("grant " + mib(16));
-    REQUIRE(num(g, "status") == 0);
-    ids.push_back(g.at("id"));
-  }
-  for (const auto& id : ids) a.ok("release " + id);
+  const std::vector<std::string> ids = grant_each(a, 4, 16);
+  release_all(a, ids);
   auto s = snapshot(d.state);
   CHECK(eventually(
       [&] {
@@ -179,7 +163,7 @@ TEST_CASE("daemon: idle release keeps --pool-keep bytes in the free pool", "[dae
 }
 
 TEST_CASE("daemon: --pool-idle-release off keeps freed memory in the pool", "[daemon][sim][idle]") {
-  DaemonProcess d("idle-off", kConfig);
+  DaemonProcess d("idle-off", kWholeGpuConfig);
   REQUIRE(d.start({"--pool-idle-release", "off"}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);

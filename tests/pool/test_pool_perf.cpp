@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "daemon_grants.hpp"
 #include "harness.hpp"
 
 using namespace vlake;
@@ -16,17 +17,10 @@ namespace {
 constexpr std::uint64_t kMiB = 1ULL << 20;
 constexpr std::uint64_t kGiB = 1ULL << 30;  // the harness's simulated GPU
 
-const char* const kConfig = R"(version: 1
-default:
-  limit: 100%
-)";
-
-std::string mib(std::uint64_t n) { return std::to_string(n * kMiB); }
-
 }  // namespace
 
 TEST_CASE("pool: cross-tenant stitching serves a grant from handles another tenant freed", "[pool][sim]") {
-  DaemonProcess d("stitch", kConfig);
+  DaemonProcess d("stitch", kWholeGpuConfig);
   REQUIRE(d.start({"--handle-reuse", "node"}));  // cross-tenant stitching is node mode only
   Helper a(d.node, 4242, 0);
   Helper b(d.node, 4243, 0);
@@ -35,14 +29,8 @@ TEST_CASE("pool: cross-tenant stitching serves a grant from handles another tena
   b.ok("connect " + d.socket);
 
   // A allocates four granularity-sized grants, writes them and frees them.
-  std::vector<std::string> ids;
-  for (int i = 0; i < 4; ++i) {
-    auto g = a.ok("grant " + mib(2));
-    REQUIRE(num(g, "status") == 0);
-    a.ok("fill " + g.at("id") + " 171");
-    ids.push_back(g.at("id"));
-  }
-  for (const auto& id : ids) a.ok("release " + id);
+  const std::vector<std::string> ids = grant_each(a, 4, 2, 171);
+  release_all(a, ids);
   auto s = snapshot(d.state);
   REQUIRE(s->devices[0].free_handles == 4);
   REQUIRE(s->devices[0].free_small_handles == 4);
@@ -82,7 +70,7 @@ TEST_CASE("pool: cross-tenant stitching serves a grant from handles another tena
 }
 
 TEST_CASE("pool: the warm reserve is created at start and serves a grant with no cuMemCreate", "[pool][sim]") {
-  DaemonProcess d("warm", kConfig);
+  DaemonProcess d("warm", kWholeGpuConfig);
   REQUIRE(d.start({"--warm-reserve", "128MiB"}));
   auto s = snapshot(d.state);
   // 16 MiB of small handles, one 64 MiB bulk handle, the rest small.
@@ -118,7 +106,7 @@ TEST_CASE("pool: the warm reserve is created at start and serves a grant with no
 
 TEST_CASE("pool: the warm stock builds a size in demand on its worker and another tenant's grant takes it clean",
           "[pool][sim][warm]") {
-  DaemonProcess d("stock", kConfig);
+  DaemonProcess d("stock", kWholeGpuConfig);
   REQUIRE(d.start({"--warm-stock", "64MiB"}));
   auto s = snapshot(d.state);
   CHECK(s->devices[0].free_bytes == 0);  // no demand yet: nothing built
@@ -156,7 +144,7 @@ TEST_CASE("pool: the warm stock builds a size in demand on its worker and anothe
 }
 
 TEST_CASE("pool: pressure asks a flagged client for its reserve and the parked grant is served", "[pool][sim]") {
-  DaemonProcess d("pressure", kConfig);
+  DaemonProcess d("pressure", kWholeGpuConfig);
   REQUIRE(d.start({"--pressure-wait-ms", "5000"}));
   Helper a(d.node, 4242, 0);  // keeps a reserve, speaks the pressure protocol
   Helper n(d.node, 4243, 0);  // no kHelloPressure
@@ -215,7 +203,7 @@ TEST_CASE("pool: pressure asks a flagged client for its reserve and the parked g
 
 TEST_CASE("pool: a parked grant times out as out_of_memory, and without flagged reserves none is parked",
           "[pool][sim]") {
-  DaemonProcess d("pressure-timeout", kConfig);
+  DaemonProcess d("pressure-timeout", kWholeGpuConfig);
   REQUIRE(d.start({"--pressure-wait-ms", "300"}));
   Helper a(d.node, 4242, 0);
   Helper n(d.node, 4243, 0);
