@@ -149,6 +149,16 @@ bool device_attribute(CUdevice_attribute a, int dev, int& v) {
   return false;
 }
 
+// A query that needs only an initialized driver: *out = value() (a null out is
+// CUDA_ERROR_INVALID_VALUE; value() runs only once the driver is initialized).
+template <class T, class Value>
+CUresult answer(T* out, Value&& value) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = value();
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 CUctx_st* vlake::sim::internal::current_ctx() { return t_depth > 0 ? t_stack[t_depth - 1] : nullptr; }
@@ -168,10 +178,7 @@ VLAKE_SIM_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 
 VLAKE_SIM_API CUresult cuDeviceGetCount(int* count) {
   VLAKE_SIM_COUNT(cuDeviceGetCount);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *count = g_proc->device_count;
-  return CUDA_SUCCESS;
+  return answer(count, [] { return g_proc->device_count; });
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
@@ -294,10 +301,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
   VLAKE_SIM_COUNT(cuCtxGetCurrent);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pctx = current_ctx();
-  return CUDA_SUCCESS;
+  return answer(pctx, [] { return current_ctx(); });
 }
 
 VLAKE_SIM_API CUresult cuCtxSetCurrent(CUcontext ctx) {

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,18 @@ inline std::vector<std::string> grant_each(Helper& h, int count, std::uint64_t m
     ids.push_back(g.at("id"));
   }
   return ids;
+}
+
+// Re-reads the daemon's state segment `state_name` into `s` until holds(*s) (CHECKed, within
+// `timeout_ms`); `s` is the last snapshot read.
+template <class Holds>
+void refresh_until(std::unique_ptr<state::State>& s, const std::string& state_name, Holds&& holds, int timeout_ms) {
+  CHECK(eventually(
+      [&] {
+        s = snapshot(state_name);
+        return holds(*s);
+      },
+      timeout_ms));
 }
 
 // Releases every grant of `ids` through `h`.

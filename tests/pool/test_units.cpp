@@ -93,36 +93,34 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
 }
 
 TEST_CASE("options: limits against hostile tenants", "[pool][options][limits]") {
-  // Each limit: its option, its default and the value the command line below sets.
-  struct Limit {
-    const char* option;
-    long long (*read)(const DaemonOptions&);
-    long long by_default;
-    long long set;
-  };
-  const Limit limits[] = {
-      {"--max-sessions-per-tenant", [](const DaemonOptions& o) -> long long { return o.max_sessions_per_tenant; }, 128,
-       4},
-      {"--max-grants-per-tenant", [](const DaemonOptions& o) -> long long { return o.max_grants_per_tenant; }, 2048,
-       100},
-      {"--max-connections-per-uid", [](const DaemonOptions& o) -> long long { return o.max_connections_per_uid; }, 256,
-       9},
-      {"--max-unauthenticated", [](const DaemonOptions& o) -> long long { return o.max_unauthenticated; }, 512, 7},
-      {"--max-unauthenticated-per-uid",
-       [](const DaemonOptions& o) -> long long { return o.max_unauthenticated_per_uid; }, 64, 3},
-      {"--hello-timeout-ms", [](const DaemonOptions& o) -> long long { return o.hello_timeout.count(); }, 5000, 250},
-      {"--guard-event-rate", [](const DaemonOptions& o) -> long long { return o.guard_event_rate; }, 10, 2},
-      {"--guard-event-burst", [](const DaemonOptions& o) -> long long { return o.guard_event_burst; }, 20, 5},
-  };
   const DaemonOptions d = parse({});
   const DaemonOptions o =
       parse({"--max-sessions-per-tenant", "4", "--max-grants-per-tenant=100", "--max-connections-per-uid", "9",
              "--max-unauthenticated", "7", "--max-unauthenticated-per-uid", "3", "--hello-timeout-ms", "250",
              "--guard-event-rate", "2", "--guard-event-burst", "5"});
+  // Each limit: its option, its value by default (d) and as the command line above sets it (o),
+  // then what each must be.
+  struct Limit {
+    const char* option;
+    long long by_default;
+    long long set;
+    long long want_default;
+    long long want_set;
+  };
+  const Limit limits[] = {
+      {"--max-sessions-per-tenant", d.max_sessions_per_tenant, o.max_sessions_per_tenant, 128, 4},
+      {"--max-grants-per-tenant", d.max_grants_per_tenant, o.max_grants_per_tenant, 2048, 100},
+      {"--max-connections-per-uid", d.max_connections_per_uid, o.max_connections_per_uid, 256, 9},
+      {"--max-unauthenticated", d.max_unauthenticated, o.max_unauthenticated, 512, 7},
+      {"--max-unauthenticated-per-uid", d.max_unauthenticated_per_uid, o.max_unauthenticated_per_uid, 64, 3},
+      {"--hello-timeout-ms", d.hello_timeout.count(), o.hello_timeout.count(), 5000, 250},
+      {"--guard-event-rate", d.guard_event_rate, o.guard_event_rate, 10, 2},
+      {"--guard-event-burst", d.guard_event_burst, o.guard_event_burst, 20, 5},
+  };
   for (const Limit& l : limits) {
     INFO(l.option);
-    CHECK(l.read(d) == l.by_default);
-    CHECK(l.read(o) == l.set);
+    CHECK(l.by_default == l.want_default);
+    CHECK(l.set == l.want_set);
   }
   CHECK_THROWS_WITH(parse({"--max-sessions-per-tenant", "1025"}),
                     "--max-sessions-per-tenant must be a number 1..1024, got '1025'");
