@@ -149,6 +149,17 @@ bool device_attribute(CUdevice_attribute a, int dev, int& v) {
   return false;
 }
 
+// An entry point's body on device `dev`'s primary context: initialized, `dev` valid (else
+// CUDA_ERROR_INVALID_DEVICE), then f(ctx) under g_proc->mu.
+template <class F>
+CUresult on_primary_ctx(CUdevice dev, F&& f) {
+  return initialized([&]() -> CUresult {
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::unique_lock lock(g_proc->mu);
+    return f(g_proc->ctxs[dev]);
+  });
+}
+
 // A query that needs only an initialized driver: *out = value() (a null out is
 // CUDA_ERROR_INVALID_VALUE; value() runs only once the driver is initialized).
 template <class T, class Value>
@@ -266,10 +277,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxRelease_v2);
-  return initialized([&]() -> CUresult {
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    std::unique_lock lock(g_proc->mu);
-    CUctx_st& ctx = g_proc->ctxs[dev];
+  return on_primary_ctx(dev, [&](CUctx_st& ctx) -> CUresult {
     if (ctx.retains.load() <= 0) return rules::kReleaseUnretained;
     if (ctx.retains.fetch_sub(1) == 1) {
       destroy_ctx_resources(&ctx);
@@ -291,10 +299,8 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* fl
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxReset_v2);
-  return initialized([&]() -> CUresult {
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    std::unique_lock lock(g_proc->mu);
-    destroy_ctx_resources(&g_proc->ctxs[dev]);
+  return on_primary_ctx(dev, [](CUctx_st& ctx) -> CUresult {
+    destroy_ctx_resources(&ctx);
     return CUDA_SUCCESS;
   });
 }
