@@ -149,6 +149,17 @@ bool device_attribute(CUdevice_attribute a, int dev, int& v) {
   return false;
 }
 
+// A query about device `dev` that needs only an initialized driver: *out = value() (a null out
+// is CUDA_ERROR_INVALID_VALUE, an invalid dev CUDA_ERROR_INVALID_DEVICE, checked in that order).
+template <class T, class Value>
+CUresult answer_for(CUdevice dev, T* out, Value&& value) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *out = value();
+  return CUDA_SUCCESS;
+}
+
 // An entry point's body on device `dev`'s primary context: initialized, `dev` valid (else
 // CUDA_ERROR_INVALID_DEVICE), then f(ctx) under g_proc->mu.
 template <class F>
@@ -180,11 +191,7 @@ CUctx_st* vlake::sim::internal::current_ctx() { return t_depth > 0 ? t_stack[t_d
 
 VLAKE_SIM_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   VLAKE_SIM_COUNT(cuDeviceGet);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
-  *device = ordinal;
-  return CUDA_SUCCESS;
+  return answer_for(ordinal, device, [&] { return ordinal; });
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetCount(int* count) {
@@ -203,12 +210,7 @@ VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 
 namespace {
 CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
-  return initialized([&]() -> CUresult {
-    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    *uuid = device_uuid(dev);
-    return CUDA_SUCCESS;
-  });
+  return guarded([&] { return answer_for(dev, uuid, [&] { return device_uuid(dev); }); });
 }
 }  // namespace
 
@@ -224,11 +226,7 @@ VLAKE_SIM_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   VLAKE_SIM_COUNT(cuDeviceTotalMem_v2);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  *bytes = static_cast<size_t>(g_proc->capacity);
-  return CUDA_SUCCESS;
+  return answer_for(dev, bytes, [] { return static_cast<size_t>(g_proc->capacity); });
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
