@@ -38,34 +38,24 @@ VLAKE_SIM_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState* stat
   });
 }
 
-VLAKE_SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
-  VLAKE_SIM_COUNT(cuCheckpointProcessLock);
-  return initialized([&]() -> CUresult {
-    (void)args;  // no submitted work to wait for: a timeout never expires
-    return g_proc->node->lock_process(pid);
-  });
-}
+// cuCheckpointProcess<step>: the node's <method>(pid). Its args carry nothing the simulator uses
+// (no submitted work to wait for: a lock's timeout never expires).
+#define VLAKE_SIM_CHECKPOINT_STEP(step, method)                                               \
+  VLAKE_SIM_API CUresult cuCheckpointProcess##step(int pid, CUcheckpoint##step##Args* args) { \
+    VLAKE_SIM_COUNT(cuCheckpointProcess##step);                                               \
+    (void)args;                                                                               \
+    return initialized([&] { return g_proc->node->method(pid); });                            \
+  }
 
-VLAKE_SIM_API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args) {
-  VLAKE_SIM_COUNT(cuCheckpointProcessCheckpoint);
-  return initialized([&]() -> CUresult {
-    (void)args;
-    return g_proc->node->checkpoint_process(pid);
-  });
-}
+VLAKE_SIM_CHECKPOINT_STEP(Lock, lock_process)
+VLAKE_SIM_CHECKPOINT_STEP(Checkpoint, checkpoint_process)
+VLAKE_SIM_CHECKPOINT_STEP(Unlock, unlock_process)
+#undef VLAKE_SIM_CHECKPOINT_STEP
 
 VLAKE_SIM_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args) {
   VLAKE_SIM_COUNT(cuCheckpointProcessRestore);
   return initialized([&]() -> CUresult {
     if (args != nullptr && args->gpuPairs != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // no GPU remapping
     return g_proc->node->restore_process(pid);
-  });
-}
-
-VLAKE_SIM_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args) {
-  VLAKE_SIM_COUNT(cuCheckpointProcessUnlock);
-  return initialized([&]() -> CUresult {
-    (void)args;
-    return g_proc->node->unlock_process(pid);
   });
 }

@@ -86,57 +86,37 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p) {
 
 }  // namespace
 
-VLAKE_SIM_API CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy) {
-  VLAKE_SIM_COUNT(cuMemcpy2D_v2);
-  return guarded([&] { return copy_2d(pCopy); });
-}
+// A synchronous copy entry point `name` (params -> copy(params), guarded) and its per-thread
+// default-stream variant name_ptds, which forwards to it.
+#define VLAKE_SIM_COPY_SYNC(name, Params, copy)             \
+  VLAKE_SIM_API CUresult name(const Params* pCopy) {        \
+    VLAKE_SIM_COUNT(name);                                  \
+    return guarded([&] { return copy(pCopy); });            \
+  }                                                         \
+  VLAKE_SIM_API CUresult name##_ptds(const Params* pCopy) { \
+    VLAKE_SIM_COUNT(name##_ptds);                           \
+    return name(pCopy);                                     \
+  }
 
-VLAKE_SIM_API CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy) {
-  VLAKE_SIM_COUNT(cuMemcpy2DUnaligned_v2);
-  return guarded([&] { return copy_2d(pCopy); });
-}
+// An asynchronous copy entry point `name` (copy(params) after on_stream's stream check) and its
+// per-thread variant name_ptsz, which forwards to it.
+#define VLAKE_SIM_COPY_ASYNC(name, Params, copy)                              \
+  VLAKE_SIM_API CUresult name(const Params* pCopy, CUstream hStream) {        \
+    VLAKE_SIM_COUNT(name);                                                    \
+    return on_stream(hStream, [&] { return copy(pCopy); });                   \
+  }                                                                           \
+  VLAKE_SIM_API CUresult name##_ptsz(const Params* pCopy, CUstream hStream) { \
+    VLAKE_SIM_COUNT(name##_ptsz);                                             \
+    return name(pCopy, hStream);                                              \
+  }
 
-VLAKE_SIM_API CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemcpy2DAsync_v2);
-  return on_stream(hStream, [&] { return copy_2d(pCopy); });
-}
-
-VLAKE_SIM_API CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy) {
-  VLAKE_SIM_COUNT(cuMemcpy3D_v2);
-  return guarded([&] { return copy_3d(pCopy); });
-}
-
-VLAKE_SIM_API CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemcpy3DAsync_v2);
-  return on_stream(hStream, [&] { return copy_3d(pCopy); });
-}
-
-// ---- Per-thread variants (VLAKE_SIM_PER_THREAD_ROWS) ---------------------------------------------
-
-VLAKE_SIM_API CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy) {
-  VLAKE_SIM_COUNT(cuMemcpy2D_v2_ptds);
-  return cuMemcpy2D_v2(pCopy);
-}
-
-VLAKE_SIM_API CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy) {
-  VLAKE_SIM_COUNT(cuMemcpy2DUnaligned_v2_ptds);
-  return cuMemcpy2DUnaligned_v2(pCopy);
-}
-
-VLAKE_SIM_API CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemcpy2DAsync_v2_ptsz);
-  return cuMemcpy2DAsync_v2(pCopy, hStream);
-}
-
-VLAKE_SIM_API CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy) {
-  VLAKE_SIM_COUNT(cuMemcpy3D_v2_ptds);
-  return cuMemcpy3D_v2(pCopy);
-}
-
-VLAKE_SIM_API CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
-  VLAKE_SIM_COUNT(cuMemcpy3DAsync_v2_ptsz);
-  return cuMemcpy3DAsync_v2(pCopy, hStream);
-}
+VLAKE_SIM_COPY_SYNC(cuMemcpy2D_v2, CUDA_MEMCPY2D, copy_2d)
+VLAKE_SIM_COPY_SYNC(cuMemcpy2DUnaligned_v2, CUDA_MEMCPY2D, copy_2d)
+VLAKE_SIM_COPY_ASYNC(cuMemcpy2DAsync_v2, CUDA_MEMCPY2D, copy_2d)
+VLAKE_SIM_COPY_SYNC(cuMemcpy3D_v2, CUDA_MEMCPY3D, copy_3d)
+VLAKE_SIM_COPY_ASYNC(cuMemcpy3DAsync_v2, CUDA_MEMCPY3D, copy_3d)
+#undef VLAKE_SIM_COPY_SYNC
+#undef VLAKE_SIM_COPY_ASYNC
 
 // cuMemsetD2D<bits>_v2, cuMemsetD2D<bits>Async and their per-thread variants: Height rows,
 // dstPitch bytes apart, of Width elements of `elem` bytes (type T) set to `value`.

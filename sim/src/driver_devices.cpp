@@ -36,97 +36,149 @@ CUuuid device_uuid(int dev) {
   return u;
 }
 
-bool device_attribute(CUdevice_attribute a, int dev, int& v) {
-  switch (a) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; return true;
-    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; return true;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: v = 2147483647; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; return true;
-    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; return true;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; return true;
-    case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; return true;
-    case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = CU_COMPUTEMODE_DEFAULT; return true;
-    case CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: v = 512; return true;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev + 1; return true;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = 2619000; return true;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; return true;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 52428800; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; return true;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 3; return true;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; return true;
+// The attributes whose value is the same on every simulated device; any other attribute
+// (outside device_attribute's two per-device ones) is CUDA_ERROR_INVALID_VALUE.
+struct FixedAttribute {
+  CUdevice_attribute attribute;
+  int value;
+};
+constexpr FixedAttribute kFixedAttributes[] = {
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152},
+    {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536},
+    {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+    {CU_DEVICE_ATTRIBUTE_MAX_PITCH, 2147483647},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
+    {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000},
+    {CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 512},
+    {CU_DEVICE_ATTRIBUTE_GPU_OVERLAP, 1},
+    {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+    {CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0},
+    {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
+    {CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT, 512},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
+    {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
+    {CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0},
+    {CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0},
+    {CU_DEVICE_ATTRIBUTE_TCC_DRIVER, 0},
+    {CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 2619000},
+    {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120},
+    {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 52428800},
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048},
+    {CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 3},
+    {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
     // 32 on the H100 (measured); the pitch cuMemAllocPitch_v2 returns is a multiple of
     // TEXTURE_ALIGNMENT (512), see rules::kPitchAlignment.
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: v = 32; return true;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; return true;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = 233472; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; return true;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; return true;  // cuMemAllocManaged (measured 1)
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: v = dev; return true;
-    case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: v = 2; return true;
-    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = 232448; return true;
-    case CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 0; return true;  // no cuMemHostRegister
-    case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: v = 0; return true;  // not simulated
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = 32; return true;
-    case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: v = 32505856; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: v = 134213632; return true;
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: v = 1024; return true;
-    case CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; return true;  // cuMemAllocAsync (measured 1)
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: v = 4; return true;
-    case CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: v = 1; return true;
-    case CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_NUMA_ID: v = -1; return true;
-    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_MPS_ENABLED: v = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = -1; return true;
-    default: return false;
+    {CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 32},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+    {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 233472},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
+    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},  // cuMemAllocManaged (measured 1)
+    {CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD, 0},
+    {CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO, 2},
+    {CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0},
+    {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448},
+    {CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES, 0},
+    {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 0},  // no cuMemHostRegister
+    {CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, 0},
+    {CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST, 0},
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0},  // not simulated
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
+    {CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 32505856},
+    {CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, 134213632},
+    {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024},
+    {CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},  // cuMemAllocAsync (measured 1)
+    {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0},
+    {CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 1},
+    {CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT, 4},
+    {CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 1},
+    {CU_DEVICE_ATTRIBUTE_NUMA_CONFIG, 0},
+    {CU_DEVICE_ATTRIBUTE_NUMA_ID, -1},
+    {CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_MPS_ENABLED, 0},
+    {CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, -1},
+};
+
+bool device_attribute(CUdevice_attribute a, int dev, int& v) {
+  // The attributes that depend on the device ordinal.
+  if (a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) {
+    v = dev + 1;
+    return true;
   }
+  if (a == CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID) {
+    v = dev;
+    return true;
+  }
+  for (const FixedAttribute& f : kFixedAttributes) {
+    if (f.attribute == a) {
+      v = f.value;
+      return true;
+    }
+  }
+  return false;
+}
+
+// A query about device `dev` that needs only an initialized driver: *out = value() (a null out
+// is CUDA_ERROR_INVALID_VALUE, an invalid dev CUDA_ERROR_INVALID_DEVICE, checked in that order).
+template <class T, class Value>
+CUresult answer_for(CUdevice dev, T* out, Value&& value) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  *out = value();
+  return CUDA_SUCCESS;
+}
+
+// An entry point's body on device `dev`'s primary context: initialized, `dev` valid (else
+// CUDA_ERROR_INVALID_DEVICE), then f(ctx) under g_proc->mu.
+template <class F>
+CUresult on_primary_ctx(CUdevice dev, F&& f) {
+  return initialized([&]() -> CUresult {
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::unique_lock lock(g_proc->mu);
+    return f(g_proc->ctxs[dev]);
+  });
+}
+
+// A query that needs only an initialized driver: *out = value() (a null out is
+// CUDA_ERROR_INVALID_VALUE; value() runs only once the driver is initialized).
+template <class T, class Value>
+CUresult answer(T* out, Value&& value) {
+  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = value();
+  return CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -139,19 +191,12 @@ CUctx_st* vlake::sim::internal::current_ctx() { return t_depth > 0 ? t_stack[t_d
 
 VLAKE_SIM_API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   VLAKE_SIM_COUNT(cuDeviceGet);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
-  *device = ordinal;
-  return CUDA_SUCCESS;
+  return answer_for(ordinal, device, [&] { return ordinal; });
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetCount(int* count) {
   VLAKE_SIM_COUNT(cuDeviceGetCount);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *count = g_proc->device_count;
-  return CUDA_SUCCESS;
+  return answer(count, [] { return g_proc->device_count; });
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
@@ -165,12 +210,7 @@ VLAKE_SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 
 namespace {
 CUresult get_uuid(CUuuid* uuid, CUdevice dev) {
-  return initialized([&]() -> CUresult {
-    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    *uuid = device_uuid(dev);
-    return CUDA_SUCCESS;
-  });
+  return guarded([&] { return answer_for(dev, uuid, [&] { return device_uuid(dev); }); });
 }
 }  // namespace
 
@@ -186,11 +226,7 @@ VLAKE_SIM_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   VLAKE_SIM_COUNT(cuDeviceTotalMem_v2);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  *bytes = static_cast<size_t>(g_proc->capacity);
-  return CUDA_SUCCESS;
+  return answer_for(dev, bytes, [] { return static_cast<size_t>(g_proc->capacity); });
 }
 
 VLAKE_SIM_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
@@ -239,10 +275,7 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxRelease_v2);
-  return initialized([&]() -> CUresult {
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    std::unique_lock lock(g_proc->mu);
-    CUctx_st& ctx = g_proc->ctxs[dev];
+  return on_primary_ctx(dev, [&](CUctx_st& ctx) -> CUresult {
     if (ctx.retains.load() <= 0) return rules::kReleaseUnretained;
     if (ctx.retains.fetch_sub(1) == 1) {
       destroy_ctx_resources(&ctx);
@@ -264,20 +297,15 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* fl
 
 VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   VLAKE_SIM_COUNT(cuDevicePrimaryCtxReset_v2);
-  return initialized([&]() -> CUresult {
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    std::unique_lock lock(g_proc->mu);
-    destroy_ctx_resources(&g_proc->ctxs[dev]);
+  return on_primary_ctx(dev, [](CUctx_st& ctx) -> CUresult {
+    destroy_ctx_resources(&ctx);
     return CUDA_SUCCESS;
   });
 }
 
 VLAKE_SIM_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
   VLAKE_SIM_COUNT(cuCtxGetCurrent);
-  if (CUresult rc = check_init(); rc != CUDA_SUCCESS) return rc;
-  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pctx = current_ctx();
-  return CUDA_SUCCESS;
+  return answer(pctx, [] { return current_ctx(); });
 }
 
 VLAKE_SIM_API CUresult cuCtxSetCurrent(CUcontext ctx) {

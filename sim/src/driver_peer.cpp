@@ -22,6 +22,7 @@ namespace rules = vlake::sim::rules;
 namespace {
 
 using vlake::sim::internal::guarded;
+using vlake::sim::internal::in_context;
 
 std::uint32_t bit(int device) { return std::uint32_t{1} << device; }
 
@@ -35,8 +36,7 @@ CUctx_st* live_context(CUcontext c) {
 
 VLAKE_SIM_API CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
   VLAKE_SIM_COUNT(cuDeviceCanAccessPeer);
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return internal::initialized([&]() -> CUresult {
     if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!internal::device_valid(dev) || !internal::device_valid(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
     *canAccessPeer = dev != peerDev && internal::process()->peer_access ? 1 : 0;
@@ -46,9 +46,7 @@ VLAKE_SIM_API CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, C
 
 VLAKE_SIM_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
   VLAKE_SIM_COUNT(cuCtxEnablePeerAccess);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     if (Flags != 0) return rules::kPeerBadFlags;
     std::unique_lock lock(internal::process()->mu);
     CUctx_st* peer = live_context(peerContext);
@@ -63,9 +61,7 @@ VLAKE_SIM_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int
 
 VLAKE_SIM_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
   VLAKE_SIM_COUNT(cuCtxDisablePeerAccess);
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st* ctx) -> CUresult {
     std::unique_lock lock(internal::process()->mu);
     CUctx_st* peer = live_context(peerContext);
     if (peer == nullptr) return rules::kPeerBadContext;

@@ -59,6 +59,7 @@ constexpr std::size_t kGran = vlake::sim::rules::kGranularity;
 std::size_t round_up(std::size_t v) { return (v + kGran - 1) / kGran * kGran; }
 
 using vlake::sim::internal::guarded;
+using vlake::sim::internal::in_context;
 
 struct Pool {
   int device = 0;
@@ -139,8 +140,7 @@ Pool* find_pool(CUmemoryPool h) {
 // pool is CUDA_ERROR_INVALID_VALUE.
 template <class F>
 CUresult on_pool(CUmemoryPool h, F&& f) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return internal::initialized([&]() -> CUresult {
     std::lock_guard lock(st().mu);
     Pool* p = find_pool(h);
     if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -220,6 +220,18 @@ std::uint64_t exec_peak(const CUgraphExec_st& e) {
   std::uint64_t live = g.used();
   for (const auto& a : e.allocs) live += g.live.count(a.first) != 0 ? 0 : a.second;
   return live;
+}
+
+// Destroys a graph or an executable graph registered in `live` (st().graphs or st().execs); a
+// null or unknown one is CUDA_ERROR_INVALID_VALUE.
+template <class Set>
+CUresult destroy_registered(Set& live, typename Set::key_type h) {
+  return internal::initialized([&]() -> CUresult {
+    std::lock_guard lock(st().mu);
+    if (h == nullptr || live.erase(h) == 0) return CUDA_ERROR_INVALID_VALUE;
+    delete h;
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult launch_or_upload(CUgraphExec e, CUstream stream, bool launch) {
@@ -433,8 +445,7 @@ VLAKE_SIM_API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
 }
 
 VLAKE_SIM_API CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return internal::initialized([&]() -> CUresult {
     if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
       return CUDA_ERROR_NOT_SUPPORTED;
@@ -529,9 +540,7 @@ VLAKE_SIM_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t by
 // ---- Stream capture ---------------------------------------------------------------------------------
 
 VLAKE_SIM_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
         mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
       return CUDA_ERROR_INVALID_VALUE;
@@ -548,9 +557,7 @@ VLAKE_SIM_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCapture
 }
 
 VLAKE_SIM_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(st().mu);
     auto it = st().captures.find(hStream);
@@ -562,9 +569,7 @@ VLAKE_SIM_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
 }
 
 VLAKE_SIM_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
-  return guarded([&]() -> CUresult {
-    CUctx_st* ctx = nullptr;
-    if (CUresult rc = internal::context(ctx); rc != CUDA_SUCCESS) return rc;
+  return in_context([&](CUctx_st*) -> CUresult {
     if (captureStatus == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!internal::stream_ok(hStream)) return CUDA_ERROR_INVALID_HANDLE;
     *captureStatus =
@@ -576,8 +581,7 @@ VLAKE_SIM_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStat
 // ---- Graphs -----------------------------------------------------------------------------------------
 
 VLAKE_SIM_API CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return internal::initialized([&]() -> CUresult {
     if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     auto g = std::make_unique<CUgraph_st>();
     std::lock_guard lock(st().mu);
@@ -587,21 +591,12 @@ VLAKE_SIM_API CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
   });
 }
 
-VLAKE_SIM_API CUresult cuGraphDestroy(CUgraph hGraph) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
-    std::lock_guard lock(st().mu);
-    if (hGraph == nullptr || st().graphs.erase(hGraph) == 0) return CUDA_ERROR_INVALID_VALUE;
-    delete hGraph;
-    return CUDA_SUCCESS;
-  });
-}
+VLAKE_SIM_API CUresult cuGraphDestroy(CUgraph hGraph) { return destroy_registered(st().graphs, hGraph); }
 
 VLAKE_SIM_API CUresult cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode*,
                                               size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS* nodeParams) {
   (void)numDependencies;  // the simulator runs no work: dependencies do not matter
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return internal::initialized([&]() -> CUresult {
     if (phGraphNode == nullptr || nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(st().mu);
     if (hGraph == nullptr || st().graphs.count(hGraph) == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -612,8 +607,7 @@ VLAKE_SIM_API CUresult cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph 
 VLAKE_SIM_API CUresult cuGraphAddMemFreeNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode*,
                                              size_t numDependencies, CUdeviceptr dptr) {
   (void)numDependencies;
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return internal::initialized([&]() -> CUresult {
     if (phGraphNode == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(st().mu);
     if (hGraph == nullptr || st().graphs.count(hGraph) == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -622,8 +616,7 @@ VLAKE_SIM_API CUresult cuGraphAddMemFreeNode(CUgraphNode* phGraphNode, CUgraph h
 }
 
 VLAKE_SIM_API CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
+  return internal::initialized([&]() -> CUresult {
     if (numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(st().mu);
     if (hGraph == nullptr || st().graphs.count(hGraph) == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -725,15 +718,7 @@ VLAKE_SIM_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStre
   return guarded([&] { return launch_or_upload(hGraphExec, hStream, false); });
 }
 
-VLAKE_SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
-  return guarded([&]() -> CUresult {
-    if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;
-    std::lock_guard lock(st().mu);
-    if (hGraphExec == nullptr || st().execs.erase(hGraphExec) == 0) return CUDA_ERROR_INVALID_VALUE;
-    delete hGraphExec;
-    return CUDA_SUCCESS;
-  });
-}
+VLAKE_SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) { return destroy_registered(st().execs, hGraphExec); }
 
 VLAKE_SIM_API CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
   if (CUresult rc = internal::initialized(); rc != CUDA_SUCCESS) return rc;

@@ -280,22 +280,19 @@ void destroy_ctx_resources(CUctx_st* ctx) {
       ++it;
     }
   }
-  for (auto it = g_proc->streams.begin(); it != g_proc->streams.end();) {
-    if ((*it)->ctx == ctx) {
-      delete *it;
-      it = g_proc->streams.erase(it);
-    } else {
-      ++it;
+  // The context's streams and events go with it.
+  auto destroy_owned = [ctx](auto& live) {
+    for (auto it = live.begin(); it != live.end();) {
+      if ((*it)->ctx == ctx) {
+        delete *it;
+        it = live.erase(it);
+      } else {
+        ++it;
+      }
     }
-  }
-  for (auto it = g_proc->events.begin(); it != g_proc->events.end();) {
-    if ((*it)->ctx == ctx) {
-      delete *it;
-      it = g_proc->events.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  };
+  destroy_owned(g_proc->streams);
+  destroy_owned(g_proc->events);
   ctx->sticky.store(CUDA_SUCCESS);
 }
 

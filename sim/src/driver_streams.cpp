@@ -60,6 +60,30 @@ bool recorded_events_pending() {
          g_events_done_ns.load(std::memory_order_acquire) > ns_of(std::chrono::steady_clock::now());
 }
 
+// Registers a new stream or event of `ctx` with `flags` in `live` (g_proc->streams or ->events)
+// and hands it out through `out`.
+template <class Set, class Obj>
+CUresult register_new(Set& live, CUctx_st* ctx, unsigned flags, Obj** out) {
+  auto o = std::make_unique<Obj>();
+  o->ctx = ctx;
+  o->flags = flags;
+  std::unique_lock lock(g_proc->mu);
+  live.insert(o.get());
+  *out = o.release();
+  return CUDA_SUCCESS;
+}
+
+// Destroys a stream or event registered in `live`; one not there is rules::kBadStreamOrEvent.
+template <class Set>
+CUresult destroy_registered(Set& live, typename Set::key_type h) {
+  return in_context([&](CUctx_st*) -> CUresult {
+    std::unique_lock lock(g_proc->mu);
+    if (live.erase(h) == 0) return rules::kBadStreamOrEvent;
+    delete h;
+    return CUDA_SUCCESS;
+  });
+}
+
 }  // namespace
 
 VLAKE_SIM_API CUresult cuCtxSynchronize() {
@@ -96,24 +120,13 @@ VLAKE_SIM_API CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
     if (phStream == nullptr || (Flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    auto s = std::make_unique<CUstream_st>();
-    s->ctx = ctx;
-    s->flags = Flags;
-    std::unique_lock lock(g_proc->mu);
-    g_proc->streams.insert(s.get());
-    *phStream = s.release();
-    return CUDA_SUCCESS;
+    return register_new(g_proc->streams, ctx, Flags, phStream);
   });
 }
 
 VLAKE_SIM_API CUresult cuStreamDestroy_v2(CUstream hStream) {
   VLAKE_SIM_COUNT(cuStreamDestroy_v2);
-  return in_context([&](CUctx_st*) -> CUresult {
-    std::unique_lock lock(g_proc->mu);
-    if (g_proc->streams.erase(hStream) == 0) return rules::kBadStreamOrEvent;
-    delete hStream;
-    return CUDA_SUCCESS;
-  });
+  return destroy_registered(g_proc->streams, hStream);
 }
 
 namespace {
@@ -159,13 +172,7 @@ VLAKE_SIM_API CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   return in_context([&](CUctx_st* ctx) -> CUresult {
     const unsigned allowed = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if (phEvent == nullptr || (Flags & ~allowed) != 0) return CUDA_ERROR_INVALID_VALUE;
-    auto e = std::make_unique<CUevent_st>();
-    e->ctx = ctx;
-    e->flags = Flags;
-    std::unique_lock lock(g_proc->mu);
-    g_proc->events.insert(e.get());
-    *phEvent = e.release();
-    return CUDA_SUCCESS;
+    return register_new(g_proc->events, ctx, Flags, phEvent);
   });
 }
 
@@ -224,12 +231,7 @@ VLAKE_SIM_API CUresult cuEventSynchronize(CUevent hEvent) {
 
 VLAKE_SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
   VLAKE_SIM_COUNT(cuEventDestroy_v2);
-  return in_context([&](CUctx_st*) -> CUresult {
-    std::unique_lock lock(g_proc->mu);
-    if (g_proc->events.erase(hEvent) == 0) return rules::kBadStreamOrEvent;
-    delete hEvent;
-    return CUDA_SUCCESS;
-  });
+  return destroy_registered(g_proc->events, hEvent);
 }
 
 VLAKE_SIM_API CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {

@@ -158,6 +158,16 @@ class Lock {
   NodeState* s_;
 };
 
+// A checkpoint step on process `pid`: under the node lock, step(w) on its checkpoint record w if
+// that is in state `expected`, else CUDA_ERROR_ILLEGAL_STATE.
+template <class Step>
+CUresult checkpoint_step(NodeState* s, std::int32_t pid, CUprocessState expected, Step&& step) {
+  Lock lock(s);
+  Swap* w = find_swap(s, pid);
+  if (w == nullptr || w->state != expected) return CUDA_ERROR_ILLEGAL_STATE;
+  return step(w);
+}
+
 Record* find(NodeState* s, std::uint64_t dev, std::uint64_t ino) {
   for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
     Record& r = s->records[i];
@@ -696,75 +706,72 @@ CUresult Node::lock_process(std::int32_t pid) {
 }
 
 CUresult Node::checkpoint_process(std::int32_t pid) {
-  Lock lock(state_);
-  Swap* w = find_swap(state_, pid);
-  if (w == nullptr || w->state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
-  // Memory it alone holds goes to host memory (uncharged); its references to memory others hold
-  // too are released, and then it cannot be restored (driver 580, docs/simulator.md).
-  for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
-    Record& r = state_->records[i];
-    for (std::uint32_t h = 0; h < r.nholders; ++h) {
-      if (!same(r.holders[h], w->process)) continue;
-      if (r.nholders == 1 && r.imported == 0 && r.swapped == 0) {
-        r.swapped = 1;
-        state_->used[r.device] -= r.size;
-      } else if (r.swapped == 0) {
-        w->unsupported = 1;
-        drop_holder(state_, r, h);
+  return checkpoint_step(state_, pid, CU_PROCESS_STATE_LOCKED, [&](Swap* w) -> CUresult {
+    // Memory it alone holds goes to host memory (uncharged); its references to memory others hold
+    // too are released, and then it cannot be restored (driver 580, docs/simulator.md).
+    for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
+      Record& r = state_->records[i];
+      for (std::uint32_t h = 0; h < r.nholders; ++h) {
+        if (!same(r.holders[h], w->process)) continue;
+        if (r.nholders == 1 && r.imported == 0 && r.swapped == 0) {
+          r.swapped = 1;
+          state_->used[r.device] -= r.size;
+        } else if (r.swapped == 0) {
+          w->unsupported = 1;
+          drop_holder(state_, r, h);
+        }
+        break;
       }
-      break;
     }
-  }
-  shrink_hwm(state_);
-  w->state = CU_PROCESS_STATE_CHECKPOINTED;
-  return CUDA_SUCCESS;
+    shrink_hwm(state_);
+    w->state = CU_PROCESS_STATE_CHECKPOINTED;
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult Node::restore_process(std::int32_t pid) {
-  Lock lock(state_);
-  Swap* w = find_swap(state_, pid);
-  if (w == nullptr || w->state != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
-  if (w->unsupported == 1) return CUDA_ERROR_NOT_SUPPORTED;
-  if (w->unsupported == 2) return CUDA_ERROR_OPERATING_SYSTEM;
-  auto swapped_out = [&](const Record& r) {
-    return r.swapped != 0 && r.nholders > 0 && same(r.holders[0], w->process);
-  };
-  auto needed = [&] {
-    std::array<std::uint64_t, rules::kMaxDevices> need{};
+  return checkpoint_step(state_, pid, CU_PROCESS_STATE_CHECKPOINTED, [&](Swap* w) -> CUresult {
+    if (w->unsupported == 1) return CUDA_ERROR_NOT_SUPPORTED;
+    if (w->unsupported == 2) return CUDA_ERROR_OPERATING_SYSTEM;
+    auto swapped_out = [&](const Record& r) {
+      return r.swapped != 0 && r.nholders > 0 && same(r.holders[0], w->process);
+    };
+    auto needed = [&] {
+      std::array<std::uint64_t, rules::kMaxDevices> need{};
+      for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
+        if (swapped_out(state_->records[i])) need[state_->records[i].device] += state_->records[i].size;
+      }
+      return need;
+    };
+    auto fits = [&](const std::array<std::uint64_t, rules::kMaxDevices>& need) {
+      for (int d = 0; d < rules::kMaxDevices; ++d) {
+        if (state_->used[d] > state_->capacity || need[d] > state_->capacity - state_->used[d]) return false;
+      }
+      return true;
+    };
+    if (!fits(needed())) purge_dead(state_, self_);
+    w = find_swap(state_, pid);
+    if (w == nullptr) return CUDA_ERROR_ILLEGAL_STATE;  // it died meanwhile
+    if (!fits(needed())) {
+      w->unsupported = 2;  // stays checkpointed, and cannot be restored any more
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
-      if (swapped_out(state_->records[i])) need[state_->records[i].device] += state_->records[i].size;
+      Record& r = state_->records[i];
+      if (!swapped_out(r)) continue;
+      r.swapped = 0;
+      state_->used[r.device] += r.size;
     }
-    return need;
-  };
-  auto fits = [&](const std::array<std::uint64_t, rules::kMaxDevices>& need) {
-    for (int d = 0; d < rules::kMaxDevices; ++d) {
-      if (state_->used[d] > state_->capacity || need[d] > state_->capacity - state_->used[d]) return false;
-    }
-    return true;
-  };
-  if (!fits(needed())) purge_dead(state_, self_);
-  w = find_swap(state_, pid);
-  if (w == nullptr) return CUDA_ERROR_ILLEGAL_STATE;  // it died meanwhile
-  if (!fits(needed())) {
-    w->unsupported = 2;  // stays checkpointed, and cannot be restored any more
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
-    Record& r = state_->records[i];
-    if (!swapped_out(r)) continue;
-    r.swapped = 0;
-    state_->used[r.device] += r.size;
-  }
-  w->state = CU_PROCESS_STATE_LOCKED;
-  return CUDA_SUCCESS;
+    w->state = CU_PROCESS_STATE_LOCKED;
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult Node::unlock_process(std::int32_t pid) {
-  Lock lock(state_);
-  Swap* w = find_swap(state_, pid);
-  if (w == nullptr || w->state != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
-  erase_swap(state_, w);
-  return CUDA_SUCCESS;
+  return checkpoint_step(state_, pid, CU_PROCESS_STATE_LOCKED, [&](Swap* w) -> CUresult {
+    erase_swap(state_, w);
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult Node::process_state(std::int32_t pid, CUprocessState& out) {

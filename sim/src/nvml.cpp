@@ -294,18 +294,22 @@ VLAKE_NVML_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t
 }
 
 // Every entry point has the prototype nvml_api.hpp declares.
-static_assert(std::is_same_v<decltype(&nvmlInit_v2), PFN_nvmlInit_v2>);
-static_assert(std::is_same_v<decltype(&nvmlInitWithFlags), PFN_nvmlInitWithFlags>);
-static_assert(std::is_same_v<decltype(&nvmlShutdown), PFN_nvmlShutdown>);
-static_assert(std::is_same_v<decltype(&nvmlErrorString), PFN_nvmlErrorString>);
-static_assert(std::is_same_v<decltype(&nvmlSystemGetDriverVersion), PFN_nvmlSystemGetDriverVersion>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetCount_v2), PFN_nvmlDeviceGetCount_v2>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetHandleByIndex_v2), PFN_nvmlDeviceGetHandleByIndex_v2>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetHandleByUUID), PFN_nvmlDeviceGetHandleByUUID>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetUUID), PFN_nvmlDeviceGetUUID>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetIndex), PFN_nvmlDeviceGetIndex>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetName), PFN_nvmlDeviceGetName>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo), PFN_nvmlDeviceGetMemoryInfo>);
-static_assert(std::is_same_v<decltype(&nvmlDeviceGetMemoryInfo_v2), PFN_nvmlDeviceGetMemoryInfo_v2>);
-static_assert(
-    std::is_same_v<decltype(&nvmlDeviceGetComputeRunningProcesses_v3), PFN_nvmlDeviceGetComputeRunningProcesses_v3>);
+#define VLAKE_SIM_NVML_ENTRY_POINTS(X) \
+  X(nvmlInit_v2)                       \
+  X(nvmlInitWithFlags)                 \
+  X(nvmlShutdown)                      \
+  X(nvmlErrorString)                   \
+  X(nvmlSystemGetDriverVersion)        \
+  X(nvmlDeviceGetCount_v2)             \
+  X(nvmlDeviceGetHandleByIndex_v2)     \
+  X(nvmlDeviceGetHandleByUUID)         \
+  X(nvmlDeviceGetUUID)                 \
+  X(nvmlDeviceGetIndex)                \
+  X(nvmlDeviceGetName)                 \
+  X(nvmlDeviceGetMemoryInfo)           \
+  X(nvmlDeviceGetMemoryInfo_v2)        \
+  X(nvmlDeviceGetComputeRunningProcesses_v3)
+#define VLAKE_SIM_CHECK_NVML(fn) static_assert(std::is_same_v<decltype(&fn), PFN_##fn>, #fn " does not match its PFN");
+VLAKE_SIM_NVML_ENTRY_POINTS(VLAKE_SIM_CHECK_NVML)
+#undef VLAKE_SIM_CHECK_NVML
+#undef VLAKE_SIM_NVML_ENTRY_POINTS

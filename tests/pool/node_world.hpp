@@ -125,6 +125,18 @@ struct World {
     node->retry_parked(now);
     return take(&Effects::completions);
   }
+  // The parked grants' retry is due now (REQUIRE): retried, their completions.
+  std::vector<Completion> retry_due_parked() {
+    REQUIRE(node->retry_due(t));
+    return retry_parked(t);
+  }
+  // The due retry serves exactly one parked grant, that of connection `conn`.
+  void retry_grants_one(ConnId conn) {
+    const std::vector<Completion> done = retry_due_parked();
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].conn == conn);
+    CHECK(std::holds_alternative<Granted>(done[0].out));
+  }
   std::vector<KillOrder> observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids,
                                       Now now, const std::vector<ProcessIdentity>& users = {}) {
     node->observe_gpus(sample, ids, now, users);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "daemon_grants.hpp"
 #include "harness.hpp"
 #include "vlake/pool/idle_release.hpp"
 
@@ -102,12 +103,9 @@ TEST_CASE("daemon: freed memory goes back to the simulated GPU after the idle pe
   const auto t0 = std::chrono::steady_clock::now();
   s = snapshot(d.state);
   CHECK(s->devices[0].free_bytes == 64 * kMiB);  // in the free pool, on the GPU
-  CHECK(eventually(
-      [&] {
-        s = snapshot(d.state);
-        return s->devices[0].pool_bytes == 0 && s->devices[0].held_fd_bytes == 0;
-      },
-      5000));
+  refresh_until(
+      s, d.state, [](const st::State& x) { return x.devices[0].pool_bytes == 0 && x.devices[0].held_fd_bytes == 0; },
+      5000);
   const auto took = std::chrono::steady_clock::now() - t0;
   CHECK(took >= milliseconds(400));  // not before the idle period (timer slack aside)
   CHECK(sim_used(d.node) == base);
@@ -124,19 +122,10 @@ TEST_CASE("daemon: idle release keeps the warm reserve", "[daemon][sim][idle]") 
   REQUIRE(s->devices[0].free_bytes == 64 * kMiB);
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 4; ++i) {  // larger than the reserve: new handles
-    auto g = a.ok("grant " + mib(128));
-    REQUIRE(num(g, "status") == 0);
-    ids.push_back(g.at("id"));
-  }
-  for (const auto& id : ids) a.ok("release " + id);
-  CHECK(eventually(
-      [&] {
-        s = snapshot(d.state);
-        return s->devices[0].pool_bytes == 64 * kMiB;
-      },
-      5000));
+  const std::vector<std::string> ids = grant_each(a, 4, 128);  // larger than the reserve: new handles
+  release_all(a, ids);
+  refresh_until(
+      s, d.state, [](const st::State& x) { return x.devices[0].pool_bytes == 64 * kMiB; }, 5000);
   CHECK(s->devices[0].free_bytes == 64 * kMiB);
   CHECK(s->devices[0].idle_released_bytes == 4 * 128 * kMiB);
   CHECK(sim_used(d.node) == 64 * kMiB);
@@ -152,20 +141,11 @@ TEST_CASE("daemon: idle release keeps --pool-keep bytes in the free pool", "[dae
   REQUIRE(d.start({"--handle-reuse", "node", "--pool-keep", "32MiB", "--pool-idle-release", "200ms"}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 4; ++i) {
-    auto g = a.ok("grant " + mib(16));
-    REQUIRE(num(g, "status") == 0);
-    ids.push_back(g.at("id"));
-  }
-  for (const auto& id : ids) a.ok("release " + id);
+  const std::vector<std::string> ids = grant_each(a, 4, 16);
+  release_all(a, ids);
   auto s = snapshot(d.state);
-  CHECK(eventually(
-      [&] {
-        s = snapshot(d.state);
-        return s->devices[0].idle_released_bytes == 32 * kMiB;
-      },
-      5000));
+  refresh_until(
+      s, d.state, [](const st::State& x) { return x.devices[0].idle_released_bytes == 32 * kMiB; }, 5000);
   CHECK(s->devices[0].pool_bytes == 32 * kMiB);
   CHECK(s->devices[0].free_handles == 2);
   CHECK(sim_used(d.node) == 32 * kMiB);

@@ -147,11 +147,7 @@ TEST_CASE("node: a grant the pool cannot serve is parked, pressured, served when
   CHECK_FALSE(w.node->retry_due(w.t));
 
   w.release(a, held);  // A returns its reserve
-  REQUIRE(w.node->retry_due(w.t));
-  std::vector<Completion> done = w.retry_parked(w.t);
-  REQUIRE(done.size() == 1);
-  CHECK(done[0].conn == 2);
-  CHECK(std::holds_alternative<Granted>(done[0].out));
+  w.retry_grants_one(2);
   CHECK(w.used(b) == 2_MiB);
   CHECK(w.node->parked() == 0);
   CHECK(w.node->counters().grants_parked == 1);
@@ -177,8 +173,7 @@ TEST_CASE("node: a parked grant times out as out_of_memory, without flagged rese
   w.advance(std::chrono::milliseconds(100));
   CHECK_FALSE(w.node->retry_due(w.t));
   w.advance(std::chrono::milliseconds(400));
-  REQUIRE(w.node->retry_due(w.t));
-  std::vector<Completion> done = w.retry_parked(w.t);
+  std::vector<Completion> done = w.retry_due_parked();
   REQUIRE(done.size() == 1);
   const auto* r = std::get_if<Refused>(&done[0].out);
   REQUIRE(r != nullptr);
@@ -231,8 +226,7 @@ TEST_CASE("node: reclaim: a GPU held in full parks the grant: lower priorities f
 
   // A's framework gives back its 384 MiB: B's parked grant is served.
   w.release(a, ga);
-  REQUIRE(w.node->retry_due(w.t));
-  std::vector<Completion> done = w.retry_parked(w.t);
+  std::vector<Completion> done = w.retry_due_parked();
   REQUIRE_FALSE(done.empty());
   CHECK(done[0].conn == 2);
   CHECK(std::holds_alternative<Granted>(done[0].out));
@@ -271,8 +265,7 @@ TEST_CASE("node: reclaim: a parked grant still short after 250 ms asks the next 
   REQUIRE(w.node->next_deadline().has_value());
   CHECK(*w.node->next_deadline() <= w.t.steady + std::chrono::milliseconds(150));
   w.advance(std::chrono::milliseconds(150));
-  REQUIRE(w.node->retry_due(w.t));
-  std::vector<Completion> done = w.retry_parked(w.t);
+  std::vector<Completion> done = w.retry_due_parked();
   REQUIRE(done.size() == 1);
   parked = std::get_if<Parked>(&done[0].out);
   REQUIRE(parked != nullptr);

@@ -99,11 +99,7 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   CHECK(notes[0].msg.phase == proto::SwapPhase::host);
   CHECK(w.node->counters().swap_outs == 1);
   CHECK(w.node->swapped_bytes(DeviceOrdinal{0}).value() == 512 * kMiB);
-  REQUIRE(w.node->retry_due(w.t));
-  std::vector<Completion> done = w.retry_parked(w.t);
-  REQUIRE(done.size() == 1);
-  CHECK(done[0].conn == 2);
-  CHECK(std::holds_alternative<Granted>(done[0].out));
+  w.retry_grants_one(2);
   // A's quota still holds its 512 MiB: it is overcommitted, not its GPU.
   CHECK(w.used(a) == 512_MiB);
 

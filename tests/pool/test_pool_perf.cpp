@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "daemon_grants.hpp"
 #include "harness.hpp"
 
 using namespace vlake;
@@ -27,14 +28,8 @@ TEST_CASE("pool: cross-tenant stitching serves a grant from handles another tena
   Helper& filler = t.filler;
 
   // A allocates four granularity-sized grants, writes them and frees them.
-  std::vector<std::string> ids;
-  for (int i = 0; i < 4; ++i) {
-    auto g = a.ok("grant " + mib(2));
-    REQUIRE(num(g, "status") == 0);
-    a.ok("fill " + g.at("id") + " 171");
-    ids.push_back(g.at("id"));
-  }
-  for (const auto& id : ids) a.ok("release " + id);
+  const std::vector<std::string> ids = grant_each(a, 4, 2, 171);
+  release_all(a, ids);
   auto s = snapshot(d.state);
   REQUIRE(s->devices[0].free_handles == 4);
   REQUIRE(s->devices[0].free_small_handles == 4);

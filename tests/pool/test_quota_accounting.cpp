@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <string>
@@ -88,18 +89,33 @@ std::vector<std::string> broken(const Accounting::Snapshot& s) {
   return out;
 }
 
+// Device 0 of `a` as a 100 MiB GPU with namespaces 1, 2, ... given these (limit, guarantee), in
+// order; their ids.
+struct NamespaceQuota {
+  Bytes limit;
+  Bytes guaranteed;
+};
+std::vector<NamespaceId> gpu_of_100_mib(Accounting& a, std::initializer_list<NamespaceQuota> quotas) {
+  const DeviceOrdinal d{0};
+  a.set_capacity(d, 100_MiB);
+  std::vector<NamespaceId> ids;
+  for (const NamespaceQuota& q : quotas) {
+    ids.push_back(NamespaceId{static_cast<std::uint32_t>(ids.size() + 1)});
+    a.set_namespace(ids.back(), d, q.limit, q.guaranteed);
+  }
+  return ids;
+}
+
 }  // namespace
 
 TEST_CASE("quota accounting: tenant, namespace and guarantee rules, distinct reasons", "[pool][accounting][quota]") {
   Accounting a;
   const DeviceOrdinal d{0};
-  const NamespaceId research{1};
-  const NamespaceId batch{2};
-  const NamespaceId other{3};
-  a.set_capacity(d, 100_MiB);
-  a.set_namespace(research, d, 60_MiB, 40_MiB);  // limit 60, guaranteed 40
-  a.set_namespace(batch, d, 100_MiB, 20_MiB);
-  a.set_namespace(other, d, 100_MiB, 0_B);  // U = 100 - 60 = 40
+  // research: limit 60, guaranteed 40; batch: guaranteed 20; other: none (U = 100 - 60 = 40).
+  const std::vector<NamespaceId> ns = gpu_of_100_mib(a, {{60_MiB, 40_MiB}, {100_MiB, 20_MiB}, {100_MiB, 0_B}});
+  const NamespaceId research = ns[0];
+  const NamespaceId batch = ns[1];
+  const NamespaceId other = ns[2];
   const TenantId r1{1};
   const TenantId r2{2};
   const TenantId b1{3};
@@ -198,13 +214,11 @@ TEST_CASE("quota accounting: the guarantee rule counts shared chunks once and li
   // `batch` (no guarantee) wants what their sharing saved, `team` keeps its 10 MiB guarantee.
   Accounting a;
   const DeviceOrdinal d{0};
-  const NamespaceId serve{1};
-  const NamespaceId batch{2};
-  const NamespaceId team{3};
-  a.set_capacity(d, 100_MiB);
-  a.set_namespace(serve, d, 80_MiB, 20_MiB);
-  a.set_namespace(batch, d, 100_MiB, 0_B);
-  a.set_namespace(team, d, 100_MiB, 10_MiB);  // U = 100 - 30 = 70
+  const std::vector<NamespaceId> ns =
+      gpu_of_100_mib(a, {{80_MiB, 20_MiB}, {100_MiB, 0_B}, {100_MiB, 10_MiB}});  // U = 100 - 30 = 70
+  const NamespaceId serve = ns[0];
+  const NamespaceId batch = ns[1];
+  const NamespaceId team = ns[2];
   const std::vector<TenantId> replicas = {TenantId{1}, TenantId{2}, TenantId{3}, TenantId{4}};
   const TenantId b1{5};
   const TenantId t1{6};
@@ -277,15 +291,12 @@ TEST_CASE("quota accounting: savings inside a guarantee are not lent and a chunk
           "[pool][accounting][quota][dedup]") {
   Accounting a;
   const DeviceOrdinal d{0};
-  const NamespaceId gua{1};  // guaranteed 40
-  const NamespaceId b{2};    // no guarantee
-  const NamespaceId c{3};    // no guarantee
-  const NamespaceId h{4};    // guaranteed 10
-  a.set_capacity(d, 100_MiB);
-  a.set_namespace(gua, d, 100_MiB, 40_MiB);
-  a.set_namespace(b, d, 100_MiB, 0_B);
-  a.set_namespace(c, d, 100_MiB, 0_B);
-  a.set_namespace(h, d, 100_MiB, 10_MiB);  // U = 50
+  const std::vector<NamespaceId> ns =
+      gpu_of_100_mib(a, {{100_MiB, 40_MiB}, {100_MiB, 0_B}, {100_MiB, 0_B}, {100_MiB, 10_MiB}});  // U = 50
+  const NamespaceId gua = ns[0];                                                                  // guaranteed 40
+  const NamespaceId b = ns[1];                                                                    // no guarantee
+  const NamespaceId c = ns[2];                                                                    // no guarantee
+  const NamespaceId h = ns[3];                                                                    // guaranteed 10
   const TenantId a1{1}, a2{2}, b1{3}, c1{4}, h1{5};
   for (TenantId t : {a1, a2, b1, c1, h1}) a.set_limit(t, d, 100_MiB);
   a.assign(a1, gua);

@@ -7,6 +7,7 @@
 
 #include <random>
 
+#include "daemon_grants.hpp"
 #include "harness.hpp"
 #include "vlake/exporter/collector.hpp"
 #include "vlake/pool/planner.hpp"
@@ -151,16 +152,11 @@ TEST_CASE("daemon: the fragmentation ratio follows grants and a grant of the ser
   Helper& filler = t.filler;
 
   // A frees memory in 40 pieces of 2 MiB (bound to A): 80 MiB free, a grant stitches 32 of them.
-  std::vector<std::string> ids;
-  for (int i = 0; i < 40; ++i) {
-    auto g = a.ok("grant " + mib(2));
-    REQUIRE(num(g, "status") == 0);
-    ids.push_back(g.at("id"));
-  }
+  const std::vector<std::string> ids = grant_each(a, 40, 2);
   auto s = snapshot(d.state);
   CHECK(s->devices[0].largest_servable_bytes == 0);
   CHECK(ratio(s->devices[0]) == 0);  // empty free pool
-  for (const auto& id : ids) a.ok("release " + id);
+  release_all(a, ids);
   s = snapshot(d.state);
   REQUIRE(s->devices[0].free_bytes == 80 * kMiB);
   REQUIRE(s->devices[0].free_handles == 40);
@@ -235,13 +231,8 @@ TEST_CASE("daemon: with --handle-reuse node a new tenant may be served every fre
   REQUIRE(d.start({"--pool-idle-release", "off", "--handle-reuse", "node"}));
   Helper a(d.node, 4242, 0);
   a.ok("connect " + d.socket);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 34; ++i) {
-    auto g = a.ok("grant " + mib(2));
-    REQUIRE(num(g, "status") == 0);
-    ids.push_back(g.at("id"));
-  }
-  for (const auto& id : ids) a.ok("release " + id);
+  const std::vector<std::string> ids = grant_each(a, 34, 2);
+  release_all(a, ids);
   const auto s = snapshot(d.state);
   REQUIRE(s->devices[0].free_bytes == 68 * kMiB);
   CHECK(s->devices[0].largest_servable_bytes == 64 * kMiB);

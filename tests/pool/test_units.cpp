@@ -94,26 +94,34 @@ TEST_CASE("options: defaults, values, errors", "[pool][options]") {
 
 TEST_CASE("options: limits against hostile tenants", "[pool][options][limits]") {
   const DaemonOptions d = parse({});
-  CHECK(d.max_sessions_per_tenant == 128);
-  CHECK(d.max_grants_per_tenant == 2048);
-  CHECK(d.max_connections_per_uid == 256);
-  CHECK(d.max_unauthenticated == 512);
-  CHECK(d.max_unauthenticated_per_uid == 64);
-  CHECK(d.hello_timeout.count() == 5000);
-  CHECK(d.guard_event_rate == 10);
-  CHECK(d.guard_event_burst == 20);
   const DaemonOptions o =
       parse({"--max-sessions-per-tenant", "4", "--max-grants-per-tenant=100", "--max-connections-per-uid", "9",
              "--max-unauthenticated", "7", "--max-unauthenticated-per-uid", "3", "--hello-timeout-ms", "250",
              "--guard-event-rate", "2", "--guard-event-burst", "5"});
-  CHECK(o.max_sessions_per_tenant == 4);
-  CHECK(o.max_grants_per_tenant == 100);
-  CHECK(o.max_connections_per_uid == 9);
-  CHECK(o.max_unauthenticated == 7);
-  CHECK(o.max_unauthenticated_per_uid == 3);
-  CHECK(o.hello_timeout.count() == 250);
-  CHECK(o.guard_event_rate == 2);
-  CHECK(o.guard_event_burst == 5);
+  // Each limit: its option, its value by default (d) and as the command line above sets it (o),
+  // then what each must be.
+  struct Limit {
+    const char* option;
+    long long by_default;
+    long long set;
+    long long want_default;
+    long long want_set;
+  };
+  const Limit limits[] = {
+      {"--max-sessions-per-tenant", d.max_sessions_per_tenant, o.max_sessions_per_tenant, 128, 4},
+      {"--max-grants-per-tenant", d.max_grants_per_tenant, o.max_grants_per_tenant, 2048, 100},
+      {"--max-connections-per-uid", d.max_connections_per_uid, o.max_connections_per_uid, 256, 9},
+      {"--max-unauthenticated", d.max_unauthenticated, o.max_unauthenticated, 512, 7},
+      {"--max-unauthenticated-per-uid", d.max_unauthenticated_per_uid, o.max_unauthenticated_per_uid, 64, 3},
+      {"--hello-timeout-ms", d.hello_timeout.count(), o.hello_timeout.count(), 5000, 250},
+      {"--guard-event-rate", d.guard_event_rate, o.guard_event_rate, 10, 2},
+      {"--guard-event-burst", d.guard_event_burst, o.guard_event_burst, 20, 5},
+  };
+  for (const Limit& l : limits) {
+    INFO(l.option);
+    CHECK(l.by_default == l.want_default);
+    CHECK(l.set == l.want_set);
+  }
   CHECK_THROWS_WITH(parse({"--max-sessions-per-tenant", "1025"}),
                     "--max-sessions-per-tenant must be a number 1..1024, got '1025'");
   CHECK_THROWS_WITH(parse({"--max-grants-per-tenant", "0"}),

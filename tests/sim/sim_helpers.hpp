@@ -55,4 +55,49 @@ inline CUresult launch_fill(CUdeviceptr p, unsigned long long n, unsigned v) {
   return cuLaunchKernel(fill_kernel(), 4, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
 }
 
+// A `size`-byte VMM allocation with `prop`, mapped at a range of its own: the handle in `h`, the
+// mapped address returned. No access is set.
+inline CUdeviceptr create_and_map(const CUmemAllocationProp& prop, size_t size, CUmemGenericAllocationHandle& h) {
+  REQUIRE(cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  REQUIRE(cuMemAddressReserve(&va, size, 0, 0, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemMap(va, size, 0, h, 0) == CUDA_SUCCESS);
+  return va;
+}
+
+// create_and_map, then read-write access for the allocation's own device (prop.location).
+inline CUdeviceptr map_read_write(const CUmemAllocationProp& prop, size_t size, CUmemGenericAllocationHandle& h) {
+  const CUdeviceptr va = create_and_map(prop, size, h);
+  CUmemAccessDesc desc{};
+  desc.location = prop.location;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  REQUIRE(cuMemSetAccess(va, size, &desc, 1) == CUDA_SUCCESS);
+  return va;
+}
+
+// A `size`-byte VMM allocation with `prop` (handle in `h`), exported as a POSIX descriptor, which
+// is returned (the caller closes it).
+inline int create_and_export(const CUmemAllocationProp& prop, size_t size, CUmemGenericAllocationHandle& h) {
+  REQUIRE(cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
+  int fd = -1;
+  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  return fd;
+}
+
+// create_and_map's allocation as an object: unmapped, its range freed and its handle released
+// when it goes (results ignored: a test that failed may have released it already).
+struct MappedAllocation {
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr va = 0;
+  size_t size = 0;
+  MappedAllocation(const CUmemAllocationProp& prop, size_t bytes) : size(bytes) { va = create_and_map(prop, size, h); }
+  ~MappedAllocation() {
+    cuMemUnmap(va, size);
+    cuMemAddressFree(va, size);
+    cuMemRelease(h);
+  }
+  MappedAllocation(const MappedAllocation&) = delete;
+  MappedAllocation& operator=(const MappedAllocation&) = delete;
+};
+
 }  // namespace simtest

@@ -1,6 +1,7 @@
 // The simulator's unified, pitched and 3D copies and its 16-bit and 2D memsets
 // (docs/simulator.md, "Copies and memsets"): what lands where, the argument rules, and that a
 // refused copy or memset moves no byte. Each entry point and its per-thread variant.
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -30,20 +31,8 @@ struct DeviceBuffer {
 };
 
 // Mapped VMM memory no device may access (every copy into or out of it is refused).
-struct NoAccess {
-  CUmemGenericAllocationHandle h = 0;
-  CUdeviceptr va = 0;
-  NoAccess() {
-    const CUmemAllocationProp prop = device_prop(0);
-    REQUIRE(cuMemCreate(&h, kGran, &prop, 0) == CUDA_SUCCESS);
-    REQUIRE(cuMemAddressReserve(&va, kGran, 0, 0, 0) == CUDA_SUCCESS);
-    REQUIRE(cuMemMap(va, kGran, 0, h, 0) == CUDA_SUCCESS);
-  }
-  ~NoAccess() {
-    cuMemUnmap(va, kGran);
-    cuMemAddressFree(va, kGran);
-    cuMemRelease(h);
-  }
+struct NoAccess : MappedAllocation {
+  NoAccess() : MappedAllocation(device_prop(0), kGran) {}
 };
 
 CUDA_MEMCPY2D copy2d(CUmemorytype src_type, const void* src_host, CUdeviceptr src_dev, size_t src_pitch,

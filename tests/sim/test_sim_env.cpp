@@ -1,5 +1,6 @@
 // The simulator's environment and its machine-wide (cross-process) behaviour, driven through
 // the vlake_sim_probe helper so that every case starts from a fresh process.
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -247,11 +248,7 @@ TEST_CASE("an exported allocation stays charged while any process holds it", "[s
   const size_t base = used_bytes();
   CUmemAllocationProp prop = device_prop();
   CUmemGenericAllocationHandle h = 0;
-  REQUIRE(cuMemCreate(&h, kGran, &prop, 0) == CUDA_SUCCESS);
-  CUdeviceptr va = 0;
-  REQUIRE(cuMemAddressReserve(&va, kGran, 0, 0, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemMap(va, kGran, 0, h, 0) == CUDA_SUCCESS);
-  set_access(va, kGran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  const CUdeviceptr va = map_read_write(prop, kGran, h);
   REQUIRE(cuMemsetD32_v2(va, 0xC0FFEEu, kGran / 4) == CUDA_SUCCESS);
   int fd = -1;
   REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);

@@ -2,6 +2,7 @@
 // cuMemAlloc memory is not carried across processes (a documented simulator limit), so no handle
 // is ever issued and every open or close is refused. The codes are listed in docs/driver.md as
 // not yet measured.
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -18,11 +19,7 @@ TEST_CASE("cuIpcGetMemHandle refuses VMM memory and the simulator issues no lega
   // VMM memory: refused (IS_LEGACY_CUDA_IPC_CAPABLE is 0 on the H100).
   const CUmemAllocationProp prop = device_prop();
   CUmemGenericAllocationHandle mem = 0;
-  REQUIRE(cuMemCreate(&mem, kGran, &prop, 0) == CUDA_SUCCESS);
-  CUdeviceptr va = 0;
-  REQUIRE(cuMemAddressReserve(&va, kGran, 0, 0, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemMap(va, kGran, 0, mem, 0) == CUDA_SUCCESS);
-  set_access(va, kGran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  const CUdeviceptr va = map_read_write(prop, kGran, mem);
   CHECK(cuIpcGetMemHandle(&h, va) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuIpcGetMemHandle(&h, va + 4096) == CUDA_ERROR_INVALID_VALUE);
 

@@ -2,6 +2,7 @@
 // entry point, the buffer protocol, used/free equal to cuMemGetInfo_v2, the per-process charge
 // rule (first live holder, creator first) across processes, and the per-context overhead.
 // This binary runs with VLAKE_SIM_CONTEXT_MEMORY=8MiB (set before main, inherited by probes).
+#include "sim_helpers.hpp"
 #include "sim_support.hpp"
 #include "vlake/common/nvml_api.hpp"
 #include "vlake/common/uuid.hpp"
@@ -328,11 +329,7 @@ TEST_CASE("nvml charges an allocation to its first live holder", "[sim][nvml]") 
   const size_t size = 32 * kMiB;
   CUmemAllocationProp prop = device_prop(0);
   CUmemGenericAllocationHandle h = 0;
-  REQUIRE(cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
-  CUdeviceptr va = 0;
-  REQUIRE(cuMemAddressReserve(&va, size, 0, 0, 0) == CUDA_SUCCESS);
-  REQUIRE(cuMemMap(va, size, 0, h, 0) == CUDA_SUCCESS);
-  set_access(va, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  const CUdeviceptr va = map_read_write(prop, size, h);
   int fd = -1;
   REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
   Child importer = spawn_probe({"import", std::to_string(fd), std::to_string(size)});
@@ -386,9 +383,7 @@ TEST_CASE("nvml charges no process while the creator let go and a descriptor is 
   const size_t size = 16 * kMiB;
   CUmemAllocationProp prop = device_prop(0);
   CUmemGenericAllocationHandle h = 0;
-  REQUIRE(cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
-  int fd = -1;
-  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  const int fd = create_and_export(prop, size, h);
   Child importer = spawn_probe({"import", std::to_string(fd), std::to_string(size)});
   REQUIRE(read_until(importer, "ready=1"));
   const auto them = static_cast<unsigned>(importer.pid);
@@ -416,9 +411,7 @@ TEST_CASE("an allocation held only through a descriptor stays on the device, cha
   const size_t size = 16 * kMiB;
   CUmemAllocationProp prop = device_prop(0);
   CUmemGenericAllocationHandle h = 0;
-  REQUIRE(cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
-  int fd = -1;
-  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  const int fd = create_and_export(prop, size, h);
   REQUIRE(cuMemRelease(h) == CUDA_SUCCESS);
   CHECK(memory(0).used == base.before + size);
   CHECK(used_bytes() == base.before + size);
@@ -478,9 +471,7 @@ TEST_CASE("nvml charges follow holder order, not the last one in", "[sim][nvml]"
   const unsigned me = self_pid();
   CUmemAllocationProp prop = device_prop(0);
   CUmemGenericAllocationHandle h = 0;
-  REQUIRE(cuMemCreate(&h, kGran, &prop, 0) == CUDA_SUCCESS);
-  int fd = -1;
-  REQUIRE(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  const int fd = create_and_export(prop, kGran, h);
   Child first = spawn_probe({"import", std::to_string(fd)});
   REQUIRE(read_until(first, "ready=1"));
   Child second = spawn_probe({"import", std::to_string(fd)});

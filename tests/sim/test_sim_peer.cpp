@@ -17,20 +17,8 @@ using namespace simtest;
 namespace {
 
 // One 2 MiB VMM allocation of device `owner`, mapped with no access yet.
-struct Vmm {
-  CUmemGenericAllocationHandle h = 0;
-  CUdeviceptr va = 0;
-  explicit Vmm(int owner) {
-    const CUmemAllocationProp prop = device_prop(owner);
-    REQUIRE(cuMemCreate(&h, kGran, &prop, 0) == CUDA_SUCCESS);
-    REQUIRE(cuMemAddressReserve(&va, kGran, 0, 0, 0) == CUDA_SUCCESS);
-    REQUIRE(cuMemMap(va, kGran, 0, h, 0) == CUDA_SUCCESS);
-  }
-  ~Vmm() {
-    cuMemUnmap(va, kGran);
-    cuMemAddressFree(va, kGran);
-    cuMemRelease(h);
-  }
+struct Vmm : MappedAllocation {
+  explicit Vmm(int owner) : MappedAllocation(device_prop(owner), kGran) {}
   unsigned long long access(int dev) const {
     CUmemLocation loc{};
     loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
