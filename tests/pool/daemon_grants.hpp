@@ -1,6 +1,6 @@
-// Shared steps of the daemon tests that drive vlaked through Helper tenants on the simulated GPU:
-// the quota file that gives every tenant the whole GPU, MiB counts as the byte strings the
-// helper's commands take, and granting / releasing a run of equal grants. The grant steps
+// Shared steps of the daemon tests that drive vlaked through Helper tenants on the simulated GPU
+// (the whole-GPU quota file and mib() are the harness's): granting / releasing a run of equal
+// grants and waiting for the state segment. The grant steps
 // REQUIRE every reply (a failed one ends the calling test case); not thread-safe (a Helper is
 // driven from one thread).
 #pragma once
@@ -16,11 +16,6 @@
 #include "harness.hpp"
 
 namespace vlake::pooltest {
-
-inline constexpr const char* kWholeGpuConfig = "version: 1\ndefault:\n  limit: 100%\n";
-
-// n MiB in bytes, as the helper's "grant" and "sizes" fields write it.
-inline std::string mib(std::uint64_t n) { return std::to_string(n * (1ULL << 20)); }
 
 // `count` grants of `mib_each` MiB by `h`, each REQUIREd served (status 0) and, with `fill`,
 // filled with that byte once served; their ids in grant order.
