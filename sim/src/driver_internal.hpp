@@ -99,7 +99,7 @@
   X(cuLaunchKernelEx, cuLaunchKernelEx_ptsz, 11060, PFN_cuLaunchKernelEx_v11060_ptsz)
 
 // The simulator's rows beyond cuda_api.def that are not per-thread variants: entry points the
-// hook intercepts (hook/src/hooked.def) that common's table does not list.
+// hook intercepts (hook/src/interposer/hooked.def) that common's table does not list.
 //   X(base, symbol, version): symbol has type PFN_<base>_v<version> of cudaTypedefs.h.
 #define VLAKE_SIM_EXTRA_ROWS(X)                                 \
   X(cuCtxSynchronize, cuCtxSynchronize_v2, 13000)               \

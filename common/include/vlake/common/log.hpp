@@ -1,5 +1,5 @@
 // vlake's one logger: leveled lines on stderr, used by vlaked, vlake-device-plugin and (through
-// its thin front, hook/src/log.hpp) libvlake-hook.so.
+// its thin front, hook/src/core/log.hpp) libvlake-hook.so.
 //
 // Line format: "<tag>: <level>: <message>\n", the tag being "<program>[<pid>]" by default
 // ("vlaked[123]: warn: …", "vlake-device-plugin[7]: info: …"); format_log_line() can leave the
