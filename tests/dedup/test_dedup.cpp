@@ -127,7 +127,7 @@ TEST_CASE("dedup: tenants share only inside their trust domain", "[dedup]") {
   std::vector<std::uint64_t> merged;
   for (int i = 0; i < 4; ++i) {
     auto steps = load_and_share(13);
-    steps.push_back("sleep:1500");
+    steps.push_back("sleep:8000");  // alive until the last of the four has shared (slow starts: sanitizers)
     ts.push_back(std::make_unique<TenantProcess>(d, steps, 4470 + i));
     // One after the other: the first of each domain creates the chunks.
     const auto sh = ts.back()->wait_line("share:w:1M:18M");
