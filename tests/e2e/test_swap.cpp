@@ -35,7 +35,7 @@ TEST_CASE("overcommit: an idle process is swapped out for another and comes back
   auto balloc = b.wait_line("alloc:b:600M", 30000);
   INFO("A:\n" << a.out() << a.err() << "\nB:\n" << b.out() << b.err() << "\nvlaked:\n" << d.log());
   CHECK(balloc["rc"] == "0");
-  CHECK(b.wait_line("verify:b:3:600M")["ok"] == "1");
+  CHECK(b.wait_line("verify:b:3:600M", 60000)["ok"] == "1");
   CHECK(b.finish() == 0);
   // A wakes up: its first call (the read-back) brings it back, its 600 MiB intact.
   auto averify = a.wait_line("verify:a:7:600M", 30000);
@@ -65,7 +65,7 @@ TEST_CASE("overcommit: with nobody idle nobody is swapped and an allocation wait
   CHECK(balloc["rc"] == "0");
   CHECK(waited >= std::chrono::milliseconds(2000));
   CHECK(a.wait_line("verify:a:7:600M", 30000)["ok"] == "1");
-  CHECK(b.wait_line("verify:b:3:600M")["ok"] == "1");
+  CHECK(b.wait_line("verify:b:3:600M", 60000)["ok"] == "1");
   CHECK(d.log().find("swapping out session") == std::string::npos);
   CHECK(d.log().find("wait for room") != std::string::npos);
 }
