@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,16 +62,18 @@ TEST_CASE("dedup: K tenants upload identical weights and share them", "[dedup]")
   DaemonProcess d("dedup-k" + std::to_string(k), quota());
   REQUIRE(d.start());
   std::vector<std::unique_ptr<TenantProcess>> ts;
+  const std::string go = d.dir + "/go";
   for (int i = 0; i < k; ++i) {
     auto steps = load_and_share(7);
-    // Hold the memory until every tenant has shared and the test has looked, then check again.
-    steps.push_back("sleep:2500");
+    // Hold the memory until every tenant has shared and the test has looked (`go`), then check
+    // again.
+    steps.push_back("waitfile:" + go);
     steps.push_back("verify:w:7:20M#after");
     ts.push_back(std::make_unique<TenantProcess>(d, steps, 4400 + i));
   }
   std::uint64_t merged = 0;
   for (auto& t : ts) {
-    const auto kv = t->wait_line("verify:w:7:20M ");
+    const auto kv = t->wait_line("verify:w:7:20M ", 60000);
     INFO(t->out() << t->err() << "\ndaemon log:\n" << d.log());
     const auto sh = t->wait_line("share:w:1M:18M");
     CHECK(sh.at("rc") == "0");
@@ -98,6 +101,7 @@ TEST_CASE("dedup: K tenants upload identical weights and share them", "[dedup]")
     REQUIRE(t != nullptr);
     CHECK(t->granted[0] == kAlloc);
   }
+  { std::ofstream{go}; }
   for (auto& t : ts) {
     REQUIRE(exited_ok(t->finish()));
     CHECK(t->line("verify:w:7:20M#after").at("ok") == "1");
@@ -125,12 +129,15 @@ TEST_CASE("dedup: tenants share only inside their trust domain", "[dedup]") {
   REQUIRE(d.start());
   std::vector<std::unique_ptr<TenantProcess>> ts;
   std::vector<std::uint64_t> merged;
+  // Every tenant stays alive until the four have shared and the figures are read: `go` is
+  // created then (waitfile waits up to 30 s, whatever a sanitizer build makes of the starts).
+  const std::string go = d.dir + "/go";
   for (int i = 0; i < 4; ++i) {
     auto steps = load_and_share(13);
-    steps.push_back("sleep:8000");  // alive until the last of the four has shared (slow starts: sanitizers)
+    steps.push_back("waitfile:" + go);
     ts.push_back(std::make_unique<TenantProcess>(d, steps, 4470 + i));
     // One after the other: the first of each domain creates the chunks.
-    const auto sh = ts.back()->wait_line("share:w:1M:18M");
+    const auto sh = ts.back()->wait_line("share:w:1M:18M", 60000);
     INFO(ts.back()->out() << ts.back()->err() << "\ndaemon log:\n" << d.log());
     REQUIRE(sh.count("rc") == 1);
     CHECK(sh.at("rc") == "0");
@@ -141,6 +148,7 @@ TEST_CASE("dedup: tenants share only inside their trust domain", "[dedup]") {
   const auto s = snapshot(d);
   CHECK(s->devices[0].dedup_physical_bytes == 3 * kShared);  // one copy per domain
   CHECK(s->devices[0].dedup_logical_bytes == 4 * kShared);
+  { std::ofstream{go}; }
   for (auto& t : ts) REQUIRE(exited_ok(t->finish()));
 }
 

@@ -29,7 +29,7 @@ TEST_CASE("overcommit: an idle process is swapped out for another and comes back
   // A: 600 MiB of the 1 GiB GPU with a pattern, then idle (no CUDA call) for a while.
   TenantProcess a(d, {"init", "alloc:a:600M", "upload:a:7:600M", "sleep:6000", "verify:a:7:600M", "free:a"}, 4301, "0",
                   {"VLAKE_LOG=info"});
-  REQUIRE(a.wait_line("upload:a:7:600M")["rc"] == "0");
+  REQUIRE(a.wait_line("upload:a:7:600M", 90000)["rc"] == "0");  // 600 MiB: slow under ASan
   // B: 600 MiB as well, which the GPU cannot hold next to A's: vlaked moves A to the host.
   TenantProcess b(d, {"init", "sleep:1500", "alloc:b:600M", "upload:b:3:600M", "verify:b:3:600M", "free:b"}, 4302);
   auto balloc = b.wait_line("alloc:b:600M", 30000);
@@ -54,7 +54,7 @@ TEST_CASE("overcommit: with nobody idle nobody is swapped and an allocation wait
   DaemonProcess d("swapbusy", kYaml);
   REQUIRE(d.start({"--swap-idle", "30s", "--swap-margin", "0"}));
   TenantProcess a(d, {"init", "alloc:a:600M", "upload:a:7:600M", "sleep:3000", "verify:a:7:600M", "free:a"}, 4301);
-  REQUIRE(a.wait_line("upload:a:7:600M")["rc"] == "0");
+  REQUIRE(a.wait_line("upload:a:7:600M", 90000)["rc"] == "0");  // 600 MiB: slow under ASan
   // 424 MiB free and A not idle for 30 s: B's 600 MiB wait (an overcommit tenant waits at least
   // 2 minutes) until A frees its memory.
   const auto start = std::chrono::steady_clock::now();
