@@ -1,6 +1,7 @@
 #include "alloc_watch.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -30,7 +31,13 @@ void AllocWatch::start(Poller& poller, Node& node, std::chrono::milliseconds int
   const int wd = ::inotify_add_watch(inotify_.get(), root_.c_str(),
                                      IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE_SELF);
   if (wd < 0) throw std::runtime_error("inotify on " + root_ + ": " + std::strerror(errno));
-  watches_[wd] = std::string();
+  // The plugin's records (owner changes, sealed older allocations) come and go here.
+  const std::string records = alloc::records_dir(root_);
+  mkdir_p(records);
+  if (::inotify_add_watch(inotify_.get(), records.c_str(),
+                          IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM | IN_DELETE_SELF) < 0) {
+    log_.warn("inotify on " + records + ": " + std::strerror(errno) + " (rescanned every interval)");
+  }
   poller.add(inotify_.get(), Source::alloc_watch, 0);
   timer_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (!timer_) throw std::runtime_error(std::string("timerfd_create: ") + std::strerror(errno));
@@ -71,21 +78,17 @@ void AllocWatch::close(Poller& poller, Entry& e) {
   }
   serials_.erase(e.serial);
   owners_.erase(e.id);
-  for (auto it = watches_.begin(); it != watches_.end();) {
-    if (it->second == e.id) {
-      ::inotify_rm_watch(inotify_.get(), it->first);
-      it = watches_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+}
+
+void AllocWatch::warn(const std::string& id, const std::string& msg) {
+  limited_.warn("allocation " + id, "allocation " + id + ": " + msg, std::chrono::steady_clock::now());
 }
 
 void AllocWatch::rescan(Poller& poller, Node& node) {
   std::set<std::string> seen;
   DIR* d = ::opendir(root_.c_str());
   if (d == nullptr) {
-    if (!root_warned_) log_.warn("cannot read " + root_ + ": " + std::strerror(errno));
+    if (!root_warned_) log_.warn("cannot read " + root_ + ": " + std::string(std::strerror(errno)));
     root_warned_ = true;
   } else {
     root_warned_ = false;
@@ -106,38 +109,41 @@ void AllocWatch::rescan(Poller& poller, Node& node) {
       ++it;
     }
   }
+  // Only the plugin's records are read (never a file inside the directory, which is mounted
+  // into the container); each read is bounded (alloc::read_bounded).
   for (const std::string& id : seen) {
     const std::string dir = root_ + "/" + id;
     try {
       if (entries_.count(id) != 0) {
-        std::optional<alloc::Owner> owner = alloc::read_owner(dir);
+        std::optional<alloc::Owner> owner = alloc::read_owner_record(root_, id);
         if (owner && owner != owners_[id]) {
           owners_[id] = owner;
           node.allocation_owner(id, *owner);
         }
         continue;
       }
-      add(poller, node, id, dir);
+      const std::optional<alloc::Allocation> info = alloc::read_allocation_record(root_, id);
+      if (!info) continue;  // being written, or an older layout not sealed yet: a later event brings it
+      add(poller, node, *info, dir);
     } catch (const std::exception& e) {
-      log_.warn("allocation " + id + ": " + e.what());
+      warn(id, e.what());
     }
   }
 }
 
-void AllocWatch::add(Poller& poller, Node& node, const std::string& id, const std::string& dir) {
-  const std::optional<alloc::Allocation> info = alloc::read_allocation(dir);
-  if (!info) return;  // being written: the rename brings another event
-  const auto uuid = Uuid::parse(info->gpu_uuid);
+void AllocWatch::add(Poller& poller, Node& node, const alloc::Allocation& info, const std::string& dir) {
+  const std::string& id = info.id;
+  const auto uuid = Uuid::parse(info.gpu_uuid);
   const Node::Device* dev = uuid ? node.device_by_uuid(uuid->data()) : nullptr;
   if (dev == nullptr) {
-    log_.warn("allocation " + id + ": GPU " + info->gpu_uuid + " is not on this node");
+    warn(id, "GPU " + info.gpu_uuid + " is not on this node");
     return;
   }
   AllocationInfo a;
   a.id = id;
   a.device = dev->ordinal;
-  a.bytes = info->bytes;
-  a.owner = alloc::read_owner(dir);
+  a.bytes = info.bytes;
+  a.owner = alloc::read_owner_record(root_, id);
   Entry e;
   e.id = id;
   const std::string path = dir + "/" + alloc::kSocketFile;
@@ -149,12 +155,12 @@ void AllocWatch::add(Poller& poller, Node& node, const std::string& id, const st
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   ::unlink(path.c_str());  // left by an earlier vlaked
   if (::bind(e.fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw_errno("bind " + path);
-  ::chmod(path.c_str(), 0666);  // the directory mount is the access control
+  // The directory mount is the access control. An older layout's directory is writable by its
+  // pod: never follow a link put in the socket's place.
+  ::fchmodat(AT_FDCWD, path.c_str(), 0666, AT_SYMLINK_NOFOLLOW);
   if (::listen(e.fd.get(), 128) != 0) throw_errno("listen " + path);
   e.serial = next_serial_++;
   poller.add(e.fd.get(), Source::alloc_listen, e.serial);
-  const int wd = ::inotify_add_watch(inotify_.get(), dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE);
-  if (wd >= 0) watches_[wd] = id;
   serials_[e.serial] = id;
   owners_[id] = a.owner;
   log_.info("allocation " + id + ": " + alloc::tenant_name(id, a.owner) + ", " + std::to_string(a.bytes.value()) +
