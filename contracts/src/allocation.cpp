@@ -37,8 +37,8 @@ std::map<std::string, std::string> parse_kv(const std::string& text, const std::
   auto v = kv.find("version");
   if (v == kv.end()) throw FormatError(what + ": no version");
   if (v->second != std::to_string(kFormatVersion)) {
-    throw FormatError(what + ": unsupported version '" + excerpt(v->second) + "' (expected " + std::to_string(kFormatVersion) +
-                      ")");
+    throw FormatError(what + ": unsupported version '" + excerpt(v->second) + "' (expected " +
+                      std::to_string(kFormatVersion) + ")");
   }
   return kv;
 }

@@ -605,9 +605,6 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
         views.push_back(AllocView{id, {d.a.device_ids.begin(), d.a.device_ids.end()}, d.a.created, d.owner});
       }
       const AttributionResult r = attribute(views, *listed);
-      for (auto& [id, d] : disk) {
-        if (d.legacy && r.present.count(id) != 0) seal_legacy(id, d);
-      }
       for (const auto& [id, who] : r.new_owner) {
         try {
           alloc::write_owner_record(opts_.alloc_root, id, who);
@@ -616,6 +613,10 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
         } catch (const std::exception& e) {
           log_.warn("allocation " + id + ": cannot write owner: " + e.what());
         }
+      }
+      // After the owner: vlaked reads both when the allocation record appears.
+      for (auto& [id, d] : disk) {
+        if (d.legacy && r.present.count(id) != 0) seal_legacy(id, d);
       }
       for (const auto& [id, d] : disk) {
         // Listed now: refresh. Never seen by this process: its grace counts from now.
@@ -677,7 +678,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
   std::unique_ptr<pr::PodResourcesLister::Stub> pr_stub_;
   ino_t pr_socket_ino_ = 0;
   std::map<std::string, Clock::time_point> last_present_;  // allocation id -> last seen listed
-  LogLimiter file_log_{log_, 1.0 / 60, 1};                  // warn_allocation()
+  LogLimiter file_log_{log_, 1.0 / 60, 1};                 // warn_allocation()
 };
 
 Plugin::Plugin(const PluginOptions& options, std::unique_ptr<Inventory> inventory, Logger& log)

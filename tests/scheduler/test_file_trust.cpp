@@ -80,8 +80,8 @@ struct Node {
   bool start_daemon() { return d.start({"--alloc-root", alloc_root, "--sample-interval-ms", "100"}); }
 
   struct Pod {
-    std::string id;                        // allocation id
-    std::string socket;                    // <alloc-root>/<id>/vlaked.sock (/run/vlake/vlaked.sock inside)
+    std::string id;                         // allocation id
+    std::string socket;                     // <alloc-root>/<id>/vlaked.sock (/run/vlake/vlaked.sock inside)
     std::vector<std::string> mounted_dirs;  // host directories mounted into the container
     bool all_read_only = true;
   };
@@ -212,8 +212,9 @@ TEST_CASE("a pod that writes another pod's identity into its mounts stays its ow
 
   plant(attacker, "owner", owner_text("research", "victim"));
   plant(attacker, "allocation",
-        "version=1\nid=" + attacker.id + "\ngpu_uuid=GPU-00000000-0000-0000-0000-000000000000\ndevice_ids=x::0\n"
-        "bytes=1073741824\n");
+        "version=1\nid=" + attacker.id +
+            "\ngpu_uuid=GPU-00000000-0000-0000-0000-000000000000\ndevice_ids=x::0\n"
+            "bytes=1073741824\n");
   // Several rescans and attribution passes.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
 
@@ -254,8 +255,7 @@ TEST_CASE("a pod that rewrites its size in its mounts keeps its limit across a v
   CHECK(n.limit_of("pod:default/attacker/worker") == 128 * kMiB);
 }
 
-TEST_CASE("a FIFO, a symlink or a directory in place of a file does not block Hellos",
-          "[scheduler][e2e][file-trust]") {
+TEST_CASE("a FIFO, a symlink or a directory in place of a file does not block Hellos", "[scheduler][e2e][file-trust]") {
   Node n;
   const Node::Pod honest = n.pod("research", "honest", 0, 2);
   const Node::Pod fifo = n.pod("default", "fifo", 2, 1);
@@ -325,8 +325,8 @@ TEST_CASE("an older plugin's directory is sealed from the kubelet's listing, not
   REQUIRE(::mkfifo((n.alloc_root + "/" + forged + "/allocation").c_str(), 0666) == 0);
   const std::string id = legacy_dir();
   const std::string dir = n.alloc_root + "/" + id;
-  put(dir + "/allocation", "version=1\nid=" + id + "\ngpu_uuid=" + gpu + "\ndevice_ids=" + n.ids[6] +
-                               "\nbytes=1073741824\ncreated=1\n");
+  put(dir + "/allocation",
+      "version=1\nid=" + id + "\ngpu_uuid=" + gpu + "\ndevice_ids=" + n.ids[6] + "\nbytes=1073741824\ncreated=1\n");
   put(dir + "/owner", owner_text("research", "victim"));
   n.pods->add("default", "old", "worker", "vlake.io/gpu-memory", {n.ids[6]});
   const std::string socket = dir + "/vlaked.sock";

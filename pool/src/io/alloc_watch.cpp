@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,8 +12,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <set>
+#include <mutex>
 #include <system_error>
+#include <thread>
 
 #include "vlake/common/proc.hpp"
 
@@ -23,6 +25,14 @@ namespace {
   throw std::system_error(errno, std::generic_category(), what);
 }
 }  // namespace
+
+// The worker's side: what it found, handed to the loop through `event`. A worker still
+// running when the AllocWatch goes keeps this alive until it finishes.
+struct AllocWatch::Shared {
+  std::mutex mutex;
+  std::optional<Scan> result;  // guarded by mutex
+  UniqueFd event;              // eventfd: written once per finished scan
+};
 
 void AllocWatch::start(Poller& poller, Node& node, std::chrono::milliseconds interval) {
   mkdir_p(root_);
@@ -48,21 +58,24 @@ void AllocWatch::start(Poller& poller, Node& node, std::chrono::milliseconds int
   its.it_value = its.it_interval;
   ::timerfd_settime(timer_.get(), 0, &its, nullptr);
   poller.add(timer_.get(), Source::alloc_timer, 0);
+  shared_->event.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!shared_->event) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+  poller.add(shared_->event.get(), Source::alloc_scan, 0);
   log_.info("serving Kubernetes allocations under " + root_);
   rescan(poller, node);
 }
 
-void AllocWatch::on_watch(Poller& poller, Node& node) {
+void AllocWatch::on_watch() {
   alignas(inotify_event) char buf[8192];
   while (::read(inotify_.get(), buf, sizeof buf) > 0) {
   }
-  rescan(poller, node);
+  request();
 }
 
-void AllocWatch::on_timer(Poller& poller, Node& node) {
+void AllocWatch::on_timer() {
   std::uint64_t expirations = 0;
   (void)!::read(timer_.get(), &expirations, sizeof expirations);
-  rescan(poller, node);
+  request();
 }
 
 std::pair<int, std::string> AllocWatch::listener(std::uint64_t serial) const {
@@ -84,23 +97,89 @@ void AllocWatch::warn(const std::string& id, const std::string& msg) {
   limited_.warn("allocation " + id, "allocation " + id + ": " + msg, std::chrono::steady_clock::now());
 }
 
-void AllocWatch::rescan(Poller& poller, Node& node) {
-  std::set<std::string> seen;
-  DIR* d = ::opendir(root_.c_str());
+AllocWatch::AllocWatch(std::string root, const Logger& log)
+    : root_(std::move(root)), log_(log), shared_(std::make_shared<Shared>()) {}
+
+AllocWatch::~AllocWatch() = default;
+
+AllocWatch::Scan AllocWatch::scan(const std::string& root) {
+  Scan out;
+  std::vector<std::string> ids;
+  DIR* d = ::opendir(root.c_str());
   if (d == nullptr) {
-    if (!root_warned_) log_.warn("cannot read " + root_ + ": " + std::string(std::strerror(errno)));
+    out.root_error = std::strerror(errno);
+    return out;
+  }
+  while (const dirent* e = ::readdir(d)) {
+    const std::string id = e->d_name;
+    if (alloc::valid_id(id)) ids.push_back(id);
+  }
+  ::closedir(d);
+  // Only the plugin's records are read (never a file inside the directory, which is mounted
+  // into the container); each read is bounded (alloc::read_bounded).
+  for (const std::string& id : ids) {
+    Found& f = out.found[id];
+    try {
+      f.allocation = alloc::read_allocation_record(root, id);
+      if (f.allocation) f.owner = alloc::read_owner_record(root, id);
+    } catch (const std::exception& e) {
+      f.error = e.what();
+    }
+  }
+  return out;
+}
+
+void AllocWatch::rescan(Poller& poller, Node& node) { apply(poller, node, scan(root_)); }
+
+void AllocWatch::request() {
+  if (busy_) {
+    queued_ = true;
+    return;
+  }
+  busy_ = true;
+  std::thread([shared = shared_, root = root_] {
+    Scan s;
+    try {
+      s = scan(root);
+    } catch (const std::exception& e) {  // std::bad_alloc
+      s.root_error = e.what();
+    }
+    {
+      std::lock_guard lock(shared->mutex);
+      shared->result = std::move(s);
+    }
+    const std::uint64_t one = 1;
+    (void)!::write(shared->event.get(), &one, sizeof one);
+  }).detach();
+}
+
+void AllocWatch::on_scanned(Poller& poller, Node& node) {
+  std::uint64_t count = 0;
+  (void)!::read(shared_->event.get(), &count, sizeof count);
+  std::optional<Scan> s;
+  {
+    std::lock_guard lock(shared_->mutex);
+    s.swap(shared_->result);
+  }
+  if (!s) return;
+  busy_ = false;
+  apply(poller, node, *s);
+  if (queued_) {
+    queued_ = false;
+    request();
+  }
+}
+
+void AllocWatch::apply(Poller& poller, Node& node, const Scan& s) {
+  if (!s.root_error.empty()) {
+    if (!root_warned_) log_.warn("cannot read " + root_ + ": " + s.root_error);
     root_warned_ = true;
   } else {
     root_warned_ = false;
-    while (const dirent* e = ::readdir(d)) {
-      const std::string id = e->d_name;
-      if (alloc::valid_id(id)) seen.insert(id);
-    }
-    ::closedir(d);
   }
   // Gone: close the socket. Sessions opened through it keep their tenant until they end.
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (seen.count(it->first) == 0) {
+    if (s.found.count(it->first) == 0) {
       log_.info("allocation " + it->first + " removed: its socket is closed");
       close(poller, it->second);
       node.allocation_removed(it->first);
@@ -109,29 +188,29 @@ void AllocWatch::rescan(Poller& poller, Node& node) {
       ++it;
     }
   }
-  // Only the plugin's records are read (never a file inside the directory, which is mounted
-  // into the container); each read is bounded (alloc::read_bounded).
-  for (const std::string& id : seen) {
-    const std::string dir = root_ + "/" + id;
+  for (const auto& [id, f] : s.found) {
+    if (!f.error.empty()) {
+      warn(id, f.error);
+      continue;
+    }
+    if (!f.allocation) continue;  // being written, or an older layout not sealed yet: a later event brings it
     try {
       if (entries_.count(id) != 0) {
-        std::optional<alloc::Owner> owner = alloc::read_owner_record(root_, id);
-        if (owner && owner != owners_[id]) {
-          owners_[id] = owner;
-          node.allocation_owner(id, *owner);
+        if (f.owner && f.owner != owners_[id]) {
+          owners_[id] = f.owner;
+          node.allocation_owner(id, *f.owner);
         }
         continue;
       }
-      const std::optional<alloc::Allocation> info = alloc::read_allocation_record(root_, id);
-      if (!info) continue;  // being written, or an older layout not sealed yet: a later event brings it
-      add(poller, node, *info, dir);
+      add(poller, node, *f.allocation, f.owner, root_ + "/" + id);
     } catch (const std::exception& e) {
       warn(id, e.what());
     }
   }
 }
 
-void AllocWatch::add(Poller& poller, Node& node, const alloc::Allocation& info, const std::string& dir) {
+void AllocWatch::add(Poller& poller, Node& node, const alloc::Allocation& info,
+                     const std::optional<alloc::Owner>& owner, const std::string& dir) {
   const std::string& id = info.id;
   const auto uuid = Uuid::parse(info.gpu_uuid);
   const Node::Device* dev = uuid ? node.device_by_uuid(uuid->data()) : nullptr;
@@ -143,7 +222,7 @@ void AllocWatch::add(Poller& poller, Node& node, const alloc::Allocation& info, 
   a.id = id;
   a.device = dev->ordinal;
   a.bytes = info.bytes;
-  a.owner = alloc::read_owner_record(root_, id);
+  a.owner = owner;
   Entry e;
   e.id = id;
   const std::string path = dir + "/" + alloc::kSocketFile;
