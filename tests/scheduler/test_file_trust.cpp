@@ -20,6 +20,7 @@
 #include "harness.hpp"
 #include "pool_client.hpp"
 #include "support.hpp"
+#include "tenant_process.hpp"
 #include "vlake/contracts/allocation.hpp"
 #include "vlake/contracts/state.hpp"
 
@@ -230,6 +231,32 @@ TEST_CASE("a pod that writes another pod's identity into its mounts stays its ow
   CHECK(g.reply.status == proto::Status::over_limit);
   const auto vg = v.grant(Uuid::from_bytes(ack.devices[0].uuid), 200 * kMiB);
   CHECK(vg.reply.status == proto::Status::ok);
+  (void)v.release(vg.reply.grant_id);
+
+  // Shared (dedup) weights: the victim shares 16 MiB of chunks; the attacker uploads the same
+  // content and shares it: nothing merges across the two tenants (no trust domain declared),
+  // and the attacker's writes leave the victim's weights as they were.
+  const std::string main_socket = n.d.socket;
+  n.d.socket = victim.socket;
+  e2e::TenantProcess vt(n.d, {"init", "alloc:w:20M", "upload:w:7:20M", "share:w:1M:18M", "verify:w:7:20M", "sleep:8000",
+                              "verify:w:7:20M#after"});
+  n.d.socket = main_socket;
+  const auto vshare = vt.wait_line("share:w:1M:18M");
+  INFO("victim:\n" << vt.out() << vt.err() << "\ndaemon log:\n" << n.d.log());
+  REQUIRE(vshare.count("rc") == 1);
+  REQUIRE(vshare.at("rc") == "0");
+  n.d.socket = attacker.socket;
+  e2e::TenantProcess at(n.d, {"init", "alloc:w:20M", "upload:w:7:20M", "share:w:1M:18M", "memset:w:4194304:65536:1",
+                              "kfill:w:4194304:16384", "sync"});
+  n.d.socket = main_socket;
+  (void)at.finish(60000);
+  INFO("attacker:\n" << at.out() << at.err());
+  const auto ashare = at.line("share:w:1M:18M");
+  REQUIRE(ashare.count("rc") == 1);
+  CHECK(ashare.at("rc") == "0");
+  CHECK(ashare.at("merged") == "0");  // the victim's chunks were not joined
+  REQUIRE(vt.finish(60000) >= 0);
+  CHECK(vt.line("verify:w:7:20M#after").at("ok") == "1");
 }
 
 TEST_CASE("a pod that rewrites its size in its mounts keeps its limit across a vlaked restart",
