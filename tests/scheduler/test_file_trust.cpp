@@ -305,7 +305,7 @@ TEST_CASE("a FIFO, a symlink or a directory in place of a file does not block He
     }
   }
   // Rescans every 100 ms and the plugin's passes run meanwhile; an honest pod is served.
-  check_served_during(honest.socket, std::chrono::milliseconds(3000), std::chrono::milliseconds(2000));
+  check_served_during(honest.socket, std::chrono::milliseconds(3000), std::chrono::milliseconds(3000));
   // The plugin still attributes: a new pod gets its owner.
   const Node::Pod later = n.pod("research", "later", 5, 1);
   CHECK(Node::hello_tenant(later.socket) == "pod:research/later/worker");
@@ -325,7 +325,7 @@ TEST_CASE("huge files in a pod's mounts are refused without a stall, memory grow
   big.resize(60'000'000, '#');
   plant(attacker, "owner", big);
   plant(attacker, "allocation", std::string(4 << 20, 'y'));
-  check_served_during(honest.socket, std::chrono::milliseconds(3000), std::chrono::milliseconds(2000));
+  check_served_during(honest.socket, std::chrono::milliseconds(3000), std::chrono::milliseconds(3000));
   const std::uint64_t hwm1 = status_kib(n.d.pid(), "VmHWM");
   const std::uint64_t log1 = file_size(n.d.log_path);
   INFO("vlaked VmHWM " << hwm0 << " -> " << hwm1 << " KiB, log +" << (log1 - log0) << " bytes");
