@@ -112,6 +112,9 @@ struct Node {
     pods->add(ns, name, "worker", "vlake.io/gpu-memory", mine);
     const std::string tenant = "pod:" + ns + "/" + name + "/worker";
     REQUIRE(wait_for([&] { return exists(p.socket) && hello_tenant(p.socket) == tenant; }, 20000));
+    struct stat sb {};
+    REQUIRE(::lstat(p.socket.c_str(), &sb) == 0);
+    CHECK((sb.st_mode & 0777) == 0666);  // any uid in the container may connect
     return p;
   }
 
