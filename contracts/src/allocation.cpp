@@ -9,10 +9,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <system_error>
+
+#include "vlake/common/excerpt.hpp"
+#include "vlake/common/proc.hpp"
 
 namespace vlake::alloc {
 namespace {
@@ -28,15 +30,15 @@ std::map<std::string, std::string> parse_kv(const std::string& text, const std::
     if (line.empty() || line[0] == '#') continue;
     const auto eq = line.find('=');
     if (eq == std::string::npos || eq == 0) {
-      throw FormatError(what + ":" + std::to_string(n) + ": expected key=value, got '" + line + "'");
+      throw FormatError(what + ":" + std::to_string(n) + ": expected key=value, got '" + excerpt(line) + "'");
     }
     kv[line.substr(0, eq)] = line.substr(eq + 1);
   }
   auto v = kv.find("version");
   if (v == kv.end()) throw FormatError(what + ": no version");
   if (v->second != std::to_string(kFormatVersion)) {
-    throw FormatError(what + ": unsupported version '" + v->second + "' (expected " + std::to_string(kFormatVersion) +
-                      ")");
+    throw FormatError(what + ": unsupported version '" + excerpt(v->second) + "' (expected " +
+                      std::to_string(kFormatVersion) + ")");
   }
   return kv;
 }
@@ -55,16 +57,13 @@ bool all_digits(std::string_view s) {
   return true;
 }
 
-std::optional<std::string> read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (errno == ENOENT) return std::nullopt;
-    throw FormatError(path + ": cannot read: " + std::strerror(errno));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// <root>/records: created with its parents (0755); an existing one is kept.
+void mkdir_records(const std::string& dir) { mkdir_p(dir, 0755); }
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
 
 std::uint32_t fnv1a32(std::string_view s) {
   std::uint32_t h = 2166136261u;
@@ -113,10 +112,10 @@ Allocation parse_allocation(const std::string& text, const std::string& what) {
   const auto kv = parse_kv(text, what);
   Allocation a;
   a.id = need(kv, "id", what);
-  if (!valid_id(a.id)) throw FormatError(what + ": bad id '" + a.id + "'");
+  if (!valid_id(a.id)) throw FormatError(what + ": bad id '" + excerpt(a.id) + "'");
   a.gpu_uuid = need(kv, "gpu_uuid", what);
   if (a.gpu_uuid.rfind("GPU-", 0) != 0 || !Uuid::parse(a.gpu_uuid)) {
-    throw FormatError(what + ": bad gpu_uuid '" + a.gpu_uuid + "'");
+    throw FormatError(what + ": bad gpu_uuid '" + excerpt(a.gpu_uuid) + "'");
   }
   const std::string& ids = need(kv, "device_ids", what);
   std::size_t start = 0;
@@ -128,7 +127,7 @@ Allocation parse_allocation(const std::string& text, const std::string& what) {
     start = comma + 1;
   }
   const std::string& bytes = need(kv, "bytes", what);
-  if (!all_digits(bytes)) throw FormatError(what + ": bad bytes '" + bytes + "'");
+  if (!all_digits(bytes)) throw FormatError(what + ": bad bytes '" + excerpt(bytes) + "'");
   a.bytes = Bytes{std::stoull(bytes)};
   auto c = kv.find("created");
   if (c != kv.end() && all_digits(c->second)) a.created = std::stoll(c->second);
@@ -144,7 +143,7 @@ Owner parse_owner(const std::string& text, const std::string& what) {
   const auto kv = parse_kv(text, what);
   Owner o{need(kv, "namespace", what), need(kv, "pod", what), need(kv, "container", what)};
   for (const std::string* s : {&o.ns, &o.pod, &o.container}) {
-    if (s->find('/') != std::string::npos) throw FormatError(what + ": '/' in '" + *s + "'");
+    if (s->find('/') != std::string::npos) throw FormatError(what + ": '/' in '" + excerpt(*s) + "'");
   }
   return o;
 }
@@ -185,16 +184,93 @@ std::optional<Owner> owner_from_tenant_name(std::string_view name) {
                std::string(name.substr(b + 1))};
 }
 
+std::optional<std::string> read_bounded(const std::string& path, std::size_t cap) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    if (errno == ELOOP) throw FormatError(path + ": a symbolic link, not a regular file");
+    throw FormatError(path + ": cannot open: " + std::strerror(errno));
+  }
+  const FdCloser closer{fd};
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0) throw FormatError(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(sb.st_mode)) throw FormatError(path + ": not a regular file");
+  if (sb.st_size < 0 || static_cast<std::uint64_t>(sb.st_size) > cap) {
+    throw FormatError(path + ": " + std::to_string(sb.st_size) + " bytes, more than the " + std::to_string(cap) +
+                      " allowed");
+  }
+  // The size may change under us: read at most cap + 1 bytes and refuse a file that grew.
+  std::string out(cap + 1, '\0');
+  std::size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t r = ::read(fd, out.data() + got, out.size() - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw FormatError(path + ": cannot read: " + std::strerror(errno));
+    }
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  if (got > cap) throw FormatError(path + ": more than the " + std::to_string(cap) + " bytes allowed");
+  out.resize(got);
+  return out;
+}
+
+std::string records_dir(const std::string& root) { return root + "/" + kRecordsDir; }
+std::string allocation_record_name(const std::string& id) { return id + "." + kAllocationFile; }
+std::string owner_record_name(const std::string& id) { return id + "." + kOwnerFile; }
+
+std::optional<Allocation> read_allocation_record(const std::string& root, const std::string& id) {
+  const std::string path = records_dir(root) + "/" + allocation_record_name(id);
+  auto text = read_bounded(path);
+  if (!text) return std::nullopt;
+  Allocation a = parse_allocation(*text, path);
+  if (a.id != id) throw FormatError(path + ": names allocation '" + a.id + "'");
+  return a;
+}
+
+std::optional<Owner> read_owner_record(const std::string& root, const std::string& id) {
+  const std::string path = records_dir(root) + "/" + owner_record_name(id);
+  auto text = read_bounded(path);
+  if (!text) return std::nullopt;
+  return parse_owner(*text, path);
+}
+
+void write_allocation_record(const std::string& root, const Allocation& a) {
+  const std::string dir = records_dir(root);
+  mkdir_records(dir);
+  write_file_atomic(dir, allocation_record_name(a.id), format_allocation(a));
+}
+
+void write_owner_record(const std::string& root, const std::string& id, const Owner& o) {
+  const std::string dir = records_dir(root);
+  mkdir_records(dir);
+  write_file_atomic(dir, owner_record_name(id), format_owner(o));
+}
+
+bool remove_records(const std::string& root, const std::string& id) {
+  bool ok = true;
+  int err = 0;
+  for (const std::string& name : {allocation_record_name(id), owner_record_name(id)}) {
+    if (::unlink((records_dir(root) + "/" + name).c_str()) != 0 && errno != ENOENT) {
+      ok = false;
+      err = errno;
+    }
+  }
+  if (!ok) errno = err;
+  return ok;
+}
+
 std::optional<Allocation> read_allocation(const std::string& dir) {
   const std::string path = dir + "/" + kAllocationFile;
-  auto text = read_text(path);
+  auto text = read_bounded(path);
   if (!text) return std::nullopt;
   return parse_allocation(*text, path);
 }
 
 std::optional<Owner> read_owner(const std::string& dir) {
   const std::string path = dir + "/" + kOwnerFile;
-  auto text = read_text(path);
+  auto text = read_bounded(path);
   if (!text) return std::nullopt;
   return parse_owner(*text, path);
 }

@@ -435,11 +435,13 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
     a.bytes = Bytes{opts_.unit.value() * a.device_ids.size()};
     a.created = now_unix();
     mkdir_p(opts_.alloc_root);
+    // The record first (outside what the container sees): vlaked serves a directory only once
+    // its record exists.
+    alloc::write_allocation_record(opts_.alloc_root, a);
     const std::string dir = opts_.alloc_root + "/" + a.id;
     if (::mkdir(dir.c_str(), 0755) != 0) throw std::system_error(errno, std::generic_category(), "mkdir " + dir);
     ::chmod(dir.c_str(), 0755);
     alloc::write_file_atomic(dir, alloc::kPreloadFile, opts_.hook_container_path + "\n");
-    alloc::write_file_atomic(dir, alloc::kAllocationFile, alloc::format_allocation(a));
 
     auto mount = [&](const std::string& host, const std::string& container, bool ro) {
       auto* m = out.add_mounts();
@@ -447,7 +449,9 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
       m->set_container_path(container);
       m->set_read_only(ro);
     };
-    mount(dir, kContainerDir, false);
+    // Read-only: connecting to the socket needs no write access to the mount, and nothing the
+    // container could write there is read by vlaked or the plugin.
+    mount(dir, kContainerDir, true);
     mount(opts_.hook_path, opts_.hook_container_path, true);
     if (opts_.preload) mount(dir + "/" + alloc::kPreloadFile, "/etc/ld.so.preload", true);
     auto& envs = *out.mutable_envs();
@@ -470,7 +474,16 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
   struct OnDisk {
     alloc::Allocation a;
     std::optional<alloc::Owner> owner;
+    // An older plugin's directory without a record: `a` comes from its pod-writable
+    // `allocation` file (its `owner` file is never read) until seal_legacy() writes a record.
+    bool legacy = false;
   };
+
+  // A warning about one allocation's files: at most one line a minute per allocation (a pod
+  // can make an older layout's files unreadable on purpose).
+  void warn_allocation(const std::string& id, const std::string& msg) {
+    file_log_.warn("allocation " + id, "allocation " + id + ": " + msg, Clock::now());
+  }
 
   std::map<std::string, OnDisk> scan() {
     std::map<std::string, OnDisk> out;
@@ -479,17 +492,40 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
     while (const dirent* e = ::readdir(d)) {
       const std::string id = e->d_name;
       if (!alloc::valid_id(id)) continue;
-      const std::string dir = opts_.alloc_root + "/" + id;
       try {
-        auto a = alloc::read_allocation(dir);
-        if (!a) continue;  // being created
-        out[id] = OnDisk{*a, alloc::read_owner(dir)};
+        if (auto a = alloc::read_allocation_record(opts_.alloc_root, id)) {
+          out[id] = OnDisk{*a, alloc::read_owner_record(opts_.alloc_root, id), false};
+        } else if (auto l = alloc::read_allocation(opts_.alloc_root + "/" + id); l && l->id == id) {
+          out[id] = OnDisk{*l, std::nullopt, true};
+        }
+        // Neither: being created.
       } catch (const std::exception& ex) {
-        log_.warn(std::string("allocation ") + id + ": " + ex.what());
+        warn_allocation(id, ex.what());
       }
     }
     ::closedir(d);
     return out;
+  }
+
+  // An older plugin's allocation that a listed container holds (the kubelet says which device
+  // ids it has): its record is written with those ids and the size they make, whatever the
+  // directory's own files say. Until then vlaked does not serve it.
+  void seal_legacy(const std::string& id, OnDisk& d) {
+    std::string why;
+    const GpuInfo* gpu = gpu_of(d.a.device_ids, why);
+    if (gpu == nullptr || gpu->uuid != d.a.gpu_uuid) {
+      warn_allocation(id, "older layout not sealed: " + (gpu == nullptr ? why : "its GPU does not match its ids"));
+      return;
+    }
+    d.a.bytes = Bytes{opts_.unit.value() * d.a.device_ids.size()};
+    try {
+      alloc::write_allocation_record(opts_.alloc_root, d.a);
+      d.legacy = false;
+      log_.info("allocation " + id + " (older layout): sealed, " + std::to_string(d.a.bytes.value()) +
+                " bytes, as the kubelet lists its device ids");
+    } catch (const std::exception& e) {
+      warn_allocation(id, std::string("cannot write its record: ") + e.what());
+    }
   }
 
   std::optional<std::vector<ListedContainer>> list_pods() {
@@ -571,12 +607,16 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
       const AttributionResult r = attribute(views, *listed);
       for (const auto& [id, who] : r.new_owner) {
         try {
-          alloc::write_file_atomic(opts_.alloc_root + "/" + id, alloc::kOwnerFile, alloc::format_owner(who));
+          alloc::write_owner_record(opts_.alloc_root, id, who);
           disk[id].owner = who;
           log_.info("allocation " + id + " -> " + who.ns + "/" + who.pod + "/" + who.container);
         } catch (const std::exception& e) {
           log_.warn("allocation " + id + ": cannot write owner: " + e.what());
         }
+      }
+      // After the owner: vlaked reads both when the allocation record appears.
+      for (auto& [id, d] : disk) {
+        if (d.legacy && r.present.count(id) != 0) seal_legacy(id, d);
       }
       for (const auto& [id, d] : disk) {
         // Listed now: refresh. Never seen by this process: its grace counts from now.
@@ -602,7 +642,8 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
         log_.debug("allocation " + id + ": unlisted but vlaked still has sessions of " + tenant);
         continue;
       }
-      if (alloc::remove_tree(opts_.alloc_root + "/" + id)) {
+      // The directory first (vlaked closes the socket), then the records.
+      if (alloc::remove_tree(opts_.alloc_root + "/" + id) && alloc::remove_records(opts_.alloc_root, id)) {
         log_.info("allocation " + id + " (" + tenant + ") removed: its container is gone");
         last_present_.erase(id);
       } else {
@@ -637,6 +678,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
   std::unique_ptr<pr::PodResourcesLister::Stub> pr_stub_;
   ino_t pr_socket_ino_ = 0;
   std::map<std::string, Clock::time_point> last_present_;  // allocation id -> last seen listed
+  LogLimiter file_log_{log_, 1.0 / 60, 1};                 // warn_allocation()
 };
 
 Plugin::Plugin(const PluginOptions& options, std::unique_ptr<Inventory> inventory, Logger& log)

@@ -70,7 +70,7 @@ TEST_CASE("a pod's process is attributed and limited to its allocation and its n
   const std::string id = resp.container_responses(0).envs().at("VLAKE_ALLOCATION");
   const std::string dir = alloc_root + "/" + id;
   pods.add("research", "train-0", "worker", "vlake.io/gpu-memory", {ids[0], ids[1], ids[2]});
-  REQUIRE(wait_for([&] { return exists(dir + "/owner") && exists(dir + "/vlaked.sock"); }));
+  REQUIRE(wait_for([&] { return exists(alloc_root + "/records/" + id + ".owner") && exists(dir + "/vlaked.sock"); }));
 
   // The tenant connects through the allocation's socket (what /run/vlake/vlaked.sock is in
   // the container); its uid (root) plays no part.
@@ -121,7 +121,7 @@ TEST_CASE("a pod's process is attributed and limited to its allocation and its n
   // a session of it, and goes once the process is gone.
   pods.clear();
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-  CHECK(exists(dir + "/allocation"));
+  CHECK(exists(dir + "/vlaked.sock"));
   t.kill9();
   (void)t.finish(5000);
   REQUIRE(wait_for([&] { return !exists(dir); }, 10000));

@@ -188,14 +188,17 @@ TEST_CASE("Allocate creates the allocation directory and answers mounts, envs an
   std::map<std::string, std::pair<std::string, bool>> mounts;  // container path -> (host, ro)
   for (const auto& m : cr.mounts()) mounts[m.container_path()] = {m.host_path(), m.read_only()};
   REQUIRE(mounts.count("/run/vlake") == 1);
-  CHECK(mounts["/run/vlake"] == std::make_pair(dir, false));
+  CHECK(mounts["/run/vlake"] == std::make_pair(dir, true));  // read-only: the socket needs no write access
+  // The directory holds what the container sees, nothing vlaked or the plugin reads.
+  CHECK_FALSE(exists(dir + "/allocation"));
+  CHECK_FALSE(exists(dir + "/owner"));
   // The host's hook, wherever it is installed, at the one path tenants see (docs/device-plugin.md).
   CHECK(mounts.at("/usr/lib/vlake/libvlake-hook.so") == std::make_pair(f.o.hook_path, true));
   CHECK(mounts.count(f.o.hook_path) == 0);
   CHECK(mounts.at("/etc/ld.so.preload") == std::make_pair(dir + "/ld.so.preload", true));
   CHECK(read_file(dir + "/ld.so.preload") == "/usr/lib/vlake/libvlake-hook.so\n");
 
-  const auto a = alloc::read_allocation(dir);
+  const auto a = alloc::read_allocation_record(f.o.alloc_root, id);
   REQUIRE(a);
   CHECK(a->id == id);
   CHECK(a->gpu_uuid == g1);
@@ -277,14 +280,16 @@ TEST_CASE("attribution writes the owner and removes allocations whose container 
   pods.add("research", "train-0", "worker", "vlake.io/gpu-memory", {ids[1], ids[0]});
   pods.add("research", "other", "main", "vlake.io/gpu-memory", {ids[3]});  // no allocation of ours
   const std::string adir = f.o.alloc_root + "/" + a;
-  REQUIRE(wait_for([&] { return exists(adir + "/owner"); }));
-  const auto owner = alloc::read_owner(adir);
+  REQUIRE(wait_for([&] { return exists(f.o.alloc_root + "/records/" + a + ".owner"); }));
+  const auto owner = alloc::read_owner_record(f.o.alloc_root, a);
   REQUIRE(owner);
   CHECK(*owner == alloc::Owner{"research", "train-0", "worker"});
   // b is never listed: removed after the grace period (no vlaked state: no sessions).
   REQUIRE(wait_for([&] { return !exists(f.o.alloc_root + "/" + b); }, 5000));
+  REQUIRE(wait_for([&] { return !exists(f.o.alloc_root + "/records/" + b + ".allocation"); }, 5000));
   CHECK(exists(adir));
   // a's container goes: a is removed too.
   pods.clear();
   REQUIRE(wait_for([&] { return !exists(adir); }, 5000));
+  REQUIRE(wait_for([&] { return !exists(f.o.alloc_root + "/records/" + a + ".owner"); }, 5000));
 }

@@ -194,8 +194,9 @@ int Daemon::Impl::run() {
             if (fd >= 0) on_accept(fd, id, Source::alloc_listen, serial);
             break;
           }
-          case Source::alloc_watch: alloc_watch_->on_watch(poller_, *node_); break;
-          case Source::alloc_timer: alloc_watch_->on_timer(poller_, *node_); break;
+          case Source::alloc_watch: alloc_watch_->on_watch(); break;
+          case Source::alloc_timer: alloc_watch_->on_timer(); break;
+          case Source::alloc_scan: alloc_watch_->on_scanned(poller_, *node_); break;
         }
         apply(node_->settle(now()));
       } catch (const std::exception& e) {

@@ -29,7 +29,8 @@ enum class Source : std::uint64_t {
   swaps = 12,         // the Swapper finished a checkpoint or restore (eventfd)
   alloc_listen = 20,  // Kubernetes allocations (--alloc-root): their sockets,
   alloc_watch = 21,   // the directory watch,
-  alloc_timer = 22,   // the periodic rescan
+  alloc_timer = 22,   // the periodic rescan,
+  alloc_scan = 23,    // a scan finished off the loop (eventfd)
 };
 
 class Poller {
