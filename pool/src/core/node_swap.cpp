@@ -409,7 +409,8 @@ void Node::bring_back_victims_of(std::uint64_t session, std::optional<DeviceOrdi
   for (auto& [id, sw] : swaps_.records_mut()) {
     if (id == session || sw.moved_for != session || (d && sw.device != *d)) continue;
     sw.moved_for = 0;
-    if (sw.on_host() && sw.state != SwapState::lost) sw.restore_asap = true;
+    // Being checkpointed too: it comes back once the checkpoint is done (swap_done tries then).
+    if (sw.state != SwapState::none && sw.state != SwapState::lost) sw.restore_asap = true;
   }
 }
 
