@@ -20,7 +20,8 @@
 //   stress SOCKET THREADS ITERS MAX_UNITS SEED   threads × iterations of random grant/release,
 //                                  each thread on its own connection; prints grants, denied, errors
 //   connectp SOCKET                Hello with kHelloPressure (reads unsolicited Pressure)
-//   reserve BYTES BLOCKS           ReserveReport for device 0
+//   reserve BYTES BLOCKS [reclaim] ReserveReport for device 0 (reclaim: kReportReclaim, a
+//                                  framework would give its cache back; a liar never does)
 //   pressure TIMEOUT_MS            got=1 bytes= reason= if a Pressure came, else got=0
 //   sizes ID                       the grant's handle sizes, comma-separated (sizes=)
 // What a hostile tenant does (docs/security.md):
@@ -196,8 +197,9 @@ class Tool {
     }
     if (cmd == "reserve") {
       std::uint64_t bytes = 0, blocks = 0;
-      in >> bytes >> blocks;
-      need_client().reserve_report(uuid_, bytes, blocks);
+      std::string flag;
+      in >> bytes >> blocks >> flag;
+      need_client().reserve_report(uuid_, bytes, blocks, flag == "reclaim" ? proto::kReportReclaim : 0u);
       return "ok";
     }
     if (cmd == "pressure") {

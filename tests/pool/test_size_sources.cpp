@@ -147,3 +147,21 @@ TEST_CASE("durations: a bare number is refused in the environment, on the comman
   CHECK(vlaked({"--swap-idle", "0"}).swap_idle.count() == 0);
   CHECK(vlaked({"--pressure-wait-ms", "30"}).pressure_wait.count() == 30);
 }
+
+TEST_CASE("durations: the reclaim deadline and skip and the counted-grant window read the grammar, within bounds",
+          "[common][duration]") {
+  using namespace std::chrono_literals;
+  const vlake::pool::DaemonOptions defaults = vlaked({});
+  CHECK(defaults.reclaim_deadline == 250ms);
+  CHECK(defaults.reclaim_skip == 1min);
+  CHECK(defaults.counted_realize == 5s);
+  CHECK(vlaked({"--reclaim-deadline", "1s"}).reclaim_deadline == 1s);
+  CHECK(vlaked({"--reclaim-skip", "2m"}).reclaim_skip == 2min);
+  CHECK(vlaked({"--counted-realize", "2.5s"}).counted_realize == 2500ms);
+  CHECK(vlaked({"--counted-realize", "off"}).counted_realize.count() == 0);
+  CHECK_THROWS_AS(vlaked({"--reclaim-deadline", "250"}), vlake::pool::OptionsError);
+  CHECK_THROWS_AS(vlaked({"--reclaim-deadline", "5ms"}), vlake::pool::OptionsError);  // below 10ms
+  CHECK_THROWS_AS(vlaked({"--reclaim-deadline", "0"}), vlake::pool::OptionsError);
+  CHECK_THROWS_AS(vlaked({"--reclaim-skip", "500ms"}), vlake::pool::OptionsError);  // below 1s
+  CHECK_THROWS_AS(vlaked({"--counted-realize", "2h"}), vlake::pool::OptionsError);  // above 1h
+}

@@ -111,11 +111,12 @@ std::optional<proto::Pressure> PoolClient::wait_pressure(int timeout_ms) {
   return p;
 }
 
-void PoolClient::reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks) {
+void PoolClient::reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, std::uint32_t flags) {
   auto m = proto::make<proto::ReserveReport>(next_request_id());
   device.copy_to(m.device_uuid);
   m.bytes = bytes;
   m.blocks = blocks;
+  m.flags = flags;
   send(m);
 }
 

@@ -63,8 +63,8 @@ class PoolClient {
   bool wait_closed(int timeout_ms = 5000);
 
   proto::HelloAck hello(std::uint64_t old_session = 0, std::uint32_t flags = 0);
-  // ReserveReport (no reply).
-  void reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks);
+  // ReserveReport (no reply); `flags`: proto::kReportReclaim, kReportActive.
+  void reserve_report(const Uuid& device, std::uint64_t bytes, std::uint64_t blocks, std::uint32_t flags = 0);
   // The next Pressure message (one skipped while waiting for a reply, or one read now);
   // nullopt if none comes within `timeout_ms`. Throws ProtocolError on another message.
   std::optional<proto::Pressure> wait_pressure(int timeout_ms);

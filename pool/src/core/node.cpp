@@ -30,8 +30,11 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
       log_(log),
       settings_(settings),
       env_(std::move(env)),
+      reclaim_(settings.reclaim_deadline, settings.reclaim_skip),
+      counted_audit_(settings.counted_realize, settings.counted_skip),
       limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed),
       guard_book_(settings.guard_event_rate, settings.guard_event_burst) {
+  parking_.set_ask_again(settings_.reclaim_deadline);
   const int n = driver_.device_count();
   if (n <= 0) throw std::runtime_error("no GPU found");
   if (static_cast<std::uint32_t>(n) > st::kMaxDevices) {
@@ -571,6 +574,9 @@ void Node::end_session_locked(Session& s, const char* why) {
                     std::to_string(grant_ids.size()) + " grant(s) returned",
                 steady_now());
   swaps_.forget(id);
+  reclaim_.forget(id);
+  counted_audit_.forget(id);
+  bring_back_victims_of(id, std::nullopt);  // the pressure it made is gone
   sessions_.erase(id);
   free_tenant_if_idle(tenant);
 }

@@ -440,6 +440,8 @@ std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, 
   const bool keep = (m.flags & proto::kReleaseKeepMapped) != 0 && !exported && g.handles.size() == 1 &&
                     g.purpose == proto::GrantPurpose::alloc && !g.canary && !g.orphaned && !ipc_.ever_imported(g.id) &&
                     devices_.at(static_cast<std::size_t>(d.value())).pool->binding();
+  // What a session sent Pressure gives back is measured here (docs/pool.md, "Claims and measurements").
+  reclaim_.gave(s.id, d, g.bytes, steady_now());
   if (!hold_for_imports(g)) finish_grant(g, s.tenant, exported, keep ? s.id : 0);
   ack.status = proto::Status::ok;
   ack.used =
@@ -489,6 +491,7 @@ Effects Node::hand_over() {
 }
 
 Effects Node::settle(Now now) {
+  judge_reclaims(now);
   if (retry_due(now)) retry_parked(now);
   swap_tick(now);
   return hand_over();
@@ -629,13 +632,18 @@ std::int32_t Node::priority_of(TenantId t) const {
 // `same_namespace`: only sessions of the requester's namespace (what the others give back
 // does not lower its namespace's usage).
 std::vector<PressureNote> Node::pressure_for(const Session& requester, const Device& dev, Bytes shortfall,
-                                             const std::vector<std::uint64_t>& exclude, bool same_namespace) {
+                                             const std::vector<std::uint64_t>& exclude, bool same_namespace,
+                                             bool trust_claims) {
   const auto d = static_cast<std::size_t>(dev.ordinal.value());
+  const auto now = steady_now();
+  judge_reclaims(Now{now, 0});
   std::vector<PressureCandidate> candidates;
   std::vector<const Session*> of;
   for (const auto& [sid, ss] : sessions_) {
     if (sid == requester.id || !ss.pressure || ss.conn == 0 || swaps_.state(sid) != SwapState::none) continue;
     if (ss.reserve[d] == 0 && !ss.reclaim) continue;
+    // It gave nothing the last time it was asked: it has lost its turn for a while.
+    if (!reclaim_.askable(sid, now)) continue;
     if (std::find(exclude.begin(), exclude.end(), sid) != exclude.end()) continue;
     if (same_namespace && tenants_.at(ss.tenant.value()).ns != tenants_.at(requester.tenant.value()).ns) continue;
     // A session waiting for a grant of its own is busy, and its callbacks may need what its
@@ -651,6 +659,7 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
     c.reclaim = ss.reclaim;
     c.priority = priority_of(ss.tenant);
     c.last_active = ss.last_active;
+    c.credible = reclaim_.credible(sid, pressure_claim(c), trust_claims);
     candidates.push_back(c);
     of.push_back(&ss);
   }
@@ -665,6 +674,7 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
     n.msg.bytes = shortfall.value();
     n.msg.reason = proto::PressureReason::pool_exhausted;
     notes.push_back(n);
+    reclaim_.asked(ss.id, dev.ordinal, now);
     limited_.write(LogLevel::info, "pressure",
                    "GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(ss.id) + " (pid " +
                        std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes" +
@@ -677,6 +687,26 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
 }
 
 bool Node::retry_due(Now now) const { return parking_.due(now.steady); }
+
+void Node::judge_reclaims(Now now) {
+  for (const ReclaimTrust::Verdict& v : reclaim_.expire(now.steady)) {
+    const Session* s = session(v.session);
+    if (s == nullptr) continue;
+    const std::string who = "session " + std::to_string(v.session) + " (pid " + std::to_string(s->pid) + ", tenant " +
+                            tenants_.at(s->tenant.value()).name + ")";
+    if (v.skipped) {
+      limited_.write(LogLevel::info, "reclaim skip " + tenants_.at(s->tenant.value()).name,
+                     "GPU " + std::to_string(v.device.value()) + ": " + who + " gave nothing back within " +
+                         std::to_string(reclaim_.deadline().count()) + " ms of a Pressure: not asked again for " +
+                         std::to_string(reclaim_.skip().count()) +
+                         " ms, its reserve and reclaim figures not counted on",
+                     now.steady);
+    } else {
+      log_.debug("GPU " + std::to_string(v.device.value()) + ": " + who + " gave back " +
+                 std::to_string(v.gave.value()) + " bytes when asked: counted on for at most that much");
+    }
+  }
+}
 
 void Node::retry_parked(Now now) {
   const std::vector<ParkedGrant> todo = parking_.begin_retry();
@@ -696,7 +726,7 @@ void Node::retry_parked(Now now) {
       ParkedGrant again = p;
       if (ParkingLot::ask_due(p, now.steady)) {
         // Still short: the next sessions in the plan's order are asked (docs/pool.md).
-        again.next_ask = now.steady + ParkingLot::kAskAgain;
+        again.next_ask = now.steady + settings_.reclaim_deadline;
         std::vector<PressureNote> notes;
         if (const Device* dev = device_by_uuid(p.req.device_uuid)) {
           const Bytes want = round_up(Bytes{p.req.bytes}, dev->granularity);
@@ -706,12 +736,15 @@ void Node::retry_parked(Now now) {
           for (std::size_t j = i + 1; j < todo.size(); ++j) waiting.push_back(todo[j].session);
           std::vector<std::uint64_t> skip = waiting;
           skip.insert(skip.end(), p.asked.begin(), p.asked.end());
-          notes = pressure_for(sit->second, *dev, want, skip, p.same_namespace);
+          // Those asked had a deadline to give something back and the grant is still short:
+          // every other session that may give is asked now, at once; claims of sessions never
+          // asked are no longer counted on (docs/pool.md, "Claims and measurements").
+          notes = pressure_for(sit->second, *dev, want, skip, p.same_namespace, false);
           if (notes.empty() && ParkingLot::new_round_due(again, now.steady)) {
             // Everyone was asked: what they cached since may cover it; a new round.
             again.asked.clear();
             again.round_at = now.steady;
-            notes = pressure_for(sit->second, *dev, want, waiting, p.same_namespace);
+            notes = pressure_for(sit->second, *dev, want, waiting, p.same_namespace, false);
           }
           // The GPU itself is short: idle processes of overcommit namespaces go to host memory
           // (docs/swap.md), whichever namespace waits.

@@ -7,6 +7,12 @@
 // (SwapJob), and swap_done() retries the parked grants. A swapped process's next hooked call
 // sends SwapIn; it is restored once the GPU has room for what its checkpoint freed (plus the
 // margin), swapping out others if need be, within its wait.
+//
+// Counted grants are measured (CountedAudit, docs/swap.md): at every NVML reading a session's
+// counted grants are compared with what NVML charges to its process; one left unrealized is
+// revoked, the victims moved out for its session go back as soon as there is room, and a
+// session with unrealized or revoked grants makes nobody move out; plan_swap counts what NVML
+// shows a candidate holding, not what it was granted.
 #include <algorithm>
 #include <cstring>
 
@@ -124,7 +130,8 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
     // while it waits (and when everyone waits for memory, somebody has to make room).
     SwapCandidate c;
     c.session = sid;
-    c.bytes = counted_on(ss, dev.ordinal);
+    // What moving it out frees: its counted grants as far as NVML's last reading showed them.
+    c.bytes = std::min(counted_on(ss, dev.ordinal), counted_audit_.realized(sid, dev.ordinal).value_or(Bytes{~0ULL}));
     c.priority = priority_of(ss.tenant);
     c.last_active = ss.last_active;
     candidates.push_back(c);
@@ -143,6 +150,8 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
     sw.context = acct_.usage(ss.tenant, dev.ordinal).nonpool;
     sw.since = now.steady;
     sw.for_session = requester.id;
+    sw.moved_for = requester.id;
+    sw.restore_asap = false;
     changes_.sessions.insert(requester.slot);  // what it waits for changed
     notify(ss, proto::SwapPhase::out);
     started += sw.bytes;
@@ -166,13 +175,24 @@ std::optional<GrantOut> Node::make_room(ConnId conn, const Session& s, Device& d
   const Bytes want = bytes + settings_.swap_margin;
   const Bytes free = room(dev);
   if (free >= want) return std::nullopt;
+  // It holds counted grants NVML does not show, or had one revoked lately: it does not need
+  // room, and nobody is moved out for it (docs/swap.md, "Counted grants are measured").
+  if (!counted_audit_.may_displace(s.id, dev.ordinal, now.steady)) {
+    limited_.write(LogLevel::info, "room " + std::to_string(s.id),
+                   "GPU " + std::to_string(dev.ordinal.value()) + ": " + std::to_string(bytes.value() >> 20) +
+                       " MiB for session " + std::to_string(s.id) +
+                       ": its counted grants are not in NVML's figure of its process (or one was revoked "
+                       "lately): nobody is moved out for it; its driver decides",
+                   now.steady);
+    return std::nullopt;
+  }
   const Bytes shortfall = want - free;
   const std::chrono::milliseconds wait = wait_of(s);
   if (retry != nullptr) {
     if (now.steady >= retry->deadline) return std::nullopt;  // the driver decides
     // Caches first (the Pressure of the first park); from the first retry on, processes.
     const Bytes coming = swaps_.swapping_out(dev.ordinal);
-    if (coming < shortfall && now.steady >= retry->received + ParkingLot::kAskAgain) {
+    if (coming < shortfall && now.steady >= retry->received + settings_.reclaim_deadline) {
       (void)start_swaps(s, dev, shortfall - coming, now);
     }
     return GrantOut{Parked{}};
@@ -247,7 +267,7 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
 
 void Node::try_restore(Session& s, Now now) {
   SwapRecord& sw = swaps_.of(s.id);
-  if (sw.state != SwapState::swapped || sw.in_conn == 0) return;
+  if (sw.state != SwapState::swapped || (sw.in_conn == 0 && !sw.restore_asap)) return;
   const Device* dev = device_by_ordinal(sw.device);
   if (dev == nullptr) return;
   // What it holds now (its counted grants there, those served while it was away included) plus
@@ -261,8 +281,15 @@ void Node::try_restore(Session& s, Now now) {
     sw.state = SwapState::restoring;
     sw.since = now.steady;
     fx_.swap_jobs.push_back(SwapJob{s.id, s.pid, sw.device, true});
+    if (sw.in_conn == 0) {
+      log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + ") goes back to GPU " +
+                std::to_string(sw.device.value()) +
+                ": what it was moved out for is gone (its grant was revoked, or its process ended)");
+    }
     return;
   }
+  // A restore vlaked started itself waits for room; it moves nobody out.
+  if (sw.in_conn == 0) return;
   if (now.steady >= sw.in_at + wait_of(s)) {
     ++counters_.swap_timeouts;
     proto::SwapInReply r = proto::make<proto::SwapInReply>(sw.in_request);
@@ -344,7 +371,10 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
     sw.state = SwapState::none;
     sw.since = now.steady;
     sw.extra = Bytes{0};
-    s.last_active = now.steady;
+    sw.moved_for = 0;
+    sw.restore_asap = false;
+    if (sw.in_conn == 0) notify(s, proto::SwapPhase::back);  // restored unasked: its gate opens
+    else s.last_active = now.steady;
     r.status = proto::Status::ok;
     log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + ") is back on GPU " +
               std::to_string(sw.device.value()) + " after " + std::to_string(r.waited_ms) + " ms (" +
@@ -371,7 +401,76 @@ void Node::swap_tick(Now now) {
                          std::to_string(SwapBook::kReadyTimeout.count()) + " ms; left on the GPU",
                      now.steady);
     }
-    if (sw.state == SwapState::swapped && sw.in_conn != 0) try_restore(s, now);
+    if (sw.state == SwapState::swapped && (sw.in_conn != 0 || sw.restore_asap)) try_restore(s, now);
+  }
+}
+
+void Node::bring_back_victims_of(std::uint64_t session, std::optional<DeviceOrdinal> d) {
+  for (auto& [id, sw] : swaps_.records_mut()) {
+    if (id == session || sw.moved_for != session || (d && sw.device != *d)) continue;
+    sw.moved_for = 0;
+    // Being checkpointed too: it comes back once the checkpoint is done (swap_done tries then).
+    if (sw.state != SwapState::none && sw.state != SwapState::lost) sw.restore_asap = true;
+  }
+}
+
+// Node-side granted time of a grant: its CLOCK_REALTIME stamp carried to the steady clock of `now`.
+namespace {
+std::chrono::steady_clock::time_point granted_steady(const GrantRecord& g, Now now) {
+  if (g.created_unix_ns == 0 || now.unix_ns < g.created_unix_ns) return now.steady;
+  return now.steady - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::nanoseconds(now.unix_ns - g.created_unix_ns));
+}
+}  // namespace
+
+void Node::audit_counted(const std::vector<GpuSample>& sample, Now now) {
+  if (settings_.counted_realize.count() <= 0) return;
+  std::vector<CountedAudit::Holding> holdings;
+  for (const auto& [sid, s] : sessions_) {
+    for (const GpuSample& g : sample) {
+      CountedAudit::Holding h;
+      h.session = sid;
+      h.device = g.device;
+      Bytes orphaned{0};
+      for (std::uint64_t gid : s.grants) {
+        const Grant& gr = grants_.at(gid);
+        if (gr.device != g.device) continue;
+        if (gr.orphaned) orphaned += gr.bytes;  // NVML charges those to the process as well
+        else if (gr.purpose == proto::GrantPurpose::counted)
+          h.grants.push_back({gr.id, gr.bytes, granted_steady(gr, now)});
+      }
+      if (h.grants.empty()) continue;
+      Bytes seen{0};
+      for (const ProcessUsage& p : g.processes) {
+        if (p.pid == s.pid) seen += p.used;
+      }
+      h.seen = seen > orphaned ? seen - orphaned : Bytes{0};
+      // On the host or moving, NVML cannot show it.
+      h.exempt = s.pid == 0 || swaps_.state(sid) != SwapState::none;
+      holdings.push_back(std::move(h));
+    }
+  }
+  for (const CountedAudit::Revocation& r : counted_audit_.observe(holdings, now.steady)) {
+    auto git = grants_.find(r.grant);
+    if (git == grants_.end()) continue;
+    Grant& g = git->second;
+    const Session* s = session(r.session);
+    const Tenant* t = tenant(g.tenant);
+    const std::string name = t != nullptr ? t->name : std::to_string(g.tenant.value());
+    limited_.write(
+        LogLevel::warn, "counted revoked " + name,
+        "GPU " + std::to_string(r.device.value()) + ": counted grant " + std::to_string(r.grant) + " of " +
+            std::to_string(r.bytes.value() >> 20) + " MiB of session " + std::to_string(r.session) + " (pid " +
+            std::to_string(s != nullptr ? s->pid : 0) + ", tenant " + name +
+            ") revoked: NVML shows its process holding " + std::to_string(r.seen.value() >> 20) + " MiB of the " +
+            std::to_string(r.counted.value() >> 20) + " MiB its counted grants charge, " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now.steady - r.granted_at).count()) +
+            " ms after it was served (--counted-realize " + std::to_string(settings_.counted_realize.count()) +
+            " ms); the tenant is no longer charged for it",
+        now.steady);
+    finish_grant(g, g.tenant, false);
+    counted_audit_.revoked(r.session, now.steady);
+    bring_back_victims_of(r.session, r.device);
   }
 }
 

@@ -171,6 +171,7 @@ void Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<
       kills.push_back(KillOrder{up.pid, up.start_time, t.id, t.name, up.bytes});
     }
   }
+  audit_counted(sample, now);  // counted grants against what NVML shows (node_swap.cpp)
   changes_.devices = true;
 }
 

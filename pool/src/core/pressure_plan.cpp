@@ -8,11 +8,9 @@ namespace vlake::pool {
 
 namespace {
 
-std::uint64_t can_give(const PressureCandidate& c) {
-  const std::uint64_t reserve = c.reserve.value();
-  if (!c.reclaim) return reserve;
-  return std::max(reserve, c.held.value());
-}
+std::uint64_t can_give(const PressureCandidate& c) { return pressure_claim(c).value(); }
+
+std::uint64_t counted_on(const PressureCandidate& c) { return c.credible ? c.credible->value() : can_give(c); }
 
 // The indices of the candidates `eligible` accepts, lowest priority first, then least recently
 // active, then by session id; cut after the first ones whose `gives` add up to `need` (all of them
@@ -38,12 +36,17 @@ std::vector<std::size_t> take_in_order(const std::vector<Candidate>& candidates,
 
 }  // namespace
 
+Bytes pressure_claim(const PressureCandidate& c) {
+  if (!c.reclaim) return c.reserve;
+  return std::max(c.reserve, c.held);
+}
+
 std::vector<std::size_t> plan_pressure(const std::vector<PressureCandidate>& sessions, std::int32_t requester_priority,
                                        Bytes shortfall) {
   std::uint64_t covered = 0;
   return take_in_order(
       sessions, [&](const PressureCandidate& c) { return c.priority <= requester_priority && can_give(c) != 0; },
-      can_give, shortfall.value(), covered);
+      counted_on, shortfall.value(), covered);
 }
 
 std::vector<std::size_t> plan_swap(const std::vector<SwapCandidate>& sessions, std::int32_t requester_priority,

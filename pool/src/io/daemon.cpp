@@ -14,6 +14,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -69,6 +70,12 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   settings.pool_idle_release = opts_.pool_idle_release;
   settings.pool_keep = Bytes{opts_.pool_keep};
   settings.pressure_wait = opts_.pressure_wait;
+  settings.reclaim_deadline = opts_.reclaim_deadline;
+  settings.reclaim_skip = opts_.reclaim_skip;
+  // Two readings at least must see a counted grant unrealized before it is revoked.
+  settings.counted_realize = opts_.counted_realize.count() <= 0
+                                 ? std::chrono::milliseconds(0)
+                                 : std::max(opts_.counted_realize, 2 * opts_.sample_interval);
   settings.swap_idle = opts_.swap_idle;
   settings.swap_margin = Bytes{opts_.swap_margin};
   settings.canary_interval = opts_.canary_interval;

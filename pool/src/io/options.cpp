@@ -48,8 +48,19 @@ std::string DaemonOptions::usage() {
          "                           (docs/swap.md; default 30s; 'off' or 0: never)\n"
          "  --swap-margin SIZE       free GPU memory kept beyond what a grant or a restore needs\n"
          "                           before vlaked swaps processes out (default 256MiB)\n"
+         "  --counted-realize DURATION  a counted grant (memory the tenant's process allocates\n"
+         "                           itself) that NVML does not show in the process's figure this\n"
+         "                           long after it was served is revoked, and processes moved to\n"
+         "                           host memory for it come back (docs/swap.md; default 5s, at\n"
+         "                           least two sampling periods; up to 1h; 'off' or 0: never)\n"
          "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
+         "  --reclaim-deadline DURATION  a session asked to give memory back that gives nothing within\n"
+         "                           this loses its turn, and the grant asks every other session at\n"
+         "                           once (10ms..1m, default 250ms)\n"
+         "  --reclaim-skip DURATION  how long a session that gave nothing when asked is not asked\n"
+         "                           again, its reserve and reclaim figures not counted on (1s..1h,\n"
+         "                           default 1m)\n"
          "  --handle-reuse MODE      who a freed handle may serve next: 'tenant' (default) only the\n"
          "                           tenant that held it (its descriptor may still be open there);\n"
          "                           'node' any tenant after zeroing: a tenant that keeps a\n"
@@ -90,10 +101,13 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--warm-reserve",
                                                   "--warm-stock",
                                                   "--pressure-wait-ms",
+                                                  "--reclaim-deadline",
+                                                  "--reclaim-skip",
                                                   "--pool-idle-release",
                                                   "--pool-keep",
                                                   "--swap-idle",
                                                   "--swap-margin",
+                                                  "--counted-realize",
                                                   "--alloc-root",
                                                   "--handle-reuse",
                                                   "--max-sessions-per-tenant",
@@ -192,6 +206,21 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       try {  // DURATION|off: 'off' and 0 turn it off; at most one day
         (arg == "--swap-idle" ? o.swap_idle : o.pool_idle_release) =
             parse_duration_or_off(value, std::chrono::hours(24));
+      } catch (const DurationError& e) {
+        throw OptionsError(arg + ": " + e.what());
+      }
+    } else if (arg == "--counted-realize") {
+      try {  // DURATION|off
+        o.counted_realize = parse_duration_or_off(value, std::chrono::hours(1));
+      } catch (const DurationError& e) {
+        throw OptionsError(arg + ": " + e.what());
+      }
+    } else if (arg == "--reclaim-deadline" || arg == "--reclaim-skip") {
+      const bool deadline = arg == "--reclaim-deadline";
+      try {
+        (deadline ? o.reclaim_deadline : o.reclaim_skip) =
+            deadline ? parse_duration(value, std::chrono::milliseconds(10), std::chrono::minutes(1))
+                     : parse_duration(value, std::chrono::seconds(1), std::chrono::hours(1));
       } catch (const DurationError& e) {
         throw OptionsError(arg + ": " + e.what());
       }

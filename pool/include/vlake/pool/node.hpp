@@ -57,9 +57,11 @@
 #include "vlake/pool/core/outcomes.hpp"
 #include "vlake/pool/core/records.hpp"
 #include "vlake/pool/core/settings.hpp"
+#include "vlake/pool/features/counted/counted_audit.hpp"
 #include "vlake/pool/features/guard/guard_book.hpp"
 #include "vlake/pool/features/ipc/ipc_registry.hpp"
 #include "vlake/pool/features/parking/parking_lot.hpp"
+#include "vlake/pool/features/reclaim/reclaim_trust.hpp"
 #include "vlake/pool/features/swap/swap_book.hpp"
 #include "vlake/pool/features/unhooked/unhooked_book.hpp"
 #include "vlake/pool/nvml_source.hpp"
@@ -151,6 +153,11 @@ class Node {
   // lost ones included). Swap counters are in counters() (swap_outs, swap_ins, ...).
   [[nodiscard]] Bytes swapped_bytes(DeviceOrdinal d) const { return swaps_.on_host(d); }
   [[nodiscard]] const SwapBook& swaps() const noexcept { return swaps_; }
+  // What sessions sent Pressure gave back (docs/pool.md, "Claims and measurements").
+  [[nodiscard]] const ReclaimTrust& reclaim_trust() const noexcept { return reclaim_; }
+  // Counted grants measured against NVML (docs/swap.md, "Counted grants are measured"); observe_gpus
+  // feeds it and revokes what it finds unrealized.
+  [[nodiscard]] const CountedAudit& counted_audit() const noexcept { return counted_audit_; }
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
   // A copy or memset into a shared range of one of the session's grants was refused
   // (docs/guard.md): recorded as a readonly_write event; one naming no grant of the session
@@ -313,8 +320,13 @@ class Node {
                       std::uint64_t used, std::uint64_t limit, std::chrono::milliseconds waited, Now now);
   void record_refused_grant(const Session& s, const proto::GrantRequest& m, const proto::GrantReply& r,
                             std::chrono::steady_clock::time_point received, Now now);
+  // `trust_claims` false: sessions never asked before are asked without being counted on (the
+  // later asks of a grant: docs/pool.md, "Claims and measurements").
   std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall,
-                                         const std::vector<std::uint64_t>& exclude = {}, bool same_namespace = false);
+                                         const std::vector<std::uint64_t>& exclude = {}, bool same_namespace = false,
+                                         bool trust_claims = true);
+  // Closes the asks past their deadline (ReclaimTrust): logs the sessions that gave nothing.
+  void judge_reclaims(Now now);
   std::optional<GrantOut> park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                           const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
                                           const ParkedGrant* retry, bool same_namespace, bool retired);
@@ -326,6 +338,10 @@ class Node {
   [[nodiscard]] Bytes counted_on(const Session& s, DeviceOrdinal d) const;
   [[nodiscard]] bool swaps_possible() const;
   void try_restore(Session& s, Now now);
+  // One NVML reading against the sessions' counted grants (CountedAudit): revokes the unrealized.
+  void audit_counted(const std::vector<GpuSample>& sample, Now now);
+  // Victims moved out for `session` (on `d`; any GPU when nullopt) go back as soon as there is room.
+  void bring_back_victims_of(std::uint64_t session, std::optional<DeviceOrdinal> d);
   void notify(const Session& s, proto::SwapPhase phase);
   Bytes retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace);
   [[nodiscard]] std::chrono::milliseconds wait_of(const Session& s) const;
@@ -363,11 +379,13 @@ class Node {
   std::map<std::string, AllocationInfo> allocs_;  // by allocation id
   std::unique_ptr<Dedup> dedup_;                  // created on first use
   // feature rooms (pool/features/)
-  IpcRegistry ipc_;        // CUDA IPC exports and imports
-  ParkingLot parking_;     // grants waiting for memory
-  SwapBook swaps_;         // swapping to host memory, per session
-  UnhookedBook unhooked_;  // memory outside vlake, per tenant
-  Effects fx_;             // what operations recorded since the last hand_over()
+  IpcRegistry ipc_;             // CUDA IPC exports and imports
+  ParkingLot parking_;          // grants waiting for memory
+  SwapBook swaps_;              // swapping to host memory, per session
+  ReclaimTrust reclaim_;        // what sessions asked to give memory back gave (claims and measurements)
+  CountedAudit counted_audit_;  // counted grants against NVML's figures
+  UnhookedBook unhooked_;       // memory outside vlake, per tenant
+  Effects fx_;                  // what operations recorded since the last hand_over()
   std::uint64_t kept_drops_ = 0;
 
   // slot tables (mirroring the state segment's)

@@ -41,6 +41,11 @@ struct DaemonOptions {
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up
   std::uint64_t warm_stock = 0;                  // --warm-stock: per GPU, sizes in demand (warm_stock.hpp)
   std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms: parked grant's longest wait
+  // Claims and measurements (docs/pool.md, "Pressure protocol"): --reclaim-deadline DURATION (a
+  // session sent Pressure gives something back within it, or loses its turn) and
+  // --reclaim-skip DURATION (for how long).
+  std::chrono::milliseconds reclaim_deadline{250};
+  std::chrono::milliseconds reclaim_skip{60'000};
   // --pool-idle-release DURATION|off: free pool memory idle this long goes back to the driver
   // (0: off); --pool-keep SIZE: unbound free bytes kept per GPU (counting the warm reserve and stock).
   std::chrono::milliseconds pool_idle_release{30'000};
@@ -48,6 +53,9 @@ struct DaemonOptions {
   // Swapping idle processes of overcommit namespaces to host memory (docs/swap.md):
   // --swap-idle DURATION|off (idle this long: may be swapped out; 0: never), --swap-margin SIZE.
   std::chrono::milliseconds swap_idle{30'000};
+  // --counted-realize DURATION|off: a counted grant NVML does not show in its process's figure
+  // this long after it was served is revoked (docs/swap.md; at least two sampling periods).
+  std::chrono::milliseconds counted_realize{5'000};
   std::uint64_t swap_margin = 256ull << 20;
   // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
   bool bind_handles = true;

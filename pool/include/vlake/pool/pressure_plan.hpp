@@ -11,14 +11,18 @@
 //   - candidates are ordered by priority (lowest first), then by idleness (the longest since
 //     their last request first), then by session id;
 //   - they are taken in that order until what they can give covers the shortfall: a session's
-//     reserve, plus, with a reclaim callback, the rest of what it holds (an upper bound: only its
-//     framework knows how much of it is cached rather than in use).
+//     `credible` figure when it has one (what its past answers make believable, ReclaimTrust:
+//     0 for a session whose word is not taken, which is then asked without being counted on),
+//     else its claim (pressure_claim()): its reserve, plus, with a reclaim callback, the rest of
+//     what it holds (an upper bound: only its framework knows how much of it is cached rather
+//     than in use).
 // Pure; thread-safe.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "vlake/common/strong_types.hpp"
@@ -32,7 +36,13 @@ struct PressureCandidate {
   bool reclaim = false;
   std::int32_t priority = 0;
   std::chrono::steady_clock::time_point last_active{};
+  // What the plan counts on it giving (docs/pool.md, "Claims and measurements"); nullopt: its claim.
+  std::optional<Bytes> credible;
 };
+
+// What a candidate claims it can give: its reserve, or with a reclaim callback the larger of
+// that and what it holds.
+Bytes pressure_claim(const PressureCandidate& c);
 
 std::vector<std::size_t> plan_pressure(const std::vector<PressureCandidate>& sessions, std::int32_t requester_priority,
                                        Bytes shortfall);

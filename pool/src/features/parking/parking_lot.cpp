@@ -21,7 +21,7 @@ void ParkingLot::park(ConnId conn, std::uint64_t session, const proto::GrantRequ
   p.received = now;
   p.deadline = now + wait;
   p.asked = std::move(asked);
-  p.next_ask = now + kAskAgain;
+  p.next_ask = now + ask_again_;
   p.same_namespace = same_namespace;
   p.round_at = now;
   grants_.push_back(std::move(p));

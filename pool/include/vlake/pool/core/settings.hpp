@@ -35,6 +35,17 @@ struct NodeSettings {
   // stock or needed a new handle; the results come back through adopt()/build_failed().
   bool background_builds = false;
   std::chrono::milliseconds pressure_wait{500};  // --pressure-wait-ms (0: never park)
+  // Claims and measurements (docs/pool.md, "Pressure protocol"): a session sent Pressure has
+  // reclaim_deadline to give something back; one that gave nothing is not asked again for
+  // reclaim_skip (--reclaim-deadline, --reclaim-skip). A parked grant still short
+  // reclaim_deadline after its last asks asks the others. Both > 0.
+  std::chrono::milliseconds reclaim_deadline{250};
+  std::chrono::milliseconds reclaim_skip{60000};
+  // Counted grants are measured (docs/swap.md): one not in NVML's figure of its process this
+  // long after it was served is revoked (--counted-realize; 0: never), and a session that had
+  // one revoked makes nobody move out for counted_skip.
+  std::chrono::milliseconds counted_realize{5000};
+  std::chrono::milliseconds counted_skip{60000};
   // Swapping idle processes of overcommit namespaces to host memory (docs/swap.md): a process is
   // idle after this long without a CUDA call or request (--swap-idle; 0: never swap), and the
   // GPU keeps this much free beyond what a grant or a restore needs (--swap-margin).

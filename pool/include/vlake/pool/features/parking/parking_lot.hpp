@@ -4,7 +4,7 @@
 //   A grant the GPU cannot serve now is parked here (FIFO) with its deadline and the sessions
 //   asked to give memory back for it. The lot decides when the parked grants are worth trying
 //   again: memory came back since the last retry, a deadline passed, or a grant's next ask is
-//   due (kAskAgain after the last asks; a new round of asks kNewRound after the previous one).
+//   due (ask_again() after the last asks; a new round of asks kNewRound after the previous one).
 //   What a retry does (serve, refuse, ask the next sessions) is the Node's.
 // Ownership: owns its ParkedGrant values. No clock of its own (every rule takes the time).
 // Errors: none (plain containers). Thread-safety: none; the event loop's thread only.
@@ -40,13 +40,16 @@ class ParkingLot {
  public:
   using Time = std::chrono::steady_clock::time_point;
   // A parked grant that memory has not served this long after its last Pressure asks the next
-  // sessions (those asked may have had less cached than they held).
+  // sessions (those asked may have had less cached than they held): kAskAgain unless
+  // set_ask_again() (vlaked's --reclaim-deadline) says otherwise.
   static constexpr std::chrono::milliseconds kAskAgain{250};
+  void set_ask_again(std::chrono::milliseconds d) noexcept { ask_again_ = d; }
+  [[nodiscard]] std::chrono::milliseconds ask_again() const noexcept { return ask_again_; }
   // Once everyone was asked, a new round (what they cached since) starts this long after the last.
   static constexpr std::chrono::milliseconds kNewRound{1000};
 
   // Parks a grant received at `now` until now + wait, `asked` being the sessions just sent
-  // Pressure for it; its next ask is kAskAgain away.
+  // Pressure for it; its next ask is ask_again() away.
   void park(ConnId conn, std::uint64_t session, const proto::GrantRequest& req, Time now,
             std::chrono::milliseconds wait, std::vector<std::uint64_t> asked, bool same_namespace);
   // Parks a grant again (a retry that still waits), at the end of the queue.
@@ -82,6 +85,7 @@ class ParkingLot {
  private:
   std::vector<ParkedGrant> grants_;  // FIFO
   bool returned_ = false;            // memory came back since the last retry
+  std::chrono::milliseconds ask_again_{kAskAgain};
 };
 
 }  // namespace vlake::pool

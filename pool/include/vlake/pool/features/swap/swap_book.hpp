@@ -53,6 +53,11 @@ struct SwapRecord {
   // Not chosen again before this: it did not get ready in time, or its checkpoint failed.
   Time skip_until{};
   std::uint64_t for_session = 0;  // being swapped out to make room for this session (0: none)
+  // On the host: the session it was moved out for (0: none or unknown). restore_asap: that
+  // session's grant was revoked or it ended: it goes back as soon as the GPU has room, without
+  // waiting for its next call (and moving nobody out for it).
+  std::uint64_t moved_for = 0;
+  bool restore_asap = false;
   std::uint32_t outs = 0;
   std::uint32_t ins = 0;
 
@@ -83,6 +88,7 @@ class SwapBook {
   // The session ended.
   void forget(std::uint64_t session) { records_.erase(session); }
   [[nodiscard]] const std::unordered_map<std::uint64_t, SwapRecord>& records() const noexcept { return records_; }
+  [[nodiscard]] std::unordered_map<std::uint64_t, SwapRecord>& records_mut() noexcept { return records_; }
 
   // A new swap id (from 1).
   std::uint64_t next_id() noexcept { return next_id_++; }
