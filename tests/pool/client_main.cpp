@@ -21,6 +21,9 @@
 //                                  refused and why= (the last refusal, spaces as _)
 //   silent SOCKET N                N connections that never say Hello, kept open
 //   counted N BYTES                N counted grants; prints granted, refused
+//   ipcflood N BYTES               an alloc grant of BYTES exported (CUDA IPC), then opened N times
+//                                  by this session, descriptors closed at once, the imports kept;
+//                                  prints opened, refused
 //   stress SOCKET THREADS ITERS MAX_UNITS SEED   threads × iterations of random grant/release,
 //                                  each thread on its own connection; prints grants, denied, errors
 //   connectp SOCKET                Hello with kHelloPressure (reads unsolicited Pressure)
@@ -314,6 +317,35 @@ class Tool {
         (g.reply.status == proto::Status::ok ? granted : refused) += 1;
       }
       return "ok granted=" + std::to_string(granted) + " refused=" + std::to_string(refused);
+    }
+    if (cmd == "ipcflood") {  // one alloc grant exported, then opened N times (the imports stay)
+      int n = 0;
+      std::uint64_t bytes = 0;
+      in >> n >> bytes;
+      PoolClient& c = need_client();
+      const auto g = c.grant(uuid_, bytes, proto::GrantPurpose::alloc);
+      if (g.reply.status != proto::Status::ok)
+        return "err grant status " + std::to_string(static_cast<int>(g.reply.status));
+      auto ex = proto::make<proto::IpcExport>(c.next_request_id());
+      ex.grant_id = g.reply.grant_id;
+      c.send(ex);
+      const auto er = c.recv(10000);
+      if (!er || er->closed) return "err closed";
+      const auto exported = er->as<proto::IpcExportReply>();
+      if (exported.status != proto::Status::ok)
+        return "err export status " + std::to_string(static_cast<int>(exported.status));
+      int opened = 0;
+      int refused = 0;
+      for (int i = 0; i < n; ++i) {
+        auto o = proto::make<proto::IpcOpen>(c.next_request_id());
+        o.token = exported.token;
+        o.secret = exported.secret;
+        c.send(o);
+        const auto r = c.recv(10000);  // its descriptors close with it; the import stays
+        if (!r || r->closed) return "err closed";
+        (r->as<proto::IpcOpenReply>().status == proto::Status::ok ? opened : refused) += 1;
+      }
+      return "ok opened=" + std::to_string(opened) + " refused=" + std::to_string(refused);
     }
     if (cmd == "stress") {
       std::string path;

@@ -1,6 +1,6 @@
 // Fair tables (docs/daemon.md, "Limits"; pool/include/vlake/pool/fair_share.hpp): 8 colluding
-// uids, each within its own caps, cannot fill vlaked's session table, grant table or the
-// connections awaiting Hello so that an honest uid is refused. vlaked runs as a process on the
+// uids (9 for imports), each within its own caps, cannot fill vlaked's session, grant or import
+// table or the connections awaiting Hello so that an honest uid is refused. vlaked runs as a process on the
 // simulator; the colluders and the honest tenant are helper processes of their own uids.
 #include <catch2/catch.hpp>
 
@@ -40,10 +40,9 @@ std::vector<std::string> on_all(std::vector<std::unique_ptr<Helper>>& helpers, c
   return replies;
 }
 
-std::vector<std::unique_ptr<Helper>> colluders(const DaemonProcess& d) {
+std::vector<std::unique_ptr<Helper>> colluders(const DaemonProcess& d, std::uint32_t n = kColluders) {
   std::vector<std::unique_ptr<Helper>> out;
-  for (std::uint32_t u = 0; u < kColluders; ++u)
-    out.push_back(std::make_unique<Helper>(d.node, kFirstUid + u, kFirstUid + u));
+  for (std::uint32_t u = 0; u < n; ++u) out.push_back(std::make_unique<Helper>(d.node, kFirstUid + u, kFirstUid + u));
   return out;
 }
 
@@ -112,4 +111,25 @@ TEST_CASE("fair tables: 8 uids holding every connection awaiting Hello do not ke
   CHECK(live_sessions(*snapshot(d.state)) == 40);
   // Each honest connection closed one of the colluders' oldest silent ones.
   CHECK_THAT(d.log(), Catch::Contains("closed before its Hello: the unauthenticated table is full"));
+}
+
+TEST_CASE("fair tables: 9 uids importing their own IPC handles leave an honest uid its open",
+          "[daemon][limits][fair]") {
+  DaemonProcess d("lfipc", kConfig);
+  REQUIRE(d.start());  // 2048 grants and imports per tenant: 9 × 2047 imports overflow the 16,384-import table
+  std::vector<std::unique_ptr<Helper>> bad = colluders(d, 9);
+  std::uint64_t opened = 0;
+  for (auto& h : bad) {
+    h->ok("connect " + d.socket);
+    const auto kv = reply_fields(h->cmd("ipcflood 2047 " + std::to_string(2 * kMiB), std::chrono::seconds(100)));
+    opened += num(kv, "opened");
+    CHECK(num(kv, "opened") + num(kv, "refused") == 2047);
+  }
+  CHECK(opened < st::kMaxGrants);
+  Helper honest(d.node, kHonestUid, kHonestUid);
+  honest.ok("connect " + d.socket);
+  const auto kv = honest.ok("ipcflood 2 " + std::to_string(2 * kMiB));
+  CHECK(num(kv, "opened") == 2);
+  CHECK(num(kv, "refused") == 0);
+  CHECK_THAT(d.log(), Catch::Contains("import table nearly full: tenant uid:6000"));
 }
