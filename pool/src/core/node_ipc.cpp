@@ -50,17 +50,17 @@ std::uint64_t random_u64() {
 std::size_t Node::imports_of(TenantId t) const {
   // By the importing session's tenant now (a reload may have moved the session).
   std::size_t n = 0;
-  for (const auto& [id, imp] : ipc_.imports()) {
-    const Session* s = session(imp.session);
-    n += (s != nullptr ? s->tenant : imp.tenant) == t ? 1 : 0;
+  for (const auto& [sid, imp] : ipc_.per_session()) {
+    const Session* s = session(sid);
+    n += (s != nullptr ? s->tenant : imp.tenant) == t ? imp.count : 0;
   }
   return n;
 }
 
 std::size_t Node::import_holders() const {
   std::set<TenantId> held;
-  for (const auto& [id, imp] : ipc_.imports()) {
-    const Session* s = session(imp.session);
+  for (const auto& [sid, imp] : ipc_.per_session()) {
+    const Session* s = session(sid);
     held.insert(s != nullptr ? s->tenant : imp.tenant);
   }
   return held.size();
