@@ -17,6 +17,13 @@
 //   drop                           closes the connection, keeps grants and mappings
 //   own BYTES                      creates device memory outside the pool (kept until exit)
 //   meminfo                        used=<total - free> of device 0 (the simulator's physical view)
+//   sessions SOCKET N              N more connections with a Hello each, kept open; prints opened,
+//                                  refused and why= (the last refusal, spaces as _)
+//   silent SOCKET N                N connections that never say Hello, kept open
+//   counted N BYTES                N counted grants; prints granted, refused
+//   ipcflood N BYTES               an alloc grant of BYTES exported (CUDA IPC), then opened N times
+//                                  by this session, descriptors closed at once, the imports kept;
+//                                  prints opened, refused
 //   stress SOCKET THREADS ITERS MAX_UNITS SEED   threads × iterations of random grant/release,
 //                                  each thread on its own connection; prints grants, denied, errors
 //   connectp SOCKET                Hello with kHelloPressure (reads unsolicited Pressure)
@@ -39,6 +46,7 @@
 #include <grp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -272,6 +280,75 @@ class Tool {
       const MemoryInfo m = driver().memory_info(DeviceOrdinal{0});
       return "ok used=" + std::to_string((m.total - m.free).value());
     }
+    if (cmd == "sessions") {  // N more connections, each with a Hello, kept open
+      std::string path;
+      int n = 0;
+      in >> path >> n;
+      int opened = 0;
+      int refused = 0;
+      std::string why;
+      for (int i = 0; i < n; ++i) {
+        try {
+          auto c = std::make_unique<PoolClient>(path);
+          (void)c->hello();
+          extra_.push_back(std::move(c));
+          ++opened;
+        } catch (const std::exception& e) {
+          ++refused;
+          why = e.what();
+        }
+      }
+      std::replace(why.begin(), why.end(), ' ', '_');
+      return "ok opened=" + std::to_string(opened) + " refused=" + std::to_string(refused) + " why=" + why;
+    }
+    if (cmd == "silent") {  // N connections that never say Hello, kept open
+      std::string path;
+      int n = 0;
+      in >> path >> n;
+      for (int i = 0; i < n; ++i) extra_.push_back(std::make_unique<PoolClient>(path));
+      return "ok opened=" + std::to_string(n);
+    }
+    if (cmd == "counted") {  // N counted grants of BYTES each
+      int n = 0;
+      std::uint64_t bytes = 0;
+      in >> n >> bytes;
+      int granted = 0;
+      int refused = 0;
+      for (int i = 0; i < n; ++i) {
+        const auto g = need_client().grant(uuid_, bytes, proto::GrantPurpose::counted);
+        (g.reply.status == proto::Status::ok ? granted : refused) += 1;
+      }
+      return "ok granted=" + std::to_string(granted) + " refused=" + std::to_string(refused);
+    }
+    if (cmd == "ipcflood") {  // one alloc grant exported, then opened N times (the imports stay)
+      int n = 0;
+      std::uint64_t bytes = 0;
+      in >> n >> bytes;
+      PoolClient& c = need_client();
+      const auto g = c.grant(uuid_, bytes, proto::GrantPurpose::alloc);
+      if (g.reply.status != proto::Status::ok)
+        return "err grant status " + std::to_string(static_cast<int>(g.reply.status));
+      auto ex = proto::make<proto::IpcExport>(c.next_request_id());
+      ex.grant_id = g.reply.grant_id;
+      c.send(ex);
+      const auto er = c.recv(10000);
+      if (!er || er->closed) return "err closed";
+      const auto exported = er->as<proto::IpcExportReply>();
+      if (exported.status != proto::Status::ok)
+        return "err export status " + std::to_string(static_cast<int>(exported.status));
+      int opened = 0;
+      int refused = 0;
+      for (int i = 0; i < n; ++i) {
+        auto o = proto::make<proto::IpcOpen>(c.next_request_id());
+        o.token = exported.token;
+        o.secret = exported.secret;
+        c.send(o);
+        const auto r = c.recv(10000);  // its descriptors close with it; the import stays
+        if (!r || r->closed) return "err closed";
+        (r->as<proto::IpcOpenReply>().status == proto::Status::ok ? opened : refused) += 1;
+      }
+      return "ok opened=" + std::to_string(opened) + " refused=" + std::to_string(refused);
+    }
     if (cmd == "stress") {
       std::string path;
       int threads = 0;
@@ -432,6 +509,7 @@ class Tool {
   std::string driver_path_;
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<PoolClient> client_;
+  std::vector<std::unique_ptr<PoolClient>> extra_;  // sessions / silent
   proto::HelloAck ack_{};
   Uuid uuid_{};
   std::map<std::uint64_t, Held> held_;

@@ -634,7 +634,10 @@ TEST_CASE("node: a full session table refuses with limit_reached and a clear tex
   NodeSettings settings;
   settings.max_sessions_per_tenant = st::kMaxSessions;
   World w("version: 1\ndefault: {limit: 100%}\n", settings);
-  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i) w.hello(i + 1, 1000 + i, 1000 + i % 8);
+  // Filled as fair shares allow (fair_share.hpp): 4 uids × 128 take the first half, 8 uids × 64
+  // (their share of the last half) the rest.
+  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i)
+    w.hello(i + 1, 1000 + i, i < 512 ? 1000 + i / 128 : 1004 + (i - 512) / 64);
   const Fatal f = refused_hello(w, 9000, 9000, 1001);
   CHECK(f.status == proto::Status::limit_reached);
   CHECK(f.text == "session table full: 1024 of 1024 sessions in use");

@@ -104,3 +104,43 @@ TEST_CASE("parking: asks again after kAskAgain, a new round once everyone was as
   notes[1].session = 21;
   CHECK(asked_of(notes) == std::vector<std::uint64_t>{20, 21});
 }
+
+TEST_CASE("parking: a release retries only the grants the memory it frees could serve", "[pool][parking]") {
+  ParkingLot lot;
+  // GPU 0: 64 MiB grants of tenants 1..8 (8 each), one of 2 MiB; GPU 1: one of 4 MiB.
+  for (std::uint32_t t = 1; t <= 8; ++t) {
+    for (int i = 0; i < 8; ++i) {
+      lot.park(t, t, request(64 << 20), kT0, 600000ms, {}, false, TenantId{t}, DeviceOrdinal{0}, Bytes{64 << 20});
+    }
+  }
+  lot.park(20, 20, request(2 << 20), kT0, 600000ms, {}, false, TenantId{20}, DeviceOrdinal{0}, Bytes{2 << 20});
+  lot.park(21, 21, request(4 << 20), kT0, 600000ms, {}, false, TenantId{21}, DeviceOrdinal{1}, Bytes{4 << 20});
+  CHECK(lot.size() == 66);
+  CHECK(lot.parked_of(TenantId{3}) == 8);
+  CHECK(lot.parked_of(TenantId{9}) == 0);
+  // 8 MiB came back on GPU 0: only the 2 MiB grant fits; GPU 1 has nothing.
+  lot.memory_returned();
+  std::vector<ParkedGrant> todo = lot.begin_retry(kT0 + 1ms, {Bytes{8 << 20}, Bytes{0}});
+  REQUIRE(todo.size() == 1);
+  CHECK(todo[0].session == 20);
+  CHECK(lot.examined() == 1);
+  CHECK(lot.size() == 65);
+  CHECK(lot.of_session(20) == nullptr);
+  lot.park_again(todo[0]);
+  // 130 MiB: the 2 MiB and two 64 MiB grants (smallest first, while they add up), oldest first.
+  lot.memory_returned();
+  todo = lot.begin_retry(kT0 + 2ms, {Bytes{130 << 20}, Bytes{0}});
+  REQUIRE(todo.size() == 3);
+  CHECK(todo[0].session == 1);
+  CHECK(todo[1].session == 1);
+  CHECK(todo[2].session == 20);
+  CHECK(lot.examined() == 4);
+  for (ParkedGrant& p : todo) lot.park_again(std::move(p));
+  // Without memory coming back nothing is retried before the first ask is due; then all are.
+  CHECK_FALSE(lot.due(kT0 + 3ms));
+  CHECK(lot.begin_retry(kT0 + 3ms, {Bytes{1ull << 40}, Bytes{1ull << 40}}).empty());
+  CHECK(lot.next_wakeup() == kT0 + ParkingLot::kAskAgain);
+  CHECK(lot.begin_retry(kT0 + ParkingLot::kAskAgain, {Bytes{0}, Bytes{0}}).size() == 66);
+  CHECK(lot.empty());
+  CHECK(lot.parked_of(TenantId{3}) == 0);
+}

@@ -2,6 +2,8 @@
 // threads, NVML attribution (fake NVML). The state segment's tests are in tests/contracts.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -151,21 +153,63 @@ TEST_CASE("connection limits: per-peer cap, awaiting-Hello caps, Hello deadline"
   CHECK(l.admit(6, b, t0) == ConnLimits::Admit::ok);
   CHECK(l.admit(7, b, t0 + milliseconds(50)) == ConnLimits::Admit::ok);
   CHECK(l.unauthenticated() == 3);  // 2, 6, 7
-  CHECK(l.admit(8, ConnLimits::peer_of(1002, ""), t0) == ConnLimits::Admit::ok);
-  CHECK(l.admit(9, ConnLimits::peer_of(1003, ""), t0) == ConnLimits::Admit::unauthenticated_cap);
+  const std::string c = ConnLimits::peer_of(1002, "");
+  CHECK(l.admit(8, c, t0) == ConnLimits::Admit::ok);
+  CHECK(l.take_evicted().empty());
+  // The table is full (2, 6, 7, 8): a newcomer of a peer holding none evicts the oldest of the
+  // peer holding the most (b: 6).
+  CHECK(l.admit(9, ConnLimits::peer_of(1003, ""), t0) == ConnLimits::Admit::ok);
+  CHECK(l.take_evicted() == std::vector<std::uint64_t>{6});
+  CHECK(l.take_evicted().empty());
+  CHECK(l.unauthenticated() == 4);
+  // Every peer holds one now: a second of c's is refused (it would hold the most).
+  CHECK(l.admit(10, c, t0) == ConnLimits::Admit::unauthenticated_cap);
+  CHECK(l.describe(ConnLimits::Admit::unauthenticated_cap, c) ==
+        "unauthenticated cap: 4 of 4 connections await Hello (vlaked --max-unauthenticated), no peer holds more of "
+        "them than uid 1002");
+  CHECK(l.take_evicted().empty());
   CHECK(l.next_deadline() == t0 + milliseconds(100));
   CHECK(l.expired(t0 + milliseconds(99)).empty());
   std::vector<std::uint64_t> late = l.expired(t0 + milliseconds(100));
   std::sort(late.begin(), late.end());
-  CHECK(late == std::vector<std::uint64_t>{2, 6, 8});
+  CHECK(late == std::vector<std::uint64_t>{2, 8, 9});
   CHECK(l.next_deadline() == t0 + milliseconds(150));
   CHECK(l.connections(a) == 2);  // 1 and 4; 2 expired
+  CHECK(l.connections(b) == 1);  // 7; 6 evicted
   l.closed(1);
   l.closed(4);
   l.closed(4);  // twice: ignored
+  l.closed(6);  // evicted: already forgotten
   CHECK(l.connections(a) == 0);
   CHECK(l.expired(t0 + seconds(1)) == std::vector<std::uint64_t>{7});
   CHECK_FALSE(l.next_deadline().has_value());
+}
+
+TEST_CASE("connection limits: silent connections of many peers only displace their own", "[pool][limits]") {
+  using namespace std::chrono;
+  // 8 peers × 64 silent connections fill the 512 awaiting Hello; an honest peer's connections
+  // each evict the oldest of a flooding peer, never one of its own.
+  ConnLimits l(ConnLimitSettings{256, 512, 64, milliseconds(5000)});
+  const auto t0 = steady_clock::time_point(hours(1));
+  std::uint64_t id = 1;
+  for (int i = 0; i < 64; ++i) {
+    for (std::uint32_t u = 0; u < 8; ++u)
+      REQUIRE(l.admit(id++, ConnLimits::peer_of(60001 + u, ""), t0 + milliseconds(i)) == ConnLimits::Admit::ok);
+  }
+  REQUIRE(l.unauthenticated() == 512);
+  REQUIRE(l.take_evicted().empty());
+  const std::string honest = ConnLimits::peer_of(4200, "");
+  std::set<std::uint64_t> mine;
+  for (int i = 0; i < 40; ++i) {
+    mine.insert(id);
+    CHECK(l.admit(id++, honest, t0 + seconds(1)) == ConnLimits::Admit::ok);
+    CHECK(l.take_evicted().size() == 1);
+    // Each flooding peer reconnects at once: it may displace another flooder, never the honest.
+    for (std::uint32_t u = 0; u < 8; ++u) (void)l.admit(id++, ConnLimits::peer_of(60001 + u, ""), t0 + seconds(1));
+    for (std::uint64_t e : l.take_evicted()) CHECK(mine.count(e) == 0);
+  }
+  CHECK(l.connections(honest) == 40);
+  CHECK(l.unauthenticated() == 512);
 }
 
 TEST_CASE("log limiter: a burst per key, then one line per token with the suppressed count", "[pool][limits]") {

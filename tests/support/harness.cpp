@@ -83,6 +83,9 @@ testsupport::Spawn DaemonProcess::spawn_spec(const std::vector<std::string>& ext
   spec.argv.insert(spec.argv.end(), {"--warm-stock", "0"});
   spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
   spec.env = child_env(node, devices);
+  for (std::string& kv : *spec.env) {
+    if (kv.rfind("VLAKE_SIM_DEVICE_MEMORY=", 0) == 0) kv = "VLAKE_SIM_DEVICE_MEMORY=" + device_memory;
+  }
   spec.out = testsupport::Stream::null;
   spec.err = testsupport::Stream::file;
   spec.err_file = log_path;

@@ -69,6 +69,9 @@ class DaemonProcess {
   std::string config;
   std::string log_path;
   int devices = 1;  // GPUs of the simulated node (set before start())
+  // Memory of each simulated GPU as the daemon sees it (set before start(); helpers that map
+  // memory use 1GiB, so only tests whose helpers do not touch the simulated GPU change it).
+  std::string device_memory = "1GiB";
 
  private:
   [[nodiscard]] testsupport::Spawn spawn_spec(const std::vector<std::string>& extra) const;

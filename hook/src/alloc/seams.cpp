@@ -49,7 +49,9 @@ struct Refusal {
 const Refusal* refusal_of(Status status) {
   static constexpr Refusal kOverLimit{"", "tenant", false, "limit"};
   static constexpr Refusal kNamespaceOverLimit{"", "the namespace of tenant", false, "limit"};
-  static constexpr Refusal kLimitReached{"", "tenant", true, "grants (vlaked's grant cap, or its grant table is full)"};
+  static constexpr Refusal kLimitReached{"", "tenant", true,
+                                         "grants (vlaked's grant cap, its cap on grants waiting for memory, or its "
+                                         "fair share of the grant table)"};
   static constexpr Refusal kGuarantee{"the rest of the GPU is guaranteed to other namespaces; ", "tenant", false,
                                       "limit"};
   static constexpr Refusal kOutOfMemory{"the GPU is full (the node pool has no memory left); ", "tenant", false,

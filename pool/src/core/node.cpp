@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include <stdexcept>
 #include "vlake/common/fixed_chars.hpp"
@@ -168,6 +169,22 @@ std::size_t Node::sessions_of(TenantId t) const {
   std::size_t n = 0;
   for (const auto& [id, s] : sessions_) n += s.tenant == t ? 1 : 0;
   return n;
+}
+
+std::size_t Node::session_holders() const {
+  std::set<TenantId> held;
+  for (const auto& [id, s] : sessions_) held.insert(s.tenant);
+  return held.size();
+}
+
+std::size_t Node::grant_holders() const {
+  // By the sessions' grant lists, as grants_of() counts (grants held only for IPC imports after
+  // their owner released them are not counted).
+  std::set<TenantId> held;
+  for (const auto& [id, s] : sessions_) {
+    if (!s.grants.empty()) held.insert(s.tenant);
+  }
+  return held.size();
 }
 
 std::size_t Node::grants_of(TenantId t) const {
@@ -452,14 +469,24 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       out.answer = Fatal{proto::Status::limit_reached, text};
       return out;
     }
-    const std::optional<std::uint32_t> slot = free_slot(session_slots_);
+    // The session table is shared fairly (fair_share.hpp): near full, a tenant holding its
+    // share already is refused, so colluding tenants cannot take the last sessions.
+    const FairShare::Table table{sessions_.size(),
+                                 session_share_.contended(sessions_.size()) ? session_holders() : std::size_t{0}};
+    const FairShare::Verdict verdict = session_share_.decide(table, held);
+    const std::optional<std::uint32_t> slot =
+        verdict == FairShare::Verdict::admit ? free_slot(session_slots_) : std::nullopt;
     if (!slot) {
-      ++counters_.denials_other;
-      const std::string text = "session table full: " + std::to_string(sessions_.size()) + " of " +
-                               std::to_string(st::kMaxSessions) + " sessions in use";
-      record_refusal(t->id, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, sessions_.size(), st::kMaxSessions,
+      const bool full = verdict != FairShare::Verdict::over_fair_share;
+      if (full) ++counters_.denials_other;
+      else ++counters_.denials_session_cap;
+      const std::string text = session_share_.describe(full ? FairShare::Verdict::table_full : verdict, "session",
+                                                       "tenant " + t->name, table, held);
+      record_refusal(t->id, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, full ? sessions_.size() : held,
+                     full ? st::kMaxSessions : session_share_.fair_share(table.owners + (held == 0 ? 1 : 0)),
                      std::chrono::milliseconds{0}, Now{when, 0});
-      limited_.write(LogLevel::error, "session table", "session refused for " + who + ": " + text, when);
+      limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "session table" : "session share " + t->name,
+                     "session refused for " + who + ": " + text, when);
       out.answer = Fatal{proto::Status::limit_reached, text};
       free_tenant_if_idle(tid);
       return out;

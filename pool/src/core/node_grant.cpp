@@ -235,16 +235,26 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
   const Bytes bytes = admitted.bytes;
   proto::GrantReply& reply = admitted.reply;
   Accounting::Reservation& res = admitted.res;
-  const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
+  // The grant table is shared fairly (fair_share.hpp): near full, a tenant holding its share
+  // already is refused, so colluding tenants cannot take the last grants.
+  const bool contended = grant_share_.contended(grants_.size());
+  const std::size_t held = contended ? grants_of(t.id) : 0;
+  const FairShare::Table table{grants_.size(), contended ? grant_holders() : std::size_t{0}};
+  const FairShare::Verdict verdict = grant_share_.decide(table, held);
+  const std::optional<std::uint32_t> slot =
+      verdict == FairShare::Verdict::admit ? free_slot(grant_slots_) : std::nullopt;
   if (!slot) {
-    ++counters_.denials_other;
-    limited_.write(LogLevel::error, "grant table",
-                   "tenant " + t.name + ": grant refused: grant table full: " + std::to_string(grants_.size()) +
-                       " of " + std::to_string(st::kMaxGrants) + " grants in use",
-                   now.steady);
+    const bool full = verdict != FairShare::Verdict::over_fair_share;
+    const std::string text = grant_share_.describe(full ? FairShare::Verdict::table_full : verdict, "grant",
+                                                   "tenant " + t.name, table, held);
+    if (full) ++counters_.denials_other;
+    else ++counters_.denials_grant_cap;
+    limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "grant table" : "grant share " + t.name,
+                   "tenant " + t.name + ": grant refused: " + text, now.steady);
+    // used/limit: the table's use and size, or the tenant's grants and its fair share.
     reply.status = proto::Status::limit_reached;
-    reply.used = grants_.size();
-    reply.limit = st::kMaxGrants;
+    reply.used = full ? grants_.size() : held;
+    reply.limit = full ? st::kMaxGrants : grant_share_.fair_share(table.owners + (held == 0 ? 1 : 0));
     return Refused{reply};  // the reservation rolls back
   }
   Grant g;
@@ -569,6 +579,7 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
     return std::nullopt;
   }
   if (wait.count() <= 0) return std::nullopt;
+  if (auto capped = over_parked_cap(s, t, dev, m, bytes, now)) return capped;
   std::vector<PressureNote> notes = pressure_for(s, dev, shortfall, {}, same_namespace);
   // Kept mappings other processes are dropping (docs/hook.md) return memory as well (the
   // requester's own come back when it drops them after this refusal and asks again).
@@ -577,7 +588,7 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   if (notes.empty() && !retired && own.count() == 0 && dev.pool->pinned_bytes(s.id).value() == 0) {
     return std::nullopt;
   }
-  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), same_namespace);
+  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), same_namespace, t.id, dev.ordinal, bytes);
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "parked " + t.name,
                  "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
@@ -585,6 +596,30 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
                      " ms while memory is given back",
                  steady_now());
   return GrantOut{Parked{std::move(notes)}};
+}
+
+// A grant about to park while its tenant has max_parked_per_tenant grants parked already:
+// refused limit_reached (used/limit: its parked grants and the cap), so that one tenant's waits
+// cannot make every release's retry work large. nullopt: it may park.
+std::optional<GrantOut> Node::over_parked_cap(const Session& s, const Tenant& t, const Device& dev,
+                                              const proto::GrantRequest& m, Bytes bytes, Now now) {
+  const std::size_t parked = parking_.parked_of(t.id);
+  if (parked < settings_.max_parked_per_tenant) return std::nullopt;
+  ++counters_.denials_grant_cap;
+  proto::GrantReply reply{};
+  reply.h = proto::make_header<proto::GrantReply>(proto::MsgType::grant_reply, m.h.request_id);
+  reply.status = proto::Status::limit_reached;
+  reply.bytes = bytes.value();
+  reply.used = parked;
+  reply.limit = settings_.max_parked_per_tenant;
+  limited_.warn("parked cap " + t.name,
+                "tenant " + t.name + ": GPU " + std::to_string(dev.ordinal.value()) + ": grant of " +
+                    std::to_string(bytes.value()) + " bytes (session " + std::to_string(s.id) +
+                    ") refused: parked cap: " + std::to_string(parked) + " of " +
+                    std::to_string(settings_.max_parked_per_tenant) +
+                    " grants wait for memory already (vlaked --max-parked-per-tenant)",
+                now.steady);
+  return GrantOut{Refused{reply}};
 }
 
 // Retires free handles bound to tenants other than `t` (of t's namespace only with
@@ -709,7 +744,15 @@ void Node::judge_reclaims(Now now) {
 }
 
 void Node::retry_parked(Now now) {
-  const std::vector<ParkedGrant> todo = parking_.begin_retry();
+  // What each GPU could serve now (its free pool and the driver's free memory): a release only
+  // retries the parked grants that fit in it (ParkingLot::begin_retry).
+  std::vector<Bytes> servable;
+  for (Device& d : devices_) {
+    const auto i = static_cast<std::size_t>(d.ordinal.value());
+    if (servable.size() <= i) servable.resize(i + 1, Bytes{0});
+    servable[i] = d.pool->free_bytes() + device_free(d);
+  }
+  const std::vector<ParkedGrant> todo = parking_.begin_retry(now.steady, servable);
   std::vector<Completion>& done = fx_.completions;
   for (std::size_t i = 0; i < todo.size(); ++i) {
     const ParkedGrant& p = todo[i];

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 #include "vlake/contracts/codec.hpp"
@@ -49,11 +50,20 @@ std::uint64_t random_u64() {
 std::size_t Node::imports_of(TenantId t) const {
   // By the importing session's tenant now (a reload may have moved the session).
   std::size_t n = 0;
-  for (const auto& [id, imp] : ipc_.imports()) {
-    const Session* s = session(imp.session);
-    n += (s != nullptr ? s->tenant : imp.tenant) == t ? 1 : 0;
+  for (const auto& [sid, imp] : ipc_.per_session()) {
+    const Session* s = session(sid);
+    n += (s != nullptr ? s->tenant : imp.tenant) == t ? imp.count : 0;
   }
   return n;
+}
+
+std::size_t Node::import_holders() const {
+  std::set<TenantId> held;
+  for (const auto& [sid, imp] : ipc_.per_session()) {
+    const Session* s = session(sid);
+    held.insert(s != nullptr ? s->tenant : imp.tenant);
+  }
+  return held.size();
 }
 
 std::variant<proto::IpcExportReply, Malformed> Node::ipc_export(std::uint64_t session, const proto::IpcExport& m) {
@@ -139,12 +149,20 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
     r.status = proto::Status::limit_reached;
     return out;
   }
-  if (ipc_.imports().size() >= st::kMaxGrants) {
-    ++counters_.denials_other;
-    limited_.write(
-        LogLevel::error, "import table",
-        "tenant " + me.name + ": IPC open refused: import table full (" + std::to_string(st::kMaxGrants) + ")",
-        now.steady);
+  // The import table is shared fairly (fair_share.hpp): near full, a tenant holding its share
+  // of imports already is refused, so colluding tenants cannot take the last imports.
+  const std::size_t imports = ipc_.imports().size();
+  const bool contended = import_share_.contended(imports);
+  const std::size_t mine = contended ? imports_of(me.id) : 0;
+  const FairShare::Table table{imports, contended ? import_holders() : std::size_t{0}};
+  if (const FairShare::Verdict v = import_share_.decide(table, mine); v != FairShare::Verdict::admit) {
+    const bool full = v == FairShare::Verdict::table_full;
+    if (full) ++counters_.denials_other;
+    else ++counters_.denials_grant_cap;
+    limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "import table" : "import share " + me.name,
+                   "tenant " + me.name +
+                       ": IPC open refused: " + import_share_.describe(v, "import", "tenant " + me.name, table, mine),
+                   now.steady);
     r.status = proto::Status::limit_reached;
     return out;
   }

@@ -89,8 +89,8 @@ Node::Wait Node::wait_of_session(const Session& s) const {
   if (!parked && !restoring_wait) return w;  // most sessions: no walk over the others
   // Sessions being swapped out for it.
   const std::vector<std::uint64_t> swapping = swaps_.swapping_for(s.id);
-  for (const ParkedGrant& p : parking_.grants()) {
-    if (p.session != s.id) continue;
+  if (const ParkedGrant* oldest = parking_.of_session(s.id)) {
+    const ParkedGrant& p = *oldest;
     const Device* dev = device_by_uuid(p.req.device_uuid);
     w.kind = st::kWaitMemory;
     w.device = dev != nullptr ? dev->ordinal : DeviceOrdinal{0};
@@ -98,7 +98,6 @@ Node::Wait Node::wait_of_session(const Session& s) const {
     w.since = p.received;
     w.deadline = p.deadline;
     w.waits_for = p.asked;
-    break;  // the oldest
   }
   if (w.kind == st::kWaitNone && restoring_wait) {
     w.kind = st::kWaitRestore;
@@ -198,9 +197,10 @@ std::optional<GrantOut> Node::make_room(ConnId conn, const Session& s, Device& d
     return GrantOut{Parked{}};
   }
   if (wait.count() <= 0) return std::nullopt;
+  if (auto capped = over_parked_cap(s, tenants_.at(s.tenant.value()), dev, m, bytes, now)) return capped;
   std::vector<PressureNote> notes = pressure_for(s, dev, shortfall, {}, false);
   const Bytes coming = swaps_.swapping_out(dev.ordinal);
-  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), false);
+  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), false, s.tenant, dev.ordinal, bytes);
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "room " + std::to_string(s.id),
                  "GPU " + std::to_string(dev.ordinal.value()) + ": " + std::to_string(bytes.value() >> 20) +

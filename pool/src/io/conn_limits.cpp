@@ -20,7 +20,7 @@ std::string ConnLimits::describe(Admit a, const std::string& peer) const {
              " connections (vlaked --max-connections-per-uid)";
     case Admit::unauthenticated_cap:
       return "unauthenticated cap: " + std::to_string(waiting_.size()) + " of " + std::to_string(s_.unauthenticated) +
-             " connections await Hello (vlaked --max-unauthenticated)";
+             " connections await Hello (vlaked --max-unauthenticated), no peer holds more of them than " + peer;
     case Admit::unauthenticated_peer_cap:
       return "unauthenticated cap: " + peer + " has " + count(waiting_per_peer_, peer) + " of " +
              std::to_string(s_.unauthenticated_per_peer) +
@@ -35,8 +35,9 @@ ConnLimits::Admit ConnLimits::admit(std::uint64_t conn, const std::string& peer,
     return it == m.end() ? 0u : it->second;
   };
   if (count(per_peer_) >= s_.per_peer) return Admit::peer_cap;
-  if (waiting_.size() >= s_.unauthenticated) return Admit::unauthenticated_cap;
   if (count(waiting_per_peer_) >= s_.unauthenticated_per_peer) return Admit::unauthenticated_peer_cap;
+  if (waiting_.size() >= s_.unauthenticated && !evict_for(peer, count(waiting_per_peer_)))
+    return Admit::unauthenticated_cap;
   ++per_peer_[peer];
   ++waiting_per_peer_[peer];
   const Clock::time_point deadline = now + s_.hello_timeout;
@@ -57,6 +58,28 @@ void ConnLimits::unwait(std::uint64_t conn, Conn& c) {
   }
   auto w = waiting_per_peer_.find(c.peer);
   if (w != waiting_per_peer_.end() && --w->second == 0) waiting_per_peer_.erase(w);
+}
+
+bool ConnLimits::evict_for(const std::string& peer, std::uint32_t held) {
+  const std::string* most = nullptr;
+  std::uint32_t n = 0;
+  for (const auto& [p, k] : waiting_per_peer_) {
+    if (k > n) {
+      n = k;
+      most = &p;
+    }
+  }
+  if (most == nullptr || n <= held || *most == peer) return false;
+  // Its oldest: the earliest deadline (every connection waits the same timeout).
+  const std::string victim = *most;
+  for (const auto& [deadline, conn] : waiting_) {
+    if (conns_.at(conn).peer != victim) continue;
+    const std::uint64_t id = conn;
+    closed(id);
+    evicted_.push_back(id);
+    return true;
+  }
+  return false;
 }
 
 void ConnLimits::authenticated(std::uint64_t conn) {

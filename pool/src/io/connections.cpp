@@ -1,6 +1,7 @@
 // vlaked's connections (Daemon::Impl, daemon_impl.hpp): accepting them on the node socket and
 // on allocation sockets (the peer's SO_PEERCRED, the per-uid and awaiting-Hello caps of
-// ConnLimits, conn_limits.hpp), running out of descriptors without a busy loop, the Hello
+// ConnLimits, conn_limits.hpp; at the awaiting-Hello total, the oldest silent connection of the
+// peer holding the most is closed for a newcomer), running out of descriptors without a busy loop, the Hello
 // deadline, and closing a connection (its queued grants undone, its session told).
 //
 // A refused connection is closed at once, nothing read from it nor sent; refusals are counted
@@ -52,6 +53,19 @@ void Daemon::Impl::on_accept(int listen_fd, const std::string& alloc_id, Source 
           "connection refused " + peer,
           "connection from pid " + std::to_string(cred.pid) + " closed: " + conn_limits_.describe(admit, peer), t);
       continue;
+    }
+    // Silent connections of the peer holding the most of them made room for this one.
+    for (const std::uint64_t old : conn_limits_.take_evicted()) {
+      auto it = conns_.find(old);
+      if (it == conns_.end()) continue;
+      node_->count_unauthenticated();
+      node_->log_limiter().warn("evicted uid " + std::to_string(it->second.uid),
+                                "connection " + std::to_string(old) + " (pid " + std::to_string(it->second.pid) +
+                                    ", uid " + std::to_string(it->second.uid) +
+                                    ") closed before its Hello: the unauthenticated table is full (vlaked "
+                                    "--max-unauthenticated) and its peer holds the most connections awaiting Hello",
+                                t);
+      close_connection(old);
     }
     poller_.add(fd.get(), Source::conn, serial);
     log_.debug("connection " + std::to_string(serial) + " from pid " + std::to_string(cred.pid) + " uid " +

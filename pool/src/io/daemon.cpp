@@ -82,6 +82,7 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   settings.daemon_pid = static_cast<std::uint32_t>(::getpid());
   settings.max_sessions_per_tenant = opts_.max_sessions_per_tenant;
   settings.max_grants_per_tenant = opts_.max_grants_per_tenant;
+  settings.max_parked_per_tenant = opts_.max_parked_per_tenant;
   settings.guard_event_rate = opts_.guard_event_rate;
   settings.guard_event_burst = opts_.guard_event_burst;
   settings.bind_handles = opts_.bind_handles;
@@ -140,8 +141,8 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   log_.info("serving " + opts_.socket + " (" + std::to_string(node_->devices().size()) + " GPU(s), driver " +
             driver_->name() + ", state " + st::segment_path(opts_.state) + ")");
   log_.info("limits: " + std::to_string(opts_.max_sessions_per_tenant) + " sessions and " +
-            std::to_string(opts_.max_grants_per_tenant) + " grants per tenant, " +
-            std::to_string(opts_.max_connections_per_uid) + " connections per uid, " +
+            std::to_string(opts_.max_grants_per_tenant) + " grants (" + std::to_string(opts_.max_parked_per_tenant) +
+            " parked) per tenant, " + std::to_string(opts_.max_connections_per_uid) + " connections per uid, " +
             std::to_string(opts_.max_unauthenticated) + " awaiting Hello (" +
             std::to_string(opts_.max_unauthenticated_per_uid) + " per uid, " +
             std::to_string(opts_.hello_timeout.count()) + " ms), " + std::to_string(nofile) + " descriptors");

@@ -70,6 +70,8 @@ std::string DaemonOptions::usage() {
          "  limits against hostile tenants (docs/daemon.md, \"Limits\"):\n"
          "  --max-sessions-per-tenant N      sessions one tenant may hold, 1..1024 (default 128)\n"
          "  --max-grants-per-tenant N        grants one tenant may hold, 1..16384 (default 2048)\n"
+         "  --max-parked-per-tenant N        grants of one tenant waiting for memory at once, 1..16384\n"
+         "                                   (default 32; one more is refused limit_reached)\n"
          "  --max-connections-per-uid N      connections one uid (one allocation) may hold, 1..65536\n"
          "                                   (default 256)\n"
          "  --max-unauthenticated N          connections awaiting their Hello, in all, 1..65536 (default 512)\n"
@@ -112,6 +114,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--handle-reuse",
                                                   "--max-sessions-per-tenant",
                                                   "--max-grants-per-tenant",
+                                                  "--max-parked-per-tenant",
                                                   "--max-connections-per-uid",
                                                   "--max-unauthenticated",
                                                   "--max-unauthenticated-per-uid",
@@ -239,6 +242,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       o.max_sessions_per_tenant = static_cast<std::uint32_t>(number(1, 1024));
     } else if (arg == "--max-grants-per-tenant") {
       o.max_grants_per_tenant = static_cast<std::uint32_t>(number(1, 16384));
+    } else if (arg == "--max-parked-per-tenant") {
+      o.max_parked_per_tenant = static_cast<std::uint32_t>(number(1, 16384));
     } else if (arg == "--max-connections-per-uid") {
       o.max_connections_per_uid = static_cast<std::uint32_t>(number(1, 65536));
     } else if (arg == "--max-unauthenticated") {

@@ -57,6 +57,7 @@
 #include "vlake/pool/core/outcomes.hpp"
 #include "vlake/pool/core/records.hpp"
 #include "vlake/pool/core/settings.hpp"
+#include "vlake/pool/fair_share.hpp"
 #include "vlake/pool/features/counted/counted_audit.hpp"
 #include "vlake/pool/features/guard/guard_book.hpp"
 #include "vlake/pool/features/ipc/ipc_registry.hpp"
@@ -118,6 +119,10 @@ class Node {
   // Sessions and grants a tenant holds now (what the caps count).
   [[nodiscard]] std::size_t sessions_of(TenantId t) const;
   [[nodiscard]] std::size_t grants_of(TenantId t) const;
+  // Tenants holding at least one session / grant / import (the fair shares' owner counts).
+  [[nodiscard]] std::size_t session_holders() const;
+  [[nodiscard]] std::size_t grant_holders() const;
+  [[nodiscard]] std::size_t import_holders() const;
 
   // ---- requests of a bound session (`session` is the connection's)
   GrantOut grant(ConnId conn, std::uint64_t session, const proto::GrantRequest& m, Now now);
@@ -267,6 +272,8 @@ class Node {
   [[nodiscard]] Bytes dedup_logical(DeviceOrdinal d) const;
   [[nodiscard]] Bytes dedup_physical(DeviceOrdinal d) const;
   [[nodiscard]] std::size_t parked() const noexcept { return parking_.size(); }
+  // Parked grants retried since start (the retry work: a release retries only those it could serve).
+  [[nodiscard]] std::uint64_t parked_examined() const noexcept { return parking_.examined(); }
   // Everything that changed since the last call (the publisher's), and a look without taking. The
   // sessions waiting for memory (parked grants) now or at the previous call are always included.
   Changes changes_to_publish();
@@ -330,6 +337,8 @@ class Node {
   std::optional<GrantOut> park_or_timeout(ConnId conn, const Session& s, const Tenant& t, Device& dev,
                                           const proto::GrantRequest& m, Bytes bytes, Bytes shortfall, Now now,
                                           const ParkedGrant* retry, bool same_namespace, bool retired);
+  std::optional<GrantOut> over_parked_cap(const Session& s, const Tenant& t, const Device& dev,
+                                          const proto::GrantRequest& m, Bytes bytes, Now now);
   std::optional<GrantOut> make_room(ConnId conn, const Session& s, Device& dev, const proto::GrantRequest& m,
                                     Bytes bytes, Now now, const ParkedGrant* retry);
   Bytes start_swaps(const Session& requester, const Device& dev, Bytes need, Now now);
@@ -393,6 +402,11 @@ class Node {
   std::vector<bool> namespace_slots_ = std::vector<bool>(st::kMaxNamespaces);
   std::vector<bool> session_slots_ = std::vector<bool>(st::kMaxSessions);
   std::vector<bool> grant_slots_ = std::vector<bool>(st::kMaxGrants);
+  // Who may take the last entries of the session, grant and import tables (fair_share.hpp,
+  // docs/daemon.md "Limits").
+  FairShare session_share_{st::kMaxSessions};
+  FairShare grant_share_{st::kMaxGrants};
+  FairShare import_share_{st::kMaxGrants};
 
   // what the state segment carries across restarts
   st::Counters counters_{};

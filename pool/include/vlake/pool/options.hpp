@@ -63,6 +63,7 @@ struct DaemonOptions {
   // Limits against hostile tenants (docs/daemon.md, "Limits").
   std::uint32_t max_sessions_per_tenant = 128;     // of the 1,024-session table
   std::uint32_t max_grants_per_tenant = 2048;      // of the 16,384-grant table
+  std::uint32_t max_parked_per_tenant = 32;        // grants waiting for memory at once
   std::uint32_t max_connections_per_uid = 256;     // per uid (per allocation on its socket)
   std::uint32_t max_unauthenticated = 512;         // connections awaiting Hello, in all
   std::uint32_t max_unauthenticated_per_uid = 64;  // connections awaiting Hello, per uid

@@ -39,6 +39,8 @@ const ImportRecord& IpcRegistry::open(std::uint64_t session, TenantId tenant, st
   Export& e = grants_[grant];
   ++e.imports;
   e.imported = true;
+  SessionImports& mine = per_session_[session];
+  if (mine.count++ == 0) mine.tenant = tenant;
   return imports_.emplace(imp.id, imp).first->second;
 }
 
@@ -47,6 +49,9 @@ std::optional<IpcRegistry::Closed> IpcRegistry::close(std::uint64_t import_id) {
   if (it == imports_.end()) return std::nullopt;
   Closed c;
   c.grant = it->second.grant;
+  if (auto ps = per_session_.find(it->second.session); ps != per_session_.end() && --ps->second.count == 0) {
+    per_session_.erase(ps);
+  }
   imports_.erase(it);
   auto g = grants_.find(c.grant);
   if (g == grants_.end()) return c;

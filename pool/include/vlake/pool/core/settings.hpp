@@ -67,9 +67,12 @@ struct NodeSettings {
   // Status::limit_reached; other tenants are unaffected.
   std::uint32_t max_sessions_per_tenant = 128;  // --max-sessions-per-tenant (of kMaxSessions 1024)
   std::uint32_t max_grants_per_tenant = 2048;   // --max-grants-per-tenant (of kMaxGrants 16384)
-  double guard_event_rate = 10;                 // --guard-event-rate: GuardEvents per second per tenant
-  double guard_event_burst = 20;                // --guard-event-burst
-  double log_rate = 5;                          // lines per second per tenant-triggered log site and key
+  // Grants of one tenant parked at once (waiting for memory); one more that would park is
+  // refused limit_reached (docs/daemon.md, "Limits").
+  std::uint32_t max_parked_per_tenant = 32;  // --max-parked-per-tenant
+  double guard_event_rate = 10;              // --guard-event-rate: GuardEvents per second per tenant
+  double guard_event_burst = 20;             // --guard-event-burst
+  double log_rate = 5;                       // lines per second per tenant-triggered log site and key
   double log_burst = 20;
 };
 

@@ -71,11 +71,22 @@ class IpcRegistry {
   [[nodiscard]] bool ever_imported(std::uint64_t grant) const;
   [[nodiscard]] bool released(std::uint64_t grant) const;
   [[nodiscard]] const std::unordered_map<std::uint64_t, ImportRecord>& imports() const noexcept { return imports_; }
+  // Open imports per importing session, with the session's tenant when it opened the first of
+  // them (what the import caps and the import table's fair share count, without a walk over
+  // every import).
+  struct SessionImports {
+    std::uint32_t count = 0;
+    TenantId tenant{};
+  };
+  [[nodiscard]] const std::unordered_map<std::uint64_t, SessionImports>& per_session() const noexcept {
+    return per_session_;
+  }
 
  private:
-  std::unordered_map<std::uint64_t, Export> grants_;         // by grant id (exported or imported)
-  std::unordered_map<std::uint64_t, std::uint64_t> tokens_;  // token -> grant id
-  std::unordered_map<std::uint64_t, ImportRecord> imports_;  // by import id
+  std::unordered_map<std::uint64_t, Export> grants_;               // by grant id (exported or imported)
+  std::unordered_map<std::uint64_t, std::uint64_t> tokens_;        // token -> grant id
+  std::unordered_map<std::uint64_t, ImportRecord> imports_;        // by import id
+  std::unordered_map<std::uint64_t, SessionImports> per_session_;  // by importing session
   std::uint64_t next_import_id_ = 1;
 };
 
