@@ -100,6 +100,7 @@ std::unique_ptr<st::State> synthetic_state() {
   ns.guaranteed[1] = 16 * kGiB;
   b.namespace_id = 4;
   a.over_limit = 1u << 0;
+  a.over_reason[0] = st::kOverLowered;
   s->devices[1].guaranteed_bytes = 16 * kGiB;
   s->counters.config_reloads = 3;
   b.granted[1] = 8 * kGiB;
@@ -176,10 +177,11 @@ TEST_CASE("options: bad command lines say what is wrong", "[units]") {
         "unknown command 'frob' (top, tenants, processes, waits, pool, events or quota check FILE)");
   CHECK(parse_error({"top", "--frob"}) == "unknown option '--frob'");
   CHECK(parse_error({"top", "-x"}) == "unknown option '-x'");
-  CHECK(parse_error({"top", "--state"}) == "--state needs a value (a segment name)");
+  CHECK(parse_error({"top", "--state"}) == "--state needs a value (a segment name or path)");
   CHECK(parse_error({"top", "--state="}) == "--state needs a non-empty name");
-  CHECK(parse_error({"top", "--state", "/dev/shm/x"}).find("not a path") != std::string::npos);
-  CHECK(parse_error({"top"}, "a/b").find("not a path") != std::string::npos);
+  CHECK(parse_error({"top", "--state", "a/b"}).find("neither a name") != std::string::npos);
+  CHECK(parse_error({"top", "--state", "/run/x/"}).find("names a directory") != std::string::npos);
+  CHECK(parse_error({"top"}, "a/b").find("neither a name") != std::string::npos);
   CHECK(parse_error({"quota"}) == "quota: missing subcommand (quota check FILE)");
   CHECK(parse_error({"quota", "lint", "f"}) == "quota: unknown subcommand 'lint' (quota check FILE)");
   CHECK(parse_error({"quota", "check"}) == "quota check: missing FILE");
@@ -459,12 +461,13 @@ TEST_CASE("state source: missing, foreign and mismatched segments", "[units]") {
     FAIL("opened a missing segment");
   } catch (const StateAccessError& e) {
     CHECK(e.kind() == StateAccessError::Kind::missing);
-    CHECK(std::string(e.what()) == "cannot read vlaked state '" + missing + "' (/dev/shm/" + missing +
+    CHECK(std::string(e.what()) == "cannot read vlaked state '" + missing + "' (" + st::segment_path(missing) +
                                        "): no such segment — is vlaked running? (--state " + missing + ")");
   }
 
   const std::string name = unique("layout");
-  const std::string path = "/dev/shm/" + name;
+  const std::string path = st::segment_path(name);
+  st::prepare_state_dir(st::state_dir());
   const auto write_segment = [&](const st::Header& h, std::size_t size) {
     std::string bytes(size, '\0');
     std::memcpy(bytes.data(), &h, std::min(size, sizeof h));
