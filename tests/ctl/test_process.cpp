@@ -7,9 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
-#include <optional>
 
 #include "ctl_process.hpp"
 #include "harness.hpp"
@@ -129,7 +127,7 @@ TEST_CASE("vlakectl: top, tenants and pool match the grants of two tenants", "[p
   REQUIRE(text.exit_code == 0);
   CHECK(text.out.find("GPU 0  GPU-") != std::string::npos);
   CHECK(text.out.find("total 1.0 GiB  pool: granted 28.0 MiB") != std::string::npos);
-  CHECK(text.out.find("user:4301  12.0 MiB      0 B   64.0 MiB           -   1.2%  ") != std::string::npos);
+  CHECK(text.out.find("user:4301  12.0 MiB       0 B      0 B   64.0 MiB           -   1.2%  ") != std::string::npos);
   CHECK(text.out.find("s      1  " + std::to_string(a.pid())) != std::string::npos);  // IDLE in seconds, PROCS, PIDS
   CHECK(text.out.find("\x1b[") == std::string::npos);                                 // no ANSI codes in a pipe
 
@@ -137,7 +135,11 @@ TEST_CASE("vlakectl: top, tenants and pool match the grants of two tenants", "[p
   CHECK(num(a.ok("grant " + std::to_string(64 * kMiB)), "status") != 0);
   a.ok("release " + a2.at("id"));
   top = ctl_json({"--state", d.state, "--json", "top"});
-  CHECK(find_named(top.at("gpus").at(0).at("tenants"), "user:4301").at("used").u64() == 8 * kMiB);
+  // The freed 4 MiB handle stays bound to a (--handle-reuse tenant): retained, and counted.
+  const Json& a_after = find_named(top.at("gpus").at(0).at("tenants"), "user:4301");
+  CHECK(a_after.at("granted").u64() == 8 * kMiB);
+  CHECK(a_after.at("retained").u64() == 4 * kMiB);
+  CHECK(a_after.at("used").u64() == 12 * kMiB);
   const Json pool2 = ctl_json({"--state", d.state, "--json", "pool"});
   CHECK(pool2.at("counters").at("denials_over_limit").u64() == 1);
   CHECK(pool2.at("counters").at("releases").u64() == 1);
@@ -288,7 +290,7 @@ TEST_CASE("vlakectl: memory outside vlake of a process without a session shows p
   const CtlResult text = run_ctl({"--state", d.state, "top"});
   INFO(text.out);
   CHECK(text.out.find("outside vlake 24.0 MiB") != std::string::npos);
-  CHECK(text.out.find("user:4301  24.0 MiB  24.0 MiB  64.0 MiB") != std::string::npos);
+  CHECK(text.out.find("user:4301  24.0 MiB       0 B  24.0 MiB  64.0 MiB") != std::string::npos);
   const Json pool = ctl_json({"--state", d.state, "--json", "pool"});
   CHECK(pool.at("gpus").at(0).at("unhooked").u64() == 24 * kMiB);
   CHECK(pool.at("gpus").at(0).at("nvml_used").u64() >= 24 * kMiB);
@@ -296,40 +298,20 @@ TEST_CASE("vlakectl: memory outside vlake of a process without a session shows p
 #endif
 
 #ifdef VLAKE_SIM_NVML_LIB
-namespace {
-
-// Sets an environment variable for this test (children inherit it) and restores it after.
-struct ScopedEnv {
-  std::string key;
-  std::optional<std::string> old;
-  ScopedEnv(std::string k, const std::string& v) : key(std::move(k)) {
-    if (const char* o = std::getenv(key.c_str())) old = o;
-    ::setenv(key.c_str(), v.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old) {
-      ::setenv(key.c_str(), old->c_str(), 1);
-    } else {
-      ::unsetenv(key.c_str());
-    }
-  }
-};
-
-}  // namespace
-
 TEST_CASE("vlakectl: vlaked's context is the daemon's, retained bytes the tenant's, as the simulator counts them",
           "[process]") {
-  // Every process with a primary context takes 8 MiB of the simulated GPU (the H100: ~518 MiB),
-  // vlaked's own included.
-  const ScopedEnv context("VLAKE_SIM_CONTEXT_MEMORY", "8MiB");
+  // vlaked's own primary context takes 8 MiB of the simulated GPU (the H100: ~518 MiB).
   DaemonProcess d("ctl-exact", kConfig);
-  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  d.env = {"VLAKE_SIM_CONTEXT_MEMORY=8MiB"};
+  // Freed handles stay in the pool (bound to their tenant) for the whole test.
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50", "--pool-idle-release", "off"}));
   Helper root(d.node);        // a tenant running as root (uid:0), where vlaked's context used to show
   Helper a(d.node, 4301, 0);  // user:4301, limit 64 MiB
   REQUIRE(root.ok("connect " + d.socket).at("name") == "uid:0");
   REQUIRE(a.ok("connect " + d.socket).at("name") == "user:4301");
   root.ok("meminfo");  // both have a context: NVML lists them
   a.ok("meminfo");
+  a.ok("own " + std::to_string(8 * kMiB));  // device memory of its own, outside the pool: non-pool
   REQUIRE(num(root.ok("grant " + std::to_string(4 * kMiB)), "status") == 0);
   const auto a8 = a.ok("grant " + std::to_string(8 * kMiB));
   const auto a4 = a.ok("grant " + std::to_string(4 * kMiB));
@@ -349,11 +331,8 @@ TEST_CASE("vlakectl: vlaked's context is the daemon's, retained bytes the tenant
         tenants = ctl_json({"--state", d.state, "--json", "tenants"});
         pool = ctl_json({"--state", d.state, "--json", "pool"});
         const Json& g = top.at("gpus").at(0);
-        if (g.at("daemon").at("context").u64() != 8 * kMiB) return false;
-        for (const Json& t : tenants.at("tenants").items) {
-          if (gpu_of(t).at("nonpool").u64() != 8 * kMiB) return false;
-        }
-        return tenants.at("tenants").size() == 2;
+        if (g.at("daemon").at("context").u64() != 8 * kMiB || tenants.at("tenants").size() != 2) return false;
+        return gpu_of(find_named(tenants.at("tenants"), "user:4301")).at("nonpool").u64() == 8 * kMiB;
       },
       10000);
   INFO(top.at("gpus").at(0).at("daemon").at("context").u64());
@@ -363,17 +342,17 @@ TEST_CASE("vlakectl: vlaked's context is the daemon's, retained bytes the tenant
   const Json& g = top.at("gpus").at(0);
   CHECK(g.at("daemon").at("pid").u64() == static_cast<std::uint64_t>(d.pid()));
   CHECK(g.at("daemon").at("context").u64() == 8 * kMiB);
-  CHECK(g.at("daemon").at("nvml").u64() == pool.at("gpus").at(0).at("pool_bytes").u64() + 8 * kMiB);
+  CHECK(g.at("daemon").at("nvml").u64() >= 8 * kMiB);
   const Json& r = gpu_of(find_named(tenants.at("tenants"), "uid:0"));
   CHECK(r.at("granted").u64() == 4 * kMiB);
-  CHECK(r.at("nonpool").u64() == 8 * kMiB);  // its own context only
-  CHECK(r.at("used").u64() == 12 * kMiB);
+  CHECK(r.at("nonpool").u64() == 0);  // vlaked's context is not in it
+  CHECK(r.at("used").u64() == 4 * kMiB);
   // a's freed memory: retained, charged, shown.
   const Json& ua = gpu_of(find_named(tenants.at("tenants"), "user:4301"));
   CHECK(ua.at("granted").u64() == 0);
   CHECK(ua.at("retained").u64() == 12 * kMiB);
   CHECK(ua.at("used").u64() == 12 * kMiB + 8 * kMiB);
-  CHECK(gpu_of(find_named(top.at("gpus").at(0).at("tenants"), "user:4301")).at("retained").u64() == 12 * kMiB);
+  CHECK(find_named(top.at("gpus").at(0).at("tenants"), "user:4301").at("retained").u64() == 12 * kMiB);
 
   // Against the simulator's own count of the GPU's used memory (cuMemGetInfo in a process):
   // every byte is a tenant's (granted, retained, its contexts), vlaked's context, or free pool
@@ -394,7 +373,7 @@ TEST_CASE("vlakectl: vlaked's context is the daemon's, retained bytes the tenant
   INFO(text.out);
   CHECK(text.out.find("RETAINED") != std::string::npos);
   CHECK(text.out.find("user:4301  20.0 MiB  12.0 MiB") != std::string::npos);
-  CHECK(text.out.find("  vlaked   8.0 MiB") != std::string::npos);
+  CHECK(text.out.find("  vlaked      8.0 MiB") != std::string::npos);
   CHECK(text.out.find(std::to_string(d.pid())) != std::string::npos);
   const CtlResult tt = run_ctl({"--state", d.state, "tenants"});
   INFO(tt.out);

@@ -383,15 +383,17 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string top = render_top_text(v, "st1", "");
   INFO(top);
   CHECK(top.rfind("vlaked pid 4242 (not running), state st1, 4 sessions, 4 grants\n", 0) == 0);
-  CHECK(top.find("GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
-                 "  guaranteed 0 B (borrowed 0 B)\n"
-                 "  NAMESPACE  TENANT            USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
-                 "  default    user:alice  548.0 MiB*      0 B  16.0 GiB           -   0.7%     -      2  "
-                 "5001,5002\n\nGPU 1") != std::string::npos);
-  CHECK(top.find("\n  NAMESPACE  TENANT       USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
-                 "  research   group:ml  8.0 GiB      0 B  40.0 GiB    16.0 GiB  10.0%     -      1  6001\n") !=
-        std::string::npos);
-  CHECK(top.find("\n* above its limit") != std::string::npos);
+  CHECK(top.find(
+            "GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
+            "  guaranteed 0 B (borrowed 0 B)\n"
+            "  NAMESPACE  TENANT            USED  RETAINED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
+            "  default    user:alice  548.0 MiB*       0 B      0 B  16.0 GiB           -   0.7%     -      2  "
+            "5001,5002\n\nGPU 1") != std::string::npos);
+  CHECK(
+      top.find("\n  NAMESPACE  TENANT       USED  RETAINED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
+               "  research   group:ml  8.0 GiB       0 B      0 B  40.0 GiB    16.0 GiB  10.0%     -      1  6001\n") !=
+      std::string::npos);
+  CHECK(top.find("\n* above its limit, lowered by a reload") != std::string::npos);  // the daemon's over_reason
   CHECK(top.find("\nconnected, no memory: uid:9 (7001)\n") != std::string::npos);
   CHECK(top.find("xxxx") == std::string::npos);  // the idle tenant is not in top
 
@@ -430,9 +432,11 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string tt = render_tenants_text(v, "st1");
   INFO(tt);
   CHECK(tt.find("\n 1  user:alice ") != std::string::npos);
-  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB  512.0 MiB      0 B  16.0 GiB       3        0     -  2 (5001,5002)\n") !=
+  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB       0 B       0 B       0 B  512.0 MiB      0 B  16.0 GiB       3        0"
+                "     -  2 (5001,5002)\n") != std::string::npos);
+  CHECK(tt.find(" 1     8.0 GiB   8.0 GiB       0 B       0 B       0 B        0 B      0 B  40.0 GiB\n") !=
         std::string::npos);
-  CHECK(tt.find(" 1     8.0 GiB   8.0 GiB        0 B      0 B  40.0 GiB\n") != std::string::npos);
+  CHECK(tt.find("\n* above its limit, lowered by a reload") != std::string::npos);
 
   const Json pj = parse_json(render_pool_json(v, "st1"));
   CHECK(pj.at("daemon").at("starts").u64() == 3);
@@ -676,10 +680,11 @@ TEST_CASE("render: memory outside vlake per tenant, counted in USED unless enfor
   const std::string top = render_top_text(v, "st1", "");
   INFO(top);
   CHECK(top.find("(borrowed 0 B)  outside vlake 96.0 MiB\n") != std::string::npos);
-  CHECK(top.find("  research   group:ml           0 B  32.0 MiB  40.0 GiB") != std::string::npos);
+  CHECK(top.find("  research   group:ml           0 B       0 B  32.0 MiB  40.0 GiB") != std::string::npos);
   const std::string tt = render_tenants_text(v, "st1");
   INFO(tt);
-  CHECK(tt.find(" 0  612.0 MiB*  36.0 MiB  512.0 MiB  64.0 MiB  16.0 GiB") != std::string::npos);
+  CHECK(tt.find(" 0  612.0 MiB*  36.0 MiB       0 B       0 B       0 B  512.0 MiB  64.0 MiB  16.0 GiB") !=
+        std::string::npos);
 
   const Json pj = parse_json(render_pool_json(v, "st1"));
   CHECK(pj.at("gpus").at(0).at("unhooked").u64() == 96 * kMiB);

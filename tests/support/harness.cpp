@@ -83,6 +83,7 @@ testsupport::Spawn DaemonProcess::spawn_spec(const std::vector<std::string>& ext
   spec.argv.insert(spec.argv.end(), {"--warm-stock", "0"});
   spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
   spec.env = child_env(node, devices);
+  spec.env->insert(spec.env->end(), env.begin(), env.end());
   spec.out = testsupport::Stream::null;
   spec.err = testsupport::Stream::file;
   spec.err_file = log_path;

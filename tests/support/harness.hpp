@@ -69,6 +69,9 @@ class DaemonProcess {
   std::string config;
   std::string log_path;
   int devices = 1;  // GPUs of the simulated node (set before start())
+  // More "KEY=value" for vlaked alone, after the simulator's (e.g. VLAKE_SIM_CONTEXT_MEMORY=8MiB:
+  // its own context's size); set before start().
+  std::vector<std::string> env;
 
  private:
   [[nodiscard]] testsupport::Spawn spawn_spec(const std::vector<std::string>& extra) const;
