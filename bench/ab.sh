@@ -14,7 +14,7 @@ set -uo pipefail
 a="$(cd "$1" && pwd)" b="$(cd "$2" && pwd)" rounds="${3:-10}" modes="${4:-cold}"
 work="$(mktemp -d /tmp/vlake-ab-XXXXXX)"
 chmod 755 "$work"
-trap 'rm -rf "$work"; rm -f /dev/shm/vlake-ab-$$-*' EXIT
+trap 'rm -rf "$work"' EXIT
 printf 'version: 1\ndefault:\n  limit: 64GiB\n' >"$work/vlake.yaml"
 for ((round = 1; round <= rounds; round++)); do
   order="a b"
@@ -22,7 +22,7 @@ for ((round = 1; round <= rounds; round++)); do
   for x in $order; do
     dir="$a"
     [[ "$x" == b ]] && dir="$b"
-    sock="$work/$x.sock" state="vlake-ab-$$-$x-$round"
+    sock="$work/$x.sock" state="$work/state-$x-$round"  # a file in the private work directory
     "$dir/pool/vlaked" --config "$work/vlake.yaml" --socket "$sock" --state "$state" \
       --metrics-address none >>"$work/vlaked-$x.log" 2>&1 &
     pid=$!
@@ -37,7 +37,7 @@ for ((round = 1; round <= rounds; round++)); do
     done
     kill "$pid"
     wait "$pid" 2>/dev/null
-    rm -f "$sock" "/dev/shm/$state"
+    rm -f "$sock" "$state"
   done
 done
 python3 - "$work/runs.jsonl" <<'PY'

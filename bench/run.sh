@@ -101,7 +101,7 @@ sock="$work/vlaked.sock"
 hooked=(env LD_PRELOAD="$hook" VLAKE_SOCKET="$sock" ASAN_OPTIONS=verify_asan_link_order=0)
 
 start_daemon() {  # $1: state name, rest: more vlaked flags
-  state="$1"; shift
+  state="$work/$1"; shift  # a file in the private work directory
   "$vlaked" --config "$work/vlake.yaml" --socket "$sock" --state "$state" --metrics-address none \
     "${daemon_driver[@]}" "$@" >>"$work/vlaked.log" 2>&1 &
   daemon_pid=$!
@@ -114,7 +114,7 @@ start_daemon() {  # $1: state name, rest: more vlaked flags
 }
 stop_daemon() {
   kill "$daemon_pid" 2>/dev/null; wait "$daemon_pid" 2>/dev/null; daemon_pid=""
-  rm -f "$sock" "/dev/shm/$state" 2>/dev/null
+  rm -f "$sock" "$state" 2>/dev/null
 }
 step() { echo "-- $*" >&2; }
 run_json() {  # $1: output name, rest: command; keeps the last JSON line
@@ -223,7 +223,7 @@ if [[ -x "$build/bench/vlake_bench_storm" && -f "$build/sim/libcuda.so.1" ]]; th
     umask 0002  # the simulator's node file: tenants run under their own uids (gid 0)
     export VLAKE_SIM_NODE="bench-$$-storm" VLAKE_SIM_DEVICE_MEMORY=64GiB VLAKE_SIM_DEVICE_COUNT=1
     export LD_LIBRARY_PATH="$build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    storm_state="vlake-bench-$$-storm"
+    storm_state="$work/state-storm"
     printf 'version: 1\ndefault:\n  limit: 60GiB\n' >"$work/storm.yaml"
     # The simulated tenants burn CPU for what a GPU does; vlaked gets the CPU priority of a
     # node's system daemon (as root; otherwise nice warns and it runs at the default).
@@ -236,7 +236,7 @@ if [[ -x "$build/bench/vlake_bench_storm" && -f "$build/sim/libcuda.so.1" ]]; th
       --hook "$hook" --driver "$build/sim/libcuda.so.1" --state "$storm_state" --tenants "$storm_tenants" \
       --threads 4 "${storm_args[@]}" --label storm
     kill "$storm_daemon" 2>/dev/null; wait "$storm_daemon" 2>/dev/null
-    rm -f "/dev/shm/$storm_state" "/dev/shm/vlake-sim-bench-$$-storm" 2>/dev/null
+    rm -f "$storm_state" "/dev/shm/vlake-sim-bench-$$-storm" 2>/dev/null
   )
 else
   echo "run.sh: no vlake_bench_storm or simulator in $build: storm rows are n/a" >&2

@@ -16,8 +16,8 @@
 #
 # Exits 0 when every step did what it should (three tenants in `vlakectl top`, their metrics,
 # the over-limit allocation refused, everything given back at the end), 1 otherwise. Whatever
-# happens, it stops what it started and removes every file it made (a temporary directory,
-# /dev/shm/<state>, the simulator's /dev/shm/vlake-sim-<node>). docs/simulator.md, "Demo".
+# happens, it stops what it started and removes every file it made (a temporary directory
+# holding the state segment, the simulator's /dev/shm/vlake-sim-<node>). docs/simulator.md, "Demo".
 set -euo pipefail
 called_from="$PWD"
 cd "$(dirname "$0")/.."
@@ -76,7 +76,7 @@ root=0
 # ---- clean-up, whatever happens ------------------------------------------------------------------
 work="$(mktemp -d "${TMPDIR:-/tmp}/vlake-demo.XXXXXX")"
 tag="demo-$$"
-state="vlake-$tag"       # /dev/shm/<state>: vlaked's state segment
+state="$work/state"      # vlaked's state segment: a file in the private work directory
 node="$tag"              # the simulated machine: /dev/shm/vlake-sim-<node>
 vlaked_pid=""
 tenant_pids=()
@@ -95,7 +95,7 @@ cleanup() {
     echo "---- vlaked's log (last 30 lines) ----" >&2
     tail -n 30 "$work/vlaked.log" >&2
   fi
-  rm -f "/dev/shm/$state" "/dev/shm/vlake-sim-$node"
+  rm -f "$state" "/dev/shm/vlake-sim-$node"
   rm -rf "$work"
   exit "$rc"
 }
@@ -159,7 +159,7 @@ if ((root)); then
 else
   say "tenants:  three pods' allocations, all running as $(id -un 2>/dev/null || id -u) (not root: no other uids)"
 fi
-say "files:    $work, /dev/shm/$state$([[ "$mode" == sim ]] && echo ", /dev/shm/vlake-sim-$node")"
+say "files:    $work, $state$([[ "$mode" == sim ]] && echo ", /dev/shm/vlake-sim-$node")"
 say "quota file ($work/vlake.yaml):"
 indent <"$work/vlake.yaml"
 show "vlakectl quota check $work/vlake.yaml"

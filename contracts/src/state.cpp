@@ -6,18 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
-
 #include "vlake/common/unique_fd.hpp"
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
-
-namespace bip = boost::interprocess;
+#include <vector>
 
 namespace vlake::state {
 
@@ -54,7 +51,101 @@ std::uint64_t load_generation(const State* s) noexcept {
 
 }  // namespace
 
-std::string segment_path(const std::string& name) { return "/dev/shm/" + name; }
+std::string state_dir() {
+  const char* e = std::getenv(kStateDirEnv);
+  return e != nullptr && *e != '\0' ? std::string(e) : std::string(kDefaultStateDir);
+}
+
+std::string check_state_spec(const std::string& spec) {
+  if (spec.empty()) return "an empty state name";
+  if (spec[0] == '/') {
+    if (spec.size() > 4000) return "a state path of more than 4000 characters";
+    if (spec.back() == '/') return "'" + spec + "' names a directory, not a file";
+    return "";
+  }
+  if (spec.find('/') != std::string::npos) {
+    return "'" + spec + "' is neither a name (no '/') nor an absolute path";
+  }
+  if (spec.size() > 200) return "a state name of more than 200 characters";
+  if (spec == "." || spec == "..") return "'" + spec + "' is not a file name";
+  return "";
+}
+
+std::string segment_path(const std::string& spec) {
+  if (!spec.empty() && spec[0] == '/') return spec;
+  std::string dir = state_dir();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir == "/" ? "/" + spec : dir + "/" + spec;
+}
+
+namespace {
+
+std::string octal(unsigned mode);
+
+// The directory a segment path is in ("/" for "/x").
+std::string parent_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+std::string unsafe_dir(const std::string& dir, const std::string& what, const std::string& fix) {
+  return "state directory " + dir + " is unsafe: " + what +
+         ", so another local user could create, replace or plant the state segment there; " + fix +
+         ", or use the default " + kDefaultStateDir + " (--state NAME, $" + kStateDirEnv + ")";
+}
+
+}  // namespace
+
+void check_state_dir(const std::string& dir, unsigned owner) {
+  if (dir.empty() || dir[0] != '/') throw StateError("state directory '" + dir + "' is not an absolute path");
+  char* resolved = ::realpath(dir.c_str(), nullptr);
+  if (resolved == nullptr) {
+    throw StateError("cannot use state directory " + dir + ": " + std::strerror(errno));
+  }
+  const std::string real(resolved);
+  std::free(resolved);
+  // "/", "/run", "/run/vlake", ...: every directory whose owner could rename what is below it.
+  std::vector<std::string> chain{"/"};
+  for (std::size_t i = 1; i <= real.size(); ++i) {
+    if (i == real.size() || real[i] == '/') {
+      if (i > 1) chain.push_back(real.substr(0, i));
+    }
+  }
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    const std::string& p = chain[i];
+    const bool last = i + 1 == chain.size();
+    struct stat sb {};
+    if (::lstat(p.c_str(), &sb) != 0) throw StateError("cannot stat " + p + ": " + std::strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) throw StateError("state directory " + dir + ": " + p + " is not a directory");
+    if (sb.st_uid != 0 && sb.st_uid != owner) {
+      throw StateError(unsafe_dir(
+          dir, p + " is owned by uid " + std::to_string(sb.st_uid) + ", neither root nor uid " + std::to_string(owner),
+          "give it to root (chown root " + p + ")"));
+    }
+    const bool others_write = (sb.st_mode & 022) != 0;
+    if (others_write && (last || (sb.st_mode & S_ISVTX) == 0)) {
+      throw StateError(unsafe_dir(dir, p + " has mode " + octal(sb.st_mode) + " (group or others may write it)",
+                                  "remove that write permission (chmod go-w " + p + ")"));
+    }
+  }
+}
+
+void prepare_state_dir(const std::string& dir) {
+  if (dir.empty() || dir[0] != '/') throw StateError("state directory '" + dir + "' is not an absolute path");
+  // mkdir -p, 0755 whatever the umask (readers such as vlakectl must reach the file).
+  for (std::size_t i = 1; i <= dir.size(); ++i) {
+    if (i != dir.size() && dir[i] != '/') continue;
+    const std::string p = dir.substr(0, i);
+    if (::mkdir(p.c_str(), 0755) == 0) {
+      if (::chmod(p.c_str(), 0755) != 0) {
+        throw StateError("cannot set mode 0755 on state directory " + p + ": " + std::strerror(errno));
+      }
+    } else if (errno != EEXIST) {
+      throw StateError("cannot create state directory " + p + ": " + std::strerror(errno));
+    }
+  }
+  check_state_dir(dir, static_cast<unsigned>(::geteuid()));
+}
 
 namespace {
 
@@ -103,7 +194,9 @@ void check_trusted(const std::string& name, int fd) {
 }  // namespace
 
 StateSegment::StateSegment(const std::string& name, unsigned mode, long gid) : name_(name) {
+  if (const std::string bad = check_state_spec(name); !bad.empty()) throw StateError("--state: " + bad);
   const std::string path = segment_path(name);
+  prepare_state_dir(parent_of(path));
   if (mode > 0777 || (mode & 0600) != 0600 || (mode & 022) != 0) {
     throw StateError("state segment mode " + octal(mode) + " must give the owner read-write and nobody else write");
   }
@@ -212,17 +305,45 @@ StateSegment::Write::~Write() {
 }
 
 StateReader::StateReader(const std::string& name) {
-  try {
-    shm_ = std::make_unique<bip::shared_memory_object>(bip::open_only, name.c_str(), bip::read_only);
-    region_ = std::make_unique<bip::mapped_region>(*shm_, bip::read_only);
-  } catch (const bip::interprocess_exception& e) {
-    throw StateError("cannot open state segment " + segment_path(name) + ": " + e.what());
+  if (const std::string bad = check_state_spec(name); !bad.empty()) throw StateError("--state: " + bad);
+  const std::string path = segment_path(name);
+  const std::string dir = parent_of(path);
+  struct stat db {};
+  if (::stat(dir.c_str(), &db) != 0) {
+    throw StateError("cannot open state segment " + path + ": " + dir + ": " + std::strerror(errno));
   }
-  check_existing(name, region_->get_address(), region_->get_size());
-  state_ = static_cast<const State*>(region_->get_address());
+  // Whoever owns a directory nobody else can write in is who wrote the segment.
+  check_state_dir(dir, static_cast<unsigned>(db.st_uid));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) throw StateError("cannot open state segment " + path + ": " + std::strerror(errno));
+  struct stat sb {};
+  if (::fstat(fd.get(), &sb) != 0) throw StateError("cannot stat state segment " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(sb.st_mode)) throw StateError("state segment " + path + " is not a regular file");
+  if (sb.st_uid != db.st_uid && sb.st_uid != 0) {
+    throw StateError("state segment " + path + " is owned by uid " + std::to_string(sb.st_uid) +
+                     ", not by the owner of " + dir + " (uid " + std::to_string(db.st_uid) + ") or root");
+  }
+  if ((sb.st_mode & 022) != 0) {
+    throw StateError("state segment " + path + " has mode " + octal(sb.st_mode) + ": group or others may write it");
+  }
+  const auto size = static_cast<std::size_t>(sb.st_size);
+  if (size < sizeof(Header)) check_existing(name, nullptr, size);  // throws: too small
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) throw StateError("cannot map state segment " + path + ": " + std::strerror(errno));
+  base_ = base;
+  mapped_ = size;
+  try {
+    check_existing(name, base_, mapped_);
+  } catch (...) {
+    ::munmap(base, size);
+    throw;
+  }
+  state_ = static_cast<const State*>(base_);
 }
 
-StateReader::~StateReader() = default;
+StateReader::~StateReader() {
+  if (base_ != nullptr) ::munmap(const_cast<void*>(base_), mapped_);
+}
 
 std::unique_ptr<State> StateReader::snapshot() const {
   auto out = std::make_unique<State>();
@@ -248,6 +369,15 @@ const char* refusal_reason_name(std::uint32_t reason) noexcept {
                                                           "out_of_memory", "limit_reached",   "unknown_device",
                                                           "internal",      "restore_timeout"};
   return reason >= 1 && reason <= kRefusalReasons ? kNames[reason - 1] : "unknown";
+}
+
+const char* over_reason_name(std::uint32_t reason) noexcept {
+  switch (reason) {
+    case kOverLowered: return "limit_lowered";
+    case kOverContexts: return "contexts";
+    case kOverOutside: return "outside_vlake";
+    default: return "";
+  }
 }
 
 }  // namespace vlake::state

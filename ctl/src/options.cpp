@@ -2,6 +2,7 @@
 
 #include "vlake/common/duration.hpp"
 #include "vlake/common/size.hpp"
+#include "vlake/contracts/state.hpp"
 
 #include <chrono>
 #include <vector>
@@ -12,10 +13,10 @@ namespace {
 
 void check_state_name(const std::string& name) {
   if (name.empty()) throw UsageError("--state needs a non-empty name");
-  if (name.find('/') != std::string::npos) {
-    throw UsageError("--state '" + name + "': a segment name, not a path (no '/'; /dev/shm/<name> is read)");
+  if (const std::string bad = state::check_state_spec(name); !bad.empty()) {
+    throw UsageError("--state '" + name + "': " + bad + " (a name is read in $VLAKE_STATE_DIR, default " +
+                     state::kDefaultStateDir + ")");
   }
-  if (name.size() > 250) throw UsageError("--state: name too long");
 }
 
 // --watch's DURATION (vlake/common/duration.hpp), 100ms..24h, in seconds.
@@ -54,7 +55,7 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
     } else if (a == "--state" || a.rfind("--state=", 0) == 0) {
       std::string v;
       if (a == "--state") {
-        if (i + 1 >= args.size()) throw UsageError("--state needs a value (a segment name)");
+        if (i + 1 >= args.size()) throw UsageError("--state needs a value (a segment name or path)");
         v = args[++i];
       } else {
         v = a.substr(8);
@@ -125,9 +126,9 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
 }
 
 std::string CtlOptions::usage() {
-  return "usage: vlakectl [--state NAME] [--json] COMMAND\n"
+  return "usage: vlakectl [--state NAME|PATH] [--json] COMMAND\n"
          "\n"
-         "Shows what vlaked holds on this node (read-only; reads /dev/shm/NAME).\n"
+         "Shows what vlaked holds on this node (read-only; reads its state segment).\n"
          "\n"
          "commands:\n"
          "  top [--watch [DURATION]] per GPU, one line per tenant: used, limit, guaranteed, share\n"
@@ -151,7 +152,8 @@ std::string CtlOptions::usage() {
          "                           each error as 'file:line:col: what'\n"
          "\n"
          "options:\n"
-         "  --state NAME   vlaked's state segment (default $VLAKE_STATE, else vlake-state)\n"
+         "  --state NAME   vlaked's state segment (default $VLAKE_STATE, else vlake-state): a file\n"
+         "                 in $VLAKE_STATE_DIR (default /run/vlake/state), or an absolute path\n"
          "  --json         one JSON document instead of text (sizes in bytes)\n"
          "  --help         this text\n"
          "\n"

@@ -67,16 +67,65 @@ void uint_or_null(JsonWriter& j, std::string_view key, const std::optional<T>& v
 void usage_json(JsonWriter& j, const TenantGpuView& u) {
   j.field_uint("used", u.used);
   j.field_uint("granted", u.granted);
+  j.field_uint("retained", u.retained);
+  j.field_uint("ipc_held", u.ipc_held);
+  j.field_uint("ipc_imported", u.ipc_imported);
   j.field_uint("nonpool", u.nonpool);
   j.field_uint("unhooked", u.unhooked);
   j.field_uint("limit", u.limit);
   uint_or_null(j, "guaranteed", u.guaranteed);
   j.key("share_percent").number(u.share_percent, 2);
   j.key("over_limit").boolean(u.over_limit);
+  j.key("over_reason");
+  if (u.over_limit) {
+    j.string(u.over_reason);
+  } else {
+    j.null();
+  }
 }
 
-// USED, marked when a lowered limit left the tenant above it.
-std::string used_text(const TenantGpuView& u) { return sz(u.used) + (u.over_limit ? "*" : ""); }
+// The marker after USED of a tenant above its limit, by why (the daemon's over_reason), and its
+// footnote.
+struct OverMark {
+  const char* reason;
+  const char* mark;
+  const char* note;
+};
+constexpr OverMark kOverMarks[] = {
+    {"limit_lowered", "*", "* above its limit, lowered by a reload: new grants are refused until usage drops"},
+    {"contexts", "+",
+     "+ above its limit through its processes' CUDA contexts and memory outside the pool: new grants are refused"},
+    {"outside_vlake", "!",
+     "! above its limit through memory of its processes without vlake (OUTSIDE): grants refused, per its enforce"},
+    {"unknown", "?", "? above its limit (a reason this vlakectl does not know)"},
+};
+const OverMark* over_mark(const TenantGpuView& u) {
+  if (!u.over_limit) return nullptr;
+  for (const OverMark& m : kOverMarks) {
+    if (u.over_reason == m.reason) return &m;
+  }
+  return &kOverMarks[3];
+}
+
+// USED, marked when the tenant is above its limit (the mark says why).
+std::string used_text(const TenantGpuView& u) {
+  const OverMark* m = over_mark(u);
+  return sz(u.used) + (m != nullptr ? m->mark : "");
+}
+
+// The footnotes of the marks used in `rows` (one line each, in kOverMarks order).
+std::string over_notes(const std::vector<const TenantGpuView*>& rows) {
+  std::string out;
+  for (const OverMark& m : kOverMarks) {
+    for (const TenantGpuView* u : rows) {
+      if (over_mark(*u) == &m) {
+        out += std::string(m.note) + "\n";
+        break;
+      }
+    }
+  }
+  return out;
+}
 
 std::string guaranteed_text(const TenantGpuView& u) { return u.guaranteed ? sz(*u.guaranteed) : "-"; }
 
@@ -209,17 +258,19 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
   std::string out = heading(v, state, stamp);
   const std::vector<TopRow> rows = top_rows(v);
   if (v.gpus.empty()) out += "no GPUs in the state (has vlaked finished starting?)\n";
-  bool over = false;
+  std::vector<const TenantGpuView*> marked;
   const bool swapping = swapping_in_play(v);
   for (const GpuView& g : v.gpus) {
     out += "\nGPU " + std::to_string(g.index) + "  " + g.uuid_short + "  total " + sz(g.total) + "  pool: granted " +
            sz(g.granted) + " / free " + sz(g.free) + "  non-pool " + sz(g.nonpool) + "  guaranteed " +
            sz(g.guaranteed) + " (borrowed " + sz(g.borrowed) + ")" +
            (g.unhooked != 0 ? "  outside vlake " + sz(g.unhooked) : std::string()) +
-           (g.swapped != 0 ? "  on host " + sz(g.swapped) : std::string()) + "\n";
+           (g.swapped != 0 ? "  on host " + sz(g.swapped) : std::string()) +
+           (g.retained != 0 ? "  retained " + sz(g.retained) : std::string()) + "\n";
     std::vector<Table::Column> cols = {{"NAMESPACE"},
                                        {"TENANT"},
                                        {"USED", Table::Align::right},
+                                       {"RETAINED", Table::Align::right},
                                        {"OUTSIDE", Table::Align::right},
                                        {"LIMIT", Table::Align::right},
                                        {"GUARANTEED", Table::Align::right},
@@ -231,18 +282,38 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
     Table t(std::move(cols));
     for (const TopRow& r : rows) {
       if (r.gpu != g.index) continue;
-      over = over || r.usage.over_limit;
-      std::vector<std::string> cells = {r.namespace_name,
-                                        r.tenant,
-                                        used_text(r.usage),
-                                        sz(r.usage.unhooked),
-                                        sz(r.usage.limit),
-                                        guaranteed_text(r.usage),
-                                        percent(r.usage.share_percent),
-                                        human_duration(r.idle_seconds)};
+      if (r.usage.over_limit) marked.push_back(&r.usage);
+      std::vector<std::string> cells = {
+          r.namespace_name,
+          r.tenant,
+          used_text(r.usage),
+          sz(r.usage.retained) + (r.usage.ipc_held != 0 ? " (ipc " + sz(r.usage.ipc_held) + ")" : ""),
+          sz(r.usage.unhooked),
+          sz(r.usage.limit),
+          guaranteed_text(r.usage),
+          percent(r.usage.share_percent),
+          human_duration(r.idle_seconds)};
       if (swapping) cells.push_back(sz(r.usage.swapped));
       cells.push_back(std::to_string(r.pids.size()));
       cells.push_back(join_pids(r.pids));
+      t.add_row(std::move(cells));
+    }
+    // vlaked's own process on this GPU, never a tenant's: its CUDA context (NVML's figure for it
+    // beyond its pool; the pool is the line above).
+    if (g.daemon_nvml != 0) {
+      std::vector<std::string> cells = {
+          "-",
+          "vlaked",
+          sz(g.daemon_context),
+          "-",
+          "-",
+          "-",
+          "-",
+          percent(g.total == 0 ? 0 : 100.0 * static_cast<double>(g.daemon_context) / static_cast<double>(g.total)),
+          "-"};
+      if (swapping) cells.push_back("-");
+      cells.push_back("1");
+      cells.push_back(std::to_string(v.daemon.pid));
       t.add_row(std::move(cells));
     }
     if (t.rows() == 0) {
@@ -251,7 +322,7 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
       out += t.render("  ");
     }
   }
-  if (over) out += "\n* above its limit (lowered by a reload): new grants are refused until usage drops\n";
+  if (!marked.empty()) out += "\n" + over_notes(marked);
   const std::vector<TenantView> idle = idle_tenants(v);
   if (!idle.empty()) {
     out += "\nconnected, no memory:";
@@ -281,6 +352,13 @@ std::string render_top_json(const NodeView& v, const std::string& state) {
     j.field_uint("guaranteed", g.guaranteed);
     j.field_uint("borrowed", g.borrowed);
     j.field_uint("swapped", g.swapped);
+    j.field_uint("retained", g.retained);
+    // vlaked's own process on this GPU (not a tenant): NVML's figure, and its context beyond the pool.
+    j.key("daemon").begin_object();
+    j.field_uint("pid", v.daemon.pid);
+    j.field_uint("nvml", g.daemon_nvml);
+    j.field_uint("context", g.daemon_context);
+    j.end_object();
     j.key("tenants").begin_array();
     for (const TopRow& r : rows) {
       if (r.gpu != g.index) continue;
@@ -324,6 +402,9 @@ std::string render_tenants_text(const NodeView& v, const std::string& state) {
            {"GPU", Table::Align::right},
            {"USED", Table::Align::right},
            {"GRANTED", Table::Align::right},
+           {"RETAINED", Table::Align::right},
+           {"IPC HELD", Table::Align::right},
+           {"IMPORTED", Table::Align::right},
            {"NON-POOL", Table::Align::right},
            {"OUTSIDE", Table::Align::right},
            {"LIMIT", Table::Align::right},
@@ -331,6 +412,7 @@ std::string render_tenants_text(const NodeView& v, const std::string& state) {
            {"REFUSED", Table::Align::right},
            {"IDLE", Table::Align::right},
            {"SESSIONS (PIDS)"}});
+  std::vector<const TenantGpuView*> marked;
   for (const TenantView& x : v.tenants) {
     const std::string sessions =
         x.sessions.empty() ? "-" : std::to_string(x.sessions.size()) + " (" + join_pids(x.pids) + ")";
@@ -338,18 +420,28 @@ std::string render_tenants_text(const NodeView& v, const std::string& state) {
     for (const auto& [why, n] : x.denials) refused += n;
     bool first = true;
     for (const TenantGpuView& u : x.gpus) {
+      if (u.over_limit) marked.push_back(&u);
       t.add_row({first ? std::to_string(x.id) : "", first ? x.name : "", std::to_string(u.gpu), used_text(u),
-                 sz(u.granted), sz(u.nonpool), sz(u.unhooked), sz(u.limit), first ? std::to_string(x.grant_count) : "",
-                 first ? std::to_string(refused) : "", first ? human_duration(x.idle_seconds) : "",
-                 first ? sessions : ""});
+                 sz(u.granted), sz(u.retained), sz(u.ipc_held), sz(u.ipc_imported), sz(u.nonpool), sz(u.unhooked),
+                 sz(u.limit), first ? std::to_string(x.grant_count) : "", first ? std::to_string(refused) : "",
+                 first ? human_duration(x.idle_seconds) : "", first ? sessions : ""});
       first = false;
     }
     if (x.gpus.empty()) {
-      t.add_row({std::to_string(x.id), x.name, "-", "-", "-", "-", "-", "-", std::to_string(x.grant_count),
-                 std::to_string(refused), human_duration(x.idle_seconds), sessions});
+      t.add_row({std::to_string(x.id), x.name, "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                 std::to_string(x.grant_count), std::to_string(refused), human_duration(x.idle_seconds), sessions});
     }
   }
-  return out + "\n" + t.render();
+  out += "\n" + t.render();
+  // vlaked's own process, not a tenant: its CUDA context on each GPU where NVML lists it.
+  for (const GpuView& g : v.gpus) {
+    if (g.daemon_nvml != 0) {
+      out += "vlaked (pid " + std::to_string(v.daemon.pid) + ", not a tenant) on GPU " + std::to_string(g.index) +
+             ": context " + sz(g.daemon_context) + ", pool " + sz(g.pool_bytes) + "\n";
+    }
+  }
+  if (!marked.empty()) out += "\n" + over_notes(marked);
+  return out;
 }
 
 std::string render_tenants_json(const NodeView& v, const std::string& state) {
@@ -390,6 +482,20 @@ std::string render_tenants_json(const NodeView& v, const std::string& state) {
     j.end_object();
   }
   j.end_array();
+  // vlaked's own process (not a tenant): per GPU, NVML's figure and its context beyond the pool.
+  j.key("daemon").begin_object();
+  j.field_uint("pid", v.daemon.pid);
+  j.key("gpus").begin_array();
+  for (const GpuView& g : v.gpus) {
+    j.begin_object();
+    j.field_uint("index", g.index);
+    j.field_uint("nvml", g.daemon_nvml);
+    j.field_uint("context", g.daemon_context);
+    j.field_uint("pool_bytes", g.pool_bytes);
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
   j.end_object();
   return j.str();
 }

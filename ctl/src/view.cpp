@@ -71,6 +71,9 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     g.guaranteed = r.guaranteed_bytes;
     g.borrowed = r.borrowed_bytes;
     g.swapped = r.swapped_bytes;
+    g.retained = r.retained_bytes;
+    g.daemon_nvml = r.daemon_nvml_bytes;
+    g.daemon_context = r.daemon_context_bytes;
     v.gpus.push_back(std::move(g));
   }
 
@@ -144,10 +147,15 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
       u.granted = r.granted[g.index];
       u.nonpool = r.nonpool[g.index];
       u.unhooked = r.unhooked[g.index];
-      u.used = u.granted + u.nonpool + (r.enforce != 0 ? u.unhooked : 0);
+      u.retained = r.retained[g.index];
+      u.ipc_held = r.ipc_held[g.index];
+      u.ipc_imported = r.ipc_imported[g.index];
+      u.used = u.granted + u.retained + u.nonpool + (r.enforce != 0 ? u.unhooked : 0);
       u.limit = r.limit[g.index];
       if (nsr != nullptr && nsr->guaranteed[g.index] != 0) u.guaranteed = nsr->guaranteed[g.index];
       u.over_limit = (r.over_limit & (1u << g.index)) != 0;
+      u.over_reason = u.over_limit ? st::over_reason_name(r.over_reason[g.index]) : "";
+      if (u.over_limit && u.over_reason.empty()) u.over_reason = "unknown";
       u.share_percent = share_percent(Bytes{u.used}, Bytes{g.total});
       t.gpus.push_back(u);
     }

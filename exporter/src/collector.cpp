@@ -114,7 +114,8 @@ double fragmentation_ratio(std::uint64_t largest_servable, std::uint64_t free_by
   return std::clamp(r, 0.0, 1.0);
 }
 
-std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_ns, const BuildInfo& build) {
+std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_ns, const BuildInfo& build,
+                                         const Exposure& exposure) {
   Families F;
   const st::Header& h = s.header;
   const st::Counters& c = s.counters;
@@ -227,8 +228,9 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   auto idle_seconds = [now_ns](std::uint64_t last) { return now_ns > last ? d(now_ns - last) / 1e9 : 0.0; };
 
   // Tenants
-  MetricFamily& t_used = F.gauge("vlake_tenant_used_bytes",
-                                 "what the quota counts: granted + non-pool + unhooked (unless enforce: account)");
+  MetricFamily& t_used =
+      F.gauge("vlake_tenant_used_bytes",
+              "what the quota counts: granted + retained + non-pool + unhooked (unless enforce: account)");
   MetricFamily& t_granted = F.gauge("vlake_tenant_granted_bytes", "pool memory granted");
   MetricFamily& t_nonpool =
       F.gauge("vlake_tenant_nonpool_bytes", "sampled device memory of its processes outside the pool");
@@ -236,10 +238,19 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
                                      "memory of its processes without a vlake session (NVML): memory outside vlake");
   MetricFamily& t_retained = F.gauge("vlake_tenant_retained_bytes",
                                      "released memory it can still reach (handles bound to it, descriptors kept)");
+  MetricFamily& t_ipc_held = F.gauge("vlake_tenant_ipc_held_bytes",
+                                     "of its granted memory, grants it released that other processes' CUDA IPC "
+                                     "imports keep alive (charged to it until they close)");
+  MetricFamily& t_ipc_imported = F.gauge("vlake_tenant_ipc_imported_bytes",
+                                         "memory it maps through CUDA IPC imports of other tenants' grants (charged "
+                                         "to their owners)");
   MetricFamily& t_unhooked_procs =
       F.gauge("vlake_tenant_unhooked_processes", "its processes on a GPU without a vlake session");
   MetricFamily& t_limit = F.gauge("vlake_tenant_limit_bytes", "its limit");
-  MetricFamily& t_over = F.gauge("vlake_tenant_over_limit", "1 when a lowered limit left it above (grants refused)");
+  MetricFamily& t_over = F.gauge("vlake_tenant_over_limit", "1 when its usage is above its limit (grants refused)");
+  MetricFamily& t_over_reason =
+      F.gauge("vlake_tenant_over_limit_reason",
+              "1 for why it is above its limit (limit_lowered, contexts, outside_vlake); no series when it is not");
   MetricFamily& t_sessions = F.gauge("vlake_tenant_sessions", "connected or detached processes");
   MetricFamily& t_reserve =
       F.gauge("vlake_tenant_reserve_bytes", "of its granted memory, what its processes keep unused in local reserves");
@@ -279,7 +290,13 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
       const Labels l = join(g.labels, tl);
       // Memory outside vlake counts unless its namespace only accounts it (enforce: account).
       const std::uint64_t outside = r.enforce != 0 ? r.unhooked[g.index] : 0;
-      set(t_used, l, d(r.granted[g.index] + r.nonpool[g.index] + outside));
+      set(t_used, l, d(r.granted[g.index] + r.retained[g.index] + r.nonpool[g.index] + outside));
+      set(t_ipc_held, l, d(r.ipc_held[g.index]));
+      set(t_ipc_imported, l, d(r.ipc_imported[g.index]));
+      if ((r.over_limit & (1u << g.index)) != 0) {
+        const char* why = st::over_reason_name(r.over_reason[g.index]);
+        set(t_over_reason, join(l, {{"reason", *why != '\0' ? why : "unknown"}}), 1);
+      }
       set(t_unhooked, l, d(r.unhooked[g.index]));
       set(t_retained, l, d(r.retained[g.index]));
       set(t_granted, l, d(r.granted[g.index]));
@@ -320,8 +337,9 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     }
   }
 
-  // Processes: idle time each (bounded by the session table, state.hpp kMaxSessions).
-  {
+  // Processes: idle time each (bounded by the session table, state.hpp kMaxSessions); opt-in,
+  // since the labels name other tenants' pids (Exposure).
+  if (exposure.process_series) {
     std::map<std::uint32_t, std::string> names;
     for (const st::TenantRecord& r : s.tenants) {
       if (r.in_use != 0) names[r.id] = bounded(r.name, sizeof r.name);
@@ -342,6 +360,12 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     set(f, {{"for", "restore"}}, d(waiting_restore));
   }
   // Swapping idle processes to host memory (docs/swap.md).
+  // vlaked's own process, never a tenant's (docs/metrics.md, "The daemon's memory").
+  per_gpu("vlake_daemon_context_bytes",
+          "NVML's figure for vlaked's own process beyond its pool handles: its CUDA context (0: not listed)",
+          [](const st::DeviceRecord& r) { return d(r.daemon_context_bytes); });
+  per_gpu("vlake_daemon_gpu_used_bytes", "NVML's figure for vlaked's own process: pool handles and context",
+          [](const st::DeviceRecord& r) { return d(r.daemon_nvml_bytes); });
   per_gpu("vlake_swapped_bytes", "memory of this GPU's processes now in host memory (what their checkpoints freed)",
           [](const st::DeviceRecord& r) { return d(r.swapped_bytes); });
   set(F.counter("vlake_swap_outs_total", "processes checkpointed to host memory"), {}, d(c.swap_outs));
@@ -455,12 +479,12 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   return F.take();
 }
 
-StateCollector::StateCollector(SnapshotSource source, Clock clock, BuildInfo build)
-    : source_(std::move(source)), clock_(std::move(clock)), build_(std::move(build)) {}
+StateCollector::StateCollector(SnapshotSource source, Clock clock, BuildInfo build, Exposure exposure)
+    : source_(std::move(source)), clock_(std::move(clock)), build_(std::move(build)), exposure_(exposure) {}
 
-std::shared_ptr<StateCollector> StateCollector::for_segment(const std::string& name) {
+std::shared_ptr<StateCollector> StateCollector::for_segment(const std::string& name, Exposure exposure) {
   auto reader = std::make_shared<st::StateReader>(name);
-  return std::make_shared<StateCollector>([reader] { return reader->snapshot(); });
+  return std::make_shared<StateCollector>([reader] { return reader->snapshot(); }, realtime_ns, this_build(), exposure);
 }
 
 std::vector<MetricFamily> StateCollector::Collect() const {
@@ -472,7 +496,7 @@ std::vector<MetricFamily> StateCollector::Collect() const {
   }
   if (s) {
     try {
-      return build_families(*s, clock_(), build_);
+      return build_families(*s, clock_(), build_, exposure_);
     } catch (...) {
       // fall through: allocation failure; answer the minimal set
     }

@@ -137,8 +137,8 @@ std::string parse_listen_address(const std::string& address) {
   return host + ":" + port;
 }
 
-MetricsServer::MetricsServer(const std::string& address, const std::string& state_name)
-    : MetricsServer(address, StateCollector::for_segment(state_name)) {}
+MetricsServer::MetricsServer(const std::string& address, const std::string& state_name, Exposure exposure)
+    : MetricsServer(address, StateCollector::for_segment(state_name, exposure)) {}
 
 MetricsServer::MetricsServer(const std::string& address, std::shared_ptr<StateCollector> collector)
     : address_(address), collector_(std::move(collector)) {

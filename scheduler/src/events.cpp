@@ -442,7 +442,8 @@ EventsOptions EventsOptions::parse(int argc, const char* const* argv) {
 std::string EventsOptions::usage() {
   return "usage: vlake-events [options]\n"
          "Posts Kubernetes Events for vlaked's refusals and guard alarms (docs/kubernetes.md).\n"
-         "  --state NAME          vlaked's state segment (default $VLAKE_STATE, else vlake-state)\n"
+         "  --state NAME|PATH     vlaked's state segment (default $VLAKE_STATE, else vlake-state): a\n"
+         "                        name in $VLAKE_STATE_DIR (default /run/vlake/state) or an absolute path\n"
          "  --node NAME           this node's name (default $NODE_NAME, else the host name)\n"
          "  --interval DUR        how often the segment is read (default 2s)\n"
          "  --api-server URL      the API server (default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)\n"

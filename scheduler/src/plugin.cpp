@@ -569,7 +569,7 @@ class Plugin::Impl final : public dp::DevicePlugin::Service {
 
   // Tenant names that vlaked has a session for; nullopt when that cannot be known.
   std::optional<std::set<std::string>> session_tenants() {
-    const std::string seg = "/dev/shm/" + opts_.state;
+    const std::string seg = state::segment_path(opts_.state);
     if (::access(seg.c_str(), F_OK) != 0 && errno == ENOENT) return std::set<std::string>{};  // no vlaked state
     try {
       state::StateReader reader(opts_.state);

@@ -12,12 +12,12 @@ umask 0002  # the simulator's node file stays group-writable: tenants run under 
 work="$(mktemp -d /tmp/vlake-storm-test-XXXXXX)"
 chmod 755 "$work"
 node="storm-test-$$"
-state="vlake-storm-test-$$"
+state="$work/state"  # a file in the private work directory
 daemon_pid=""
 cleanup() {
   [[ -n "$daemon_pid" ]] && kill -9 "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
   rm -rf "$work"
-  rm -f "/dev/shm/$state" "/dev/shm/vlake-sim-$node"
+  rm -f "/dev/shm/vlake-sim-$node"
 }
 trap cleanup EXIT
 export VLAKE_SIM_NODE="$node" VLAKE_SIM_DEVICE_MEMORY=64GiB VLAKE_SIM_DEVICE_COUNT=1

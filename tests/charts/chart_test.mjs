@@ -222,8 +222,10 @@ function checkConsistency(objs, label, { devicePlugin = true, events = false } =
   const podIp = (vlaked.env || []).find((e) => e.name === "POD_IP");
   check(podIp && podIp.valueFrom && podIp.valueFrom.fieldRef && podIp.valueFrom.fieldRef.fieldPath === "status.podIP" &&
     podIp.value === undefined, `${label}: vlaked's POD_IP is the downward API's status.podIP`, JSON.stringify(podIp));
-  const shm = vlaked.volumeMounts.find((m) => m.mountPath === "/dev/shm");
-  check(shm && volumes[shm.name].hostPath && volumes[shm.name].hostPath.path === "/dev/shm", `${label}: state segment on the host's /dev/shm`);
+  const statePath = argValue(vlaked, "--state") || "";
+  check(statePath.startsWith("/") && hostMount(vlaked, statePath) && !statePath.startsWith("/dev/shm/"),
+    `${label}: state segment in a host directory only root writes, not /dev/shm`, statePath);
+  check(!pod.volumes.some((v) => v.hostPath && v.hostPath.path === "/dev/shm"), `${label}: no container mounts the host's /dev/shm`);
   if (plugin) {
     check(argValue(plugin, "--hook-path") === `${hookDir}/libvlake-hook.so`, `${label}: plugin --hook-path is the installed hook`,
       `${argValue(plugin, "--hook-path")} vs ${hookDir}`);
@@ -233,8 +235,7 @@ function checkConsistency(objs, label, { devicePlugin = true, events = false } =
     check(alloc !== undefined && alloc === argValue(plugin, "--alloc-root") && hostMount(vlaked, alloc) && hostMount(plugin, alloc),
       `${label}: vlaked and the plugin share --alloc-root ${alloc} on the host`);
     check(argValue(plugin, "--vlaked-socket") === socket, `${label}: plugin watches vlaked's socket`);
-    check(argValue(plugin, "--state") === argValue(vlaked, "--state") &&
-      plugin.volumeMounts.some((m) => m.mountPath === "/dev/shm"), `${label}: plugin reads vlaked's state segment`);
+    check(argValue(plugin, "--state") === statePath && hostMount(plugin, statePath), `${label}: plugin reads vlaked's state segment`);
     const kubeletDir = argValue(plugin, "--kubelet-dir");
     check(plugin.volumeMounts.some((m) => m.mountPath === kubeletDir && volumes[m.name].hostPath.path === kubeletDir),
       `${label}: plugin mounts the kubelet's device-plugin dir ${kubeletDir}`);
@@ -273,10 +274,11 @@ function checkEvents(objs, pod, byName, label) {
   const ev = byName.events;
   if (!check(ev !== undefined && ev.command[0] === "vlake-events", `${label}: events container runs vlake-events`)) return;
   const volumes = Object.fromEntries(pod.volumes.map((v) => [v.name, v]));
-  check(argValue(ev, "--state") === argValue(byName.vlaked, "--state") &&
-    ev.volumeMounts.some((m) => m.mountPath === "/dev/shm" && m.readOnly === true &&
-      volumes[m.name].hostPath && volumes[m.name].hostPath.path === "/dev/shm"),
-  `${label}: events reads vlaked's state segment (host /dev/shm, read-only)`);
+  const statePath = argValue(byName.vlaked, "--state") || "";
+  check(argValue(ev, "--state") === statePath &&
+    ev.volumeMounts.some((m) => statePath.startsWith(m.mountPath + "/") && m.readOnly === true &&
+      volumes[m.name].hostPath && volumes[m.name].hostPath.path === m.mountPath),
+  `${label}: events reads vlaked's state segment (its host directory, read-only)`, statePath);
   const node = (ev.env || []).find((e) => e.name === "NODE_NAME");
   check(node && node.valueFrom && node.valueFrom.fieldRef && node.valueFrom.fieldRef.fieldPath === "spec.nodeName",
     `${label}: events' NODE_NAME is the downward API's spec.nodeName`);

@@ -3,12 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -68,24 +67,23 @@ TEST_CASE("state segment: created, resumed, refused on mismatch, consistent snap
   }
   // A segment of another layout is refused with how to reset it.
   {
-    namespace bip = boost::interprocess;
-    bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write);
-    shm.truncate(4096);
-    bip::mapped_region r(shm, bip::read_write);
+    std::string bytes(4096, '\0');
     st::Header h{};
     h.magic = st::kMagic;
     h.layout_version = 99;
-    std::memcpy(r.get_address(), &h, sizeof h);
+    std::memcpy(bytes.data(), &h, sizeof h);
+    std::ofstream(st::segment_path(name), std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   try {
     st::StateSegment seg(name);
     FAIL("accepted a foreign layout");
   } catch (const st::StateError& e) {
     CHECK_THAT(e.what(), Catch::Contains("layout version 99"));
-    CHECK_THAT(e.what(), Catch::Contains("remove /dev/shm/" + name));
+    CHECK_THAT(e.what(), Catch::Contains("remove " + st::segment_path(name)));
   }
   CHECK_THROWS_AS(st::StateReader(name), st::StateError);
-  boost::interprocess::shared_memory_object::remove(name.c_str());
+  ::unlink(st::segment_path(name).c_str());
   CHECK_THROWS_WITH(st::StateReader(name), Catch::Contains("cannot open state segment"));
 }
 

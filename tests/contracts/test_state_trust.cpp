@@ -124,3 +124,59 @@ TEST_CASE("state segment trust: a segment others could write, a symlink, a FIFO 
     CHECK_THAT(refusal(n.name), Catch::Contains("has 2 hard links"));
   }
 }
+
+TEST_CASE("state directory: only root and vlaked's user may create names on the way to the segment",
+          "[contracts][state]") {
+  char tmpl[] = "/tmp/vlake-statedir-XXXXXX";  // /tmp: sticky, so fine above the directory
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string top = tmpl;
+  const std::string dir = top + "/a/b";
+  st::prepare_state_dir(dir);  // mkdir -p, 0755
+  CHECK(mode_of(top + "/a") == 0755);
+  CHECK(mode_of(dir) == 0755);
+  CHECK_NOTHROW(st::check_state_dir(dir, static_cast<unsigned>(::geteuid())));
+
+  // The directory itself: no group/other write, sticky or not.
+  REQUIRE(::chmod(dir.c_str(), 01777) == 0);
+  CHECK_THROWS_WITH(st::check_state_dir(dir, static_cast<unsigned>(::geteuid())),
+                    Catch::Contains(dir + " has mode 1777 (group or others may write it)"));
+  REQUIRE(::chmod(dir.c_str(), 0775) == 0);
+  CHECK_THROWS_WITH(st::prepare_state_dir(dir), Catch::Contains("chmod go-w " + dir));
+  REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+  // Above it: group/other write only with the sticky bit (nobody renames another's directory).
+  REQUIRE(::chmod((top + "/a").c_str(), 0777) == 0);
+  CHECK_THROWS_WITH(st::check_state_dir(dir, static_cast<unsigned>(::geteuid())),
+                    Catch::Contains(top + "/a has mode 0777"));
+  REQUIRE(::chmod((top + "/a").c_str(), 01777) == 0);
+  CHECK_NOTHROW(st::check_state_dir(dir, static_cast<unsigned>(::geteuid())));
+  REQUIRE(::chmod((top + "/a").c_str(), 0755) == 0);
+  // A symbolic link is followed, and the directory it leads to is what is checked.
+  const std::string link = top + "/link";
+  REQUIRE(::symlink(dir.c_str(), link.c_str()) == 0);
+  CHECK_NOTHROW(st::check_state_dir(link, static_cast<unsigned>(::geteuid())));
+  if (::geteuid() == 0) {
+    // Owned by neither root nor the daemon's uid.
+    REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);
+    CHECK_THROWS_WITH(st::check_state_dir(dir, 0),
+                      Catch::Contains(dir + " is owned by uid 65534, neither root nor uid 0"));
+    CHECK_NOTHROW(st::check_state_dir(dir, 65534));  // a reader trusting that directory's owner
+    REQUIRE(::chown(dir.c_str(), 0, 0) == 0);
+  }
+  CHECK_THROWS_WITH(st::check_state_dir("rel/dir", 0), Catch::Contains("not an absolute path"));
+  ::unlink(link.c_str());
+  ::rmdir(dir.c_str());
+  ::rmdir((top + "/a").c_str());
+  ::rmdir(top.c_str());
+}
+
+TEST_CASE("state spec: a name in the state directory or an absolute path", "[contracts][state]") {
+  CHECK(st::check_state_spec("vlake-state").empty());
+  CHECK(st::check_state_spec("/srv/vlake/state").empty());
+  CHECK_FALSE(st::check_state_spec("").empty());
+  CHECK_FALSE(st::check_state_spec("a/b").empty());
+  CHECK_FALSE(st::check_state_spec("..").empty());
+  CHECK_FALSE(st::check_state_spec("/srv/").empty());
+  CHECK_FALSE(st::check_state_spec(std::string(201, 'x')).empty());
+  CHECK(st::segment_path("/srv/vlake/state") == "/srv/vlake/state");
+  CHECK(st::segment_path("x") == st::state_dir() + "/x");
+}

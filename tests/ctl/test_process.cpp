@@ -127,7 +127,7 @@ TEST_CASE("vlakectl: top, tenants and pool match the grants of two tenants", "[p
   REQUIRE(text.exit_code == 0);
   CHECK(text.out.find("GPU 0  GPU-") != std::string::npos);
   CHECK(text.out.find("total 1.0 GiB  pool: granted 28.0 MiB") != std::string::npos);
-  CHECK(text.out.find("user:4301  12.0 MiB      0 B   64.0 MiB           -   1.2%  ") != std::string::npos);
+  CHECK(text.out.find("user:4301  12.0 MiB       0 B      0 B   64.0 MiB           -   1.2%  ") != std::string::npos);
   CHECK(text.out.find("s      1  " + std::to_string(a.pid())) != std::string::npos);  // IDLE in seconds, PROCS, PIDS
   CHECK(text.out.find("\x1b[") == std::string::npos);                                 // no ANSI codes in a pipe
 
@@ -135,7 +135,11 @@ TEST_CASE("vlakectl: top, tenants and pool match the grants of two tenants", "[p
   CHECK(num(a.ok("grant " + std::to_string(64 * kMiB)), "status") != 0);
   a.ok("release " + a2.at("id"));
   top = ctl_json({"--state", d.state, "--json", "top"});
-  CHECK(find_named(top.at("gpus").at(0).at("tenants"), "user:4301").at("used").u64() == 8 * kMiB);
+  // The freed 4 MiB handle stays bound to a (--handle-reuse tenant): retained, and counted.
+  const Json& a_after = find_named(top.at("gpus").at(0).at("tenants"), "user:4301");
+  CHECK(a_after.at("granted").u64() == 8 * kMiB);
+  CHECK(a_after.at("retained").u64() == 4 * kMiB);
+  CHECK(a_after.at("used").u64() == 12 * kMiB);
   const Json pool2 = ctl_json({"--state", d.state, "--json", "pool"});
   CHECK(pool2.at("counters").at("denials_over_limit").u64() == 1);
   CHECK(pool2.at("counters").at("releases").u64() == 1);
@@ -164,7 +168,7 @@ TEST_CASE("vlakectl: a missing segment is exit 2 with the reason", "[process]") 
     const CtlResult r = run_ctl({"--state", name, cmd});
     CHECK(r.exit_code == 2);
     CHECK(r.out.empty());
-    CHECK(r.err == "vlakectl: cannot read vlaked state '" + name + "' (/dev/shm/" + name +
+    CHECK(r.err == "vlakectl: cannot read vlaked state '" + name + "' (" + vlake::state::segment_path(name) +
                        "): no such segment — is vlaked running? (--state " + name + ")\n");
   }
   const CtlResult w = run_ctl({"--state", name, "top", "--watch", "1s"});
@@ -175,7 +179,7 @@ TEST_CASE("vlakectl: a missing segment is exit 2 with the reason", "[process]") 
 TEST_CASE("vlakectl: unprivileged users read a readable segment or are told how", "[process]") {
   DaemonProcess d("ctlperm", kConfig);
   REQUIRE(d.start());
-  const std::string path = "/dev/shm/" + d.state;
+  const std::string path = vlake::state::segment_path(d.state);
   struct stat sb {};
   REQUIRE(::stat(path.c_str(), &sb) == 0);
   CHECK((sb.st_mode & 0777) == 0600);  // vlaked's default: root only
@@ -286,9 +290,121 @@ TEST_CASE("vlakectl: memory outside vlake of a process without a session shows p
   const CtlResult text = run_ctl({"--state", d.state, "top"});
   INFO(text.out);
   CHECK(text.out.find("outside vlake 24.0 MiB") != std::string::npos);
-  CHECK(text.out.find("user:4301  24.0 MiB  24.0 MiB  64.0 MiB") != std::string::npos);
+  CHECK(text.out.find("user:4301  24.0 MiB       0 B  24.0 MiB  64.0 MiB") != std::string::npos);
   const Json pool = ctl_json({"--state", d.state, "--json", "pool"});
   CHECK(pool.at("gpus").at(0).at("unhooked").u64() == 24 * kMiB);
   CHECK(pool.at("gpus").at(0).at("nvml_used").u64() >= 24 * kMiB);
+}
+#endif
+
+#ifdef VLAKE_SIM_NVML_LIB
+TEST_CASE("vlakectl: vlaked's context is the daemon's, retained bytes the tenant's, as the simulator counts them",
+          "[process]") {
+  // vlaked's own primary context takes 8 MiB of the simulated GPU (the H100: ~518 MiB).
+  DaemonProcess d("ctl-exact", kConfig);
+  d.env = {"VLAKE_SIM_CONTEXT_MEMORY=8MiB"};
+  // Freed handles stay in the pool (bound to their tenant) for the whole test.
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50", "--pool-idle-release", "off"}));
+  Helper root(d.node);        // a tenant running as root (uid:0), where vlaked's context used to show
+  Helper a(d.node, 4301, 0);  // user:4301, limit 64 MiB
+  REQUIRE(root.ok("connect " + d.socket).at("name") == "uid:0");
+  REQUIRE(a.ok("connect " + d.socket).at("name") == "user:4301");
+  root.ok("meminfo");  // both have a context: NVML lists them
+  a.ok("meminfo");
+  a.ok("own " + std::to_string(8 * kMiB));  // device memory of its own, outside the pool: non-pool
+  REQUIRE(num(root.ok("grant " + std::to_string(4 * kMiB)), "status") == 0);
+  const auto a8 = a.ok("grant " + std::to_string(8 * kMiB));
+  const auto a4 = a.ok("grant " + std::to_string(4 * kMiB));
+  REQUIRE(num(a8, "status") == 0);
+  REQUIRE(num(a4, "status") == 0);
+  // a frees both: the handles stay bound to it (--handle-reuse tenant), retained and charged.
+  a.ok("release " + a8.at("id"));
+  a.ok("release " + a4.at("id"));
+
+  Json top;
+  Json tenants;
+  Json pool;
+  const auto gpu_of = [](const Json& t) -> const Json& { return t.at("gpus").at(0); };
+  const bool settled = pooltest::eventually(
+      [&] {
+        top = ctl_json({"--state", d.state, "--json", "top"});
+        tenants = ctl_json({"--state", d.state, "--json", "tenants"});
+        pool = ctl_json({"--state", d.state, "--json", "pool"});
+        const Json& g = top.at("gpus").at(0);
+        if (g.at("daemon").at("context").u64() != 8 * kMiB || tenants.at("tenants").size() != 2) return false;
+        return gpu_of(find_named(tenants.at("tenants"), "user:4301")).at("nonpool").u64() == 8 * kMiB;
+      },
+      10000);
+  INFO(top.at("gpus").at(0).at("daemon").at("context").u64());
+  REQUIRE(settled);
+
+  // vlaked's own context is the daemon's, not uid:0's.
+  const Json& g = top.at("gpus").at(0);
+  CHECK(g.at("daemon").at("pid").u64() == static_cast<std::uint64_t>(d.pid()));
+  CHECK(g.at("daemon").at("context").u64() == 8 * kMiB);
+  CHECK(g.at("daemon").at("nvml").u64() >= 8 * kMiB);
+  const Json& r = gpu_of(find_named(tenants.at("tenants"), "uid:0"));
+  CHECK(r.at("granted").u64() == 4 * kMiB);
+  CHECK(r.at("nonpool").u64() == 0);  // vlaked's context is not in it
+  CHECK(r.at("used").u64() == 4 * kMiB);
+  // a's freed memory: retained, charged, shown.
+  const Json& ua = gpu_of(find_named(tenants.at("tenants"), "user:4301"));
+  CHECK(ua.at("granted").u64() == 0);
+  CHECK(ua.at("retained").u64() == 12 * kMiB);
+  CHECK(ua.at("used").u64() == 12 * kMiB + 8 * kMiB);
+  CHECK(find_named(top.at("gpus").at(0).at("tenants"), "user:4301").at("retained").u64() == 12 * kMiB);
+
+  // Against the simulator's own count of the GPU's used memory (cuMemGetInfo in a process):
+  // every byte is a tenant's (granted, retained, its contexts), vlaked's context, or free pool
+  // memory bound to no tenant.
+  const std::uint64_t sim_used = num(root.ok("meminfo"), "used");
+  std::uint64_t tenants_used = 0;
+  std::uint64_t retained = 0;
+  for (const Json& t : tenants.at("tenants").items) {
+    tenants_used += gpu_of(t).at("used").u64();
+    retained += gpu_of(t).at("retained").u64();
+  }
+  const std::uint64_t unbound_free = pool.at("gpus").at(0).at("free").u64() - retained;
+  CHECK(sim_used == tenants_used + g.at("daemon").at("context").u64() + unbound_free);
+
+  // The text views: a row for vlaked (its pid) in top, a RETAINED column, and vlaked named as
+  // not a tenant in `tenants`.
+  const CtlResult text = run_ctl({"--state", d.state, "top"});
+  INFO(text.out);
+  CHECK(text.out.find("RETAINED") != std::string::npos);
+  CHECK(text.out.find("user:4301  20.0 MiB  12.0 MiB") != std::string::npos);
+  CHECK(text.out.find("  vlaked      8.0 MiB") != std::string::npos);
+  CHECK(text.out.find(std::to_string(d.pid())) != std::string::npos);
+  const CtlResult tt = run_ctl({"--state", d.state, "tenants"});
+  INFO(tt.out);
+  CHECK(tt.out.find("vlaked (pid " + std::to_string(d.pid()) + ", not a tenant) on GPU 0: context 8.0 MiB") !=
+        std::string::npos);
+
+  // The over-limit marker says why. A limit of 16 MiB: its pool memory (12 MiB retained) fits,
+  // its context takes it above.
+  const auto reload = [&](const std::string& limit, const std::string& reason) {
+    std::ofstream(d.config) << "version: 1\ndefault:\n  limit: 256MiB\nusers:\n  - uid: 4301\n    limit: " << limit
+                            << "\n";
+    d.signal(SIGHUP);
+    return pooltest::eventually(
+        [&] {
+          const Json t = ctl_json({"--state", d.state, "--json", "tenants"});
+          const Json& u = gpu_of(find_named(t.at("tenants"), "user:4301"));
+          return u.at("over_limit").boolean() && u.at("over_reason").str() == reason;
+        },
+        10000);
+  };
+  CHECK(reload("16MiB", "contexts"));
+  CtlResult over = run_ctl({"--state", d.state, "top"});
+  INFO(over.out);
+  CHECK(over.out.find("user:4301  20.0 MiB+") != std::string::npos);
+  CHECK(over.out.find("+ above its limit through its processes' CUDA contexts") != std::string::npos);
+  CHECK(over.out.find("lowered by a reload") == std::string::npos);
+  // 8 MiB: its pool memory alone is above: the limit was lowered.
+  CHECK(reload("8MiB", "limit_lowered"));
+  over = run_ctl({"--state", d.state, "top"});
+  INFO(over.out);
+  CHECK(over.out.find("user:4301  20.0 MiB*") != std::string::npos);
+  CHECK(over.out.find("* above its limit, lowered by a reload") != std::string::npos);
 }
 #endif

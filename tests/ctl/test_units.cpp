@@ -100,6 +100,7 @@ std::unique_ptr<st::State> synthetic_state() {
   ns.guaranteed[1] = 16 * kGiB;
   b.namespace_id = 4;
   a.over_limit = 1u << 0;
+  a.over_reason[0] = st::kOverLowered;
   s->devices[1].guaranteed_bytes = 16 * kGiB;
   s->counters.config_reloads = 3;
   b.granted[1] = 8 * kGiB;
@@ -176,10 +177,11 @@ TEST_CASE("options: bad command lines say what is wrong", "[units]") {
         "unknown command 'frob' (top, tenants, processes, waits, pool, events or quota check FILE)");
   CHECK(parse_error({"top", "--frob"}) == "unknown option '--frob'");
   CHECK(parse_error({"top", "-x"}) == "unknown option '-x'");
-  CHECK(parse_error({"top", "--state"}) == "--state needs a value (a segment name)");
+  CHECK(parse_error({"top", "--state"}) == "--state needs a value (a segment name or path)");
   CHECK(parse_error({"top", "--state="}) == "--state needs a non-empty name");
-  CHECK(parse_error({"top", "--state", "/dev/shm/x"}).find("not a path") != std::string::npos);
-  CHECK(parse_error({"top"}, "a/b").find("not a path") != std::string::npos);
+  CHECK(parse_error({"top", "--state", "a/b"}).find("neither a name") != std::string::npos);
+  CHECK(parse_error({"top", "--state", "/run/x/"}).find("names a directory") != std::string::npos);
+  CHECK(parse_error({"top"}, "a/b").find("neither a name") != std::string::npos);
   CHECK(parse_error({"quota"}) == "quota: missing subcommand (quota check FILE)");
   CHECK(parse_error({"quota", "lint", "f"}) == "quota: unknown subcommand 'lint' (quota check FILE)");
   CHECK(parse_error({"quota", "check"}) == "quota check: missing FILE");
@@ -381,15 +383,17 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string top = render_top_text(v, "st1", "");
   INFO(top);
   CHECK(top.rfind("vlaked pid 4242 (not running), state st1, 4 sessions, 4 grants\n", 0) == 0);
-  CHECK(top.find("GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
-                 "  guaranteed 0 B (borrowed 0 B)\n"
-                 "  NAMESPACE  TENANT            USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
-                 "  default    user:alice  548.0 MiB*      0 B  16.0 GiB           -   0.7%     -      2  "
-                 "5001,5002\n\nGPU 1") != std::string::npos);
-  CHECK(top.find("\n  NAMESPACE  TENANT       USED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
-                 "  research   group:ml  8.0 GiB      0 B  40.0 GiB    16.0 GiB  10.0%     -      1  6001\n") !=
-        std::string::npos);
-  CHECK(top.find("\n* above its limit") != std::string::npos);
+  CHECK(top.find(
+            "GPU 0  GPU-00010203  total 80.0 GiB  pool: granted 30.0 MiB / free 10.0 MiB  non-pool 512.0 MiB"
+            "  guaranteed 0 B (borrowed 0 B)\n"
+            "  NAMESPACE  TENANT            USED  RETAINED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
+            "  default    user:alice  548.0 MiB*       0 B      0 B  16.0 GiB           -   0.7%     -      2  "
+            "5001,5002\n\nGPU 1") != std::string::npos);
+  CHECK(
+      top.find("\n  NAMESPACE  TENANT       USED  RETAINED  OUTSIDE     LIMIT  GUARANTEED  SHARE  IDLE  PROCS  PIDS\n"
+               "  research   group:ml  8.0 GiB       0 B      0 B  40.0 GiB    16.0 GiB  10.0%     -      1  6001\n") !=
+      std::string::npos);
+  CHECK(top.find("\n* above its limit, lowered by a reload") != std::string::npos);  // the daemon's over_reason
   CHECK(top.find("\nconnected, no memory: uid:9 (7001)\n") != std::string::npos);
   CHECK(top.find("xxxx") == std::string::npos);  // the idle tenant is not in top
 
@@ -428,9 +432,11 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const std::string tt = render_tenants_text(v, "st1");
   INFO(tt);
   CHECK(tt.find("\n 1  user:alice ") != std::string::npos);
-  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB  512.0 MiB      0 B  16.0 GiB       3        0     -  2 (5001,5002)\n") !=
+  CHECK(tt.find(" 0  548.0 MiB*  36.0 MiB       0 B       0 B       0 B  512.0 MiB      0 B  16.0 GiB       3        0"
+                "     -  2 (5001,5002)\n") != std::string::npos);
+  CHECK(tt.find(" 1     8.0 GiB   8.0 GiB       0 B       0 B       0 B        0 B      0 B  40.0 GiB\n") !=
         std::string::npos);
-  CHECK(tt.find(" 1     8.0 GiB   8.0 GiB        0 B      0 B  40.0 GiB\n") != std::string::npos);
+  CHECK(tt.find("\n* above its limit, lowered by a reload") != std::string::npos);
 
   const Json pj = parse_json(render_pool_json(v, "st1"));
   CHECK(pj.at("daemon").at("starts").u64() == 3);
@@ -459,12 +465,13 @@ TEST_CASE("state source: missing, foreign and mismatched segments", "[units]") {
     FAIL("opened a missing segment");
   } catch (const StateAccessError& e) {
     CHECK(e.kind() == StateAccessError::Kind::missing);
-    CHECK(std::string(e.what()) == "cannot read vlaked state '" + missing + "' (/dev/shm/" + missing +
+    CHECK(std::string(e.what()) == "cannot read vlaked state '" + missing + "' (" + st::segment_path(missing) +
                                        "): no such segment — is vlaked running? (--state " + missing + ")");
   }
 
   const std::string name = unique("layout");
-  const std::string path = "/dev/shm/" + name;
+  const std::string path = st::segment_path(name);
+  st::prepare_state_dir(st::state_dir());
   const auto write_segment = [&](const st::Header& h, std::size_t size) {
     std::string bytes(size, '\0');
     std::memcpy(bytes.data(), &h, std::min(size, sizeof h));
@@ -673,10 +680,11 @@ TEST_CASE("render: memory outside vlake per tenant, counted in USED unless enfor
   const std::string top = render_top_text(v, "st1", "");
   INFO(top);
   CHECK(top.find("(borrowed 0 B)  outside vlake 96.0 MiB\n") != std::string::npos);
-  CHECK(top.find("  research   group:ml           0 B  32.0 MiB  40.0 GiB") != std::string::npos);
+  CHECK(top.find("  research   group:ml           0 B       0 B  32.0 MiB  40.0 GiB") != std::string::npos);
   const std::string tt = render_tenants_text(v, "st1");
   INFO(tt);
-  CHECK(tt.find(" 0  612.0 MiB*  36.0 MiB  512.0 MiB  64.0 MiB  16.0 GiB") != std::string::npos);
+  CHECK(tt.find(" 0  612.0 MiB*  36.0 MiB       0 B       0 B       0 B  512.0 MiB  64.0 MiB  16.0 GiB") !=
+        std::string::npos);
 
   const Json pj = parse_json(render_pool_json(v, "st1"));
   CHECK(pj.at("gpus").at(0).at("unhooked").u64() == 96 * kMiB);

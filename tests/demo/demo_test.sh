@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # demo.sim: scripts/demo.sh --sim on build tree BUILD passes, and what it made is gone afterwards:
-# its work directory, its state segment and simulated node in /dev/shm, vlaked and the tenants.
+# its work directory, its state segment and its simulated node in /dev/shm, vlaked and the tenants.
 # A demo that cannot find its programs fails too (exit 1, with the reason).
 #
 #   demo_test.sh DEMO_SH BUILD
@@ -27,7 +27,7 @@ check "demo.sh exits 0" test "$status" -eq 0
 check "demo.sh says it passed" grep -q "^demo passed" "$out"
 
 # left_behind <output> <processes expected>: what a run printed that it made is gone — its files
-# ("files:    WORK, /dev/shm/STATE, /dev/shm/vlake-sim-NODE") and its processes ("vlaked pid N
+# ("files:    WORK, WORK/state, /dev/shm/vlake-sim-NODE") and its processes ("vlaked pid N
 # is up", "<tenant>: pid N (").
 left_behind() {
   local files pids f pid

@@ -68,6 +68,8 @@ std::unique_ptr<st::State> synthetic() {
   st::DeviceRecord& g0 = s->devices[0];
   g0.nvml_used_bytes = 90 * kMiB;
   g0.unlisted_bytes = 12 * kMiB;
+  g0.daemon_nvml_bytes = 74 * kMiB;  // its pool handles it holds and its context
+  g0.daemon_context_bytes = 10 * kMiB;
   g0.unhooked_bytes = 3 * kMiB;
   g0.retained_bytes = 6 * kMiB;
   g0.held_fd_bytes = 2 * kMiB;
@@ -124,6 +126,9 @@ std::unique_ptr<st::State> synthetic() {
   a.unhooked[0] = 3 * kMiB;
   a.unhooked_processes = 1;
   a.retained[0] = 6 * kMiB;
+  a.over_reason[0] = st::kOverContexts;
+  a.ipc_held[0] = 4 * kMiB;
+  a.ipc_imported[1] = 8 * kMiB;
   a.kernel_faults[st::kFaultMapsShared] = 3;
   st::TenantRecord& b = s->tenants[3];
   b.in_use = 1;
@@ -207,9 +212,9 @@ std::unique_ptr<st::State> synthetic() {
   return s;
 }
 
-Exposition scrape_text(const st::State& s, std::uint64_t now = kNow) {
+Exposition scrape_text(const st::State& s, std::uint64_t now = kNow, exporter::Exposure exposure = {}) {
   std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, exporter::build_families(s, now, kBuild));
+  prometheus::TextSerializer().Serialize(out, exporter::build_families(s, now, kBuild, exposure));
   return parse_prometheus(out.str());
 }
 
@@ -231,7 +236,9 @@ std::set<std::string> label_names(const prometheus::ClientMetric& m) {
 
 TEST_CASE("collector: every family of docs/metrics.md, with its type and label names", "[unit]") {
   const auto s = synthetic();
-  const auto fs = exporter::build_families(*s, kNow, kBuild);
+  exporter::Exposure all;
+  all.process_series = true;
+  const auto fs = exporter::build_families(*s, kNow, kBuild, all);
   using T = MetricType;
   const std::set<std::string> none;
   const std::set<std::string> gpu{"gpu", "gpu_index"};
@@ -333,6 +340,13 @@ TEST_CASE("collector: every family of docs/metrics.md, with its type and label n
       {"vlake_tenant_swapped_bytes", T::Gauge, tenant},
       {"vlake_tenant_waiting_processes", T::Gauge, tenant_only},
       {"vlake_process_idle_seconds", T::Gauge, {"tenant", "pid"}},
+      {"vlake_tenant_ipc_held_bytes", T::Gauge, tenant},
+      {"vlake_tenant_over_limit_reason",
+       T::Gauge,
+       {"gpu", "gpu_index", "tenant", "tenant_namespace", "tenant_pod", "tenant_container", "reason"}},
+      {"vlake_tenant_ipc_imported_bytes", T::Gauge, tenant},
+      {"vlake_daemon_context_bytes", T::Gauge, gpu},
+      {"vlake_daemon_gpu_used_bytes", T::Gauge, gpu},
       {"vlake_waiting_processes", T::Gauge, {"for"}},
       {"vlake_swapped_bytes", T::Gauge, gpu},
       {"vlake_swap_outs_total", T::Counter, none},
@@ -380,7 +394,9 @@ TEST_CASE("collector: idle, swapped, waiting and refused, per tenant and process
       r.denials[st::kRefusalRestoreTimeout - 1] = 1;
     }
   }
-  const Exposition e = scrape_text(*s);
+  exporter::Exposure all;
+  all.process_series = true;
+  const Exposition e = scrape_text(*s, kNow, all);
   const std::map<std::string, std::string> alice{{"tenant", "research/user:alice"}};
   CHECK(e.value("vlake_tenant_idle_seconds", alice) == Approx(30.0));  // its most recent process
   CHECK(e.value("vlake_process_idle_seconds", {{"pid", "100"}}) == Approx(30.0));
@@ -429,7 +445,16 @@ TEST_CASE("collector: values from the state", "[unit]") {
                                                   {"tenant_pod", ""},
                                                   {"tenant_container", ""},
                                                   {"gpu_index", "0"}};
-  CHECK(e.value("vlake_tenant_used_bytes", alice0) == 53.0 * kMiB);
+  // granted 48 + retained 6 + non-pool 2 + unhooked 3 (enforce: refuse charges it): what vlaked counts.
+  CHECK(e.value("vlake_tenant_used_bytes", alice0) == 59.0 * kMiB);
+  CHECK(e.value("vlake_tenant_ipc_held_bytes", alice0) == 4.0 * kMiB);
+  CHECK(e.value("vlake_tenant_ipc_imported_bytes", {{"tenant", "research/user:alice"}, {"gpu_index", "1"}}) ==
+        8.0 * kMiB);
+  CHECK(e.value("vlake_tenant_over_limit_reason", alice0) == 1);
+  CHECK(e.find("vlake_tenant_over_limit_reason", {{"reason", "contexts"}}).size() == 1);
+  CHECK(e.find("vlake_tenant_over_limit_reason").size() == 1);  // only tenants above a limit
+  CHECK(e.value("vlake_daemon_context_bytes", g0) == 10.0 * kMiB);
+  CHECK(e.value("vlake_daemon_gpu_used_bytes", g0) == 74.0 * kMiB);
   CHECK(e.value("vlake_tenant_unhooked_bytes", alice0) == 3.0 * kMiB);
   CHECK(e.value("vlake_tenant_unhooked_processes", {{"tenant", "uid:1000"}}) == 2);
   CHECK(e.value("vlake_tenant_unhooked_bytes", {{"tenant", "uid:1000"}, {"gpu_index", "1"}}) == 5.0 * kMiB);

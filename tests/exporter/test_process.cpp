@@ -144,6 +144,43 @@ TEST_CASE("exporter: per-tenant series of a running vlaked match vlakectl", "[pr
   CHECK(e2.value("vlake_tenant_granted_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 0);
 }
 
+TEST_CASE("exporter: no per-process series (pids, idle times) unless --metrics-process-series on", "[process]") {
+  // Every local user reaches 127.0.0.1: by default the scrape names tenants, never their
+  // processes' pids or activity, which the root-only state segment keeps to itself.
+  for (const bool on : {false, true}) {
+    INFO("--metrics-process-series " << (on ? "on" : "off"));
+    const int port = exptest::free_port();
+    DaemonProcess d(on ? "exp-pids-on" : "exp-pids", kConfig);
+    REQUIRE(d.start({"--metrics-address", addr(port), "--metrics-process-series", on ? "on" : "off"}));
+    Helper a(d.node, 4401, 0);
+    Helper b(d.node, 4402, 0);
+    a.ok("connect " + d.socket);
+    b.ok("connect " + d.socket);
+    REQUIRE(a.ok("grant " + std::to_string(4 * kMiB)).at("status") ==
+            std::to_string(static_cast<int>(proto::Status::ok)));
+    const auto r = http_get(port, "/metrics");
+    REQUIRE(r.status == 200);
+    const Exposition e = parse_prometheus(r.body);
+    // The per-tenant families stay either way.
+    CHECK(e.value("vlake_tenant_granted_bytes", {{"tenant", "user:4401"}, {"gpu_index", "0"}}) == 4.0 * kMiB);
+    CHECK(e.find("vlake_tenant_idle_seconds", {{"tenant", "uid:4402"}}).size() == 1);
+    const std::string pid_a = "pid=\"" + std::to_string(a.pid()) + "\"";
+    const std::string pid_b = "pid=\"" + std::to_string(b.pid()) + "\"";
+    if (on) {
+      CHECK(e.find("vlake_process_idle_seconds", {{"pid", std::to_string(a.pid())}, {"tenant", "user:4401"}}).size() ==
+            1);
+      CHECK(e.find("vlake_process_idle_seconds", {{"pid", std::to_string(b.pid())}, {"tenant", "uid:4402"}}).size() ==
+            1);
+    } else {
+      CHECK(e.find("vlake_process_idle_seconds", {}).empty());
+      CHECK(r.body.find("vlake_process_idle_seconds") == std::string::npos);
+      CHECK(r.body.find(pid_a) == std::string::npos);
+      CHECK(r.body.find(pid_b) == std::string::npos);
+      CHECK(r.body.find("pid=") == std::string::npos);  // no family carries a pid label
+    }
+  }
+}
+
 TEST_CASE("exporter: /healthz is 200 while vlaked runs, 503 once it stops refreshing", "[process]") {
   const int port = exptest::free_port();
   DaemonProcess d("exph");

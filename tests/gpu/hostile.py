@@ -109,7 +109,7 @@ class Daemon:
     def stop(self):
         testprocs.stop(self.proc)
         self.log.close()
-        testprocs.unlink_quiet("/dev/shm/" + self.state)
+        testprocs.unlink_quiet(testprocs.state_path(self.state))
 
 
 def gpu_users(nv):

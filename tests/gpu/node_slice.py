@@ -82,7 +82,7 @@ class Daemon:
     def stop(self):
         testprocs.stop(self.proc)
         self.log.close()
-        testprocs.unlink_quiet("/dev/shm/" + self.state)
+        testprocs.unlink_quiet(testprocs.state_path(self.state))
 
 
 def clean_up(check, daemon, work, keep=False):

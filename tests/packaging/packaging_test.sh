@@ -242,9 +242,11 @@ case "$case_name" in
     # vlaked accepts the command line the unit runs (VLAKED_ARGS empty, as shipped).
     "$vlaked" --config /etc/vlake/vlake.yaml --help >/dev/null || fail "vlaked rejects the unit's command line"
     for key in Type=exec Restart=on-failure ProtectSystem=strict ProtectHome=yes PrivateTmp=yes NoNewPrivileges=yes \
-               RuntimeDirectory=vlake ReadWritePaths=/dev/shm WantedBy=multi-user.target; do
+               RuntimeDirectory=vlake RuntimeDirectoryMode=0755 RuntimeDirectoryPreserve=yes WantedBy=multi-user.target; do
       grep -qx "$key" "$unit" || fail "vlaked.service lacks $key"
     done
+    # The state segment lives in /run/vlake/state (root's), not in /dev/shm where anyone creates names.
+    if grep -q '/dev/shm' "$unit"; then fail "vlaked.service still gives vlaked /dev/shm for its state segment"; fi
     if grep -Eq '^(PrivateDevices=yes|DevicePolicy=|DeviceAllow=|ProtectClock=yes)' "$unit"; then
       fail "vlaked.service restricts devices: the GPU's /dev/nvidia* would be hidden"
     fi

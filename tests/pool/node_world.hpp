@@ -191,7 +191,7 @@ inline const Node::Tenant* tenant_named(const Node& n, const std::string& name) 
 // A state segment of this test process, removed at the end.
 struct TestSegment {
   explicit TestSegment(const std::string& prefix) : name(prefix + std::to_string(::getpid())), seg(name) {}
-  ~TestSegment() { ::unlink(("/dev/shm/" + name).c_str()); }
+  ~TestSegment() { ::unlink(state::segment_path(name).c_str()); }
   TestSegment(const TestSegment&) = delete;
   TestSegment& operator=(const TestSegment&) = delete;
   std::string name;

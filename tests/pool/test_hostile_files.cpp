@@ -1,6 +1,8 @@
 // vlaked against files a local user may plant or swap in (docs/daemon.md, "State segment
-// ownership" and "Reading the quota file"): a state segment it did not create is refused at
-// start-up with what is wrong and how to fix it; a quota file that is a FIFO, a device or too
+// ownership" and "Reading the quota file"): the state segment lives in a directory no other user
+// can create names in, so nobody can pre-empt it, and a directory others could write is refused
+// with what to do; a state segment it did not create is refused at start-up with what is wrong
+// and how to fix it; a quota file that is a FIFO, a device or too
 // large is rejected without being read, bad values are quoted in bounded form, and the loop
 // keeps serving throughout while the configuration in force stays.
 #include <catch2/catch.hpp>
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "process.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
@@ -61,7 +64,87 @@ std::size_t longest_log_line(const DaemonProcess& d) {
   return longest;
 }
 
+// Runs `script` with /bin/sh as `uid` (gid `uid`); returns its stdout.
+std::string run_as(long uid, const std::string& script) {
+  testsupport::Spawn spec;
+  spec.argv = {"/bin/sh", "-c", script};
+  spec.uid = uid;
+  spec.gid = uid;
+  spec.err = testsupport::Stream::merged;
+  const testsupport::Result r = testsupport::run(spec, 20000);
+  REQUIRE_FALSE(r.timed_out);
+  return r.out;
+}
+
 }  // namespace
+
+TEST_CASE("daemon state: another user cannot pre-create the segment, and a name planted in /dev/shm stops nothing",
+          "[daemon][hostile]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to run a helper as another uid; not run");
+    return;
+  }
+  DaemonProcess d("seg-preempt", kConfig);
+  const std::string path = st::segment_path(d.state);
+  const std::string old_path = "/dev/shm/" + d.state;  // where the segment used to live
+  struct Cleanup {
+    std::string p;
+    ~Cleanup() { ::unlink(p.c_str()); }
+  } cleanup{old_path};
+  // vlaked creates its directory before anything else; a fresh node has it from the first start.
+  st::prepare_state_dir(st::state_dir());
+  // A local user (uid 60001) plants both names before vlaked (re)starts, as the issue's attacker did.
+  const std::string planted = run_as(60001, "umask 0; : > '" + old_path + "' && echo old-planted; : > '" + path +
+                                                "' 2>/dev/null && echo new-planted; true");
+  INFO(planted);
+  CHECK(planted.find("old-planted") != std::string::npos);  // /dev/shm: anyone may create names
+  CHECK(planted.find("new-planted") == std::string::npos);  // the state directory: nobody but root
+  CHECK(::access(path.c_str(), F_OK) != 0);
+  REQUIRE(d.start());
+  struct stat sb {};
+  REQUIRE(::lstat(path.c_str(), &sb) == 0);
+  CHECK(sb.st_uid == 0);
+  CHECK((sb.st_mode & 0777) == 0600);
+  CHECK(snapshot(d.state)->header.daemon_pid == static_cast<std::uint32_t>(d.pid()));
+  // While it runs and after it stopped, the user still cannot replace or add the name.
+  d.signal(SIGTERM);
+  REQUIRE(d.wait_exit() >= 0);
+  const std::string again =
+      run_as(60001, "rm -f '" + path + "' 2>/dev/null; : > '" + path + "' 2>/dev/null && echo new-planted; true");
+  CHECK(again.find("new-planted") == std::string::npos);
+  REQUIRE(d.start());  // restarts on its own segment (or a fresh one)
+  REQUIRE(::lstat(path.c_str(), &sb) == 0);
+  CHECK(sb.st_uid == 0);
+}
+
+TEST_CASE("daemon state: a state directory another user could write in is refused with what to do",
+          "[daemon][hostile]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to give a directory to another uid; not run");
+    return;
+  }
+  DaemonProcess d("seg-dir", kConfig);
+  const std::string open_dir = d.dir + "/open";
+  REQUIRE(::mkdir(open_dir.c_str(), 0755) == 0);
+  REQUIRE(::chmod(open_dir.c_str(), 01777) == 0);  // like /tmp or /dev/shm: anyone creates names
+  CHECK_FALSE(d.start({"--state", open_dir + "/state"}));
+  CHECK_THAT(d.log(), Catch::Contains("state directory " + open_dir + " is unsafe: " + open_dir +
+                                      " has mode 1777 (group or others may write it)"));
+  CHECK_THAT(d.log(), Catch::Contains("chmod go-w " + open_dir));
+  CHECK(::access((open_dir + "/state").c_str(), F_OK) != 0);  // nothing created there
+
+  const std::string theirs = d.dir + "/theirs";
+  REQUIRE(::mkdir(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chown(theirs.c_str(), 60001, 60001) == 0);  // another user's directory
+  CHECK_FALSE(d.start({"--state", theirs + "/state"}));
+  CHECK_THAT(d.log(), Catch::Contains("state directory " + theirs + " is unsafe: " + theirs +
+                                      " is owned by uid 60001, neither root nor uid 0"));
+
+  // Once the directory is root's and nobody else's to write, the same path is served.
+  REQUIRE(::chmod(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chown(theirs.c_str(), 0, 0) == 0);
+  REQUIRE(d.start({"--state", theirs + "/state"}));  // a safe directory: served
+}
 
 TEST_CASE("daemon state: a segment created by another uid is refused at start-up", "[daemon][hostile]") {
   if (::geteuid() != 0) {

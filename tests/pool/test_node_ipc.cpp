@@ -110,9 +110,23 @@ TEST_CASE("node: a released grant with IPC imports stays charged to its owner un
   World w(
       "version: 1\nnamespaces:\n  - name: a\n    users: [1000]\n    ipc_domain: team\n  - name: b\n"
       "    users: [2000]\n    ipc_domain: team\n");
+  // What vlakectl and the metrics read (state.hpp TenantRecord::ipc_held, ipc_imported).
+  TestSegment test_segment("vlake-node-ipc-held-");
+  StatePublisher pub(test_segment.seg, 1, 2, 1000);
+  pub.publish_all(*w.node, w.t.unix_ns);
+  const auto record = [&](TenantId t) -> const st::TenantRecord& {
+    pub.publish(*w.node);
+    for (const st::TenantRecord& r : test_segment.seg.state().tenants) {
+      if (r.in_use != 0 && r.id == t.value()) return r;
+    }
+    FAIL("no record of tenant " << t.value());
+    throw std::logic_error("unreachable");
+  };
   const auto owner = w.hello(1, 100, 1000);
   const auto importer = w.hello(2, 101, 2000);  // another tenant of the owner's ipc_domain
   const auto closer = w.hello(3, 102, 2000);
+  const TenantId owner_tenant = w.node->session(owner)->tenant;
+  const TenantId importer_tenant = w.node->session(importer)->tenant;
   const std::uint64_t g = w.granted(1, owner, 8 * kMiB);
   const auto e = ipc_export(w, owner, g);
   const auto i1 = ipc_open(w, importer, e.token, e.secret);
@@ -120,10 +134,18 @@ TEST_CASE("node: a released grant with IPC imports stays charged to its owner un
   const auto i2 = ipc_open(w, closer, e.token, e.secret);
   REQUIRE(i2.reply.status == proto::Status::ok);
   CHECK(w.used(importer) == 0_MiB);  // never charged to the importer's tenant
+  // Its two processes map the same 8 MiB: imported once, charged to the owner.
+  CHECK(record(importer_tenant).ipc_imported[0] == 8 * kMiB);
+  CHECK(record(importer_tenant).granted[0] == 0);
+  CHECK(record(owner_tenant).ipc_held[0] == 0);
 
   // The owner releases: held (still charged), out of its session's list.
   w.release(owner, g);
   CHECK(w.used(owner) == 8_MiB);
+  // The views say why: of its 8 MiB granted, 8 MiB it freed are kept by the imports.
+  CHECK(record(owner_tenant).granted[0] == 8 * kMiB);
+  CHECK(record(owner_tenant).ipc_held[0] == 8 * kMiB);
+  CHECK(record(importer_tenant).ipc_imported[0] == 8 * kMiB);
   CHECK(w.node->session(owner)->grants.empty());
   REQUIRE(w.node->grants().count(g) == 1);
   CHECK(w.node->ipc().released(g));
@@ -143,6 +165,7 @@ TEST_CASE("node: a released grant with IPC imports stays charged to its owner un
   CHECK(w.node->grants().count(g) == 0);
   CHECK(w.node->imports().empty());
   CHECK(w.node->counters().releases_exported == exported_before + 1);
+  CHECK(record(importer_tenant).ipc_imported[0] == 0);
   CHECK(w.node->devices().front().granted == 0_MiB);
   // The token died with the grant.
   CHECK(ipc_open(w, closer, e.token, e.secret).reply.status == proto::Status::unknown_handle);

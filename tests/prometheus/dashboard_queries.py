@@ -781,9 +781,11 @@ def main():
         return 1
     finally:
         procs.kill_all()
-        for shm in (STATE, "vlake-sim-" + NODE):  # the segments this run created
+        # the state segment (contracts/state.hpp segment_path) and simulated node this run created
+        state_dir = os.environ.get("VLAKE_STATE_DIR") or "/run/vlake/state"
+        for path in (os.path.join(state_dir, STATE), "/dev/shm/vlake-sim-" + NODE):
             try:
-                os.unlink("/dev/shm/" + shm)
+                os.unlink(path)
             except FileNotFoundError:
                 pass
         if fake:

@@ -86,6 +86,7 @@ testsupport::Spawn DaemonProcess::spawn_spec(const std::vector<std::string>& ext
   for (std::string& kv : *spec.env) {
     if (kv.rfind("VLAKE_SIM_DEVICE_MEMORY=", 0) == 0) kv = "VLAKE_SIM_DEVICE_MEMORY=" + device_memory;
   }
+  spec.env->insert(spec.env->end(), env.begin(), env.end());
   spec.out = testsupport::Stream::null;
   spec.err = testsupport::Stream::file;
   spec.err_file = log_path;

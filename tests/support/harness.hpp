@@ -72,6 +72,9 @@ class DaemonProcess {
   // Memory of each simulated GPU as the daemon sees it (set before start(); helpers that map
   // memory use 1GiB, so only tests whose helpers do not touch the simulated GPU change it).
   std::string device_memory = "1GiB";
+  // More "KEY=value" for vlaked alone, after the simulator's (e.g. VLAKE_SIM_CONTEXT_MEMORY=8MiB:
+  // its own context's size); set before start().
+  std::vector<std::string> env;
 
  private:
   [[nodiscard]] testsupport::Spawn spawn_spec(const std::vector<std::string>& extra) const;

@@ -39,6 +39,14 @@ def end(proc, timeout):
     return _wait_or_kill(proc, timeout)
 
 
+def state_path(name):
+    """vlaked's state segment `name` (contracts/state.hpp segment_path): an absolute path as is,
+    a name in $VLAKE_STATE_DIR, else /run/vlake/state."""
+    if name.startswith("/"):
+        return name
+    return os.path.join(os.environ.get("VLAKE_STATE_DIR") or "/run/vlake/state", name)
+
+
 def unlink_quiet(*paths):
     """Removes files that may already be gone."""
     for path in paths:

@@ -74,6 +74,6 @@ class SimVlaked:
         if self.failed():
             with open(self.log_path) as f:
                 print(f.read()[-4000:])
-        testprocs.unlink_quiet("/dev/shm/" + self.state, "/dev/shm/vlake-sim-" + self.node)
+        testprocs.unlink_quiet(testprocs.state_path(self.state), "/dev/shm/vlake-sim-" + self.node)
         shutil.rmtree(self.work, ignore_errors=True)
         return False

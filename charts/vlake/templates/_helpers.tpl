@@ -86,6 +86,8 @@ containers (the device plugin mounts the node's copy there): vlake's one hook pa
 
 {{/* Paths inside the containers (= host paths, see values.yaml hostPaths). */}}
 {{- define "vlake.socketPath" -}}{{ .Values.hostPaths.run }}/vlaked.sock{{- end }}
+{{- define "vlake.stateDir" -}}{{ .Values.hostPaths.run }}/state{{- end }}
+{{- define "vlake.statePath" -}}{{ include "vlake.stateDir" . }}/{{ .Values.daemon.stateName }}{{- end }}
 {{- define "vlake.allocRoot" -}}{{ .Values.hostPaths.run }}/alloc{{- end }}
 {{- define "vlake.hookPath" -}}{{ .Values.hostPaths.hookDir }}/libvlake-hook.so{{- end }}
 {{- define "vlake.devicePluginDir" -}}{{ .Values.hostPaths.kubeletRoot }}/device-plugins{{- end }}

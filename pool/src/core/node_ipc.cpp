@@ -188,6 +188,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
   }
   const Import& imp = ipc_.open(s.id, s.tenant, g.id);
   ++counters_.ipc_opens;
+  touch_tenant(s.tenant);  // its imported figure (state.hpp TenantRecord::ipc_imported)
   r.status = proto::Status::ok;
   r.import_id = imp.id;
   r.bytes = g.bytes.value();
@@ -221,6 +222,10 @@ std::variant<proto::IpcCloseAck, Malformed> Node::ipc_close(std::uint64_t sessio
 }
 
 void Node::drop_import(std::uint64_t import_id) {
+  const auto open = ipc_.imports().find(import_id);
+  if (open == ipc_.imports().end()) return;
+  const Session* importer = session(open->second.session);
+  touch_tenant(importer != nullptr ? importer->tenant : open->second.tenant);  // its imported figure
   const std::optional<IpcRegistry::Closed> c = ipc_.close(import_id);
   if (!c) return;
   auto git = grants_.find(c->grant);
@@ -249,6 +254,7 @@ bool Node::hold_for_imports(Grant& g) {
     touch_session(sit->second);
   }
   changes_.grants.insert(g.slot);
+  touch_tenant(g.tenant);  // its ipc_held figure
   limited_.info("ipc held " + std::to_string(g.tenant.value()),
                 "grant " + std::to_string(g.id) + " released by its owner while " +
                     std::to_string(ipc_.imports_open(g.id)) +

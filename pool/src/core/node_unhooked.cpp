@@ -80,6 +80,12 @@ void Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<
   for (const GpuSample& g : sample) {
     Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
     dev.nvml_used = g.used;
+    Bytes daemon{0};
+    for (const ProcessUsage& p : g.processes) {
+      if (p.pid == settings_.daemon_pid) daemon += p.used;
+    }
+    if (daemon != dev.daemon_nvml) changes_.devices = true;
+    dev.daemon_nvml = daemon;
     for (const ProcessUsage& p : g.processes) {
       if (p.pid == settings_.daemon_pid || session_pids.count(p.pid) != 0) continue;
       const auto id = by_pid.find(p.pid);

@@ -125,7 +125,9 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   publisher_->publish(*node_);
   if (!opts_.metrics_address.empty()) {
     try {
-      metrics_ = std::make_unique<exporter::MetricsServer>(opts_.metrics_address, opts_.state);
+      exporter::Exposure exposure;
+      exposure.process_series = opts_.metrics_process_series;
+      metrics_ = std::make_unique<exporter::MetricsServer>(opts_.metrics_address, opts_.state, exposure);
     } catch (const std::exception& e) {
       if (opts_.metrics_address_given) throw StartupError(std::string("metrics exporter: ") + e.what());
       log_.warn(std::string("metrics exporter not started: ") + e.what() +

@@ -2,6 +2,7 @@
 #include "vlake/common/cli.hpp"
 #include "vlake/common/duration.hpp"
 #include "vlake/common/size.hpp"
+#include "vlake/contracts/state.hpp"
 
 #include "vlake/exporter/server.hpp"
 
@@ -18,7 +19,9 @@ std::string DaemonOptions::usage() {
          "  --config FILE            quota configuration (default /etc/vlake/vlake.yaml;\n"
          "                           a missing file means every uid may use 100% of each GPU)\n"
          "  --socket PATH            listening socket (default /run/vlake/vlaked.sock)\n"
-         "  --state NAME             state segment name, /dev/shm/NAME (default vlake-state)\n"
+         "  --state NAME|PATH        state segment: NAME is a file in $VLAKE_STATE_DIR (default\n"
+         "                           /run/vlake/state), /PATH that file (default vlake-state); its\n"
+         "                           directory must be writable by vlaked's user (or root) only\n"
          "  --driver LIB             CUDA driver library (default libcuda.so.1)\n"
          "  --nvml LIB               NVML library (default libnvidia-ml.so.1; 'none' disables:\n"
          "                           non-pool usage then counts as 0)\n"
@@ -32,6 +35,9 @@ std::string DaemonOptions::usage() {
          "  --metrics-address ADDR   Prometheus exporter [HOST]:PORT (default 127.0.0.1:19400,\n"
          "                           loopback only; :19400 listens on every interface, 'none'\n"
          "                           disables); serves /metrics and /healthz\n"
+         "  --metrics-process-series on|off  per-process series (vlake_process_idle_seconds, labelled\n"
+         "                           with pids) in /metrics (default off: whoever reaches the endpoint\n"
+         "                           would see other tenants' pids and activity)\n"
          "  --bulk-size SIZE         bulk handle size class, e.g. 64MiB (default 64MiB; a multiple of\n"
          "                           the granularity, 2MiB..1TiB)\n"
          "  --warm-reserve SIZE      per GPU, free handles created (exported, zeroed) before serving\n"
@@ -98,6 +104,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--state-mode",
                                                   "--state-group",
                                                   "--metrics-address",
+                                                  "--metrics-process-series",
                                                   "--canary-interval-ms",
                                                   "--bulk-size",
                                                   "--warm-reserve",
@@ -155,8 +162,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
     else if (arg == "--socket") nonempty(o.socket);
     else if (arg == "--state") {
       nonempty(o.state);
-      if (o.state.size() > 200 || o.state.find('/') != std::string::npos) {
-        throw OptionsError("--state must be a name without '/' (at most 200 characters), got '" + value + "'");
+      if (const std::string bad = state::check_state_spec(o.state); !bad.empty()) {
+        throw OptionsError("--state must be a name without '/' (at most 200 characters) or an absolute path: " + bad);
       }
     } else if (arg == "--driver") nonempty(o.driver);
     else if (arg == "--nvml") o.nvml = (value == "none") ? std::string() : value;
@@ -170,6 +177,11 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       o.sample_interval = std::chrono::milliseconds(number(10, 3'600'000));
     } else if (arg == "--canary-interval-ms") {
       o.canary_interval = std::chrono::milliseconds(number(0, 86'400'000));
+    } else if (arg == "--metrics-process-series") {
+      if (value != "on" && value != "off") {
+        throw OptionsError("--metrics-process-series must be 'on' or 'off', got '" + value + "'");
+      }
+      o.metrics_process_series = value == "on";
     } else if (arg == "--state-mode") {
       bool octal = !value.empty() && value.size() <= 4;
       for (char c : value) octal = octal && c >= '0' && c <= '7';

@@ -152,12 +152,37 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     r.nonpool[i] = u.nonpool.value();
     r.unhooked[i] = node.unhooked().of(t->id).bytes[i];  // NVML's figure, charged (in used()) unless `enforce: account`
     r.retained[i] = u.retained.value();
-    if (u.used() > u.limit) over |= 1u << i;
+    r.over_reason[i] = st::kOverNone;
+    if (u.used() > u.limit) {
+      over |= 1u << i;
+      // The first that explains it (state.hpp OverLimitReason).
+      const Bytes pooled = u.granted + u.retained;
+      r.over_reason[i] = pooled > u.limit               ? st::kOverLowered
+                         : pooled + u.nonpool > u.limit ? st::kOverContexts
+                                                        : st::kOverOutside;
+    }
+    r.ipc_held[i] = 0;
+    r.ipc_imported[i] = 0;
     std::uint64_t reserve = 0;
     for (const auto& [sid, ss] : node.sessions()) {
       if (ss.tenant == t->id) reserve += ss.reserve[i];
     }
     r.reserve[i] = reserve;
+  }
+  // CUDA IPC (docs/ipc.md): its released grants that imports keep, and what it imports from others.
+  const IpcRegistry& ipc = node.ipc();
+  for (const auto& [gid, g] : node.grants()) {
+    const auto i = static_cast<std::size_t>(g.device.value());
+    if (g.tenant == t->id && i < st::kMaxDevices && ipc.released(gid)) r.ipc_held[i] += g.bytes.value();
+  }
+  std::set<std::uint64_t> imported;  // a grant mapped by several of its processes counts once
+  for (const auto& [id, imp] : ipc.imports()) {
+    const Node::Session* importer = node.session(imp.session);
+    if ((importer != nullptr ? importer->tenant : imp.tenant) != t->id || !imported.insert(imp.grant).second) continue;
+    const auto git = node.grants().find(imp.grant);
+    if (git == node.grants().end() || git->second.tenant == t->id) continue;
+    const auto i = static_cast<std::size_t>(git->second.device.value());
+    if (i < st::kMaxDevices) r.ipc_imported[i] += git->second.bytes.value();
   }
   r.namespace_id = t->ns.value();
   r.over_limit = over;
@@ -272,6 +297,9 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     r.nvml_used_bytes = d.nvml_used.value();
     r.unlisted_bytes = d.unlisted.value();
     r.held_fd_bytes = pool.held_fd_bytes().value();
+    // vlaked's own process: its pool handles and, beyond them, its CUDA context (never a tenant's).
+    r.daemon_nvml_bytes = d.daemon_nvml.value();
+    r.daemon_context_bytes = d.daemon_nvml > pool.pool_bytes() ? (d.daemon_nvml - pool.pool_bytes()).value() : 0;
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
     r.swapped_bytes = node.swapped_bytes(d.ordinal).value();

@@ -2,8 +2,15 @@
 // restart and that read-only mappers (vlakectl, the exporter, the device plugin, tests) can
 // inspect. Hooks never map it.
 //
-// Layout (POSIX shared memory /dev/shm/<name>, Boost.Interprocess shared_memory_object +
-// mapped_region): one fixed-layout struct `State` — Header (magic, layout version, sizes, a
+// Location: a file in a directory only vlaked's user (or root) can create names in, mapped with
+// mmap: `--state NAME` is <state_dir()>/NAME (default /run/vlake/state/vlake-state), `--state
+// /ABS/PATH` that file. state_dir() is $VLAKE_STATE_DIR or kDefaultStateDir. The daemon and every
+// reader check the directory and each directory above it (check_state_dir) before touching the
+// file, so no other local user can pre-create, replace or plant the segment (docs/daemon.md,
+// "State segment"). It used to be POSIX shared memory /dev/shm/<name>, where any user could
+// pre-create the name and keep vlaked from starting.
+//
+// Layout: one fixed-layout struct `State` — Header (magic, layout version, sizes, a
 // seqlock generation), Counters, ConfigRecord (the quota file in force, reloads), then
 // fixed-capacity tables of DeviceRecord, NamespaceRecord, TenantRecord, SessionRecord and
 // GrantRecord. Every record is trivially copyable and refers to others by id
@@ -32,15 +39,10 @@
 
 #include "vlake/contracts/protocol.hpp"
 
-namespace boost::interprocess {
-class shared_memory_object;
-class mapped_region;
-}  // namespace boost::interprocess
-
 namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 9;
+inline constexpr std::uint32_t kLayoutVersion = 10;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -229,6 +231,11 @@ struct DeviceRecord {
   // Layout 9 (was reserved6[0]): memory of this GPU's processes now on the host (docs/swap.md):
   // what their checkpoints freed.
   std::uint64_t swapped_bytes;
+  // Layout 10: vlaked's own use of this GPU (docs/vlakectl.md, "The daemon's row"), never a
+  // tenant's: NVML's figure for vlaked's process (0: NVML does not list it, or no NVML), and of
+  // it what is not pool memory — its own CUDA context (and driver allocations).
+  std::uint64_t daemon_nvml_bytes;
+  std::uint64_t daemon_context_bytes;
 };
 
 enum NamespaceFlags : std::uint32_t {
@@ -272,7 +279,29 @@ struct TenantRecord {
   // Layout 9: refusals of its requests by RefusalReason (index = reason - 1), since the record was
   // created (gone with the record when the tenant is freed).
   std::uint64_t denials[8];
+  // Layout 10: CUDA IPC (docs/ipc.md). ipc_held: of granted[d], grants it released that another
+  // process's open import keeps alive (still charged to it until the last import closes).
+  // ipc_imported: memory it maps through imports of other tenants' grants (charged to their owners,
+  // not to it).
+  std::uint64_t ipc_held[kMaxDevices];
+  std::uint64_t ipc_imported[kMaxDevices];
+  // Layout 10: why bit d of over_limit is set (OverLimitReason; 0 when it is not).
+  std::uint32_t over_reason[kMaxDevices];
 };
+
+// Layout 10: why a tenant's usage is above its limit on a GPU (TenantRecord::over_reason), the
+// first that explains it: its pool memory (granted + retained) alone is above the limit, which
+// vlaked never grants, so the limit was lowered (a reload, or a guarantee elsewhere);
+// else its processes' memory outside the pool (their CUDA contexts and driver allocations,
+// nonpool) takes it above; else memory of its processes without a vlake session (unhooked).
+enum OverLimitReason : std::uint32_t {
+  kOverNone = 0,
+  kOverLowered = 1,   // "limit_lowered"
+  kOverContexts = 2,  // "contexts"
+  kOverOutside = 3,   // "outside_vlake"
+};
+// "limit_lowered", "contexts", "outside_vlake"; "" for kOverNone and unknown values.
+const char* over_reason_name(std::uint32_t reason) noexcept;
 
 // What is known about a kernel fault (docs/guard.md): index bits of Counters::kernel_faults and
 // TenantRecord::kernel_faults, and GuardEventRecord::flags of a fault.
@@ -455,16 +484,16 @@ struct State {
 VLAKE_STATE_CHECK(Header, 104);
 VLAKE_STATE_CHECK(Counters, 440 + 8 * 17 + 8 * 9);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
-VLAKE_STATE_CHECK(DeviceRecord, 200 + 64);
+VLAKE_STATE_CHECK(DeviceRecord, 200 + 64 + 16);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
-VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64);
+VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64 + 128 * 2 + 64);
 VLAKE_STATE_CHECK(SessionRecord, 40 + 120);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
 VLAKE_STATE_CHECK(RefusalRecord, 64 + 128);
 VLAKE_STATE_CHECK(RefusalLog, 16 + 192 * 256);
-VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 264 * 16 + 472 * 256 + 1000 * 256 + 160 * 1024 + 64 * 16384 + 16 +
+VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 280 * 16 + 472 * 256 + 1320 * 256 + 160 * 1024 + 64 * 16384 + 16 +
                              344 * 256 + 16 + 192 * 256);
 #undef VLAKE_STATE_CHECK
 
@@ -473,15 +502,41 @@ class StateError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// "/dev/shm/<name>" — for messages.
-std::string segment_path(const std::string& name);
+// Where state segments live unless --state names an absolute path (docs/daemon.md): a directory
+// root owns (created 0755 by vlaked when missing), and the variable that overrides it.
+inline constexpr const char* kDefaultStateDir = "/run/vlake/state";
+inline constexpr const char* kStateDirEnv = "VLAKE_STATE_DIR";
+
+// $VLAKE_STATE_DIR when set and non-empty, else kDefaultStateDir. Reads the environment (getenv):
+// call it from main-thread set-up, not concurrently with setenv.
+std::string state_dir();
+
+// "" if `spec` is a valid --state value: a name (1..200 characters, no '/', not "." or "..") or
+// an absolute path (at most 4000 characters, not ending in '/'); else what is wrong with it.
+std::string check_state_spec(const std::string& spec);
+
+// The file of state `spec`: an absolute path as is, a name in state_dir(). Does not validate.
+std::string segment_path(const std::string& spec);
+
+// Throws StateError unless nobody but root and `owner` can create, remove or rename names in
+// `dir` (an absolute path): every directory from / down to `dir` (symbolic links resolved) is
+// owned by root or `owner` and is not writable by group or others — directories above `dir` may
+// be group/other-writable with the sticky bit (e.g. /tmp), `dir` itself may not. The message says
+// which directory is unsafe and how to fix it.
+void check_state_dir(const std::string& dir, unsigned owner);
+
+// vlaked's side: creates `dir` and any missing parent with mode 0755 (owned by the effective
+// uid), then check_state_dir(dir, geteuid()). Throws StateError.
+void prepare_state_dir(const std::string& dir);
 
 // The daemon's read-write mapping.
 class StateSegment {
  public:
   enum class Origin { created, resumed };
 
-  // Creates the segment exclusively (O_CREAT|O_EXCL|O_NOFOLLOW: never through a name that
+  // `name` is a --state value (check_state_spec; segment_path gives the file). Prepares and
+  // checks its directory (prepare_state_dir: throws StateError if another user could create names
+  // there), then creates the segment exclusively (O_CREAT|O_EXCL|O_NOFOLLOW: never through a name that
   // already exists), zeroed, header filled; or resumes an existing one after checking that
   // nobody but this process's user can have written it (a regular file, not a symlink, owned
   // by the effective uid, no group/other write, one hard link) and its magic, layout version
@@ -526,10 +581,13 @@ class StateSegment {
   int depth_ = 0;
 };
 
-// A read-only mapping for observers.
+// A read-only mapping for observers. The constructor checks the directory as vlaked does
+// (check_state_dir with the directory's owner: a reader trusts whoever owns a safe directory),
+// that the file is a regular file of that owner or root that nobody else can write, and its
+// magic, layout version and size; throws StateError if absent, unsafe or mismatched.
 class StateReader {
  public:
-  explicit StateReader(const std::string& name);  // throws StateError if absent or mismatched
+  explicit StateReader(const std::string& name);
   ~StateReader();
   StateReader(const StateReader&) = delete;
   StateReader& operator=(const StateReader&) = delete;
@@ -539,8 +597,8 @@ class StateReader {
   [[nodiscard]] std::unique_ptr<State> snapshot() const;
 
  private:
-  std::unique_ptr<boost::interprocess::shared_memory_object> shm_;
-  std::unique_ptr<boost::interprocess::mapped_region> region_;
+  const void* base_ = nullptr;
+  std::size_t mapped_ = 0;
   const State* state_ = nullptr;
 };
 

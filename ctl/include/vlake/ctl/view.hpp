@@ -41,6 +41,11 @@ struct GpuView {
   std::uint64_t guaranteed = 0;  // sum of the namespaces' guarantees on this GPU
   std::uint64_t borrowed = 0;    // memory held above their guarantees, all namespaces
   std::uint64_t swapped = 0;     // of its processes now on the host: what their checkpoints freed (docs/swap.md)
+  std::uint64_t retained = 0;    // released memory tenants can still reach, charged to them (all tenants)
+  // vlaked's own process (never a tenant's): NVML's figure for it (0: not listed, or no NVML),
+  // and of it what is not pool memory: its CUDA context.
+  std::uint64_t daemon_nvml = 0;
+  std::uint64_t daemon_context = 0;
 };
 
 struct SessionView {
@@ -80,13 +85,19 @@ struct SessionView {
 // One tenant on one GPU.
 struct TenantGpuView {
   std::uint32_t gpu = 0;
-  std::uint64_t used = 0;  // granted + nonpool + unhooked unless `enforce: account` (what the quota counts)
+  // granted + retained + nonpool + unhooked unless `enforce: account` (what the quota counts)
+  std::uint64_t used = 0;
   std::uint64_t granted = 0;
+  std::uint64_t retained = 0;      // released memory it can still reach (bound free handles, kept descriptors)
+  std::uint64_t ipc_held = 0;      // of granted: grants it released that other processes' IPC imports keep
+  std::uint64_t ipc_imported = 0;  // memory it maps from other tenants' grants (charged to them, not here)
   std::uint64_t nonpool = 0;
   std::uint64_t unhooked = 0;  // memory of its processes without a session: memory outside vlake
   std::uint64_t limit = 0;
   std::optional<std::uint64_t> guaranteed;  // its namespace's guarantee; none: "-" / null
-  bool over_limit = false;                  // a lowered limit left it above: grants refused until it drops
+  bool over_limit = false;                  // above its limit: grants refused until it drops
+  std::string over_reason;                  // why (state::over_reason_name): "limit_lowered", "contexts",
+                                            // "outside_vlake"; "" when not over
   double share_percent = 0;                 // used / GPU total * 100
   std::uint64_t swapped = 0;                // of its processes now on the host (docs/swap.md)
 };

@@ -58,16 +58,26 @@ Health evaluate_health(const state::State& s, std::uint64_t now_ns);
 // 1 - largest_servable / free_bytes, clamped to [0, 1]; 0 when the pool is empty.
 double fragmentation_ratio(std::uint64_t largest_servable, std::uint64_t free_bytes);
 
+// What a scrape shows beyond the node, GPU, namespace and tenant families (docs/metrics.md,
+// "Per-process series"). The endpoint answers whoever reaches it (loopback: every local user),
+// while the state segment itself is root-only (0600): series that name processes are opt-in.
+struct Exposure {
+  // vlake_process_idle_seconds: one series per process with a session, labelled with its pid and
+  // giving its idle time. Off by default (vlaked --metrics-process-series on).
+  bool process_series = false;
+};
+
 // Every family of docs/metrics.md, from one snapshot.
 std::vector<prometheus::MetricFamily> build_families(const state::State& s, std::uint64_t now_ns,
-                                                     const BuildInfo& build);
+                                                     const BuildInfo& build, const Exposure& exposure = {});
 
 class StateCollector : public prometheus::Collectable {
  public:
-  explicit StateCollector(SnapshotSource source, Clock clock = realtime_ns, BuildInfo build = this_build());
+  explicit StateCollector(SnapshotSource source, Clock clock = realtime_ns, BuildInfo build = this_build(),
+                          Exposure exposure = {});
 
-  // A collector over the daemon's segment /dev/shm/<name> (a read-only StateReader mapping).
-  static std::shared_ptr<StateCollector> for_segment(const std::string& name);
+  // A collector over the daemon's segment `name` (state::segment_path; a read-only StateReader mapping).
+  static std::shared_ptr<StateCollector> for_segment(const std::string& name, Exposure exposure = {});
 
   std::vector<prometheus::MetricFamily> Collect() const override;
   [[nodiscard]] Health health() const;
@@ -76,6 +86,7 @@ class StateCollector : public prometheus::Collectable {
   SnapshotSource source_;
   Clock clock_;
   BuildInfo build_;
+  Exposure exposure_;
 };
 
 }  // namespace vlake::exporter

@@ -27,8 +27,8 @@ std::string parse_listen_address(const std::string& address);
 class MetricsServer {
  public:
   MetricsServer(const std::string& address, std::shared_ptr<StateCollector> collector);
-  // Convenience: a collector over the state segment `state_name`.
-  MetricsServer(const std::string& address, const std::string& state_name);
+  // Convenience: a collector over the state segment `state_name`, showing what `exposure` allows.
+  MetricsServer(const std::string& address, const std::string& state_name, Exposure exposure = {});
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

@@ -34,8 +34,9 @@ struct DaemonOptions {
                                                      // tenants); "" (--metrics-address none): off.
                                                      // Port 19400: outside the exporters' 9100-9999
                                                      // (docs/metrics.md, "Port")
-  bool metrics_address_given = false;                // explicit --metrics-address: failing to listen is fatal
-                                                     // (the default only warns: see docs/metrics.md)
+  bool metrics_process_series = false;  // --metrics-process-series on: per-process series (pids; docs/metrics.md)
+  bool metrics_address_given = false;   // explicit --metrics-address: failing to listen is fatal
+                                        // (the default only warns: see docs/metrics.md)
   // Pool performance (docs/pool.md).
   std::uint64_t bulk_size = 64ull << 20;         // --bulk-size: bulk handle size class
   std::uint64_t warm_reserve = 0;                // --warm-reserve: per GPU, created at start-up

@@ -116,6 +116,7 @@ struct DeviceRecord {
   std::uint64_t pool_peak = 0;          // highest pool bytes ever published (across restarts)
   Bytes nvml_used{0};                   // NVML's used memory at the latest sample (0: none)
   Bytes unlisted{0};                    // of it, charged to no process NVML lists (observe_gpus)
+  Bytes daemon_nvml{0};                 // of it, charged to vlaked's own process (0: not listed)
   std::uint64_t retired_held_seen = 0;  // pool->retired_held() already in the counters
   // A previous daemon's idle_released_bytes (resume).
   std::uint64_t idle_released_base = 0;
