@@ -45,7 +45,8 @@ std::vector<std::byte> with(const T& m, std::size_t offset, const void* value, s
   proto::Hello, proto::HelloAck, proto::GrantRequest, proto::GrantReply, proto::Release, proto::ReleaseAck,           \
       proto::UsageQuery, proto::UsageReply, proto::Error, proto::GuardEvent, proto::Pressure, proto::ReserveReport,   \
       proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck, proto::ReadOnlyWrite, proto::Drop, \
-      proto::Dropped, proto::SwapNotice, proto::SwapReady, proto::SwapIn, proto::SwapInReply
+      proto::Dropped, proto::SwapNotice, proto::SwapReady, proto::SwapIn, proto::SwapInReply, proto::ContextRequest,  \
+      proto::ContextReply
 
 // ---------------------------------------------------------------------------------------------
 // round trips

@@ -82,7 +82,9 @@ testsupport::Spawn DaemonProcess::spawn_spec(const std::vector<std::string>& ext
   // --warm-stock (the last value given wins).
   spec.argv.insert(spec.argv.end(), {"--warm-stock", "0"});
   spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
-  spec.env = child_env(node, devices);
+  std::vector<std::string> env = child_env(node, devices);
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  spec.env = std::move(env);
   spec.out = testsupport::Stream::null;
   spec.err = testsupport::Stream::file;
   spec.err_file = log_path;

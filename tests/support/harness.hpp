@@ -69,6 +69,9 @@ class DaemonProcess {
   std::string config;
   std::string log_path;
   int devices = 1;  // GPUs of the simulated node (set before start())
+  // More "KEY=value" entries for vlaked's environment (set before start()), e.g. the
+  // simulator's VLAKE_SIM_CONTEXT_MEMORY for vlaked's own context.
+  std::vector<std::string> extra_env;
 
  private:
   [[nodiscard]] testsupport::Spawn spawn_spec(const std::vector<std::string>& extra) const;

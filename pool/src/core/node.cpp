@@ -30,6 +30,7 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
       log_(log),
       settings_(settings),
       env_(std::move(env)),
+      contexts_(settings.context_memory, settings.context_fallback),
       limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed),
       guard_book_(settings.guard_event_rate, settings.guard_event_burst) {
   const int n = driver_.device_count();
@@ -353,6 +354,9 @@ void Node::move_session(Session& s, Tenant& to) {
     changes_.grants.insert(g.slot);
   }
   s.tenant = to.id;
+  contexts_.move(s.id, to.id);  // its admitted contexts follow (docs/quota.md, "Contexts")
+  charge_contexts(from);
+  charge_contexts(to.id);
   touch_session(s);
   if (const Tenant* old = tenant(from)) {
     log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + ") moves from tenant " +
@@ -571,6 +575,7 @@ void Node::end_session_locked(Session& s, const char* why) {
                     std::to_string(grant_ids.size()) + " grant(s) returned",
                 steady_now());
   swaps_.forget(id);
+  if (const std::optional<TenantId> charged = contexts_.forget(id)) charge_contexts(*charged);
   sessions_.erase(id);
   free_tenant_if_idle(tenant);
 }

@@ -48,6 +48,9 @@ std::string DaemonOptions::usage() {
          "                           (docs/swap.md; default 30s; 'off' or 0: never)\n"
          "  --swap-margin SIZE       free GPU memory kept beyond what a grant or a restore needs\n"
          "                           before vlaked swaps processes out (default 256MiB)\n"
+         "  --context-memory auto|SIZE  what each CUDA context of a hooked process is charged against\n"
+         "                           its tenant's limit from before the driver creates it (docs/quota.md,\n"
+         "                           \"Contexts\"; default auto: measured per GPU through NVML; e.g. 512MiB)\n"
          "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
          "  --handle-reuse MODE      who a freed handle may serve next: 'tenant' (default) only the\n"
@@ -90,6 +93,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--warm-reserve",
                                                   "--warm-stock",
                                                   "--pressure-wait-ms",
+                                                  "--context-memory",
                                                   "--pool-idle-release",
                                                   "--pool-keep",
                                                   "--swap-idle",
@@ -186,6 +190,12 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       o.warm_stock = size(0, 1ull << 50);
     } else if (arg == "--swap-margin") {
       o.swap_margin = size(0, 1ull << 50);
+    } else if (arg == "--context-memory") {
+      if (value == "auto") {
+        o.context_memory.reset();
+      } else {
+        o.context_memory = size(0, 1ull << 40);
+      }
     } else if (arg == "--pool-keep") {
       o.pool_keep = size(0, 1ull << 50);
     } else if (arg == "--pool-idle-release" || arg == "--swap-idle") {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -49,6 +50,10 @@ struct DaemonOptions {
   // --swap-idle DURATION|off (idle this long: may be swapped out; 0: never), --swap-margin SIZE.
   std::chrono::milliseconds swap_idle{30'000};
   std::uint64_t swap_margin = 256ull << 20;
+  // --context-memory auto|SIZE (docs/quota.md, "Contexts"): what each CUDA context a hooked
+  // process creates is charged before NVML shows it. nullopt (auto): measured per GPU (vlaked's
+  // own context, then processes' first readings); without NVML, contexts are not charged.
+  std::optional<std::uint64_t> context_memory;
   // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
   bool bind_handles = true;
   std::string alloc_root;  // Kubernetes allocation directories (docs/device-plugin.md); "": off
