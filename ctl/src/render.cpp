@@ -75,8 +75,18 @@ void usage_json(JsonWriter& j, const TenantGpuView& u) {
   j.key("over_limit").boolean(u.over_limit);
 }
 
-// USED, marked when a lowered limit left the tenant above it.
+// USED, marked when the tenant is above its limit.
 std::string used_text(const TenantGpuView& u) { return sz(u.used) + (u.over_limit ? "*" : ""); }
+
+// Why a tenant is above its limit. Grants are admitted within the limit, so pool memory above it
+// can only come from a limit lowered since (a reload); otherwise memory outside the pool put it
+// there: its processes without a session (memory outside vlake), or the non-pool memory of its
+// hooked processes (CUDA contexts, modules, memory the driver gave them directly).
+std::string over_limit_cause(const TenantGpuView& u) {
+  if (u.granted > u.limit) return "lowered by a reload";
+  if (u.unhooked > 0) return "memory outside vlake";
+  return "CUDA contexts and other non-pool memory";
+}
 
 std::string guaranteed_text(const TenantGpuView& u) { return u.guaranteed ? sz(*u.guaranteed) : "-"; }
 
@@ -209,7 +219,7 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
   std::string out = heading(v, state, stamp);
   const std::vector<TopRow> rows = top_rows(v);
   if (v.gpus.empty()) out += "no GPUs in the state (has vlaked finished starting?)\n";
-  bool over = false;
+  std::string causes;  // why rows are marked, each once
   const bool swapping = swapping_in_play(v);
   for (const GpuView& g : v.gpus) {
     out += "\nGPU " + std::to_string(g.index) + "  " + g.uuid_short + "  total " + sz(g.total) + "  pool: granted " +
@@ -231,7 +241,10 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
     Table t(std::move(cols));
     for (const TopRow& r : rows) {
       if (r.gpu != g.index) continue;
-      over = over || r.usage.over_limit;
+      if (r.usage.over_limit) {
+        const std::string cause = over_limit_cause(r.usage);
+        if (causes.find(cause) == std::string::npos) causes += (causes.empty() ? "" : "; ") + cause;
+      }
       std::vector<std::string> cells = {r.namespace_name,
                                         r.tenant,
                                         used_text(r.usage),
@@ -251,7 +264,7 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
       out += t.render("  ");
     }
   }
-  if (over) out += "\n* above its limit (lowered by a reload): new grants are refused until usage drops\n";
+  if (!causes.empty()) out += "\n* above its limit (" + causes + "): new grants are refused until usage drops\n";
   const std::vector<TenantView> idle = idle_tenants(v);
   if (!idle.empty()) {
     out += "\nconnected, no memory:";

@@ -374,6 +374,26 @@ TEST_CASE("view: rows from a synthetic state", "[units]") {
   CHECK(counter("config_reloads") == 3);
 }
 
+TEST_CASE("render: top says why a tenant is above its limit", "[units]") {
+  const auto s = synthetic_state();
+  NodeView v = build_view(*s, false);
+  TenantView* alice = nullptr;
+  for (TenantView& t : v.tenants) {
+    if (t.name == "user:alice") alice = &t;
+  }
+  REQUIRE(alice != nullptr);
+  REQUIRE_FALSE(alice->gpus.empty());
+  TenantGpuView& u = alice->gpus.front();
+  REQUIRE(u.over_limit);
+  // Its grants fit the limit: non-pool memory (contexts) put it there, not a reload.
+  CHECK(render_top_text(v, "st1", "").find("(CUDA contexts and other non-pool memory)") != std::string::npos);
+  CHECK(render_top_text(v, "st1", "").find("lowered by a reload") == std::string::npos);
+  u.unhooked = 64ull << 20;
+  CHECK(render_top_text(v, "st1", "").find("* above its limit (memory outside vlake)") != std::string::npos);
+  u.granted = u.limit + 1;  // only a lowered limit leaves grants above it
+  CHECK(render_top_text(v, "st1", "").find("* above its limit (lowered by a reload)") != std::string::npos);
+}
+
 TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const auto s = synthetic_state();
   const NodeView v = build_view(*s, false);
@@ -390,6 +410,8 @@ TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
                  "  research   group:ml  8.0 GiB      0 B  40.0 GiB    16.0 GiB  10.0%     -      1  6001\n") !=
         std::string::npos);
   CHECK(top.find("\n* above its limit") != std::string::npos);
+  CHECK(top.find("\n* above its limit (CUDA contexts and other non-pool memory): new grants are refused") !=
+        std::string::npos);
   CHECK(top.find("\nconnected, no memory: uid:9 (7001)\n") != std::string::npos);
   CHECK(top.find("xxxx") == std::string::npos);  // the idle tenant is not in top
 
