@@ -106,8 +106,11 @@ def main():
 
         tenv = dict(env, LD_PRELOAD=os.path.abspath(args.hook), VLAKE_SOCKET=sock, VLAKE_RESERVE="0")
 
+        # On the simulator the tenant keeps gid 0: the simulated GPU is a group-writable file of root's.
+        gid = 0 if args.sim else UID
+
         def as_tenant():
-            os.setgid(UID)
+            os.setgid(gid)
             os.setuid(UID)
 
         for i in range(PROCESSES):
@@ -117,8 +120,11 @@ def main():
             tenants.append((p, err))
         rcs = []
         for p, _ in tenants:
-            line = p.stdout.readline().strip()  # "init rc=N"
-            rc = int(line.split("rc=")[1].split()[0]) if "rc=" in line else None
+            rc = None
+            for line in p.stdout:  # "resolve rc=0 ...", then "init rc=N"
+                if line.startswith("init "):
+                    rc = int(line.split("rc=")[1].split()[0])
+                    break
             rcs.append(rc)
         served = [p.pid for (p, _), rc in zip(tenants, rcs) if rc == 0]
         refused = [i for i, rc in enumerate(rcs) if rc == OUT_OF_MEMORY]
