@@ -67,7 +67,7 @@ std::string config() {
 }  // namespace
 
 TEST_CASE(
-    "contexts: a tenant starting 10 processes holds at most its limit plus one context; the rest get "
+    "contexts: a tenant starting 10 processes holds at most its limit plus one context and the rest get "
     "CUDA_ERROR_OUT_OF_MEMORY with vlake's message",
     "[e2e][contexts]") {
   DaemonProcess d("contexts", config());
