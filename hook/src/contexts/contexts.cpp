@@ -40,8 +40,8 @@ CUresult admit(State& s, CUdevice dev, bool& admitted) {
     if (!s.client.refused()) return CUDA_SUCCESS;  // unreachable: NVML still sees the context
     std::uint64_t suppressed = 0;
     if (s.refusals.allow(suppressed)) {
-      log(LogLevel::error, "out of memory on GPU %d: vlaked refuses this process (%s); a CUDA context refused%s",
-          static_cast<int>(dev), s.client.last_error().c_str(), suppressed_note(suppressed).c_str());
+      log(LogLevel::error, "%s; a CUDA context on GPU %d refused%s", s.client.last_error().c_str(),
+          static_cast<int>(dev), suppressed_note(suppressed).c_str());
     }
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
