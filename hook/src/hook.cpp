@@ -4,6 +4,7 @@
 #include "alloc/seams.hpp"
 
 #include "alloc/internal.hpp"
+#include "contexts.hpp"
 #include "guarded_once.hpp"
 #include "ipc.hpp"
 #include "profile.hpp"
@@ -42,6 +43,7 @@ thread_local bool t_creating = false;
 void fork_prepare() {
   State* s = g_state.load(std::memory_order_acquire);
   if (s == nullptr) return;
+  contexts::lock_all();
   s->busy_mu.lock();
   s->settle_mu.lock();
   s->work_mu.lock();
@@ -77,6 +79,7 @@ void fork_parent() {
   s->work_mu.unlock();
   s->settle_mu.unlock();
   s->busy_mu.unlock();
+  contexts::unlock_all();
 }
 
 // VLAKE_RESERVE_STATS (docs/hook.md, "Choosing the reserve's defaults"): the local reserve's
@@ -114,6 +117,7 @@ void fork_child() {
   s->allocs.clear_after_fork();
   s->client.child_after_fork();
   ipc::clear_after_fork();
+  contexts::clear_after_fork();
   g_swap_gate_closed.store(false, std::memory_order_relaxed);  // the parent's swap is not the child's
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();

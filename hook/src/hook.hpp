@@ -253,6 +253,9 @@ CUresult on_cuMemsetD2D32Async(bool ptds, CUdeviceptr dstDevice, size_t dstPitch
                                size_t Height, CUstream hStream);
 // Peer access (peer.cpp): passed through; on success served memory follows (peer.hpp).
 CUresult on_cuCtxEnablePeerAccess(bool ptds, CUcontext peerContext, unsigned int Flags);
+CUresult on_cuDevicePrimaryCtxRetain(bool ptds, CUcontext* pctx, CUdevice dev);
+CUresult on_cuDevicePrimaryCtxRelease_v2(bool ptds, CUdevice dev);
+CUresult on_cuDevicePrimaryCtxReset_v2(bool ptds, CUdevice dev);
 CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext);
 // CUDA IPC of pool memory (ipc.cpp, docs/ipc.md).
 CUresult on_cuIpcGetMemHandle(bool ptds, CUipcMemHandle* pHandle, CUdeviceptr dptr);

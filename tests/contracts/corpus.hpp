@@ -309,6 +309,25 @@ inline proto::SwapInReply sample<proto::SwapInReply>() {
   return m;
 }
 
+template <>
+inline proto::ContextRequest sample<proto::ContextRequest>() {
+  auto m = proto::make<proto::ContextRequest>(12);
+  m.device_uuid[0] = 0x5a;
+  m.op = proto::ContextOp::admit;
+  return m;
+}
+
+template <>
+inline proto::ContextReply sample<proto::ContextReply>() {
+  auto m = proto::make<proto::ContextReply>(12);
+  m.status = proto::Status::over_limit;
+  m.contexts = 1;
+  m.bytes = 518ULL << 20;
+  m.limit = 2ULL << 30;
+  m.used = 1554ULL << 20;
+  return m;
+}
+
 template <proto::Message T>
 std::vector<std::byte> wire(const T& m) {
   const auto s = proto::encode(m);
@@ -489,6 +508,12 @@ inline std::vector<Rejection> field_rejections() {
       reject<SwapInReply>(
           "SwapInReply reserved", daemon, [](SwapInReply& m) { m.reserved = 1; },
           "SwapInReply reserved field is not zero"),
+      reject<ContextRequest>(
+          "ContextRequest op", client, [](ContextRequest& m) { m.op = static_cast<ContextOp>(3); },
+          "ContextRequest op 3 out of range"),
+      reject<ContextRequest>(
+          "ContextRequest reserved", client, [](ContextRequest& m) { m.reserved = 1; },
+          "ContextRequest reserved field is not zero"),
   };
 }
 

@@ -283,9 +283,9 @@ TEST_CASE("vlakectl: memory outside vlake of a process without a session shows p
       5000);
   REQUIRE(seen);
   const Json& t = find_named(tenants.at("tenants"), "user:4301");
-  CHECK(t.at("enforce").str() == "refuse");
+  CHECK(t.at("enforce").str() == "kill");  // the default
   CHECK(t.at("unhooked_processes").u64() == 1);
-  CHECK(t.at("gpus").at(0).at("used").u64() == 24 * kMiB);  // refuse: it counts
+  CHECK(t.at("gpus").at(0).at("used").u64() == 24 * kMiB);  // kill: it counts
   CHECK(t.at("sessions").size() == 0);
   const CtlResult text = run_ctl({"--state", d.state, "top"});
   INFO(text.out);

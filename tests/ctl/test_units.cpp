@@ -376,6 +376,34 @@ TEST_CASE("view: rows from a synthetic state", "[units]") {
   CHECK(counter("config_reloads") == 3);
 }
 
+TEST_CASE("render: top says why a tenant is above its limit", "[units]") {
+  const auto s = synthetic_state();
+  NodeView v = build_view(*s, false);
+  TenantView* alice = nullptr;
+  for (TenantView& t : v.tenants) {
+    if (t.name == "user:alice") alice = &t;
+  }
+  REQUIRE(alice != nullptr);
+  REQUIRE_FALSE(alice->gpus.empty());
+  TenantGpuView& u = alice->gpus.front();
+  REQUIRE(u.over_limit);
+  // The mark and its footnote follow the reason the daemon published, one footnote per mark.
+  u.over_reason = "contexts";
+  std::string top = render_top_text(v, "st1", "");
+  CHECK(top.find("548.0 MiB+") != std::string::npos);
+  CHECK(top.find("\n+ above its limit through its processes' CUDA contexts") != std::string::npos);
+  CHECK(top.find("lowered by a reload") == std::string::npos);
+  u.over_reason = "outside_vlake";
+  top = render_top_text(v, "st1", "");
+  CHECK(top.find("548.0 MiB!") != std::string::npos);
+  CHECK(top.find("\n! above its limit through memory of its processes without vlake") != std::string::npos);
+  u.over_reason = "limit_lowered";
+  top = render_top_text(v, "st1", "");
+  CHECK(top.find("548.0 MiB*") != std::string::npos);
+  CHECK(top.find("\n* above its limit, lowered by a reload") != std::string::npos);
+  CHECK(top.find("CUDA contexts") == std::string::npos);
+}
+
 TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const auto s = synthetic_state();
   const NodeView v = build_view(*s, false);

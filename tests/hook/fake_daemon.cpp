@@ -149,6 +149,11 @@ void FakeDaemon::handle(int fd, std::span<const std::byte> datagram, std::size_t
     on_reserve_report(fd, *m);
     return;
   }
+  // Not a request the tests count or drop (a context comes before any allocation).
+  if (const auto* x = d.get<ContextRequest>()) {
+    on_context(fd, *x);
+    return;
+  }
   if (d.get<Hello>() == nullptr) {
     bool drop = false;
     {
@@ -175,6 +180,7 @@ void FakeDaemon::handle(int fd, std::span<const std::byte> datagram, std::size_t
     on_release(fd, *r);
   } else if (const auto* u = d.get<UsageQuery>()) {
     on_usage(fd, *u);
+
   } else if (const auto* e = d.get<GuardEvent>()) {
     on_guard_event(*e);
   } else {
@@ -381,6 +387,17 @@ void FakeDaemon::on_usage(int fd, const UsageQuery& m) {
     rep.limit = options_.limit;
     rep.used = used_[static_cast<std::size_t>(dev)];
   }
+  send_msg(fd, rep);
+}
+
+// Contexts cost nothing here: every admission is granted (vlaked's rule is tested in tests/e2e).
+void FakeDaemon::on_context(int fd, const ContextRequest& m) {
+  ContextReply rep{};
+  rep.h = make_header<ContextReply>(MsgType::context_reply, m.h.request_id);
+  std::lock_guard lock(mu_);
+  if (m.op == ContextOp::admit) ++counters_.contexts;
+  rep.status = device_of(m.device_uuid) < 0 ? Status::unknown_device : Status::ok;
+  rep.limit = options_.limit;
   send_msg(fd, rep);
 }
 

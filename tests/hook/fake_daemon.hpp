@@ -74,6 +74,7 @@ struct Counters {
   int releases_exported = 0;
   int releases_unknown = 0;
   int usage_queries = 0;
+  int contexts = 0;  // ContextRequest{admit} answered ok (every one is)
   int drops = 0;
   std::uint64_t last_grant_bytes = 0;
   std::uint64_t used = 0;       // device 0
@@ -119,6 +120,7 @@ class FakeDaemon {
   void on_grant(int fd, const vlake::proto::GrantRequest& m);
   void on_release(int fd, const vlake::proto::Release& m);
   void on_usage(int fd, const vlake::proto::UsageQuery& m);
+  void on_context(int fd, const vlake::proto::ContextRequest& m);
   void on_guard_event(const vlake::proto::GuardEvent& m);
   void on_reserve_report(int fd, const vlake::proto::ReserveReport& m);
   void send_pressure(int fd, const std::uint8_t* uuid);

@@ -690,13 +690,13 @@ TEST_CASE("node: every process on a GPU is attributed and one without a session 
   CHECK(u.nonpool == 10_MiB);
   CHECK(w.node->unhooked().of(mine->id).bytes[0] == 22 * kMiB);
   CHECK(w.node->unhooked().of(mine->id).procs.size() == 2);
-  CHECK(u.unhooked == 22_MiB);  // enforce defaults to refuse: charged
+  CHECK(u.unhooked == 22_MiB);  // enforce defaults to kill: charged
   CHECK(u.used() == 32_MiB);
   // A uid the quota file does not name: the built-in default rule, as a session would resolve.
   const Node::Tenant* other = tenant_named(*w.node, "uid:2000");
   REQUIRE(other != nullptr);
   CHECK(w.node->unhooked().of(other->id).bytes[0] == 8 * kMiB);
-  CHECK(other->enforce == quota::Enforce::refuse);
+  CHECK(other->enforce == quota::Enforce::kill);
   // A named user goes to its namespace's tenant.
   const Node::Tenant* lab = tenant_named(*w.node, "lab/user:3000");
   REQUIRE(lab != nullptr);

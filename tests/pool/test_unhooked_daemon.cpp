@@ -107,6 +107,34 @@ TEST_CASE("daemon unhooked: enforce kill kills the unhooked process after the gr
   CHECK(snapshot(d.state)->counters.unhooked_kills == 1);
 }
 
+TEST_CASE(
+    "daemon unhooked: by default a process outside vlake that keeps its tenant over its limit is killed after "
+    "the grace",
+    "[daemon][unhooked]") {
+  // No `enforce` anywhere: the default policy must not let the tenant keep memory above its
+  // limit (a renamed libcuda, the driver called by address) past kill_grace.
+  DaemonProcess d("unhooked-default", config("kill_grace: 300ms"));
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  Helper within(d.node, 0, 0);  // uid 0: 16 MiB limit, uses 8 outside: never killed
+  within.ok("meminfo");
+  within.ok("own " + std::to_string(8 * kMiB));
+  Helper over(d.node, 4242, 0);
+  over.ok("meminfo");
+  over.ok("own " + std::to_string(128 * kMiB));  // twice its 64 MiB limit
+  CHECK(eventually(
+      [&] {
+        const auto snap = snapshot(d.state);
+        const st::TenantRecord* t = tenant(*snap, "user:4242");
+        return t != nullptr && t->enforce == 2;  // kill, though the quota file names no policy
+      },
+      5000));
+  expect_killed(d, static_cast<std::uint32_t>(over.pid()));
+  CHECK(eventually([&] { return unhooked(d.state, "user:4242") != 128 * kMiB; }, 5000));
+  const auto st = read_proc_stat(static_cast<std::uint32_t>(within.pid()));
+  REQUIRE(st.has_value());
+  CHECK(st->state != 'Z');
+}
+
 TEST_CASE("daemon unhooked: memory created without a context (not in NVML's list) is its process's tenant's",
           "[daemon][unhooked]") {
   DaemonProcess d("unlisted", config("enforce: refuse"));

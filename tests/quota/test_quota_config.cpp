@@ -361,9 +361,9 @@ TEST_CASE("memory outside vlake: enforce, kill_grace and allow_disable per names
   using vlake::quota::Enforce;
   using namespace std::chrono_literals;
   const std::vector<gid_t> none;
-  // Built in: refuse, 30 s, VLAKE_DISABLE not allowed.
+  // Built in: kill, 30 s, VLAKE_DISABLE not allowed.
   const auto builtin = QuotaConfig().resolve(1000, 1000, none);
-  CHECK(builtin.enforce == Enforce::refuse);
+  CHECK(builtin.enforce == Enforce::kill);
   CHECK(builtin.kill_grace == 30s);
   CHECK_FALSE(builtin.allow_disable);
   const QuotaConfig cfg = QuotaConfig::parse(

@@ -38,7 +38,7 @@ inline bool in_mapping(const LogicalAlloc& a, std::uint64_t p) { return p - a.ba
 
 // ---- Reports (seams.cpp) ----
 std::string suppressed_note(std::uint64_t n);
-void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t requested);
+void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t requested, const char* what = nullptr);
 
 // ---- Grants and mappings (mapping.cpp) ----
 // Asks the daemon for `bytes` on device `dev` (AllocPolicy::obtain); a refusal with a status is

@@ -68,7 +68,7 @@ const Refusal* refusal_of(Status status) {
 
 }  // namespace
 
-void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t requested) {
+void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t requested, const char* what_of) {
   std::uint64_t suppressed = 0;
   if (!s.refusals.allow(suppressed)) return;
   const std::string tenant = s.client.tenant_name();
@@ -76,12 +76,12 @@ void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t reque
   if (const Refusal* why = refusal_of(g.status)) {
     const std::string used = why->counts ? std::to_string(g.used) : format_bytes(g.used);
     const std::string limit = why->counts ? std::to_string(g.limit) : format_bytes(g.limit);
-    log(LogLevel::error, "out of memory on GPU %d: %s%s %s holds %s of its %s %s; request of %s refused%s", dev,
-        why->cause, why->holder, tenant.c_str(), used.c_str(), limit.c_str(), why->what,
+    log(LogLevel::error, "out of memory on GPU %d: %s%s %s holds %s of its %s %s; %s %s refused%s", dev, why->cause,
+        why->holder, tenant.c_str(), used.c_str(), limit.c_str(), why->what, what_of ? what_of : "request of",
         format_bytes(requested).c_str(), note.c_str());
   } else {
-    log(LogLevel::error, "allocation of %s on GPU %d refused by vlaked (status %d)%s", format_bytes(requested).c_str(),
-        dev, static_cast<int>(g.status), note.c_str());
+    log(LogLevel::error, "%s %s on GPU %d refused by vlaked (status %d)%s", what_of ? what_of : "allocation of",
+        format_bytes(requested).c_str(), dev, static_cast<int>(g.status), note.c_str());
   }
 }
 

@@ -505,6 +505,14 @@ std::optional<UsageResult> DaemonClient::usage(const Uuid& device) {
   return UsageResult{rep->status, rep->total, rep->limit, rep->used};
 }
 
+std::optional<proto::ContextReply> DaemonClient::context(const Uuid& device, proto::ContextOp op) {
+  auto req = proto::make<proto::ContextRequest>();
+  device.copy_to(req.device_uuid);
+  req.op = op;
+  std::lock_guard lock(mu_);
+  return exchange_locked<proto::ContextRequest, proto::ContextReply>(req, nullptr);
+}
+
 std::optional<proto::ShareReply> DaemonClient::share(const proto::ShareRequest& request, std::vector<UniqueFd>& fds) {
   std::lock_guard lock(mu_);
   return exchange_locked<proto::ShareRequest, proto::ShareReply>(request, &fds);

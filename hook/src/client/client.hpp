@@ -93,6 +93,10 @@ class DaemonClient {
   // Status of the release, or nullopt when it was queued (daemon unreachable).
   std::optional<proto::Status> release(std::uint64_t grant_id, std::uint32_t flags);
   [[nodiscard]] std::optional<UsageResult> usage(const Uuid& device);
+  // CUDA contexts (docs/hook.md, "Contexts"): one ContextRequest -> ContextReply. nullopt when
+  // the daemon is unreachable or answered an Error (refused() then says whether it refuses this
+  // process for a limit).
+  [[nodiscard]] std::optional<proto::ContextReply> context(const Uuid& device, proto::ContextOp op);
   // Dedup (docs/dedup.md, share.cpp): one ShareRequest -> ShareReply (descriptors in `fds`), one
   // ShareCommit -> ShareAck. nullopt when the daemon is unreachable or answered an Error.
   [[nodiscard]] std::optional<proto::ShareReply> share(const proto::ShareRequest& request, std::vector<UniqueFd>& fds);

@@ -33,6 +33,7 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
       env_(std::move(env)),
       reclaim_(settings.reclaim_deadline, settings.reclaim_skip),
       counted_audit_(settings.counted_realize, settings.counted_skip),
+      contexts_(settings.context_memory, settings.context_fallback),
       limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed),
       guard_book_(settings.guard_event_rate, settings.guard_event_burst) {
   parking_.set_ask_again(settings_.reclaim_deadline);
@@ -373,6 +374,9 @@ void Node::move_session(Session& s, Tenant& to) {
     changes_.grants.insert(g.slot);
   }
   s.tenant = to.id;
+  contexts_.move(s.id, to.id);  // its admitted contexts follow (docs/quota.md, "Contexts")
+  charge_contexts(from);
+  charge_contexts(to.id);
   touch_session(s);
   if (const Tenant* old = tenant(from)) {
     log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) + ") moves from tenant " +
@@ -604,6 +608,7 @@ void Node::end_session_locked(Session& s, const char* why) {
   reclaim_.forget(id);
   counted_audit_.forget(id);
   bring_back_victims_of(id, std::nullopt);  // the pressure it made is gone
+  if (const std::optional<TenantId> charged = contexts_.forget(id)) charge_contexts(*charged);
   sessions_.erase(id);
   free_tenant_if_idle(tenant);
 }

@@ -970,7 +970,9 @@ void Node::set_nonpool(const NonpoolResult& r) {
   for (const auto& [tid, t] : tenants_) {
     for (const Device& d : devices_) {
       const auto it = r.find({tid, d.ordinal.value()});
-      acct_.set_nonpool(t.id, d.ordinal, it == r.end() ? Bytes{0} : it->second);
+      contexts_.measured(t.id, d.ordinal, it == r.end() ? Bytes{0} : it->second);
+      // NVML's figure, or more where admitted contexts are not (all) in it yet (node_contexts.cpp).
+      acct_.set_nonpool(t.id, d.ordinal, contexts_.charge(t.id, d.ordinal));
     }
   }
   ++counters_.nvml_samples;

@@ -66,7 +66,9 @@ Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
 
 void Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids, Now now,
                         const std::vector<ProcessIdentity>& users) {
-  // Pids holding a session (connected or detached): today's non-pool rule.
+  // Pids holding a session (connected or detached): today's non-pool rule, with their admitted
+  // contexts (node_contexts.cpp).
+  observe_contexts(sample);
   set_nonpool(attribute_nonpool(sample, nonpool_inputs()));
   std::unordered_set<std::uint32_t> session_pids;
   for (const auto& [sid, s] : sessions_) session_pids.insert(s.pid);

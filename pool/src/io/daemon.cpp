@@ -86,6 +86,11 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   settings.guard_event_rate = opts_.guard_event_rate;
   settings.guard_event_burst = opts_.guard_event_burst;
   settings.bind_handles = opts_.bind_handles;
+  // CUDA contexts (docs/quota.md, "Contexts"): measured through NVML unless a size is given;
+  // without NVML nothing measures them, so auto charges nothing.
+  settings.context_memory = opts_.context_memory ? std::optional<Bytes>(Bytes{*opts_.context_memory})
+                            : (opts_.nvml.empty() || opts_.nvml == "none") ? std::optional<Bytes>(Bytes{0})
+                                                                           : std::nullopt;
   try {
     node_ =
         std::make_unique<Node>(*driver_, log_, settings, NodeEnv{supplementary_groups, now, make_holder_scan(log_)});
@@ -139,6 +144,22 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   }
   bind_socket();
   add_sources();
+  // One reading before the first Hello: vlaked's own context on every GPU is the context size
+  // until processes' contexts are measured (docs/daemon.md, "Contexts").
+  // (Last to first: GPU 0's context stays current, as before.)
+  for (auto d = node_->devices().rbegin(); d != node_->devices().rend(); ++d) {
+    try {
+      driver_->make_current(d->ordinal);
+    } catch (const std::exception& e) {
+      log_.warn("GPU " + std::to_string(d->ordinal.value()) + ": no context to measure: " + e.what());
+    }
+  }
+  sample_gpus(now());
+  for (const Node::Device& d : node_->devices()) {
+    log_.info("GPU " + std::to_string(d.ordinal.value()) + ": a CUDA context is charged " +
+              std::to_string(node_->contexts().size(d.ordinal).value() >> 20) + " MiB (" +
+              node_->contexts().source(d.ordinal) + ")");
+  }
   publisher_->publish(*node_, now().unix_ns);
   log_.info("serving " + opts_.socket + " (" + std::to_string(node_->devices().size()) + " GPU(s), driver " +
             driver_->name() + ", state " + st::segment_path(opts_.state) + ")");
@@ -376,7 +397,7 @@ void Daemon::Impl::on_readable(ConnId serial) {
       type == proto::MsgType::reserve_report || type == proto::MsgType::share_request ||
       type == proto::MsgType::share_commit || type == proto::MsgType::ipc_export || type == proto::MsgType::ipc_open ||
       type == proto::MsgType::ipc_close || type == proto::MsgType::readonly_write || type == proto::MsgType::dropped ||
-      type == proto::MsgType::swap_ready || type == proto::MsgType::swap_in;
+      type == proto::MsgType::swap_ready || type == proto::MsgType::swap_in || type == proto::MsgType::context_request;
   if (!request) {
     return malformed(serial,
                      "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
@@ -448,6 +469,9 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
           answer(node_->release(s, m));
         } else if constexpr (std::is_same_v<T, proto::UsageQuery>) {
           answer(node_->usage(s, m));
+        } else if constexpr (std::is_same_v<T, proto::ContextRequest>) {
+          // A context is admitted on the latest reading (its admission counts until NVML shows it).
+          answer(node_->context(s, m, now()));
         } else if constexpr (std::is_same_v<T, proto::GuardEvent>) {
           if (auto bad = node_->guard_event(s, m, now())) malformed(serial, bad->reason);
         } else if constexpr (std::is_same_v<T, proto::ReadOnlyWrite>) {

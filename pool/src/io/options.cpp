@@ -59,6 +59,9 @@ std::string DaemonOptions::usage() {
          "                           long after it was served is revoked, and processes moved to\n"
          "                           host memory for it come back (docs/swap.md; default 5s, at\n"
          "                           least two sampling periods; up to 1h; 'off' or 0: never)\n"
+         "  --context-memory auto|SIZE  what each CUDA context of a hooked process is charged against\n"
+         "                           its tenant's limit from before the driver creates it (docs/quota.md,\n"
+         "                           \"Contexts\"; default auto: measured per GPU through NVML; e.g. 512MiB)\n"
          "  --pressure-wait-ms N     how long a grant the pool cannot serve waits for tenants to return\n"
          "                           reserve memory, 0..60000 (default 500; 0: refuse at once)\n"
          "  --reclaim-deadline DURATION  a session asked to give memory back that gives nothing within\n"
@@ -112,6 +115,7 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--pressure-wait-ms",
                                                   "--reclaim-deadline",
                                                   "--reclaim-skip",
+                                                  "--context-memory",
                                                   "--pool-idle-release",
                                                   "--pool-keep",
                                                   "--swap-idle",
@@ -215,6 +219,12 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       o.warm_stock = size(0, 1ull << 50);
     } else if (arg == "--swap-margin") {
       o.swap_margin = size(0, 1ull << 50);
+    } else if (arg == "--context-memory") {
+      if (value == "auto") {
+        o.context_memory.reset();
+      } else {
+        o.context_memory = size(0, 1ull << 40);
+      }
     } else if (arg == "--pool-keep") {
       o.pool_keep = size(0, 1ull << 50);
     } else if (arg == "--pool-idle-release" || arg == "--swap-idle") {

@@ -79,6 +79,8 @@ VLAKE_PROTO_MESSAGE(SwapNotice, swap_notice);
 VLAKE_PROTO_MESSAGE(SwapReady, swap_ready);
 VLAKE_PROTO_MESSAGE(SwapIn, swap_in);
 VLAKE_PROTO_MESSAGE(SwapInReply, swap_in_reply);
+VLAKE_PROTO_MESSAGE(ContextRequest, context_request);
+VLAKE_PROTO_MESSAGE(ContextReply, context_reply);
 #undef VLAKE_PROTO_MESSAGE
 
 // A struct that travels as one message.
@@ -88,10 +90,11 @@ concept Message = std::is_trivially_copyable_v<T> && requires {
 };
 
 // Every message, alternative i being the struct of MsgType i + 1.
-using AnyMessage = std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply,
-                                Error, GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit,
-                                ShareAck, IpcExport, IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck,
-                                ReadOnlyWrite, Drop, Dropped, SwapNotice, SwapReady, SwapIn, SwapInReply>;
+using AnyMessage =
+    std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
+                 GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck, IpcExport,
+                 IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck, ReadOnlyWrite, Drop, Dropped, SwapNotice,
+                 SwapReady, SwapIn, SwapInReply, ContextRequest, ContextReply>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {
@@ -256,6 +259,13 @@ inline std::optional<std::string> check_fields(const SwapInReply& m) {
   if (m.reserved != 0) return "SwapInReply reserved field is not zero";
   return std::nullopt;
 }
+inline std::optional<std::string> check_fields(const ContextRequest& m) {
+  if (m.op != ContextOp::admit && m.op != ContextOp::release) {
+    return "ContextRequest op " + detail::number(m.op) + " out of range";
+  }
+  if (m.reserved != 0) return "ContextRequest reserved field is not zero";
+  return std::nullopt;
+}
 inline std::optional<std::string> check_fields(const Dropped& m) {
   if (m.reserved != 0) return "Dropped reserved field is not zero";
   if (m.count == 0 || m.count > kMaxDropKeys) return "Dropped count " + detail::number(m.count) + " out of range";
@@ -337,6 +347,7 @@ inline std::optional<std::string> check_fields(const IpcOpenReply& m) {
   }
   return std::nullopt;
 }
+inline std::optional<std::string> check_fields(const ContextReply&) { return std::nullopt; }
 inline std::optional<std::string> check_fields(const IpcClose&) { return std::nullopt; }
 inline std::optional<std::string> check_fields(const IpcCloseAck& m) {
   if (m.reserved != 0) return "IpcCloseAck reserved field is not zero";

@@ -35,8 +35,8 @@ namespace vlake::proto {
 
 inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
 // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags, wait_ms,
-// HelloAck::flags.
-inline constexpr std::uint16_t kVersion = 3;
+// HelloAck::flags; 4: ContextRequest/ContextReply.
+inline constexpr std::uint16_t kVersion = 4;
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
 inline constexpr std::uint32_t kMaxDevices = 16;
@@ -71,6 +71,8 @@ enum class MsgType : std::uint16_t {
   swap_ready = 27,        // client -> daemon, no reply: this process's hooked calls now wait
   swap_in = 28,           // client -> daemon: bring this process back to the GPU
   swap_in_reply = 29,     // daemon -> client
+  context_request = 30,   // client -> daemon (version 4): admit / release a CUDA context's memory
+  context_reply = 31,     // daemon -> client
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -531,6 +533,35 @@ struct IpcHandleBlob {
 };
 static_assert(std::is_trivially_copyable_v<IpcHandleBlob> && sizeof(IpcHandleBlob) == 64);
 
+// CUDA contexts (version 4, docs/quota.md "Contexts"). A context takes device memory (about
+// 518 MiB on an H100) the moment the driver creates it, before any allocation, so the hook asks
+// vlaked to admit that memory BEFORE it lets the driver create a context (a primary context's
+// first retain, cuCtxCreate*, a green context): ContextRequest{admit} charges the GPU's context
+// size (measured by vlaked: docs/daemon.md, "Contexts") to the session's tenant if its limit and
+// its namespace's allow it, else answers over_limit / namespace_over_limit (nothing charged) and
+// the hook fails the call with CUDA_ERROR_OUT_OF_MEMORY. ContextRequest{release} says a context
+// admitted before is destroyed (unknown_grant when the session has no admitted context on that
+// GPU). A session's admissions end with it. Once NVML lists the process on that GPU, its charge
+// is the larger of NVML's figure and its admitted contexts times the context size.
+enum class ContextOp : std::uint32_t {
+  admit = 1,
+  release = 2,
+};
+struct ContextRequest {
+  Header h;
+  std::uint8_t device_uuid[16];
+  ContextOp op;
+  std::uint32_t reserved;
+};
+struct ContextReply {
+  Header h;
+  Status status;           // ok, over_limit, namespace_over_limit, unknown_device, unknown_grant, limit_reached
+  std::uint32_t contexts;  // the session's admitted contexts on that GPU afterwards
+  std::uint64_t bytes;     // the context size charged per context on that GPU
+  std::uint64_t limit;     // the tenant's (namespace_over_limit: the namespace's) limit on that GPU
+  std::uint64_t used;      // its usage on that GPU afterwards (before, if refused)
+};
+
 struct Error {
   Header h;
   Status status;
@@ -575,6 +606,8 @@ VLAKE_PROTO_CHECK(SwapNotice, 40);
 VLAKE_PROTO_CHECK(SwapReady, 32);
 VLAKE_PROTO_CHECK(SwapIn, 32);
 VLAKE_PROTO_CHECK(SwapInReply, 40);
+VLAKE_PROTO_CHECK(ContextRequest, 48);
+VLAKE_PROTO_CHECK(ContextReply, 56);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -609,6 +642,8 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::swap_ready: return sizeof(SwapReady);
     case MsgType::swap_in: return sizeof(SwapIn);
     case MsgType::swap_in_reply: return sizeof(SwapInReply);
+    case MsgType::context_request: return sizeof(ContextRequest);
+    case MsgType::context_reply: return sizeof(ContextReply);
   }
   return 0;
 }

@@ -58,6 +58,7 @@
 #include "vlake/pool/core/records.hpp"
 #include "vlake/pool/core/settings.hpp"
 #include "vlake/pool/fair_share.hpp"
+#include "vlake/pool/features/contexts/context_book.hpp"
 #include "vlake/pool/features/counted/counted_audit.hpp"
 #include "vlake/pool/features/guard/guard_book.hpp"
 #include "vlake/pool/features/ipc/ipc_registry.hpp"
@@ -142,6 +143,12 @@ class Node {
   // Keys sent in Drop messages since start.
   [[nodiscard]] std::uint64_t kept_drops() const noexcept { return kept_drops_; }
   std::optional<Malformed> reserve_report(std::uint64_t session, const proto::ReserveReport& m);
+  // ---- CUDA contexts (node_contexts.cpp, docs/quota.md "Contexts")
+  // ContextRequest{admit}: the GPU's context size (contexts().size()) is charged to the session's
+  // tenant if its limit, its namespace's and the guarantees allow it (a refusal is counted,
+  // logged and recorded like a grant's); {release}: one admitted context is gone.
+  std::variant<proto::ContextReply, Malformed> context(std::uint64_t session, const proto::ContextRequest& m, Now now);
+  [[nodiscard]] const ContextBook& contexts() const noexcept { return contexts_; }
   // ---- swapping idle processes to host memory (node_swap.cpp, docs/swap.md)
   // The session's hooked calls now wait: its checkpoint is queued (Effects::swap_jobs). A
   // SwapReady for another swap id, or in another state, is ignored.
@@ -291,6 +298,10 @@ class Node {
   void retarget_tenants();
   void apply_namespaces();
   void charge_unhooked(Tenant& t);
+  // The tenant's non-pool charge on every GPU (NVML's figure and its contexts, context_book.hpp).
+  void charge_contexts(TenantId t);
+  // Feeds one reading to the context book: each admitted session's figure, vlaked's own context.
+  void observe_contexts(const std::vector<GpuSample>& sample);
   [[nodiscard]] bool over_a_limit(const Tenant& t) const;
   Tenant* unhooked_tenant(const ProcessIdentity& p);
   void reattribute(const AllocationInfo& a);
@@ -394,6 +405,7 @@ class Node {
   ReclaimTrust reclaim_;        // what sessions asked to give memory back gave (claims and measurements)
   CountedAudit counted_audit_;  // counted grants against NVML's figures
   UnhookedBook unhooked_;       // memory outside vlake, per tenant
+  ContextBook contexts_;        // CUDA contexts admitted before their creation, per session
   Effects fx_;                  // what operations recorded since the last hand_over()
   std::uint64_t kept_drops_ = 0;
 

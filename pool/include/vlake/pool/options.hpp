@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -58,6 +59,10 @@ struct DaemonOptions {
   // this long after it was served is revoked (docs/swap.md; at least two sampling periods).
   std::chrono::milliseconds counted_realize{5'000};
   std::uint64_t swap_margin = 256ull << 20;
+  // --context-memory auto|SIZE (docs/quota.md, "Contexts"): what each CUDA context a hooked
+  // process creates is charged before NVML shows it. nullopt (auto): measured per GPU (vlaked's
+  // own context, then processes' first readings); without NVML, contexts are not charged.
+  std::optional<std::uint64_t> context_memory;
   // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
   bool bind_handles = true;
   std::string alloc_root;  // Kubernetes allocation directories (docs/device-plugin.md); "": off

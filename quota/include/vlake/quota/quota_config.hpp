@@ -24,12 +24,13 @@
 // the hook offers whole-allocation host-to-device uploads for sharing without code changes.
 // Memory outside vlake (docs/quota.md, "Memory outside vlake"): `enforce: account|refuse|kill`,
 // `kill_grace: <duration>` and `allow_disable: true|false` may appear in `default` and in a
-// namespace; a namespace's value is its own, else the top-level default's, else refuse / 30s /
+// namespace; a namespace's value is its own, else the top-level default's, else kill / 30s /
 // false. `enforce` says what the GPU memory of a tenant's processes without a session (NVML's
 // per-process figure) does: account = shown only; refuse = it counts toward the tenant's and its
-// namespace's usage when grants are admitted; kill = refuse, and those processes are killed when
-// the tenant is still over a limit `kill_grace` later. `allow_disable`: whether VLAKE_DISABLE=1
-// turns the hook off for the namespace's tenants. A duration follows vlake's one grammar
+// namespace's usage when grants are admitted; kill (the default) = refuse, and those processes
+// are killed when the tenant is still over a limit `kill_grace` later (so no tenant keeps memory
+// above its limit past the grace; account and refuse are opt-ins that allow it). `allow_disable`: whether
+// VLAKE_DISABLE=1 turns the hook off for the namespace's tenants. A duration follows vlake's one grammar
 // (vlake/common/duration.hpp): a number with ms, s, m or h ("500ms", "2.5s", "2m"), or 0; a bare
 // number such as `wait: 30` is an error that says what to write.
 // Waiting for memory: `wait: <duration>` (at most 10m) may appear in `default` and in a namespace
@@ -161,7 +162,7 @@ struct TenantSpec {
   std::string ns = kDefaultNamespace;  // its namespace
   GuardMode guard = GuardMode::off;    // out-of-bounds guard mode (docs/guard.md)
   DedupMode dedup = DedupMode::off;    // its namespace's dedup mode (resolved)
-  Enforce enforce = Enforce::refuse;   // its namespace's (resolved)
+  Enforce enforce = Enforce::kill;     // its namespace's (resolved)
   std::chrono::milliseconds kill_grace = kDefaultKillGrace;
   bool allow_disable = false;  // VLAKE_DISABLE=1 honoured for it
   std::string dedup_domain;    // its namespace's dedup trust domain; "": none
@@ -186,7 +187,7 @@ struct NamespaceSpec {
   bool declared = true;                                 // false: the implicit "default" namespace
   std::optional<GuardMode> guard;                       // nullopt: the top-level default's (or off)
   std::optional<DedupMode> dedup;                       // nullopt: the top-level default's (or off)
-  std::optional<Enforce> enforce;                       // nullopt: the top-level default's (or refuse)
+  std::optional<Enforce> enforce;                       // nullopt: the top-level default's (or kill)
   std::optional<std::chrono::milliseconds> kill_grace;  // nullopt: the top-level default's (or 30s)
   std::optional<std::chrono::milliseconds> wait;        // nullopt: the top-level default's (or 0)
   std::optional<bool> allow_disable;                    // nullopt: the top-level default's (or false)
@@ -268,9 +269,9 @@ class QuotaConfig {
     return ns.dedup.value_or(default_dedup());
   }
   // The policy for memory outside vlake in force for namespace `ns`: its own, else the
-  // top-level default's, else refuse / 30s / false.
+  // top-level default's, else kill / 30s / false.
   [[nodiscard]] Enforce enforce_of(const NamespaceSpec& ns) const noexcept {
-    return ns.enforce.value_or(default_enforce_.value_or(Enforce::refuse));
+    return ns.enforce.value_or(default_enforce_.value_or(Enforce::kill));
   }
   [[nodiscard]] std::chrono::milliseconds wait_of(const NamespaceSpec& ns) const noexcept {
     return ns.wait.value_or(default_wait_.value_or(std::chrono::milliseconds(0)));

@@ -48,7 +48,7 @@ struct TenantRecord {
   std::string ipc_domain;    // its namespace's CUDA IPC domain (docs/ipc.md); "": only itself
   std::string alloc_id;      // a Kubernetes allocation's tenant; "": a uid/gid tenant
   // Memory outside vlake (docs/quota.md): its namespace's policy (UnhookedBook holds the figures).
-  quota::Enforce enforce = quota::Enforce::refuse;
+  quota::Enforce enforce = quota::Enforce::kill;
   std::chrono::milliseconds kill_grace = quota::kDefaultKillGrace;
   bool allow_disable = false;
   bool overcommit = false;            // its processes allocate their own memory and may be swapped out

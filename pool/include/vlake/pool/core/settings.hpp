@@ -26,6 +26,9 @@ namespace st = vlake::state;
 // cap), each counted under its reason (Counters layout 6). GuardEvents are checked against the
 // sender's grants and rate-limited per tenant; log lines a tenant can trigger go through
 // Node::log_limiter() (Counters::log_suppressed).
+// What a CUDA context is charged before anything was measured (an H100 context: ~518 MiB).
+inline constexpr Bytes kDefaultContextMemory{512ull << 20};
+
 struct NodeSettings {
   Bytes bulk_size{64ull << 20};  // --bulk-size
   Bytes warm_reserve{0};         // --warm-reserve, per GPU
@@ -72,6 +75,11 @@ struct NodeSettings {
   std::uint32_t max_parked_per_tenant = 32;  // --max-parked-per-tenant
   double guard_event_rate = 10;              // --guard-event-rate: GuardEvents per second per tenant
   double guard_event_burst = 20;             // --guard-event-burst
+  // CUDA contexts (docs/quota.md, "Contexts"): what each admitted context is charged. A size:
+  // that, always (--context-memory SIZE); nullopt: measured per GPU (context_book.hpp), and
+  // context_fallback until something was measured (--context-memory auto, the default).
+  std::optional<Bytes> context_memory;
+  Bytes context_fallback{kDefaultContextMemory};
   double log_rate = 5;                       // lines per second per tenant-triggered log site and key
   double log_burst = 20;
 };

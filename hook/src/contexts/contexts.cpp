@@ -1,0 +1,123 @@
+// CUDA contexts admitted by vlaked before the driver creates them (contexts.hpp).
+#include "contexts.hpp"
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include "alloc/internal.hpp"
+#include "hook.hpp"
+#include "pass.hpp"
+
+namespace vlake::hook {
+
+namespace contexts {
+namespace {
+
+std::mutex g_mu;
+// Per device: this process holds an admission for its primary context (guarded by g_mu).
+std::array<bool, proto::kMaxDevices> g_primary{};
+
+bool in_range(CUdevice dev) { return dev >= 0 && static_cast<std::uint32_t>(dev) < proto::kMaxDevices; }
+
+// Whether the driver says the device's primary context is active (false when it cannot say).
+bool driver_active(CUdevice dev) {
+  const UsedApi& api = used();
+  if (api.cuDevicePrimaryCtxGetState == nullptr) return false;
+  unsigned int flags = 0;
+  int active = 0;
+  return api.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active != 0;
+}
+
+// Asks vlaked to admit a context on `dev`: CUDA_SUCCESS (admitted: `admitted` true; or nothing
+// to ask) or CUDA_ERROR_OUT_OF_MEMORY (refused, logged).
+CUresult admit(State& s, CUdevice dev, bool& admitted) {
+  admitted = false;
+  Uuid uuid;
+  if (device_uuid(s, dev, uuid) != CUDA_SUCCESS) return CUDA_SUCCESS;  // the driver answers for a bad device
+  const std::optional<proto::ContextReply> rep = s.client.context(uuid, proto::ContextOp::admit);
+  if (!rep) {
+    if (!s.client.refused()) return CUDA_SUCCESS;  // unreachable: NVML still sees the context
+    std::uint64_t suppressed = 0;
+    if (s.refusals.allow(suppressed)) {
+      log(LogLevel::error, "%s; a CUDA context on GPU %d refused%s", s.client.last_error().c_str(),
+          static_cast<int>(dev), suppressed_note(suppressed).c_str());
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (rep->status == proto::Status::ok) {
+    admitted = true;
+    return CUDA_SUCCESS;
+  }
+  if (rep->status == proto::Status::unknown_device) return CUDA_SUCCESS;  // a GPU vlaked does not manage
+  GrantResult g;
+  g.status = rep->status;
+  g.limit = rep->limit;
+  g.used = rep->used;
+  report_refusal(s, g, static_cast<int>(dev), rep->bytes, "a CUDA context of");
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void give_back(State& s, CUdevice dev) {
+  Uuid uuid;
+  if (device_uuid(s, dev, uuid) != CUDA_SUCCESS) return;
+  (void)s.client.context(uuid, proto::ContextOp::release);  // unknown to a restarted vlaked: fine
+}
+
+// After a release or reset: the primary context's admission goes when the driver says it is gone.
+CUresult after_release(State& s, CUdevice dev, CUresult rc, bool reset) {
+  if (rc != CUDA_SUCCESS || !g_primary[static_cast<std::size_t>(dev)]) return rc;
+  if (driver_active(dev)) return rc;
+  // Without cuDevicePrimaryCtxGetState only a reset is known to destroy it.
+  if (used().cuDevicePrimaryCtxGetState == nullptr && !reset) return rc;
+  g_primary[static_cast<std::size_t>(dev)] = false;
+  give_back(s, dev);
+  return rc;
+}
+
+}  // namespace
+
+void lock_all() noexcept { g_mu.lock(); }
+void unlock_all() noexcept { g_mu.unlock(); }
+void clear_after_fork() noexcept {
+  g_primary.fill(false);
+  g_mu.unlock();
+}
+
+}  // namespace contexts
+
+CUresult on_cuDevicePrimaryCtxRetain(bool ptds, CUcontext* pctx, CUdevice dev) {
+  State* s = active_state();
+  if (s == nullptr || !contexts::in_range(dev)) return pass<Row::cuDevicePrimaryCtxRetain>(ptds, pctx, dev);
+  std::lock_guard lock(contexts::g_mu);
+  if (contexts::g_primary[static_cast<std::size_t>(dev)] || contexts::driver_active(dev)) {
+    return pass<Row::cuDevicePrimaryCtxRetain>(ptds, pctx, dev);  // it exists: no new memory
+  }
+  bool admitted = false;
+  if (const CUresult rc = contexts::admit(*s, dev, admitted); rc != CUDA_SUCCESS) return rc;
+  const CUresult rc = pass<Row::cuDevicePrimaryCtxRetain>(ptds, pctx, dev);
+  if (admitted) {
+    if (rc == CUDA_SUCCESS) {
+      contexts::g_primary[static_cast<std::size_t>(dev)] = true;
+    } else {
+      contexts::give_back(*s, dev);
+    }
+  }
+  return rc;
+}
+
+CUresult on_cuDevicePrimaryCtxRelease_v2(bool ptds, CUdevice dev) {
+  State* s = active_state();
+  if (s == nullptr || !contexts::in_range(dev)) return pass<Row::cuDevicePrimaryCtxRelease_v2>(ptds, dev);
+  std::lock_guard lock(contexts::g_mu);
+  return contexts::after_release(*s, dev, pass<Row::cuDevicePrimaryCtxRelease_v2>(ptds, dev), false);
+}
+
+CUresult on_cuDevicePrimaryCtxReset_v2(bool ptds, CUdevice dev) {
+  State* s = active_state();
+  if (s == nullptr || !contexts::in_range(dev)) return pass<Row::cuDevicePrimaryCtxReset_v2>(ptds, dev);
+  std::lock_guard lock(contexts::g_mu);
+  return contexts::after_release(*s, dev, pass<Row::cuDevicePrimaryCtxReset_v2>(ptds, dev), true);
+}
+
+}  // namespace vlake::hook
