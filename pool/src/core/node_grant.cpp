@@ -29,11 +29,7 @@ void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st
                           std::uint64_t used, std::uint64_t limit, std::chrono::milliseconds waited, Now now) {
   if (reason < 1 || reason > st::kRefusalReasons) return;
   Tenant* t = tid.value() != 0 ? tenant_mut(tid) : nullptr;
-  if (refusals_.next_seq == 0) refusals_.next_seq = 1;
-  const std::uint64_t seq = refusals_.next_seq++;
-  st::RefusalRecord& r = refusals_.refusals[(seq - 1) % st::kRefusalEvents];
-  r = st::RefusalRecord{};
-  r.seq = seq;
+  st::RefusalRecord r{};
   r.time_unix_ns = now.unix_ns != 0 ? now.unix_ns : unix_of(now.steady);
   r.tenant = t != nullptr ? t->id.value() : 0;
   r.pid = pid;
@@ -48,6 +44,8 @@ void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st
     ++t->denials[reason - 1];
     touch_tenant(t->id);
   }
+  // Kept per tenant: a full ring makes room with the entry of the tenant holding the most.
+  if (const auto kept = refusals_.record(r); kept.evicted) touch_tenant_named(*kept.evicted);
   ++counters_.refusals_recorded;
   changes_.refusals = true;
 }
@@ -238,7 +236,7 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
   const std::optional<std::uint32_t> slot = free_slot(grant_slots_);
   if (!slot) {
     ++counters_.denials_other;
-    limited_.write(LogLevel::error, "grant table",
+    limited_.write(LogLevel::error, "grant table " + t.name,
                    "tenant " + t.name + ": grant refused: grant table full: " + std::to_string(grants_.size()) +
                        " of " + std::to_string(st::kMaxGrants) + " grants in use",
                    now.steady);

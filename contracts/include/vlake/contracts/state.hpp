@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "vlake/contracts/protocol.hpp"
 
@@ -40,7 +41,7 @@ class mapped_region;
 namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 9;
+inline constexpr std::uint32_t kLayoutVersion = 10;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -272,6 +273,11 @@ struct TenantRecord {
   // Layout 9: refusals of its requests by RefusalReason (index = reason - 1), since the record was
   // created (gone with the record when the tenant is freed).
   std::uint64_t denials[8];
+  // Layout 10: its entries pushed out of the guard event ring and of the refusal ring (they are
+  // kept per tenant: only its own entries or those of a tenant holding no fewer make room for its
+  // new ones; see GuardLog), since the record was created.
+  std::uint64_t guard_events_evicted;
+  std::uint64_t refusals_evicted;
 };
 
 // What is known about a kernel fault (docs/guard.md): index bits of Counters::kernel_faults and
@@ -388,10 +394,16 @@ struct GuardEventRecord {
   proto::GuardSuspect suspects[kGuardEventSuspects];  // readonly_write: [0] = the allocation hit
 };
 
-// Slot of event `seq` (>= 1): events[(seq - 1) % kGuardEvents]; the newest is `next_seq - 1`.
+// Layout 10: the ring is kept per tenant (docs/security.md, "Rings per tenant"). While a slot is
+// free a new event takes one; once the ring is full it replaces the oldest event of the tenant
+// holding the most (counting the new one as its tenant's; a tie: the oldest of the tied tenants'
+// events), so one tenant's flood only pushes out its own events. Events are therefore not in
+// slot order: a slot is NOT (seq - 1) % kGuardEvents. Readers take the slots in seq order
+// (ring_order below) and follow seq: every event after a seq a reader saw has a larger seq, so a
+// cursor on seq misses nothing still in the ring. The newest is `next_seq - 1` (if still kept).
 struct GuardLog {
   std::uint64_t next_seq;  // 1 + events recorded so far (0 or 1: none)
-  std::uint64_t reserved;
+  std::uint64_t evicted;   // layout 10 (was reserved): events pushed out of the ring so far
   GuardEventRecord events[kGuardEvents];
 };
 
@@ -428,12 +440,18 @@ struct RefusalRecord {
   char tenant_name[kTenantNameBytes];
 };
 
-// Slot of refusal `seq` (>= 1): refusals[(seq - 1) % kRefusalEvents].
+// Layout 10: kept per tenant as the guard ring is (GuardLog above; TenantId 0 is a tenant of its
+// own there): a slot is NOT (seq - 1) % kRefusalEvents; readers use ring_order.
 struct RefusalLog {
   std::uint64_t next_seq;  // 1 + refusals recorded so far (0 or 1: none)
-  std::uint64_t reserved;
+  std::uint64_t evicted;   // layout 10 (was reserved): refusals pushed out of the ring so far
   RefusalRecord refusals[kRefusalEvents];
 };
+
+// Layout 10: the records a ring holds, oldest first (by seq; slots never written left out).
+// Pointers into the log given (a snapshot's copy).
+std::vector<const GuardEventRecord*> ring_order(const GuardLog& log);
+std::vector<const RefusalRecord*> ring_order(const RefusalLog& log);
 
 struct State {
   Header header;
@@ -457,14 +475,14 @@ VLAKE_STATE_CHECK(Counters, 440 + 8 * 17 + 8 * 9);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
 VLAKE_STATE_CHECK(DeviceRecord, 200 + 64);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
-VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64);
+VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64 + 16);
 VLAKE_STATE_CHECK(SessionRecord, 40 + 120);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
 VLAKE_STATE_CHECK(RefusalRecord, 64 + 128);
 VLAKE_STATE_CHECK(RefusalLog, 16 + 192 * 256);
-VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 264 * 16 + 472 * 256 + 1000 * 256 + 160 * 1024 + 64 * 16384 + 16 +
+VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 264 * 16 + 472 * 256 + 1016 * 256 + 160 * 1024 + 64 * 16384 + 16 +
                              344 * 256 + 16 + 192 * 256);
 #undef VLAKE_STATE_CHECK
 
