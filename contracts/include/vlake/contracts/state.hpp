@@ -273,9 +273,9 @@ struct TenantRecord {
   // Layout 9: refusals of its requests by RefusalReason (index = reason - 1), since the record was
   // created (gone with the record when the tenant is freed).
   std::uint64_t denials[8];
-  // Layout 10: its entries pushed out of the guard event ring and of the refusal ring (they are
-  // kept per tenant: only its own entries or those of a tenant holding no fewer make room for its
-  // new ones; see GuardLog), since the record was created.
+  // Layout 10: its entries pushed out of the guard event ring and of the refusal ring (kept per
+  // tenant: only its own newer entries, or those of a tenant holding no fewer, push them out; see
+  // GuardLog), since the record was created (gone with the record when the tenant is freed).
   std::uint64_t guard_events_evicted;
   std::uint64_t refusals_evicted;
 };
@@ -396,8 +396,9 @@ struct GuardEventRecord {
 
 // Layout 10: the ring is kept per tenant (docs/security.md, "Rings per tenant"). While a slot is
 // free a new event takes one; once the ring is full it replaces the oldest event of the tenant
-// holding the most (counting the new one as its tenant's; a tie: the oldest of the tied tenants'
-// events), so one tenant's flood only pushes out its own events. Events are therefore not in
+// (told apart by tenant_name: ids are reused) holding the most (counting the new one as its
+// tenant's; a tie: the oldest of the tied tenants' events), so one tenant's flood only pushes
+// out its own events. Events are therefore not in
 // slot order: a slot is NOT (seq - 1) % kGuardEvents. Readers take the slots in seq order
 // (ring_order below) and follow seq: every event after a seq a reader saw has a larger seq, so a
 // cursor on seq misses nothing still in the ring. The newest is `next_seq - 1` (if still kept).
@@ -440,8 +441,9 @@ struct RefusalRecord {
   char tenant_name[kTenantNameBytes];
 };
 
-// Layout 10: kept per tenant as the guard ring is (GuardLog above; TenantId 0 is a tenant of its
-// own there): a slot is NOT (seq - 1) % kRefusalEvents; readers use ring_order.
+// Layout 10: kept per tenant as the guard ring is (GuardLog above; refusals of no tenant, an
+// empty tenant_name, count as one tenant there): a slot is NOT (seq - 1) % kRefusalEvents;
+// readers use ring_order.
 struct RefusalLog {
   std::uint64_t next_seq;  // 1 + refusals recorded so far (0 or 1: none)
   std::uint64_t evicted;   // layout 10 (was reserved): refusals pushed out of the ring so far
