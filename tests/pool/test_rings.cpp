@@ -86,7 +86,7 @@ TEST_CASE("fair ring: a flooder never pushes out another tenant's entry", "[pool
   CHECK(m.seqs_of(7).size() == 2);
 }
 
-TEST_CASE("fair ring: 8 colluding flooders share the ring; the victim keeps its entries", "[pool][rings]") {
+TEST_CASE("fair ring: 8 colluding flooders share the ring, the victim keeps its entries", "[pool][rings]") {
   Model m(256);
   for (int i = 0; i < 5; ++i) m.add(100);  // the victim: 5 entries
   for (int round = 0; round < 2000; ++round) {
@@ -103,7 +103,7 @@ TEST_CASE("fair ring: 8 colluding flooders share the ring; the victim keeps its 
   }
 }
 
-TEST_CASE("fair ring: a tenant holding most entries loses its oldest; ties go to the oldest entry", "[pool][rings]") {
+TEST_CASE("fair ring: a tenant holding most entries loses its oldest, ties go to the oldest entry", "[pool][rings]") {
   Model m(6);
   m.add(1);  // seq 1
   m.add(2);  // 2
@@ -129,7 +129,7 @@ TEST_CASE("fair ring: a tenant holding most entries loses its oldest; ties go to
   CHECK(p.evicted->tenant != "");
 }
 
-TEST_CASE("fair ring: assign resumes a published ring; forget drops the eviction count", "[pool][rings]") {
+TEST_CASE("fair ring: assign resumes a published ring, forget drops the eviction count", "[pool][rings]") {
   Model m(8);
   for (int i = 0; i < 3; ++i) m.add(5);
   for (int i = 0; i < 20; ++i) m.add(6);
