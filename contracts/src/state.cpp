@@ -8,6 +8,7 @@
 
 #include "vlake/common/unique_fd.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -379,5 +380,23 @@ const char* over_reason_name(std::uint32_t reason) noexcept {
     default: return "";
   }
 }
+
+namespace {
+
+template <typename Record, std::size_t N>
+std::vector<const Record*> in_seq_order(const Record (&ring)[N]) {
+  std::vector<const Record*> out;
+  out.reserve(N);
+  for (const Record& r : ring) {
+    if (r.seq != 0) out.push_back(&r);
+  }
+  std::sort(out.begin(), out.end(), [](const Record* a, const Record* b) { return a->seq < b->seq; });
+  return out;
+}
+
+}  // namespace
+
+std::vector<const GuardEventRecord*> ring_order(const GuardLog& log) { return in_seq_order(log.events); }
+std::vector<const RefusalRecord*> ring_order(const RefusalLog& log) { return in_seq_order(log.refusals); }
 
 }  // namespace vlake::state

@@ -145,7 +145,7 @@ std::string CtlOptions::usage() {
          "  pool                     per GPU pool bytes, granted, free, handles, orphaned,\n"
          "                           non-pool; the daemon and its counters\n"
          "  events                   out-of-bounds guard alarms (docs/guard.md), then refused\n"
-         "                           requests (the newest 256), oldest first\n"
+         "                           requests (256 of each kept, per tenant), oldest first\n"
          "  quota check FILE [--gpu-memory SIZE]\n"
          "                           validate a quota file (guarantee sums against SIZE if given);\n"
          "                           prints 'FILE: ok' and a summary, or\n"

@@ -591,6 +591,18 @@ std::string hex_address(std::uint64_t a) {
 }  // namespace
 
 namespace {
+// "" or " (N pushed out: tenant n, ...)": what a ring lost, by tenant (its own flood, or a
+// tenant's holding no fewer entries).
+std::string evicted_note(const NodeView& v, std::uint64_t total, std::uint64_t TenantView::*of) {
+  if (total == 0) return "";
+  std::string out = "; " + std::to_string(total) + " pushed out";
+  std::string by;
+  for (const TenantView& t : v.tenants) {
+    if (t.*of != 0) by += (by.empty() ? ": " : ", ") + t.name + " " + std::to_string(t.*of);
+  }
+  return out + by;
+}
+
 std::string refusals_text(const NodeView& v) {
   if (v.refusals.empty()) return "\nno refusals\n";
   Table t({{"SEQ", Table::Align::right},
@@ -613,7 +625,8 @@ std::string refusals_text(const NodeView& v) {
                             : std::to_string(r.limit),
                r.waited_ms != 0 ? human_duration(static_cast<double>(r.waited_ms) / 1e3) : "-"});
   }
-  return "\nrefusals (the newest " + std::to_string(state::kRefusalEvents) + " are kept):\n" + t.render("  ");
+  return "\nrefusals (" + std::to_string(state::kRefusalEvents) + " kept, per tenant" +
+         evicted_note(v, v.refusals_evicted, &TenantView::refusals_evicted) + "):\n" + t.render("  ");
 }
 }  // namespace
 
@@ -650,7 +663,9 @@ std::string render_events_text(const NodeView& v, const std::string& state) {
                std::to_string(e.pid), e.requested_bytes != 0 ? sz(e.requested_bytes) : "-",
                e.kind == "canary" ? std::to_string(e.first_bad_offset) : "-", utc(e.allocated_unix_ns), where});
   }
-  return out + "\nguard alarms:\n" + t.render("  ") + refusals_text(v);
+  return out + "\nguard alarms (" + std::to_string(state::kGuardEvents) + " kept, per tenant" +
+         evicted_note(v, v.guard_events_evicted, &TenantView::guard_events_evicted) + "):\n" + t.render("  ") +
+         refusals_text(v);
 }
 
 std::string render_events_json(const NodeView& v, const std::string& state) {
@@ -688,6 +703,19 @@ std::string render_events_json(const NodeView& v, const std::string& state) {
       j.end_object();
     }
     j.end_array();
+    j.end_object();
+  }
+  j.end_array();
+  j.field_uint("guard_events_evicted", v.guard_events_evicted);
+  j.field_uint("refusals_evicted", v.refusals_evicted);
+  j.key("evicted").begin_array();
+  for (const TenantView& t : v.tenants) {
+    if (t.guard_events_evicted == 0 && t.refusals_evicted == 0) continue;
+    j.begin_object();
+    j.field_uint("tenant_id", t.id);
+    j.field("tenant", t.name);
+    j.field_uint("guard_events", t.guard_events_evicted);
+    j.field_uint("refusals", t.refusals_evicted);
     j.end_object();
   }
   j.end_array();

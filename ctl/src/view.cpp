@@ -141,6 +141,8 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     t.priority = nsr != nullptr ? nsr->priority : 0;
     for (std::uint32_t i = 0; i < st::kRefusalReasons; ++i)
       t.denials.emplace_back(st::refusal_reason_name(i + 1), r.denials[i]);
+    t.guard_events_evicted = r.guard_events_evicted;
+    t.refusals_evicted = r.refusals_evicted;
     for (const GpuView& g : v.gpus) {
       TenantGpuView u;
       u.gpu = g.index;
@@ -177,12 +179,11 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
   }
   std::sort(v.tenants.begin(), v.tenants.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
 
-  // The guard ring: events[(seq - 1) % kGuardEvents], the newest is next_seq - 1.
-  const std::uint64_t next = s.guard.next_seq;
-  const std::uint64_t first = next > st::kGuardEvents ? next - st::kGuardEvents : 1;
-  for (std::uint64_t seq = first; seq < next; ++seq) {
-    const st::GuardEventRecord& e = s.guard.events[(seq - 1) % st::kGuardEvents];
-    if (e.seq != seq) continue;  // not written (or overwritten while we copied: skip)
+  // The guard ring, oldest first (kept per tenant: not in slot order).
+  v.guard_events_evicted = s.guard.evicted;
+  v.refusals_evicted = s.refusals.evicted;
+  for (const st::GuardEventRecord* ep : st::ring_order(s.guard)) {
+    const st::GuardEventRecord& e = *ep;
     GuardEventView x;
     x.seq = e.seq;
     x.time_unix_ns = e.time_unix_ns;
@@ -215,11 +216,8 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
   }
 
   // The refusal ring, as the guard ring.
-  const std::uint64_t rnext = s.refusals.next_seq;
-  const std::uint64_t rfirst = rnext > st::kRefusalEvents ? rnext - st::kRefusalEvents : 1;
-  for (std::uint64_t seq = rfirst; seq < rnext; ++seq) {
-    const st::RefusalRecord& e = s.refusals.refusals[(seq - 1) % st::kRefusalEvents];
-    if (e.seq != seq) continue;
+  for (const st::RefusalRecord* ep : st::ring_order(s.refusals)) {
+    const st::RefusalRecord& e = *ep;
     RefusalView x;
     x.seq = e.seq;
     x.time_unix_ns = e.time_unix_ns;

@@ -119,19 +119,45 @@ KubeEvent make_event(const std::string& tenant, const std::string& node, const c
   return k;
 }
 
-// The seqs after `last` to read from a ring whose next seq is `next` and capacity `cap`:
-// [first, next). Counts overwritten records; a cursor past the ring's end restarts at 1.
-std::pair<std::uint64_t, std::uint64_t> range(std::uint64_t last, std::uint64_t next, std::uint64_t cap,
-                                              std::uint64_t& overwritten) {
-  if (next == 0) next = 1;
+// The records of a ring (GuardLog, RefusalLog) after the cursor `last`, oldest first; `cursor`
+// becomes the ring's newest seq. The rings are kept per tenant, not in slot order: the records
+// are taken by seq (state::ring_order), and every seq after `last` that the ring no longer
+// holds was pushed out before it was read (counted in `overwritten`). A cursor past the ring's
+// end (a new segment after a reset) restarts at 0.
+template <typename Log>
+auto unread(const Log& log, std::uint64_t last, std::uint64_t& cursor, std::uint64_t& overwritten) {
+  const std::uint64_t next = log.next_seq == 0 ? 1 : log.next_seq;
   if (last >= next) last = 0;  // the ring is behind the cursor: a new segment
-  const std::uint64_t oldest = next > cap ? next - cap : 1;
-  std::uint64_t first = last + 1;
-  if (first < oldest) {
-    overwritten += oldest - first;
-    first = oldest;
+  auto records = st::ring_order(log);
+  std::erase_if(records, [&](const auto* r) { return r->seq <= last || r->seq >= next; });
+  overwritten += (next - 1 - last) - records.size();
+  cursor = next - 1;
+  return records;
+}
+
+// Of `all` (more than `cap`), `cap` events taken in turns by involved object (each one's oldest
+// first), in their order in `all`: one tenant's flood cannot crowd another's events out of a poll.
+std::vector<KubeEvent> fair_share(std::vector<KubeEvent> all, std::size_t cap) {
+  std::vector<std::string> order;                             // involved objects, by first event
+  std::map<std::string, std::vector<std::size_t>> by_object;  // object -> indexes in `all`
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::string key = all[i].ns + '\n' + all[i].object_kind + '\n' + all[i].object_name;
+    auto [it, fresh] = by_object.try_emplace(key);
+    if (fresh) order.push_back(key);
+    it->second.push_back(i);
   }
-  return {first, next};
+  std::vector<std::size_t> taken;
+  for (std::size_t round = 0; taken.size() < cap; ++round) {
+    for (const std::string& key : order) {
+      const auto& mine = by_object.at(key);
+      if (round < mine.size() && taken.size() < cap) taken.push_back(mine[round]);
+    }
+  }
+  std::sort(taken.begin(), taken.end());
+  std::vector<KubeEvent> out;
+  out.reserve(taken.size());
+  for (std::size_t i : taken) out.push_back(std::move(all[i]));
+  return out;
 }
 
 void json_string(std::string& out, std::string_view s) {
@@ -220,11 +246,8 @@ EventBatch EventMapper::map(const st::State& s, EventCursor last) const {
   EventBatch out;
   std::vector<KubeEvent> all;
 
-  const auto [gfirst, gnext] = range(last.guard_seq, s.guard.next_seq, st::kGuardEvents, out.overwritten);
-  out.cursor.guard_seq = gnext - 1;
-  for (std::uint64_t seq = gfirst; seq < gnext; ++seq) {
-    const st::GuardEventRecord& e = s.guard.events[(seq - 1) % st::kGuardEvents];
-    if (e.seq != seq) continue;
+  for (const st::GuardEventRecord* ep : unread(s.guard, last.guard_seq, out.cursor.guard_seq, out.overwritten)) {
+    const st::GuardEventRecord& e = *ep;
     const auto kind = static_cast<proto::GuardKind>(e.kind);
     const bool fault = kind == proto::GuardKind::fault || kind == proto::GuardKind::fault_maps_shared;
     const std::string tenant = bounded(e.tenant_name);
@@ -232,13 +255,10 @@ EventBatch EventMapper::map(const st::State& s, EventCursor last) const {
                              e.time_unix_ns));
   }
 
-  const auto [rfirst, rnext] = range(last.refusal_seq, s.refusals.next_seq, st::kRefusalEvents, out.overwritten);
-  out.cursor.refusal_seq = rnext - 1;
   // (tenant id, tenant name, reason, device) -> index in `all`
   std::map<std::tuple<std::uint32_t, std::string, std::uint32_t, std::uint32_t>, std::size_t> groups;
-  for (std::uint64_t seq = rfirst; seq < rnext; ++seq) {
-    const st::RefusalRecord& r = s.refusals.refusals[(seq - 1) % st::kRefusalEvents];
-    if (r.seq != seq) continue;
+  for (const st::RefusalRecord* rp : unread(s.refusals, last.refusal_seq, out.cursor.refusal_seq, out.overwritten)) {
+    const st::RefusalRecord& r = *rp;
     const std::string tenant = bounded(r.tenant_name);
     const auto key = std::make_tuple(r.tenant, tenant, r.reason, r.device);
     if (auto it = groups.find(key); it != groups.end()) {
@@ -258,7 +278,7 @@ EventBatch EventMapper::map(const st::State& s, EventCursor last) const {
 
   if (all.size() > max_per_poll_) {
     out.dropped = all.size() - max_per_poll_;
-    all.resize(max_per_poll_);
+    all = fair_share(std::move(all), max_per_poll_);
   }
   out.events = std::move(all);
   return out;

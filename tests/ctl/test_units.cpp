@@ -854,7 +854,7 @@ TEST_CASE("render: idle times, swap states, who waits for whom and refusals", "[
   const std::string ev = render_events_text(v, "st1");
   INFO(ev);
   CHECK_THAT(ev, Catch::Contains("no guard alarms"));
-  CHECK_THAT(ev, Catch::Contains("refusals (the newest 256 are kept):"));
+  CHECK_THAT(ev, Catch::Contains("refusals (256 kept, per tenant):"));
   CHECK_THAT(ev, Catch::Contains("tenant_limit   user:alice    0  5001  20.0 GiB  548.0 MiB  16.0 GiB      1s"));
   CHECK_THAT(ev, Catch::Contains("limit_reached  user:alice    -  5001         -        128       128       -"));
   const Json ej = parse_json(render_events_json(v, "st1"));
@@ -865,4 +865,53 @@ TEST_CASE("render: idle times, swap states, who waits for whom and refusals", "[
   const Json poj = parse_json(render_pool_json(v, "st1"));
   CHECK(poj.at("counters").at("swap_outs").u64() == 4);
   CHECK(poj.at("gpus").at(0).at("swapped").u64() == kGiB);
+}
+
+TEST_CASE("events: rings kept per tenant are read in seq order, with what each tenant lost", "[units]") {
+  auto s = synthetic_state();
+  // A flood of tenant 2 ("group:ml") made room with its own oldest: slots are not in seq order.
+  const std::uint64_t seqs[] = {907, 12, 906, 905};
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    st::RefusalRecord& r = s->refusals.refusals[i];
+    r.seq = seqs[i];
+    r.tenant = seqs[i] == 12 ? 1 : 2;
+    std::strcpy(r.tenant_name, seqs[i] == 12 ? "user:alice" : "group:ml");
+    r.reason = st::kRefusalTenantLimit;
+    r.device = 0;
+  }
+  s->refusals.next_seq = 908;
+  s->refusals.evicted = 903;
+  s->tenants[1].refusals_evicted = 903;
+  s->guard.events[3].seq = 4;
+  s->guard.events[3].kind = 1;
+  s->guard.events[3].tenant = 1;
+  std::strcpy(s->guard.events[3].tenant_name, "user:alice");
+  s->guard.events[0].seq = 7;
+  s->guard.events[0].kind = 2;
+  s->guard.events[0].tenant = 2;
+  std::strcpy(s->guard.events[0].tenant_name, "group:ml");
+  s->guard.next_seq = 8;
+  s->guard.evicted = 2;
+  s->tenants[1].guard_events_evicted = 2;
+  const NodeView v = build_view(*s, true);
+  REQUIRE(v.refusals.size() == 4);
+  CHECK(v.refusals[0].seq == 12);
+  CHECK(v.refusals[0].tenant == "user:alice");
+  CHECK(v.refusals[1].seq == 905);
+  CHECK(v.refusals[3].seq == 907);
+  REQUIRE(v.events.size() == 2);
+  CHECK(v.events[0].seq == 4);
+  CHECK(v.events[1].seq == 7);
+  const std::string text = render_events_text(v, "st1");
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("guard alarms (256 kept, per tenant; 2 pushed out: group:ml 2):"));
+  CHECK_THAT(text, Catch::Contains("refusals (256 kept, per tenant; 903 pushed out: group:ml 903):"));
+  const Json j = parse_json(render_events_json(v, "st1"));
+  CHECK(j.at("refusals_evicted").u64() == 903);
+  CHECK(j.at("guard_events_evicted").u64() == 2);
+  REQUIRE(j.at("evicted").size() == 1);
+  CHECK(j.at("evicted").at(0).at("tenant").str() == "group:ml");
+  CHECK(j.at("evicted").at(0).at("refusals").u64() == 903);
+  CHECK(j.at("evicted").at(0).at("guard_events").u64() == 2);
+  CHECK(j.at("refusals").at(0).at("seq").u64() == 12);
 }

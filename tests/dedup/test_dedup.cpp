@@ -197,8 +197,8 @@ TEST_CASE("dedup: a write into shared chunks fails for the writer only, edges st
   CHECK(s->counters.guard_violations_fault == 0);
   int faults = 0;
   int writes = 0;
-  for (std::uint64_t seq = 1; seq < s->guard.next_seq; ++seq) {
-    const auto& e = s->guard.events[(seq - 1) % state::kGuardEvents];
+  for (const state::GuardEventRecord* ep : state::ring_order(s->guard)) {
+    const auto& e = *ep;
     CHECK(std::string(e.tenant_name) == "uid:4411");
     CHECK(e.kind != static_cast<std::uint32_t>(proto::GuardKind::fault_maps_shared));
     if (e.kind == static_cast<std::uint32_t>(proto::GuardKind::fault)) {
@@ -260,8 +260,9 @@ TEST_CASE("dedup: copies and memsets into shared chunks are refused and reported
                        {"cuMemsetD32Async", 8 * MiB, 64, 8 * MiB},
                        {"cuMemcpyHtoD", 16 * MiB - 4096, 8192, 16 * MiB - 4096}};
   REQUIRE(s->guard.next_seq == 5);
-  for (std::uint64_t seq = 1; seq < s->guard.next_seq; ++seq) {
-    const auto& e = s->guard.events[(seq - 1) % state::kGuardEvents];
+  for (const state::GuardEventRecord* ep : state::ring_order(s->guard)) {
+    const auto& e = *ep;
+    const std::uint64_t seq = e.seq;
     const Want& w = want[seq - 1];
     INFO("event " << seq << " " << e.call);
     CHECK(e.kind == static_cast<std::uint32_t>(proto::GuardKind::readonly_write));

@@ -27,9 +27,7 @@ constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 
 std::vector<state::GuardEventRecord> events(const state::State& s) {
   std::vector<state::GuardEventRecord> out;
-  for (std::uint64_t seq = 1; seq < s.guard.next_seq; ++seq) {
-    out.push_back(s.guard.events[(seq - 1) % state::kGuardEvents]);
-  }
+  for (const state::GuardEventRecord* e : state::ring_order(s.guard)) out.push_back(*e);
   return out;
 }
 

@@ -146,6 +146,18 @@ struct World {
 
 // ---- limits
 
+// A plausible kernel fault report on the world's first GPU: one suspect of `bytes`.
+inline proto::GuardEvent fault_event(const World& w, std::uint64_t bytes = 4096) {
+  proto::GuardEvent m = proto::make<proto::GuardEvent>(3);
+  m.kind = proto::GuardKind::fault;
+  w.node->devices().front().uuid.copy_to(m.device_uuid);
+  m.cuda_status = 700;
+  m.live_allocations = 1;
+  m.suspect_count = 1;
+  m.suspects[0] = proto::GuardSuspect{0x7f0000000000ULL, bytes, 1000};
+  return m;
+}
+
 // A Hello that must be refused: returns the Fatal.
 inline Fatal refused_hello(World& w, ConnId conn, std::uint32_t pid, std::uint32_t uid) {
   proto::Hello m = proto::make<proto::Hello>(1);

@@ -33,8 +33,8 @@ users:
 )";
 
 const st::GuardEventRecord* newest(const st::State& s) {
-  if (s.guard.next_seq < 2) return nullptr;
-  return &s.guard.events[(s.guard.next_seq - 2) % st::kGuardEvents];
+  const auto kept = st::ring_order(s.guard);  // oldest first
+  return kept.empty() ? nullptr : kept.back();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 #include "vlake/pool/features/guard/guard_book.hpp"
@@ -20,17 +21,34 @@ TEST_CASE("guard book: events are numbered from 1 and the ring keeps the newest"
   GuardBook book(10, 20);
   st::GuardEventRecord e{};
   e.pid = 7;
-  CHECK(book.record(e).seq == 1);
-  CHECK(book.record(e).seq == 2);
+  std::strcpy(e.tenant_name, "uid:3");
+  CHECK(book.record(e).record.seq == 1);
+  CHECK_FALSE(book.record(e).evicted.has_value());  // seq 2: the ring has room
   for (std::uint32_t i = 0; i < st::kGuardEvents; ++i) (void)book.record(e);
   const std::uint64_t last = st::kGuardEvents + 2;
   CHECK(book.log().next_seq == last + 1);
-  CHECK(book.log().events[(last - 1) % st::kGuardEvents].seq == last);
-  CHECK(book.log().events[(last - 1) % st::kGuardEvents].pid == 7);
-  // A previous daemon's log: numbering carries on.
+  CHECK(book.log().evicted == 2);
+  CHECK(book.guard_events_evicted("uid:3") == 2);
+  const auto kept = st::ring_order(book.log());
+  REQUIRE(kept.size() == st::kGuardEvents);
+  CHECK(kept.front()->seq == 3);  // one tenant alone: its oldest went first
+  CHECK(kept.back()->seq == last);
+  CHECK(kept.back()->pid == 7);
+  // A previous daemon's log: numbering and the kept events carry on; another tenant's event
+  // pushes out tenant 3's oldest.
   GuardBook next(10, 20);
   next.resume(book.log());
-  CHECK(next.record(e).seq == last + 1);
+  std::strcpy(e.tenant_name, "uid:4");
+  const auto k = next.record(e);
+  CHECK(k.record.seq == last + 1);
+  REQUIRE(k.evicted.has_value());
+  CHECK(*k.evicted == "uid:3");
+  CHECK(st::ring_order(next.log()).front()->seq == 4);
+  // A freed tenant's eviction count is forgotten.
+  next.set_evicted("uid:3", 9);
+  CHECK(next.guard_events_evicted("uid:3") == 9);
+  next.forget(TenantId{3}, "uid:3");
+  CHECK(next.guard_events_evicted("uid:3") == 0);
 }
 
 TEST_CASE("guard book: each tenant has its own bucket, refilled at the rate up to the burst", "[pool][guard]") {
@@ -49,7 +67,7 @@ TEST_CASE("guard book: each tenant has its own bucket, refilled at the rate up t
   for (int i = 0; i < 3; ++i) CHECK(book.admit(a, kT0 + 1h));
   CHECK_FALSE(book.admit(a, kT0 + 1h));
   // A freed tenant's id starts afresh.
-  book.forget(a);
+  book.forget(a, "uid:1");
   CHECK(book.admit(a, kT0 + 1h));
 }
 
@@ -68,7 +86,7 @@ TEST_CASE("guard book: kernel faults per tenant and attributes, forgotten with t
   CHECK(book.kernel_faults(TenantId{2}) == GuardBook::Faults{});
   book.set_faults(TenantId{2}, GuardBook::Faults{1, 2, 3, 4});
   CHECK(book.kernel_faults(TenantId{2})[3] == 4);
-  book.forget(a);
+  book.forget(a, "uid:1");
   CHECK(book.kernel_faults(a) == GuardBook::Faults{});
 }
 

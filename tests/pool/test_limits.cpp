@@ -244,7 +244,8 @@ TEST_CASE("limits: forged guard events are rejected or limited, a real one is st
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == kServed));
   REQUIRE(eventually([&] { return snapshot(d.state)->counters.kernel_faults[0] == before + 1; }));
   s = snapshot(d.state);
-  const st::GuardEventRecord& newest = s->guard.events[(s->guard.next_seq - 2) % st::kGuardEvents];
+  REQUIRE_FALSE(st::ring_order(s->guard).empty());
+  const st::GuardEventRecord& newest = *st::ring_order(s->guard).back();
   CHECK(std::string(newest.tenant_name) == "uid:4105");
   CHECK(newest.requested_bytes == 8192);
   CHECK(d.log().size() < 64 * 1024);

@@ -576,16 +576,7 @@ TEST_CASE("node: guard events must name the sender's grants and are rate-limited
   World w("version: 1\ndefault: {limit: 100%}\n", settings);
   const auto forger = w.hello(1, 100, 1000);
   const auto victim = w.hello(2, 101, 1001);
-  auto event = [&](std::uint64_t bytes) {
-    proto::GuardEvent m = proto::make<proto::GuardEvent>(3);
-    m.kind = proto::GuardKind::fault;
-    w.node->devices().front().uuid.copy_to(m.device_uuid);
-    m.cuda_status = 700;
-    m.live_allocations = 1;
-    m.suspect_count = 1;
-    m.suspects[0] = proto::GuardSuspect{0x7f0000000000ULL, bytes, 1000};
-    return m;
-  };
+  auto event = [&](std::uint64_t bytes) { return fault_event(w, bytes); };
   // No grant on that GPU: nothing of the sender's can have faulted.
   CHECK_FALSE(w.node->guard_event(forger, event(4096), w.t).has_value());
   CHECK(w.node->counters().guard_events_rejected == 1);
@@ -611,7 +602,7 @@ TEST_CASE("node: guard events must name the sender's grants and are rate-limited
   CHECK_FALSE(w.node->guard_event(victim, event(4096), w.t).has_value());
   CHECK(w.node->counters().kernel_faults[0] == 21);
   const st::GuardLog& g = w.node->guard_log();
-  const st::GuardEventRecord& newest = g.events[(g.next_seq - 2) % st::kGuardEvents];
+  const st::GuardEventRecord& newest = *st::ring_order(g).back();
   CHECK(newest.tenant == w.node->session(victim)->tenant.value());
   // The rate refills: one more second, ten more events.
   w.advance(std::chrono::milliseconds(1000));

@@ -1,7 +1,9 @@
 // Kubernetes Events (scheduler/include/vlake/scheduler/events.hpp): EventMapper and to_json over
 // synthetic states, the options; then vlake-events as a process against a state segment the
-// test writes and a loopback HTTP server standing in for the API server.
+// test writes and a loopback HTTP server standing in for the API server; and against a real
+// vlaked on the simulator whose refusal ring colluding tenants flood (rings per tenant).
 #include <arpa/inet.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -15,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -22,8 +25,11 @@
 #include <thread>
 #include <vector>
 
+#include "ctl_process.hpp"
+#include "harness.hpp"
 #include "http_get.hpp"
 #include "json_parse.hpp"
+#include "pool_client.hpp"
 #include "process.hpp"
 #include "vlake/common/fixed_chars.hpp"
 #include "vlake/contracts/state.hpp"
@@ -486,4 +492,122 @@ TEST_CASE("events: vlake-events posts the rings to the API server", "[events][pr
     CHECK(r.exit_code == 1);
     CHECK(r.output.find("POST events to http://127.0.0.1:1 failed") != std::string::npos);
   }
+}
+
+namespace {
+
+// Forks a child that drops to `uid` (gid = uid) and exits with body()'s result (1: it threw or
+// could not drop). Returns its pid.
+pid_t fork_as(std::uint32_t uid, const std::function<int()>& body) {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int code = 1;
+    if (::setgroups(0, nullptr) == 0 && ::setgid(uid) == 0 && ::setuid(uid) == 0) {
+      try {
+        code = body();
+      } catch (...) {
+        code = 1;
+      }
+    }
+    ::_exit(code);
+  }
+  return pid;
+}
+
+int wait_code(pid_t pid) {
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A tenant that asks `n` times for more than its limit; 0 when every grant was refused for it.
+int refused_grants(const std::string& socket, int n) {
+  vlake::pooltest::PoolClient c(socket);
+  const proto::HelloAck ack = c.hello();
+  const Uuid dev = Uuid::from_bytes(ack.devices[0].uuid);
+  for (int i = 0; i < n; ++i) {
+    if (c.grant(dev, 1ull << 30).reply.status != proto::Status::over_limit) return 2;
+  }
+  return 0;
+}
+
+// 8 colluding uids, `n` refusals each, at once.
+void flood(const std::string& socket, int n) {
+  std::vector<pid_t> pids;
+  for (std::uint32_t uid = 60001; uid <= 60008; ++uid) {
+    pids.push_back(fork_as(uid, [&] { return refused_grants(socket, n); }));
+  }
+  for (pid_t p : pids) CHECK(wait_code(p) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("events: a tenant's refusal survives 8 tenants' thousands of refusals in the ring, vlakectl and the relay",
+          "[events][process][rings]") {
+  vlake::pooltest::DaemonProcess d("rflood", "version: 1\ndefault:\n  limit: 64MiB\n");
+  REQUIRE(d.start());
+  const EventCursor before = EventMapper::start(*vlake::pooltest::snapshot(d.state), false);
+  flood(d.socket, 250);
+  // The relay's cursor after the first wave; then the victim is refused once, and the flood
+  // goes on: the victim's refusal is older than the flooders' newest.
+  const EventCursor mid = EventMapper::start(*vlake::pooltest::snapshot(d.state), false);
+  CHECK(wait_code(fork_as(60100, [&] { return refused_grants(d.socket, 1); })) == 0);
+  flood(d.socket, 250);
+
+  const auto s = vlake::pooltest::snapshot(d.state);
+  REQUIRE(s->refusals.next_seq == 4002);
+  CHECK(s->refusals.evicted == 4001 - st::kRefusalEvents);
+  // In the ring, with what it said.
+  int kept = 0;
+  for (const st::RefusalRecord* r : st::ring_order(s->refusals)) {
+    if (std::string(r->tenant_name) != "uid:60100") continue;
+    ++kept;
+    CHECK(r->reason == st::kRefusalTenantLimit);
+    CHECK(r->bytes == 1ull << 30);
+    CHECK(r->limit == 64ull << 20);
+  }
+  CHECK(kept == 1);
+  // (The tenants' records, with their eviction counts, were freed when their processes exited.)
+
+  // The relay's reading: from before the flood and from the middle of it.
+  for (const EventCursor& from : {before, mid}) {
+    const EventBatch b = EventMapper("n").map(*s, from);
+    CHECK(b.cursor.refusal_seq == 4001);
+    std::uint64_t unread = 0;  // kept after the cursor
+    for (const st::RefusalRecord* x : st::ring_order(s->refusals)) unread += x->seq > from.refusal_seq ? 1 : 0;
+    CHECK(b.overwritten == 4001 - from.refusal_seq - unread);
+    int victims = 0;
+    for (const KubeEvent& e : b.events) {
+      if (e.message.find("tenant uid:60100)") != std::string::npos) ++victims;
+    }
+    CHECK(victims == 1);
+  }
+
+  // vlakectl events lists it.
+  const vlake::ctltest::CtlResult ctl = vlake::ctltest::run_ctl({"--state", d.state, "events", "--json"});
+  INFO(ctl.err);
+  REQUIRE(ctl.exit_code == 0);
+  int listed = 0;
+  const auto listing = parse_json(ctl.out);
+  for (const auto& r : listing.at("refusals").items) {
+    if (r.at("tenant").str() == "uid:60100") ++listed;
+  }
+  CHECK(listed == 1);
+
+  // vlake-events posts it.
+  FakeApiServer api(201);
+  const Run r = run_events({"--once", "--replay", "--state", d.state, "--node", "n", "--api-server", api.url(),
+                            "--token-file", "", "--ca-file", ""});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  int posted = 0;
+  for (const auto& q : api.requests()) {
+    if (parse_json(q.body).at("message").str().find("tenant uid:60100)") != std::string::npos) ++posted;
+  }
+  CHECK(posted == 1);
+  // The daemon's log stays small: the flooders' refusal lines are rate-limited per tenant, and
+  // the victim's is written.
+  CHECK_THAT(d.log(), Catch::Contains("tenant uid:60100: 1073741824 bytes on GPU 0 refused"));
+  CHECK(d.log().size() < 256 * 1024);
 }

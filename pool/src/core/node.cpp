@@ -156,6 +156,10 @@ void Node::touch_tenant(TenantId id) {
   changes_.devices = true;
 }
 
+void Node::touch_tenant_named(const std::string& name) {
+  if (auto it = tenant_ids_.find(name); it != tenant_ids_.end()) touch_tenant(it->second);
+}
+
 std::chrono::steady_clock::time_point Node::steady_now() const { return env_.clock ? env_.clock().steady : last_now_; }
 
 std::uint64_t Node::unix_of(std::chrono::steady_clock::time_point t) const {
@@ -230,7 +234,8 @@ bool Node::free_tenant_if_idle(TenantId id) {
   tenant_slots_[t.slot] = false;
   tenant_ids_.erase(t.name);
   log_.debug("tenant " + t.name + " (id " + std::to_string(id.value()) + ") freed: holds nothing");
-  guard_book_.forget(id);
+  guard_book_.forget(id, t.name);
+  refusals_.forget(t.name);
   unhooked_.forget(id);
   tenants_.erase(it);
   ++counters_.tenants_freed;
@@ -429,7 +434,8 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       ++counters_.denials_tenant_table;
       record_refusal(TenantId{0}, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, tenants_.size(),
                      st::kMaxTenants, std::chrono::milliseconds{0}, Now{when, 0});
-      limited_.warn("tenant table", "session refused for " + who + ": " + e.what(), when);
+      limited_.warn("tenant table uid " + std::to_string(peer.uid), "session refused for " + who + ": " + e.what(),
+                    when);
       out.answer = Fatal{proto::Status::limit_reached, e.what()};
       return out;
     } catch (const std::exception& e) {
@@ -489,7 +495,7 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       record_refusal(t->id, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, full ? sessions_.size() : held,
                      full ? st::kMaxSessions : session_share_.fair_share(table.owners + (held == 0 ? 1 : 0)),
                      std::chrono::milliseconds{0}, Now{when, 0});
-      limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "session table" : "session share " + t->name,
+      limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "session table " + t->name : "session share " + t->name,
                      "session refused for " + who + ": " + text, when);
       out.answer = Fatal{proto::Status::limit_reached, text};
       free_tenant_if_idle(tid);
@@ -798,7 +804,7 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
   handles_released_base_ = s.counters.handles_released;
   counters_ = s.counters;
   guard_book_.resume(s.guard);
-  refusals_ = s.refusals;
+  refusals_.resume(s.refusals);
   const std::uint64_t generation = config_record_.generation;
   const std::uint64_t loaded = config_record_.loaded_unix_ns;
   const st::ConfigRecord applied = config_record_;
@@ -841,6 +847,8 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     GuardBook::Faults faults{};
     std::copy(std::begin(r.kernel_faults), std::end(r.kernel_faults), faults.begin());
     guard_book_.set_faults(t.id, faults);
+    guard_book_.set_evicted(t.name, r.guard_events_evicted);
+    refusals_.set_evicted(t.name, r.refusals_evicted);
     std::copy(std::begin(r.denials), std::end(r.denials), t.denials.begin());
     // Until a live session re-resolves it: the namespace its name says, if still configured.
     t.ns = namespace_of_name(t.name);

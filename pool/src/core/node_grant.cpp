@@ -29,11 +29,7 @@ void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st
                           std::uint64_t used, std::uint64_t limit, std::chrono::milliseconds waited, Now now) {
   if (reason < 1 || reason > st::kRefusalReasons) return;
   Tenant* t = tid.value() != 0 ? tenant_mut(tid) : nullptr;
-  if (refusals_.next_seq == 0) refusals_.next_seq = 1;
-  const std::uint64_t seq = refusals_.next_seq++;
-  st::RefusalRecord& r = refusals_.refusals[(seq - 1) % st::kRefusalEvents];
-  r = st::RefusalRecord{};
-  r.seq = seq;
+  st::RefusalRecord r{};
   r.time_unix_ns = now.unix_ns != 0 ? now.unix_ns : unix_of(now.steady);
   r.tenant = t != nullptr ? t->id.value() : 0;
   r.pid = pid;
@@ -48,6 +44,8 @@ void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st
     ++t->denials[reason - 1];
     touch_tenant(t->id);
   }
+  // Kept per tenant: a full ring makes room with the entry of the tenant holding the most.
+  if (const auto kept = refusals_.record(r); kept.evicted) touch_tenant_named(*kept.evicted);
   ++counters_.refusals_recorded;
   changes_.refusals = true;
 }
@@ -249,7 +247,7 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
                                                    "tenant " + t.name, table, held);
     if (full) ++counters_.denials_other;
     else ++counters_.denials_grant_cap;
-    limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "grant table" : "grant share " + t.name,
+    limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "grant table " + t.name : "grant share " + t.name,
                    "tenant " + t.name + ": grant refused: " + text, now.steady);
     // used/limit: the table's use and size, or the tenant's grants and its fair share.
     reply.status = proto::Status::limit_reached;

@@ -114,7 +114,10 @@ void Node::canary_sweep(std::uint64_t now_unix_ns) {
 
 void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns) {
   e.time_unix_ns = now_unix_ns;
-  e = guard_book_.record(e);
+  // Kept per tenant: a full ring makes room with the event of the tenant holding the most.
+  const auto kept = guard_book_.record(e);
+  e = kept.record;
+  if (kept.evicted) touch_tenant_named(*kept.evicted);
   changes_.guard = true;
   // Guard violations are what a guard established (canary damage, a refused write into a shared
   // range); a kernel fault is counted as what it is, with what is known (docs/guard.md).

@@ -191,6 +191,8 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
   const GuardBook::Faults faults = node.guard_book().kernel_faults(t->id);
   std::copy(faults.begin(), faults.end(), std::begin(r.kernel_faults));
   std::copy(t->denials.begin(), t->denials.end(), std::begin(r.denials));
+  r.guard_events_evicted = node.guard_book().guard_events_evicted(t->name);
+  r.refusals_evicted = node.refusal_book().evicted(t->name);
 }
 
 void StatePublisher::session_activity(const Node& node, const Node::Session& sess, st::SessionRecord& r) noexcept {

@@ -36,6 +36,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "vlake/contracts/protocol.hpp"
 
@@ -287,6 +288,11 @@ struct TenantRecord {
   std::uint64_t ipc_imported[kMaxDevices];
   // Layout 10: why bit d of over_limit is set (OverLimitReason; 0 when it is not).
   std::uint32_t over_reason[kMaxDevices];
+  // Layout 10: its entries pushed out of the guard event ring and of the refusal ring (kept per
+  // tenant: only its own newer entries, or those of a tenant holding no fewer, push them out; see
+  // GuardLog), since the record was created (gone with the record when the tenant is freed).
+  std::uint64_t guard_events_evicted;
+  std::uint64_t refusals_evicted;
 };
 
 // Layout 10: why a tenant's usage is above its limit on a GPU (TenantRecord::over_reason), the
@@ -417,10 +423,17 @@ struct GuardEventRecord {
   proto::GuardSuspect suspects[kGuardEventSuspects];  // readonly_write: [0] = the allocation hit
 };
 
-// Slot of event `seq` (>= 1): events[(seq - 1) % kGuardEvents]; the newest is `next_seq - 1`.
+// Layout 10: the ring is kept per tenant (docs/security.md, "Rings per tenant"). While a slot is
+// free a new event takes one; once the ring is full it replaces the oldest event of the tenant
+// (told apart by tenant_name: ids are reused) holding the most (counting the new one as its
+// tenant's; a tie: the oldest of the tied tenants' events), so one tenant's flood only pushes
+// out its own events. Events are therefore not in
+// slot order: a slot is NOT (seq - 1) % kGuardEvents. Readers take the slots in seq order
+// (ring_order below) and follow seq: every event after a seq a reader saw has a larger seq, so a
+// cursor on seq misses nothing still in the ring. The newest is `next_seq - 1` (if still kept).
 struct GuardLog {
   std::uint64_t next_seq;  // 1 + events recorded so far (0 or 1: none)
-  std::uint64_t reserved;
+  std::uint64_t evicted;   // layout 10 (was reserved): events pushed out of the ring so far
   GuardEventRecord events[kGuardEvents];
 };
 
@@ -457,12 +470,19 @@ struct RefusalRecord {
   char tenant_name[kTenantNameBytes];
 };
 
-// Slot of refusal `seq` (>= 1): refusals[(seq - 1) % kRefusalEvents].
+// Layout 10: kept per tenant as the guard ring is (GuardLog above; refusals of no tenant, an
+// empty tenant_name, count as one tenant there): a slot is NOT (seq - 1) % kRefusalEvents;
+// readers use ring_order.
 struct RefusalLog {
   std::uint64_t next_seq;  // 1 + refusals recorded so far (0 or 1: none)
-  std::uint64_t reserved;
+  std::uint64_t evicted;   // layout 10 (was reserved): refusals pushed out of the ring so far
   RefusalRecord refusals[kRefusalEvents];
 };
+
+// Layout 10: the records a ring holds, oldest first (by seq; slots never written left out).
+// Pointers into the log given (a snapshot's copy).
+std::vector<const GuardEventRecord*> ring_order(const GuardLog& log);
+std::vector<const RefusalRecord*> ring_order(const RefusalLog& log);
 
 struct State {
   Header header;
@@ -486,14 +506,14 @@ VLAKE_STATE_CHECK(Counters, 440 + 8 * 17 + 8 * 9);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
 VLAKE_STATE_CHECK(DeviceRecord, 200 + 64 + 16);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
-VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64 + 128 * 2 + 64);
+VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64 + 128 * 2 + 64 + 16);
 VLAKE_STATE_CHECK(SessionRecord, 40 + 120);
 VLAKE_STATE_CHECK(GrantRecord, 64);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
 VLAKE_STATE_CHECK(RefusalRecord, 64 + 128);
 VLAKE_STATE_CHECK(RefusalLog, 16 + 192 * 256);
-VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 280 * 16 + 472 * 256 + 1320 * 256 + 160 * 1024 + 64 * 16384 + 16 +
+VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 280 * 16 + 472 * 256 + 1336 * 256 + 160 * 1024 + 64 * 16384 + 16 +
                              344 * 256 + 16 + 192 * 256);
 #undef VLAKE_STATE_CHECK
 

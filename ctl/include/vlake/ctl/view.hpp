@@ -117,6 +117,10 @@ struct TenantView {
   // Refusals of its requests since its record was created, by reason (state::RefusalReason order,
   // named by state::refusal_reason_name).
   std::vector<std::pair<std::string, std::uint64_t>> denials;
+  // Its entries pushed out of the guard event ring and of the refusal ring (kept per tenant: by
+  // its own newer entries, or a tenant's holding no fewer).
+  std::uint64_t guard_events_evicted = 0;
+  std::uint64_t refusals_evicted = 0;
 };
 
 // One refused request from the daemon's refusal ring (state.hpp RefusalRecord).
@@ -202,6 +206,8 @@ struct NodeView {
   std::uint64_t grants = 0;                                     // grants in the table
   std::vector<GuardEventView> events;                           // the guard ring, oldest first
   std::vector<RefusalView> refusals;                            // the refusal ring, oldest first
+  std::uint64_t guard_events_evicted = 0;                       // pushed out of the guard ring so far
+  std::uint64_t refusals_evicted = 0;                           // pushed out of the refusal ring so far
   std::vector<WaitView> waits;                                  // by waiting time, longest first
   std::uint64_t now_unix_ns = 0;                                // what idle and wait times are measured to
 };

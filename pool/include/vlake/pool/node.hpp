@@ -64,6 +64,7 @@
 #include "vlake/pool/features/ipc/ipc_registry.hpp"
 #include "vlake/pool/features/parking/parking_lot.hpp"
 #include "vlake/pool/features/reclaim/reclaim_trust.hpp"
+#include "vlake/pool/features/rings/refusal_book.hpp"
 #include "vlake/pool/features/swap/swap_book.hpp"
 #include "vlake/pool/features/unhooked/unhooked_book.hpp"
 #include "vlake/pool/nvml_source.hpp"
@@ -264,7 +265,8 @@ class Node {
   [[nodiscard]] const st::GuardLog& guard_log() const noexcept { return guard_book_.log(); }
   [[nodiscard]] const GuardBook& guard_book() const noexcept { return guard_book_; }
   [[nodiscard]] const UnhookedBook& unhooked() const noexcept { return unhooked_; }
-  [[nodiscard]] const st::RefusalLog& refusal_log() const noexcept { return refusals_; }
+  [[nodiscard]] const st::RefusalLog& refusal_log() const noexcept { return refusals_.log(); }
+  [[nodiscard]] const RefusalBook& refusal_book() const noexcept { return refusals_; }
   // CLOCK_REALTIME of a steady-clock time point, through NodeEnv::clock (0 without one).
   [[nodiscard]] std::uint64_t unix_of(std::chrono::steady_clock::time_point t) const;
   // What a session waits for now (a parked grant, else a restore), for the publisher and tests.
@@ -319,6 +321,7 @@ class Node {
   void end_session_locked(Session& s, const char* why);
   std::optional<std::uint32_t> free_slot(std::vector<bool>& used);
   void touch_tenant(TenantId id);
+  void touch_tenant_named(const std::string& name);  // none of that name: nothing
   void touch_session(const Session& s) { changes_.sessions.insert(s.slot); }
   [[nodiscard]] bool tenant_idle(const Tenant& t) const;
   bool free_tenant_if_idle(TenantId id);
@@ -425,8 +428,8 @@ class Node {
   LogLimiter limited_;    // counts into counters_.log_suppressed
   GuardBook guard_book_;  // guard event log, rates, kernel faults, canary sweep (features/guard)
   std::chrono::steady_clock::time_point last_now_{};  // the latest Now seen (for untimed operations)
-  st::RefusalLog refusals_{};
-  std::set<std::uint32_t> waiting_slots_;  // session slots waiting at the last changes_to_publish()
+  RefusalBook refusals_;                              // the refusal log, kept per tenant (features/rings)
+  std::set<std::uint32_t> waiting_slots_;             // session slots waiting at the last changes_to_publish()
   st::ConfigRecord config_record_{};
   std::uint64_t next_session_id_ = 1;
   std::uint64_t next_grant_id_ = 1;

@@ -4,12 +4,9 @@
 
 namespace vlake::pool {
 
-const state::GuardEventRecord& GuardBook::record(state::GuardEventRecord e) noexcept {
-  if (log_.next_seq == 0) log_.next_seq = 1;
-  e.seq = log_.next_seq++;
-  state::GuardEventRecord& slot = log_.events[(e.seq - 1) % state::kGuardEvents];
-  slot = e;
-  return slot;
+void GuardBook::resume(const state::GuardLog& old) {
+  log_ = old;
+  resume_ring(ring_, log_.events);
 }
 
 bool GuardBook::admit(TenantId t, Time now) {
@@ -36,9 +33,10 @@ GuardBook::Faults GuardBook::kernel_faults(TenantId t) const {
   return it == faults_.end() ? Faults{} : it->second;
 }
 
-void GuardBook::forget(TenantId t) {
+void GuardBook::forget(TenantId t, const std::string& name) {
   buckets_.erase(t.value());
   faults_.erase(t.value());
+  ring_.forget(name);
 }
 
 bool GuardBook::sweep_due(Time now, std::chrono::milliseconds interval) noexcept {

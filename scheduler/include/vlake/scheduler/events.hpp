@@ -21,12 +21,16 @@
 // - Guard alarms: reason "VlakeKernelFault" for a kernel fault (GuardKind fault and
 //   fault_maps_shared), "VlakeGuardAlarm" for canary and readonly_write; one event each.
 // - Every event has type "Warning". Guard events come first, then refusals, each oldest first.
-//   At most `max_per_poll` events are returned; `dropped` counts the rest (never posted).
-//   Records the ring overwrote before they were read are counted in `overwritten`.
+//   At most `max_per_poll` events are returned, taken in turns by involved object (each one's
+//   oldest first; one Pod's flood cannot crowd another's events out); `dropped` counts the rest
+//   (never posted). Records pushed out of a ring before they were read are counted in
+//   `overwritten`.
 // - Cursors: start() gives the current end of both rings (only what happens afterwards is
 //   posted), or {0, 0} to replay what the rings hold. When a ring's next seq is below the
 //   cursor (a new segment after the daemon's state was reset), map() reads it from its start.
-//   Only records whose seq matches their slot are read (as vlakectl does).
+//   The rings are kept per tenant (a flood pushes out its own tenant's records, not the oldest;
+//   contracts/state.hpp GuardLog): records are read in seq order (state::ring_order) and the
+//   cursor is a seq, so a record older than another tenant's newest is still read.
 //
 // Thread-safety: EventMapper and to_json are pure; ApiSink is used from one thread.
 // Errors: ApiSink::post never throws (failures are in its PostResult); EventsOptions::parse

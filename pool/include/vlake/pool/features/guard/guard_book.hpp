@@ -3,13 +3,16 @@
 //
 // What it does
 //   - record(): numbers a guard event (seq from 1, carried across restarts by resume()) and
-//     keeps it in the ring the state segment publishes (st::kGuardEvents newest).
+//     keeps it in the ring the state segment publishes (st::kGuardEvents), kept per tenant
+//     (features/rings FairRing): one tenant's events only push out its own, or those of a tenant
+//     holding no fewer; says whose event it pushed out. guard_events_evicted() counts them.
 //   - admit(): a token bucket per tenant (burst tokens, refilled at `rate` per second): false
 //     when the tenant is over its rate (the event is then counted, not recorded).
 //   - count_fault()/kernel_faults(): a tenant's kernel faults by st::FaultAttributes bits.
 //   - sweep_due()/sweep_order()/swept(): the periodic canary sweep, bounded per tick, resumes
 //     after the last grant it checked.
-//   - forget(): a tenant record was freed (its id may be reused): its bucket and faults go.
+//   - forget(): a tenant record was freed (its id may be reused): its bucket, faults and
+//     eviction count go.
 // Ownership: plain values. No clock of its own (every rule takes the time). Errors: none.
 // Thread-safety: none; the event loop's thread only.
 #pragma once
@@ -22,6 +25,7 @@
 
 #include "vlake/common/strong_types.hpp"
 #include "vlake/contracts/state.hpp"
+#include "vlake/pool/features/rings/fair_ring.hpp"
 
 namespace vlake::pool {
 
@@ -35,10 +39,13 @@ class GuardBook {
 
   // ---- the guard event log
   [[nodiscard]] const state::GuardLog& log() const noexcept { return log_; }
-  // A previous daemon's log: numbering carries on.
-  void resume(const state::GuardLog& old) noexcept { log_ = old; }
-  // Numbers `e` and keeps it (the oldest falls out of the ring); returns it as kept.
-  const state::GuardEventRecord& record(state::GuardEventRecord e) noexcept;
+  // A previous daemon's log: numbering and the kept events carry on.
+  void resume(const state::GuardLog& old);
+  // Numbers `e` (its tenant: e.tenant_name) and keeps it; returns it as kept and whose event it
+  // pushed out (a tenant name; none while the ring has a free slot).
+  Kept<state::GuardEventRecord> record(const state::GuardEventRecord& e) { return keep(ring_, log_, log_.events, e); }
+  // The tenant's events pushed out of the ring (TenantRecord::guard_events_evicted).
+  [[nodiscard]] std::uint64_t guard_events_evicted(const std::string& tenant) const { return ring_.evicted(tenant); }
 
   // ---- rate per tenant
   // Takes one token of the tenant's bucket at `now` (a new tenant starts full); false: empty.
@@ -46,11 +53,13 @@ class GuardBook {
 
   // ---- kernel faults per tenant
   void count_fault(TenantId t, std::uint32_t attributes);
-  void set_faults(TenantId t, const Faults& f);  // resume
+  void set_faults(TenantId t, const Faults& f);                                                   // resume
+  void set_evicted(const std::string& tenant, std::uint64_t n) { ring_.set_evicted(tenant, n); }  // resume
   [[nodiscard]] Faults kernel_faults(TenantId t) const;
 
-  // The tenant record was freed: its bucket and faults are forgotten.
-  void forget(TenantId t);
+  // The tenant record (`t`, named `name`) was freed: its bucket, faults and eviction count are
+  // forgotten.
+  void forget(TenantId t, const std::string& name);
 
   // ---- canary sweep
   // True (and the sweep counted as done at `now`) when `interval` (> 0) passed since the last one.
@@ -67,6 +76,7 @@ class GuardBook {
   double rate_;
   double burst_;
   state::GuardLog log_{};
+  FairRing ring_{state::kGuardEvents};
   std::map<std::uint32_t, Bucket> buckets_;  // by TenantId value
   std::map<std::uint32_t, Faults> faults_;   // by TenantId value
   Time last_sweep_{};
