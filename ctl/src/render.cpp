@@ -127,7 +127,6 @@ std::string over_notes(const std::vector<const TenantGpuView*>& rows) {
   return out;
 }
 
-
 std::string guaranteed_text(const TenantGpuView& u) { return u.guaranteed ? sz(*u.guaranteed) : "-"; }
 
 void seconds_or_null(JsonWriter& j, std::string_view key, const std::optional<double>& v) {

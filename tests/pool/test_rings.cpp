@@ -263,7 +263,10 @@ TEST_CASE("rings: refusal log lines of a full session table are rate-limited per
   NodeSettings settings;
   settings.max_sessions_per_tenant = st::kMaxSessions;
   World w("version: 1\ndefault: {limit: 100%}\n", settings);
-  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i) w.hello(i + 1, 1000 + i, 1000 + i % 8);
+  // Filled as fair shares allow (fair_share.hpp): 4 uids × 128 take the first half, 8 uids × 64
+  // (their share of the last half) the rest.
+  for (std::uint32_t i = 0; i < st::kMaxSessions; ++i)
+    w.hello(i + 1, 1000 + i, i < 512 ? 1000 + i / 128 : 1004 + (i - 512) / 64);
   // One uid's refused Hellos: its burst is logged, the rest suppressed.
   const std::uint64_t before = w.node->counters().log_suppressed;  // the sessions' own lines
   for (std::uint32_t i = 0; i < 200; ++i) (void)refused_hello(w, 5000 + i, 5000 + i, 60001);

@@ -495,7 +495,8 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
       record_refusal(t->id, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, full ? sessions_.size() : held,
                      full ? st::kMaxSessions : session_share_.fair_share(table.owners + (held == 0 ? 1 : 0)),
                      std::chrono::milliseconds{0}, Now{when, 0});
-      limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "session table " + t->name : "session share " + t->name,
+      limited_.write(full ? LogLevel::error : LogLevel::warn,
+                     full ? "session table " + t->name : "session share " + t->name,
                      "session refused for " + who + ": " + text, when);
       out.answer = Fatal{proto::Status::limit_reached, text};
       free_tenant_if_idle(tid);

@@ -80,7 +80,7 @@ struct NodeSettings {
   // context_fallback until something was measured (--context-memory auto, the default).
   std::optional<Bytes> context_memory;
   Bytes context_fallback{kDefaultContextMemory};
-  double log_rate = 5;                       // lines per second per tenant-triggered log site and key
+  double log_rate = 5;  // lines per second per tenant-triggered log site and key
   double log_burst = 20;
 };
 
