@@ -22,7 +22,9 @@
 #                 daemon's writes anyway.
 #   tsan          builds only the targets of vlake_tsan_tests (tests/CMakeLists.txt): the test
 #                 folders that opt in with vlake_test_labels(<target> ... tsan).
-# Not run under any sanitizer: `gpu` (skipped without a GPU anyway), `charts` (helm and node.js
+# Not run under any sanitizer: `soak` (the endurance runs of pool.limits: time bounds a
+# sanitizer's slowdown voids; the paths they drive, the pool.limits tests cover), bench.smoke and
+# bench.storm (timings; the bench.unit, bench.report and bench.hotpath tests do run), `gpu` (skipped without a GPU anyway), `charts` (helm and node.js
 # checks of the chart; the vlake code they call, vlakectl quota check and --help, the ctl and
 # pool tests cover), `packaging` (cpack, dpkg and systemd-analyze over the installed files; the
 # programs they run, the same tests cover), and prometheus.rules and prometheus.chart (promtool
@@ -89,12 +91,14 @@ if [[ "$san" == tsan ]]; then
   ctest_args+=(-L '^tsan$')
 else
   "${runner[@]}" cmake --build "$dir" -j "$jobs"
-  exclude='^prometheus\.(rules|chart|operator_scrape)$'
-  [[ "$san" == asan ]] && exclude='^(prometheus\.(rules|chart|operator_scrape)|sim\.hostile|tools\.python_(vlake|reclaim))$'
-  [[ "$san" == ubsan ]] && exclude='^(prometheus\.(rules|chart|operator_scrape)|pool\.limits: out of descriptors.*)$'
+  exclude='^(prometheus\.(rules|chart|operator_scrape)|bench\.(smoke|storm))$'
+  [[ "$san" == asan ]] &&
+    exclude='^(prometheus\.(rules|chart|operator_scrape)|bench\.(smoke|storm)|sim\.hostile|tools\.python_(vlake|reclaim))$'
+  [[ "$san" == ubsan ]] &&
+    exclude='^(prometheus\.(rules|chart|operator_scrape)|bench\.(smoke|storm)|pool\.limits: out of descriptors.*)$'
   [[ "$san" == asan-ubsan ]] &&
-    exclude='^(prometheus\.(rules|chart|operator_scrape)|sim\.hostile|tools\.python_(vlake|reclaim)|pool\.limits: out of descriptors.*)$'
-  ctest_args+=(-LE '^(gpu|charts|packaging|demo|docs)$' -E "$exclude")
+    exclude='^(prometheus\.(rules|chart|operator_scrape)|bench\.(smoke|storm)|sim\.hostile|tools\.python_(vlake|reclaim)|pool\.limits: out of descriptors.*)$'
+  ctest_args+=(-LE '^(gpu|charts|packaging|demo|docs|soak)$' -E "$exclude")
 fi
 
 step test
