@@ -52,11 +52,13 @@ TEST_CASE("overcommit: an idle process is swapped out for another and comes back
 
 TEST_CASE("overcommit: with nobody idle nobody is swapped and an allocation waits for memory", "[e2e][swap]") {
   DaemonProcess d("swapbusy", kYaml);
-  REQUIRE(d.start({"--swap-idle", "30s", "--swap-margin", "0"}));
+  // Idle means no CUDA call started for this long: 10 minutes, so that A's upload (one call that
+  // a sanitizer build can stretch past 30 s) never makes it idle.
+  REQUIRE(d.start({"--swap-idle", "10m", "--swap-margin", "0"}));
   TenantProcess a(d, {"init", "alloc:a:600M", "upload:a:7:600M", "sleep:3000", "verify:a:7:600M", "free:a"}, 4301);
   REQUIRE(a.wait_line("upload:a:7:600M", 90000)["rc"] == "0");  // 600 MiB: slow under ASan
-  // 424 MiB free and A not idle for 30 s: B's 600 MiB wait (an overcommit tenant waits at least
-  // 2 minutes) until A frees its memory.
+  // 424 MiB free and A not idle: B's 600 MiB wait (an overcommit tenant waits at least 2 minutes)
+  // until A frees its memory.
   const auto start = std::chrono::steady_clock::now();
   TenantProcess b(d, {"init", "alloc:b:600M", "upload:b:3:600M", "verify:b:3:600M"}, 4302);
   auto balloc = b.wait_line("alloc:b:600M", 60000);
