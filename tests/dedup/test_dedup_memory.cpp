@@ -120,7 +120,7 @@ std::size_t count_of(const std::string& hay, const std::string& needle) {
 
 // The replica checked its weights (the "verify" step's line says ok=1).
 void require_verified(const DaemonProcess& d, TenantProcess& t) {
-  const auto v = t.wait_line("verify:w:9:192M ", 60000);
+  const auto v = t.wait_line("verify:w:9:192M ", 150000);  // 4 × 192 MiB uploads: slow under ASan
   INFO(t.out() << t.err() << "\ndaemon log:\n" << d.log());
   REQUIRE(v.count("ok") == 1);
   CHECK(v.at("ok") == "1");

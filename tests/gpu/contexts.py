@@ -104,7 +104,10 @@ def main():
         os.chmod(os.path.dirname(sock), 0o755)
         os.chmod(sock, 0o666)
 
-        tenv = dict(env, LD_PRELOAD=os.path.abspath(args.hook), VLAKE_SOCKET=sock, VLAKE_RESERVE="0")
+        # A sanitizer build's hook comes before the sanitizer runtime in the tenant's load order.
+        asan_options = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
+        tenv = dict(env, LD_PRELOAD=os.path.abspath(args.hook), VLAKE_SOCKET=sock, VLAKE_RESERVE="0",
+                    ASAN_OPTIONS=asan_options)
 
         # On the simulator the tenant keeps gid 0: the simulated GPU is a group-writable file of root's.
         gid = 0 if args.sim else UID

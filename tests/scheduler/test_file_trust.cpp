@@ -332,7 +332,14 @@ TEST_CASE("huge files in a pod's mounts are refused without a stall, memory grow
   const std::uint64_t hwm1 = status_kib(n.d.pid(), "VmHWM");
   const std::uint64_t log1 = file_size(n.d.log_path);
   INFO("vlaked VmHWM " << hwm0 << " -> " << hwm1 << " KiB, log +" << (log1 - log0) << " bytes");
-  CHECK(hwm1 < hwm0 + 32 * 1024);
+  // Reading the 60 MB file would take more than 60 MB. ASan keeps freed memory in quarantine and
+  // grows vlaked's peak by itself (+50 MiB seen over this test): a wider bound there.
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr std::uint64_t kGrowthKiB = 96 * 1024;
+#else
+  constexpr std::uint64_t kGrowthKiB = 32 * 1024;
+#endif
+  CHECK(hwm1 < hwm0 + kGrowthKiB);
   CHECK(log1 - log0 < 64 * 1024);
   CHECK(Node::hello_tenant(attacker.socket) == "pod:default/attacker/worker");
 }
