@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <unordered_set>
 #include <vector>
 
 #include "vlake/pool/features/ipc/ipc_registry.hpp"
@@ -97,4 +98,36 @@ TEST_CASE("ipc registry: a released grant is held until its last import closes",
   reg.forget_grant(7);
   CHECK_FALSE(reg.released(7));
   CHECK_FALSE(reg.ever_imported(7));
+}
+
+TEST_CASE("ipc registry: per-session grant counts and released grants follow opens, closes and ends", "[pool][ipc]") {
+  // What the state publisher reads instead of walking every import and grant.
+  IpcRegistry reg;
+  const std::uint64_t a1 = reg.open(100, TenantId{1}, 5).id;
+  const std::uint64_t a2 = reg.open(100, TenantId{1}, 5).id;
+  const std::uint64_t b1 = reg.open(100, TenantId{1}, 6).id;
+  const std::uint64_t c1 = reg.open(101, TenantId{2}, 5).id;
+  REQUIRE(reg.per_session().count(100) == 1);
+  const auto& s100 = reg.per_session().at(100);
+  CHECK(s100.count == 3);
+  CHECK(s100.grants.size() == 2);
+  CHECK(s100.grants.at(5) == 2);
+  CHECK(s100.grants.at(6) == 1);
+  CHECK(reg.per_session().at(101).grants.at(5) == 1);
+  CHECK(reg.released_grants().empty());
+
+  REQUIRE(reg.close(a1).has_value());
+  CHECK(reg.per_session().at(100).grants.at(5) == 1);
+  REQUIRE(reg.close(b1).has_value());
+  CHECK(reg.per_session().at(100).grants.count(6) == 0);  // its last import of 6 closed
+  CHECK(reg.hold(5));
+  CHECK(reg.released_grants() == std::unordered_set<std::uint64_t>{5});
+  REQUIRE(reg.close(a2).has_value());
+  CHECK(reg.per_session().count(100) == 0);  // the session holds no import any more
+  const auto last = reg.close(c1);
+  REQUIRE(last.has_value());
+  CHECK(last->finish);
+  reg.forget_grant(5);
+  CHECK(reg.released_grants().empty());
+  CHECK(reg.per_session().empty());
 }

@@ -163,26 +163,37 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     }
     r.ipc_held[i] = 0;
     r.ipc_imported[i] = 0;
-    std::uint64_t reserve = 0;
-    for (const auto& [sid, ss] : node.sessions()) {
-      if (ss.tenant == t->id) reserve += ss.reserve[i];
+    r.reserve[i] = 0;
+  }
+  // One walk over the sessions for every GPU's reserve; the IPC figures from the registry's
+  // indexes (released grants, imports per importing session), never a walk over every grant or
+  // import: this runs for each tenant a change touches, after every event.
+  for (const auto& [sid, ss] : node.sessions()) {
+    if (ss.tenant != t->id) continue;
+    for (const Node::Device& d : node.devices()) {
+      const auto i = static_cast<std::size_t>(d.ordinal.value());
+      r.reserve[i] += ss.reserve[i];
     }
-    r.reserve[i] = reserve;
   }
   // CUDA IPC (docs/ipc.md): its released grants that imports keep, and what it imports from others.
   const IpcRegistry& ipc = node.ipc();
-  for (const auto& [gid, g] : node.grants()) {
-    const auto i = static_cast<std::size_t>(g.device.value());
-    if (g.tenant == t->id && i < st::kMaxDevices && ipc.released(gid)) r.ipc_held[i] += g.bytes.value();
+  for (const std::uint64_t gid : ipc.released_grants()) {
+    const auto git = node.grants().find(gid);
+    if (git == node.grants().end() || git->second.tenant != t->id) continue;
+    const auto i = static_cast<std::size_t>(git->second.device.value());
+    if (i < st::kMaxDevices) r.ipc_held[i] += git->second.bytes.value();
   }
   std::set<std::uint64_t> imported;  // a grant mapped by several of its processes counts once
-  for (const auto& [id, imp] : ipc.imports()) {
-    const Node::Session* importer = node.session(imp.session);
-    if ((importer != nullptr ? importer->tenant : imp.tenant) != t->id || !imported.insert(imp.grant).second) continue;
-    const auto git = node.grants().find(imp.grant);
-    if (git == node.grants().end() || git->second.tenant == t->id) continue;
-    const auto i = static_cast<std::size_t>(git->second.device.value());
-    if (i < st::kMaxDevices) r.ipc_imported[i] += git->second.bytes.value();
+  for (const auto& [sid, si] : ipc.per_session()) {
+    const Node::Session* importer = node.session(sid);
+    if ((importer != nullptr ? importer->tenant : si.tenant) != t->id) continue;
+    for (const auto& [gid, open] : si.grants) {
+      if (!imported.insert(gid).second) continue;
+      const auto git = node.grants().find(gid);
+      if (git == node.grants().end() || git->second.tenant == t->id) continue;
+      const auto i = static_cast<std::size_t>(git->second.device.value());
+      if (i < st::kMaxDevices) r.ipc_imported[i] += git->second.bytes.value();
+    }
   }
   r.namespace_id = t->ns.value();
   r.over_limit = over;

@@ -41,6 +41,7 @@ const ImportRecord& IpcRegistry::open(std::uint64_t session, TenantId tenant, st
   e.imported = true;
   SessionImports& mine = per_session_[session];
   if (mine.count++ == 0) mine.tenant = tenant;
+  ++mine.grants[grant];
   return imports_.emplace(imp.id, imp).first->second;
 }
 
@@ -49,8 +50,11 @@ std::optional<IpcRegistry::Closed> IpcRegistry::close(std::uint64_t import_id) {
   if (it == imports_.end()) return std::nullopt;
   Closed c;
   c.grant = it->second.grant;
-  if (auto ps = per_session_.find(it->second.session); ps != per_session_.end() && --ps->second.count == 0) {
-    per_session_.erase(ps);
+  if (auto ps = per_session_.find(it->second.session); ps != per_session_.end()) {
+    if (auto pg = ps->second.grants.find(c.grant); pg != ps->second.grants.end() && --pg->second == 0) {
+      ps->second.grants.erase(pg);
+    }
+    if (--ps->second.count == 0) per_session_.erase(ps);
   }
   imports_.erase(it);
   auto g = grants_.find(c.grant);
@@ -72,6 +76,7 @@ bool IpcRegistry::hold(std::uint64_t grant) {
   auto it = grants_.find(grant);
   if (it == grants_.end() || it->second.imports == 0) return false;
   it->second.released = true;
+  released_.insert(grant);
   return true;
 }
 
@@ -79,6 +84,7 @@ void IpcRegistry::forget_grant(std::uint64_t grant) {
   auto it = grants_.find(grant);
   if (it == grants_.end()) return;
   if (it->second.token != 0) tokens_.erase(it->second.token);
+  released_.erase(grant);
   grants_.erase(it);
 }
 

@@ -19,6 +19,7 @@
 #include <functional>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "vlake/common/strong_types.hpp"
@@ -72,21 +73,25 @@ class IpcRegistry {
   [[nodiscard]] bool released(std::uint64_t grant) const;
   [[nodiscard]] const std::unordered_map<std::uint64_t, ImportRecord>& imports() const noexcept { return imports_; }
   // Open imports per importing session, with the session's tenant when it opened the first of
-  // them (what the import caps and the import table's fair share count, without a walk over
-  // every import).
+  // them and the open imports per grant (what the import caps, the import table's fair share and
+  // the per-tenant views count, without a walk over every import).
   struct SessionImports {
     std::uint32_t count = 0;
     TenantId tenant{};
+    std::unordered_map<std::uint64_t, std::uint32_t> grants;  // grant id -> imports of it open
   };
   [[nodiscard]] const std::unordered_map<std::uint64_t, SessionImports>& per_session() const noexcept {
     return per_session_;
   }
+  // The grants held for their imports after their owner released them (released() true).
+  [[nodiscard]] const std::unordered_set<std::uint64_t>& released_grants() const noexcept { return released_; }
 
  private:
   std::unordered_map<std::uint64_t, Export> grants_;               // by grant id (exported or imported)
   std::unordered_map<std::uint64_t, std::uint64_t> tokens_;        // token -> grant id
   std::unordered_map<std::uint64_t, ImportRecord> imports_;        // by import id
   std::unordered_map<std::uint64_t, SessionImports> per_session_;  // by importing session
+  std::unordered_set<std::uint64_t> released_;                     // grants with released true
   std::uint64_t next_import_id_ = 1;
 };
 
