@@ -160,8 +160,8 @@ std::map<std::string, std::string> reply_fields(const std::string& reply) {
   return testsupport::key_values(reply.rfind("ok", 0) == 0 ? reply.substr(2) : reply);
 }
 
-std::map<std::string, std::string> Helper::ok(const std::string& line) {
-  const std::string r = cmd(line);
+std::map<std::string, std::string> Helper::ok(const std::string& line, std::chrono::seconds timeout) {
+  const std::string r = cmd(line, timeout);
   INFO("command: " << line << " -> " << r);
   REQUIRE(r.rfind("ok", 0) == 0);
   return reply_fields(r);

@@ -100,7 +100,8 @@ class Helper {
   // cmd() that must answer "ok ..."; returns its key=value pairs (REQUIREs inside: call it on
   // the test's own thread only, Catch2's assertions are not thread-safe; other threads use cmd()
   // and reply_fields()).
-  std::map<std::string, std::string> ok(const std::string& line);
+  std::map<std::string, std::string> ok(const std::string& line,
+                                        std::chrono::seconds timeout = std::chrono::seconds(30));
   void kill9();
   [[nodiscard]] pid_t pid() const noexcept { return proc_->status() ? -1 : proc_->pid(); }
 

@@ -74,13 +74,14 @@ bool PoolClient::wait_closed(int timeout_ms) {
 
 template <class R>
 R PoolClient::expect(std::uint64_t request_id, std::vector<UniqueFd>* fds) {
-  auto m = recv(10000);
+  const int wait = static_cast<int>(reply_timeout_.count());
+  auto m = recv(wait);
   // Pressure arrives unsolicited (kHelloPressure): keep it for wait_pressure() and read on.
   while (m && !m->closed && m->type() == proto::MsgType::pressure) {
     pressures.push_back(m->as<proto::Pressure>());
-    m = recv(10000);
+    m = recv(wait);
   }
-  if (!m) throw ProtocolError("no reply within 10 s");
+  if (!m) throw ProtocolError("no reply within " + std::to_string(wait) + " ms");
   if (m->closed) throw ProtocolError("the daemon closed the connection");
   if (m->type() == proto::MsgType::error) {
     const auto e = m->as<proto::Error>();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -78,6 +79,9 @@ class PoolClient {
   proto::UsageReply usage(const Uuid& device);
 
   std::uint64_t next_request_id() noexcept { return ++request_id_; }
+  // How long the request helpers wait for their reply (10 s unless set; a grant that waits for
+  // a swap-out under a sanitizer on 2 loaded cores needs longer).
+  void set_reply_timeout(std::chrono::milliseconds t) noexcept { reply_timeout_ = t; }
 
  private:
   template <class R>
@@ -85,6 +89,7 @@ class PoolClient {
 
   UniqueFd fd_;
   std::uint64_t request_id_ = 100;
+  std::chrono::milliseconds reply_timeout_{10000};
 };
 
 }  // namespace vlake::pooltest
