@@ -9,6 +9,8 @@
 #   ./scripts/sanitizers.sh tsan     # ThreadSanitizer: the tests labelled `tsan` only
 #   VLAKE_BUILD_DIR=build/my-asan ./scripts/sanitizers.sh asan   # another tree than build/<preset>
 #   ./scripts/sanitizers.sh asan -R hook   # extra arguments go to ctest
+#   ./scripts/sanitizers.sh asan-ubsan --build-only   # configure and build only (.ci/run builds the
+#   ./scripts/sanitizers.sh asan-ubsan --test-only    # trees in the background, then tests them)
 #
 # How the trees differ from the presets (CMakePresets.json), to fit CI's budget (2 cores):
 #   -g1           instead of the presets' -g: line tables are all a sanitizer report needs.
@@ -49,9 +51,15 @@ san="${1:-}"
 case "$san" in
   asan | ubsan | asan-ubsan | tsan) shift ;;
   *)
-    echo "usage: scripts/sanitizers.sh asan|ubsan|asan-ubsan|tsan [ctest arguments...]" >&2
+    echo "usage: scripts/sanitizers.sh asan|ubsan|asan-ubsan|tsan [--build-only|--test-only] [ctest arguments...]" >&2
     exit 2
     ;;
+esac
+do_build=1
+do_test=1
+case "${1:-}" in
+  --build-only) do_test=0; shift ;;
+  --test-only) do_build=0; shift ;;
 esac
 dir="${VLAKE_BUILD_DIR:-build/$san}"
 cuda_root="${VLAKE_CUDA_ROOT:-/usr/local/cuda}"
@@ -79,19 +87,30 @@ export TSAN_OPTIONS="${TSAN_OPTIONS:-second_deadlock_stack=1:halt_on_error=0}"
 . scripts/no_aslr.sh
 no_aslr_runner sanitizers.sh tests
 
-step configure
-flags="-O0 -g1"
-[[ "$san" == tsan ]] && flags+=" -Wno-tsan"
-cmake --preset "$san" -B "$dir" -DVLAKE_CUDA_ROOT="$cuda_root" \
-  -DCMAKE_C_FLAGS_DEBUG="$flags" -DCMAKE_CXX_FLAGS_DEBUG="$flags" >/dev/null
+build_args=(--build "$dir" -j "$jobs")
+[[ "$san" == tsan ]] && build_args+=(--target vlake_tsan_tests)
+if ((do_build)); then
+  step configure
+  flags="-O0 -g1"
+  [[ "$san" == tsan ]] && flags+=" -Wno-tsan"
+  cmake --preset "$san" -B "$dir" -DVLAKE_CUDA_ROOT="$cuda_root" \
+    -DCMAKE_C_FLAGS_DEBUG="$flags" -DCMAKE_CXX_FLAGS_DEBUG="$flags" >/dev/null
+  step build
+  "${runner[@]}" cmake "${build_args[@]}"
+elif [[ ! -f "$dir/CTestTestfile.cmake" ]]; then
+  echo "sanitizers.sh $san: $dir is not built; run it without --test-only (or with --build-only) first" >&2
+  exit 1
+fi
+if ((!do_test)); then
+  step ""
+  printf 'sanitizers.sh %s: built in %dm%02ds\n' "$san" $(((SECONDS - total_start) / 60)) $(((SECONDS - total_start) % 60))
+  exit 0
+fi
 
-step build
 ctest_args=(--test-dir "$dir" --output-on-failure -j "$jobs")
 if [[ "$san" == tsan ]]; then
-  "${runner[@]}" cmake --build "$dir" -j "$jobs" --target vlake_tsan_tests
   ctest_args+=(-L '^tsan$')
 else
-  "${runner[@]}" cmake --build "$dir" -j "$jobs"
   exclude='^(prometheus\.(rules|chart|operator_scrape)|bench\.(smoke|storm))$'
   [[ "$san" == asan ]] &&
     exclude='^(prometheus\.(rules|chart|operator_scrape)|bench\.(smoke|storm)|sim\.(hostile|contexts\.limit)|tools\.python_(vlake|reclaim))$'

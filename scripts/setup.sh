@@ -17,6 +17,7 @@ cuda_root="${VLAKE_CUDA_ROOT:-/usr/local/cuda}"
 
 packages=(
   g++ cmake ninja-build pkg-config binutils # toolchain; binutils: readelf, nm (tests/hook)
+  procps                                    # .ci/run: pgrep (ending its background builds)
   clang-format                              # scripts/format.sh
   clang-14 libclang-rt-14-dev               # scripts/fuzz.sh: libFuzzer, ASan, UBSan (tests/fuzz)
   libboost-dev libyaml-cpp-dev              # Boost.Interprocess, yaml-cpp
