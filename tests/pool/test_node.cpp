@@ -143,13 +143,13 @@ TEST_CASE("node: a grant the pool cannot serve is parked, pressured, served when
   REQUIRE(parked->pressure.size() == 1);
   CHECK(parked->pressure[0].conn == 1);  // A is asked, B is not
   CHECK(parked->pressure[0].msg.bytes >= 2 * kMiB);
-  CHECK(w.node->parked() == 1);
+  CHECK(w.node->rooms().parking.size() == 1);
   CHECK_FALSE(w.node->retry_due(w.t));
 
   w.release(a, held);  // A returns its reserve
   w.retry_grants_one(2);
   CHECK(w.used(b) == 2_MiB);
-  CHECK(w.node->parked() == 0);
+  CHECK(w.node->rooms().parking.size() == 0);
   CHECK(w.node->counters().grants_parked == 1);
 }
 
@@ -271,20 +271,20 @@ TEST_CASE("node: reclaim: a parked grant still short after 250 ms asks the next 
   REQUIRE(parked != nullptr);
   REQUIRE(parked->pressure.size() == 1);
   CHECK(parked->pressure[0].conn == 3);  // then C
-  CHECK(w.node->parked() == 1);
+  CHECK(w.node->rooms().parking.size() == 1);
 
   // Everyone was asked: nobody is asked again until a new round starts, 1 s after the first;
   // but A and C gave nothing within their deadline: they lost their turn (docs/pool.md, "Claims
   // and measurements"), and the new round asks nobody.
   w.advance(std::chrono::milliseconds(300));
   CHECK(w.retry_parked(w.t).empty());
-  CHECK_FALSE(w.node->reclaim_trust().askable(a, w.t.steady));
-  CHECK_FALSE(w.node->reclaim_trust().askable(c, w.t.steady));
+  CHECK_FALSE(w.node->rooms().reclaim.askable(a, w.t.steady));
+  CHECK_FALSE(w.node->rooms().reclaim.askable(c, w.t.steady));
   w.advance(std::chrono::milliseconds(500));
   CHECK(w.retry_parked(w.t).empty());
 
   w.release(c, gc);  // C's cache comes back after all: it may be asked again
-  CHECK(w.node->reclaim_trust().askable(c, w.t.steady));
+  CHECK(w.node->rooms().reclaim.askable(c, w.t.steady));
   done = w.retry_parked(w.t);
   REQUIRE(done.size() == 1);
   CHECK(std::holds_alternative<Granted>(done[0].out));
@@ -318,7 +318,7 @@ TEST_CASE("node: a session that waits for memory is parked with nobody to ask, s
   CHECK(parked->pressure.empty());
   w.advance(std::chrono::milliseconds(2500));
   w.retry_parked(w.t);  // still short, still waiting (3 s)
-  CHECK(w.node->parked() == 1);
+  CHECK(w.node->rooms().parking.size() == 1);
   w.release(a, ga);  // A frees: B is served
   std::vector<Completion> done = w.retry_parked(w.t);
   REQUIRE(done.size() == 1);
@@ -580,7 +580,7 @@ TEST_CASE("node: guard events must name the sender's grants and are rate-limited
   // No grant on that GPU: nothing of the sender's can have faulted.
   CHECK_FALSE(w.node->guard_event(forger, event(4096), w.t).has_value());
   CHECK(w.node->counters().guard_events_rejected == 1);
-  CHECK(w.node->guard_log().next_seq <= 1);
+  CHECK(w.node->rooms().guard.log().next_seq <= 1);
   w.granted(1, forger, 2 * kMiB);
   // Suspects larger than what the session holds, or none at all.
   CHECK_FALSE(w.node->guard_event(forger, event(4 * kMiB), w.t).has_value());
@@ -601,7 +601,7 @@ TEST_CASE("node: guard events must name the sender's grants and are rate-limited
   w.granted(2, victim, 2 * kMiB);
   CHECK_FALSE(w.node->guard_event(victim, event(4096), w.t).has_value());
   CHECK(w.node->counters().kernel_faults[0] == 21);
-  const st::GuardLog& g = w.node->guard_log();
+  const st::GuardLog& g = w.node->rooms().guard.log();
   const st::GuardEventRecord& newest = *st::ring_order(g).back();
   CHECK(newest.tenant == w.node->session(victim)->tenant.value());
   // The rate refills: one more second, ten more events.
@@ -679,30 +679,30 @@ TEST_CASE("node: every process on a GPU is attributed and one without a session 
   // The session's pid keeps the non-pool path; the two pids without a session are unhooked.
   const Accounting::Usage u = w.node->accounting().usage(mine->id, DeviceOrdinal{0});
   CHECK(u.nonpool == 10_MiB);
-  CHECK(w.node->unhooked().of(mine->id).bytes[0] == 22 * kMiB);
-  CHECK(w.node->unhooked().of(mine->id).procs.size() == 2);
+  CHECK(w.node->rooms().unhooked.of(mine->id).bytes[0] == 22 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(mine->id).procs.size() == 2);
   CHECK(u.unhooked == 22_MiB);  // enforce defaults to kill: charged
   CHECK(u.used() == 32_MiB);
   // A uid the quota file does not name: the built-in default rule, as a session would resolve.
   const Node::Tenant* other = tenant_named(*w.node, "uid:2000");
   REQUIRE(other != nullptr);
-  CHECK(w.node->unhooked().of(other->id).bytes[0] == 8 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(other->id).bytes[0] == 8 * kMiB);
   CHECK(other->enforce == quota::Enforce::kill);
   // A named user goes to its namespace's tenant.
   const Node::Tenant* lab = tenant_named(*w.node, "lab/user:3000");
   REQUIRE(lab != nullptr);
-  CHECK(w.node->unhooked().of(lab->id).bytes[0] == 6 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(lab->id).bytes[0] == 6 * kMiB);
   CHECK(w.node->accounting().namespace_usage(lab->ns, DeviceOrdinal{0}).unhooked == 6_MiB);
   // The daemon's own pid is nobody's; NVML's device figure is recorded.
   std::uint64_t total = 0;
-  for (const auto& [id, t] : w.node->tenants()) total += w.node->unhooked().of(t.id).bytes[0];
+  for (const auto& [id, t] : w.node->tenants()) total += w.node->rooms().unhooked.of(t.id).bytes[0];
   CHECK(total == 36 * kMiB);
   CHECK(w.node->devices().front().nvml_used == 700_MiB);
 
   // The unhooked process exits: its memory is no longer anyone's.
   CHECK(w.observe_gpus({gpu0(610_MiB, {{1, 600_MiB}, {100, 10_MiB}})}, {who(100, 1000)}, w.t).empty());
-  CHECK(w.node->unhooked().of(mine->id).bytes[0] == 0);
-  CHECK(w.node->unhooked().of(mine->id).procs.empty());
+  CHECK(w.node->rooms().unhooked.of(mine->id).bytes[0] == 0);
+  CHECK(w.node->rooms().unhooked.of(mine->id).procs.empty());
   CHECK(w.node->accounting().usage(mine->id, DeviceOrdinal{0}).used() == 10_MiB);
 }
 
@@ -713,7 +713,7 @@ TEST_CASE("node: enforce refuse counts unhooked memory at admission and account 
   w.granted(1, s, 16 * kMiB);
   CHECK(w.observe_gpus({gpu0(40_MiB, {{200, 24_MiB}})}, {who(200, 1000)}, w.t).empty());
   const Node::Tenant* t = w.node->tenant(w.node->session(s)->tenant);
-  CHECK(w.node->unhooked().of(t->id).bytes[0] == 24 * kMiB);  // shown either way
+  CHECK(w.node->rooms().unhooked.of(t->id).bytes[0] == 24 * kMiB);  // shown either way
   if (mode == "refuse") {
     // 16 granted + 24 outside + 32 asked > 64: refused, and it is the unhooked memory's doing.
     CHECK(w.refused(1, s, 32 * kMiB) == proto::Status::over_limit);
@@ -792,10 +792,10 @@ TEST_CASE("node: on Kubernetes an unhooked process is charged to the allocation 
             .empty());
   const Node::Tenant* pod = tenant_named(*w.node, "pod:team/trainer-0/main");
   REQUIRE(pod != nullptr);
-  CHECK(w.node->unhooked().of(pod->id).bytes[0] == 40 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(pod->id).bytes[0] == 40 * kMiB);
   const Node::Tenant* root = tenant_named(*w.node, "uid:0");
   REQUIRE(root != nullptr);
-  CHECK(w.node->unhooked().of(root->id).bytes[0] == 6 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(root->id).bytes[0] == 6 * kMiB);
 }
 
 TEST_CASE("node: enforce kill also acts on a namespace that memory outside vlake put over its limit",

@@ -53,7 +53,7 @@ TEST_CASE("node: overcommit: a counted grant never allocated is revoked and its 
   (void)w.take(&Effects::swap_notices);
   w.retry_grants_one(2);
   CHECK(w.used(b) == 256_MiB);
-  CHECK(w.node->swaps().get(a).moved_for == b);
+  CHECK(w.node->rooms().swaps.get(a).moved_for == b);
 
   // NVML's readings: A is on the host (not judged), B's process holds nothing.
   const auto reading = [&] {
@@ -64,7 +64,7 @@ TEST_CASE("node: overcommit: a counted grant never allocated is revoked and its 
   w.advance(std::chrono::milliseconds(1200));
   (void)reading();
   CHECK(w.used(b) == 256_MiB);                                                         // not before the window
-  CHECK_FALSE(w.node->counted_audit().may_displace(b, DeviceOrdinal{0}, w.t.steady));  // but it moves nobody
+  CHECK_FALSE(w.node->rooms().counted.may_displace(b, DeviceOrdinal{0}, w.t.steady));  // but it moves nobody
   w.advance(std::chrono::milliseconds(900));
   Effects fx = reading();
   // Revoked: B is charged nothing, and A's restore is queued without A asking.
@@ -74,7 +74,7 @@ TEST_CASE("node: overcommit: a counted grant never allocated is revoked and its 
   CHECK(fx.swap_jobs[0].session == a);
   CHECK(fx.swap_jobs[0].restore);
   w.node->swap_done(fx.swap_jobs[0], true, Bytes{0}, std::chrono::milliseconds(100), "", w.t);
-  CHECK(w.node->swaps().state(a) == SwapState::none);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::none);
   notes = w.take(&Effects::swap_notices);
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].conn == 1);
@@ -88,5 +88,5 @@ TEST_CASE("node: overcommit: a counted grant never allocated is revoked and its 
   w.advance(std::chrono::milliseconds(300));
   (void)w.node->settle(w.t);
   CHECK(w.take(&Effects::swap_notices).empty());
-  CHECK(w.node->swaps().state(a) == SwapState::none);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::none);
 }

@@ -48,7 +48,7 @@ TEST_CASE("node: 9 uids importing their own IPC handles leave an honest tenant i
   }
   CHECK(imported + refused == 9 * 2047);
   CHECK(imported < state::kMaxGrants);
-  CHECK(w.node->imports().size() == imported);
+  CHECK(w.node->rooms().ipc.imports().size() == imported);
   // The honest tenant opens its own handle.
   const auto h = w.hello(30, 300, 4200);
   const auto e = ipc_export(w, h, w.granted(30, h, 2 * kMiB));
@@ -81,16 +81,16 @@ TEST_CASE("node: 8 uids parking grants for 10 minutes: capped per tenant, releas
   }
   CHECK(parked == 8 * 32);
   CHECK(capped == 8 * (120 - 32));
-  CHECK(w.node->parked() == 8 * 32);
+  CHECK(w.node->rooms().parking.size() == 8 * 32);
   // The honest tenant allocates and frees 2 MiB 200 times: each release retries the parked grants
   // that the GPU's free memory could serve (none of the 64 MiB ones), not all 256.
-  const std::uint64_t before = w.node->parked_examined();
+  const std::uint64_t before = w.node->rooms().parking.examined();
   for (int i = 0; i < 200; ++i) {
     w.release(honest, w.granted(1, honest, 2 * kMiB));
     if (w.node->retry_due(w.t)) CHECK(w.retry_parked(w.t).empty());
   }
-  CHECK(w.node->parked_examined() - before == 0);
-  CHECK(w.node->parked() == 8 * 32);
+  CHECK(w.node->rooms().parking.examined() - before == 0);
+  CHECK(w.node->rooms().parking.size() == 8 * 32);
   // Once memory that serves some comes back, exactly those are served (smallest first).
   w.advance(std::chrono::milliseconds(1));
   sim_gpu().driver().release(w.outside);
@@ -101,6 +101,6 @@ TEST_CASE("node: 8 uids parking grants for 10 minutes: capped per tenant, releas
   std::size_t served = 0;
   for (const Completion& c : w.retry_parked(w.t)) served += std::holds_alternative<Granted>(c.out) ? 1 : 0;
   CHECK(served == 2);
-  CHECK(w.node->parked_examined() - before == 2);
-  CHECK(w.node->parked() == 8 * 32 - 2);
+  CHECK(w.node->rooms().parking.examined() - before == 2);
+  CHECK(w.node->rooms().parking.size() == 8 * 32 - 2);
 }

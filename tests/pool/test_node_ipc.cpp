@@ -102,7 +102,7 @@ TEST_CASE("node: an IPC export has a stable token and a secret and opens only fo
   CHECK(ipc_close(w, sibling, ok.reply.import_id) == proto::Status::ok);
   CHECK(ipc_close(w, sibling, ok.reply.import_id) == proto::Status::unknown_handle);
   CHECK(ipc_close(w, sibling, second.reply.import_id) == proto::Status::ok);
-  CHECK(w.node->imports().empty());
+  CHECK(w.node->rooms().ipc.imports().empty());
 }
 
 TEST_CASE("node: a released grant with IPC imports stays charged to its owner until the last import goes",
@@ -148,7 +148,7 @@ TEST_CASE("node: a released grant with IPC imports stays charged to its owner un
   CHECK(record(importer_tenant).ipc_imported[0] == 8 * kMiB);
   CHECK(w.node->session(owner)->grants.empty());
   REQUIRE(w.node->grants().count(g) == 1);
-  CHECK(w.node->ipc().released(g));
+  CHECK(w.node->rooms().ipc.released(g));
   // Freed memory opens no more (the imports already open stay).
   const std::uint64_t refused_before = w.node->counters().ipc_refused;
   CHECK(ipc_open(w, closer, e.token, e.secret).reply.status == proto::Status::unknown_handle);
@@ -163,7 +163,7 @@ TEST_CASE("node: a released grant with IPC imports stays charged to its owner un
   const std::uint64_t exported_before = w.node->counters().releases_exported;
   w.node->end_session(importer, "killed");
   CHECK(w.node->grants().count(g) == 0);
-  CHECK(w.node->imports().empty());
+  CHECK(w.node->rooms().ipc.imports().empty());
   CHECK(w.node->counters().releases_exported == exported_before + 1);
   CHECK(record(importer_tenant).ipc_imported[0] == 0);
   CHECK(w.node->devices().front().granted == 0_MiB);
@@ -193,7 +193,7 @@ TEST_CASE("node: IPC imports and tokens do not survive a daemon restart", "[node
   }
   World w2("version: 1\ndefault: {limit: 100%}\n");
   w2.node->resume(seg.state(), {owner, importer});
-  CHECK(w2.node->imports().empty());
+  CHECK(w2.node->rooms().ipc.imports().empty());
   CHECK(w2.used(owner) == 4_MiB);  // the orphaned grant stays charged to its owner
   CHECK(ipc_open(w2, importer, e.token, e.secret).reply.status == proto::Status::unknown_handle);
   // An orphaned grant (its handles died with the previous daemon) cannot be exported again.

@@ -186,16 +186,16 @@ TEST_CASE("node: memory NVML lists under no process goes to the one GPU user it 
   CHECK(w.node->devices().front().unlisted == 256_MiB);
   const Node::Tenant* t = tenant_named(*w.node, "user:4000");
   REQUIRE(t != nullptr);
-  CHECK(w.node->unhooked().of(t->id).bytes[0] == 256 * kMiB);
-  REQUIRE(w.node->unhooked().of(t->id).procs.size() == 1);
-  CHECK(w.node->unhooked().of(t->id).procs[0].pid == 500);
-  CHECK(w.node->unhooked().of(t->id).procs[0].bytes == 256_MiB);
+  CHECK(w.node->rooms().unhooked.of(t->id).bytes[0] == 256 * kMiB);
+  REQUIRE(w.node->rooms().unhooked.of(t->id).procs.size() == 1);
+  CHECK(w.node->rooms().unhooked.of(t->id).procs[0].pid == 500);
+  CHECK(w.node->rooms().unhooked.of(t->id).procs[0].bytes == 256_MiB);
   CHECK(w.node->accounting().usage(t->id, DeviceOrdinal{0}).unhooked == 256_MiB);  // refuse: charged
   const Node::Tenant* listed = tenant_named(*w.node, "uid:5000");
   REQUIRE(listed != nullptr);
-  CHECK(w.node->unhooked().of(listed->id).bytes[0] == 10 * kMiB);  // its NVML figure only
+  CHECK(w.node->rooms().unhooked.of(listed->id).bytes[0] == 10 * kMiB);  // its NVML figure only
   const Node::Tenant* root = tenant_named(*w.node, "uid:0");
-  CHECK((root == nullptr || w.node->unhooked().of(root->id).bytes[0] == 0));  // the daemon is nobody's
+  CHECK((root == nullptr || w.node->rooms().unhooked.of(root->id).bytes[0] == 0));  // the daemon is nobody's
   {
     TestSegment test_segment("vlake-node-unlisted-");
     st::StateSegment& seg = test_segment.seg;
@@ -210,7 +210,7 @@ TEST_CASE("node: memory NVML lists under no process goes to the one GPU user it 
       w.observe_gpus({gpu0(110_MiB, {{1, 100_MiB}, {600, 10_MiB}})}, {who(600, 5000)}, w.t, {who(600, 5000)}).empty());
   CHECK(w.node->devices().front().unlisted == 0_B);
   t = tenant_named(*w.node, "user:4000");
-  CHECK((t == nullptr || w.node->unhooked().of(t->id).bytes[0] == 0));
+  CHECK((t == nullptr || w.node->rooms().unhooked.of(t->id).bytes[0] == 0));
 }
 
 TEST_CASE("node: unlisted memory is split equally among the GPU users NVML does not list", "[node][unhooked]") {
@@ -222,12 +222,12 @@ TEST_CASE("node: unlisted memory is split equally among the GPU users NVML does 
   CHECK(w.observe_gpus(sample, {}, w.t, users).empty());
   const Node::Tenant* two = tenant_named(*w.node, "uid:2000");
   REQUIRE(two != nullptr);
-  CHECK(w.node->unhooked().of(two->id).bytes[0] == 200 * kMiB);
-  CHECK(w.node->unhooked().of(two->id).procs.size() == 2);
+  CHECK(w.node->rooms().unhooked.of(two->id).bytes[0] == 200 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(two->id).procs.size() == 2);
   const Node::Tenant* mine = w.node->tenant(w.node->session(s)->tenant);
   REQUIRE(mine != nullptr);
-  CHECK(w.node->unhooked().of(mine->id).bytes[0] == 100 * kMiB);  // the session's tenant
-  CHECK(w.node->unhooked().of(mine->id).procs.empty());           // a session's process is never killed
+  CHECK(w.node->rooms().unhooked.of(mine->id).bytes[0] == 100 * kMiB);  // the session's tenant
+  CHECK(w.node->rooms().unhooked.of(mine->id).procs.empty());           // a session's process is never killed
   CHECK(w.node->accounting().usage(mine->id, DeviceOrdinal{0}).unhooked == 100_MiB);
 }
 
@@ -238,16 +238,16 @@ TEST_CASE("node: unlisted memory up to the tolerance, or with nobody to charge, 
   CHECK(w.observe_gpus({gpu0(100_MiB + kUnlistedTolerance, {{1, 100_MiB}})}, {}, w.t, users).empty());
   CHECK(w.node->devices().front().unlisted == kUnlistedTolerance);
   const Node::Tenant* t = tenant_named(*w.node, "uid:2000");
-  CHECK((t == nullptr || w.node->unhooked().of(t->id).bytes[0] == 0));
+  CHECK((t == nullptr || w.node->rooms().unhooked.of(t->id).bytes[0] == 0));
   // Above it, but no process without NVML's listing has the device files open: nobody's.
   CHECK(w.observe_gpus({gpu0(400_MiB, {{1, 100_MiB}})}, {}, w.t, {}).empty());
   CHECK(w.node->devices().front().unlisted == 300_MiB);
-  for (const auto& [id, x] : w.node->tenants()) CHECK(w.node->unhooked().of(x.id).bytes[0] == 0);
+  for (const auto& [id, x] : w.node->tenants()) CHECK(w.node->rooms().unhooked.of(x.id).bytes[0] == 0);
   // One byte over the tolerance is charged.
   CHECK(w.observe_gpus({gpu0(100_MiB + kUnlistedTolerance + 1_MiB, {{1, 100_MiB}})}, {}, w.t, users).empty());
   t = tenant_named(*w.node, "uid:2000");
   REQUIRE(t != nullptr);
-  CHECK(w.node->unhooked().of(t->id).bytes[0] == kUnlistedTolerance.value() + kMiB);
+  CHECK(w.node->rooms().unhooked.of(t->id).bytes[0] == kUnlistedTolerance.value() + kMiB);
 }
 
 TEST_CASE("node: unlisted memory leaves out retired handles held by a descriptor and an unlisted daemon's pool",
@@ -272,7 +272,7 @@ TEST_CASE("node: unlisted memory leaves out retired handles held by a descriptor
   CHECK(d.unlisted == 100_MiB);
   const Node::Tenant* t = tenant_named(*w.node, "uid:2000");
   REQUIRE(t != nullptr);
-  CHECK(w.node->unhooked().of(t->id).bytes[0] == 100 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(t->id).bytes[0] == 100 * kMiB);
 
   // The daemon not listed (no context yet): its pool is in used under no process, and is not
   // anybody else's.
@@ -281,7 +281,7 @@ TEST_CASE("node: unlisted memory leaves out retired handles held by a descriptor
   CHECK(d.unlisted == 100_MiB);
   t = tenant_named(*w.node, "uid:2000");
   REQUIRE(t != nullptr);
-  CHECK(w.node->unhooked().of(t->id).bytes[0] == 100 * kMiB);
+  CHECK(w.node->rooms().unhooked.of(t->id).bytes[0] == 100 * kMiB);
   holder.end();
 }
 

@@ -70,7 +70,7 @@ TEST_CASE("node: reclaim: 16 lying sessions of 8 uids lose their turn, the hones
   CHECK(parked->pressure.size() == 13);  // the 12 other liars and the honest one
   // The four that gave nothing lost their turn.
   for (int i = 0; i < 4; ++i)
-    CHECK_FALSE(w.node->reclaim_trust().askable(liars[static_cast<std::size_t>(i)], w.t.steady));
+    CHECK_FALSE(w.node->rooms().reclaim.askable(liars[static_cast<std::size_t>(i)], w.t.steady));
 
   // The honest framework empties its cache: the grant is served within two deadlines.
   w.advance(std::chrono::milliseconds(20));
@@ -83,8 +83,8 @@ TEST_CASE("node: reclaim: 16 lying sessions of 8 uids lose their turn, the hones
   // The next time memory is short, no liar is asked: only the honest one, which gave.
   w.advance(settings.reclaim_deadline);
   (void)w.node->settle(w.t);
-  for (const auto s : liars) CHECK_FALSE(w.node->reclaim_trust().askable(s, w.t.steady));
-  CHECK(w.node->reclaim_trust().credible(honest, 1_GiB, true) == 256_MiB);
+  for (const auto s : liars) CHECK_FALSE(w.node->rooms().reclaim.askable(s, w.t.steady));
+  CHECK(w.node->rooms().reclaim.credible(honest, 1_GiB, true) == 256_MiB);
   const std::uint64_t cache2 = w.granted(honest_conn, honest, 128 * kMiB);
   out = w.grant(9, req, 128 * kMiB);
   parked = std::get_if<Parked>(&out);

@@ -60,14 +60,14 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].conn == 1);
   CHECK(notes[0].msg.phase == proto::SwapPhase::out);
-  CHECK(w.node->swaps().state(a) == SwapState::notified);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::notified);
   // Who waits for whom: B's grant waits for A, which goes out for it.
   {
     const Node::Wait bw = w.node->wait_of_session(*w.node->session(b));
     CHECK(bw.kind == st::kWaitMemory);
     CHECK(bw.bytes == 256_MiB);
     CHECK(bw.waits_for == std::vector<std::uint64_t>{a});
-    CHECK(w.node->swaps().get(a).for_session == b);
+    CHECK(w.node->rooms().swaps.get(a).for_session == b);
     CHECK(w.node->wait_of_session(*w.node->session(a)).kind == st::kWaitNone);
     CHECK(w.node->changes_to_publish().sessions.count(w.node->session(b)->slot) == 1);  // published while it waits
   }
@@ -87,18 +87,18 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   REQUIRE(jobs.size() == 1);
   CHECK(jobs[0].pid == 101);
   CHECK_FALSE(jobs[0].restore);
-  CHECK(w.node->swaps().state(a) == SwapState::checkpointing);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::checkpointing);
 
   // The checkpoint frees A's memory: B's grant is served.
   sim_gpu().driver().release(w.outside);
   w.outside = PhysicalHandle{};
   w.node->swap_done(jobs[0], true, Bytes{512 * kMiB}, std::chrono::milliseconds(400), "", w.t);
-  CHECK(w.node->swaps().state(a) == SwapState::swapped);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::swapped);
   notes = w.take(&Effects::swap_notices);  // A hears it is on the host (it asks as soon as it computes)
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].msg.phase == proto::SwapPhase::host);
   CHECK(w.node->counters().swap_outs == 1);
-  CHECK(w.node->swapped_bytes(DeviceOrdinal{0}).value() == 512 * kMiB);
+  CHECK(w.node->rooms().swaps.on_host(DeviceOrdinal{0}).value() == 512 * kMiB);
   w.retry_grants_one(2);
   // A's quota still holds its 512 MiB: it is overcommitted, not its GPU.
   CHECK(w.used(a) == 512_MiB);
@@ -117,12 +117,12 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   CHECK(replies[0].reply.status == proto::Status::ok);
   CHECK(replies[0].reply.h.request_id == 41);
   CHECK(replies[0].reply.waited_ms == 150);
-  CHECK(w.node->swaps().state(a) == SwapState::none);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::none);
   CHECK(w.node->counters().swap_ins == 1);
-  CHECK(w.node->swapped_bytes(DeviceOrdinal{0}).value() == 0);
-  CHECK(w.node->swaps().get(a).outs == 1);
-  CHECK(w.node->swaps().get(a).ins == 1);
-  CHECK(w.node->swaps().get(a).for_session == 0);
+  CHECK(w.node->rooms().swaps.on_host(DeviceOrdinal{0}).value() == 0);
+  CHECK(w.node->rooms().swaps.get(a).outs == 1);
+  CHECK(w.node->rooms().swaps.get(a).ins == 1);
+  CHECK(w.node->rooms().swaps.get(a).for_session == 0);
   CHECK(w.node->counters().swap_out_bytes == 512 * kMiB);
   CHECK(w.node->counters().swap_in_ns == 150'000'000);
   CHECK(w.node->wait_of_session(*w.node->session(b)).kind == st::kWaitNone);  // served
@@ -149,7 +149,7 @@ TEST_CASE("node: overcommit: a restore waits for room and swaps out others or ti
   (void)w.node->swap_ready(a, ready);
   SwapJob job = w.take(&Effects::swap_jobs).at(0);
   w.node->swap_done(job, true, Bytes{512 * kMiB}, std::chrono::milliseconds(400), "", w.t);
-  CHECK(w.node->swaps().state(a) == SwapState::swapped);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::swapped);
   (void)w.take(&Effects::swap_notices);  // A's SwapNotice{host}
 
   // The GPU stays full: A's SwapIn waits, and C (idle) is told to make room for it.
@@ -168,14 +168,14 @@ TEST_CASE("node: overcommit: a restore waits for room and swaps out others or ti
   REQUIRE_FALSE(notes.empty());
   CHECK(notes.back().conn == 3);
   CHECK(notes.back().msg.phase == proto::SwapPhase::back);
-  CHECK(w.node->swaps().state(c) == SwapState::none);
+  CHECK(w.node->rooms().swaps.state(c) == SwapState::none);
   // A waits up to the overcommit wait (2 minutes), then hears out_of_memory and stays on the host.
   w.advance(std::chrono::milliseconds(120000));
   w.node->swap_tick(w.t);
   std::vector<SwapInOut> replies = w.take(&Effects::swap_replies);
   REQUIRE(replies.size() == 1);
   CHECK(replies[0].reply.status == proto::Status::out_of_memory);
-  CHECK(w.node->swaps().state(a) == SwapState::swapped);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::swapped);
   CHECK(w.node->counters().swap_timeouts == 1);
 }
 
@@ -196,7 +196,7 @@ TEST_CASE("node: overcommit: a SwapIn before the checkpoint calls the swap off a
   const auto r = w.node->swap_in(1, a, in, w.t);
   REQUIRE(r.has_value());
   CHECK(r->status == proto::Status::ok);
-  CHECK(w.node->swaps().state(a) == SwapState::none);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::none);
 
   // Next time the checkpoint itself fails: A is told to go on, and counted as a failure.
   w.advance(std::chrono::milliseconds(2000));
@@ -208,7 +208,7 @@ TEST_CASE("node: overcommit: a SwapIn before the checkpoint calls the swap off a
   (void)w.node->swap_ready(a, ready);
   const SwapJob job = w.take(&Effects::swap_jobs).at(0);
   w.node->swap_done(job, false, Bytes{0}, std::chrono::milliseconds(1), "cuCheckpointProcessLock failed", w.t);
-  CHECK(w.node->swaps().state(a) == SwapState::none);
+  CHECK(w.node->rooms().swaps.state(a) == SwapState::none);
   CHECK(w.node->counters().swap_failures == 1);
   notes = w.take(&Effects::swap_notices);
   REQUIRE(notes.size() == 1);
@@ -251,7 +251,7 @@ TEST_CASE("node: refusals are logged with their reason, and per tenant", "[node]
   proto::Hello m = proto::make<proto::Hello>(1);
   HelloOut out = w.node->open_session(Peer{2, 102, 1001, 1001, 1102, ""}, m);
   REQUIRE(std::holds_alternative<Fatal>(out.answer));
-  const st::RefusalLog& log = w.node->refusal_log();
+  const st::RefusalLog& log = w.node->rooms().refusals.log();
   REQUIRE(log.next_seq == 3);
   const st::RefusalRecord& r1 = log.refusals[0];
   CHECK(r1.seq == 1);

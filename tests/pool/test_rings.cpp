@@ -182,8 +182,8 @@ TEST_CASE("rings: valid guard events of flooders for 60 s do not push out a vict
   // The victim's one real fault, first in the ring.
   CHECK_FALSE(w.node->guard_event(victim, fault_event(w, 8192), w.t).has_value());
   const std::uint32_t vt = w.node->session(victim)->tenant.value();
-  REQUIRE(kept_of(w.node->guard_log(), vt).size() == 1);
-  const std::uint64_t victim_seq = kept_of(w.node->guard_log(), vt).front();
+  REQUIRE(kept_of(w.node->rooms().guard.log(), vt).size() == 1);
+  const std::uint64_t victim_seq = kept_of(w.node->rooms().guard.log(), vt).front();
 
   // One flooder, then 8 colluding uids: each sends events naming its own grant as fast as its
   // rate allows (10 per second), for 60 simulated seconds.
@@ -199,7 +199,7 @@ TEST_CASE("rings: valid guard events of flooders for 60 s do not push out a vict
       for (int k = 0; k < 3; ++k) CHECK_FALSE(w.node->guard_event(s, fault_event(w), w.t).has_value());
     }
   }
-  const st::GuardLog& g = w.node->guard_log();
+  const st::GuardLog& g = w.node->rooms().guard.log();
   INFO(flooders << " flooder(s), " << g.next_seq - 1 << " events recorded");
   REQUIRE(g.next_seq - 1 > 2 * st::kGuardEvents);  // the ring was filled more than twice over
   CHECK(g.evicted == g.next_seq - 1 - st::kGuardEvents);
@@ -211,7 +211,7 @@ TEST_CASE("rings: valid guard events of flooders for 60 s do not push out a vict
     CHECK(e->requested_bytes == 8192);
     CHECK(std::string(e->tenant_name) == "uid:1000");
   }
-  CHECK(w.node->guard_book().guard_events_evicted("uid:1000") == 0);
+  CHECK(w.node->rooms().guard.guard_events_evicted("uid:1000") == 0);
   // The flooders share the rest, each keeping its newest events; only theirs were pushed out.
   std::uint64_t flooders_evicted = 0;
   for (std::uint64_t s : sessions) {
@@ -219,12 +219,12 @@ TEST_CASE("rings: valid guard events of flooders for 60 s do not push out a vict
     const auto theirs = kept_of(g, t.value());
     CHECK(theirs.size() >= (st::kGuardEvents - 1) / flooders);
     CHECK(theirs.size() <= (st::kGuardEvents - 1) / flooders + 1);
-    flooders_evicted += w.node->guard_book().guard_events_evicted(w.tenant_of(s));
+    flooders_evicted += w.node->rooms().guard.guard_events_evicted(w.tenant_of(s));
   }
   CHECK(flooders_evicted == g.evicted);
   // The victim's next fault pushes out a flooder's event, not its own first one.
   CHECK_FALSE(w.node->guard_event(victim, fault_event(w, 8192), w.t).has_value());
-  CHECK(kept_of(w.node->guard_log(), vt).size() == 2);
+  CHECK(kept_of(w.node->rooms().guard.log(), vt).size() == 2);
 }
 
 TEST_CASE("rings: a tenant's thousands of refusals do not push out another tenant's refusal", "[node][rings]") {
@@ -232,7 +232,7 @@ TEST_CASE("rings: a tenant's thousands of refusals do not push out another tenan
   const auto victim = w.hello(1, 100, 1000);
   CHECK(w.refused(1, victim, 128 * kMiB) == proto::Status::over_limit);
   const std::uint32_t vt = w.node->session(victim)->tenant.value();
-  REQUIRE(kept_of(w.node->refusal_log(), vt).size() == 1);
+  REQUIRE(kept_of(w.node->rooms().refusals.log(), vt).size() == 1);
   const std::uint64_t before = w.node->counters().log_suppressed;
   // 8 colluding uids, 4,000 refusals at 4,000 per second.
   std::vector<std::uint64_t> sessions;
@@ -242,11 +242,11 @@ TEST_CASE("rings: a tenant's thousands of refusals do not push out another tenan
     for (std::uint32_t i = 0; i < 8; ++i)
       CHECK(w.refused(10 + i, sessions[i], 128 * kMiB) == proto::Status::over_limit);
   }
-  const st::RefusalLog& r = w.node->refusal_log();
+  const st::RefusalLog& r = w.node->rooms().refusals.log();
   CHECK(r.next_seq == 4002);
   CHECK(r.evicted == 4001 - st::kRefusalEvents);
   CHECK(kept_of(r, vt).size() == 1);
-  CHECK(w.node->refusal_book().evicted("uid:1000") == 0);
+  CHECK(w.node->rooms().refusals.evicted("uid:1000") == 0);
   for (std::uint32_t i = 0; i < 8; ++i) {
     CHECK(kept_of(r, w.node->session(sessions[i])->tenant.value()).size() >= (st::kRefusalEvents - 1) / 8);
   }
@@ -256,7 +256,7 @@ TEST_CASE("rings: a tenant's thousands of refusals do not push out another tenan
   const std::uint64_t suppressed = w.node->counters().log_suppressed;
   CHECK(w.refused(1, victim, 128 * kMiB) == proto::Status::over_limit);
   CHECK(w.node->counters().log_suppressed == suppressed);
-  CHECK(kept_of(w.node->refusal_log(), vt).size() == 2);
+  CHECK(kept_of(w.node->rooms().refusals.log(), vt).size() == 2);
 }
 
 TEST_CASE("rings: refusal log lines of a full session table are rate-limited per tenant", "[node][rings][limits]") {
@@ -278,6 +278,6 @@ TEST_CASE("rings: refusal log lines of a full session table are rate-limited per
   CHECK(w.node->counters().log_suppressed == suppressed);
   // Both are kept in the refusal ring.
   std::set<std::string> names;
-  for (const st::RefusalRecord* r : st::ring_order(w.node->refusal_log())) names.insert(r->tenant_name);
+  for (const st::RefusalRecord* r : st::ring_order(w.node->rooms().refusals.log())) names.insert(r->tenant_name);
   CHECK(names.count("uid:60002") == 1);
 }

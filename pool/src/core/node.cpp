@@ -31,12 +31,8 @@ Node::Node(Driver& driver, const Logger& log, NodeSettings settings, NodeEnv env
       log_(log),
       settings_(settings),
       env_(std::move(env)),
-      reclaim_(settings.reclaim_deadline, settings.reclaim_skip),
-      counted_audit_(settings.counted_realize, settings.counted_skip),
-      contexts_(settings.context_memory, settings.context_fallback),
-      limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed),
-      guard_book_(settings.guard_event_rate, settings.guard_event_burst) {
-  parking_.set_ask_again(settings_.reclaim_deadline);
+      rooms_(settings),
+      limited_(log, settings.log_rate, settings.log_burst, &counters_.log_suppressed) {
   const int n = driver_.device_count();
   if (n <= 0) throw std::runtime_error("no GPU found");
   if (static_cast<std::uint32_t>(n) > st::kMaxDevices) {
@@ -203,7 +199,7 @@ std::size_t Node::grants_of(TenantId t) const {
 // live allocation.
 bool Node::tenant_idle(const Tenant& t) const {
   if (!t.alloc_id.empty() && allocs_.count(t.alloc_id) != 0) return false;
-  if (!unhooked_.of(t.id).empty()) return false;
+  if (!rooms_.unhooked.of(t.id).empty()) return false;
   for (const auto& [id, s] : sessions_) {
     if (s.tenant == t.id) return false;
   }
@@ -234,9 +230,9 @@ bool Node::free_tenant_if_idle(TenantId id) {
   tenant_slots_[t.slot] = false;
   tenant_ids_.erase(t.name);
   log_.debug("tenant " + t.name + " (id " + std::to_string(id.value()) + ") freed: holds nothing");
-  guard_book_.forget(id, t.name);
-  refusals_.forget(t.name);
-  unhooked_.forget(id);
+  rooms_.guard.forget(id, t.name);
+  rooms_.refusals.forget(t.name);
+  rooms_.unhooked.forget(id);
   tenants_.erase(it);
   ++counters_.tenants_freed;
   return true;
@@ -260,7 +256,7 @@ Changes Node::changes_to_publish() {
   // Waits are drawn from the parked grants (a handful): their sessions' records change with
   // every ask and retry, and once more when the wait ends.
   std::set<std::uint32_t> waiting;
-  for (const ParkedGrant& p : parking_.grants()) {
+  for (const ParkedGrant& p : rooms_.parking.grants()) {
     auto it = sessions_.find(p.session);
     if (it != sessions_.end()) waiting.insert(it->second.slot);
   }
@@ -379,7 +375,7 @@ void Node::move_session(Session& s, Tenant& to) {
     changes_.grants.insert(g.slot);
   }
   s.tenant = to.id;
-  contexts_.move(s.id, to.id);  // its admitted contexts follow (docs/quota.md, "Contexts")
+  rooms_.contexts.move(s.id, to.id);  // its admitted contexts follow (docs/quota.md, "Contexts")
   charge_contexts(from);
   charge_contexts(to.id);
   touch_session(s);
@@ -482,18 +478,18 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
     // The session table is shared fairly (fair_share.hpp): near full, a tenant holding its
     // share already is refused, so colluding tenants cannot take the last sessions.
     const FairShare::Table table{sessions_.size(),
-                                 session_share_.contended(sessions_.size()) ? session_holders() : std::size_t{0}};
-    const FairShare::Verdict verdict = session_share_.decide(table, held);
+                                 rooms_.session_share.contended(sessions_.size()) ? session_holders() : std::size_t{0}};
+    const FairShare::Verdict verdict = rooms_.session_share.decide(table, held);
     const std::optional<std::uint32_t> slot =
         verdict == FairShare::Verdict::admit ? free_slot(session_slots_) : std::nullopt;
     if (!slot) {
       const bool full = verdict != FairShare::Verdict::over_fair_share;
       if (full) ++counters_.denials_other;
       else ++counters_.denials_session_cap;
-      const std::string text = session_share_.describe(full ? FairShare::Verdict::table_full : verdict, "session",
-                                                       "tenant " + t->name, table, held);
+      const std::string text = rooms_.session_share.describe(full ? FairShare::Verdict::table_full : verdict, "session",
+                                                             "tenant " + t->name, table, held);
       record_refusal(t->id, peer.pid, nullptr, st::kRefusalLimitReached, Bytes{0}, full ? sessions_.size() : held,
-                     full ? st::kMaxSessions : session_share_.fair_share(table.owners + (held == 0 ? 1 : 0)),
+                     full ? st::kMaxSessions : rooms_.session_share.fair_share(table.owners + (held == 0 ? 1 : 0)),
                      std::chrono::milliseconds{0}, Now{when, 0});
       limited_.write(full ? LogLevel::error : LogLevel::warn,
                      full ? "session table " + t->name : "session share " + t->name,
@@ -582,7 +578,7 @@ void Node::end_session_locked(Session& s, const char* why) {
   // Kept mappings died with the process (or, for a live one, are dropped when it reconnects).
   for (Device& d : devices_) {
     if (d.pool->forget_session(id)) {
-      if (settle_device(d)) parking_.memory_returned();
+      if (settle_device(d)) rooms_.parking.memory_returned();
     }
   }
   const std::vector<std::uint64_t> grant_ids = s.grants;
@@ -599,7 +595,7 @@ void Node::end_session_locked(Session& s, const char* why) {
     for (Device& d : devices_) {
       if (d.pool->bound_free_bytes(tenant).value() == 0 && d.pool->held_fds() == 0) continue;
       (void)d.pool->retire_bound(tenant, Bytes{~0ULL});
-      if (settle_device(d)) parking_.memory_returned();
+      if (settle_device(d)) rooms_.parking.memory_returned();
     }
   }
   session_slots_[s.slot] = false;
@@ -611,11 +607,11 @@ void Node::end_session_locked(Session& s, const char* why) {
                 "session " + std::to_string(id) + " (pid " + std::to_string(s.pid) + ") ended: " + why + "; " +
                     std::to_string(grant_ids.size()) + " grant(s) returned",
                 steady_now());
-  swaps_.forget(id);
-  reclaim_.forget(id);
-  counted_audit_.forget(id);
+  rooms_.swaps.forget(id);
+  rooms_.reclaim.forget(id);
+  rooms_.counted.forget(id);
   bring_back_victims_of(id, std::nullopt);  // the pressure it made is gone
-  if (const std::optional<TenantId> charged = contexts_.forget(id)) charge_contexts(*charged);
+  if (const std::optional<TenantId> charged = rooms_.contexts.forget(id)) charge_contexts(*charged);
   sessions_.erase(id);
   free_tenant_if_idle(tenant);
 }
@@ -714,7 +710,7 @@ void Node::retarget_tenants() {
 void Node::apply(quota::QuotaConfig cfg, const std::string& source, bool from_file, Now now, const std::string& why) {
   config_ = std::move(cfg);
   apply_namespaces();
-  unhooked_.clear_cache();
+  rooms_.unhooked.clear_cache();
   retarget_tenants();
   // Namespaces gone from the file: their tenants have moved; drop them.
   std::vector<std::string> gone;
@@ -753,7 +749,7 @@ void Node::config_rejected(const std::string& error, Now now) {
 // Kubernetes allocations (docs/device-plugin.md)
 
 void Node::allocation_added(const AllocationInfo& a) {
-  unhooked_.clear_cache();
+  rooms_.unhooked.clear_cache();
   allocs_[a.id] = a;
   // Sessions resumed from a previous vlaked that came through this allocation (by tenant name).
   const std::string tname = alloc::tenant_name(a.id, a.owner);
@@ -768,7 +764,7 @@ void Node::allocation_added(const AllocationInfo& a) {
 }
 
 void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
-  unhooked_.clear_cache();
+  rooms_.unhooked.clear_cache();
   auto it = allocs_.find(id);
   if (it == allocs_.end() || it->second.owner == owner) return;
   it->second.owner = owner;
@@ -778,7 +774,7 @@ void Node::allocation_owner(const std::string& id, const alloc::Owner& owner) {
 // Sessions opened through it keep their tenant until they end; a tenant left holding nothing
 // is freed.
 void Node::allocation_removed(const std::string& id) {
-  unhooked_.clear_cache();
+  rooms_.unhooked.clear_cache();
   allocs_.erase(id);
   std::vector<TenantId> ids;
   for (const auto& [tid, t] : tenants_) {
@@ -804,8 +800,8 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
   handles_created_base_ = s.counters.handles_created;
   handles_released_base_ = s.counters.handles_released;
   counters_ = s.counters;
-  guard_book_.resume(s.guard);
-  refusals_.resume(s.refusals);
+  rooms_.guard.resume(s.guard);
+  rooms_.refusals.resume(s.refusals);
   const std::uint64_t generation = config_record_.generation;
   const std::uint64_t loaded = config_record_.loaded_unix_ns;
   const st::ConfigRecord applied = config_record_;
@@ -847,9 +843,9 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     t.name = std::string(r.name, strnlen(r.name, sizeof r.name));
     GuardBook::Faults faults{};
     std::copy(std::begin(r.kernel_faults), std::end(r.kernel_faults), faults.begin());
-    guard_book_.set_faults(t.id, faults);
-    guard_book_.set_evicted(t.name, r.guard_events_evicted);
-    refusals_.set_evicted(t.name, r.refusals_evicted);
+    rooms_.guard.set_faults(t.id, faults);
+    rooms_.guard.set_evicted(t.name, r.guard_events_evicted);
+    rooms_.refusals.set_evicted(t.name, r.refusals_evicted);
     std::copy(std::begin(r.denials), std::end(r.denials), t.denials.begin());
     // Until a live session re-resolves it: the namespace its name says, if still configured.
     t.ns = namespace_of_name(t.name);
@@ -882,7 +878,7 @@ std::vector<std::uint64_t> Node::resume(const st::State& s, const std::set<std::
     sess.uid = r.uid;
     sess.gid = r.gid;
     sess.tenant = t.id;
-    SwapRecord& sw = swaps_.of(sess.id);
+    SwapRecord& sw = rooms_.swaps.of(sess.id);
     sw.outs = r.swap_outs;
     sw.ins = r.swap_ins;
     session_slots_[i] = true;

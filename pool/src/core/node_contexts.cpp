@@ -10,7 +10,7 @@ namespace vlake::pool {
 
 void Node::charge_contexts(TenantId t) {
   if (tenant_mut(t) == nullptr) return;
-  for (const Device& d : devices_) acct_.set_nonpool(t, d.ordinal, contexts_.charge(t, d.ordinal));
+  for (const Device& d : devices_) acct_.set_nonpool(t, d.ordinal, rooms_.contexts.charge(t, d.ordinal));
   touch_tenant(t);
 }
 
@@ -24,17 +24,17 @@ void Node::observe_contexts(const std::vector<GpuSample>& sample) {
     // by a descriptor).
     if (const auto d = figure.find(settings_.daemon_pid); d != figure.end()) {
       const Bytes held = dev.pool->pool_bytes() + dev.pool->held_fd_bytes();
-      contexts_.observe_daemon(g.device, d->second > held ? d->second - held : Bytes{0});
+      rooms_.contexts.observe_daemon(g.device, d->second > held ? d->second - held : Bytes{0});
     }
-    if (contexts_.empty()) continue;
+    if (rooms_.contexts.empty()) continue;
     for (const auto& [id, s] : sessions_) {
-      if (contexts_.contexts(id, g.device) == 0) continue;
+      if (rooms_.contexts.contexts(id, g.device) == 0) continue;
       const auto f = figure.find(s.pid);
       Bytes v = f == figure.end() ? Bytes{0} : f->second;
       if (const auto o = in.orphaned.find({s.pid, g.device.value()}); o != in.orphaned.end()) {
         v = v > o->second ? v - o->second : Bytes{0};
       }
-      contexts_.observe(id, g.device, f != figure.end(), v);
+      rooms_.contexts.observe(id, g.device, f != figure.end(), v);
     }
   }
 }
@@ -52,10 +52,10 @@ std::variant<proto::ContextReply, Malformed> Node::context(std::uint64_t session
     r.status = proto::Status::unknown_device;
     return r;
   }
-  const Bytes size = contexts_.size(dev->ordinal);
+  const Bytes size = rooms_.contexts.size(dev->ordinal);
   r.bytes = size.value();
   if (m.op == proto::ContextOp::release) {
-    r.status = contexts_.release(s.id, dev->ordinal) ? proto::Status::ok : proto::Status::unknown_grant;
+    r.status = rooms_.contexts.release(s.id, dev->ordinal) ? proto::Status::ok : proto::Status::unknown_grant;
   } else {
     Refusal why = Refusal::none;
     Accounting::Usage u{};
@@ -71,27 +71,27 @@ std::variant<proto::ContextReply, Malformed> Node::context(std::uint64_t session
       r.status = refused.reply.status;
       r.limit = refused.reply.limit;
       r.used = refused.reply.used;
-      r.contexts = contexts_.contexts(s.id, dev->ordinal);
+      r.contexts = rooms_.contexts.contexts(s.id, dev->ordinal);
       st::RefusalReason reason = st::kRefusalTenantLimit;
       if (r.status == proto::Status::namespace_over_limit) reason = st::kRefusalNamespaceLimit;
       if (r.status == proto::Status::guarantee) reason = st::kRefusalGuarantee;
       record_refusal(t->id, s.pid, dev, reason, size, r.used, r.limit, std::chrono::milliseconds(0), now);
       limited_.info("context refusal " + t->name,
                     "tenant " + t->name + ": pid " + std::to_string(s.pid) + " may not create a CUDA context (" +
-                        std::to_string(size.value()) + " bytes, " + contexts_.source(dev->ordinal) + ") on GPU " +
+                        std::to_string(size.value()) + " bytes, " + rooms_.contexts.source(dev->ordinal) + ") on GPU " +
                         std::to_string(dev->ordinal.value()),
                     now.steady);
       return r;
     }
     if (fits) fits->rollback();  // the charge is non-pool memory, not a grant
-    contexts_.admit(s.id, t->id, dev->ordinal);
+    rooms_.contexts.admit(s.id, t->id, dev->ordinal);
     r.status = proto::Status::ok;
   }
   if (r.status == proto::Status::ok) charge_contexts(t->id);
   const Accounting::Usage after = acct_.usage(t->id, dev->ordinal);
   r.limit = after.limit.value();
   r.used = after.used().value();
-  r.contexts = contexts_.contexts(s.id, dev->ordinal);
+  r.contexts = rooms_.contexts.contexts(s.id, dev->ordinal);
   return r;
 }
 

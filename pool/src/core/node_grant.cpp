@@ -45,7 +45,7 @@ void Node::record_refusal(TenantId tid, std::uint32_t pid, const Device* dev, st
     touch_tenant(t->id);
   }
   // Kept per tenant: a full ring makes room with the entry of the tenant holding the most.
-  if (const auto kept = refusals_.record(r); kept.evicted) touch_tenant_named(*kept.evicted);
+  if (const auto kept = rooms_.refusals.record(r); kept.evicted) touch_tenant_named(*kept.evicted);
   ++counters_.refusals_recorded;
   changes_.refusals = true;
 }
@@ -235,16 +235,16 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
   Accounting::Reservation& res = admitted.res;
   // The grant table is shared fairly (fair_share.hpp): near full, a tenant holding its share
   // already is refused, so colluding tenants cannot take the last grants.
-  const bool contended = grant_share_.contended(grants_.size());
+  const bool contended = rooms_.grant_share.contended(grants_.size());
   const std::size_t held = contended ? grants_of(t.id) : 0;
   const FairShare::Table table{grants_.size(), contended ? grant_holders() : std::size_t{0}};
-  const FairShare::Verdict verdict = grant_share_.decide(table, held);
+  const FairShare::Verdict verdict = rooms_.grant_share.decide(table, held);
   const std::optional<std::uint32_t> slot =
       verdict == FairShare::Verdict::admit ? free_slot(grant_slots_) : std::nullopt;
   if (!slot) {
     const bool full = verdict != FairShare::Verdict::over_fair_share;
-    const std::string text = grant_share_.describe(full ? FairShare::Verdict::table_full : verdict, "grant",
-                                                   "tenant " + t.name, table, held);
+    const std::string text = rooms_.grant_share.describe(full ? FairShare::Verdict::table_full : verdict, "grant",
+                                                         "tenant " + t.name, table, held);
     if (full) ++counters_.denials_other;
     else ++counters_.denials_grant_cap;
     limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "grant table " + t.name : "grant share " + t.name,
@@ -252,7 +252,7 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
     // used/limit: the table's use and size, or the tenant's grants and its fair share.
     reply.status = proto::Status::limit_reached;
     reply.used = full ? grants_.size() : held;
-    reply.limit = full ? st::kMaxGrants : grant_share_.fair_share(table.owners + (held == 0 ? 1 : 0));
+    reply.limit = full ? st::kMaxGrants : rooms_.grant_share.fair_share(table.owners + (held == 0 ? 1 : 0));
     return Refused{reply};  // the reservation rolls back
   }
   Grant g;
@@ -313,7 +313,7 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
       // may be what this grant lacks (retried at once, parked meanwhile).
       const Bytes shortfall = std::max(dev->pool->shortfall(bytes), dev->granularity);
       const bool retired = retire_others_bound(t, *dev, shortfall, false).value() > 0;
-      if (retired) parking_.retry_soon();
+      if (retired) rooms_.parking.retry_soon();
       if (auto parked = park_or_timeout(conn, s, t, *dev, m, bytes, shortfall, now, retry, false, retired)) {
         return std::move(*parked);
       }
@@ -351,7 +351,7 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
   if (m.purpose == proto::GrantPurpose::counted && t.overcommit) {
     // Its driver allocates it now (room() counts it until the GPU shows it); one served while the
     // process is on the host is counted by its restore (try_restore).
-    if (swaps_.state(s.id) == SwapState::none) swaps_.note_counted(dev->ordinal, steady_now(), bytes);
+    if (rooms_.swaps.state(s.id) == SwapState::none) rooms_.swaps.note_counted(dev->ordinal, steady_now(), bytes);
   }
   s.grants.push_back(g.id);
   const std::uint64_t gid = g.id;
@@ -403,8 +403,8 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_
   }
   // CUDA IPC (docs/ipc.md): the token dies with the grant; handles another process mapped
   // are retired like exported ones, never pooled.
-  exported = exported || ipc_.ever_imported(g.id);
-  ipc_.forget_grant(g.id);
+  exported = exported || rooms_.ipc.ever_imported(g.id);
+  rooms_.ipc.forget_grant(g.id);
   // An exported release retires the handles; their descriptors stay open (and charged to the
   // releaser as retained) while another process holds them (docs/pool.md, "Handle binding").
   for (auto& h : g.handles) {
@@ -430,8 +430,8 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_
     touch_session(sit->second);
   }
   touch_tenant(g.tenant);
-  parking_.memory_returned();  // the loop retries them after this event
-  grants_.erase(g.id);         // g is gone from here on
+  rooms_.parking.memory_returned();  // the loop retries them after this event
+  grants_.erase(g.id);               // g is gone from here on
 }
 
 std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, const proto::Release& m) {
@@ -446,10 +446,10 @@ std::variant<proto::ReleaseAck, Malformed> Node::release(std::uint64_t session, 
   // Kept mappings (docs/hook.md): one handle of an alloc grant, bound to the tenant, still
   // mapped in this process; otherwise the flag is ignored.
   const bool keep = (m.flags & proto::kReleaseKeepMapped) != 0 && !exported && g.handles.size() == 1 &&
-                    g.purpose == proto::GrantPurpose::alloc && !g.canary && !g.orphaned && !ipc_.ever_imported(g.id) &&
-                    devices_.at(static_cast<std::size_t>(d.value())).pool->binding();
+                    g.purpose == proto::GrantPurpose::alloc && !g.canary && !g.orphaned &&
+                    !rooms_.ipc.ever_imported(g.id) && devices_.at(static_cast<std::size_t>(d.value())).pool->binding();
   // What a session sent Pressure gives back is measured here (docs/pool.md, "Claims and measurements").
-  reclaim_.gave(s.id, d, g.bytes, steady_now());
+  rooms_.reclaim.gave(s.id, d, g.bytes, steady_now());
   if (!hold_for_imports(g)) finish_grant(g, s.tenant, exported, keep ? s.id : 0);
   ack.status = proto::Status::ok;
   ack.used =
@@ -462,7 +462,7 @@ std::optional<Malformed> Node::dropped(std::uint64_t session, const proto::Dropp
   const std::span<const std::uint64_t> keys(m.keys, m.count);
   for (Device& d : devices_) {
     if (d.pool->dropped(session, keys)) {
-      if (settle_device(d)) parking_.memory_returned();
+      if (settle_device(d)) rooms_.parking.memory_returned();
       changes_.devices = true;
     }
   }
@@ -586,7 +586,7 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   if (notes.empty() && !retired && own.count() == 0 && dev.pool->pinned_bytes(s.id).value() == 0) {
     return std::nullopt;
   }
-  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), same_namespace, t.id, dev.ordinal, bytes);
+  rooms_.parking.park(conn, s.id, m, now.steady, wait, asked_of(notes), same_namespace, t.id, dev.ordinal, bytes);
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "parked " + t.name,
                  "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
@@ -601,7 +601,7 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
 // cannot make every release's retry work large. nullopt: it may park.
 std::optional<GrantOut> Node::over_parked_cap(const Session& s, const Tenant& t, const Device& dev,
                                               const proto::GrantRequest& m, Bytes bytes, Now now) {
-  const std::size_t parked = parking_.parked_of(t.id);
+  const std::size_t parked = rooms_.parking.parked_of(t.id);
   if (parked < settings_.max_parked_per_tenant) return std::nullopt;
   ++counters_.denials_grant_cap;
   proto::GrantReply reply{};
@@ -673,15 +673,15 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
   std::vector<PressureCandidate> candidates;
   std::vector<const Session*> of;
   for (const auto& [sid, ss] : sessions_) {
-    if (sid == requester.id || !ss.pressure || ss.conn == 0 || swaps_.state(sid) != SwapState::none) continue;
+    if (sid == requester.id || !ss.pressure || ss.conn == 0 || rooms_.swaps.state(sid) != SwapState::none) continue;
     if (ss.reserve[d] == 0 && !ss.reclaim) continue;
     // It gave nothing the last time it was asked: it has lost its turn for a while.
-    if (!reclaim_.askable(sid, now)) continue;
+    if (!rooms_.reclaim.askable(sid, now)) continue;
     if (std::find(exclude.begin(), exclude.end(), sid) != exclude.end()) continue;
     if (same_namespace && tenants_.at(ss.tenant.value()).ns != tenants_.at(requester.tenant.value()).ns) continue;
     // A session waiting for a grant of its own is busy, and its callbacks may need what its
     // waiting thread holds (Python's interpreter lock): asking it could only stall both.
-    if (parking_.of_session(sid) != nullptr) continue;
+    if (rooms_.parking.of_session(sid) != nullptr) continue;
     PressureCandidate c;
     c.session = sid;
     c.reserve = Bytes{ss.reserve[d]};
@@ -692,7 +692,7 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
     c.reclaim = ss.reclaim;
     c.priority = priority_of(ss.tenant);
     c.last_active = ss.last_active;
-    c.credible = reclaim_.credible(sid, pressure_claim(c), trust_claims);
+    c.credible = rooms_.reclaim.credible(sid, pressure_claim(c), trust_claims);
     candidates.push_back(c);
     of.push_back(&ss);
   }
@@ -707,7 +707,7 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
     n.msg.bytes = shortfall.value();
     n.msg.reason = proto::PressureReason::pool_exhausted;
     notes.push_back(n);
-    reclaim_.asked(ss.id, dev.ordinal, now);
+    rooms_.reclaim.asked(ss.id, dev.ordinal, now);
     limited_.write(LogLevel::info, "pressure",
                    "GPU " + std::to_string(d) + ": pressure: asked session " + std::to_string(ss.id) + " (pid " +
                        std::to_string(ss.pid) + ", reserve " + std::to_string(ss.reserve[d]) + " bytes" +
@@ -719,10 +719,10 @@ std::vector<PressureNote> Node::pressure_for(const Session& requester, const Dev
   return notes;
 }
 
-bool Node::retry_due(Now now) const { return parking_.due(now.steady); }
+bool Node::retry_due(Now now) const { return rooms_.parking.due(now.steady); }
 
 void Node::judge_reclaims(Now now) {
-  for (const ReclaimTrust::Verdict& v : reclaim_.expire(now.steady)) {
+  for (const ReclaimTrust::Verdict& v : rooms_.reclaim.expire(now.steady)) {
     const Session* s = session(v.session);
     if (s == nullptr) continue;
     const std::string who = "session " + std::to_string(v.session) + " (pid " + std::to_string(s->pid) + ", tenant " +
@@ -730,8 +730,8 @@ void Node::judge_reclaims(Now now) {
     if (v.skipped) {
       limited_.write(LogLevel::info, "reclaim skip " + tenants_.at(s->tenant.value()).name,
                      "GPU " + std::to_string(v.device.value()) + ": " + who + " gave nothing back within " +
-                         std::to_string(reclaim_.deadline().count()) + " ms of a Pressure: not asked again for " +
-                         std::to_string(reclaim_.skip().count()) +
+                         std::to_string(rooms_.reclaim.deadline().count()) + " ms of a Pressure: not asked again for " +
+                         std::to_string(rooms_.reclaim.skip().count()) +
                          " ms, its reserve and reclaim figures not counted on",
                      now.steady);
     } else {
@@ -750,7 +750,7 @@ void Node::retry_parked(Now now) {
     if (servable.size() <= i) servable.resize(i + 1, Bytes{0});
     servable[i] = d.pool->free_bytes() + device_free(d);
   }
-  const std::vector<ParkedGrant> todo = parking_.begin_retry(now.steady, servable);
+  const std::vector<ParkedGrant> todo = rooms_.parking.begin_retry(now.steady, servable);
   std::vector<Completion>& done = fx_.completions;
   for (std::size_t i = 0; i < todo.size(); ++i) {
     const ParkedGrant& p = todo[i];
@@ -760,7 +760,7 @@ void Node::retry_parked(Now now) {
     try {
       out = grant_impl(p.conn, sit->second, p.req, now, &p);
     } catch (...) {
-      for (std::size_t j = i + 1; j < todo.size(); ++j) parking_.park_again(todo[j]);
+      for (std::size_t j = i + 1; j < todo.size(); ++j) rooms_.parking.park_again(todo[j]);
       throw;
     }
     if (std::holds_alternative<Parked>(out)) {
@@ -792,7 +792,7 @@ void Node::retry_parked(Now now) {
           if (!p.same_namespace && swaps_possible()) {
             const Bytes need = want + settings_.swap_margin;
             const Bytes free = room(*dev);
-            const Bytes coming = swaps_.swapping_out(dev->ordinal);
+            const Bytes coming = rooms_.swaps.swapping_out(dev->ordinal);
             if (free + coming < need) (void)start_swaps(sit->second, *dev, need - free - coming, now);
           }
         }
@@ -804,7 +804,7 @@ void Node::retry_parked(Now now) {
           c.out.emplace<Parked>().pressure = std::move(notes);
         }
       }
-      parking_.park_again(std::move(again));
+      rooms_.parking.park_again(std::move(again));
       continue;
     }
     if (const auto* r = std::get_if<Refused>(&out)) record_refused_grant(sit->second, p.req, r->reply, p.received, now);
@@ -816,7 +816,9 @@ void Node::retry_parked(Now now) {
   }
 }
 
-std::optional<std::chrono::steady_clock::time_point> Node::next_deadline() const { return parking_.next_wakeup(); }
+std::optional<std::chrono::steady_clock::time_point> Node::next_deadline() const {
+  return rooms_.parking.next_wakeup();
+}
 
 // ---------------------------------------------------------------------------------------------
 // periodic work
@@ -831,7 +833,7 @@ void Node::plan_warm(Device& d, std::chrono::steady_clock::time_point now, std::
   for (const auto& [size, n] : d.building) in_flight += n;
   std::size_t max_make = queue ? (in_flight < kMaxBuildsInFlight ? kMaxBuildsInFlight - in_flight : 0) : max_inline;
   // Nothing is built while grants wait for memory or right after a build found no room.
-  if (!parking_.empty() || now < d.builds_paused_until) max_make = 0;
+  if (!rooms_.parking.empty() || now < d.builds_paused_until) max_make = 0;
   const WarmStock::Plan p = d.stock->plan(view, now, max_make);
   for (Bytes size : p.release) {
     std::optional<BuiltHandle> b = d.pool->take_clean(size);
@@ -896,9 +898,9 @@ void Node::tick(Now now) {
   release_idle(now);
   // Retired handles still held by another process: scan again.
   for (Device& d : devices_) {
-    if (d.pool->held_fds() > 0 && settle_device(d, true)) parking_.memory_returned();
+    if (d.pool->held_fds() > 0 && settle_device(d, true)) rooms_.parking.memory_returned();
   }
-  if (guard_book_.sweep_due(now.steady, settings_.canary_interval)) {
+  if (rooms_.guard.sweep_due(now.steady, settings_.canary_interval)) {
     canary_sweep(now.unix_ns);
   }
   changes_.all = true;
@@ -920,7 +922,7 @@ void Node::release_idle(Now now) {
     // Bound handles were retired: their descriptors close (and their tenants' retained charge
     // goes) once nobody else holds them.
     settle_device(d);
-    parking_.memory_returned();
+    rooms_.parking.memory_returned();
     changes_.devices = true;
   }
 }
@@ -968,9 +970,9 @@ void Node::set_nonpool(const NonpoolResult& r) {
   for (const auto& [tid, t] : tenants_) {
     for (const Device& d : devices_) {
       const auto it = r.find({tid, d.ordinal.value()});
-      contexts_.measured(t.id, d.ordinal, it == r.end() ? Bytes{0} : it->second);
+      rooms_.contexts.measured(t.id, d.ordinal, it == r.end() ? Bytes{0} : it->second);
       // NVML's figure, or more where admitted contexts are not (all) in it yet (node_contexts.cpp).
-      acct_.set_nonpool(t.id, d.ordinal, contexts_.charge(t.id, d.ordinal));
+      acct_.set_nonpool(t.id, d.ordinal, rooms_.contexts.charge(t.id, d.ordinal));
     }
   }
   ++counters_.nvml_samples;

@@ -103,19 +103,19 @@ void Node::canary_sweep(std::uint64_t now_unix_ns) {
     if (g.canary && !g.orphaned && !g.handles.empty()) ids.push_back(id);
   }
   std::uint64_t budget = 0;
-  for (std::uint64_t id : guard_book_.sweep_order(std::move(ids))) {
+  for (std::uint64_t id : rooms_.guard.sweep_order(std::move(ids))) {
     if (budget >= kCanarySweepBytes) break;
     const Grant& g = grants_.at(id);
     budget += g.bytes.value() > g.requested ? g.bytes.value() - g.requested : 0;
     (void)canary_check(g, "sweep", now_unix_ns);
-    guard_book_.swept(g.id);
+    rooms_.guard.swept(g.id);
   }
 }
 
 void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns) {
   e.time_unix_ns = now_unix_ns;
   // Kept per tenant: a full ring makes room with the event of the tenant holding the most.
-  const auto kept = guard_book_.record(e);
+  const auto kept = rooms_.guard.record(e);
   e = kept.record;
   if (kept.evicted) touch_tenant_named(*kept.evicted);
   changes_.guard = true;
@@ -128,7 +128,7 @@ void Node::record_guard_event(st::GuardEventRecord e, std::uint64_t now_unix_ns)
       const std::uint32_t i = e.flags & (st::kFaultGuarded | st::kFaultMapsShared);
       ++counters_.kernel_faults[i];
       if (auto it = tenants_.find(e.tenant); it != tenants_.end()) {
-        guard_book_.count_fault(it->second.id, i);
+        rooms_.guard.count_fault(it->second.id, i);
         changes_.tenants.insert(it->second.slot);
       }
       break;
@@ -248,7 +248,7 @@ bool Node::guard_admitted(const Tenant& t, const Session& s, const char* what, c
   }
   // Rate per tenant (a token bucket): excess events are counted, not recorded, so that one
   // tenant cannot push the other tenants' alarms out of the ring.
-  if (!guard_book_.admit(t.id, now.steady)) {
+  if (!rooms_.guard.admit(t.id, now.steady)) {
     ++counters_.guard_events_limited;
     limited_.warn("guard limited " + t.name,
                   "tenant " + t.name + " (pid " + std::to_string(s.pid) +
@@ -322,7 +322,7 @@ std::variant<ShareOut, Malformed> Node::share_request(std::uint64_t session, con
   if (!s.holds(m.grant_id)) return answer(proto::Status::unknown_grant);
   Grant& g = grants_.at(m.grant_id);
   // Another process maps its handles through CUDA IPC (docs/ipc.md): the layout stays.
-  if (ipc_.imports_open(g.id) > 0) return answer(proto::Status::bad_request);
+  if (rooms_.ipc.imports_open(g.id) > 0) return answer(proto::Status::bad_request);
   Device& dev = devices_.at(static_cast<std::size_t>(g.device.value()));
   const std::uint64_t gran = dev.granularity.value();
   if (m.bytes == 0 || m.offset % gran != 0 || m.bytes % gran != 0 || m.offset > g.bytes.value() ||

@@ -50,7 +50,7 @@ std::uint64_t random_u64() {
 std::size_t Node::imports_of(TenantId t) const {
   // By the importing session's tenant now (a reload may have moved the session).
   std::size_t n = 0;
-  for (const auto& [sid, imp] : ipc_.per_session()) {
+  for (const auto& [sid, imp] : rooms_.ipc.per_session()) {
     const Session* s = session(sid);
     n += (s != nullptr ? s->tenant : imp.tenant) == t ? imp.count : 0;
   }
@@ -59,7 +59,7 @@ std::size_t Node::imports_of(TenantId t) const {
 
 std::size_t Node::import_holders() const {
   std::set<TenantId> held;
-  for (const auto& [sid, imp] : ipc_.per_session()) {
+  for (const auto& [sid, imp] : rooms_.ipc.per_session()) {
     const Session* s = session(sid);
     held.insert(s != nullptr ? s->tenant : imp.tenant);
   }
@@ -87,7 +87,7 @@ std::variant<proto::IpcExportReply, Malformed> Node::ipc_export(std::uint64_t se
   const IpcRegistry::Export* e = nullptr;
   bool fresh = false;
   try {
-    e = &ipc_.export_grant(g.id, random_u64, &fresh);
+    e = &rooms_.ipc.export_grant(g.id, random_u64, &fresh);
   } catch (const std::exception& ex) {
     limited_.write(LogLevel::error, "ipc random", std::string("IPC export failed: ") + ex.what(), steady_now());
     r.status = proto::Status::internal;
@@ -122,8 +122,8 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
     r.status = st;
     return out;
   };
-  if (!ipc_.known_token(m.token)) return refuse(proto::Status::unknown_handle, "unknown handle");
-  const std::optional<std::uint64_t> named = ipc_.find(m.token, m.secret);
+  if (!rooms_.ipc.known_token(m.token)) return refuse(proto::Status::unknown_handle, "unknown handle");
+  const std::optional<std::uint64_t> named = rooms_.ipc.find(m.token, m.secret);
   auto git = named ? grants_.find(*named) : grants_.end();
   if (git == grants_.end()) return refuse(proto::Status::unknown_handle, "unknown handle or wrong secret");
   Grant& g = git->second;
@@ -138,7 +138,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
   if (g.handles.empty()) return refuse(proto::Status::unknown_handle, "the grant has no handles left");
   // Freed by its owner, held only for the imports already open: no new ones (as the driver
   // refuses a handle of freed memory).
-  if (ipc_.released(g.id)) return refuse(proto::Status::unknown_handle, "the memory was freed by its owner");
+  if (rooms_.ipc.released(g.id)) return refuse(proto::Status::unknown_handle, "the memory was freed by its owner");
   if (const std::size_t held = grants_of(me.id) + imports_of(me.id); held >= settings_.max_grants_per_tenant) {
     ++counters_.denials_grant_cap;
     limited_.warn("grant cap " + me.name,
@@ -151,17 +151,17 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
   }
   // The import table is shared fairly (fair_share.hpp): near full, a tenant holding its share
   // of imports already is refused, so colluding tenants cannot take the last imports.
-  const std::size_t imports = ipc_.imports().size();
-  const bool contended = import_share_.contended(imports);
+  const std::size_t imports = rooms_.ipc.imports().size();
+  const bool contended = rooms_.import_share.contended(imports);
   const std::size_t mine = contended ? imports_of(me.id) : 0;
   const FairShare::Table table{imports, contended ? import_holders() : std::size_t{0}};
-  if (const FairShare::Verdict v = import_share_.decide(table, mine); v != FairShare::Verdict::admit) {
+  if (const FairShare::Verdict v = rooms_.import_share.decide(table, mine); v != FairShare::Verdict::admit) {
     const bool full = v == FairShare::Verdict::table_full;
     if (full) ++counters_.denials_other;
     else ++counters_.denials_grant_cap;
     limited_.write(full ? LogLevel::error : LogLevel::warn, full ? "import table" : "import share " + me.name,
-                   "tenant " + me.name +
-                       ": IPC open refused: " + import_share_.describe(v, "import", "tenant " + me.name, table, mine),
+                   "tenant " + me.name + ": IPC open refused: " +
+                       rooms_.import_share.describe(v, "import", "tenant " + me.name, table, mine),
                    now.steady);
     r.status = proto::Status::limit_reached;
     return out;
@@ -186,7 +186,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
     offset += h->size.value();
     out.fds.push_back(h->fd.get());
   }
-  const Import& imp = ipc_.open(s.id, s.tenant, g.id);
+  const Import& imp = rooms_.ipc.open(s.id, s.tenant, g.id);
   ++counters_.ipc_opens;
   touch_tenant(s.tenant);  // its imported figure (state.hpp TenantRecord::ipc_imported)
   r.status = proto::Status::ok;
@@ -202,7 +202,7 @@ std::variant<Node::IpcOpened, Malformed> Node::ipc_open(std::uint64_t session, c
 }
 
 void Node::ipc_undeliverable(std::uint64_t import_id) {
-  if (ipc_.imports().count(import_id) == 0) return;
+  if (rooms_.ipc.imports().count(import_id) == 0) return;
   --counters_.ipc_opens;
   drop_import(import_id);
 }
@@ -211,8 +211,8 @@ std::variant<proto::IpcCloseAck, Malformed> Node::ipc_close(std::uint64_t sessio
   if (sessions_.count(session) == 0) return Malformed{"session is gone"};
   proto::IpcCloseAck ack{};
   ack.h = proto::make_header<proto::IpcCloseAck>(proto::MsgType::ipc_close_ack, m.h.request_id);
-  auto it = ipc_.imports().find(m.import_id);
-  if (it == ipc_.imports().end() || it->second.session != session) {
+  auto it = rooms_.ipc.imports().find(m.import_id);
+  if (it == rooms_.ipc.imports().end() || it->second.session != session) {
     ack.status = proto::Status::unknown_handle;
     return ack;
   }
@@ -222,11 +222,11 @@ std::variant<proto::IpcCloseAck, Malformed> Node::ipc_close(std::uint64_t sessio
 }
 
 void Node::drop_import(std::uint64_t import_id) {
-  const auto open = ipc_.imports().find(import_id);
-  if (open == ipc_.imports().end()) return;
+  const auto open = rooms_.ipc.imports().find(import_id);
+  if (open == rooms_.ipc.imports().end()) return;
   const Session* importer = session(open->second.session);
   touch_tenant(importer != nullptr ? importer->tenant : open->second.tenant);  // its imported figure
-  const std::optional<IpcRegistry::Closed> c = ipc_.close(import_id);
+  const std::optional<IpcRegistry::Closed> c = rooms_.ipc.close(import_id);
   if (!c) return;
   auto git = grants_.find(c->grant);
   if (git == grants_.end()) return;
@@ -240,13 +240,13 @@ void Node::drop_import(std::uint64_t import_id) {
 
 // Every import of the session (it ended).
 void Node::drop_imports_of(std::uint64_t session) {
-  for (std::uint64_t id : ipc_.imports_of_session(session)) drop_import(id);
+  for (std::uint64_t id : rooms_.ipc.imports_of_session(session)) drop_import(id);
 }
 
 // A grant that is being released (by its owner, or at its session's end): true if it is held
 // for open imports (marked released, out of its session's list) instead of being finished.
 bool Node::hold_for_imports(Grant& g) {
-  if (!ipc_.hold(g.id)) return false;
+  if (!rooms_.ipc.hold(g.id)) return false;
   auto sit = sessions_.find(g.session);
   if (sit != sessions_.end()) {
     auto& v = sit->second.grants;
@@ -257,7 +257,7 @@ bool Node::hold_for_imports(Grant& g) {
   touch_tenant(g.tenant);  // its ipc_held figure
   limited_.info("ipc held " + std::to_string(g.tenant.value()),
                 "grant " + std::to_string(g.id) + " released by its owner while " +
-                    std::to_string(ipc_.imports_open(g.id)) +
+                    std::to_string(rooms_.ipc.imports_open(g.id)) +
                     " IPC import(s) are open: held (and charged) until they close",
                 steady_now());
   return true;

@@ -34,7 +34,7 @@ std::uint64_t ms_between(std::chrono::steady_clock::time_point a, std::chrono::s
 void Node::notify(const Session& s, proto::SwapPhase phase) {
   if (s.conn == 0) return;  // detached: its process hears nothing until it reconnects
   SwapNoticeOut n;
-  const SwapRecord sw = swaps_.get(s.id);
+  const SwapRecord sw = rooms_.swaps.get(s.id);
   n.conn = s.conn;
   n.session = s.id;
   n.msg = proto::make<proto::SwapNotice>();
@@ -75,21 +75,21 @@ bool Node::swaps_possible() const {
 Bytes Node::room(const Device& dev) {
   const Bytes free = device_free(dev);
   // Restores under way take memory back, and so do the drivers of processes just granted some.
-  const Bytes taken = swaps_.restoring(dev.ordinal) + swaps_.recent_counted(dev.ordinal, steady_now());
+  const Bytes taken = rooms_.swaps.restoring(dev.ordinal) + rooms_.swaps.recent_counted(dev.ordinal, steady_now());
   return free > taken ? free - taken : Bytes{0};
 }
 
 Node::Wait Node::wait_of_session(const Session& s) const {
   Wait w;
-  const SwapRecord sw = swaps_.get(s.id);
+  const SwapRecord sw = rooms_.swaps.get(s.id);
   const bool restoring_wait =
       sw.in_conn != 0 &&
       (sw.state == SwapState::swapped || sw.state == SwapState::checkpointing || sw.state == SwapState::restoring);
-  const bool parked = parking_.of_session(s.id) != nullptr;
+  const bool parked = rooms_.parking.of_session(s.id) != nullptr;
   if (!parked && !restoring_wait) return w;  // most sessions: no walk over the others
   // Sessions being swapped out for it.
-  const std::vector<std::uint64_t> swapping = swaps_.swapping_for(s.id);
-  if (const ParkedGrant* oldest = parking_.of_session(s.id)) {
+  const std::vector<std::uint64_t> swapping = rooms_.swaps.swapping_for(s.id);
+  if (const ParkedGrant* oldest = rooms_.parking.of_session(s.id)) {
     const ParkedGrant& p = *oldest;
     const Device* dev = device_by_uuid(p.req.device_uuid);
     w.kind = st::kWaitMemory;
@@ -121,16 +121,17 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
   std::vector<SwapCandidate> candidates;
   std::vector<Session*> of;
   for (auto& [sid, ss] : sessions_) {
-    if (sid == requester.id || swaps_.state(sid) != SwapState::none || !ss.pressure || ss.conn == 0 || ss.pid == 0) {
+    if (sid == requester.id || rooms_.swaps.state(sid) != SwapState::none || !ss.pressure || ss.conn == 0 ||
+        ss.pid == 0) {
       continue;
     }
-    if (!tenants_.at(ss.tenant.value()).overcommit || now.steady < swaps_.get(sid).skip_until) continue;
+    if (!tenants_.at(ss.tenant.value()).overcommit || now.steady < rooms_.swaps.get(sid).skip_until) continue;
     // A process waiting for a grant of its own may be moved too: it uses nothing on the GPU
     // while it waits (and when everyone waits for memory, somebody has to make room).
     SwapCandidate c;
     c.session = sid;
     // What moving it out frees: its counted grants as far as NVML's last reading showed them.
-    c.bytes = std::min(counted_on(ss, dev.ordinal), counted_audit_.realized(sid, dev.ordinal).value_or(Bytes{~0ULL}));
+    c.bytes = std::min(counted_on(ss, dev.ordinal), rooms_.counted.realized(sid, dev.ordinal).value_or(Bytes{~0ULL}));
     c.priority = priority_of(ss.tenant);
     c.last_active = ss.last_active;
     candidates.push_back(c);
@@ -139,9 +140,9 @@ Bytes Node::start_swaps(const Session& requester, const Device& dev, Bytes need,
   Bytes started{0};
   for (std::size_t i : plan_swap(candidates, priority_of(requester.tenant), need, now.steady, settings_.swap_idle)) {
     Session& ss = *of[i];
-    SwapRecord& sw = swaps_.of(ss.id);
+    SwapRecord& sw = rooms_.swaps.of(ss.id);
     sw.state = SwapState::notified;
-    sw.id = swaps_.next_id();
+    sw.id = rooms_.swaps.next_id();
     sw.device = dev.ordinal;
     sw.bytes = candidates[i].bytes;
     // Its context and the driver's own memory, as NVML saw it last (about 520 MiB on an H100):
@@ -176,7 +177,7 @@ std::optional<GrantOut> Node::make_room(ConnId conn, const Session& s, Device& d
   if (free >= want) return std::nullopt;
   // It holds counted grants NVML does not show, or had one revoked lately: it does not need
   // room, and nobody is moved out for it (docs/swap.md, "Counted grants are measured").
-  if (!counted_audit_.may_displace(s.id, dev.ordinal, now.steady)) {
+  if (!rooms_.counted.may_displace(s.id, dev.ordinal, now.steady)) {
     limited_.write(LogLevel::info, "room " + std::to_string(s.id),
                    "GPU " + std::to_string(dev.ordinal.value()) + ": " + std::to_string(bytes.value() >> 20) +
                        " MiB for session " + std::to_string(s.id) +
@@ -190,7 +191,7 @@ std::optional<GrantOut> Node::make_room(ConnId conn, const Session& s, Device& d
   if (retry != nullptr) {
     if (now.steady >= retry->deadline) return std::nullopt;  // the driver decides
     // Caches first (the Pressure of the first park); from the first retry on, processes.
-    const Bytes coming = swaps_.swapping_out(dev.ordinal);
+    const Bytes coming = rooms_.swaps.swapping_out(dev.ordinal);
     if (coming < shortfall && now.steady >= retry->received + settings_.reclaim_deadline) {
       (void)start_swaps(s, dev, shortfall - coming, now);
     }
@@ -199,8 +200,8 @@ std::optional<GrantOut> Node::make_room(ConnId conn, const Session& s, Device& d
   if (wait.count() <= 0) return std::nullopt;
   if (auto capped = over_parked_cap(s, tenants_.at(s.tenant.value()), dev, m, bytes, now)) return capped;
   std::vector<PressureNote> notes = pressure_for(s, dev, shortfall, {}, false);
-  const Bytes coming = swaps_.swapping_out(dev.ordinal);
-  parking_.park(conn, s.id, m, now.steady, wait, asked_of(notes), false, s.tenant, dev.ordinal, bytes);
+  const Bytes coming = rooms_.swaps.swapping_out(dev.ordinal);
+  rooms_.parking.park(conn, s.id, m, now.steady, wait, asked_of(notes), false, s.tenant, dev.ordinal, bytes);
   ++counters_.grants_parked;
   limited_.write(LogLevel::info, "room " + std::to_string(s.id),
                  "GPU " + std::to_string(dev.ordinal.value()) + ": " + std::to_string(bytes.value() >> 20) +
@@ -215,7 +216,7 @@ std::optional<Malformed> Node::swap_ready(std::uint64_t session, const proto::Sw
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return std::nullopt;
   Session& s = it->second;
-  SwapRecord& sw = swaps_.of(s.id);
+  SwapRecord& sw = rooms_.swaps.of(s.id);
   if (sw.state != SwapState::notified || sw.id != m.swap_id) return std::nullopt;  // called off meanwhile
   sw.state = SwapState::checkpointing;
   sw.since = steady_now();
@@ -229,7 +230,7 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return r;
   Session& s = it->second;
-  SwapRecord& sw = swaps_.of(s.id);
+  SwapRecord& sw = rooms_.swaps.of(s.id);
   if (sw.state == SwapState::none && driver_.checkpoint_supported()) {
     // A previous vlaked may have checkpointed it: the driver knows.
     try {
@@ -266,7 +267,7 @@ std::optional<proto::SwapInReply> Node::swap_in(ConnId conn, std::uint64_t sessi
 }
 
 void Node::try_restore(Session& s, Now now) {
-  SwapRecord& sw = swaps_.of(s.id);
+  SwapRecord& sw = rooms_.swaps.of(s.id);
   if (sw.state != SwapState::swapped || (sw.in_conn == 0 && !sw.restore_asap)) return;
   const Device* dev = device_by_ordinal(sw.device);
   if (dev == nullptr) return;
@@ -307,7 +308,7 @@ void Node::try_restore(Session& s, Now now) {
                    now.steady);
     return;
   }
-  const Bytes coming = swaps_.swapping_out(dev->ordinal);
+  const Bytes coming = rooms_.swaps.swapping_out(dev->ordinal);
   if (free + coming < want) (void)start_swaps(s, *dev, want - free - coming, now);
 }
 
@@ -316,7 +317,7 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
   auto it = sessions_.find(job.session);
   if (it == sessions_.end()) return;  // it ended meanwhile
   Session& s = it->second;
-  SwapRecord& sw = swaps_.of(s.id);
+  SwapRecord& sw = rooms_.swaps.of(s.id);
   changes_.sessions.insert(s.slot);
   changes_.devices = true;
   if (const Session* f = session(sw.for_session)) changes_.sessions.insert(f->slot);
@@ -348,7 +349,7 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
     counters_.swap_out_bytes += sw.bytes.value();
     sw.state = SwapState::swapped;
     sw.since = now.steady;
-    parking_.memory_returned();
+    rooms_.parking.memory_returned();
     log_.info("session " + std::to_string(s.id) + " (pid " + std::to_string(s.pid) +
               ") is on the host: " + std::to_string(sw.bytes.value() >> 20) + " MiB freed on GPU " +
               std::to_string(sw.device.value()) + " in " + std::to_string(ns / 1000000) + " ms");
@@ -386,7 +387,7 @@ void Node::swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nano
 
 void Node::swap_tick(Now now) {
   for (auto& [id, s] : sessions_) {
-    SwapRecord& sw = swaps_.of(id);
+    SwapRecord& sw = rooms_.swaps.of(id);
     if (sw.state == SwapState::notified && now.steady >= sw.since + SwapBook::kReadyTimeout) {
       // Its hook did not answer (no worker thread, or an older hook): left alone, and told so in
       // case its answer was lost.
@@ -406,7 +407,7 @@ void Node::swap_tick(Now now) {
 }
 
 void Node::bring_back_victims_of(std::uint64_t session, std::optional<DeviceOrdinal> d) {
-  for (auto& [id, sw] : swaps_.records_mut()) {
+  for (auto& [id, sw] : rooms_.swaps.records_mut()) {
     if (id == session || sw.moved_for != session || (d && sw.device != *d)) continue;
     sw.moved_for = 0;
     // Being checkpointed too: it comes back once the checkpoint is done (swap_done tries then).
@@ -446,11 +447,11 @@ void Node::audit_counted(const std::vector<GpuSample>& sample, Now now) {
       }
       h.seen = seen > orphaned ? seen - orphaned : Bytes{0};
       // On the host or moving, NVML cannot show it.
-      h.exempt = s.pid == 0 || swaps_.state(sid) != SwapState::none;
+      h.exempt = s.pid == 0 || rooms_.swaps.state(sid) != SwapState::none;
       holdings.push_back(std::move(h));
     }
   }
-  for (const CountedAudit::Revocation& r : counted_audit_.observe(holdings, now.steady)) {
+  for (const CountedAudit::Revocation& r : rooms_.counted.observe(holdings, now.steady)) {
     auto git = grants_.find(r.grant);
     if (git == grants_.end()) continue;
     Grant& g = git->second;
@@ -469,7 +470,7 @@ void Node::audit_counted(const std::vector<GpuSample>& sample, Now now) {
             " ms); the tenant is no longer charged for it",
         now.steady);
     finish_grant(g, g.tenant, false);
-    counted_audit_.revoked(r.session, now.steady);
+    rooms_.counted.revoked(r.session, now.steady);
     bring_back_victims_of(r.session, r.device);
   }
 }

@@ -13,7 +13,7 @@ void Node::charge_unhooked(Tenant& t) {
   for (const Device& d : devices_) {
     const auto i = static_cast<std::size_t>(d.ordinal.value());
     const bool charged = t.enforce != quota::Enforce::account;
-    acct_.set_unhooked(t.id, d.ordinal, Bytes{charged ? unhooked_.of(t.id).bytes[i] : 0});
+    acct_.set_unhooked(t.id, d.ordinal, Bytes{charged ? rooms_.unhooked.of(t.id).bytes[i] : 0});
   }
 }
 
@@ -23,7 +23,7 @@ bool Node::over_a_limit(const Tenant& t) const {
   for (const Device& d : devices_) {
     const Accounting::Usage u = acct_.usage(t.id, d.ordinal);
     if (u.used() > u.limit) return true;
-    if (unhooked_.of(t.id).bytes[static_cast<std::size_t>(d.ordinal.value())] == 0) continue;
+    if (rooms_.unhooked.of(t.id).bytes[static_cast<std::size_t>(d.ordinal.value())] == 0) continue;
     const Accounting::NamespaceUsage nu = acct_.namespace_usage(t.ns, d.ordinal);
     if (nu.used() > nu.limit) return true;
   }
@@ -49,7 +49,7 @@ Bytes Node::unlisted_memory(const GpuSample& g) const {
 }
 
 Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
-  if (const std::optional<TenantId> known = unhooked_.cached(p.pid, p.start_time)) {
+  if (const std::optional<TenantId> known = rooms_.unhooked.cached(p.pid, p.start_time)) {
     if (Tenant* t = tenant_mut(*known)) return t;
   }
   Tenant* t = nullptr;
@@ -60,7 +60,7 @@ Node::Tenant* Node::unhooked_tenant(const ProcessIdentity& p) {
     }
   }
   if (t == nullptr) t = &tenant_for_uid(p.uid, p.gid);
-  unhooked_.remember(p.pid, p.start_time, t->id);
+  rooms_.unhooked.remember(p.pid, p.start_time, t->id);
   return t;
 }
 
@@ -146,7 +146,7 @@ void Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<
   }
 
   // Forget processes that left the GPUs.
-  unhooked_.prune([&](std::uint32_t pid, std::uint64_t start_time) {
+  rooms_.unhooked.prune([&](std::uint32_t pid, std::uint64_t start_time) {
     const auto p = by_pid.find(pid);
     return p != by_pid.end() && p->second->start_time == start_time;
   });
@@ -159,22 +159,22 @@ void Node::observe_gpus(const std::vector<GpuSample>& sample, const std::vector<
     if (auto it = procs.find(tid); it != procs.end()) {
       for (const auto& [pid, up] : it->second) now_procs.push_back(up);
     }
-    for (const UnhookedProcess& up : unhooked_.newcomers(t.id, now_procs)) {
+    for (const UnhookedProcess& up : rooms_.unhooked.newcomers(t.id, now_procs)) {
       log_.info("tenant " + t.name + ": pid " + std::to_string(up.pid) + " uses " + std::to_string(up.bytes.value()) +
                 " bytes of GPU memory outside vlake (enforce: " + quota::enforce_name(t.enforce) + ")");
     }
-    if (unhooked_.record(t.id, now_bytes, std::move(now_procs))) touch_tenant(t.id);
+    if (rooms_.unhooked.record(t.id, now_bytes, std::move(now_procs))) touch_tenant(t.id);
     charge_unhooked(t);
 
     // enforce: kill — over a limit for kill_grace with processes outside vlake: they go.
-    const UnhookedUse& use = unhooked_.of(t.id);
+    const UnhookedUse& use = rooms_.unhooked.of(t.id);
     const bool over = t.enforce == quota::Enforce::kill && !use.procs.empty() && over_a_limit(t);
     if (over && !use.over_since) {
       log_.warn("tenant " + t.name + " is over its limit with " + std::to_string(use.procs.size()) +
                 " process(es) using GPU memory outside vlake; they are killed in " +
                 std::to_string(t.kill_grace.count()) + " ms unless it gets back under (enforce: kill)");
     }
-    if (unhooked_.over_limit(t.id, over, now.steady, t.kill_grace) != UnhookedBook::Verdict::kill) continue;
+    if (rooms_.unhooked.over_limit(t.id, over, now.steady, t.kill_grace) != UnhookedBook::Verdict::kill) continue;
     for (const UnhookedProcess& up : use.procs) {
       kills.push_back(KillOrder{up.pid, up.start_time, t.id, t.name, up.bytes});
     }

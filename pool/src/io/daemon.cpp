@@ -157,8 +157,8 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   sample_gpus(now());
   for (const Node::Device& d : node_->devices()) {
     log_.info("GPU " + std::to_string(d.ordinal.value()) + ": a CUDA context is charged " +
-              std::to_string(node_->contexts().size(d.ordinal).value() >> 20) + " MiB (" +
-              node_->contexts().source(d.ordinal) + ")");
+              std::to_string(node_->rooms().contexts.size(d.ordinal).value() >> 20) + " MiB (" +
+              node_->rooms().contexts.source(d.ordinal) + ")");
   }
   publisher_->publish(*node_, now().unix_ns);
   log_.info("serving " + opts_.socket + " (" + std::to_string(node_->devices().size()) + " GPU(s), driver " +

@@ -63,8 +63,8 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
     s.counters.handles_released += d.pool->handles_released();
   }
   s.config = node.config_record();
-  if (c.all || c.guard) s.guard = node.guard_log();
-  if (c.all || c.refusals) s.refusals = node.refusal_log();
+  if (c.all || c.guard) s.guard = node.rooms().guard.log();
+  if (c.all || c.refusals) s.refusals = node.rooms().refusals.log();
 
   // Grants and sessions: the changed slots (or all), zeroed when free.
   if (c.all) {
@@ -150,7 +150,8 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     r.limit[i] = u.limit.value();
     r.granted[i] = u.granted.value();
     r.nonpool[i] = u.nonpool.value();
-    r.unhooked[i] = node.unhooked().of(t->id).bytes[i];  // NVML's figure, charged (in used()) unless `enforce: account`
+    r.unhooked[i] =
+        node.rooms().unhooked.of(t->id).bytes[i];  // NVML's figure, charged (in used()) unless `enforce: account`
     r.retained[i] = u.retained.value();
     r.over_reason[i] = st::kOverNone;
     if (u.used() > u.limit) {
@@ -176,7 +177,7 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
     }
   }
   // CUDA IPC (docs/ipc.md): its released grants that imports keep, and what it imports from others.
-  const IpcRegistry& ipc = node.ipc();
+  const IpcRegistry& ipc = node.rooms().ipc;
   for (const std::uint64_t gid : ipc.released_grants()) {
     const auto git = node.grants().find(gid);
     if (git == node.grants().end() || git->second.tenant != t->id) continue;
@@ -198,17 +199,17 @@ void StatePublisher::tenant(const Node& node, const Node::Tenant& tn, st::State&
   r.namespace_id = t->ns.value();
   r.over_limit = over;
   r.enforce = static_cast<std::uint32_t>(t->enforce);
-  r.unhooked_processes = static_cast<std::uint32_t>(node.unhooked().of(t->id).procs.size());
-  const GuardBook::Faults faults = node.guard_book().kernel_faults(t->id);
+  r.unhooked_processes = static_cast<std::uint32_t>(node.rooms().unhooked.of(t->id).procs.size());
+  const GuardBook::Faults faults = node.rooms().guard.kernel_faults(t->id);
   std::copy(faults.begin(), faults.end(), std::begin(r.kernel_faults));
   std::copy(t->denials.begin(), t->denials.end(), std::begin(r.denials));
-  r.guard_events_evicted = node.guard_book().guard_events_evicted(t->name);
-  r.refusals_evicted = node.refusal_book().evicted(t->name);
+  r.guard_events_evicted = node.rooms().guard.guard_events_evicted(t->name);
+  r.refusals_evicted = node.rooms().refusals.evicted(t->name);
 }
 
 void StatePublisher::session_activity(const Node& node, const Node::Session& sess, st::SessionRecord& r) noexcept {
   r.last_active_unix_ns = node.unix_of(sess.last_active);
-  const SwapRecord sw = node.swaps().get(sess.id);
+  const SwapRecord sw = node.rooms().swaps.get(sess.id);
   switch (sw.state) {
     case SwapState::none: r.swap = st::kSwapNone; break;
     case SwapState::notified: r.swap = st::kSwapNotified; break;
@@ -302,7 +303,7 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
       const Accounting::Usage u = node.accounting().usage(t.id, d.ordinal);
       nonpool += u.nonpool.value();
       retained += u.retained.value();
-      unhooked += node.unhooked().of(t.id).bytes[i];  // NVML's figure, whether or not `enforce` charges it
+      unhooked += node.rooms().unhooked.of(t.id).bytes[i];  // NVML's figure, whether or not `enforce` charges it
     }
     r.nonpool_bytes = nonpool;
     r.unhooked_bytes = unhooked;
@@ -315,7 +316,7 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     r.daemon_context_bytes = d.daemon_nvml > pool.pool_bytes() ? (d.daemon_nvml - pool.pool_bytes()).value() : 0;
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
-    r.swapped_bytes = node.swapped_bytes(d.ordinal).value();
+    r.swapped_bytes = node.rooms().swaps.on_host(d.ordinal).value();
     const Accounting::DeviceEntry du = node.accounting().device_usage(d.ordinal);
     r.guaranteed_bytes = du.guaranteed.value();
     r.borrowed_bytes = du.borrowed.value();

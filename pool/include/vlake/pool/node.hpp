@@ -11,24 +11,11 @@
 //   (the exported handle descriptors belong to its DevicePools), no clock (every operation
 //   that needs time takes a `Now`) and never calls back into the loop. Identity is what the
 //   loop observed (Peer: SO_PEERCRED, /proc, the socket a connection came through), never what
-//   a message says.
-//   - open_session(peer, hello): a new session, or the process's previous one re-bound.
-//   - grant(conn, session, request, now) -> Granted | Refused | Parked | Malformed. A grant the
-//     pool cannot serve is parked (Pressure to flagged sessions holding reserve) until memory
-//     comes back (retry_parked) or its deadline passes (then out_of_memory).
-//   - release, usage, reserve_report, guard_event, readonly_write, share_request/share_commit.
-//   - ipc_export/ipc_open/ipc_close: CUDA IPC of alloc grants (node_ipc.cpp, ipc_registry.hpp).
-//   - connection_closed / end_session (process exited): a session's grants return to the pool.
-//   - validate/apply(config), config_rejected: the quota file; apply retargets every tenant.
-//   - allocation_added/owner/removed: Kubernetes allocations, resolved through quota/.
-//   - tick(now): warm reserve and stock, idle release of the free pools and the canary sweep;
-//     set_nonpool/observe_gpus: NVML's view of session pids / of every process.
-//   - free_idle_tenants(): tenant records holding nothing are freed (see "Tenant records").
-//
-// Bounds (docs/daemon.md, "Limits"): the caps of NodeSettings (core/settings.hpp).
-// Tenant records: freed as soon as they hold nothing (core/records.hpp, TenantRecord).
-//   - resume(old state): the accounting of a previous daemon (state segment), see docs/daemon.md.
-//   What changed since the last publish (changes_to_publish) is what the publisher writes.
+//   a message says. The operations below are grouped by who calls them (start-up, sessions,
+//   requests, contexts, swapping, IPC, parked grants, the quota file, Kubernetes allocations,
+//   periodic work, effects, views), each with its contract.
+// Bounds (docs/daemon.md, "Limits"): the caps of NodeSettings (core/settings.hpp). Tenant
+//   records are freed as soon as they hold nothing (core/records.hpp, TenantRecord).
 //
 // Ownership: the Node owns its tenants, sessions, grants (and their handles), namespaces,
 //   pools and the dedup table; it borrows the Driver and the Logger (both must outlive it).
@@ -56,17 +43,8 @@
 #include "vlake/pool/core/effects.hpp"
 #include "vlake/pool/core/outcomes.hpp"
 #include "vlake/pool/core/records.hpp"
+#include "vlake/pool/core/rooms.hpp"
 #include "vlake/pool/core/settings.hpp"
-#include "vlake/pool/fair_share.hpp"
-#include "vlake/pool/features/contexts/context_book.hpp"
-#include "vlake/pool/features/counted/counted_audit.hpp"
-#include "vlake/pool/features/guard/guard_book.hpp"
-#include "vlake/pool/features/ipc/ipc_registry.hpp"
-#include "vlake/pool/features/parking/parking_lot.hpp"
-#include "vlake/pool/features/reclaim/reclaim_trust.hpp"
-#include "vlake/pool/features/rings/refusal_book.hpp"
-#include "vlake/pool/features/swap/swap_book.hpp"
-#include "vlake/pool/features/unhooked/unhooked_book.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/proc_identity.hpp"
 #include "vlake/quota/quota_config.hpp"
@@ -127,6 +105,9 @@ class Node {
   [[nodiscard]] std::size_t import_holders() const;
 
   // ---- requests of a bound session (`session` is the connection's)
+  // Granted | Refused | Parked | Malformed. A grant the pool cannot serve is parked (Pressure to
+  // flagged sessions holding reserve) until memory comes back (retry_parked) or its deadline
+  // passes (then out_of_memory).
   GrantOut grant(ConnId conn, std::uint64_t session, const proto::GrantRequest& m, Now now);
   // The reply of a Granted could not be delivered: the grant is undone.
   void undo_grant(std::uint64_t grant);
@@ -149,7 +130,6 @@ class Node {
   // tenant if its limit, its namespace's and the guarantees allow it (a refusal is counted,
   // logged and recorded like a grant's); {release}: one admitted context is gone.
   std::variant<proto::ContextReply, Malformed> context(std::uint64_t session, const proto::ContextRequest& m, Now now);
-  [[nodiscard]] const ContextBook& contexts() const noexcept { return contexts_; }
   // ---- swapping idle processes to host memory (node_swap.cpp, docs/swap.md)
   // The session's hooked calls now wait: its checkpoint is queued (Effects::swap_jobs). A
   // SwapReady for another swap id, or in another state, is ignored.
@@ -161,16 +141,8 @@ class Node {
   void swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nanoseconds took, const std::string& error,
                  Now now);
   // Restores waiting for room, notices nobody answered: called by the loop after every event.
+  // (Swap counters are in counters(); bytes on the host per GPU in rooms().swaps.on_host().)
   void swap_tick(Now now);
-  // Bytes of GPU `d`'s processes now on the host (what their checkpoints freed; restoring and
-  // lost ones included). Swap counters are in counters() (swap_outs, swap_ins, ...).
-  [[nodiscard]] Bytes swapped_bytes(DeviceOrdinal d) const { return swaps_.on_host(d); }
-  [[nodiscard]] const SwapBook& swaps() const noexcept { return swaps_; }
-  // What sessions sent Pressure gave back (docs/pool.md, "Claims and measurements").
-  [[nodiscard]] const ReclaimTrust& reclaim_trust() const noexcept { return reclaim_; }
-  // Counted grants measured against NVML (docs/swap.md, "Counted grants are measured"); observe_gpus
-  // feeds it and revokes what it finds unrealized.
-  [[nodiscard]] const CountedAudit& counted_audit() const noexcept { return counted_audit_; }
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
   // A copy or memset into a shared range of one of the session's grants was refused
   // (docs/guard.md): recorded as a readonly_write event; one naming no grant of the session
@@ -191,8 +163,6 @@ class Node {
   std::variant<IpcOpened, Malformed> ipc_open(std::uint64_t session, const proto::IpcOpen& m, Now now);
   void ipc_undeliverable(std::uint64_t import_id);
   std::variant<proto::IpcCloseAck, Malformed> ipc_close(std::uint64_t session, const proto::IpcClose& m);
-  [[nodiscard]] const std::unordered_map<std::uint64_t, Import>& imports() const noexcept { return ipc_.imports(); }
-  [[nodiscard]] const IpcRegistry& ipc() const noexcept { return ipc_; }
   // Imports a tenant's sessions hold (they count against its grant cap).
   [[nodiscard]] std::size_t imports_of(TenantId t) const;
 
@@ -262,11 +232,9 @@ class Node {
   [[nodiscard]] const std::unordered_map<std::uint64_t, Grant>& grants() const noexcept { return grants_; }
   [[nodiscard]] const Accounting& accounting() const noexcept { return acct_; }
   [[nodiscard]] const st::Counters& counters() const noexcept { return counters_; }
-  [[nodiscard]] const st::GuardLog& guard_log() const noexcept { return guard_book_.log(); }
-  [[nodiscard]] const GuardBook& guard_book() const noexcept { return guard_book_; }
-  [[nodiscard]] const UnhookedBook& unhooked() const noexcept { return unhooked_; }
-  [[nodiscard]] const st::RefusalLog& refusal_log() const noexcept { return refusals_.log(); }
-  [[nodiscard]] const RefusalBook& refusal_book() const noexcept { return refusals_; }
+  // The feature rooms (core/rooms.hpp): IPC, parked grants, swaps, reclaim, counted grants,
+  // memory outside vlake, contexts, guard events, refusals.
+  [[nodiscard]] const Rooms& rooms() const noexcept { return rooms_; }
   // CLOCK_REALTIME of a steady-clock time point, through NodeEnv::clock (0 without one).
   [[nodiscard]] std::uint64_t unix_of(std::chrono::steady_clock::time_point t) const;
   // What a session waits for now (a parked grant, else a restore), for the publisher and tests.
@@ -280,9 +248,6 @@ class Node {
   [[nodiscard]] const Session* session(std::uint64_t id) const;
   [[nodiscard]] Bytes dedup_logical(DeviceOrdinal d) const;
   [[nodiscard]] Bytes dedup_physical(DeviceOrdinal d) const;
-  [[nodiscard]] std::size_t parked() const noexcept { return parking_.size(); }
-  // Parked grants retried since start (the retry work: a release retries only those it could serve).
-  [[nodiscard]] std::uint64_t parked_examined() const noexcept { return parking_.examined(); }
   // Everything that changed since the last call (the publisher's), and a look without taking. The
   // sessions waiting for memory (parked grants) now or at the previous call are always included.
   Changes changes_to_publish();
@@ -401,15 +366,8 @@ class Node {
   std::unordered_map<std::uint64_t, Grant> grants_;
   std::map<std::string, AllocationInfo> allocs_;  // by allocation id
   std::unique_ptr<Dedup> dedup_;                  // created on first use
-  // feature rooms (pool/features/)
-  IpcRegistry ipc_;             // CUDA IPC exports and imports
-  ParkingLot parking_;          // grants waiting for memory
-  SwapBook swaps_;              // swapping to host memory, per session
-  ReclaimTrust reclaim_;        // what sessions asked to give memory back gave (claims and measurements)
-  CountedAudit counted_audit_;  // counted grants against NVML's figures
-  UnhookedBook unhooked_;       // memory outside vlake, per tenant
-  ContextBook contexts_;        // CUDA contexts admitted before their creation, per session
-  Effects fx_;                  // what operations recorded since the last hand_over()
+  Rooms rooms_;                                   // the feature rooms (pool/features/)
+  Effects fx_;                                    // what operations recorded since the last hand_over()
   std::uint64_t kept_drops_ = 0;
 
   // slot tables (mirroring the state segment's)
@@ -417,18 +375,11 @@ class Node {
   std::vector<bool> namespace_slots_ = std::vector<bool>(st::kMaxNamespaces);
   std::vector<bool> session_slots_ = std::vector<bool>(st::kMaxSessions);
   std::vector<bool> grant_slots_ = std::vector<bool>(st::kMaxGrants);
-  // Who may take the last entries of the session, grant and import tables (fair_share.hpp,
-  // docs/daemon.md "Limits").
-  FairShare session_share_{st::kMaxSessions};
-  FairShare grant_share_{st::kMaxGrants};
-  FairShare import_share_{st::kMaxGrants};
 
   // what the state segment carries across restarts
   st::Counters counters_{};
-  LogLimiter limited_;    // counts into counters_.log_suppressed
-  GuardBook guard_book_;  // guard event log, rates, kernel faults, canary sweep (features/guard)
+  LogLimiter limited_;                                // counts into counters_.log_suppressed
   std::chrono::steady_clock::time_point last_now_{};  // the latest Now seen (for untimed operations)
-  RefusalBook refusals_;                              // the refusal log, kept per tenant (features/rings)
   std::set<std::uint32_t> waiting_slots_;             // session slots waiting at the last changes_to_publish()
   st::ConfigRecord config_record_{};
   std::uint64_t next_session_id_ = 1;
