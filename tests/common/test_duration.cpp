@@ -16,9 +16,11 @@ using vlake::parse_duration;
 
 namespace {
 
-auto parse = [](const std::string& text) { return parse_duration(text); };
-std::string error_of(const std::string& text) { return vlake::test::error_of(parse, text); }
-void check_refusals(const std::vector<vlake::test::Refusal>& cases) { vlake::test::check_refusals(parse, cases); }
+auto parse_dur = [](const std::string& text) { return parse_duration(text); };
+std::string duration_error_of(const std::string& text) { return vlake::test::error_of(parse_dur, text); }
+void check_duration_refusals(const std::vector<vlake::test::Refusal>& cases) {
+  vlake::test::check_refusals(parse_dur, cases);
+}
 
 }  // namespace
 
@@ -39,53 +41,53 @@ TEST_CASE("duration: fractions that are whole milliseconds", "[common][duration]
   CHECK(parse_duration("1.5h") == 5'400'000ms);
   CHECK(parse_duration("0.001s") == 1ms);
   CHECK(parse_duration("1.0ms") == 1ms);
-  CHECK(error_of("1.5ms") == "\"1.5ms\": finer than a millisecond, the smallest step; write 1ms or 2ms");
-  CHECK(error_of("0.0001s") == "\"0.0001s\": finer than a millisecond, the smallest step; write 0ms or 1ms");
-  CHECK(error_of("1.0000000001s") == "\"1.0000000001s\": at most 9 decimals");
-  CHECK(error_of("1.s") == "\"1.s\": expected digits after '.'");
+  CHECK(duration_error_of("1.5ms") == "\"1.5ms\": finer than a millisecond, the smallest step; write 1ms or 2ms");
+  CHECK(duration_error_of("0.0001s") == "\"0.0001s\": finer than a millisecond, the smallest step; write 0ms or 1ms");
+  CHECK(duration_error_of("1.0000000001s") == "\"1.0000000001s\": at most 9 decimals");
+  CHECK(duration_error_of("1.s") == "\"1.s\": expected digits after '.'");
 }
 
 TEST_CASE("duration: a bare number is refused, 0 excepted", "[common][duration]") {
   CHECK(parse_duration("0") == 0ms);
   CHECK(parse_duration("000") == 0ms);
   CHECK(parse_duration("0.0") == 0ms);
-  CHECK(error_of("30") == "\"30\": a duration needs a unit; write 30s or 30ms");
-  CHECK(error_of("1") == "\"1\": a duration needs a unit; write 1s or 1ms");
-  CHECK(error_of("2.5") == "\"2.5\": a duration needs a unit; write 2.5s");
+  CHECK(duration_error_of("30") == "\"30\": a duration needs a unit; write 30s or 30ms");
+  CHECK(duration_error_of("1") == "\"1\": a duration needs a unit; write 1s or 1ms");
+  CHECK(duration_error_of("2.5") == "\"2.5\": a duration needs a unit; write 2.5s");
 }
 
 TEST_CASE("duration: other spellings say what to write", "[common][duration]") {
   const std::string finer = "is finer than a millisecond, the smallest step; use ms, s, m or h";
-  check_refusals({{"30S", "unknown unit \"S\" (units are case-sensitive: write 30s)"},
-                  {"500MS", "unknown unit \"MS\" (units are case-sensitive: write 500ms)"},
-                  {"2M", "unknown unit \"M\" (units are case-sensitive: write 2m)"},
-                  {"30sec", "unknown unit \"sec\"; write 30s"},
-                  {"2 minutes", "unknown unit \"minutes\"; write 2m"},
-                  {"2min", "unknown unit \"min\"; write 2m"},
-                  {"1hr", "unknown unit \"hr\"; write 1h"},
-                  {"10msec", "unknown unit \"msec\"; write 10ms"},
-                  {"1d", "unknown unit \"d\"; write 24h"},
-                  {"1.5d", "unknown unit \"d\"; write 36h"},
-                  {"10us", "unit \"us\" " + finer},
-                  {"1m30s", "one number and one unit; write 90s"},
-                  {"1h 30m", "one number and one unit; write 90m"},
-                  {"1m30", "unexpected \"m30\" after the number; use ms, s, m or h"},
-                  {"5fortnights", "unknown unit \"fortnights\"; use ms, s, m or h"},
-                  {"1e3", "unexpected \"e3\" after the number; use ms, s, m or h"}});
+  check_duration_refusals({{"30S", "unknown unit \"S\" (units are case-sensitive: write 30s)"},
+                           {"500MS", "unknown unit \"MS\" (units are case-sensitive: write 500ms)"},
+                           {"2M", "unknown unit \"M\" (units are case-sensitive: write 2m)"},
+                           {"30sec", "unknown unit \"sec\"; write 30s"},
+                           {"2 minutes", "unknown unit \"minutes\"; write 2m"},
+                           {"2min", "unknown unit \"min\"; write 2m"},
+                           {"1hr", "unknown unit \"hr\"; write 1h"},
+                           {"10msec", "unknown unit \"msec\"; write 10ms"},
+                           {"1d", "unknown unit \"d\"; write 24h"},
+                           {"1.5d", "unknown unit \"d\"; write 36h"},
+                           {"10us", "unit \"us\" " + finer},
+                           {"1m30s", "one number and one unit; write 90s"},
+                           {"1h 30m", "one number and one unit; write 90m"},
+                           {"1m30", "unexpected \"m30\" after the number; use ms, s, m or h"},
+                           {"5fortnights", "unknown unit \"fortnights\"; use ms, s, m or h"},
+                           {"1e3", "unexpected \"e3\" after the number; use ms, s, m or h"}});
 }
 
 TEST_CASE("duration: empty, signs, junk, off and overflow", "[common][duration]") {
   const std::string example = "500ms, 30s or 2m";
-  check_refusals({{"", "empty; write a duration such as " + example},
-                  {"  ", "empty; write a duration such as " + example},
-                  {"-1s", "a duration cannot be negative"},
-                  {"+1s", "expected a number, such as " + example},
-                  {"s", "expected a number, such as " + example},
-                  {"five", "expected a number, such as " + example},
-                  {"off", "'off' is not allowed here; write a duration such as 30s"},
-                  {"9223372036854775808ms", "too large"},
-                  {"9999999999999999h", "too large"},
-                  {"99999999999999999999s", "too large"}});
+  check_duration_refusals({{"", "empty; write a duration such as " + example},
+                           {"  ", "empty; write a duration such as " + example},
+                           {"-1s", "a duration cannot be negative"},
+                           {"+1s", "expected a number, such as " + example},
+                           {"s", "expected a number, such as " + example},
+                           {"five", "expected a number, such as " + example},
+                           {"off", "'off' is not allowed here; write a duration such as 30s"},
+                           {"9223372036854775808ms", "too large"},
+                           {"9999999999999999h", "too large"},
+                           {"99999999999999999999s", "too large"}});
   CHECK(parse_duration("9223372036854775807ms") == milliseconds::max());
   CHECK_THROWS_AS(parse_duration("30"), std::invalid_argument);  // DurationError is one
 }

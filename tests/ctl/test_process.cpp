@@ -12,6 +12,7 @@
 #include "ctl_process.hpp"
 #include "harness.hpp"
 #include "json_parse.hpp"
+#include "units.hpp"
 
 using namespace vlake;
 using namespace vlake::ctltest;
@@ -19,8 +20,8 @@ using namespace vlake::pooltest;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
-constexpr std::uint64_t kGiB = 1ULL << 30;
+using vlake::testunits::kGiB;
+using vlake::testunits::kMiB;
 
 const char* const kConfig =
     "version: 1\n"

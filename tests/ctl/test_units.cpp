@@ -14,6 +14,7 @@
 
 #include "harness.hpp"
 #include "json_parse.hpp"
+#include "units.hpp"
 #include "vlake/contracts/state.hpp"
 #include "vlake/ctl/format.hpp"
 #include "vlake/ctl/json.hpp"
@@ -43,8 +44,8 @@ std::string parse_error(std::vector<std::string> args, const char* env = nullptr
   return "(no error)";
 }
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
-constexpr std::uint64_t kGiB = 1ULL << 30;
+using vlake::testunits::kGiB;
+using vlake::testunits::kMiB;
 
 std::string unique(const std::string& tag) { return "ctlu" + std::to_string(::getpid()) + "-" + tag; }
 

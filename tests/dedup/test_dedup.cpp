@@ -35,7 +35,6 @@ namespace {
 constexpr std::uint64_t kAlloc = 20 * MiB;
 constexpr std::uint64_t kShared = 16 * MiB;  // whole chunks of [1 MiB, 19 MiB)
 constexpr std::uint64_t kEdges = 4 * MiB;    // private: [0, 2 MiB) and [18 MiB, 20 MiB)
-constexpr int kIllegalAddress = 700;
 constexpr int kInvalidValue = 1;
 
 // Physical bytes the pool has out of its free list (grants' private handles + shared chunks).

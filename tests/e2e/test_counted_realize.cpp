@@ -22,7 +22,7 @@ namespace st = vlake::state;
 #ifdef VLAKE_SIM_NVML_LIB
 namespace {
 
-const char* kYaml =
+const char* kRealizeYaml =
     "version: 1\n"
     "default: {limit: 100%}\n"
     "namespaces:\n"
@@ -45,7 +45,7 @@ std::uint64_t used_of(const st::State& s, const std::string& tenant) {
 
 TEST_CASE("overcommit: a counted grant never used is revoked and the idle process moved out for it comes back",
           "[e2e][swap][counted]") {
-  DaemonProcess d("countedrealize", kYaml);
+  DaemonProcess d("countedrealize", kRealizeYaml);
   const auto window = std::chrono::seconds(2);
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50", "--swap-idle", "500ms", "--swap-margin",
                    "0", "--counted-realize", "2s"}));

@@ -23,8 +23,6 @@ using pooltest::DaemonProcess;
 
 namespace {
 
-constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
-
 std::vector<state::GuardEventRecord> events(const state::State& s) {
   std::vector<state::GuardEventRecord> out;
   for (const state::GuardEventRecord* e : state::ring_order(s.guard)) out.push_back(*e);

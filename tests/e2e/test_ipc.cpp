@@ -3,6 +3,11 @@
 // each other through a file (what torch.multiprocessing does through a pipe).
 #include <catch2/catch.hpp>
 
+// cuda.h as vlake's own headers include it (cuda_api.hpp: the legacy names visible), which the
+// other files of this target's unity batch may include first; this file uses only its types.
+#ifndef __CUDA_API_VERSION_INTERNAL
+#define __CUDA_API_VERSION_INTERNAL 1
+#endif
 #include <cuda.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -27,14 +32,6 @@ using namespace vlake::e2e;
 using pooltest::DaemonProcess;
 
 namespace {
-
-std::uint64_t granted(const DaemonProcess& d, const std::string& name) {
-  const auto s = snapshot(d);
-  for (const auto& t : s->tenants) {
-    if (t.in_use != 0 && name == t.name) return t.granted[0];
-  }
-  return 0;
-}
 
 // Polls until the tenant's granted bytes equal `want` (5 s at most); returns the last figure.
 std::uint64_t granted_becomes(const DaemonProcess& d, const std::string& name, std::uint64_t want) {

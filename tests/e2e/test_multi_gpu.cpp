@@ -20,22 +20,15 @@
 using namespace vlake;
 using namespace vlake::e2e;
 using pooltest::DaemonProcess;
+using pooltest::tenant;
 
 namespace {
 
 constexpr int kInvalidValue = 1;       // CUDA_ERROR_INVALID_VALUE: a copy without access
-constexpr int kIllegalAddress = 700;   // CUDA_ERROR_ILLEGAL_ADDRESS
 constexpr int kAlreadyEnabled = 704;   // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
 constexpr int kNotEnabled = 705;       // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
 constexpr int kPeerUnsupported = 217;  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
 constexpr unsigned kReadWrite = 3;     // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-
-const state::TenantRecord* tenant(const state::State& s, const std::string& name) {
-  for (const auto& t : s.tenants) {
-    if (t.in_use != 0 && name == t.name) return &t;
-  }
-  return nullptr;
-}
 
 // The tenant's held bytes on GPU `dev` (granted + retained), 0 if it is not in the state.
 std::uint64_t held(const DaemonProcess& d, const std::string& name, int dev) {

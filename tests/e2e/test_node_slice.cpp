@@ -26,21 +26,9 @@ using namespace vlake;
 using namespace std::chrono_literals;
 using namespace vlake::e2e;
 using pooltest::DaemonProcess;
+using pooltest::tenant;
 
 namespace {
-
-const state::TenantRecord* tenant(const state::State& s, const std::string& name) {
-  for (const auto& t : s.tenants) {
-    if (t.in_use != 0 && name == t.name) return &t;
-  }
-  return nullptr;
-}
-
-std::uint64_t granted(const DaemonProcess& d, const std::string& name) {
-  const auto s = snapshot(d);
-  const auto* t = tenant(*s, name);
-  return t == nullptr ? 0 : t->granted[0];
-}
 
 // Bytes of simulated device memory mapped into these processes right now, from the kernel's
 // view (/proc/<pid>/maps: the simulator's memfds), independent of the daemon's accounting.

@@ -14,7 +14,7 @@ using vlake::pooltest::DaemonProcess;
 
 namespace {
 
-const char* kYaml =
+const char* kSwapYaml =
     "version: 1\n"
     "default: {limit: 100%}\n"
     "namespaces:\n"
@@ -24,7 +24,7 @@ const char* kYaml =
 
 TEST_CASE("overcommit: an idle process is swapped out for another and comes back intact on its next call",
           "[e2e][swap]") {
-  DaemonProcess d("swap", kYaml);
+  DaemonProcess d("swap", kSwapYaml);
   REQUIRE(d.start({"--swap-idle", "500ms", "--swap-margin", "0"}));
   // A: 600 MiB of the 1 GiB GPU with a pattern, then idle (no CUDA call) for a while.
   TenantProcess a(d, {"init", "alloc:a:600M", "upload:a:7:600M", "sleep:6000", "verify:a:7:600M", "free:a"}, 4301, "0",
@@ -51,7 +51,7 @@ TEST_CASE("overcommit: an idle process is swapped out for another and comes back
 }
 
 TEST_CASE("overcommit: with nobody idle nobody is swapped and an allocation waits for memory", "[e2e][swap]") {
-  DaemonProcess d("swapbusy", kYaml);
+  DaemonProcess d("swapbusy", kSwapYaml);
   // Idle means no CUDA call started for this long: 10 minutes, so that A's upload (one call that
   // a sanitizer build can stretch past 30 s) never makes it idle.
   REQUIRE(d.start({"--swap-idle", "10m", "--swap-margin", "0"}));

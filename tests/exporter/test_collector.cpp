@@ -21,6 +21,7 @@
 
 #include "harness.hpp"
 #include "http_get.hpp"
+#include "units.hpp"
 #include "vlake/exporter/collector.hpp"
 #include "vlake/exporter/server.hpp"
 
@@ -34,8 +35,8 @@ using prometheus::MetricType;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
-constexpr std::uint64_t kGiB = 1ULL << 30;
+using vlake::testunits::kGiB;
+using vlake::testunits::kMiB;
 constexpr std::uint64_t kNow = 1'700'000'000'000'000'000ULL;
 const char* const kGpu0 = "GPU-00112233-4455-6677-8899-aabbccddeeff";
 const exporter::BuildInfo kBuild{"1.2.3", "abc123"};

@@ -21,6 +21,7 @@
 #include "harness.hpp"
 #include "http_get.hpp"
 #include "json_parse.hpp"
+#include "units.hpp"
 #include "vlake/exporter/server.hpp"
 
 using namespace vlake;
@@ -32,7 +33,7 @@ using vlake::pooltest::Helper;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 
 const char* const kConfig =
     "version: 1\n"

@@ -8,10 +8,11 @@
 #include <string>
 
 #include "fake_daemon.hpp"
+#include "units.hpp"
 
 namespace hooktest {
 
-inline constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+using vlake::testunits::MiB;
 
 // `v` as the tenant's step lines print it (decimal).
 inline std::string num(std::uint64_t v) { return std::to_string(v); }

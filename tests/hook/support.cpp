@@ -110,6 +110,7 @@ Fixture::Fixture(FakeDaemonOptions options)
 }
 
 RunResult Fixture::run(const std::vector<std::string>& args, Env env) const {
+  if (!daemon) throw std::logic_error("Fixture::run: no fake daemon");  // (and GCC sees it is not null)
   env.insert(env.begin(), {"VLAKE_SOCKET", daemon->socket_path()});
   RunResult r = run_tenant(args, env);
   // The tenant has exited: let the daemon see its connections close before counters are read.

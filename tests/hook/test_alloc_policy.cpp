@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "alloc/policy.hpp"
+#include "units.hpp"
 
 using namespace vlake;
 using namespace vlake::hook;
@@ -17,7 +18,7 @@ using proto::Status;
 
 namespace {
 
-constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+using vlake::testunits::MiB;
 constexpr std::uint64_t kGran = 2 * MiB;
 const DeviceOrdinal kDev{0};
 CUcontext const kCtx = reinterpret_cast<CUcontext>(0x10);

@@ -5,6 +5,11 @@
 // equals what the simulator's NVML attributes to the process (procmem).
 #include <catch2/catch.hpp>
 
+// cuda.h as vlake's own headers include it (cuda_api.hpp: the legacy names visible), which the
+// other files of this target's unity batch may include first; this file uses only its types.
+#ifndef __CUDA_API_VERSION_INTERNAL
+#define __CUDA_API_VERSION_INTERNAL 1
+#endif
 #include <cuda.h>
 
 #include <cstdint>

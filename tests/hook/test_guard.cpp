@@ -1,6 +1,11 @@
 // Out-of-bounds guards, hook side: the fault-mode layout (right-aligned pointers followed by
 // unmapped guard VA), pointer lookups on it, and the kernel fault report (GuardEvent) a fault produces
 // (vlake_hook_tenant under LD_PRELOAD, simulated driver, fake daemon).
+// cuda.h as vlake's own headers include it (cuda_api.hpp: the legacy names visible), which the
+// other files of this target's unity batch may include first; this file uses only its types.
+#ifndef __CUDA_API_VERSION_INTERNAL
+#define __CUDA_API_VERSION_INTERNAL 1
+#endif
 #include <cuda.h>
 
 #include <catch2/catch.hpp>

@@ -1,5 +1,10 @@
 // The hook in real processes: vlake_hook_tenant under LD_PRELOAD=libvlake-hook.so, on the
 // simulated driver, against the fake daemon of fake_daemon.hpp.
+// cuda.h as vlake's own headers include it (cuda_api.hpp: the legacy names visible), which the
+// other files of this target's unity batch may include first; this file uses only its types.
+#ifndef __CUDA_API_VERSION_INTERNAL
+#define __CUDA_API_VERSION_INTERNAL 1
+#endif
 #include <cuda.h>
 
 #include <catch2/catch.hpp>

@@ -9,6 +9,7 @@
 
 #include "kept.hpp"
 #include "pending.hpp"
+#include "units.hpp"
 #include "usage_cache.hpp"
 
 using namespace vlake;
@@ -16,8 +17,8 @@ using namespace vlake::hook;
 
 namespace {
 
-constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
-constexpr std::uint64_t GiB = std::uint64_t{1} << 30;
+using vlake::testunits::GiB;
+using vlake::testunits::MiB;
 
 // Fake handles: only their values matter to the bookkeeping.
 CUevent event_no(std::uintptr_t n) { return reinterpret_cast<CUevent>(n); }
@@ -215,7 +216,7 @@ TEST_CASE("UsageCache: a custom policy and more GPUs than slots") {
 }
 
 namespace {
-constexpr std::uint64_t kMi = std::uint64_t{1} << 20;
+using vlake::testunits::kMiB;
 
 vlake::hook::KeptMappings::Entry kept_entry(int device, std::uint64_t mapped, std::uint64_t generation) {
   vlake::hook::KeptMappings::Entry e;
@@ -229,37 +230,37 @@ vlake::hook::KeptMappings::Entry kept_entry(int device, std::uint64_t mapped, st
 
 TEST_CASE("KeptMappings: a key matches only its own generation and device and size and the rest comes back stale") {
   vlake::hook::KeptMappings k;
-  k.put(1, kept_entry(0, 2 * kMi, 7));
-  k.put(2, kept_entry(0, 2 * kMi, 7));
-  k.put(3, kept_entry(1, 4 * kMi, 7));
-  CHECK(k.bytes(0) == 4 * kMi);
-  CHECK(k.bytes(1) == 4 * kMi);
+  k.put(1, kept_entry(0, 2 * kMiB, 7));
+  k.put(2, kept_entry(0, 2 * kMiB, 7));
+  k.put(3, kept_entry(1, 4 * kMiB, 7));
+  CHECK(k.bytes(0) == 4 * kMiB);
+  CHECK(k.bytes(1) == 4 * kMiB);
   std::vector<vlake::hook::KeptMappings::Entry> stale;
   // Same key, same generation, device and size: the entry itself.
-  auto hit = k.take(1, 7, 0, 2 * kMi, stale);
+  auto hit = k.take(1, 7, 0, 2 * kMiB, stale);
   REQUIRE(hit);
-  CHECK(hit->alloc.base == 0x1000 * 2 * kMi);
+  CHECK(hit->alloc.base == 0x1000 * 2 * kMiB);
   CHECK(stale.empty());
-  CHECK_FALSE(k.take(1, 7, 0, 2 * kMi, stale));  // taken once
+  CHECK_FALSE(k.take(1, 7, 0, 2 * kMiB, stale));  // taken once
   // Another generation (a new connection), another device or size: removed and handed back.
-  CHECK_FALSE(k.take(2, 8, 0, 2 * kMi, stale));
-  CHECK_FALSE(k.take(3, 7, 0, 4 * kMi, stale));
+  CHECK_FALSE(k.take(2, 8, 0, 2 * kMiB, stale));
+  CHECK_FALSE(k.take(3, 7, 0, 4 * kMiB, stale));
   CHECK(stale.size() == 2);
   CHECK(k.size() == 0);
-  CHECK_FALSE(k.take(99, 7, 0, 2 * kMi, stale));  // unknown key: nothing
+  CHECK_FALSE(k.take(99, 7, 0, 2 * kMiB, stale));  // unknown key: nothing
   CHECK(stale.size() == 2);
 }
 
 TEST_CASE("KeptMappings: take_keys skips unknown keys and take_if takes what matches with its key") {
   vlake::hook::KeptMappings k;
-  k.put(1, kept_entry(0, 2 * kMi, 1));
-  k.put(2, kept_entry(1, 2 * kMi, 1));
-  k.put(3, kept_entry(0, 4 * kMi, 2));
+  k.put(1, kept_entry(0, 2 * kMiB, 1));
+  k.put(2, kept_entry(1, 2 * kMiB, 1));
+  k.put(3, kept_entry(0, 4 * kMiB, 2));
   const std::vector<std::uint64_t> keys = {2, 42};
   CHECK(k.take_keys(keys).size() == 1);
   auto old = k.take_if([](const vlake::hook::KeptMappings::Entry& e) { return e.generation != 2; });
   REQUIRE(old.size() == 1);
   CHECK(old[0].first == 1);
   CHECK(k.size() == 1);
-  CHECK(k.bytes(0) == 4 * kMi);
+  CHECK(k.bytes(0) == 4 * kMiB);
 }

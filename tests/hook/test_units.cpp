@@ -11,6 +11,7 @@
 #include "log.hpp"
 #include "swap.hpp"  // before tables.hpp: it includes cuda.h the way the hook compiles it
 #include "tables.hpp"
+#include "units.hpp"
 #include "write_span.hpp"
 
 using namespace vlake::hook;
@@ -318,7 +319,7 @@ vlake::hook::ReserveBlock block(int device, std::uint64_t mapped, std::uint64_t 
   return b;
 }
 
-constexpr std::uint64_t kMi = std::uint64_t{1} << 20;
+using vlake::testunits::kMiB;
 
 }  // namespace
 
@@ -326,14 +327,14 @@ TEST_CASE("VLAKE_RESERVE takes the common size grammar; decimal units keep the d
   auto reserve = [](const std::string& v) { return parse({{"VLAKE_RESERVE", v}}); };
   CHECK(reserve("0").reserve_bytes == std::uint64_t{0});
   CHECK(reserve("4096B").reserve_bytes == std::uint64_t{4096});
-  CHECK(reserve("8GiB").reserve_bytes == 8192 * kMi);
-  CHECK(reserve("512MiB").reserve_bytes == 512 * kMi);
+  CHECK(reserve("8GiB").reserve_bytes == 8192 * kMiB);
+  CHECK(reserve("512MiB").reserve_bytes == 512 * kMiB);
   CHECK(reserve("3Ki").reserve_bytes == std::uint64_t{3072});
   for (const char* bad :
        {"1GB", "2G", "", "-1", "8", "4096", "1.5GiB", "12XB", "99999999999999999999999", "20000000TiB"}) {
     INFO(bad);
     const Config c = reserve(bad);
-    CHECK(c.reserve_bytes == 512 * kMi);
+    CHECK(c.reserve_bytes == 512 * kMiB);
     REQUIRE(c.problems.size() == 1);
     CHECK_THAT(c.problems[0], Catch::StartsWith("ignoring VLAKE_RESERVE=\"" + std::string(bad) + "\": "));
   }
@@ -349,58 +350,58 @@ TEST_CASE("VLAKE_RESERVE and VLAKE_RESERVE_AGE are parsed, bad values keep the d
     return it == env.end() ? nullptr : it->second.c_str();
   };
   auto c = vlake::hook::Config::parse(lookup);
-  CHECK(c.reserve_bytes == 256 * kMi);
+  CHECK(c.reserve_bytes == 256 * kMiB);
   CHECK(c.reserve_age == std::chrono::milliseconds(500));
   CHECK(c.problems.empty());
   env = {{"VLAKE_RESERVE", "lots"}, {"VLAKE_RESERVE_AGE", "0"}};
   c = vlake::hook::Config::parse(lookup);
-  CHECK(c.reserve_bytes == 512 * kMi);
+  CHECK(c.reserve_bytes == 512 * kMiB);
   CHECK(c.reserve_age == std::chrono::seconds(5));
   CHECK(c.problems.size() == 2);
 }
 
 TEST_CASE("LocalReserve: fit within 1/8 slack, most recent of a size first, per device") {
-  vlake::hook::LocalReserve r(1024 * kMi, std::chrono::seconds(30));
-  const std::uint64_t g = 2 * kMi;
-  CHECK(vlake::hook::LocalReserve::fit_limit(2 * kMi, g) == 2 * kMi);
-  CHECK(vlake::hook::LocalReserve::fit_limit(20 * kMi, g) == 22 * kMi);
-  CHECK(vlake::hook::LocalReserve::fit_limit(256 * kMi, g) == 288 * kMi);
-  CHECK(r.put(block(0, 22 * kMi, 0x1000, 50)).empty());
-  CHECK(r.put(block(0, 4 * kMi, 0x2000, 40)).empty());
-  CHECK(r.put(block(0, 4 * kMi, 0x3000, 10)).empty());
-  CHECK(r.put(block(1, 2 * kMi, 0x4000, 10)).empty());
-  CHECK(r.bytes(0) == 30 * kMi);
+  vlake::hook::LocalReserve r(1024 * kMiB, std::chrono::seconds(30));
+  const std::uint64_t g = 2 * kMiB;
+  CHECK(vlake::hook::LocalReserve::fit_limit(2 * kMiB, g) == 2 * kMiB);
+  CHECK(vlake::hook::LocalReserve::fit_limit(20 * kMiB, g) == 22 * kMiB);
+  CHECK(vlake::hook::LocalReserve::fit_limit(256 * kMiB, g) == 288 * kMiB);
+  CHECK(r.put(block(0, 22 * kMiB, 0x1000, 50)).empty());
+  CHECK(r.put(block(0, 4 * kMiB, 0x2000, 40)).empty());
+  CHECK(r.put(block(0, 4 * kMiB, 0x3000, 10)).empty());
+  CHECK(r.put(block(1, 2 * kMiB, 0x4000, 10)).empty());
+  CHECK(r.bytes(0) == 30 * kMiB);
   CHECK(r.blocks(0) == 3);
   vlake::hook::ReserveBlock out;
-  CHECK_FALSE(r.take(0, 2 * kMi, g, out));  // 4 MiB is too big for 2 MiB; device 1 has one
-  REQUIRE(r.take(0, 4 * kMi, g, out));
-  CHECK(out.alloc.base == 0x3000);           // the more recently freed
-  CHECK_FALSE(r.take(0, 18 * kMi, g, out));  // 22 MiB > 18 + 2
-  REQUIRE(r.take(0, 20 * kMi, g, out));
+  CHECK_FALSE(r.take(0, 2 * kMiB, g, out));  // 4 MiB is too big for 2 MiB; device 1 has one
+  REQUIRE(r.take(0, 4 * kMiB, g, out));
+  CHECK(out.alloc.base == 0x3000);            // the more recently freed
+  CHECK_FALSE(r.take(0, 18 * kMiB, g, out));  // 22 MiB > 18 + 2
+  REQUIRE(r.take(0, 20 * kMiB, g, out));
   CHECK(out.alloc.base == 0x1000);
-  REQUIRE(r.take(1, 2 * kMi, g, out));
-  CHECK(r.total_bytes() == 4 * kMi);
+  REQUIRE(r.take(1, 2 * kMiB, g, out));
+  CHECK(r.total_bytes() == 4 * kMiB);
 }
 
 TEST_CASE("LocalReserve: byte cap evicts the oldest; expire and drain") {
-  vlake::hook::LocalReserve r(10 * kMi, std::chrono::milliseconds(100));
-  CHECK(r.put(block(0, 4 * kMi, 0x1000, 30)).empty());
-  CHECK(r.put(block(0, 4 * kMi, 0x2000, 20)).empty());
-  auto out = r.put(block(0, 4 * kMi, 0x3000, 10));
+  vlake::hook::LocalReserve r(10 * kMiB, std::chrono::milliseconds(100));
+  CHECK(r.put(block(0, 4 * kMiB, 0x1000, 30)).empty());
+  CHECK(r.put(block(0, 4 * kMiB, 0x2000, 20)).empty());
+  auto out = r.put(block(0, 4 * kMiB, 0x3000, 10));
   REQUIRE(out.size() == 1);
   CHECK(out[0].alloc.base == 0x1000);
-  CHECK(r.total_bytes() == 8 * kMi);
-  out = r.put(block(0, 12 * kMi, 0x4000, 0));  // larger than the cap: straight back
+  CHECK(r.total_bytes() == 8 * kMiB);
+  out = r.put(block(0, 12 * kMiB, 0x4000, 0));  // larger than the cap: straight back
   REQUIRE(out.size() == 1);
   CHECK(out[0].alloc.base == 0x4000);
-  CHECK(r.put(block(1, 2 * kMi, 0x5000, 500)).empty());  // exactly at the cap
+  CHECK(r.put(block(1, 2 * kMiB, 0x5000, 500)).empty());  // exactly at the cap
   out = r.expire(std::chrono::steady_clock::now());
   REQUIRE(out.size() == 1);  // 500 ms idle >= 100 ms
   CHECK(out[0].alloc.base == 0x5000);
   out = r.expire(std::chrono::steady_clock::now() + std::chrono::milliseconds(85));
   REQUIRE(out.size() == 1);  // 0x2000: 20 + 85 >= 100; 0x3000: 10 + 85 < 100
   CHECK(out[0].alloc.base == 0x2000);
-  CHECK(r.put(block(0, 2 * kMi, 0x6000, 5)).empty());
+  CHECK(r.put(block(0, 2 * kMiB, 0x6000, 5)).empty());
   out = r.drain(0, 1);
   REQUIRE(out.size() == 1);
   CHECK(out[0].alloc.base == 0x3000);  // the least recently freed on device 0
@@ -421,55 +422,55 @@ TEST_CASE("ReuseStats: bucket bounds") {
   CHECK(ReuseStats::gap_bucket(milliseconds(1024)) == 11);
   CHECK(ReuseStats::gap_bucket(std::chrono::hours(100)) == ReuseStats::kGapBuckets - 1);
   CHECK(ReuseStats::stack_bucket(1) == 0);
-  CHECK(ReuseStats::stack_bucket(kMi) == 0);
-  CHECK(ReuseStats::stack_bucket(kMi + 1) == 1);  // (1, 2] MiB
-  CHECK(ReuseStats::stack_bucket(2 * kMi) == 1);
-  CHECK(ReuseStats::stack_bucket(3 * kMi) == 2);      // (2, 4]
-  CHECK(ReuseStats::stack_bucket(1024 * kMi) == 10);  // (512, 1024]
+  CHECK(ReuseStats::stack_bucket(kMiB) == 0);
+  CHECK(ReuseStats::stack_bucket(kMiB + 1) == 1);  // (1, 2] MiB
+  CHECK(ReuseStats::stack_bucket(2 * kMiB) == 1);
+  CHECK(ReuseStats::stack_bucket(3 * kMiB) == 2);      // (2, 4]
+  CHECK(ReuseStats::stack_bucket(1024 * kMiB) == 10);  // (512, 1024]
   CHECK(ReuseStats::stack_bucket(std::uint64_t{1} << 62) == ReuseStats::kStackBuckets - 1);
 }
 
 TEST_CASE("LocalReserve: reuse statistics record gap and LRU stack distance") {
-  vlake::hook::LocalReserve r(10 * kMi, std::chrono::milliseconds(100));
-  const std::uint64_t g = 2 * kMi;
+  vlake::hook::LocalReserve r(10 * kMiB, std::chrono::milliseconds(100));
+  const std::uint64_t g = 2 * kMiB;
   vlake::hook::ReserveBlock out;
-  CHECK(r.put(block(0, 2 * kMi, 0x1000, 0)).empty());  // not recorded: stats are off
-  REQUIRE(r.take(0, 2 * kMi, g, out));
-  CHECK_FALSE(r.take(0, 2 * kMi, g, out));
+  CHECK(r.put(block(0, 2 * kMiB, 0x1000, 0)).empty());  // not recorded: stats are off
+  REQUIRE(r.take(0, 2 * kMiB, g, out));
+  CHECK_FALSE(r.take(0, 2 * kMiB, g, out));
   CHECK(r.stats().puts == 0);
   CHECK(r.stats().misses == 0);
 
   r.enable_stats();
-  CHECK(r.put(block(0, 4 * kMi, 0x1000, 50)).empty());  // idle 50 ms, oldest
-  CHECK(r.put(block(1, 2 * kMi, 0x2000, 20)).empty());
-  CHECK(r.put(block(0, 2 * kMi, 0x3000, 10)).empty());
-  REQUIRE(r.take(0, 4 * kMi, g, out));  // 4 + 2 + 2 MiB freed at or after it
-  CHECK_FALSE(r.take(0, 8 * kMi, g, out));
-  REQUIRE(r.take(0, 2 * kMi, g, out));  // only itself
+  CHECK(r.put(block(0, 4 * kMiB, 0x1000, 50)).empty());  // idle 50 ms, oldest
+  CHECK(r.put(block(1, 2 * kMiB, 0x2000, 20)).empty());
+  CHECK(r.put(block(0, 2 * kMiB, 0x3000, 10)).empty());
+  REQUIRE(r.take(0, 4 * kMiB, g, out));  // 4 + 2 + 2 MiB freed at or after it
+  CHECK_FALSE(r.take(0, 8 * kMiB, g, out));
+  REQUIRE(r.take(0, 2 * kMiB, g, out));  // only itself
   auto s = r.stats();
   CHECK(s.puts == 3);
   CHECK(s.misses == 1);
-  CHECK(s.miss_bytes == 8 * kMi);
-  CHECK(s.reuse_bytes == 6 * kMi);
-  CHECK(s.peak_bytes == 8 * kMi);
+  CHECK(s.miss_bytes == 8 * kMiB);
+  CHECK(s.reuse_bytes == 6 * kMiB);
+  CHECK(s.peak_bytes == 8 * kMiB);
   using vlake::hook::ReuseStats;
-  CHECK(s.reuses[ReuseStats::gap_bucket(std::chrono::milliseconds(50))][ReuseStats::stack_bucket(8 * kMi)] == 1);
-  CHECK(s.reuses[ReuseStats::gap_bucket(std::chrono::milliseconds(10))][ReuseStats::stack_bucket(2 * kMi)] == 1);
+  CHECK(s.reuses[ReuseStats::gap_bucket(std::chrono::milliseconds(50))][ReuseStats::stack_bucket(8 * kMiB)] == 1);
+  CHECK(s.reuses[ReuseStats::gap_bucket(std::chrono::milliseconds(10))][ReuseStats::stack_bucket(2 * kMiB)] == 1);
 
-  auto left = r.put(block(0, 12 * kMi, 0x4000, 0));  // over the cap
+  auto left = r.put(block(0, 12 * kMiB, 0x4000, 0));  // over the cap
   CHECK(left.size() == 1);
   left = r.expire(std::chrono::steady_clock::now() + std::chrono::seconds(1));
   CHECK(left.size() == 1);  // the device-1 block
-  CHECK(r.put(block(0, 2 * kMi, 0x5000, 0)).empty());
+  CHECK(r.put(block(0, 2 * kMiB, 0x5000, 0)).empty());
   CHECK(r.drain(0, 0).size() == 1);
   s = r.stats();
   CHECK(s.evicted == 1);
-  CHECK(s.evicted_bytes == 12 * kMi);
+  CHECK(s.evicted_bytes == 12 * kMiB);
   CHECK(s.expired == 1);
-  CHECK(s.expired_bytes == 2 * kMi);
+  CHECK(s.expired_bytes == 2 * kMiB);
   CHECK(s.drained == 1);
-  CHECK(s.drained_bytes == 2 * kMi);
-  const std::string j = s.to_json(10 * kMi, std::chrono::milliseconds(100));
+  CHECK(s.drained_bytes == 2 * kMiB);
+  const std::string j = s.to_json(10 * kMiB, std::chrono::milliseconds(100));
   CHECK_THAT(j, Catch::StartsWith("{\"reserve_cap\":10485760,\"reserve_age_ms\":100,\"reuse_bytes\":6291456,"));
   CHECK_THAT(j, Catch::Contains("\"misses\":1,"));
   CHECK_THAT(j, Catch::EndsWith("]]}"));

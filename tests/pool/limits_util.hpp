@@ -23,6 +23,7 @@
 
 #include "harness.hpp"
 #include "pool_client.hpp"
+#include "units.hpp"
 #include "vlake/contracts/protocol.hpp"
 
 namespace vlake::pooltest::limits {
@@ -30,7 +31,7 @@ namespace vlake::pooltest::limits {
 namespace st = vlake::state;
 using proto::Status;
 
-inline constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 inline const char* const kConfig = "version: 1\ndefault:\n  limit: 100%\n";
 
 struct HelloResult {

@@ -18,6 +18,7 @@
 
 #include "fd_holder.hpp"
 #include "sim_gpu.hpp"
+#include "units.hpp"
 #include "vlake/contracts/codec.hpp"
 #include "vlake/pool/holder_scan.hpp"
 #include "vlake/pool/node.hpp"
@@ -29,7 +30,7 @@ using namespace vlake;
 using namespace vlake::pool;
 using namespace vlake::literals;
 
-inline constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 
 using pooltest::SimGpu;
 
@@ -198,6 +199,22 @@ inline const Node::Tenant* tenant_named(const Node& n, const std::string& name) 
     if (t.name == name) return &t;
   }
   return nullptr;
+}
+
+// A counted grant of `bytes` for `session` (memory its process allocates itself).
+inline GrantOut counted_grant(World& w, ConnId conn, std::uint64_t session, std::uint64_t bytes) {
+  proto::GrantRequest m = w.request(bytes);
+  m.purpose = proto::GrantPurpose::counted;
+  return w.node->grant(conn, session, m, w.t);
+}
+
+// `session` exports its grant `grant` for CUDA IPC (REQUIREs the reply).
+inline proto::IpcExportReply ipc_export(World& w, std::uint64_t session, std::uint64_t grant) {
+  proto::IpcExport m = proto::make<proto::IpcExport>(11);
+  m.grant_id = grant;
+  auto out = w.node->ipc_export(session, m);
+  REQUIRE(std::holds_alternative<proto::IpcExportReply>(out));
+  return std::get<proto::IpcExportReply>(out);
 }
 
 // A state segment of this test process, removed at the end.

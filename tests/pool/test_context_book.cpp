@@ -2,15 +2,17 @@
 // after NVML shows them, and how the context size of a GPU is learned — without a Node.
 #include <catch2/catch.hpp>
 
+#include "unit_ids.hpp"
+#include "units.hpp"
 #include "vlake/pool/features/contexts/context_book.hpp"
 
 using namespace vlake;
 using namespace vlake::pool;
 
 namespace {
-constexpr std::uint64_t kMiB = 1ULL << 20;
-const DeviceOrdinal gpu0{0};
-const DeviceOrdinal gpu1{1};
+using vlake::pooltest::kGpu0;
+using vlake::pooltest::kGpu1;
+using vlake::testunits::kMiB;
 const TenantId alice{1};
 const TenantId bob{2};
 }  // namespace
@@ -18,80 +20,80 @@ const TenantId bob{2};
 TEST_CASE("contexts: the size is the default until measured, then vlaked's own context, then processes' median",
           "[contexts]") {
   ContextBook b(std::nullopt, Bytes{512 * kMiB});
-  CHECK(b.size(gpu0) == Bytes{512 * kMiB});
-  CHECK(std::string(b.source(gpu0)) == "default");
-  b.observe_daemon(gpu0, Bytes{500 * kMiB});
-  CHECK(b.size(gpu0) == Bytes{500 * kMiB});
-  CHECK(std::string(b.source(gpu0)) == "daemon");
-  b.observe_daemon(gpu0, Bytes{700 * kMiB});  // a handle built off the loop: the least reading counts
-  CHECK(b.size(gpu0) == Bytes{500 * kMiB});
-  CHECK(b.size(gpu1) == Bytes{512 * kMiB});  // per GPU
+  CHECK(b.size(kGpu0) == Bytes{512 * kMiB});
+  CHECK(std::string(b.source(kGpu0)) == "default");
+  b.observe_daemon(kGpu0, Bytes{500 * kMiB});
+  CHECK(b.size(kGpu0) == Bytes{500 * kMiB});
+  CHECK(std::string(b.source(kGpu0)) == "daemon");
+  b.observe_daemon(kGpu0, Bytes{700 * kMiB});  // a handle built off the loop: the least reading counts
+  CHECK(b.size(kGpu0) == Bytes{500 * kMiB});
+  CHECK(b.size(kGpu1) == Bytes{512 * kMiB});  // per GPU
 
   // Each process's first listing after its admission is a sample (its figure per context).
-  b.admit(10, alice, gpu0);
-  b.observe(10, gpu0, false, Bytes{0});  // not listed yet: no sample
-  CHECK(std::string(b.source(gpu0)) == "daemon");
-  b.observe(10, gpu0, true, Bytes{518 * kMiB});
-  CHECK(b.size(gpu0) == Bytes{518 * kMiB});
-  CHECK(std::string(b.source(gpu0)) == "measured");
-  b.observe(10, gpu0, true, Bytes{4096 * kMiB});  // later readings (allocations) are no samples
-  CHECK(b.size(gpu0) == Bytes{518 * kMiB});
+  b.admit(10, alice, kGpu0);
+  b.observe(10, kGpu0, false, Bytes{0});  // not listed yet: no sample
+  CHECK(std::string(b.source(kGpu0)) == "daemon");
+  b.observe(10, kGpu0, true, Bytes{518 * kMiB});
+  CHECK(b.size(kGpu0) == Bytes{518 * kMiB});
+  CHECK(std::string(b.source(kGpu0)) == "measured");
+  b.observe(10, kGpu0, true, Bytes{4096 * kMiB});  // later readings (allocations) are no samples
+  CHECK(b.size(kGpu0) == Bytes{518 * kMiB});
   // One process cannot move the median: a huge first reading among normal ones.
-  b.admit(11, bob, gpu0);
-  b.observe(11, gpu0, true, Bytes{20000 * kMiB});
-  b.admit(12, bob, gpu0);
-  b.observe(12, gpu0, true, Bytes{520 * kMiB});
-  CHECK(b.size(gpu0) == Bytes{520 * kMiB});
+  b.admit(11, bob, kGpu0);
+  b.observe(11, kGpu0, true, Bytes{20000 * kMiB});
+  b.admit(12, bob, kGpu0);
+  b.observe(12, kGpu0, true, Bytes{520 * kMiB});
+  CHECK(b.size(kGpu0) == Bytes{520 * kMiB});
   // Two contexts in one process: the sample is per context.
-  b.admit(13, bob, gpu0);
-  b.admit(13, bob, gpu0);
-  b.observe(13, gpu0, true, Bytes{1036 * kMiB});
-  CHECK(b.size(gpu0) == Bytes{518 * kMiB});  // median of 518, 20000, 520, 518
+  b.admit(13, bob, kGpu0);
+  b.admit(13, bob, kGpu0);
+  b.observe(13, kGpu0, true, Bytes{1036 * kMiB});
+  CHECK(b.size(kGpu0) == Bytes{518 * kMiB});  // median of 518, 20000, 520, 518
   // Only the last kSamples count.
   for (std::uint64_t s = 100; s < 100 + ContextBook::kSamples; ++s) {
-    b.admit(s, bob, gpu0);
-    b.observe(s, gpu0, true, Bytes{300 * kMiB});
+    b.admit(s, bob, kGpu0);
+    b.observe(s, kGpu0, true, Bytes{300 * kMiB});
   }
-  CHECK(b.size(gpu0) == Bytes{300 * kMiB});
+  CHECK(b.size(kGpu0) == Bytes{300 * kMiB});
 }
 
 TEST_CASE("contexts: a fixed size is never learned", "[contexts]") {
   ContextBook b(Bytes{256 * kMiB}, Bytes{512 * kMiB});
-  b.observe_daemon(gpu0, Bytes{500 * kMiB});
-  b.admit(1, alice, gpu0);
-  b.observe(1, gpu0, true, Bytes{518 * kMiB});
-  CHECK(b.size(gpu0) == Bytes{256 * kMiB});
-  CHECK(std::string(b.source(gpu0)) == "fixed");
+  b.observe_daemon(kGpu0, Bytes{500 * kMiB});
+  b.admit(1, alice, kGpu0);
+  b.observe(1, kGpu0, true, Bytes{518 * kMiB});
+  CHECK(b.size(kGpu0) == Bytes{256 * kMiB});
+  CHECK(std::string(b.source(kGpu0)) == "fixed");
 }
 
 TEST_CASE("contexts: an admitted context counts until NVML shows it, then the charge follows the measurement",
           "[contexts]") {
   ContextBook b(Bytes{500 * kMiB}, Bytes{0});
-  b.measured(alice, gpu0, Bytes{0});
-  b.admit(1, alice, gpu0);
-  b.admit(2, alice, gpu0);
-  CHECK(b.contexts_of(alice, gpu0) == 2);
-  CHECK(b.extra(alice, gpu0) == Bytes{1000 * kMiB});
-  CHECK(b.charge(alice, gpu0) == Bytes{1000 * kMiB});
-  CHECK(b.charge(alice, gpu1) == Bytes{0});
-  CHECK(b.charge(bob, gpu0) == Bytes{0});
+  b.measured(alice, kGpu0, Bytes{0});
+  b.admit(1, alice, kGpu0);
+  b.admit(2, alice, kGpu0);
+  CHECK(b.contexts_of(alice, kGpu0) == 2);
+  CHECK(b.extra(alice, kGpu0) == Bytes{1000 * kMiB});
+  CHECK(b.charge(alice, kGpu0) == Bytes{1000 * kMiB});
+  CHECK(b.charge(alice, kGpu1) == Bytes{0});
+  CHECK(b.charge(bob, kGpu0) == Bytes{0});
   // A reading lists process 1 with a bigger context than the size: its figure is charged.
-  b.observe(1, gpu0, true, Bytes{600 * kMiB});
-  b.observe(2, gpu0, false, Bytes{0});
-  b.measured(alice, gpu0, Bytes{600 * kMiB});
-  CHECK(b.charge(alice, gpu0) == Bytes{1100 * kMiB});
+  b.observe(1, kGpu0, true, Bytes{600 * kMiB});
+  b.observe(2, kGpu0, false, Bytes{0});
+  b.measured(alice, kGpu0, Bytes{600 * kMiB});
+  CHECK(b.charge(alice, kGpu0) == Bytes{1100 * kMiB});
   // A smaller figure than admitted: the admitted size stays (the context may still be growing).
-  b.observe(2, gpu0, true, Bytes{100 * kMiB});
-  b.measured(alice, gpu0, Bytes{700 * kMiB});
-  CHECK(b.charge(alice, gpu0) == Bytes{1100 * kMiB});
+  b.observe(2, kGpu0, true, Bytes{100 * kMiB});
+  b.measured(alice, kGpu0, Bytes{700 * kMiB});
+  CHECK(b.charge(alice, kGpu0) == Bytes{1100 * kMiB});
   // Released: only NVML's figure is left, until the next reading drops it too.
-  CHECK(b.release(2, gpu0));
-  CHECK_FALSE(b.release(2, gpu0));
-  CHECK(b.charge(alice, gpu0) == Bytes{700 * kMiB});
+  CHECK(b.release(2, kGpu0));
+  CHECK_FALSE(b.release(2, kGpu0));
+  CHECK(b.charge(alice, kGpu0) == Bytes{700 * kMiB});
   // The session moves (a reload) or ends: its admission follows or goes.
   b.move(1, bob);
-  CHECK(b.contexts_of(alice, gpu0) == 0);
-  CHECK(b.contexts_of(bob, gpu0) == 1);
+  CHECK(b.contexts_of(alice, kGpu0) == 0);
+  CHECK(b.contexts_of(bob, kGpu0) == 1);
   CHECK(b.forget(1) == bob);
   CHECK(b.forget(1) == std::nullopt);
   CHECK(b.empty());

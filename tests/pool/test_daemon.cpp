@@ -18,6 +18,7 @@
 #include "harness.hpp"
 #include "pool_client.hpp"
 #include "tenant_figures.hpp"
+#include "units.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
@@ -27,7 +28,7 @@ using proto::Status;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 
 // Tenants: root (the test process and root helpers), 4242 and 4243 (helpers that setuid;
 // gid 0 so they may open the simulator's node file, which is 0660 root:root).

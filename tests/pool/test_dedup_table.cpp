@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "sim_gpu.hpp"
+#include "unit_ids.hpp"
 #include "vlake/pool/features/dedup/dedup.hpp"
 
 using namespace vlake;
@@ -19,8 +20,8 @@ using namespace vlake::literals;
 
 namespace {
 
-constexpr TenantId kA{1};
-constexpr TenantId kB{2};
+using vlake::pooltest::kA;
+using vlake::pooltest::kB;
 
 struct Table {
   pooltest::SimGpu gpu{"dedup"};

@@ -10,6 +10,7 @@
 
 #include "harness.hpp"
 #include "pool_client.hpp"
+#include "units.hpp"
 #include "vlake/contracts/protocol.hpp"
 
 using namespace vlake;
@@ -18,10 +19,10 @@ namespace st = vlake::state;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 
 // root (the test process, root helpers): canary; uid 4242: fault; 4243: off; others: canary.
-const char* const kConfig = R"(version: 1
+const char* const kGuardConfig = R"(version: 1
 default:
   limit: 64MiB
   guard: canary
@@ -40,7 +41,7 @@ const st::GuardEventRecord* newest(const st::State& s) {
 }  // namespace
 
 TEST_CASE("guard: HelloAck carries the tenant's mode from the quota file", "[guard]") {
-  DaemonProcess d("gmode", kConfig);
+  DaemonProcess d("gmode", kGuardConfig);
   REQUIRE(d.start());
   PoolClient c(d.socket);
   CHECK(c.hello().guard_mode == proto::GuardMode::canary);
@@ -51,7 +52,7 @@ TEST_CASE("guard: HelloAck carries the tenant's mode from the quota file", "[gua
 }
 
 TEST_CASE("guard: a write into a canary grant's slack raises an alarm at release", "[guard]") {
-  DaemonProcess d("gcanary", kConfig);
+  DaemonProcess d("gcanary", kGuardConfig);
   REQUIRE(d.start({"--canary-interval-ms", "0"}));
   Helper h(d.node);
   REQUIRE(h.ok("connect " + d.socket).at("guard") == "1");
@@ -92,7 +93,7 @@ TEST_CASE("guard: a write into a canary grant's slack raises an alarm at release
 }
 
 TEST_CASE("guard: the periodic sweep finds a slack write without a release, once", "[guard]") {
-  DaemonProcess d("gsweep", kConfig);
+  DaemonProcess d("gsweep", kGuardConfig);
   REQUIRE(d.start({"--canary-interval-ms", "50", "--sample-interval-ms", "20"}));
   Helper h(d.node);
   h.ok("connect " + d.socket);
@@ -116,7 +117,7 @@ TEST_CASE("guard: the periodic sweep finds a slack write without a release, once
 }
 
 TEST_CASE("guard: no false alarm over random grants written inside, and none in mode off", "[guard]") {
-  DaemonProcess d("gquiet", kConfig);
+  DaemonProcess d("gquiet", kGuardConfig);
   REQUIRE(d.start({"--canary-interval-ms", "20", "--sample-interval-ms", "10"}));
   Helper h(d.node);
   h.ok("connect " + d.socket);
@@ -155,7 +156,7 @@ TEST_CASE("guard: no false alarm over random grants written inside, and none in 
 }
 
 TEST_CASE("guard: a valid GuardEvent is recorded, a malformed one closes the connection", "[guard]") {
-  DaemonProcess d("gevent", kConfig);
+  DaemonProcess d("gevent", kGuardConfig);
   REQUIRE(d.start());
   PoolClient c(d.socket);
   const auto ack = c.hello();
@@ -237,7 +238,7 @@ TEST_CASE("guard: a valid GuardEvent is recorded, a malformed one closes the con
 }
 
 TEST_CASE("guard: a ReadOnlyWrite must name a shared grant of the sender, a malformed one closes", "[guard]") {
-  DaemonProcess d("growrite", kConfig);
+  DaemonProcess d("growrite", kGuardConfig);
   REQUIRE(d.start());
   PoolClient c(d.socket);
   const auto ack = c.hello();

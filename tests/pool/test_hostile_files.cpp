@@ -20,6 +20,7 @@
 
 #include "harness.hpp"
 #include "process.hpp"
+#include "units.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
@@ -27,8 +28,8 @@ namespace st = vlake::state;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
-const std::string kConfig = "version: 1\ndefault:\n  limit: 16MiB\n";
+using vlake::testunits::kMiB;
+const std::string kHostileConfig = "version: 1\ndefault:\n  limit: 16MiB\n";
 
 // A new tenant process connects (Hello) and asks for its usage; returns how long the daemon
 // took to answer both, and the limit it reported.
@@ -84,7 +85,7 @@ TEST_CASE("daemon state: another user cannot pre-create the segment, and a name 
     WARN("needs root to run a helper as another uid; not run");
     return;
   }
-  DaemonProcess d("seg-preempt", kConfig);
+  DaemonProcess d("seg-preempt", kHostileConfig);
   const std::string path = st::segment_path(d.state);
   const std::string old_path = "/dev/shm/" + d.state;  // where the segment used to live
   struct Cleanup {
@@ -123,7 +124,7 @@ TEST_CASE("daemon state: a state directory another user could write in is refuse
     WARN("needs root to give a directory to another uid; not run");
     return;
   }
-  DaemonProcess d("seg-dir", kConfig);
+  DaemonProcess d("seg-dir", kHostileConfig);
   const std::string open_dir = d.dir + "/open";
   REQUIRE(::mkdir(open_dir.c_str(), 0755) == 0);
   REQUIRE(::chmod(open_dir.c_str(), 01777) == 0);  // like /tmp or /dev/shm: anyone creates names
@@ -151,7 +152,7 @@ TEST_CASE("daemon state: a segment created by another uid is refused at start-up
     WARN("needs root to create a file owned by another uid; not run");
     return;
   }
-  DaemonProcess d("seg-owner", kConfig);
+  DaemonProcess d("seg-owner", kHostileConfig);
   const std::string path = st::segment_path(d.state);
   {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -169,7 +170,7 @@ TEST_CASE("daemon state: a segment created by another uid is refused at start-up
 }
 
 TEST_CASE("daemon state: a symlink at the segment path is refused at start-up", "[daemon][hostile]") {
-  DaemonProcess d("seg-link", kConfig);
+  DaemonProcess d("seg-link", kHostileConfig);
   const std::string path = st::segment_path(d.state);
   const std::string target = d.dir + "/target";
   { std::ofstream(target) << "precious"; }
@@ -186,7 +187,7 @@ TEST_CASE("daemon state: a symlink at the segment path is refused at start-up", 
 }
 
 TEST_CASE("daemon state: a segment group/others may write (mode 0666) is refused, not fixed", "[daemon][hostile]") {
-  DaemonProcess d("seg-0666", kConfig);
+  DaemonProcess d("seg-0666", kHostileConfig);
   const std::string path = st::segment_path(d.state);
   {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -202,7 +203,7 @@ TEST_CASE("daemon state: a segment group/others may write (mode 0666) is refused
 }
 
 TEST_CASE("daemon state: the segment is created with mode 0600 by default", "[daemon][hostile]") {
-  DaemonProcess d("seg-default", kConfig);
+  DaemonProcess d("seg-default", kHostileConfig);
   REQUIRE(d.start());
   struct stat sb {};
   REQUIRE(::lstat(st::segment_path(d.state).c_str(), &sb) == 0);
@@ -213,7 +214,7 @@ TEST_CASE("daemon state: the segment is created with mode 0600 by default", "[da
 }
 
 TEST_CASE("daemon quota file: a FIFO swapped in is rejected and the daemon keeps serving", "[daemon][hostile]") {
-  DaemonProcess d("cfg-fifo", kConfig);
+  DaemonProcess d("cfg-fifo", kHostileConfig);
   REQUIRE(d.start());
   std::uint64_t limit = 0;
   serve(d, limit);
@@ -236,7 +237,7 @@ TEST_CASE("daemon quota file: a FIFO swapped in is rejected and the daemon keeps
 }
 
 TEST_CASE("daemon quota file: a symlink to /dev/zero and a 6.7 MB file are rejected quickly", "[daemon][hostile]") {
-  DaemonProcess d("cfg-big", kConfig);
+  DaemonProcess d("cfg-big", kHostileConfig);
   REQUIRE(d.start());
   std::uint64_t limit = 0;
 
@@ -258,7 +259,7 @@ TEST_CASE("daemon quota file: a symlink to /dev/zero and a 6.7 MB file are rejec
   const std::size_t big = 6'700'000;
   t0 = std::chrono::steady_clock::now();
   swap_in(d, [&](const std::string& tmp) {
-    std::string text = kConfig;
+    std::string text = kHostileConfig;
     const std::string line = "# " + std::string(97, 'c') + "\n";
     while (text.size() + line.size() <= big) text += line;
     text.resize(big, '\n');
@@ -281,7 +282,7 @@ TEST_CASE("daemon quota file: a symlink to /dev/zero and a 6.7 MB file are rejec
 }
 
 TEST_CASE("daemon quota file: a huge bad string leaves the log line and last_error bounded", "[daemon][hostile]") {
-  DaemonProcess d("cfg-string", kConfig);
+  DaemonProcess d("cfg-string", kHostileConfig);
   REQUIRE(d.start());
   std::uint64_t limit = 0;
 

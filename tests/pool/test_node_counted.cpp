@@ -10,14 +10,8 @@ using namespace vlake::nodetest;
 
 namespace {
 
-const char* kOvercommit =
+const char* kCountedOvercommit =
     "version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: nb, overcommit: true, users: [1001, 1002]}\n";
-
-GrantOut counted(World& w, ConnId conn, std::uint64_t session, std::uint64_t bytes) {
-  proto::GrantRequest m = w.request(bytes);
-  m.purpose = proto::GrantPurpose::counted;
-  return w.node->grant(conn, session, m, w.t);
-}
 
 }  // namespace
 
@@ -27,17 +21,17 @@ TEST_CASE("node: overcommit: a counted grant never allocated is revoked and its 
   settings.swap_idle = std::chrono::milliseconds(1000);
   settings.swap_margin = Bytes{0};
   settings.counted_realize = std::chrono::milliseconds(2000);
-  World w(kOvercommit, settings);
+  World w(kCountedOvercommit, settings);
   REQUIRE(sim_gpu().driver().checkpoint_supported());
   const auto a = w.hello(1, 101, 1001, true);
   const auto b = w.hello(2, 102, 1002, true);
-  REQUIRE(std::holds_alternative<Granted>(counted(w, 1, a, 512 * kMiB)));
+  REQUIRE(std::holds_alternative<Granted>(counted_grant(w, 1, a, 512 * kMiB)));
   // A's driver holds its 512 MiB (taken outside the pool, as A's own allocation would be).
   w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{128 * kMiB});
   w.advance(std::chrono::milliseconds(2000));  // A idle
 
   // B asks for 256 MiB it will never allocate: A goes to the host for it.
-  REQUIRE(std::holds_alternative<Parked>(counted(w, 2, b, 256 * kMiB)));
+  REQUIRE(std::holds_alternative<Parked>(counted_grant(w, 2, b, 256 * kMiB)));
   w.advance(std::chrono::milliseconds(300));
   (void)w.retry_parked(w.t);
   std::vector<SwapNoticeOut> notes = w.take(&Effects::swap_notices);
@@ -84,7 +78,7 @@ TEST_CASE("node: overcommit: a counted grant never allocated is revoked and its 
   // B's next counted grant finds no room: it moves nobody out, its driver decides.
   w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{128 * kMiB});
   w.advance(std::chrono::milliseconds(2000));  // A idle again
-  CHECK(std::holds_alternative<Granted>(counted(w, 2, b, 256 * kMiB)));
+  CHECK(std::holds_alternative<Granted>(counted_grant(w, 2, b, 256 * kMiB)));
   w.advance(std::chrono::milliseconds(300));
   (void)w.node->settle(w.t);
   CHECK(w.take(&Effects::swap_notices).empty());

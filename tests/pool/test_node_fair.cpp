@@ -11,14 +11,6 @@ using namespace vlake::nodetest;
 
 namespace {
 
-proto::IpcExportReply ipc_export(World& w, std::uint64_t session, std::uint64_t grant) {
-  proto::IpcExport m = proto::make<proto::IpcExport>(11);
-  m.grant_id = grant;
-  auto out = w.node->ipc_export(session, m);
-  REQUIRE(std::holds_alternative<proto::IpcExportReply>(out));
-  return std::get<proto::IpcExportReply>(out);
-}
-
 proto::Status ipc_open(World& w, std::uint64_t session, const proto::IpcExportReply& e) {
   proto::IpcOpen m = proto::make<proto::IpcOpen>(12);
   m.token = e.token;

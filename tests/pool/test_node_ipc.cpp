@@ -10,14 +10,6 @@ using namespace vlake::nodetest;
 
 namespace {
 
-proto::IpcExportReply ipc_export(World& w, std::uint64_t session, std::uint64_t grant) {
-  proto::IpcExport m = proto::make<proto::IpcExport>(11);
-  m.grant_id = grant;
-  auto out = w.node->ipc_export(session, m);
-  REQUIRE(std::holds_alternative<proto::IpcExportReply>(out));
-  return std::get<proto::IpcExportReply>(out);
-}
-
 Node::IpcOpened ipc_open(World& w, std::uint64_t session, std::uint64_t token, std::uint64_t secret) {
   proto::IpcOpen m = proto::make<proto::IpcOpen>(12);
   m.token = token;

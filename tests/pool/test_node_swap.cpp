@@ -14,12 +14,6 @@ namespace {
 const char* kOvercommit =
     "version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: nb, overcommit: true, users: [1001, 1002, 1003]}\n";
 
-GrantOut counted(World& w, ConnId conn, std::uint64_t session, std::uint64_t bytes) {
-  proto::GrantRequest m = w.request(bytes);
-  m.purpose = proto::GrantPurpose::counted;
-  return w.node->grant(conn, session, m, w.t);
-}
-
 void report_active(World& w, std::uint64_t session) {
   proto::ReserveReport r = proto::make<proto::ReserveReport>(0);
   w.node->devices().front().uuid.copy_to(r.device_uuid);
@@ -41,7 +35,7 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   REQUIRE(sim_gpu().driver().checkpoint_supported());
   const auto a = w.hello(1, 101, 1001, true);
   const auto b = w.hello(2, 102, 1002, true);
-  REQUIRE(std::holds_alternative<Granted>(counted(w, 1, a, 512 * kMiB)));
+  REQUIRE(std::holds_alternative<Granted>(counted_grant(w, 1, a, 512 * kMiB)));
   // A's driver holds its 512 MiB (taken here outside the pool, as A's own allocation would be).
   const Bytes free = sim_gpu().driver().memory_info(DeviceOrdinal{0}).free;
   w.take_outside(free - Bytes{128 * kMiB});
@@ -49,7 +43,7 @@ TEST_CASE("node: overcommit: a counted grant the GPU has no room for swaps out a
   report_active(w, b);
 
   // B's 256 MiB do not fit: parked; caches first (nobody to ask here), no swap yet.
-  GrantOut out = counted(w, 2, b, 256 * kMiB);
+  GrantOut out = counted_grant(w, 2, b, 256 * kMiB);
   REQUIRE(std::holds_alternative<Parked>(out));
   CHECK(w.take(&Effects::swap_notices).empty());
   // At the first retry (250 ms) A, idle for 2 s, is told to get ready.
@@ -133,12 +127,12 @@ TEST_CASE("node: overcommit: a restore waits for room and swaps out others or ti
   const auto a = w.hello(1, 101, 1001, true);
   const auto b = w.hello(2, 102, 1002, true);
   const auto c = w.hello(3, 103, 1003, true);
-  REQUIRE(std::holds_alternative<Granted>(counted(w, 1, a, 512 * kMiB)));
-  REQUIRE(std::holds_alternative<Granted>(counted(w, 3, c, 512 * kMiB)));
+  REQUIRE(std::holds_alternative<Granted>(counted_grant(w, 1, a, 512 * kMiB)));
+  REQUIRE(std::holds_alternative<Granted>(counted_grant(w, 3, c, 512 * kMiB)));
   // A is swapped out (as above, without the grant that asked for it).
   w.advance(std::chrono::milliseconds(2000));
   w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
-  REQUIRE(std::holds_alternative<Parked>(counted(w, 2, b, 256 * kMiB)));
+  REQUIRE(std::holds_alternative<Parked>(counted_grant(w, 2, b, 256 * kMiB)));
   w.advance(std::chrono::milliseconds(300));
   (void)w.retry_parked(w.t);
   std::vector<SwapNoticeOut> notes = w.take(&Effects::swap_notices);
@@ -184,10 +178,10 @@ TEST_CASE("node: overcommit: a SwapIn before the checkpoint calls the swap off a
   World w(kOvercommit, swap_settings());
   const auto a = w.hello(1, 101, 1001, true);
   const auto b = w.hello(2, 102, 1002, true);
-  REQUIRE(std::holds_alternative<Granted>(counted(w, 1, a, 512 * kMiB)));
+  REQUIRE(std::holds_alternative<Granted>(counted_grant(w, 1, a, 512 * kMiB)));
   w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
   w.advance(std::chrono::milliseconds(2000));
-  REQUIRE(std::holds_alternative<Parked>(counted(w, 2, b, 256 * kMiB)));
+  REQUIRE(std::holds_alternative<Parked>(counted_grant(w, 2, b, 256 * kMiB)));
   w.advance(std::chrono::milliseconds(300));
   (void)w.retry_parked(w.t);
   REQUIRE(w.take(&Effects::swap_notices).size() == 1);
@@ -221,14 +215,14 @@ TEST_CASE("node: overcommit: tenants without it are never swapped and their gran
       "version: 1\ndefault: {limit: 100%}\nnamespaces:\n  - {name: nb, overcommit: true, users: [1001]}\n"
       "  - {name: plain, users: [1002]}\n",
       swap_settings());
-  const auto a = w.hello(1, 101, 1001, true);                              // overcommit
-  const auto p = w.hello(2, 102, 1002, true);                              // plain
-  REQUIRE(std::holds_alternative<Granted>(counted(w, 2, p, 256 * kMiB)));  // e.g. managed memory
+  const auto a = w.hello(1, 101, 1001, true);                                    // overcommit
+  const auto p = w.hello(2, 102, 1002, true);                                    // plain
+  REQUIRE(std::holds_alternative<Granted>(counted_grant(w, 2, p, 256 * kMiB)));  // e.g. managed memory
   w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
   w.advance(std::chrono::milliseconds(5000));
   // A needs room; P is idle but not in an overcommit namespace: nobody is swapped, and after the
   // wait the grant goes on (A's driver decides).
-  REQUIRE(std::holds_alternative<Parked>(counted(w, 1, a, 256 * kMiB)));
+  REQUIRE(std::holds_alternative<Parked>(counted_grant(w, 1, a, 256 * kMiB)));
   w.advance(std::chrono::milliseconds(300));
   (void)w.retry_parked(w.t);
   CHECK(w.take(&Effects::swap_notices).empty());
@@ -237,7 +231,7 @@ TEST_CASE("node: overcommit: tenants without it are never swapped and their gran
   REQUIRE(done.size() == 1);
   CHECK(std::holds_alternative<Granted>(done[0].out));
   // P's counted grants never wait for room (only overcommit tenants' do).
-  CHECK(std::holds_alternative<Granted>(counted(w, 2, p, 64 * kMiB)));
+  CHECK(std::holds_alternative<Granted>(counted_grant(w, 2, p, 64 * kMiB)));
 }
 
 TEST_CASE("node: refusals are logged with their reason, and per tenant", "[node][refusals][state]") {

@@ -1,15 +1,17 @@
 // The pool planner (pool/include/vlake/pool/planner.hpp): pure logic, no driver.
 #include <catch2/catch.hpp>
 
+#include "unit_ids.hpp"
+#include "units.hpp"
 #include "vlake/pool/planner.hpp"
 
 using namespace vlake;
 using namespace vlake::pool;
 
 namespace {
-constexpr std::uint64_t kMiB = 1ULL << 20;
-const TenantId kA{1};
-const TenantId kB{2};
+using vlake::pooltest::kA;
+using vlake::pooltest::kB;
+using vlake::testunits::kMiB;
 FreeHandleView fh(std::uint64_t mib, std::optional<TenantId> last, std::uint64_t seq, bool clean = false) {
   return FreeHandleView{Bytes{mib * kMiB}, last, clean, seq};
 }

@@ -7,6 +7,7 @@
 
 #include "daemon_grants.hpp"
 #include "harness.hpp"
+#include "units.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
@@ -14,8 +15,8 @@ namespace st = vlake::state;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
-constexpr std::uint64_t kGiB = 1ULL << 30;  // the harness's simulated GPU
+using vlake::testunits::kGiB;  // the harness's simulated GPU
+using vlake::testunits::kMiB;
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // asks to give memory back, in which order.
 #include <catch2/catch.hpp>
 
+#include "units.hpp"
 #include "vlake/pool/pressure_plan.hpp"
 
 using vlake::Bytes;
@@ -12,7 +13,7 @@ using vlake::pool::SwapCandidate;
 
 namespace {
 
-constexpr std::uint64_t MiB = 1ULL << 20;
+using vlake::testunits::MiB;
 const auto t0 = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
 
 PressureCandidate cand(std::uint64_t session, std::uint64_t reserve_mib, std::uint64_t held_mib, bool reclaim,

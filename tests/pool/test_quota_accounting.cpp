@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "units.hpp"
 #include "vlake/pool/accounting.hpp"
 
 using namespace vlake;
@@ -21,7 +22,7 @@ using namespace vlake::literals;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 
 // Every invariant of the grant rule over one consistent snapshot; returns what is broken.
 std::vector<std::string> broken(const Accounting::Snapshot& s) {

@@ -16,6 +16,7 @@
 
 #include "harness.hpp"
 #include "tenant_figures.hpp"
+#include "units.hpp"
 
 using namespace vlake;
 using namespace vlake::pooltest;
@@ -23,7 +24,7 @@ namespace st = vlake::state;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 constexpr int kOk = 0;
 constexpr int kOverLimit = 1;           // proto::Status::over_limit (the tenant's limit)
 constexpr int kNamespaceOverLimit = 8;  // proto::Status::namespace_over_limit

@@ -9,6 +9,8 @@
 
 #include "daemon_grants.hpp"
 #include "harness.hpp"
+#include "unit_ids.hpp"
+#include "units.hpp"
 #include "vlake/exporter/collector.hpp"
 #include "vlake/pool/planner.hpp"
 #include "vlake/pool/servable.hpp"
@@ -21,11 +23,11 @@ namespace st = vlake::state;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
-constexpr std::uint64_t kGiB = 1ULL << 30;  // the harness's simulated GPU
-constexpr std::uint32_t kMax = 32;          // proto::kMaxHandlesPerGrant
-const TenantId kA{1};
-const TenantId kB{2};
+using vlake::testunits::kGiB;  // the harness's simulated GPU
+using vlake::testunits::kMiB;
+constexpr std::uint32_t kMax = 32;  // proto::kMaxHandlesPerGrant
+using vlake::pooltest::kA;
+using vlake::pooltest::kB;
 
 std::vector<ServableHandleView> handles(std::uint64_t count, std::uint64_t mib,
                                         std::optional<TenantId> bound = std::nullopt) {

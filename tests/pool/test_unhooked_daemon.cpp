@@ -14,6 +14,7 @@
 
 #include "harness.hpp"
 #include "tenant_figures.hpp"
+#include "units.hpp"
 #include "vlake/common/proc.hpp"
 #include "vlake/contracts/protocol.hpp"
 
@@ -24,9 +25,9 @@ namespace st = vlake::state;
 #ifdef VLAKE_SIM_NVML_LIB
 namespace {
 
-constexpr std::uint64_t kMiB = 1ULL << 20;
+using vlake::testunits::kMiB;
 
-std::string config(const std::string& policy) {
+std::string unhooked_config(const std::string& policy) {
   return "version: 1\ndefault: {limit: 16MiB, " + policy + "}\nusers:\n  - {uid: 4242, limit: 64MiB}\n";
 }
 
@@ -59,7 +60,7 @@ TEST_CASE(
     "daemon unhooked: a process without a session is its uid's unhooked memory that refuse counts and account only "
     "shows",
     "[daemon][unhooked]") {
-  DaemonProcess d("unhooked", config("enforce: refuse"));
+  DaemonProcess d("unhooked", unhooked_config("enforce: refuse"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper outside(d.node, 4242, 0);  // never says Hello: the driver called without the hook
   outside.ok("meminfo");            // a context: NVML lists it
@@ -82,7 +83,7 @@ TEST_CASE(
   CHECK_THAT(d.log(), Catch::Contains("GPU memory outside vlake"));
 
   // enforce: account shows the memory and no longer counts it.
-  rewrite(d, config("enforce: account"));
+  rewrite(d, unhooked_config("enforce: account"));
   d.signal(SIGHUP);
   REQUIRE(eventually([&] { return tenant(*snapshot(d.state), "user:4242")->enforce == 0; }, 5000));
   CHECK(num(hooked.ok("grant " + std::to_string(32 * kMiB)), "status") == 0);
@@ -91,7 +92,7 @@ TEST_CASE(
 
 TEST_CASE("daemon unhooked: enforce kill kills the unhooked process after the grace and counts it",
           "[daemon][unhooked]") {
-  DaemonProcess d("unhooked-kill", config("enforce: kill, kill_grace: 300ms"));
+  DaemonProcess d("unhooked-kill", unhooked_config("enforce: kill, kill_grace: 300ms"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper under(d.node, 0, 0);  // uid 0: 16 MiB limit, uses 8 outside: never killed
   under.ok("meminfo");
@@ -113,7 +114,7 @@ TEST_CASE(
     "[daemon][unhooked]") {
   // No `enforce` anywhere: the default policy must not let the tenant keep memory above its
   // limit (a renamed libcuda, the driver called by address) past kill_grace.
-  DaemonProcess d("unhooked-default", config("kill_grace: 300ms"));
+  DaemonProcess d("unhooked-default", unhooked_config("kill_grace: 300ms"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper within(d.node, 0, 0);  // uid 0: 16 MiB limit, uses 8 outside: never killed
   within.ok("meminfo");
@@ -137,7 +138,7 @@ TEST_CASE(
 
 TEST_CASE("daemon unhooked: memory created without a context (not in NVML's list) is its process's tenant's",
           "[daemon][unhooked]") {
-  DaemonProcess d("unlisted", config("enforce: refuse"));
+  DaemonProcess d("unlisted", unhooked_config("enforce: refuse"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper listed(d.node, 0, 0);  // a context, 8 MiB: NVML lists it with its figure
   listed.ok("meminfo");
@@ -162,7 +163,7 @@ TEST_CASE("daemon unhooked: memory created without a context (not in NVML's list
 }
 
 TEST_CASE("daemon unhooked: enforce kill kills a process that holds memory without a context", "[daemon][unhooked]") {
-  DaemonProcess d("unlisted-kill", config("enforce: kill, kill_grace: 300ms"));
+  DaemonProcess d("unlisted-kill", unhooked_config("enforce: kill, kill_grace: 300ms"));
   REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
   Helper over(d.node, 4242, 0);
   over.ok("own " + std::to_string(256 * kMiB));  // over the 64 MiB limit, and not in NVML's list

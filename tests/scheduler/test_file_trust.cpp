@@ -21,6 +21,7 @@
 #include "pool_client.hpp"
 #include "support.hpp"
 #include "tenant_process.hpp"
+#include "units.hpp"
 #include "vlake/contracts/allocation.hpp"
 #include "vlake/contracts/state.hpp"
 
@@ -29,7 +30,7 @@ using namespace vlake::schedtest;
 
 namespace {
 
-constexpr std::uint64_t kMiB = 1ull << 20;
+using vlake::testunits::kMiB;
 using Clock = std::chrono::steady_clock;
 
 void put(const std::string& path, const std::string& text) {

@@ -4,6 +4,7 @@
 // This binary runs with VLAKE_SIM_CONTEXT_MEMORY=8MiB (set before main, inherited by probes).
 #include "sim_helpers.hpp"
 #include "sim_support.hpp"
+#include "units.hpp"
 #include "vlake/common/nvml_api.hpp"
 #include "vlake/common/uuid.hpp"
 
@@ -26,7 +27,7 @@ using namespace simtest;
 namespace {
 
 constexpr size_t kContext = size_t{8} << 20;
-constexpr size_t kMiB = size_t{1} << 20;
+using vlake::testunits::kMiB;
 
 struct ContextEnv {
   ContextEnv() { ::setenv("VLAKE_SIM_CONTEXT_MEMORY", "8MiB", 1); }

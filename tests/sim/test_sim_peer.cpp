@@ -17,8 +17,8 @@ using namespace simtest;
 namespace {
 
 // One 2 MiB VMM allocation of device `owner`, mapped with no access yet.
-struct Vmm : MappedAllocation {
-  explicit Vmm(int owner) : MappedAllocation(device_prop(owner), kGran) {}
+struct PeerVmm : MappedAllocation {
+  explicit PeerVmm(int owner) : MappedAllocation(device_prop(owner), kGran) {}
   unsigned long long access(int dev) const {
     CUmemLocation loc{};
     loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -105,7 +105,7 @@ TEST_CASE("a kernel touching another device's cuMemAlloc memory needs peer acces
 TEST_CASE("VMM access is per device: several descriptors and cuMemGetAccess per device", "[sim][peer]") {
   CUcontext c1 = init_ctx(1);
   init_ctx(0);
-  Vmm m(1);
+  PeerVmm m(1);
   CHECK(m.access(0) == CU_MEM_ACCESS_FLAGS_PROT_NONE);
   CHECK(m.access(1) == CU_MEM_ACCESS_FLAGS_PROT_NONE);
   const CUmemAccessDesc own = desc(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);

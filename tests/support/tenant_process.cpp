@@ -22,6 +22,12 @@ std::unique_ptr<state::State> snapshot(const pooltest::DaemonProcess& d) {
   return state::StateReader(d.state).snapshot();
 }
 
+std::uint64_t granted(const pooltest::DaemonProcess& d, const std::string& name) {
+  const auto s = snapshot(d);
+  const state::TenantRecord* t = pooltest::tenant(*s, name);
+  return t == nullptr ? 0 : t->granted[0];
+}
+
 std::unique_ptr<state::State> wait_state(const pooltest::DaemonProcess& d,
                                          const std::function<bool(const state::State&)>& done) {
   auto s = snapshot(d);

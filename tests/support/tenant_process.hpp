@@ -14,16 +14,20 @@
 
 #include "harness.hpp"
 #include "process.hpp"
+#include "units.hpp"
 
 namespace vlake::e2e {
 
-inline constexpr std::uint64_t MiB = 1ull << 20;
-inline constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+using vlake::testunits::MiB;
+inline constexpr int kOutOfMemory = 2;       // CUDA_ERROR_OUT_OF_MEMORY
+inline constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 
 // Whether a wait status (finish()) is a normal exit with code 0.
 bool exited_ok(int status);
 // The daemon's state segment, read now.
 std::unique_ptr<state::State> snapshot(const pooltest::DaemonProcess& d);
+// The bytes the tenant named `name` is granted on GPU 0 now (0 if it is not in the state).
+std::uint64_t granted(const pooltest::DaemonProcess& d, const std::string& name);
 // Polls the daemon's state until `done` holds (up to 5 s); the last snapshot.
 std::unique_ptr<state::State> wait_state(const pooltest::DaemonProcess& d,
                                          const std::function<bool(const state::State&)>& done);
