@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (preset `fuzz`: clang-14, ASan + UBSan; tests/fuzz), replays
-# each over its seed corpus (ctest -L fuzz), then fuzzes each for SECONDS (default 60) in turn,
-# niced. Prints per target the executions, executions per second, corpus size and coverage;
-# exits non-zero if the build, a replay or any fuzzing run fails (a crash, a sanitizer report, a
-# broken invariant, a timeout of one input, memory over the limit).
+# each over its seed corpus (ctest -L fuzz), then fuzzes each for SECONDS (default 60), niced,
+# as many targets at once as there are cores. Prints per target the executions, executions per
+# second, corpus size and coverage; exits non-zero if the build, a replay or any fuzzing run
+# fails (a crash, a sanitizer report, a broken invariant, a timeout of one input, memory over the
+# limit).
 #
 #   ./scripts/fuzz.sh              # 60 s per target
 #   ./scripts/fuzz.sh 600          # 10 minutes per target
@@ -54,37 +55,56 @@ declare -A seeds=(
 
 summary=()
 failed=()
+# The targets fuzz side by side, as many at once as there are cores (each libFuzzer run is one
+# process on one core), so SECONDS is the wall time of each round, not of each target.
+fuzz_one() {  # fuzz_one <target>: one libFuzzer run; its exit status
+  local t="$1"
+  # shellcheck disable=SC2086  # flags are words
+  nice -n 15 "${runner[@]}" "$dir/tests/fuzz/vlake_fuzz_$t" ${flags[$t]} -max_total_time="$seconds" \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t/" \
+    "$dir/corpus/$t" "${seeds[$t]}" >"$dir/fuzz-$t.log" 2>&1
+}
+report_one() {  # report_one <target> <exit status>: its summary line; its log's end when it failed
+  local t="$1" rc="$2" log="$dir/fuzz-$1.log"
+  local execs rate last cov corp status=ok
+  execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
+  rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
+  last="$(grep -a -E '^#[0-9]+' "$log" | tail -1 || true)"
+  cov="$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")"
+  corp="$(sed -n 's/.* corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p' <<<"$last")"
+  if ((rc != 0)); then
+    status="FAILED (exit $rc)"
+    failed+=("$t")
+    echo "fuzz.sh: $t failed; the end of its log:" >&2
+    tail -n 40 "$log" >&2
+    ls "$dir/artifacts/$t" >&2
+  fi
+  summary+=("$(printf '%-6s %6ss %12s execs %9s/s  corpus %-12s cov %-6s %s' "$t" "$seconds" "${execs:-?}" \
+    "${rate:-?}" "${corp:-?}" "${cov:-?}" "$status")")
+}
 if ((seconds > 0)); then
   for t in "${targets[@]}"; do
     if [[ -z "${seeds[$t]:-}" ]]; then
       echo "fuzz.sh: unknown target '$t' (codec, quota)" >&2
       exit 2
     fi
-    corpus="$dir/corpus/$t"
-    artifacts="$dir/artifacts/$t"
-    log="$dir/fuzz-$t.log"
-    mkdir -p "$corpus" "$artifacts"
-    echo "fuzz.sh: $t for ${seconds}s (log: $log)"
-    rc=0
-    # shellcheck disable=SC2086  # flags are words
-    nice -n 15 "${runner[@]}" "$dir/tests/fuzz/vlake_fuzz_$t" ${flags[$t]} -max_total_time="$seconds" \
-      -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$artifacts/" \
-      "$corpus" "${seeds[$t]}" >"$log" 2>&1 || rc=$?
-    execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
-    rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
-    last="$(grep -a -E '^#[0-9]+' "$log" | tail -1 || true)"
-    cov="$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")"
-    corp="$(sed -n 's/.* corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p' <<<"$last")"
-    status=ok
-    if ((rc != 0)); then
-      status="FAILED (exit $rc)"
-      failed+=("$t")
-      echo "fuzz.sh: $t failed; the end of its log:" >&2
-      tail -n 40 "$log" >&2
-      ls "$artifacts" >&2
-    fi
-    summary+=("$(printf '%-6s %6ss %12s execs %9s/s  corpus %-12s cov %-6s %s' "$t" "$seconds" "${execs:-?}" \
-      "${rate:-?}" "${corp:-?}" "${cov:-?}" "$status")")
+    mkdir -p "$dir/corpus/$t" "$dir/artifacts/$t"
+  done
+  at_once="$(nproc)"
+  for ((i = 0; i < ${#targets[@]}; i += at_once)); do
+    round=("${targets[@]:i:at_once}")
+    declare -A pids=()
+    for t in "${round[@]}"; do
+      echo "fuzz.sh: $t for ${seconds}s (log: $dir/fuzz-$t.log)"
+      fuzz_one "$t" &
+      pids[$t]=$!
+    done
+    for t in "${round[@]}"; do
+      rc=0
+      wait "${pids[$t]}" || rc=$?
+      report_one "$t" "$rc"
+    done
+    unset pids
   done
 fi
 
