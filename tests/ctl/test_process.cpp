@@ -18,10 +18,9 @@ using namespace vlake;
 using namespace vlake::ctltest;
 using namespace vlake::pooltest;
 
-namespace {
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
-using vlake::testunits::kGiB;
-using vlake::testunits::kMiB;
+namespace {
 
 const char* const kConfig =
     "version: 1\n"

@@ -44,8 +44,7 @@ std::string parse_error(std::vector<std::string> args, const char* env = nullptr
   return "(no error)";
 }
 
-using vlake::testunits::kGiB;
-using vlake::testunits::kMiB;
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
 std::string unique(const std::string& tag) { return "ctlu" + std::to_string(::getpid()) + "-" + tag; }
 

@@ -33,10 +33,10 @@ using exptest::parse_prometheus;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::kGiB;
-using vlake::testunits::kMiB;
 constexpr std::uint64_t kNow = 1'700'000'000'000'000'000ULL;
 const char* const kGpu0 = "GPU-00112233-4455-6677-8899-aabbccddeeff";
 const exporter::BuildInfo kBuild{"1.2.3", "abc123"};

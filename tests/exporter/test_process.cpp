@@ -31,9 +31,9 @@ using exptest::parse_prometheus;
 using vlake::pooltest::DaemonProcess;
 using vlake::pooltest::Helper;
 
-namespace {
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
-using vlake::testunits::kMiB;
+namespace {
 
 const char* const kConfig =
     "version: 1\n"

@@ -12,7 +12,7 @@
 
 namespace hooktest {
 
-using vlake::testunits::MiB;
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
 // `v` as the tenant's step lines print it (decimal).
 inline std::string num(std::uint64_t v) { return std::to_string(v); }

@@ -16,9 +16,10 @@ using namespace vlake::hook::alloc;
 using proto::GrantPurpose;
 using proto::Status;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::MiB;
 constexpr std::uint64_t kGran = 2 * MiB;
 const DeviceOrdinal kDev{0};
 CUcontext const kCtx = reinterpret_cast<CUcontext>(0x10);

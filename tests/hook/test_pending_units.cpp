@@ -15,10 +15,9 @@
 using namespace vlake;
 using namespace vlake::hook;
 
-namespace {
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
-using vlake::testunits::GiB;
-using vlake::testunits::MiB;
+namespace {
 
 // Fake handles: only their values matter to the bookkeeping.
 CUevent event_no(std::uintptr_t n) { return reinterpret_cast<CUevent>(n); }
@@ -216,7 +215,6 @@ TEST_CASE("UsageCache: a custom policy and more GPUs than slots") {
 }
 
 namespace {
-using vlake::testunits::kMiB;
 
 vlake::hook::KeptMappings::Entry kept_entry(int device, std::uint64_t mapped, std::uint64_t generation) {
   vlake::hook::KeptMappings::Entry e;

@@ -12,9 +12,10 @@
 using namespace vlake::hook;
 using namespace std::chrono_literals;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::MiB;
 const Prefetch::Clock::time_point kT0 = Prefetch::Clock::time_point(std::chrono::hours(1));
 void* const kPrefetchCtx = reinterpret_cast<void*>(0x1000);
 

@@ -319,7 +319,7 @@ vlake::hook::ReserveBlock block(int device, std::uint64_t mapped, std::uint64_t 
   return b;
 }
 
-using vlake::testunits::kMiB;
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
 }  // namespace
 

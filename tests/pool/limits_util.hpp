@@ -31,7 +31,7 @@ namespace vlake::pooltest::limits {
 namespace st = vlake::state;
 using proto::Status;
 
-using vlake::testunits::kMiB;
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 inline const char* const kConfig = "version: 1\ndefault:\n  limit: 100%\n";
 
 struct HelloResult {

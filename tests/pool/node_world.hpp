@@ -30,7 +30,7 @@ using namespace vlake;
 using namespace vlake::pool;
 using namespace vlake::literals;
 
-using vlake::testunits::kMiB;
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
 using pooltest::SimGpu;
 

@@ -10,9 +10,8 @@ using namespace vlake;
 using namespace vlake::pool;
 
 namespace {
-using vlake::pooltest::kGpu0;
-using vlake::pooltest::kGpu1;
-using vlake::testunits::kMiB;
+using namespace vlake::roomtest;   // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 const TenantId alice{1};
 const TenantId bob{2};
 }  // namespace

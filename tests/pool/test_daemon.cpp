@@ -26,9 +26,9 @@ namespace st = vlake::state;
 using proto::GrantPurpose;
 using proto::Status;
 
-namespace {
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
-using vlake::testunits::kMiB;
+namespace {
 
 // Tenants: root (the test process and root helpers), 4242 and 4243 (helpers that setuid;
 // gid 0 so they may open the simulator's node file, which is 0660 root:root).

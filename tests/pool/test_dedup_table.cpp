@@ -20,8 +20,7 @@ using namespace vlake::literals;
 
 namespace {
 
-using vlake::pooltest::kA;
-using vlake::pooltest::kB;
+using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 struct Table {
   pooltest::SimGpu gpu{"dedup"};

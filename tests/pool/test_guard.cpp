@@ -17,9 +17,9 @@ using namespace vlake;
 using namespace vlake::pooltest;
 namespace st = vlake::state;
 
-namespace {
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
-using vlake::testunits::kMiB;
+namespace {
 
 // root (the test process, root helpers): canary; uid 4242: fault; 4243: off; others: canary.
 const char* const kGuardConfig = R"(version: 1

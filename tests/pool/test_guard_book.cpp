@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "unit_ids.hpp"
 #include "vlake/pool/features/guard/guard_book.hpp"
 
 using namespace vlake;
@@ -13,9 +14,7 @@ using namespace vlake::pool;
 using namespace std::chrono_literals;
 namespace st = vlake::state;
 
-namespace {
-const GuardBook::Time kGuardT0 = GuardBook::Time(std::chrono::hours(1));
-}  // namespace
+using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 TEST_CASE("guard book: events are numbered from 1 and the ring keeps the newest", "[pool][guard]") {
   GuardBook book(10, 20);
@@ -55,20 +54,20 @@ TEST_CASE("guard book: each tenant has its own bucket, refilled at the rate up t
   GuardBook book(10, 3);  // 10 per second, 3 at once
   const TenantId a{1};
   const TenantId b{2};
-  CHECK(book.admit(a, kGuardT0));
-  CHECK(book.admit(a, kGuardT0));
-  CHECK(book.admit(a, kGuardT0));
-  CHECK_FALSE(book.admit(a, kGuardT0));         // empty
-  CHECK(book.admit(b, kGuardT0));               // another tenant is unaffected
-  CHECK_FALSE(book.admit(a, kGuardT0 + 50ms));  // half a token
-  CHECK(book.admit(a, kGuardT0 + 100ms));       // one token came back
-  CHECK_FALSE(book.admit(a, kGuardT0 + 100ms));
+  CHECK(book.admit(a, kT0));
+  CHECK(book.admit(a, kT0));
+  CHECK(book.admit(a, kT0));
+  CHECK_FALSE(book.admit(a, kT0));         // empty
+  CHECK(book.admit(b, kT0));               // another tenant is unaffected
+  CHECK_FALSE(book.admit(a, kT0 + 50ms));  // half a token
+  CHECK(book.admit(a, kT0 + 100ms));       // one token came back
+  CHECK_FALSE(book.admit(a, kT0 + 100ms));
   // A long quiet refills to the burst, not beyond.
-  for (int i = 0; i < 3; ++i) CHECK(book.admit(a, kGuardT0 + 1h));
-  CHECK_FALSE(book.admit(a, kGuardT0 + 1h));
+  for (int i = 0; i < 3; ++i) CHECK(book.admit(a, kT0 + 1h));
+  CHECK_FALSE(book.admit(a, kT0 + 1h));
   // A freed tenant's id starts afresh.
   book.forget(a, "uid:1");
-  CHECK(book.admit(a, kGuardT0 + 1h));
+  CHECK(book.admit(a, kT0 + 1h));
 }
 
 TEST_CASE("guard book: kernel faults per tenant and attributes, forgotten with the tenant", "[pool][guard]") {
@@ -92,10 +91,10 @@ TEST_CASE("guard book: kernel faults per tenant and attributes, forgotten with t
 
 TEST_CASE("guard book: the canary sweep is due per interval and resumes after the last grant", "[pool][guard]") {
   GuardBook book(10, 20);
-  CHECK_FALSE(book.sweep_due(kGuardT0, 0ms));  // 0: at release only
-  CHECK(book.sweep_due(kGuardT0, 10s));
-  CHECK_FALSE(book.sweep_due(kGuardT0 + 9s, 10s));
-  CHECK(book.sweep_due(kGuardT0 + 10s, 10s));
+  CHECK_FALSE(book.sweep_due(kT0, 0ms));  // 0: at release only
+  CHECK(book.sweep_due(kT0, 10s));
+  CHECK_FALSE(book.sweep_due(kT0 + 9s, 10s));
+  CHECK(book.sweep_due(kT0 + 10s, 10s));
   CHECK(book.sweep_order({30, 10, 20}) == std::vector<std::uint64_t>{10, 20, 30});
   book.swept(20);
   CHECK(book.sweep_order({30, 10, 20}) == std::vector<std::uint64_t>{30, 10, 20});

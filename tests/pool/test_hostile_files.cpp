@@ -26,9 +26,10 @@ using namespace vlake;
 using namespace vlake::pooltest;
 namespace st = vlake::state;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::kMiB;
 const std::string kHostileConfig = "version: 1\ndefault:\n  limit: 16MiB\n";
 
 // A new tenant process connects (Hello) and asks for its usage; returns how long the daemon

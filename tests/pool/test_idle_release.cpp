@@ -8,6 +8,7 @@
 
 #include "daemon_grants.hpp"
 #include "harness.hpp"
+#include "unit_ids.hpp"
 #include "units.hpp"
 #include "vlake/pool/idle_release.hpp"
 
@@ -18,33 +19,34 @@ using namespace vlake::literals;
 using std::chrono::milliseconds;
 namespace st = vlake::state;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::kMiB;
-const auto kIdleT0 = std::chrono::steady_clock::time_point(std::chrono::hours(1));
+using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 IdleHandleView view(std::uint64_t mib, std::uint64_t seq, milliseconds freed_at, bool bound = false,
                     bool clean = false) {
-  return IdleHandleView{Bytes{mib * kMiB}, bound, clean, seq, kIdleT0 + freed_at};
+  return IdleHandleView{Bytes{mib * kMiB}, bound, clean, seq, kT0 + freed_at};
 }
 
 }  // namespace
 
 TEST_CASE("idle release: nothing goes before the idle period", "[unit][idle]") {
   const std::vector<IdleHandleView> free = {view(64, 1, milliseconds(0)), view(2, 2, milliseconds(100), true)};
-  CHECK(plan_idle_release(free, kIdleT0 + milliseconds(199), milliseconds(200), 0_B).empty());
+  CHECK(plan_idle_release(free, kT0 + milliseconds(199), milliseconds(200), 0_B).empty());
   // Exactly the period: the first one goes; the second is still young.
-  CHECK(plan_idle_release(free, kIdleT0 + milliseconds(200), milliseconds(200), 0_B) == std::vector<std::size_t>{0});
-  CHECK(plan_idle_release(free, kIdleT0 + milliseconds(300), milliseconds(200), 0_B) == std::vector<std::size_t>{0, 1});
+  CHECK(plan_idle_release(free, kT0 + milliseconds(200), milliseconds(200), 0_B) == std::vector<std::size_t>{0});
+  CHECK(plan_idle_release(free, kT0 + milliseconds(300), milliseconds(200), 0_B) == std::vector<std::size_t>{0, 1});
   // Off.
-  CHECK(plan_idle_release(free, kIdleT0 + milliseconds(999'999), milliseconds(0), 0_B).empty());
+  CHECK(plan_idle_release(free, kT0 + milliseconds(999'999), milliseconds(0), 0_B).empty());
 }
 
 TEST_CASE("idle release: oldest first down to the keep bound", "[unit][idle]") {
   // Listed out of LRU order: seq says which was freed first.
   const std::vector<IdleHandleView> free = {view(16, 3, milliseconds(0)), view(16, 1, milliseconds(0)),
                                             view(16, 4, milliseconds(0)), view(16, 2, milliseconds(0))};
-  const auto now = kIdleT0 + milliseconds(1000);
+  const auto now = kT0 + milliseconds(1000);
   // 64 MiB free, keep 32: the two least recently freed go.
   CHECK(plan_idle_release(free, now, milliseconds(200), 32_MiB) == std::vector<std::size_t>{1, 3});
   CHECK(plan_idle_release(free, now, milliseconds(200), 0_B) == std::vector<std::size_t>{1, 3, 0, 2});
@@ -56,14 +58,14 @@ TEST_CASE("idle release: oldest first down to the keep bound", "[unit][idle]") {
 TEST_CASE("idle release: a big old handle that would cross the keep bound is skipped for a smaller one",
           "[unit][idle]") {
   const std::vector<IdleHandleView> free = {view(64, 1, milliseconds(0)), view(8, 2, milliseconds(0))};
-  CHECK(plan_idle_release(free, kIdleT0 + milliseconds(500), milliseconds(200), 60_MiB) == std::vector<std::size_t>{1});
+  CHECK(plan_idle_release(free, kT0 + milliseconds(500), milliseconds(200), 60_MiB) == std::vector<std::size_t>{1});
 }
 
 TEST_CASE("idle release: the warm reserve is kept and dirty handles go first", "[unit][idle]") {
   // Warm reserve: 2 clean handles of 32 MiB (oldest); a tenant freed a 64 MiB handle later.
   const std::vector<IdleHandleView> free = {view(32, 1, milliseconds(0), false, true),
                                             view(32, 2, milliseconds(0), false, true), view(64, 3, milliseconds(0))};
-  const auto now = kIdleT0 + milliseconds(1000);
+  const auto now = kT0 + milliseconds(1000);
   CHECK(plan_idle_release(free, now, milliseconds(200), 64_MiB) == std::vector<std::size_t>{2});
   // Keep 32: one clean handle goes too (after the dirty one, by age among the clean)...
   CHECK(plan_idle_release(free, now, milliseconds(200), 32_MiB) == std::vector<std::size_t>{0, 2});
@@ -76,9 +78,8 @@ TEST_CASE("idle release: bound handles age out whatever the keep bound", "[unit]
                                             view(16, 3, milliseconds(300), true)};
   // Keep 16 MiB: counts unbound bytes only (bound ones serve one tenant); the young bound
   // handle stays.
-  CHECK(plan_idle_release(free, kIdleT0 + milliseconds(400), milliseconds(200), 16_MiB) == std::vector<std::size_t>{0});
-  CHECK(plan_idle_release(free, kIdleT0 + milliseconds(600), milliseconds(200), 16_MiB) ==
-        std::vector<std::size_t>{0, 2});
+  CHECK(plan_idle_release(free, kT0 + milliseconds(400), milliseconds(200), 16_MiB) == std::vector<std::size_t>{0});
+  CHECK(plan_idle_release(free, kT0 + milliseconds(600), milliseconds(200), 16_MiB) == std::vector<std::size_t>{0, 2});
 }
 
 TEST_CASE("daemon: freed memory goes back to the simulated GPU after the idle period", "[daemon][sim][idle]") {

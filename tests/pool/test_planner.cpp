@@ -9,9 +9,8 @@ using namespace vlake;
 using namespace vlake::pool;
 
 namespace {
-using vlake::pooltest::kA;
-using vlake::pooltest::kB;
-using vlake::testunits::kMiB;
+using namespace vlake::roomtest;   // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 FreeHandleView fh(std::uint64_t mib, std::optional<TenantId> last, std::uint64_t seq, bool clean = false) {
   return FreeHandleView{Bytes{mib * kMiB}, last, clean, seq};
 }

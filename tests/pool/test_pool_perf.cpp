@@ -13,12 +13,7 @@ using namespace vlake;
 using namespace vlake::pooltest;
 namespace st = vlake::state;
 
-namespace {
-
-using vlake::testunits::kGiB;  // the harness's simulated GPU
-using vlake::testunits::kMiB;
-
-}  // namespace
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
 TEST_CASE("pool: cross-tenant stitching serves a grant from handles another tenant freed", "[pool][sim]") {
   DaemonProcess d("stitch", kWholeGpuConfig);

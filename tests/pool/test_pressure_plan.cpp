@@ -11,9 +11,10 @@ using vlake::pool::plan_swap;
 using vlake::pool::PressureCandidate;
 using vlake::pool::SwapCandidate;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::MiB;
 const auto t0 = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
 
 PressureCandidate cand(std::uint64_t session, std::uint64_t reserve_mib, std::uint64_t held_mib, bool reclaim,

@@ -20,9 +20,9 @@ using namespace vlake;
 using namespace vlake::pool;
 using namespace vlake::literals;
 
-namespace {
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
-using vlake::testunits::kMiB;
+namespace {
 
 // Every invariant of the grant rule over one consistent snapshot; returns what is broken.
 std::vector<std::string> broken(const Accounting::Snapshot& s) {

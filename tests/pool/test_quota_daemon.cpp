@@ -22,9 +22,10 @@ using namespace vlake;
 using namespace vlake::pooltest;
 namespace st = vlake::state;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::kMiB;
 constexpr int kOk = 0;
 constexpr int kOverLimit = 1;           // proto::Status::over_limit (the tenant's limit)
 constexpr int kNamespaceOverLimit = 8;  // proto::Status::namespace_over_limit

@@ -13,60 +13,54 @@ using namespace vlake::literals;
 using vlake::pool::ReclaimTrust;
 using namespace std::chrono_literals;
 
-namespace {
-
-const ReclaimTrust::Time kReclaimT0 = ReclaimTrust::Time(std::chrono::hours(1));
-using vlake::pooltest::kGpu0;
-using vlake::pooltest::kGpu1;
-
-}  // namespace
+using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 TEST_CASE("reclaim trust: a session asked that gives nothing by its deadline loses its turn for the skip",
           "[pool][reclaim]") {
   ReclaimTrust t(250ms, 60s);
   // Never asked: its claim is believed on a grant's first asks, not on the later ones.
-  CHECK(t.askable(1, kReclaimT0));
+  CHECK(t.askable(1, kT0));
   CHECK(t.credible(1, 512_MiB, true) == 512_MiB);
   CHECK(t.credible(1, 512_MiB, false) == 0_B);
 
-  t.asked(1, kGpu0, kReclaimT0);
-  t.asked(2, kGpu0, kReclaimT0 + 10ms);
+  t.asked(1, kGpu0, kT0);
+  t.asked(2, kGpu0, kT0 + 10ms);
   CHECK(t.open(1));
-  CHECK(t.next_deadline() == kReclaimT0 + 250ms);
+  CHECK(t.next_deadline() == kT0 + 250ms);
   // A second Pressure while the ask is open does not move its deadline.
-  t.asked(1, kGpu0, kReclaimT0 + 200ms);
-  CHECK(t.expire(kReclaimT0 + 249ms).empty());
-  t.gave(2, kGpu0, 64_MiB, kReclaimT0 + 100ms);
-  t.gave(2, kGpu1, 64_MiB, kReclaimT0 + 100ms);  // another GPU: not what it was asked for
+  t.asked(1, kGpu0, kT0 + 200ms);
+  CHECK(t.expire(kT0 + 249ms).empty());
+  t.gave(2, kGpu0, 64_MiB, kT0 + 100ms);
+  t.gave(2, kGpu1, 64_MiB, kT0 + 100ms);  // another GPU: not what it was asked for
 
-  auto v = t.expire(kReclaimT0 + 250ms);
+  auto v = t.expire(kT0 + 250ms);
   REQUIRE(v.size() == 1);
   CHECK(v[0].session == 1);
   CHECK(v[0].skipped);
   CHECK(v[0].gave == 0_B);
   CHECK_FALSE(t.open(1));
-  CHECK_FALSE(t.askable(1, kReclaimT0 + 250ms));
-  CHECK_FALSE(t.askable(1, kReclaimT0 + 250ms + 59s));
+  CHECK_FALSE(t.askable(1, kT0 + 250ms));
+  CHECK_FALSE(t.askable(1, kT0 + 250ms + 59s));
   // Once the skip is over it may be asked, but nothing it claims is counted on.
-  CHECK(t.askable(1, kReclaimT0 + 250ms + 60s));
+  CHECK(t.askable(1, kT0 + 250ms + 60s));
   CHECK(t.credible(1, 512_MiB, true) == 0_B);
 
-  v = t.expire(kReclaimT0 + 260ms);
+  v = t.expire(kT0 + 260ms);
   REQUIRE(v.size() == 1);
   CHECK(v[0].session == 2);
   CHECK_FALSE(v[0].skipped);
   CHECK(v[0].gave == 64_MiB);
   // It gave 64 MiB: counted on for at most that much, whatever it claims.
-  CHECK(t.askable(2, kReclaimT0 + 260ms));
+  CHECK(t.askable(2, kT0 + 260ms));
   CHECK(t.credible(2, 512_MiB, true) == 64_MiB);
   CHECK(t.credible(2, 512_MiB, false) == 64_MiB);
   CHECK(t.credible(2, 32_MiB, true) == 32_MiB);
   CHECK_FALSE(t.next_deadline().has_value());
 
   // Its next answer replaces the record.
-  t.asked(2, kGpu0, kReclaimT0 + 1s);
-  t.gave(2, kGpu0, 256_MiB, kReclaimT0 + 1s + 50ms);
-  v = t.expire(kReclaimT0 + 2s);
+  t.asked(2, kGpu0, kT0 + 1s);
+  t.gave(2, kGpu0, 256_MiB, kT0 + 1s + 50ms);
+  v = t.expire(kT0 + 2s);
   REQUIRE(v.size() == 1);
   CHECK(t.credible(2, 512_MiB, true) == 256_MiB);
 
@@ -76,14 +70,14 @@ TEST_CASE("reclaim trust: a session asked that gives nothing by its deadline los
 
 TEST_CASE("reclaim trust: a session that gives back after its deadline is asked again at once", "[pool][reclaim]") {
   ReclaimTrust t(250ms, 60s);
-  t.asked(7, kGpu0, kReclaimT0);
-  REQUIRE(t.expire(kReclaimT0 + 300ms).size() == 1);
-  CHECK_FALSE(t.askable(7, kReclaimT0 + 300ms));
-  t.gave(7, kGpu0, 128_MiB, kReclaimT0 + 400ms);  // a slow framework
-  CHECK(t.askable(7, kReclaimT0 + 400ms));
+  t.asked(7, kGpu0, kT0);
+  REQUIRE(t.expire(kT0 + 300ms).size() == 1);
+  CHECK_FALSE(t.askable(7, kT0 + 300ms));
+  t.gave(7, kGpu0, 128_MiB, kT0 + 400ms);  // a slow framework
+  CHECK(t.askable(7, kT0 + 400ms));
   CHECK(t.credible(7, 1_GiB, true) == 128_MiB);
   // Memory released by a session never asked changes nothing.
-  t.gave(8, kGpu0, 128_MiB, kReclaimT0);
+  t.gave(8, kGpu0, 128_MiB, kT0);
   CHECK(t.credible(8, 1_GiB, true) == 1_GiB);
 }
 
@@ -96,7 +90,7 @@ TEST_CASE("pressure plan: a credible figure replaces the claim in the cover, not
     c.session = session;
     c.held = held;
     c.reclaim = true;
-    c.last_active = kReclaimT0 + std::chrono::milliseconds(idle_rank);
+    c.last_active = kT0 + std::chrono::milliseconds(idle_rank);
     c.credible = credible;
     return c;
   };

@@ -21,13 +21,12 @@ using namespace vlake::pooltest;
 using namespace vlake::literals;
 namespace st = vlake::state;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::kGiB;  // the harness's simulated GPU
-using vlake::testunits::kMiB;
 constexpr std::uint32_t kMax = 32;  // proto::kMaxHandlesPerGrant
-using vlake::pooltest::kA;
-using vlake::pooltest::kB;
+using namespace vlake::roomtest;    // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 std::vector<ServableHandleView> handles(std::uint64_t count, std::uint64_t mib,
                                         std::optional<TenantId> bound = std::nullopt) {

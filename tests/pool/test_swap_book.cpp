@@ -14,11 +14,7 @@ using namespace vlake::pool;
 using namespace std::chrono_literals;
 using namespace vlake::literals;
 
-namespace {
-const SwapBook::Time kSwapT0 = SwapBook::Time(std::chrono::hours(1));
-using vlake::pooltest::kGpu0;
-using vlake::pooltest::kGpu1;
-}  // namespace
+using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 TEST_CASE("swap book: a session without a record is on the GPU; records are per session", "[pool][swap]") {
   SwapBook book;
@@ -63,12 +59,12 @@ TEST_CASE("swap book: per GPU, what goes out, what is on the host, what restores
 
 TEST_CASE("swap book: counted grants served lately count for kRecentGrant, per GPU", "[pool][swap]") {
   SwapBook book;
-  book.note_counted(kGpu0, kSwapT0, 100_MiB);
-  book.note_counted(kGpu0, kSwapT0 + 1s, 50_MiB);
-  book.note_counted(kGpu1, kSwapT0, 10_MiB);
-  CHECK(book.recent_counted(kGpu0, kSwapT0 + 1s) == 150_MiB);
-  CHECK(book.recent_counted(kGpu0, kSwapT0 + SwapBook::kRecentGrant) == 150_MiB);
-  CHECK(book.recent_counted(kGpu0, kSwapT0 + SwapBook::kRecentGrant + 1ms) == 50_MiB);
-  CHECK(book.recent_counted(kGpu0, kSwapT0 + 1s + SwapBook::kRecentGrant + 1ms) == 0_MiB);
-  CHECK(book.recent_counted(kGpu1, kSwapT0) == 10_MiB);
+  book.note_counted(kGpu0, kT0, 100_MiB);
+  book.note_counted(kGpu0, kT0 + 1s, 50_MiB);
+  book.note_counted(kGpu1, kT0, 10_MiB);
+  CHECK(book.recent_counted(kGpu0, kT0 + 1s) == 150_MiB);
+  CHECK(book.recent_counted(kGpu0, kT0 + SwapBook::kRecentGrant) == 150_MiB);
+  CHECK(book.recent_counted(kGpu0, kT0 + SwapBook::kRecentGrant + 1ms) == 50_MiB);
+  CHECK(book.recent_counted(kGpu0, kT0 + 1s + SwapBook::kRecentGrant + 1ms) == 0_MiB);
+  CHECK(book.recent_counted(kGpu1, kT0) == 10_MiB);
 }

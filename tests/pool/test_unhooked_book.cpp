@@ -15,9 +15,7 @@ using namespace std::chrono_literals;
 using namespace vlake::literals;
 
 namespace {
-const UnhookedBook::Time kUnhookedT0 = UnhookedBook::Time(std::chrono::hours(1));
-using vlake::pooltest::kA;
-using vlake::pooltest::kB;
+using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 UnhookedBook::Bytes on_gpu0(std::uint64_t b) {
   UnhookedBook::Bytes out{};
@@ -60,18 +58,18 @@ TEST_CASE("unhooked book: newcomers are the processes the previous reading did n
 TEST_CASE("unhooked book: over a limit for the grace, the processes are killed once", "[pool][unhooked]") {
   UnhookedBook book;
   using V = UnhookedBook::Verdict;
-  CHECK(book.over_limit(kA, false, kUnhookedT0, 1000ms) == V::none);
-  CHECK(book.over_limit(kA, true, kUnhookedT0, 1000ms) == V::grace);
-  CHECK(book.of(kA).over_since == kUnhookedT0);
-  CHECK(book.over_limit(kA, true, kUnhookedT0 + 999ms, 1000ms) == V::none);
-  CHECK(book.over_limit(kA, true, kUnhookedT0 + 1000ms, 1000ms) == V::kill);
+  CHECK(book.over_limit(kA, false, kT0, 1000ms) == V::none);
+  CHECK(book.over_limit(kA, true, kT0, 1000ms) == V::grace);
+  CHECK(book.of(kA).over_since == kT0);
+  CHECK(book.over_limit(kA, true, kT0 + 999ms, 1000ms) == V::none);
+  CHECK(book.over_limit(kA, true, kT0 + 1000ms, 1000ms) == V::kill);
   CHECK_FALSE(book.of(kA).over_since.has_value());  // the grace starts again
-  CHECK(book.over_limit(kA, true, kUnhookedT0 + 1001ms, 1000ms) == V::grace);
+  CHECK(book.over_limit(kA, true, kT0 + 1001ms, 1000ms) == V::grace);
   // Back under the limit: the grace is reset.
-  CHECK(book.over_limit(kA, false, kUnhookedT0 + 1500ms, 1000ms) == V::none);
-  CHECK(book.over_limit(kA, true, kUnhookedT0 + 2100ms, 1000ms) == V::grace);
+  CHECK(book.over_limit(kA, false, kT0 + 1500ms, 1000ms) == V::none);
+  CHECK(book.over_limit(kA, true, kT0 + 2100ms, 1000ms) == V::grace);
   // No grace: killed at once.
-  CHECK(book.over_limit(kB, true, kUnhookedT0, 0ms) == V::kill);
+  CHECK(book.over_limit(kB, true, kT0, 0ms) == V::kill);
 }
 
 TEST_CASE("unhooked book: the tenant of a process is cached by pid and start time", "[pool][unhooked]") {

@@ -23,9 +23,9 @@ using namespace vlake::pooltest;
 namespace st = vlake::state;
 
 #ifdef VLAKE_SIM_NVML_LIB
-namespace {
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
-using vlake::testunits::kMiB;
+namespace {
 
 std::string unhooked_config(const std::string& policy) {
   return "version: 1\ndefault: {limit: 16MiB, " + policy + "}\nusers:\n  - {uid: 4242, limit: 64MiB}\n";

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sim_gpu.hpp"
+#include "unit_ids.hpp"
 #include "units.hpp"
 #include "vlake/pool/handle_builder.hpp"
 #include "vlake/pool/warm_stock.hpp"
@@ -17,12 +18,13 @@ using namespace vlake;
 using namespace vlake::pool;
 using namespace std::chrono_literals;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::kMiB;
 constexpr Bytes kG{2 * kMiB};
 constexpr Bytes kBulk{64 * kMiB};
-const WarmStock::Clock::time_point kStockT0 = WarmStock::Clock::time_point(std::chrono::hours(1));
+using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
 Bytes mib_bytes(std::uint64_t n) { return Bytes{n * kMiB}; }
 
@@ -36,60 +38,60 @@ std::uint64_t count(const std::vector<Bytes>& v, Bytes b) {
 
 TEST_CASE("warm stock: without demand the warm reserve keeps its small and bulk classes", "[pool][warm]") {
   WarmStock w(mib_bytes(128), mib_bytes(1024), kG, kBulk);
-  const WarmStock::Counts want = w.want(kStockT0);
+  const WarmStock::Counts want = w.want(kT0);
   // 16 MiB of small handles, one bulk handle, the rest small: 32 small + 1 bulk.
   CHECK(want.at(kG.value()) == 32);
   CHECK(want.at(kBulk.value()) == 1);
-  CHECK(w.wanted_bytes(kStockT0) == mib_bytes(128));
-  const WarmStock::Plan p = w.plan({}, kStockT0, 100);
+  CHECK(w.wanted_bytes(kT0) == mib_bytes(128));
+  const WarmStock::Plan p = w.plan({}, kT0, 100);
   CHECK(p.make.size() == 33);
   CHECK(p.release.empty());
   // Both off: nothing at all.
   WarmStock off(Bytes{0}, Bytes{0}, kG, kBulk);
-  off.note(mib_bytes(8), kStockT0);
-  CHECK(off.want(kStockT0).empty());
-  CHECK(off.plan({}, kStockT0, 100).make.empty());
+  off.note(mib_bytes(8), kT0);
+  CHECK(off.want(kT0).empty());
+  CHECK(off.plan({}, kT0, 100).make.empty());
 }
 
 TEST_CASE("warm stock: a size asked for often gets more handles, and demand decays", "[pool][warm]") {
   WarmStock w(Bytes{0}, mib_bytes(1024), kG, kBulk, 10s);
-  w.note(mib_bytes(8), kStockT0);
-  CHECK(w.want(kStockT0).empty());  // asked for once: not worth a build yet
-  w.note(mib_bytes(8), kStockT0);
-  CHECK(w.want(kStockT0).at(8 * kMiB) == 1);
-  for (int i = 0; i < 4; ++i) w.note(mib_bytes(8), kStockT0);
-  CHECK(w.score(mib_bytes(8), kStockT0) == Approx(6));
-  CHECK(w.want(kStockT0).at(8 * kMiB) == 3);  // ceil(6 / 2)
-  for (int i = 0; i < 100; ++i) w.note(mib_bytes(8), kStockT0);
-  CHECK(w.want(kStockT0).at(8 * kMiB) == WarmStock::kMaxPerSize);
+  w.note(mib_bytes(8), kT0);
+  CHECK(w.want(kT0).empty());  // asked for once: not worth a build yet
+  w.note(mib_bytes(8), kT0);
+  CHECK(w.want(kT0).at(8 * kMiB) == 1);
+  for (int i = 0; i < 4; ++i) w.note(mib_bytes(8), kT0);
+  CHECK(w.score(mib_bytes(8), kT0) == Approx(6));
+  CHECK(w.want(kT0).at(8 * kMiB) == 3);  // ceil(6 / 2)
+  for (int i = 0; i < 100; ++i) w.note(mib_bytes(8), kT0);
+  CHECK(w.want(kT0).at(8 * kMiB) == WarmStock::kMaxPerSize);
   // Half-life 10 s: 106 -> 53 after 10 s.
-  CHECK(w.score(mib_bytes(8), kStockT0 + 10s) == Approx(53));
-  CHECK(w.want(kStockT0 + 10s).at(8 * kMiB) == WarmStock::kMaxPerSize);
+  CHECK(w.score(mib_bytes(8), kT0 + 10s) == Approx(53));
+  CHECK(w.want(kT0 + 10s).at(8 * kMiB) == WarmStock::kMaxPerSize);
   // After about 80 s nothing is left of it.
-  CHECK(w.want(kStockT0 + 80s).empty());
-  CHECK(w.wanted_bytes(kStockT0 + 80s) == Bytes{0});
+  CHECK(w.want(kT0 + 80s).empty());
+  CHECK(w.wanted_bytes(kT0 + 80s) == Bytes{0});
 }
 
 TEST_CASE("warm stock: sizes above a quarter of the stock and counts past the budget are not stocked", "[pool][warm]") {
   WarmStock w(Bytes{0}, mib_bytes(64), kG, kBulk);
-  w.note(mib_bytes(32), kStockT0);  // > 64 MiB / 4
-  w.note(mib_bytes(32), kStockT0);
-  CHECK(w.want(kStockT0).empty());
-  for (int i = 0; i < 40; ++i) w.note(mib_bytes(16), kStockT0);  // wants 16, the budget holds 4
-  CHECK(w.want(kStockT0).at(16 * kMiB) == 4);
-  for (int i = 0; i < 60; ++i) w.note(mib_bytes(2), kStockT0);  // higher score: served first
-  const WarmStock::Counts want = w.want(kStockT0);
+  w.note(mib_bytes(32), kT0);  // > 64 MiB / 4
+  w.note(mib_bytes(32), kT0);
+  CHECK(w.want(kT0).empty());
+  for (int i = 0; i < 40; ++i) w.note(mib_bytes(16), kT0);  // wants 16, the budget holds 4
+  CHECK(w.want(kT0).at(16 * kMiB) == 4);
+  for (int i = 0; i < 60; ++i) w.note(mib_bytes(2), kT0);  // higher score: served first
+  const WarmStock::Counts want = w.want(kT0);
   CHECK(want.at(2 * kMiB) == 16);  // 32 MiB
   CHECK(want.at(16 * kMiB) == 2);  // the 32 MiB left
-  CHECK(w.wanted_bytes(kStockT0) == mib_bytes(64));
+  CHECK(w.wanted_bytes(kT0) == mib_bytes(64));
 }
 
 TEST_CASE("warm stock: plan makes one of each wanted size first and counts what is on hand and in flight",
           "[pool][warm]") {
   WarmStock w(Bytes{0}, mib_bytes(1024), kG, kBulk);
-  for (int i = 0; i < 8; ++i) w.note(mib_bytes(4), kStockT0);  // wants 4
-  for (int i = 0; i < 4; ++i) w.note(mib_bytes(8), kStockT0);  // wants 2
-  WarmStock::Plan p = w.plan({}, kStockT0, 2);
+  for (int i = 0; i < 8; ++i) w.note(mib_bytes(4), kT0);  // wants 4
+  for (int i = 0; i < 4; ++i) w.note(mib_bytes(8), kT0);  // wants 2
+  WarmStock::Plan p = w.plan({}, kT0, 2);
   REQUIRE(p.make.size() == 2);
   CHECK(p.make[0] == mib_bytes(4));  // highest score first
   CHECK(p.make[1] == mib_bytes(8));  // then one of the next size, before a second 4 MiB
@@ -97,7 +99,7 @@ TEST_CASE("warm stock: plan makes one of each wanted size first and counts what 
   v.on_hand[4 * kMiB] = 2;
   v.in_flight[4 * kMiB] = 1;
   v.in_flight[8 * kMiB] = 2;
-  p = w.plan(v, kStockT0, 10);
+  p = w.plan(v, kT0, 10);
   CHECK(p.make.size() == 1);
   CHECK(count(p.make, mib_bytes(4)) == 1);
   CHECK(p.release.empty());
@@ -108,12 +110,12 @@ TEST_CASE("warm stock: over the budget the unwanted clean handles go first, with
   WarmStock::View v;
   v.on_hand[8 * kMiB] = 3;  // 24 MiB of a size nobody asks for any more
   // Within the budget: kept (a grant may still want them; the idle release returns them).
-  WarmStock::Plan p = w.plan(v, kStockT0, 10);
+  WarmStock::Plan p = w.plan(v, kT0, 10);
   CHECK(p.make.empty());
   CHECK(p.release.empty());
   // A new size wants 4 x 4 MiB = 16 MiB: 24 + 16 > 32, so two 8 MiB handles go.
-  for (int i = 0; i < 8; ++i) w.note(mib_bytes(4), kStockT0);
-  p = w.plan(v, kStockT0, 10);
+  for (int i = 0; i < 8; ++i) w.note(mib_bytes(4), kT0);
+  p = w.plan(v, kT0, 10);
   CHECK(count(p.make, mib_bytes(4)) == 4);
   CHECK(p.release.size() == 1);
   CHECK(count(p.release, mib_bytes(8)) == 1);
@@ -121,13 +123,13 @@ TEST_CASE("warm stock: over the budget the unwanted clean handles go first, with
 
 TEST_CASE("warm stock: at most kMaxSizes sizes are tracked, the lowest score goes", "[pool][warm]") {
   WarmStock w(Bytes{0}, Bytes{1ULL << 40}, kG, kBulk);
-  for (int i = 0; i < 3; ++i) w.note(mib_bytes(2), kStockT0);
+  for (int i = 0; i < 3; ++i) w.note(mib_bytes(2), kT0);
   for (std::uint64_t i = 0; i < WarmStock::kMaxSizes + 4; ++i) {
-    w.note(mib_bytes(4 + 2 * i), kStockT0);
-    w.note(mib_bytes(4 + 2 * i), kStockT0);
+    w.note(mib_bytes(4 + 2 * i), kT0);
+    w.note(mib_bytes(4 + 2 * i), kT0);
   }
-  CHECK(w.score(mib_bytes(2), kStockT0) == Approx(3));
-  CHECK(w.want(kStockT0).size() == WarmStock::kMaxSizes);
+  CHECK(w.score(mib_bytes(2), kT0) == Approx(3));
+  CHECK(w.want(kT0).size() == WarmStock::kMaxSizes);
 }
 
 namespace {

@@ -28,9 +28,10 @@
 using namespace vlake;
 using namespace vlake::schedtest;
 
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
+
 namespace {
 
-using vlake::testunits::kMiB;
 using Clock = std::chrono::steady_clock;
 
 void put(const std::string& path, const std::string& text) {

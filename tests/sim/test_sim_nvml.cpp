@@ -27,7 +27,7 @@ using namespace simtest;
 namespace {
 
 constexpr size_t kContext = size_t{8} << 20;
-using vlake::testunits::kMiB;
+using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
 struct ContextEnv {
   ContextEnv() { ::setenv("VLAKE_SIM_CONTEXT_MEMORY", "8MiB", 1); }

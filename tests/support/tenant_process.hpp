@@ -18,7 +18,7 @@
 
 namespace vlake::e2e {
 
-using vlake::testunits::MiB;
+using namespace vlake::testunits;            // kMiB, kGiB, MiB (units.hpp)
 inline constexpr int kOutOfMemory = 2;       // CUDA_ERROR_OUT_OF_MEMORY
 inline constexpr int kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 

@@ -1,7 +1,7 @@
-// Byte units for the tests, defined once. A test file names them with using-declarations
-// (`using vlake::testunits::kMiB;`), which may repeat: the test targets are unity builds
-// (tests/CMakeLists.txt), where a target's files share a translation unit, so a constant each
-// file defined for itself would clash.
+// Byte units for the tests, defined once. A test file names them with
+// `using namespace vlake::testunits;` (or a using-declaration), which may repeat: the test
+// targets are unity builds (tests/CMakeLists.txt), where a target's files share a translation
+// unit, so a constant each file defined for itself would clash.
 #pragma once
 
 #include <cstdint>
