@@ -256,6 +256,16 @@ CUresult on_cuCtxEnablePeerAccess(bool ptds, CUcontext peerContext, unsigned int
 CUresult on_cuDevicePrimaryCtxRetain(bool ptds, CUcontext* pctx, CUdevice dev);
 CUresult on_cuDevicePrimaryCtxRelease_v2(bool ptds, CUdevice dev);
 CUresult on_cuDevicePrimaryCtxReset_v2(bool ptds, CUdevice dev);
+// Created and green contexts (contexts.cpp): admitted like a primary context, given back when
+// destroyed.
+CUresult on_cuCtxCreate_v2(bool ptds, CUcontext* pctx, unsigned int flags, CUdevice dev);
+CUresult on_cuCtxCreate_v3(bool ptds, CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
+                           unsigned int flags, CUdevice dev);
+CUresult on_cuCtxCreate_v4(bool ptds, CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags,
+                           CUdevice dev);
+CUresult on_cuCtxDestroy_v2(bool ptds, CUcontext ctx);
+CUresult on_cuGreenCtxCreate(bool ptds, CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags);
+CUresult on_cuGreenCtxDestroy(bool ptds, CUgreenCtx hCtx);
 CUresult on_cuCtxDisablePeerAccess(bool ptds, CUcontext peerContext);
 // CUDA IPC of pool memory (ipc.cpp, docs/ipc.md).
 CUresult on_cuIpcGetMemHandle(bool ptds, CUipcMemHandle* pHandle, CUdeviceptr dptr);

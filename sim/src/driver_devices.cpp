@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 using vlake::sim::Mapping;
@@ -300,6 +301,105 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return on_primary_ctx(dev, [](CUctx_st& ctx) -> CUresult {
     destroy_ctx_resources(&ctx);
     return CUDA_SUCCESS;
+  });
+}
+
+// Contexts a process creates besides the primary ones (cuCtxCreate_v2/_v3/_v4, cuGreenCtxCreate):
+// each charges VLAKE_SIM_CONTEXT_MEMORY like a primary context; nothing else of them is modeled
+// (the handle is good for its destroy call only: not current, no work in it).
+namespace {
+
+// A new created context on `dev`: its record charged, its handle remembered.
+CUresult create_ctx(const void* handle, CUdevice dev) {
+  std::unique_lock lock(g_proc->mu);
+  const std::uint32_t serial = g_proc->next_ctx_serial++;
+  if (CUresult rc = g_proc->node->charge_context(dev, g_proc->context_memory, serial); rc != CUDA_SUCCESS) return rc;
+  g_proc->created_ctxs.emplace(handle, serial);
+  return CUDA_SUCCESS;
+}
+
+// Destroys a created context: CUDA_ERROR_INVALID_CONTEXT for any other handle.
+CUresult destroy_ctx(const void* handle, int device) {
+  std::unique_lock lock(g_proc->mu);
+  const auto it = g_proc->created_ctxs.find(handle);
+  if (it == g_proc->created_ctxs.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  g_proc->node->release_context(device, it->second);
+  g_proc->created_ctxs.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
+  return initialized([&]() -> CUresult {
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    auto ctx = std::make_unique<CUctx_st>();
+    ctx->device = dev;
+    if (CUresult rc = create_ctx(ctx.get(), dev); rc != CUDA_SUCCESS) return rc;
+    *pctx = ctx.release();
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+VLAKE_SIM_API CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int /*flags*/, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuCtxCreate_v2);
+  return ctx_create(pctx, dev);
+}
+
+VLAKE_SIM_API CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* /*paramsArray*/, int /*numParams*/,
+                                      unsigned int /*flags*/, CUdevice dev) {
+  VLAKE_SIM_COUNT(cuCtxCreate_v3);
+  return ctx_create(pctx, dev);
+}
+
+VLAKE_SIM_API CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* /*ctxCreateParams*/, unsigned int /*flags*/,
+                                      CUdevice dev) {
+  VLAKE_SIM_COUNT(cuCtxCreate_v4);
+  return ctx_create(pctx, dev);
+}
+
+VLAKE_SIM_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  VLAKE_SIM_COUNT(cuCtxDestroy_v2);
+  return initialized([&]() -> CUresult {
+    if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (ctx_of_handle(ctx) != nullptr) return CUDA_ERROR_INVALID_CONTEXT;  // a primary context
+    std::unique_ptr<CUctx_st> owned;
+    {
+      std::shared_lock lock(g_proc->mu);
+      if (g_proc->created_ctxs.count(ctx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    const CUresult rc = destroy_ctx(ctx, ctx->device);
+    if (rc == CUDA_SUCCESS) owned.reset(ctx);
+    return rc;
+  });
+}
+
+VLAKE_SIM_API CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc /*desc*/, CUdevice dev,
+                                        unsigned int /*flags*/) {
+  VLAKE_SIM_COUNT(cuGreenCtxCreate);
+  return initialized([&]() -> CUresult {
+    if (phCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    auto g = std::make_unique<CUgreenCtx_st>();
+    g->device = dev;
+    if (CUresult rc = create_ctx(g.get(), dev); rc != CUDA_SUCCESS) return rc;
+    *phCtx = g.release();
+    return CUDA_SUCCESS;
+  });
+}
+
+VLAKE_SIM_API CUresult cuGreenCtxDestroy(CUgreenCtx hCtx) {
+  VLAKE_SIM_COUNT(cuGreenCtxDestroy);
+  return initialized([&]() -> CUresult {
+    if (hCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    {
+      std::shared_lock lock(g_proc->mu);
+      if (g_proc->created_ctxs.count(hCtx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    const CUresult rc = destroy_ctx(hCtx, hCtx->device);
+    if (rc == CUDA_SUCCESS) delete hCtx;
+    return rc;
   });
 }
 

@@ -47,8 +47,10 @@ constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocatio
 constexpr std::uint32_t kMaxSwaps = 64;       // processes locked or checkpointed at once
 // The st_dev of a context record: no memfd has it.
 constexpr std::uint64_t kContextDev = ~std::uint64_t{0};
-std::uint64_t context_ino(std::int32_t pid, int device) {
-  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 8) | static_cast<std::uint64_t>(device);
+// Serial 0: the primary context; created contexts count from 1 (bits 40 and up).
+std::uint64_t context_ino(std::int32_t pid, int device, std::uint32_t serial = 0) {
+  return (static_cast<std::uint64_t>(serial) << 40) |
+         (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 8) | static_cast<std::uint64_t>(device);
 }
 
 struct Record {
@@ -681,11 +683,13 @@ void Node::usage(int device, std::uint64_t& used, std::uint64_t& capacity) {
   capacity = state_->capacity;
 }
 
-CUresult Node::charge_context(int device, std::uint64_t bytes) {
-  return charge_new(kContextDev, context_ino(self_.pid, device), bytes, device);
+CUresult Node::charge_context(int device, std::uint64_t bytes, std::uint32_t serial) {
+  return charge_new(kContextDev, context_ino(self_.pid, device, serial), bytes, device);
 }
 
-void Node::release_context(int device) { release(kContextDev, context_ino(self_.pid, device)); }
+void Node::release_context(int device, std::uint32_t serial) {
+  release(kContextDev, context_ino(self_.pid, device, serial));
+}
 
 // ---- Process checkpoints --------------------------------------------------------------------
 

@@ -80,10 +80,11 @@ class Node {
   CUresult hold(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device);
   // This process no longer holds the allocation.
   void release(std::uint64_t dev, std::uint64_t ino);
-  // This process's primary context on `device` exists / is gone: a record of `bytes` held by
+  // This process's primary context on `device` (serial 0), or a context it created there
+  // (cuCtxCreate*, cuGreenCtxCreate: serial > 0), exists / is gone: a record of `bytes` held by
   // this process alone. CUDA_ERROR_OUT_OF_MEMORY if it does not fit.
-  CUresult charge_context(int device, std::uint64_t bytes);
-  void release_context(int device);
+  CUresult charge_context(int device, std::uint64_t bytes, std::uint32_t serial = 0);
+  void release_context(int device, std::uint32_t serial = 0);
   // Process checkpoints (cuCheckpointProcess*), done by this process to the attached process
   // `pid`, with driver 580's semantics as measured (docs/simulator.md "Checkpoints"): lock blocks
   // the target's entry points (wait_while_locked); checkpoint moves the memory it alone holds to

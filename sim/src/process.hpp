@@ -39,6 +39,11 @@ struct CUctx_st {
   std::atomic<std::uint32_t> peers{0};
 };
 
+// A green context (cuGreenCtxCreate): like a created context, only its memory is modeled.
+struct CUgreenCtx_st {
+  int device = 0;
+};
+
 struct CUstream_st {
   CUctx_st* ctx = nullptr;
   unsigned flags = 0;
@@ -118,6 +123,11 @@ struct Process {
   std::unordered_set<CUstream_st*> streams;
   std::unordered_set<CUevent_st*> events;
   std::unordered_set<CUmod_st*> modules;
+  // Contexts made by cuCtxCreate_v2/_v3/_v4 and cuGreenCtxCreate: only their memory is modeled
+  // (a context record each, keyed by its serial; docs/simulator.md "Contexts"). The handles are
+  // good for their destroy call only.
+  std::map<const void*, std::uint32_t> created_ctxs;  // handle -> serial (> 0)
+  std::uint32_t next_ctx_serial = 1;
   CUmemGenericAllocationHandle next_handle = 0x5100000001ULL;
   std::uint64_t next_id = 1;
 };

@@ -139,4 +139,46 @@ TEST_CASE(
   TenantProcess next(d, {"init", "sleep:60000"}, 4242, "0", {"VLAKE_SIM_CONTEXT_MEMORY=64MiB"});
   CHECK(next.wait_line("init")["rc"] == "0");
 }
+
+TEST_CASE("contexts: cuCtxCreate and green contexts are admitted like a primary one; destroying one gives it back",
+          "[e2e][contexts]") {
+  DaemonProcess d("ctxcreate", config());
+  d.env = {"VLAKE_SIM_CONTEXT_MEMORY=64MiB"};
+  REQUIRE(d.start({"--nvml", VLAKE_SIM_NVML_LIB, "--sample-interval-ms", "50"}));
+  // 144 MiB hold two 64 MiB contexts: the primary one and one created; a third of any kind is
+  // refused until one is destroyed.
+  const std::string oom = std::to_string(kOutOfMemory);
+  TenantProcess t(d,
+                  {"init", "ctxcreate:c1:cuCtxCreate_v4", "ctxcreate:c2", "ctxcreate:c3:cuCtxCreate_v3", "greenctx:g1",
+                   "ctxdestroy:c1", "ctxcreate:c4:cuCtxCreate_v3", "greenctx:g2", "ctxdestroy:c4", "greenctx:g3",
+                   "ctxcreate:c5", "sleep:60000"},
+                  4242, "0", {"VLAKE_SIM_CONTEXT_MEMORY=64MiB"});
+  CHECK(t.wait_line("init")["rc"] == "0");
+  CHECK(t.wait_line("ctxcreate:c1:cuCtxCreate_v4")["rc"] == "0");
+  CHECK(t.wait_line("ctxcreate:c2")["rc"] == oom);  // cuCtxCreate_v2
+  CHECK(t.wait_line("ctxcreate:c3:cuCtxCreate_v3")["rc"] == oom);
+  CHECK(t.wait_line("greenctx:g1")["rc"] == oom);
+  CHECK(t.wait_line("ctxdestroy:c1")["rc"] == "0");
+  CHECK(t.wait_line("ctxcreate:c4:cuCtxCreate_v3")["rc"] == "0");
+  CHECK(t.wait_line("greenctx:g2")["rc"] == oom);
+  CHECK(t.wait_line("ctxdestroy:c4")["rc"] == "0");
+  CHECK(t.wait_line("greenctx:g3")["rc"] == "0");
+  CHECK(t.wait_line("ctxcreate:c5")["rc"] == oom);
+  CHECK_THAT(t.err(), Catch::Contains("vlake: out of memory on GPU 0: tenant user:4242 holds") &&
+                          Catch::Contains("a CUDA context of 64 MiB refused"));
+
+  // The simulator's NVML: the process holds two contexts, no more.
+  const auto procs = nvml_processes(d.node);
+  const auto it = procs.find(static_cast<std::uint32_t>(t.pid()));
+  REQUIRE(it != procs.end());
+  CHECK(it->second == 2 * kContext);
+  // vlaked charges what NVML shows: two contexts, within the limit.
+  CHECK(pooltest::eventually(
+      [&] {
+        const auto s = pooltest::snapshot(d.state);
+        const state::TenantRecord* r = pooltest::tenant(*s, "user:4242");
+        return r != nullptr && r->nonpool[0] == 2 * kContext;
+      },
+      10000));
+}
 #endif

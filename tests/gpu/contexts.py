@@ -11,10 +11,14 @@ so
   2. the processes that did not fit get CUDA_ERROR_OUT_OF_MEMORY (2) from the call that would
      create the context, and print vlake's out-of-memory line ("a CUDA context of ... refused");
   3. at least one process was served (the limit holds a context).
+--how picks the context each process creates: its primary context (`primary`, the default: what
+the runtime does), one of its own with cuCtxCreate_v2 (`create`) or a green context of all SMs
+(`green`, cuGreenCtxCreate); the per-process NVML figures are printed either way.
 Exit 0 only if every check passed, 77 = skipped (no GPU / NVML, not root: the tenant runs as its
 own uid). --sim runs the same against the simulator (VLAKE_SIM_CONTEXT_MEMORY=518MiB).
 
   contexts.py --vlaked PATH --tenant PATH --hook PATH [--driver LIB] [--nvml LIB] [--sim] [--keep]
+              [--how primary|create|green]
 """
 import argparse
 import os
@@ -63,6 +67,7 @@ def main():
     ap.add_argument("--nvml", default="libnvidia-ml.so.1")
     ap.add_argument("--sim", action="store_true", help="the driver and NVML are the simulator's")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--how", choices=("primary", "create", "green"), default="primary")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("SKIP: needs root (the tenant runs under its own uid)")
@@ -116,17 +121,26 @@ def main():
             os.setgid(gid)
             os.setuid(UID)
 
+        steps = {"primary": ["init"], "create": ["init-only", "ctxcreate:c"],
+                 "green": ["init-only", "greenctx:g"]}[args.how]
         for i in range(PROCESSES):
             err = open(os.path.join(work, "tenant-%d.err" % i), "w+")
-            p = subprocess.Popen([args.tenant, "init", "sleep:120000"], stdout=subprocess.PIPE, stderr=err,
+            p = subprocess.Popen([args.tenant] + steps + ["sleep:120000"], stdout=subprocess.PIPE, stderr=err,
                                  text=True, env=tenv, preexec_fn=as_tenant)
             tenants.append((p, err))
         rcs = []
         for p, _ in tenants:
-            rc = None
-            for line in p.stdout:  # "resolve rc=0 ...", then "init rc=N"
-                if line.startswith("init "):
-                    rc = int(line.split("rc=")[1].split()[0])
+            # "resolve rc=0 ...", then "<step> rc=N" for each step: the last step's rc, or None
+            # when an earlier step failed (neither served nor refused) or the process ended.
+            rc, pending = None, list(steps)
+            for line in p.stdout:
+                if not pending or not line.startswith(pending[0] + " rc="):
+                    continue
+                got = int(line.split("rc=")[1].split()[0])
+                pending.pop(0)
+                if not pending:
+                    rc = got
+                if got != 0 or not pending:
                     break
             rcs.append(rc)
         served = [p.pid for (p, _), rc in zip(tenants, rcs) if rc == 0]
@@ -136,10 +150,13 @@ def main():
 
         procs = nv.processes()
         pids = {p.pid for p, _ in tenants}
+        print("NVML per process (MiB, %s contexts): %s" % (args.how, ", ".join(
+            "%d: %.1f" % (pid, procs[pid] / MiB) for pid in sorted(procs) if pid in pids)), flush=True)
         held = sum(b for pid, b in procs.items() if pid in pids)
         contexts = [procs[pid] for pid in served if pid in procs]
         one = max(contexts) if contexts else 0
-        check("a tenant with a 2 GiB limit starting 10 processes holds at most 2 GiB + one context (NVML)",
+        check("a tenant with a 2 GiB limit starting 10 processes (%s contexts) holds at most 2 GiB + one context (NVML)"
+              % args.how,
               held <= LIMIT + one,
               "NVML: the tenant's %d listed processes hold %.1f MiB; one context %.1f MiB; limit %.0f MiB"
               % (len([p for p in procs if p in pids]), held / MiB, one / MiB, LIMIT / MiB))

@@ -35,6 +35,10 @@
 //                              synchronize afterwards: the step's rc is the call's)
 //   verify:N:SEED:SIZE[:OFF]   cuMemcpyDtoH and compare with that pattern (ok=, bad= bytes)
 //   poke:N:OFF                 flips the bits of one byte (cuMemcpyDtoH + cuMemcpyHtoD)
+//   ctxcreate:C[:SYMBOL]       cuCtxCreate on the current device through the ABI SYMBOL
+//                              (cuCtxCreate_v2, the default; cuCtxCreate_v3, cuCtxCreate_v4); C names it
+//   ctxdestroy:C               cuCtxDestroy_v2 of C
+//   greenctx:G  greendestroy:G cuGreenCtxCreate of all the device's SMs / cuGreenCtxDestroy
 //   ctx:D                      retains device D's primary context and makes it current; later
 //                              create/map/totalmem use device D (init: device 0)
 //   peer:D  unpeer:D           cuCtxEnablePeerAccess / cuCtxDisablePeerAccess(device D's context)
@@ -1202,6 +1206,35 @@ void run_step(const std::string& s) {
     using CountFn = unsigned long long (*)(const char*);
     auto fn = g_lib != nullptr ? reinterpret_cast<CountFn>(dlsym(g_lib, "vlake_sim_call_count")) : nullptr;
     out("%s rc=%d count=%llu", s.c_str(), fn != nullptr ? 0 : -1, fn != nullptr ? fn(a.at(1).c_str()) : 0ULL);
+  } else if (op == "ctxcreate") {
+    // cuCtxCreate on the current device (a context of its own): the ABI named by the exported
+    // symbol, resolved like every entry point (cuGetProcAddress by base name and its version).
+    const std::string how = a.size() > 2 ? a[2] : "cuCtxCreate_v2";
+    CUcontext c = nullptr;
+    CUresult rc = static_cast<CUresult>(-1);
+    if (how == "cuCtxCreate_v2") {
+      rc = XCALL(cuCtxCreate, 3020, &c, 0, g_device);
+    } else if (how == "cuCtxCreate_v3") {
+      rc = XCALL(cuCtxCreate, 11040, &c, nullptr, 0, 0, g_device);
+    } else if (how == "cuCtxCreate_v4") {
+      CUctxCreateParams params{};
+      rc = XCALL(cuCtxCreate, 12050, &c, &params, 0, g_device);
+    }
+    keep_handle(s, a.at(1), rc, c);
+  } else if (op == "ctxdestroy") {
+    out("%s rc=%d", s.c_str(), XCALL(cuCtxDestroy, 4000, handle_of<CUcontext>(a.at(1))));
+  } else if (op == "greenctx") {
+    // A green context of all the device's SMs (the simulator takes any description).
+    CUdevResource sm{};
+    CUdevResourceDesc desc = nullptr;
+    if (XCALL(cuDeviceGetDevResource, 12040, g_device, &sm, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS) {
+      (void)XCALL(cuDevResourceGenerateDesc, 12040, &desc, &sm, 1);
+    }
+    CUgreenCtx g = nullptr;
+    const CUresult rc = XCALL(cuGreenCtxCreate, 12040, &g, desc, g_device, CU_GREEN_CTX_DEFAULT_STREAM);
+    keep_handle(s, a.at(1), rc, g);
+  } else if (op == "greendestroy") {
+    out("%s rc=%d", s.c_str(), XCALL(cuGreenCtxDestroy, 12040, handle_of<CUgreenCtx>(a.at(1))));
   } else if (op == "sleep") {
     usleep(static_cast<useconds_t>(std::atoi(a.at(1).c_str())) * 1000);
     out("%s rc=0", s.c_str());

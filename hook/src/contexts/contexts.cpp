@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <mutex>
 
 #include "alloc/internal.hpp"
@@ -17,6 +18,8 @@ namespace {
 std::mutex g_mu;
 // Per device: this process holds an admission for its primary context (guarded by g_mu).
 std::array<bool, proto::kMaxDevices> g_primary{};
+// Created and green contexts this process holds an admission for: handle -> device (g_mu).
+std::map<const void*, CUdevice> g_created;
 
 bool in_range(CUdevice dev) { return dev >= 0 && static_cast<std::uint32_t>(dev) < proto::kMaxDevices; }
 
@@ -81,10 +84,79 @@ void lock_all() noexcept { g_mu.lock(); }
 void unlock_all() noexcept { g_mu.unlock(); }
 void clear_after_fork() noexcept {
   g_primary.fill(false);
+  g_created.clear();
   g_mu.unlock();
 }
 
+namespace {
+
+// A created or green context: admitted before `create` runs the driver's call, remembered by the
+// handle it wrote, given back if the driver failed.
+template <class Handle, class Create>
+CUresult create(Handle* out, CUdevice dev, Create&& create) {
+  State* s = active_state();
+  if (s == nullptr || out == nullptr || !in_range(dev)) return create();
+  std::lock_guard lock(g_mu);
+  bool admitted = false;
+  if (const CUresult rc = admit(*s, dev, admitted); rc != CUDA_SUCCESS) return rc;
+  const CUresult rc = create();
+  if (admitted) {
+    if (rc == CUDA_SUCCESS) {
+      g_created[static_cast<const void*>(*out)] = dev;
+    } else {
+      give_back(*s, dev);
+    }
+  }
+  return rc;
+}
+
+// A created or green context's destruction: its admission goes once the driver destroyed it.
+template <class Destroy>
+CUresult destroy(const void* handle, Destroy&& destroy) {
+  State* s = active_state();
+  if (s == nullptr) return destroy();
+  std::lock_guard lock(g_mu);
+  const CUresult rc = destroy();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (const auto it = g_created.find(handle); it != g_created.end()) {
+    const CUdevice dev = it->second;
+    g_created.erase(it);
+    give_back(*s, dev);
+  }
+  return rc;
+}
+
+}  // namespace
+
 }  // namespace contexts
+
+CUresult on_cuCtxCreate_v2(bool ptds, CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return contexts::create(pctx, dev, [&] { return pass<Row::cuCtxCreate_v2>(ptds, pctx, flags, dev); });
+}
+
+CUresult on_cuCtxCreate_v3(bool ptds, CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
+                           unsigned int flags, CUdevice dev) {
+  return contexts::create(pctx, dev,
+                          [&] { return pass<Row::cuCtxCreate_v3>(ptds, pctx, paramsArray, numParams, flags, dev); });
+}
+
+CUresult on_cuCtxCreate_v4(bool ptds, CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags,
+                           CUdevice dev) {
+  return contexts::create(pctx, dev,
+                          [&] { return pass<Row::cuCtxCreate_v4>(ptds, pctx, ctxCreateParams, flags, dev); });
+}
+
+CUresult on_cuCtxDestroy_v2(bool ptds, CUcontext ctx) {
+  return contexts::destroy(ctx, [&] { return pass<Row::cuCtxDestroy_v2>(ptds, ctx); });
+}
+
+CUresult on_cuGreenCtxCreate(bool ptds, CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags) {
+  return contexts::create(phCtx, dev, [&] { return pass<Row::cuGreenCtxCreate>(ptds, phCtx, desc, dev, flags); });
+}
+
+CUresult on_cuGreenCtxDestroy(bool ptds, CUgreenCtx hCtx) {
+  return contexts::destroy(hCtx, [&] { return pass<Row::cuGreenCtxDestroy>(ptds, hCtx); });
+}
 
 CUresult on_cuDevicePrimaryCtxRetain(bool ptds, CUcontext* pctx, CUdevice dev) {
   State* s = active_state();

@@ -12,6 +12,10 @@
 // - cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxReset_v2 that leave the primary context
 //   inactive give its admission back. The process's exit ends its session, and with it every
 //   admission (vlaked).
+// - cuCtxCreate_v2/_v3/_v4 and cuGreenCtxCreate ask the same before the driver creates the
+//   context (each new context takes its own memory); refused: CUDA_ERROR_OUT_OF_MEMORY and the
+//   same line. cuCtxDestroy_v2 / cuGreenCtxDestroy of such a context give its admission back
+//   once the driver destroyed it.
 // - vlaked unreachable (or answering an Error): the context is created; vlaked's NVML sampling
 //   still sees its memory. A daemon that refuses this process for a limit (Hello refused):
 //   CUDA_ERROR_OUT_OF_MEMORY.

@@ -1,26 +1,15 @@
 #include "vlake/pool/features/contexts/context_book.hpp"
 
-#include <algorithm>
-#include <vector>
-
 namespace vlake::pool {
 
 Bytes ContextBook::size(DeviceOrdinal d) const {
   if (fixed_) return *fixed_;
-  if (auto it = samples_.find(d.value()); it != samples_.end() && !it->second.empty()) {
-    std::vector<Bytes> v(it->second.begin(), it->second.end());
-    // The lower median: half the samples at least as large, so no minority of readings moves it.
-    const std::size_t mid = (v.size() - 1) / 2;
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-    return v[mid];
-  }
   if (auto it = daemon_.find(d.value()); it != daemon_.end()) return it->second;
   return fallback_;
 }
 
 const char* ContextBook::source(DeviceOrdinal d) const {
   if (fixed_) return "fixed";
-  if (auto it = samples_.find(d.value()); it != samples_.end() && !it->second.empty()) return "measured";
   if (daemon_.count(d.value()) != 0) return "daemon";
   return "default";
 }
@@ -28,8 +17,6 @@ const char* ContextBook::source(DeviceOrdinal d) const {
 void ContextBook::admit(std::uint64_t session, TenantId t, DeviceOrdinal d) {
   Entry& e = entries_[{session, d.value()}];
   e.tenant = t;
-  // A process whose contexts were all gone shows a new first reading.
-  if (e.contexts == 0) e.sampled = false;
   ++e.contexts;
 }
 
@@ -71,13 +58,7 @@ std::uint32_t ContextBook::contexts_of(TenantId t, DeviceOrdinal d) const {
 void ContextBook::observe(std::uint64_t session, DeviceOrdinal d, bool listed, Bytes figure) {
   auto it = entries_.find({session, d.value()});
   if (it == entries_.end()) return;
-  Entry& e = it->second;
-  e.figure = listed ? figure : Bytes{0};
-  if (!listed || e.sampled || e.contexts == 0) return;
-  e.sampled = true;
-  std::deque<Bytes>& s = samples_[d.value()];
-  s.push_back(Bytes{figure.value() / e.contexts});
-  while (s.size() > kSamples) s.pop_front();
+  it->second.figure = listed ? figure : Bytes{0};
 }
 
 void ContextBook::observe_daemon(DeviceOrdinal d, Bytes context) {

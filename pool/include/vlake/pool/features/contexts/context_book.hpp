@@ -12,18 +12,19 @@
 //
 // The context size of a GPU:
 //   - fixed (vlaked --context-memory SIZE): always that;
-//   - otherwise learned: the (lower) median of the last kSamples first readings of admitted processes
-//     (the process's NVML figure divided by its admitted contexts, the first time NVML lists it on
-//     that GPU after an admission; a process cannot show less than its own context, and one
-//     process cannot move a median); before any, vlaked's own context on that GPU
-//     (observe_daemon, the least reading); before that, `fallback`.
+//   - otherwise vlaked's own context on that GPU (observe_daemon: NVML's figure of the daemon
+//     less the pool's handles, the least reading), `fallback` before any reading. Tenants'
+//     readings are never used for it: a tenant's first NVML figure races its own counted memory
+//     (granted before the driver allocates it, or allocated by a stream-ordered pool before the
+//     hook counts it), so it can read far below or above its context, and tenants are untrusted
+//     (several processes could move any statistic of their readings). A tenant whose context is
+//     larger than vlaked's is charged its larger NVML figure from the first reading that lists it.
 // Ownership: plain values keyed by session id and device. No clock of its own. Errors: none.
 // Thread-safety: none; the event loop's thread only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -35,14 +36,12 @@ namespace vlake::pool {
 
 class ContextBook {
  public:
-  static constexpr std::size_t kSamples = 7;
-
   // `fixed`: the size of every context (nothing is learned); nullopt: learned, `fallback` until
   // something was measured.
   ContextBook(std::optional<Bytes> fixed, Bytes fallback) : fixed_(fixed), fallback_(fallback) {}
 
-  // The size a context on `d` is charged now, and where it comes from ("fixed", "measured",
-  // "daemon" or "default").
+  // The size a context on `d` is charged now, and where it comes from ("fixed", "daemon" or
+  // "default").
   [[nodiscard]] Bytes size(DeviceOrdinal d) const;
   [[nodiscard]] const char* source(DeviceOrdinal d) const;
 
@@ -62,7 +61,7 @@ class ContextBook {
 
   // ---- readings
   // NVML's figure of the session's process on `d` (its non-pool figure; `listed` false: NVML
-  // does not list it there, figure 0). The first listing after an admission is a size sample.
+  // does not list it there, figure 0).
   void observe(std::uint64_t session, DeviceOrdinal d, bool listed, Bytes figure);
   // vlaked's own context on `d` (NVML's figure of the daemon less the pool's handles); the
   // least of these readings counts.
@@ -79,15 +78,13 @@ class ContextBook {
   struct Entry {
     TenantId tenant{};
     std::uint32_t contexts = 0;
-    Bytes figure{0};       // NVML's figure of the process at the latest reading
-    bool sampled = false;  // the first listing since the admission was taken as a sample
+    Bytes figure{0};  // NVML's figure of the process at the latest reading
   };
   using Key = std::pair<std::uint64_t, std::int32_t>;  // (session, device)
 
   const std::optional<Bytes> fixed_;
   const Bytes fallback_;
   std::map<Key, Entry> entries_;
-  std::map<std::int32_t, std::deque<Bytes>> samples_;                // by device, newest last
   std::map<std::int32_t, Bytes> daemon_;                             // by device
   std::map<std::pair<std::uint32_t, std::int32_t>, Bytes> nonpool_;  // (tenant, device)
 };
