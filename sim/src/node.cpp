@@ -45,12 +45,10 @@ constexpr std::uint32_t kMaxAttached = 512;   // processes attached to one node 
 constexpr std::uint32_t kMaxRecords = 32768;  // live physical allocations per node
 constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocation at once
 constexpr std::uint32_t kMaxSwaps = 64;       // processes locked or checkpointed at once
-// The st_dev of a context record: no memfd has it.
+// A context record: st_dev kContextDev (no memfd has it), st_ino its pid, device and serial (0: primary).
 constexpr std::uint64_t kContextDev = ~std::uint64_t{0};
-// Serial 0: the primary context; created contexts count from 1 (bits 40 and up).
 std::uint64_t context_ino(std::int32_t pid, int device, std::uint32_t serial = 0) {
-  return (static_cast<std::uint64_t>(serial) << 40) |
-         (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 8) | static_cast<std::uint64_t>(device);
+  return (std::uint64_t{serial} << 40) | (std::uint64_t{static_cast<std::uint32_t>(pid)} << 8) | unsigned(device);
 }
 
 struct Record {
@@ -687,9 +685,7 @@ CUresult Node::charge_context(int device, std::uint64_t bytes, std::uint32_t ser
   return charge_new(kContextDev, context_ino(self_.pid, device, serial), bytes, device);
 }
 
-void Node::release_context(int device, std::uint32_t serial) {
-  release(kContextDev, context_ino(self_.pid, device, serial));
-}
+void Node::release_context(int d, std::uint32_t serial) { release(kContextDev, context_ino(self_.pid, d, serial)); }
 
 // ---- Process checkpoints --------------------------------------------------------------------
 
