@@ -309,33 +309,35 @@ VLAKE_SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 // (the handle is good for its destroy call only: not current, no work in it).
 namespace {
 
-// A new created context on `dev`: its record charged, its handle remembered.
-CUresult create_ctx(const void* handle, CUdevice dev) {
-  std::unique_lock lock(g_proc->mu);
-  const std::uint32_t serial = g_proc->next_ctx_serial++;
-  if (CUresult rc = g_proc->node->charge_context(dev, g_proc->context_memory, serial); rc != CUDA_SUCCESS) return rc;
-  g_proc->created_ctxs.emplace(handle, serial);
-  return CUDA_SUCCESS;
+// A new created context (T: CUctx_st or CUgreenCtx_st) on `dev` into *out: its record charged,
+// its handle remembered.
+template <class T>
+CUresult create_ctx(T** out, CUdevice dev) {
+  return initialized([&]() -> CUresult {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    auto ctx = std::make_unique<T>();
+    ctx->device = dev;
+    std::unique_lock lock(g_proc->mu);
+    const std::uint32_t serial = g_proc->next_ctx_serial++;
+    if (CUresult rc = g_proc->node->charge_context(dev, g_proc->context_memory, serial); rc != CUDA_SUCCESS) return rc;
+    g_proc->created_ctxs.emplace(ctx.get(), serial);
+    *out = ctx.release();
+    return CUDA_SUCCESS;
+  });
 }
 
 // Destroys a created context: CUDA_ERROR_INVALID_CONTEXT for any other handle.
-CUresult destroy_ctx(const void* handle, int device) {
-  std::unique_lock lock(g_proc->mu);
-  const auto it = g_proc->created_ctxs.find(handle);
-  if (it == g_proc->created_ctxs.end()) return CUDA_ERROR_INVALID_CONTEXT;
-  g_proc->node->release_context(device, it->second);
-  g_proc->created_ctxs.erase(it);
-  return CUDA_SUCCESS;
-}
-
-CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
+template <class T>
+CUresult destroy_ctx(T* handle) {
   return initialized([&]() -> CUresult {
-    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    auto ctx = std::make_unique<CUctx_st>();
-    ctx->device = dev;
-    if (CUresult rc = create_ctx(ctx.get(), dev); rc != CUDA_SUCCESS) return rc;
-    *pctx = ctx.release();
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::unique_lock lock(g_proc->mu);
+    const auto it = g_proc->created_ctxs.find(handle);
+    if (it == g_proc->created_ctxs.end()) return CUDA_ERROR_INVALID_CONTEXT;  // a primary context too
+    g_proc->node->release_context(handle->device, it->second);
+    g_proc->created_ctxs.erase(it);
+    delete handle;
     return CUDA_SUCCESS;
   });
 }
@@ -344,63 +346,35 @@ CUresult ctx_create(CUcontext* pctx, CUdevice dev) {
 
 VLAKE_SIM_API CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int /*flags*/, CUdevice dev) {
   VLAKE_SIM_COUNT(cuCtxCreate_v2);
-  return ctx_create(pctx, dev);
+  return create_ctx(pctx, dev);
 }
 
 VLAKE_SIM_API CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* /*paramsArray*/, int /*numParams*/,
                                       unsigned int /*flags*/, CUdevice dev) {
   VLAKE_SIM_COUNT(cuCtxCreate_v3);
-  return ctx_create(pctx, dev);
+  return create_ctx(pctx, dev);
 }
 
 VLAKE_SIM_API CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* /*ctxCreateParams*/, unsigned int /*flags*/,
                                       CUdevice dev) {
   VLAKE_SIM_COUNT(cuCtxCreate_v4);
-  return ctx_create(pctx, dev);
+  return create_ctx(pctx, dev);
 }
 
 VLAKE_SIM_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
   VLAKE_SIM_COUNT(cuCtxDestroy_v2);
-  return initialized([&]() -> CUresult {
-    if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (ctx_of_handle(ctx) != nullptr) return CUDA_ERROR_INVALID_CONTEXT;  // a primary context
-    std::unique_ptr<CUctx_st> owned;
-    {
-      std::shared_lock lock(g_proc->mu);
-      if (g_proc->created_ctxs.count(ctx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    }
-    const CUresult rc = destroy_ctx(ctx, ctx->device);
-    if (rc == CUDA_SUCCESS) owned.reset(ctx);
-    return rc;
-  });
+  return destroy_ctx(ctx);
 }
 
 VLAKE_SIM_API CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc /*desc*/, CUdevice dev,
                                         unsigned int /*flags*/) {
   VLAKE_SIM_COUNT(cuGreenCtxCreate);
-  return initialized([&]() -> CUresult {
-    if (phCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    auto g = std::make_unique<CUgreenCtx_st>();
-    g->device = dev;
-    if (CUresult rc = create_ctx(g.get(), dev); rc != CUDA_SUCCESS) return rc;
-    *phCtx = g.release();
-    return CUDA_SUCCESS;
-  });
+  return create_ctx(phCtx, dev);
 }
 
 VLAKE_SIM_API CUresult cuGreenCtxDestroy(CUgreenCtx hCtx) {
   VLAKE_SIM_COUNT(cuGreenCtxDestroy);
-  return initialized([&]() -> CUresult {
-    if (hCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    {
-      std::shared_lock lock(g_proc->mu);
-      if (g_proc->created_ctxs.count(hCtx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    }
-    const CUresult rc = destroy_ctx(hCtx, hCtx->device);
-    if (rc == CUDA_SUCCESS) delete hCtx;
-    return rc;
-  });
+  return destroy_ctx(hCtx);
 }
 
 VLAKE_SIM_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
