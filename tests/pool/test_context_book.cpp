@@ -28,9 +28,9 @@ TEST_CASE("contexts: the size is the default until measured, then vlaked's own c
   CHECK(b.size(kGpu0) == Bytes{500 * kMiB});
   CHECK(b.size(kGpu1) == Bytes{512 * kMiB});  // per GPU
 
-  // Tenants' readings race their own counted memory (a first reading of 14 MiB or 774 MiB for a
-  // 518 MiB context was seen on the H200), and tenants are untrusted: no reading of theirs, from
-  // however many processes, moves the size.
+  // Tenants' readings race their own counted memory (on the H200 a size learned from them
+  // charged a 518 MiB context 14 MiB, and 774 MiB in another run), and tenants are untrusted: no
+  // reading of theirs, from however many processes, moves the size.
   for (std::uint64_t s = 10; s < 30; ++s) {
     b.admit(s, alice, kGpu0);
     b.observe(s, kGpu0, true, Bytes{(s % 2 == 0 ? 14 : 20000) * kMiB});

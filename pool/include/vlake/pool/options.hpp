@@ -60,8 +60,8 @@ struct DaemonOptions {
   std::chrono::milliseconds counted_realize{5'000};
   std::uint64_t swap_margin = 256ull << 20;
   // --context-memory auto|SIZE (docs/quota.md, "Contexts"): what each CUDA context a hooked
-  // process creates is charged before NVML shows it. nullopt (auto): measured per GPU (vlaked's
-  // own context, then processes' first readings); without NVML, contexts are not charged.
+  // process creates is charged before NVML shows it. nullopt (auto): vlaked's own context on each
+  // GPU as NVML shows it (never a tenant's reading); without NVML, contexts are not charged.
   std::optional<std::uint64_t> context_memory;
   // --handle-reuse tenant (true, default) | node (false): docs/pool.md, "Handle binding".
   bool bind_handles = true;

@@ -36,8 +36,8 @@ namespace vlake::pool {
 
 class ContextBook {
  public:
-  // `fixed`: the size of every context (nothing is learned); nullopt: learned, `fallback` until
-  // something was measured.
+  // `fixed`: the size of every context; nullopt: vlaked's own context (observe_daemon),
+  // `fallback` until that was measured.
   ContextBook(std::optional<Bytes> fixed, Bytes fallback) : fixed_(fixed), fallback_(fallback) {}
 
   // The size a context on `d` is charged now, and where it comes from ("fixed", "daemon" or
