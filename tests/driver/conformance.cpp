@@ -432,7 +432,7 @@ TEST_CASE("hash_chunk on the device equals the host reference", "[driver][hash]"
   CHECK(status_of([&] { (void)driver().hash_chunk(r.base, Bytes{12}); }) == CUDA_ERROR_INVALID_VALUE);
 }
 
-TEST_CASE("equal contents hash equally at different addresses; one byte changes the hash", "[driver][hash]") {
+TEST_CASE("equal contents hash equally at different addresses, one byte changes the hash", "[driver][hash]") {
   const Bytes g = gran();
   Handle ha(g);
   Handle hb(g);
@@ -523,7 +523,7 @@ TEST_CASE("checkpoint moves a process's own memory to host memory and restore br
   CHECK(WEXITSTATUS(status) == 0);
 }
 
-TEST_CASE("a checkpointed process's memory can be used by others; a restore without room loses it",
+TEST_CASE("a checkpointed process's memory can be used by others, a restore without room loses it",
           "[driver][checkpoint]") {
   if (!driver().checkpoint_supported()) {
     WARN("this driver has no process checkpoint API");

@@ -140,7 +140,7 @@ TEST_CASE(
   CHECK(next.wait_line("init")["rc"] == "0");
 }
 
-TEST_CASE("contexts: cuCtxCreate and green contexts are admitted like a primary one; destroying one gives it back",
+TEST_CASE("contexts: cuCtxCreate and green contexts are admitted like a primary one, destroying one gives it back",
           "[e2e][contexts]") {
   DaemonProcess d("ctxcreate", config());
   d.env = {"VLAKE_SIM_CONTEXT_MEMORY=64MiB"};

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 
 #include "harness.hpp"
@@ -30,19 +31,27 @@ TEST_CASE("overcommit: an idle process is swapped out for another and comes back
   TenantProcess a(d, {"init", "alloc:a:600M", "upload:a:7:600M", "sleep:6000", "verify:a:7:600M", "free:a"}, 4301, "0",
                   {"VLAKE_LOG=info"});
   REQUIRE(a.wait_line("upload:a:7:600M", 90000)["rc"] == "0");  // 600 MiB: slow under ASan
-  // B: 600 MiB as well, which the GPU cannot hold next to A's: vlaked moves A to the host.
-  TenantProcess b(d, {"init", "sleep:1500", "alloc:b:600M", "upload:b:3:600M", "verify:b:3:600M", "free:b"}, 4302);
+  // B: 600 MiB as well, which the GPU cannot hold next to A's: vlaked moves A to the host. B
+  // frees and stays until A is back: were B's process to end first, vlaked would bring A back
+  // unasked (what A was moved out for is gone), and A's call would find it back already.
+  const std::string a_back = d.dir + "/a-back";
+  TenantProcess b(
+      d, {"init", "sleep:1500", "alloc:b:600M", "upload:b:3:600M", "verify:b:3:600M", "free:b", "waitfile:" + a_back},
+      4302);
   auto balloc = b.wait_line("alloc:b:600M", 30000);
   INFO("A:\n" << a.out() << a.err() << "\nB:\n" << b.out() << b.err() << "\nvlaked:\n" << d.log());
   CHECK(balloc["rc"] == "0");
   CHECK(b.wait_line("verify:b:3:600M", 60000)["ok"] == "1");
-  CHECK(b.finish() == 0);
+  CHECK(b.wait_line("free:b", 30000)["rc"] == "0");
   // A wakes up: its first call (the read-back) brings it back, its 600 MiB intact.
   auto averify = a.wait_line("verify:a:7:600M", 30000);
   CHECK(averify["rc"] == "0");
   CHECK(averify["ok"] == "1");
   CHECK(a.finish() == 0);
+  { std::ofstream(a_back).put('1'); }  // B may go
+  CHECK(b.finish() == 0);
   const std::string log = d.log();
+  INFO("A at the end:\n" << a.out() << a.err() << "\nvlaked at the end:\n" << log);
   CHECK(log.find("swapping out session") != std::string::npos);
   CHECK(log.find("is on the host") != std::string::npos);
   CHECK(log.find("is back on GPU 0") != std::string::npos);

@@ -104,7 +104,7 @@ TEST_CASE("config: malformed values keep the default and are reported") {
   CHECK(c.problems.size() == 7);
 }
 
-TEST_CASE("config: durations take the common grammar; a bare number is refused naming the variable") {
+TEST_CASE("config: durations take the common grammar, a bare number is refused naming the variable") {
   // The grammar itself: tests/common/test_duration.cpp. Here: each variable reads it.
   for (const char* name : {"VLAKE_RECONNECT_TIMEOUT", "VLAKE_TIMEOUT", "VLAKE_WAIT", "VLAKE_RESERVE_AGE"}) {
     INFO(name);
@@ -323,7 +323,7 @@ using namespace vlake::testunits;  // kMiB, kGiB, MiB (units.hpp)
 
 }  // namespace
 
-TEST_CASE("VLAKE_RESERVE takes the common size grammar; decimal units keep the default") {
+TEST_CASE("VLAKE_RESERVE takes the common size grammar, decimal units keep the default") {
   auto reserve = [](const std::string& v) { return parse({{"VLAKE_RESERVE", v}}); };
   CHECK(reserve("0").reserve_bytes == std::uint64_t{0});
   CHECK(reserve("4096B").reserve_bytes == std::uint64_t{4096});
@@ -383,7 +383,7 @@ TEST_CASE("LocalReserve: fit within 1/8 slack, most recent of a size first, per 
   CHECK(r.total_bytes() == 4 * kMiB);
 }
 
-TEST_CASE("LocalReserve: byte cap evicts the oldest; expire and drain") {
+TEST_CASE("LocalReserve: byte cap evicts the oldest, expire and drain") {
   vlake::hook::LocalReserve r(10 * kMiB, std::chrono::milliseconds(100));
   CHECK(r.put(block(0, 4 * kMiB, 0x1000, 30)).empty());
   CHECK(r.put(block(0, 4 * kMiB, 0x2000, 20)).empty());

@@ -16,7 +16,7 @@ const TenantId alice{1};
 const TenantId bob{2};
 }  // namespace
 
-TEST_CASE("contexts: the size is the default until measured, then vlaked's own context; tenants never move it",
+TEST_CASE("contexts: the size is the default until measured, then vlaked's own context, tenants never move it",
           "[contexts]") {
   ContextBook b(std::nullopt, Bytes{512 * kMiB});
   CHECK(b.size(kGpu0) == Bytes{512 * kMiB});

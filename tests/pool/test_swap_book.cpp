@@ -16,7 +16,7 @@ using namespace vlake::literals;
 
 using namespace vlake::roomtest;  // kA, kB, kGpu0, kGpu1, kT0 (unit_ids.hpp)
 
-TEST_CASE("swap book: a session without a record is on the GPU; records are per session", "[pool][swap]") {
+TEST_CASE("swap book: a session without a record is on the GPU, records are per session", "[pool][swap]") {
   SwapBook book;
   CHECK(book.state(7) == SwapState::none);
   CHECK(book.records().empty());  // looking creates nothing

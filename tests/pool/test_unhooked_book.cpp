@@ -24,7 +24,7 @@ UnhookedBook::Bytes on_gpu0(std::uint64_t b) {
 }
 }  // namespace
 
-TEST_CASE("unhooked book: figures per tenant; a change is bytes or the number of processes", "[pool][unhooked]") {
+TEST_CASE("unhooked book: figures per tenant, a change is bytes or the number of processes", "[pool][unhooked]") {
   UnhookedBook book;
   CHECK(book.of(kA).empty());
   CHECK(book.record(kA, on_gpu0(100), {{10, 1000, 100_MiB}}));
