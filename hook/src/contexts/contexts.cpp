@@ -67,6 +67,24 @@ void give_back(State& s, CUdevice dev) {
   (void)s.client.context(uuid, proto::ContextOp::release);  // unknown to a restarted vlaked: fine
 }
 
+// Every context creation (caller holds g_mu): vlaked admits a context on `dev`, then `create`
+// runs the driver's call; on its success `created()` records the admission, on its failure the
+// admission is given back. A refusal returns CUDA_ERROR_OUT_OF_MEMORY without the driver's call.
+template <class Create, class Created>
+CUresult admitted_create(State& s, CUdevice dev, Create&& create, Created&& created) {
+  bool admitted = false;
+  if (const CUresult rc = admit(s, dev, admitted); rc != CUDA_SUCCESS) return rc;
+  const CUresult rc = create();
+  if (admitted) {
+    if (rc == CUDA_SUCCESS) {
+      created();
+    } else {
+      give_back(s, dev);
+    }
+  }
+  return rc;
+}
+
 // After a release or reset: the primary context's admission goes when the driver says it is gone.
 CUresult after_release(State& s, CUdevice dev, CUresult rc, bool reset) {
   if (rc != CUDA_SUCCESS || !g_primary[static_cast<std::size_t>(dev)]) return rc;
@@ -97,17 +115,7 @@ CUresult create(Handle* out, CUdevice dev, Create&& create) {
   State* s = active_state();
   if (s == nullptr || out == nullptr || !in_range(dev)) return create();
   std::lock_guard lock(g_mu);
-  bool admitted = false;
-  if (const CUresult rc = admit(*s, dev, admitted); rc != CUDA_SUCCESS) return rc;
-  const CUresult rc = create();
-  if (admitted) {
-    if (rc == CUDA_SUCCESS) {
-      g_created[static_cast<const void*>(*out)] = dev;
-    } else {
-      give_back(*s, dev);
-    }
-  }
-  return rc;
+  return admitted_create(*s, dev, create, [&] { g_created[static_cast<const void*>(*out)] = dev; });
 }
 
 // A created or green context's destruction: its admission goes once the driver destroyed it.
@@ -165,17 +173,9 @@ CUresult on_cuDevicePrimaryCtxRetain(bool ptds, CUcontext* pctx, CUdevice dev) {
   if (contexts::g_primary[static_cast<std::size_t>(dev)] || contexts::driver_active(dev)) {
     return pass<Row::cuDevicePrimaryCtxRetain>(ptds, pctx, dev);  // it exists: no new memory
   }
-  bool admitted = false;
-  if (const CUresult rc = contexts::admit(*s, dev, admitted); rc != CUDA_SUCCESS) return rc;
-  const CUresult rc = pass<Row::cuDevicePrimaryCtxRetain>(ptds, pctx, dev);
-  if (admitted) {
-    if (rc == CUDA_SUCCESS) {
-      contexts::g_primary[static_cast<std::size_t>(dev)] = true;
-    } else {
-      contexts::give_back(*s, dev);
-    }
-  }
-  return rc;
+  return contexts::admitted_create(
+      *s, dev, [&] { return pass<Row::cuDevicePrimaryCtxRetain>(ptds, pctx, dev); },
+      [&] { contexts::g_primary[static_cast<std::size_t>(dev)] = true; });
 }
 
 CUresult on_cuDevicePrimaryCtxRelease_v2(bool ptds, CUdevice dev) {
