@@ -29,6 +29,10 @@ void Driver::copy_device(DevicePtr dst, DevicePtr src, Bytes n) {
   }
 }
 
+PhysicalHandle Driver::create_host(Bytes) {
+  throw DriverError(CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate", "host-located memory");
+}
+
 namespace {
 [[noreturn]] void no_checkpoints(const char* call) {
   throw DriverError(CUDA_ERROR_NOT_SUPPORTED, call, "this driver has no process checkpoint API");
@@ -74,6 +78,16 @@ CUmemAllocationProp pinned_device_prop(DeviceOrdinal d) {
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   p.location.id = d.value();
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+// Pinned host memory of NUMA node 0, as a VMM handle.
+CUmemAllocationProp pinned_host_prop() {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  p.location.id = 0;
   p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return p;
 }
@@ -216,6 +230,21 @@ class CudaDriver final : public Driver {
     const CUmemAllocationProp p = pinned_device_prop(d);
     CUmemGenericAllocationHandle h = 0;
     check(api_.cuMemCreate(&h, size.value(), &p, 0), "cuMemCreate");
+    return PhysicalHandle{h};
+  }
+
+  bool host_memory_supported(DeviceOrdinal d) const override {
+    if (d.value() < 0 || static_cast<std::size_t>(d.value()) >= devices_.size()) return false;
+    int v = 0;
+    return api_.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                     devices_[static_cast<std::size_t>(d.value())]) == CUDA_SUCCESS &&
+           v != 0;
+  }
+
+  PhysicalHandle create_host(Bytes size) override {
+    const CUmemAllocationProp p = pinned_host_prop();
+    CUmemGenericAllocationHandle h = 0;
+    check(api_.cuMemCreate(&h, size.value(), &p, 0), "cuMemCreate(host)");
     return PhysicalHandle{h};
   }
 

@@ -141,7 +141,7 @@ void seconds_or_null(JsonWriter& j, std::string_view key, const std::optional<do
 // Swapping shows only where it can happen (an overcommit namespace's process) or happened.
 bool swapping_in_play(const NodeView& v) {
   for (const GpuView& g : v.gpus) {
-    if (g.swapped != 0) return true;
+    if (g.swapped != 0 || g.host != 0) return true;
   }
   for (const TenantView& t : v.tenants) {
     for (const SessionView& x : t.sessions) {
@@ -151,9 +151,15 @@ bool swapping_in_play(const NodeView& v) {
   return false;
 }
 
-// "host 12.5 GiB for 3m", "checkpointing 2.0 GiB", "gpu".
+// "host 12.5 GiB for 3m", "checkpointing 2.0 GiB", "gpu"; with the host tier (its grants on the
+// host, the process on the GPU): "gpu, host tier 4.0 GiB", "gpu, moving".
 std::string swap_text(const SessionView& x) {
-  if (x.swap == "gpu") return "gpu";
+  if (x.swap == "gpu") {
+    std::string t = "gpu";
+    if (x.host_bytes != 0) t += ", host tier " + sz(x.host_bytes);
+    if (x.moving != 0) t += ", moving";
+    return t;
+  }
   std::string t = x.swap + " " + sz(x.swap_bytes);
   if (x.swap == "host" && x.swap_seconds) t += " for " + human_duration(x.swap_seconds);
   return t;
@@ -191,6 +197,8 @@ void session_json(JsonWriter& j, const SessionView& s) {
   j.field_uint("swap_outs", s.swap_outs);
   j.field_uint("swap_ins", s.swap_ins);
   j.end_object();
+  j.field_uint("host_bytes", s.host_bytes);
+  j.field_uint("moving", s.moving);
   j.key("wait");
   if (s.wait.empty()) {
     j.null();
@@ -266,6 +274,7 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
            sz(g.guaranteed) + " (borrowed " + sz(g.borrowed) + ")" +
            (g.unhooked != 0 ? "  outside vlake " + sz(g.unhooked) : std::string()) +
            (g.swapped != 0 ? "  on host " + sz(g.swapped) : std::string()) +
+           (g.host != 0 ? "  host tier " + sz(g.host) : std::string()) +
            (g.retained != 0 ? "  retained " + sz(g.retained) : std::string()) + "\n";
     std::vector<Table::Column> cols = {{"NAMESPACE"},
                                        {"TENANT"},
@@ -293,7 +302,7 @@ std::string render_top_text(const NodeView& v, const std::string& state, const s
           guaranteed_text(r.usage),
           percent(r.usage.share_percent),
           human_duration(r.idle_seconds)};
-      if (swapping) cells.push_back(sz(r.usage.swapped));
+      if (swapping) cells.push_back(sz(r.usage.swapped + r.usage.host));  // checkpointed + host tier
       cells.push_back(std::to_string(r.pids.size()));
       cells.push_back(join_pids(r.pids));
       t.add_row(std::move(cells));
@@ -352,6 +361,7 @@ std::string render_top_json(const NodeView& v, const std::string& state) {
     j.field_uint("guaranteed", g.guaranteed);
     j.field_uint("borrowed", g.borrowed);
     j.field_uint("swapped", g.swapped);
+    j.field_uint("host", g.host);
     j.field_uint("retained", g.retained);
     // vlaked's own process on this GPU (not a tenant): NVML's figure, and its context beyond the pool.
     j.key("daemon").begin_object();
@@ -368,6 +378,7 @@ std::string render_top_json(const NodeView& v, const std::string& state) {
       j.field("namespace", r.namespace_name);
       usage_json(j, r.usage);
       j.field_uint("swapped", r.usage.swapped);
+      j.field_uint("host", r.usage.host);
       seconds_or_null(j, "idle_seconds", r.idle_seconds);
       j.field_uint("sessions", r.pids.size());
       pids_json(j, r.pids);

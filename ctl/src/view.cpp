@@ -71,12 +71,25 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     g.guaranteed = r.guaranteed_bytes;
     g.borrowed = r.borrowed_bytes;
     g.swapped = r.swapped_bytes;
+    g.host = r.host_bytes;
     g.retained = r.retained_bytes;
     g.daemon_nvml = r.daemon_nvml_bytes;
     g.daemon_context = r.daemon_context_bytes;
     v.gpus.push_back(std::move(g));
   }
 
+  // The host tier (layout 11): per session and per (tenant, GPU), summed from the grants on it.
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::uint32_t>> session_host;  // id -> (bytes, moving)
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> tenant_host;
+  for (const st::GrantRecord& r : s.grants) {
+    if (r.state == st::kGrantFree) continue;
+    if (r.location == st::kGrantOnHost) {
+      session_host[r.session].first += r.bytes;
+      tenant_host[{r.tenant, r.device}] += r.bytes;
+    } else if (r.location == st::kGrantToHost || r.location == st::kGrantToGpu) {
+      ++session_host[r.session].second;
+    }
+  }
   // Sessions and grants per tenant id.
   std::map<std::uint32_t, std::vector<SessionView>> sessions;
   for (const st::SessionRecord& r : s.sessions) {
@@ -103,6 +116,10 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
     x.swap_for = r.swap_for;
     x.swap_outs = r.swap_outs;
     x.swap_ins = r.swap_ins;
+    if (auto sh = session_host.find(r.id); sh != session_host.end()) {
+      x.host_bytes = sh->second.first;
+      x.moving = sh->second.second;
+    }
     x.wait = r.wait == st::kWaitMemory ? "memory" : r.wait == st::kWaitRestore ? "restore" : "";
     if (!x.wait.empty()) {
       x.wait_gpu = r.wait_device;
@@ -159,6 +176,7 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
       u.over_reason = u.over_limit ? st::over_reason_name(r.over_reason[g.index]) : "";
       if (u.over_limit && u.over_reason.empty()) u.over_reason = "unknown";
       u.share_percent = share_percent(Bytes{u.used}, Bytes{g.total});
+      if (auto th = tenant_host.find({r.id, g.index}); th != tenant_host.end()) u.host = th->second;
       t.gpus.push_back(u);
     }
     if (auto it = sessions.find(r.id); it != sessions.end()) {

@@ -211,6 +211,14 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> tenant_swapped;  // (tenant, gpu)
   std::uint64_t waiting_memory = 0;
   std::uint64_t waiting_restore = 0;
+  // Layout 11: the host tier, per tenant and per session, summed from the grants on it (exact).
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> tenant_host;  // (tenant, gpu)
+  std::map<std::uint64_t, std::uint64_t> session_host;                           // by session id
+  for (const st::GrantRecord& g : s.grants) {
+    if (g.state == st::kGrantFree || g.location != st::kGrantOnHost) continue;
+    tenant_host[{g.tenant, g.device}] += g.bytes;
+    session_host[g.session] += g.bytes;
+  }
   for (const st::SessionRecord& r : s.sessions) {
     if (r.state == st::kSessionFree) continue;
     ++tenant_sessions[r.tenant];
@@ -262,6 +270,8 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
                                  "seconds since the last CUDA call, grant or Hello of its most recent process");
   MetricFamily& t_swapped = F.gauge("vlake_tenant_swapped_bytes",
                                     "of its processes now in host memory: what their checkpoints freed (docs/swap.md)");
+  MetricFamily& t_host = F.gauge("vlake_tenant_host_bytes",
+                                 "of its granted memory, what is on the host tier now (docs/swap.md, \"Host tier\")");
   MetricFamily& t_waiting = F.gauge("vlake_tenant_waiting_processes",
                                     "its processes waiting for memory or for their restore (vlakectl waits)");
   std::uint64_t tenants = 0;
@@ -306,6 +316,8 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
       set(t_over, l, (r.over_limit & (1u << g.index)) != 0 ? 1 : 0);
       const auto sw = tenant_swapped.find({r.id, g.index});
       set(t_swapped, l, sw == tenant_swapped.end() ? 0 : d(sw->second));
+      const auto ht = tenant_host.find({r.id, g.index});
+      set(t_host, l, ht == tenant_host.end() ? 0 : d(ht->second));
     }
     for (std::uint32_t i = 0; i < st::kRefusalReasons; ++i) {
       set(t_denials, join(tl, {{"reason", st::refusal_reason_name(i + 1)}}), d(r.denials[i]));
@@ -346,11 +358,16 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
     }
     MetricFamily& f = F.gauge("vlake_process_idle_seconds",
                               "seconds since the process's last CUDA call (as its hook reports it), grant or Hello");
+    MetricFamily& ph =
+        F.gauge("vlake_process_host_bytes", "of the process's granted memory, what is on the host tier now");
     for (const st::SessionRecord& r : s.sessions) {
-      if (r.state == st::kSessionFree || r.last_active_unix_ns == 0) continue;
+      if (r.state == st::kSessionFree) continue;
       const auto n = names.find(r.tenant);
-      set(f, {{"tenant", n == names.end() ? "" : n->second}, {"pid", std::to_string(r.pid)}},
-          idle_seconds(r.last_active_unix_ns));
+      const Labels l{{"tenant", n == names.end() ? "" : n->second}, {"pid", std::to_string(r.pid)}};
+      const auto hb = session_host.find(r.id);
+      set(ph, l, hb == session_host.end() ? 0 : d(hb->second));
+      if (r.last_active_unix_ns == 0) continue;
+      set(f, l, idle_seconds(r.last_active_unix_ns));
     }
   }
   set(F.gauge("vlake_tenants", "tenants known to the daemon"), {}, d(tenants));
@@ -377,6 +394,25 @@ std::vector<MetricFamily> build_families(const st::State& s, std::uint64_t now_n
   set(F.counter("vlake_swap_in_bytes_total", "bytes the restores took back on the GPU"), {}, d(c.swap_in_bytes));
   set(F.counter("vlake_swap_out_seconds_total", "time spent checkpointing"), {}, d(c.swap_out_ns) / 1e9);
   set(F.counter("vlake_swap_in_seconds_total", "time spent restoring"), {}, d(c.swap_in_ns) / 1e9);
+  // The host tier (docs/swap.md, "Host tier").
+  per_gpu("vlake_host_tier_bytes", "this GPU's granted memory now on the host tier (exact: whole grants)",
+          [](const st::DeviceRecord& r) { return d(r.host_bytes); });
+  set(F.gauge("vlake_host_tier_stock_bytes", "pinned host memory made ahead for the host tier, not in use"), {},
+      d(c.host_stock_bytes));
+  set(F.gauge("vlake_host_tier_bound_bytes", "the host tier's bound (--host-tier; 0: off)"), {}, d(c.host_bound_bytes));
+  set(F.counter("vlake_host_tier_demotes_total", "grants moved to the host tier"), {}, d(c.tier_demotes));
+  set(F.counter("vlake_host_tier_promotes_total", "grants moved back to the GPU"), {}, d(c.tier_promotes));
+  set(F.counter("vlake_host_tier_demoted_bytes_total", "bytes of the grants moved to the host tier"), {},
+      d(c.tier_demoted_bytes));
+  set(F.counter("vlake_host_tier_promoted_bytes_total", "bytes of the grants moved back to the GPU"), {},
+      d(c.tier_promoted_bytes));
+  set(F.counter("vlake_host_tier_demote_seconds_total", "time of the moves to the host tier, notice to last step"), {},
+      d(c.tier_demote_ns) / 1e9);
+  set(F.counter("vlake_host_tier_promote_seconds_total", "time of the moves back to the GPU, notice to last step"), {},
+      d(c.tier_promote_ns) / 1e9);
+  set(F.counter("vlake_host_tier_declined_total", "grants a process declined or failed to move"), {},
+      d(c.tier_declined));
+  set(F.counter("vlake_host_tier_busy_total", "moves a busy process turned down"), {}, d(c.tier_busy));
   MetricFamily& sessions = F.gauge("vlake_sessions", "tenant processes");
   set(sessions, {{"state", "connected"}}, d(connected));
   set(sessions, {{"state", "detached"}}, d(detached));

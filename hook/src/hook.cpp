@@ -1,6 +1,8 @@
 // The hook's process state (hook.hpp): creation, fork handling, the current device.
 #include "hook.hpp"
 
+#include "gate.hpp"
+
 #include "alloc/seams.hpp"
 
 #include "alloc/internal.hpp"
@@ -119,6 +121,7 @@ void fork_child() {
   ipc::clear_after_fork();
   contexts::clear_after_fork();
   g_swap_gate_closed.store(false, std::memory_order_relaxed);  // the parent's swap is not the child's
+  tier::reset_after_fork();                                    // nor its moves
   // The worker thread does not exist in the child; its queue holds the parent's grants.
   s->retire_queue.clear();
   s->after_reclaim.clear();

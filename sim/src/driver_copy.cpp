@@ -4,8 +4,10 @@
 // per-thread variants; copy_rows and memset_rows, which the 2D/3D calls share
 // (driver_copy2d.cpp). A copy checks, under the shared lock, that the current context's device
 // may write every destination row and read every source row before it moves a byte; a refused
-// copy returns rules::kCopyBadAccess (see refused()). Streams are synchronous: an Async call
-// checks its stream, then does what its synchronous twin does.
+// copy returns rules::kCopyBadAccess (see refused()). A copy or memset touching host-located
+// memory on a device side lasts at least its bytes over VLAKE_SIM_LINK_BANDWIDTH (pace_link).
+// Streams are synchronous: an Async call checks its stream, then does what its synchronous twin
+// does.
 #include "vlake/common/cuda_api.hpp"
 
 #include "call_counts.hpp"
@@ -16,6 +18,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <shared_mutex>
@@ -94,9 +97,16 @@ CUresult copy_rows(const CopySide& dst, const CopySide& src, std::size_t width, 
       if (src_device && !accessible(src.row(y, z), width, ctx->device, false)) return refused(ctx);
     }
   }
+  // Host-located memory on either device side: the copy takes the link's time (pace_link).
+  const auto start = std::chrono::steady_clock::now();
+  auto span = [&](const CopySide& s) { return s.row(height - 1, depth - 1) + width - s.base; };
+  const bool link =
+      (dst_device && touches_host(dst.base, span(dst))) || (src_device && touches_host(src.base, span(src)));
   for (std::size_t z = 0; z < depth; ++z) {
     for (std::size_t y = 0; y < height; ++y) std::memmove(as_ptr(dst.row(y, z)), as_ptr(src.row(y, z)), width);
   }
+  lock.unlock();
+  if (link) pace_link(start, width * height * depth);
   return CUDA_SUCCESS;
 }
 
@@ -115,6 +125,8 @@ CUresult memset_rows(std::uintptr_t dst, std::size_t pitch, std::size_t elem, un
   for (std::size_t y = 0; y < height; ++y) {
     if (!accessible(dst + y * pitch, row_bytes, ctx->device, true)) return refused(ctx);
   }
+  const auto start = std::chrono::steady_clock::now();
+  const bool link = touches_host(dst, (height - 1) * pitch + row_bytes);
   const unsigned mask = elem == 1 ? 0xffu : elem == 2 ? 0xffffu : ~0u;
   for (std::size_t y = 0; y < height; ++y) {
     const std::uintptr_t row = dst + y * pitch;
@@ -128,6 +140,8 @@ CUresult memset_rows(std::uintptr_t dst, std::size_t pitch, std::size_t elem, un
       fill_row<std::uint32_t>(row, width, value);
     }
   }
+  lock.unlock();
+  if (link) pace_link(start, row_bytes * height);
   return CUDA_SUCCESS;
 }
 

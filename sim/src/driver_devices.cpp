@@ -38,7 +38,7 @@ CUuuid device_uuid(int dev) {
 }
 
 // The attributes whose value is the same on every simulated device; any other attribute
-// (outside device_attribute's two per-device ones) is CUDA_ERROR_INVALID_VALUE.
+// (outside device_attribute's per-device and per-process ones) is CUDA_ERROR_INVALID_VALUE.
 struct FixedAttribute {
   CUdevice_attribute attribute;
   int value;
@@ -128,7 +128,7 @@ constexpr FixedAttribute kFixedAttributes[] = {
     {CU_DEVICE_ATTRIBUTE_NUMA_ID, -1},
     {CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_MPS_ENABLED, 0},
-    {CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, -1},
+    {CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0},  // the one host NUMA node of host-located memory
 };
 
 bool device_attribute(CUdevice_attribute a, int dev, int& v) {
@@ -139,6 +139,10 @@ bool device_attribute(CUdevice_attribute a, int dev, int& v) {
   }
   if (a == CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID) {
     v = dev;
+    return true;
+  }
+  if (a == CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) {
+    v = g_proc->host_vmm ? 1 : 0;  // VLAKE_SIM_HOST_VMM
     return true;
   }
   for (const FixedAttribute& f : kFixedAttributes) {

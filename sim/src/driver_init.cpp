@@ -57,12 +57,14 @@ CUresult do_init() {
   proc->capacity = config.capacity;
   proc->context_memory = config.context_memory;
   proc->peer_access = config.peer_access;
+  proc->host_vmm = config.host_vmm;
+  proc->link_bandwidth = config.link_bandwidth;
   for (int i = 0; i < rules::kMaxDevices; ++i) {
     proc->ctxs[i].device = i;
     proc->pools[i].device = i;
   }
-  if (CUresult rc = vlake::sim::Node::attach(config.node, config.device_count, config.capacity, config.access,
-                                             vlake::sim::current_process(), proc->node);
+  if (CUresult rc = vlake::sim::Node::attach(config.node, config.device_count, config.capacity, config.host_capacity,
+                                             config.access, vlake::sim::current_process(), proc->node);
       rc != CUDA_SUCCESS) {
     return rc;
   }

@@ -44,6 +44,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -189,8 +190,9 @@ std::uintptr_t reserve_va(std::size_t size, std::size_t align);
 void unmap_to_reservation(std::uintptr_t base, std::size_t size);
 int prot_of(const Mapping& m, int device_count);
 
-// Physical allocations are memfds named "vlake-sim:d<device>:t<requestedHandleTypes>", so an
-// importer can check that an fd is a simulator allocation and recover its device and types.
+// Physical allocations are memfds named "vlake-sim:d<device>:t<requestedHandleTypes>" (host-located
+// ones "vlake-sim:host:t<types>", device kHostLocation), so an importer can check that an fd is a
+// simulator allocation and recover its location and types.
 int create_memfd(std::size_t size, int device, unsigned handle_types);
 bool parse_memfd(int fd, int& device, unsigned& handle_types);
 // A Phys for the memfd `fd` (owned from now on; `st` its fstat) of `size` bytes on `device`, added
@@ -221,6 +223,13 @@ CUresult whole_mappings(std::uintptr_t addr, std::size_t size, CUresult not_mapp
 CUresult mappings_inside(std::uintptr_t addr, std::size_t size, std::vector<MappingIt>& out);
 // What a copy engine refusing a bad access returns (and does to the context).
 CUresult refused(CUctx_st* ctx);
+// The copy engines' link to host-located memory (VLAKE_SIM_LINK_BANDWIDTH, docs/simulator.md):
+// a copy or memset whose device side touches_host() (some mapping of [addr, addr + n) is of
+// host-located memory; caller holds mu) notes the time before it moves a byte and, once done
+// and mu released, calls pace_link(), which returns once `bytes` / bandwidth has passed since
+// `start` (at once when the bandwidth is 0: unmodeled).
+bool touches_host(std::uintptr_t addr, std::size_t n);
+void pace_link(std::chrono::steady_clock::time_point start, std::size_t bytes);
 // A known stream (the legacy/per-thread handles included). Caller holds mu.
 bool valid_stream(CUstream s);
 // Frees what a primary context owns and clears its sticky error. Caller holds mu exclusively.

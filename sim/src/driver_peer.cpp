@@ -9,6 +9,7 @@
 #include "driver_internal.hpp"
 #include "rules.hpp"
 
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -89,7 +90,11 @@ CUresult copy_peer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcD
   if (!internal::reachable(d, ByteCount, dst->device, true) || !internal::reachable(s, ByteCount, src->device, false)) {
     return internal::copy_refused(cur);
   }
+  const auto start = std::chrono::steady_clock::now();
+  const bool link = internal::touches_host(d, ByteCount) || internal::touches_host(s, ByteCount);
   std::memmove(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(s), ByteCount);
+  lock.unlock();
+  if (link) internal::pace_link(start, ByteCount);
   return CUDA_SUCCESS;
 }
 

@@ -32,14 +32,19 @@ CUresult pointer_attribute(void* data, CUpointer_attribute a, std::uintptr_t ptr
                            bool strict) {
   if (m == nullptr && strict) return rules::kPointerUnknown;
   CUctx_st* cur = current_ctx();
-  const int device = m != nullptr ? m->phys->device : 0;
+  // Host-located VMM memory has no device: the current context's stands in (a guess; a one-GPU
+  // H200 answers 0).
+  int device = m != nullptr ? m->phys->device : 0;
+  if (device == vlake::sim::kHostLocation) device = cur != nullptr ? cur->device : 0;
   switch (a) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
       put<CUcontext>(data, m != nullptr && m->classic ? m->ctx : nullptr);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-      put<unsigned>(data, m != nullptr ? static_cast<unsigned>(CU_MEMORYTYPE_DEVICE) : 0u);
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: {  // host-located VMM memory: HOST (measured on an H200)
+      const bool host = m != nullptr && m->phys != nullptr && m->phys->device == vlake::sim::kHostLocation;
+      put<unsigned>(data, m == nullptr ? 0u : static_cast<unsigned>(host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE));
       return CUDA_SUCCESS;
+    }
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
       put<CUdeviceptr>(data, m != nullptr ? static_cast<CUdeviceptr>(ptr) : 0);
       return CUDA_SUCCESS;

@@ -13,9 +13,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <shared_mutex>
+#include <thread>
 
 using vlake::sim::Mapping;
 using vlake::sim::Phys;
@@ -85,11 +88,16 @@ int prot_of(const Mapping& m, int device_count) {
 
 // ---- Physical allocations -----------------------------------------------------------------------
 
-// memfd name: "vlake-sim:d<device>:t<requestedHandleTypes>", so an importer can check that an
-// fd is a simulator allocation and recover its device and handle types.
+// memfd name: "vlake-sim:d<device>:t<requestedHandleTypes>" ("vlake-sim:host:t<types>" for
+// host-located memory), so an importer can check that an fd is a simulator allocation and
+// recover its location and handle types.
 int create_memfd(std::size_t size, int device, unsigned handle_types) {
   char name[64];
-  std::snprintf(name, sizeof name, "vlake-sim:d%d:t%u", device, handle_types);
+  if (device == vlake::sim::kHostLocation) {
+    std::snprintf(name, sizeof name, "vlake-sim:host:t%u", handle_types);
+  } else {
+    std::snprintf(name, sizeof name, "vlake-sim:d%d:t%u", device, handle_types);
+  }
   int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -1;
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -107,6 +115,10 @@ bool parse_memfd(int fd, int& device, unsigned& handle_types) {
   ssize_t n = ::readlink(link, target, sizeof target - 1);
   if (n <= 0) return false;
   target[n] = '\0';
+  if (std::sscanf(target, "/memfd:vlake-sim:host:t%u", &handle_types) == 1) {
+    device = vlake::sim::kHostLocation;
+    return true;
+  }
   return std::sscanf(target, "/memfd:vlake-sim:d%d:t%u", &device, &handle_types) == 2;
 }
 
@@ -241,6 +253,27 @@ CUresult mappings_inside(std::uintptr_t addr, std::size_t size, std::vector<Mapp
     out.push_back(it);
   }
   return CUDA_SUCCESS;
+}
+
+bool touches_host(std::uintptr_t addr, std::size_t n) {
+  if (n == 0) return false;
+  const std::uintptr_t end = add_overflows(addr, n) ? UINTPTR_MAX : addr + n;
+  auto& maps = g_proc->mappings;
+  auto it = maps.upper_bound(addr);
+  if (it != maps.begin()) --it;
+  for (; it != maps.end() && it->first < end; ++it) {
+    if (it->first + it->second.size <= addr) continue;
+    if (it->second.phys != nullptr && it->second.phys->device == vlake::sim::kHostLocation) return true;
+  }
+  return false;
+}
+
+void pace_link(std::chrono::steady_clock::time_point start, std::size_t bytes) {
+  const std::uint64_t bandwidth = g_proc->link_bandwidth;
+  if (bandwidth == 0 || bytes == 0) return;
+  const double seconds = static_cast<double>(bytes) / static_cast<double>(bandwidth);
+  std::this_thread::sleep_until(
+      start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds)));
 }
 
 // A copy engine refusing a bad access.

@@ -3,6 +3,8 @@
 // cuMemGetAccess, cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
 // cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle. Handles are memfds
 // (POSIX fd export/import across processes); access flags become host page protections.
+// Host-located handles (CU_MEM_LOCATION_TYPE_HOST_NUMA, node 0) are memfds too, of device
+// kHostLocation: charged to the node's host memory, mapped and given device access like the others.
 #include "vlake/common/cuda_api.hpp"
 
 #include "call_counts.hpp"
@@ -31,11 +33,19 @@ namespace {
 
 // ---- VMM property checks --------------------------------------------------------------------
 
-CUresult check_prop(const CUmemAllocationProp* prop) {
+// Pinned memory of a valid device, or (VLAKE_SIM_HOST_VMM) of host NUMA node 0; `any_numa`: any
+// host NUMA node id (the granularity query, measured).
+CUresult check_prop(const CUmemAllocationProp* prop, bool any_numa = false) {
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return rules::kUnsupportedLocation;
-  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return rules::kUnsupportedLocation;
-  if (!valid_device(prop->location.id)) return rules::kInvalidLocation;
+  if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+    if (!g_proc->host_vmm) return rules::kHostVmmUnsupported;
+    if (prop->location.id != 0 && !any_numa) return rules::kInvalidHostLocation;
+  } else if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return rules::kUnsupportedLocation;
+  } else if (!valid_device(prop->location.id)) {
+    return rules::kInvalidLocation;
+  }
   const unsigned types = static_cast<unsigned>(prop->requestedHandleTypes);
   if (types != CU_MEM_HANDLE_TYPE_NONE && types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
     return rules::kUnsupportedHandleType;
@@ -57,7 +67,7 @@ VLAKE_SIM_API CUresult cuMemGetAllocationGranularity(size_t* granularity, const 
   if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (CUresult rc = check_prop(prop); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = check_prop(prop, /*any_numa=*/true); rc != CUDA_SUCCESS) return rc;
   *granularity = kGran;
   return CUDA_SUCCESS;
 }
@@ -69,9 +79,11 @@ VLAKE_SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t 
     if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = check_prop(prop); rc != CUDA_SUCCESS) return rc;
     if (size == 0 || size % kGran != 0) return CUDA_ERROR_INVALID_VALUE;
+    const int device =
+        prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? vlake::sim::kHostLocation : prop->location.id;
     std::unique_lock lock(g_proc->mu);
     Phys* p = nullptr;
-    if (CUresult rc = new_phys(size, prop->location.id, static_cast<unsigned>(prop->requestedHandleTypes), false, p);
+    if (CUresult rc = new_phys(size, device, static_cast<unsigned>(prop->requestedHandleTypes), false, p);
         rc != CUDA_SUCCESS) {
       return rc;
     }
@@ -259,10 +271,12 @@ VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHand
     if (fd < 0 || ::fstat(fd, &st) != 0) return rules::kImportNotAnAllocation;
     int device = 0;
     unsigned types = 0;
-    if (!parse_memfd(fd, device, types) || !valid_device(device) || st.st_size <= 0 ||
-        static_cast<std::size_t>(st.st_size) % kGran != 0) {
+    if (!parse_memfd(fd, device, types) || !(valid_device(device) || device == vlake::sim::kHostLocation) ||
+        st.st_size <= 0 || static_cast<std::size_t>(st.st_size) % kGran != 0) {
       return rules::kImportNotAnAllocation;
     }
+    const bool host = device == vlake::sim::kHostLocation;
+    if (host && !g_proc->host_vmm) return rules::kHostVmmUnsupported;
     std::unique_lock lock(g_proc->mu);
     auto known = g_proc->phys.find(std::make_pair(std::uint64_t{st.st_dev}, std::uint64_t{st.st_ino}));
     if (known != g_proc->phys.end()) {
@@ -279,8 +293,8 @@ VLAKE_SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHand
     }
     Phys* raw = add_phys(own, st, size, device);
     raw->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    raw->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    raw->prop.location.id = device;
+    raw->prop.location.type = host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+    raw->prop.location.id = host ? 0 : device;
     raw->prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(types);
     *handle = add_handle_ref(raw);
     return CUDA_SUCCESS;

@@ -1,5 +1,10 @@
+// The simulated machine (node.hpp): attaching to a node and detaching from it, the records of
+// its allocations and contexts, process checkpoints, the VLAKE_SIM_* configuration and the
+// devices' identities. The shared layout and its lock are node_state.hpp; reading a node
+// without attaching (NodeObserver) is node_observer.cpp.
 #include "node.hpp"
 
+#include "node_state.hpp"
 #include "rules.hpp"
 
 #include <dirent.h>
@@ -21,7 +26,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -30,81 +34,7 @@
 #include "vlake/common/size.hpp"
 
 namespace vlake::sim {
-namespace {
-
-constexpr std::uint64_t kMagic = 0x4d49532d454b4c56ULL;  // "VLKE-SIM"
-// 2: holders are kept in the order they took the allocation (creator first); primary contexts
-// are records keyed (kContextDev, context_ino(pid, device)).
-// 3: a record without holders stays charged while an attached process keeps a descriptor of it
-// (`fd_held`), as on the real driver.
-// 4: `creator_gone`: the creator released a record others still hold; NVML charges it to no
-// process while a descriptor of it is open.
-// 5: process checkpoints (`swaps`, `nlocked`, Record::swapped).
-constexpr std::uint32_t kLayoutVersion = 5;
-constexpr std::uint32_t kMaxAttached = 512;   // processes attached to one node at once
-constexpr std::uint32_t kMaxRecords = 32768;  // live physical allocations per node
-constexpr std::uint32_t kMaxHolders = 16;     // processes holding one allocation at once
-constexpr std::uint32_t kMaxSwaps = 64;       // processes locked or checkpointed at once
-// A context record: st_dev kContextDev (no memfd has it), st_ino its pid, device and serial (0: primary).
-constexpr std::uint64_t kContextDev = ~std::uint64_t{0};
-std::uint64_t context_ino(std::int32_t pid, int device, std::uint32_t serial = 0) {
-  return (std::uint64_t{serial} << 40) | (std::uint64_t{static_cast<std::uint32_t>(pid)} << 8) | unsigned(device);
-}
-
-struct Record {
-  std::uint64_t dev;
-  std::uint64_t ino;
-  std::uint64_t size;
-  std::int32_t device;
-  std::uint32_t nholders;  // processes holding a handle, an imported handle or a mapping
-  std::uint32_t fd_held;   // no holder, but maybe a descriptor somewhere: still charged (see sweep)
-  // The creator (first holder) let go while others hold it, and a descriptor may be open: the
-  // real driver then charges the memory to no process until no descriptor is left (measured,
-  // docs/driver.md "What NVML reports"). Cleared by the first NVML read that finds none.
-  std::uint32_t creator_gone;
-  // Its only holder is checkpointed: the contents are in host memory, the record is not charged
-  // to its device (nor to NVML's per-process figures) until that process is restored.
-  std::uint32_t swapped;
-  std::uint32_t imported;  // some process imported it (cuMemImportFromShareableHandle)
-  ProcessId holders[kMaxHolders];
-};
-
-// A process another process locked (cuCheckpointProcessLock) or checkpointed. Running processes
-// have no entry.
-struct Swap {
-  ProcessId process;
-  std::uint32_t state;  // CUprocessState: LOCKED or CHECKPOINTED
-  // 1: it held memory other processes held too: restore is CUDA_ERROR_NOT_SUPPORTED. 2: a restore
-  // failed for lack of memory: every later one is CUDA_ERROR_OPERATING_SYSTEM (driver 580).
-  std::uint32_t unsupported;
-};
-
-// A record is in use (charged to its device) while it has a holder or may be held through a
-// descriptor.
-bool in_use(const Record& r) { return r.nholders > 0 || r.fd_held != 0; }
-
-}  // namespace
-
-// The shared layout. Bump kLayoutVersion on any change.
-struct NodeState {
-  std::uint64_t magic;  // written last by the creator
-  std::uint32_t layout_version;
-  std::uint32_t state_size;
-  std::uint32_t device_count;
-  std::uint32_t reserved;
-  std::uint64_t capacity;  // per device, bytes
-  std::uint64_t used[rules::kMaxDevices];
-  pthread_mutex_t mutex;  // robust, process-shared
-  std::uint32_t nattached;
-  std::uint32_t record_hwm;  // records[record_hwm..] are all unused
-  ProcessId attached[kMaxAttached];
-  Record records[kMaxRecords];
-  // Read without the mutex by every entry point (Node::wait_while_locked): nonzero while any
-  // process is locked or checkpointed.
-  std::uint32_t nswaps;
-  std::uint32_t reserved2;
-  Swap swaps[kMaxSwaps];
-};
+using namespace node_internal;
 
 namespace {
 
@@ -121,42 +51,6 @@ void erase_swap(NodeState* s, Swap* w) {
   *w = s->swaps[s->nswaps - 1];
   __atomic_store_n(&s->nswaps, s->nswaps - 1, __ATOMIC_RELEASE);
 }
-
-class Lock {
- public:
-  explicit Lock(NodeState* s) : s_(s) {
-    int rc = pthread_mutex_lock(&s_->mutex);
-    if (rc == EOWNERDEAD) {
-      // A process died holding the lock: the tables may be half-updated. Make them
-      // consistent again from the records, which are the source of truth.
-      pthread_mutex_consistent(&s_->mutex);
-      repair();
-    } else if (rc != 0) {
-      throw std::runtime_error("vlake-sim: node mutex is unusable");
-    }
-  }
-  ~Lock() { pthread_mutex_unlock(&s_->mutex); }
-  Lock(const Lock&) = delete;
-  Lock& operator=(const Lock&) = delete;
-
- private:
-  void repair() {
-    if (s_->nattached > kMaxAttached) s_->nattached = kMaxAttached;
-    if (s_->record_hwm > kMaxRecords) s_->record_hwm = kMaxRecords;
-    for (auto& u : s_->used) u = 0;
-    for (std::uint32_t i = 0; i < s_->record_hwm; ++i) {
-      Record& r = s_->records[i];
-      if (r.nholders > kMaxHolders) r.nholders = kMaxHolders;
-      if (!in_use(r)) continue;
-      if (r.device < 0 || r.device >= rules::kMaxDevices) {
-        r.nholders = 0;
-        continue;
-      }
-      if (r.swapped == 0) s_->used[r.device] += r.size;
-    }
-  }
-  NodeState* s_;
-};
 
 // A checkpoint step on process `pid`: under the node lock, step(w) on its checkpoint record w if
 // that is in state `expected`, else CUDA_ERROR_ILLEGAL_STATE.
@@ -276,12 +170,14 @@ void sweep_fd_held(NodeState* s, const ProcessId* skip) {
   }
 }
 
+}  // namespace
+
 // Clears `creator_gone` on every held record of which no attached process but its holders has a
 // descriptor left: from then on NVML charges it to its first holder. A holder's descriptors are
 // not counted (the simulator cannot tell them from its handles): a process that keeps both an
 // imported handle and a descriptor is charged, where the real driver charges no one.
 // Unreadable descriptors keep the mark.
-void settle_creator_gone(NodeState* s) {
+void node_internal::settle_creator_gone(NodeState* s) {
   const auto seen = descriptors_of(
       s, [](const Record& r) { return r.nholders != 0 && r.creator_gone != 0; }, nullptr);
   if (!seen) return;
@@ -295,6 +191,8 @@ void settle_creator_gone(NodeState* s) {
     if (!other) r.creator_gone = 0;
   }
 }
+
+namespace {
 
 // Which attached processes are alive, through a pidfd per process that this process opens once
 // (and checks the start time of then): one poll() answers for all of them, where reading
@@ -358,8 +256,10 @@ Liveness& liveness() {
   return *l;
 }
 
+}  // namespace
+
 // Removes dead attached processes and every hold they had.
-void purge_dead(NodeState* s, const ProcessId& self) {
+void node_internal::purge_dead(NodeState* s, const ProcessId& self) {
   std::vector<ProcessId> dead;
   const std::vector<bool> alive = liveness().alive(s, self);
   std::uint32_t kept = 0;
@@ -393,6 +293,8 @@ void purge_dead(NodeState* s, const ProcessId& self) {
   sweep_fd_held(s, nullptr);
   shrink_hwm(s);
 }
+
+namespace {
 
 // A free record for a new allocation of `size` bytes on `device`, charged to the device, with
 // no holder yet (the caller adds them); nullptr when the table is full even after the dead
@@ -441,8 +343,8 @@ bool process_alive(const ProcessId& p) {
   return s->start_time == p.start_time;
 }
 
-CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity, const FileAccess& access,
-                      const ProcessId& self, std::unique_ptr<Node>& out) {
+CUresult Node::attach(const std::string& name, int device_count, std::uint64_t capacity, std::uint64_t host_capacity,
+                      const FileAccess& access, const ProcessId& self, std::unique_ptr<Node>& out) {
   const std::string shm_name = "/vlake-sim-" + name;
   const std::string path = "/dev/shm" + shm_name;
   // The whole attach runs under flock on the file, and so does the unlink of an unused node
@@ -514,6 +416,7 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
     s->state_size = sizeof(NodeState);
     s->device_count = static_cast<std::uint32_t>(device_count);
     s->capacity = capacity;
+    s->host_capacity = host_capacity;
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -538,6 +441,7 @@ CUresult Node::attach(const std::string& name, int device_count, std::uint64_t c
       // Nobody uses the node: it takes the parameters of this process.
       s->device_count = static_cast<std::uint32_t>(device_count);
       s->capacity = capacity;
+      s->host_capacity = host_capacity;
       for (auto& u : s->used) u = 0;
     }
     if (s->device_count != static_cast<std::uint32_t>(device_count) || s->capacity != capacity) {
@@ -618,9 +522,8 @@ Node::~Node() {
 
 CUresult Node::charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device) {
   Lock lock(state_);
-  auto fits = [&] {
-    return state_->used[device] <= state_->capacity && size <= state_->capacity - state_->used[device];
-  };
+  const std::uint64_t limit = device == kHostLocation ? state_->host_capacity : state_->capacity;
+  auto fits = [&] { return state_->used[device] <= limit && size <= limit - state_->used[device]; };
   // Purging reads /proc for every attached process (and their descriptors): only when the
   // answer depends on it, so that the lock every process shares is held for microseconds.
   if (!fits()) purge_dead(state_, self_);
@@ -711,6 +614,7 @@ CUresult Node::checkpoint_process(std::int32_t pid) {
     // too are released, and then it cannot be restored (driver 580, docs/simulator.md).
     for (std::uint32_t i = 0; i < state_->record_hwm; ++i) {
       Record& r = state_->records[i];
+      if (r.device == kHostLocation) continue;  // host memory already: it stays as it is
       for (std::uint32_t h = 0; h < r.nholders; ++h) {
         if (!same(r.holders[h], w->process)) continue;
         if (r.nholders == 1 && r.imported == 0 && r.swapped == 0) {
@@ -843,6 +747,29 @@ bool read_config(Config& out, std::string& error) {
     }
     c.peer_access = v[0] == '1';
   }
+  if (const char* m = std::getenv("VLAKE_SIM_HOST_MEMORY"); m != nullptr) {
+    try {
+      c.host_capacity = parse_size(m).value();
+    } catch (const SizeError& e) {
+      error = std::string("VLAKE_SIM_HOST_MEMORY=") + e.what();
+      return false;
+    }
+  }
+  if (const char* v = std::getenv("VLAKE_SIM_HOST_VMM"); v != nullptr) {
+    if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+      error = std::string("VLAKE_SIM_HOST_VMM='") + v + "' is not 0 or 1";
+      return false;
+    }
+    c.host_vmm = v[0] == '1';
+  }
+  if (const char* b = std::getenv("VLAKE_SIM_LINK_BANDWIDTH"); b != nullptr) {
+    try {
+      c.link_bandwidth = parse_size(b).value();  // bytes per second
+    } catch (const SizeError& e) {
+      error = std::string("VLAKE_SIM_LINK_BANDWIDTH=") + e.what();
+      return false;
+    }
+  }
   if (const char* v = std::getenv("VLAKE_SIM_NODE_MODE"); v != nullptr) {
     // 3 or 4 octal digits; read-write bits only, the owner's both.
     const std::size_t n = std::strlen(v);
@@ -915,85 +842,6 @@ std::array<unsigned char, 16> device_uuid(const std::string& node, int ordinal) 
   u[6] = static_cast<unsigned char>((u[6] & 0x0f) | 0x50);  // version 5 style
   u[8] = static_cast<unsigned char>((u[8] & 0x3f) | 0x80);  // RFC 4122 variant
   return u;
-}
-
-NodeObserver::NodeObserver(std::string name) : shm_name_("/vlake-sim-" + std::move(name)), self_(current_process()) {}
-
-NodeObserver::~NodeObserver() { unmap(); }
-
-void NodeObserver::unmap() {
-  if (state_ != nullptr) ::munmap(state_, sizeof(NodeState));
-  state_ = nullptr;
-}
-
-bool NodeObserver::read(NodeSnapshot& out) {
-  // The file may have been removed (and another created) since the last read: map the current
-  // one. No flock: a node being created has magic 0 (skipped); one being removed is unused.
-  const int fd = ::shm_open(shm_name_.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) {
-    unmap();
-    return false;
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(NodeState)) {
-    ::close(fd);
-    unmap();
-    return false;
-  }
-  if (state_ == nullptr || st.st_dev != dev_ || st.st_ino != ino_) {
-    unmap();
-    void* mem = ::mmap(nullptr, sizeof(NodeState), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) {
-      ::close(fd);
-      return false;
-    }
-    state_ = static_cast<NodeState*>(mem);
-    dev_ = st.st_dev;
-    ino_ = st.st_ino;
-  }
-  ::close(fd);
-  NodeState* s = state_;
-  if (__atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != kMagic || s->layout_version != kLayoutVersion ||
-      s->state_size != sizeof(NodeState)) {
-    return false;
-  }
-  NodeSnapshot snap;
-  {
-    Lock lock(s);
-    purge_dead(s, self_);
-    snap.device_count = static_cast<int>(std::min<std::uint32_t>(s->device_count, rules::kMaxDevices));
-    snap.capacity = s->capacity;
-    snap.in_use = s->nattached > 0 || s->record_hwm > 0;
-    for (int d = 0; d < rules::kMaxDevices; ++d) snap.used[d] = s->used[d];
-    settle_creator_gone(s);
-    std::vector<std::map<std::int32_t, std::uint64_t>> charges(static_cast<std::size_t>(snap.device_count));
-    // NVML lists only processes with a primary context on the device (measured on the H100: a
-    // process that creates memory without a context is not listed, its memory is in `used`).
-    for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
-      const Record& r = s->records[i];
-      if (r.nholders == 0 || r.swapped != 0 || r.dev != kContextDev || r.device < 0 || r.device >= snap.device_count) {
-        continue;
-      }
-      charges[static_cast<std::size_t>(r.device)].emplace(r.holders[0].pid, 0);
-    }
-    for (std::uint32_t i = 0; i < s->record_hwm; ++i) {
-      const Record& r = s->records[i];
-      // A record held only through descriptors, whose creator let go while a descriptor is
-      // open, or whose first live holder has no context on its device, is charged to the
-      // device and to no process.
-      if (r.nholders == 0 || r.swapped != 0 || r.creator_gone != 0 || r.device < 0 || r.device >= snap.device_count) {
-        continue;
-      }
-      auto& dev = charges[static_cast<std::size_t>(r.device)];
-      if (auto it = dev.find(r.holders[0].pid); it != dev.end()) it->second += r.size;
-    }
-    snap.processes.resize(charges.size());
-    for (std::size_t d = 0; d < charges.size(); ++d) {
-      for (const auto& [pid, bytes] : charges[d]) snap.processes[d].push_back({pid, bytes});
-    }
-  }
-  out = std::move(snap);
-  return true;
 }
 
 }  // namespace vlake::sim

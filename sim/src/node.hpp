@@ -14,6 +14,10 @@
 //   another start time) are purged on every capacity check and usage query.
 // - A primary context is a record too (VLAKE_SIM_CONTEXT_MEMORY bytes, possibly 0) held by its
 //   process only, so it counts against capacity, in usage and puts the process in NVML's list.
+// - A host-located allocation (CU_MEM_LOCATION_TYPE_HOST_NUMA) is a record of device
+//   kHostLocation: charged to the node's host memory (bounded by VLAKE_SIM_HOST_MEMORY), never to
+//   a device's capacity, usage or NVML's per-process figures; otherwise held, purged and kept by
+//   descriptors like any allocation. Checkpoints leave it alone (it is host memory already).
 // - An attached process keeps the node file open (O_CLOEXEC) until it detaches, so a scan of
 //   /proc/<pid>/fd finds the simulated GPU's users as it finds the real driver's
 //   (/dev/nvidia*): device_file() names it.
@@ -53,7 +57,10 @@ ProcessId current_process();
 // True when that process still runs (not exited, not a zombie, same start time).
 bool process_alive(const ProcessId& p);
 
-struct NodeState;  // the shared layout, defined in node.cpp
+struct NodeState;  // the shared layout, defined in node_state.hpp
+
+// The `device` of a host-located allocation (pinned host memory of NUMA node 0) in Node's calls.
+inline constexpr int kHostLocation = rules::kMaxDevices;
 
 // Who may open a node file this process creates (docs/simulator.md, "Who may use a node").
 struct FileAccess {
@@ -64,16 +71,19 @@ struct FileAccess {
 class Node {
  public:
   // Opens (creating if needed, with `access`) the node `name`, checks or sets its parameters,
-  // and attaches `self`. On failure prints one line to stderr and returns the CUresult for
-  // cuInit: CUDA_ERROR_OPERATING_SYSTEM when the file cannot be opened (another user's file
-  // whose mode keeps this process out) or given its mode and group.
-  static CUresult attach(const std::string& name, int device_count, std::uint64_t capacity, const FileAccess& access,
-                         const ProcessId& self, std::unique_ptr<Node>& out);
+  // and attaches `self`. `host_capacity` bounds the node's host-located bytes when this process
+  // creates or resets the node (a node in use keeps its own bound, unchecked). On failure prints
+  // one line to stderr and returns the CUresult for cuInit: CUDA_ERROR_OPERATING_SYSTEM when the
+  // file cannot be opened (another user's file whose mode keeps this process out) or given its
+  // mode and group.
+  static CUresult attach(const std::string& name, int device_count, std::uint64_t capacity, std::uint64_t host_capacity,
+                         const FileAccess& access, const ProcessId& self, std::unique_ptr<Node>& out);
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  // A new allocation made by this process: CUDA_ERROR_OUT_OF_MEMORY if it does not fit.
+  // A new allocation made by this process on `device` (a device ordinal or kHostLocation):
+  // CUDA_ERROR_OUT_OF_MEMORY if it does not fit (the device's capacity, or the node's host memory).
   CUresult charge_new(std::uint64_t dev, std::uint64_t ino, std::uint64_t size, int device);
   // This process holds an existing allocation (import): adds it as holder, re-creating the
   // record when every earlier holder is gone (without a capacity check: the memory exists).
@@ -126,12 +136,15 @@ class Node {
 
 // The simulated machine as this process's environment describes it.
 struct Config {
-  std::string node = "default";                      // VLAKE_SIM_NODE
-  int device_count = 1;                              // VLAKE_SIM_DEVICE_COUNT
-  std::uint64_t capacity = std::uint64_t{16} << 30;  // VLAKE_SIM_DEVICE_MEMORY
-  std::uint64_t context_memory = 0;                  // VLAKE_SIM_CONTEXT_MEMORY
-  bool peer_access = true;                           // VLAKE_SIM_PEER_ACCESS (1 or 0)
-  FileAccess access;                                 // VLAKE_SIM_NODE_MODE, VLAKE_SIM_NODE_GROUP
+  std::string node = "default";                            // VLAKE_SIM_NODE
+  int device_count = 1;                                    // VLAKE_SIM_DEVICE_COUNT
+  std::uint64_t capacity = std::uint64_t{16} << 30;        // VLAKE_SIM_DEVICE_MEMORY
+  std::uint64_t context_memory = 0;                        // VLAKE_SIM_CONTEXT_MEMORY
+  bool peer_access = true;                                 // VLAKE_SIM_PEER_ACCESS (1 or 0)
+  std::uint64_t host_capacity = std::uint64_t{64} << 30;   // VLAKE_SIM_HOST_MEMORY
+  bool host_vmm = true;                                    // VLAKE_SIM_HOST_VMM (1 or 0)
+  std::uint64_t link_bandwidth = std::uint64_t{25} << 30;  // VLAKE_SIM_LINK_BANDWIDTH, bytes/s; 0: unmodeled
+  FileAccess access;                                       // VLAKE_SIM_NODE_MODE, VLAKE_SIM_NODE_GROUP
 };
 // Reads the VLAKE_SIM_* variables. On a bad value returns false and sets `error` to one line
 // naming the variable (the callers print it with their own prefix).
@@ -162,7 +175,14 @@ struct NodeSnapshot {
   // Per device: every process that has a primary context there (a context record), with the
   // bytes of the records it is first live holder of (its context included); sorted by pid.
   // Records whose first live holder has no context there count in used[] under no process.
+  // Host-located records are in neither used[] nor processes.
   std::vector<std::vector<ProcessCharge>> processes;
+  // Host-located memory: the node's bound (VLAKE_SIM_HOST_MEMORY), the bytes of its live records
+  // (held, or kept by a descriptor), and per live process holding any, the bytes of the host
+  // records it holds (every holder counts each record it holds; sorted by pid).
+  std::uint64_t host_capacity = 0;
+  std::uint64_t host_used = 0;
+  std::vector<ProcessCharge> host_holders;
 };
 
 // Read access to a node without attaching to it (nothing is created, held or charged).

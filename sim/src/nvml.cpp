@@ -9,6 +9,8 @@
 //   reports (allocations plus VLAKE_SIM_CONTEXT_MEMORY per primary context), reserved = 0; each
 //   live allocation is charged to its first live holder (creator first), importers are not;
 //   after the creator let go, to no process while a non-holder keeps a descriptor of it.
+//   Host-located allocations (CU_MEM_LOCATION_TYPE_HOST_NUMA) count nowhere here: neither in a
+//   device's used memory nor in a process's figure (NodeSnapshot::host_used has them).
 // - Return codes follow the real library (measured on the H100, driver 580.159.04; see
 //   docs/simulator.md): every call but nvmlErrorString needs nvmlInit*; init is counted and
 //   each nvmlShutdown undoes one; buffers too small give NVML_ERROR_INSUFFICIENT_SIZE.

@@ -84,7 +84,7 @@ struct Phys {
   std::uint64_t dev = 0;
   std::uint64_t ino = 0;
   std::size_t size = 0;
-  int device = 0;
+  int device = 0;                           // a device ordinal, or kHostLocation (host-located)
   bool classic = false;                     // cuMemAlloc memory (no handle)
   CUmemAllocationProp prop{};               // as created / as reconstructed on import
   CUmemGenericAllocationHandle handle = 0;  // the handle value this process uses for it
@@ -113,6 +113,8 @@ struct Process {
   std::uint64_t capacity = 0;
   std::uint64_t context_memory = 0;  // VLAKE_SIM_CONTEXT_MEMORY, charged per primary context
   bool peer_access = true;           // VLAKE_SIM_PEER_ACCESS: devices can access each other
+  bool host_vmm = true;              // VLAKE_SIM_HOST_VMM: host-located VMM memory exists
+  std::uint64_t link_bandwidth = 0;  // VLAKE_SIM_LINK_BANDWIDTH, bytes/s (0: copies unpaced)
   CUctx_st ctxs[rules::kMaxDevices];
   CUmemPoolHandle_st pools[rules::kMaxDevices];
 

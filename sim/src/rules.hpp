@@ -56,9 +56,15 @@ inline constexpr CUresult kImportNotAnAllocation = CUDA_ERROR_UNKNOWN;
 inline constexpr CUresult kRetainNotMapped = CUDA_ERROR_INVALID_VALUE;
 // cuMemCreate / granularity / set-access with a device location that is not a valid ordinal.
 inline constexpr CUresult kInvalidLocation = CUDA_ERROR_INVALID_DEVICE;
-// cuMemCreate / granularity with a location type other than DEVICE (host, NUMA) or an
-// allocation type other than PINNED: the simulator only has device memory.
+// cuMemCreate / granularity with a location type other than DEVICE and HOST_NUMA (HOST,
+// HOST_NUMA_CURRENT) or an allocation type other than PINNED: not simulated.
 inline constexpr CUresult kUnsupportedLocation = CUDA_ERROR_NOT_SUPPORTED;
+// cuMemCreate with CU_MEM_LOCATION_TYPE_HOST_NUMA and an id other than 0 (measured on an H200 with
+// one NUMA node, driver 580; the granularity query accepts any id: 2 MiB).
+inline constexpr CUresult kInvalidHostLocation = CUDA_ERROR_INVALID_VALUE;
+// cuMemCreate / granularity / import of host-located memory on a driver without it
+// (VLAKE_SIM_HOST_VMM=0; the documented code for an unsupported allocation property).
+inline constexpr CUresult kHostVmmUnsupported = CUDA_ERROR_NOT_SUPPORTED;
 
 // ---- Address reservations -----------------------------------------------------------------
 // cuMemAddressFree of a range that still has mappings.

@@ -328,6 +328,38 @@ inline proto::ContextReply sample<proto::ContextReply>() {
   return m;
 }
 
+template <>
+inline proto::TierNotice sample<proto::TierNotice>() {
+  auto m = proto::make<proto::TierNotice>();
+  m.direction = proto::TierDirection::to_host;
+  m.move_id = 5;
+  return m;
+}
+
+template <>
+inline proto::TierStep sample<proto::TierStep>() {
+  auto m = proto::make<proto::TierStep>(13);
+  m.move_id = 5;
+  m.grant_id = 9;
+  m.result = proto::TierResult::moved;
+  return m;
+}
+
+template <>
+inline proto::TierPlan sample<proto::TierPlan>() {
+  auto m = proto::make<proto::TierPlan>(13);
+  m.status = proto::Status::ok;
+  m.move_id = 5;
+  m.grant_id = 9;
+  m.bytes = 6ULL << 20;
+  m.direction = proto::TierDirection::to_host;
+  m.total_pieces = 2;
+  m.piece_count = 2;
+  m.pieces[0] = {4ULL << 20, 0};
+  m.pieces[1] = {2ULL << 20, 4ULL << 20};
+  return m;
+}
+
 template <proto::Message T>
 std::vector<std::byte> wire(const T& m) {
   const auto s = proto::encode(m);
@@ -475,6 +507,28 @@ inline std::vector<Rejection> field_rejections() {
       reject<IpcOpenReply>(
           "IpcOpenReply piece flag", daemon, [](IpcOpenReply& m) { m.pieces[1].flags = proto::kShareKeep; },
           "IpcOpenReply piece 1 has unknown flags"),
+      reject<TierNotice>(
+          "TierNotice direction", daemon, [](TierNotice& m) { m.direction = static_cast<TierDirection>(3); },
+          "TierNotice direction 3 out of range"),
+      reject<TierNotice>(
+          "TierNotice no id", daemon, [](TierNotice& m) { m.move_id = 0; }, "TierNotice move_id is 0"),
+      reject<TierStep>(
+          "TierStep result", client, [](TierStep& m) { m.result = static_cast<TierResult>(5); },
+          "TierStep result 5 out of range"),
+      reject<TierStep>(
+          "TierStep busy grant", client, [](TierStep& m) { m.result = TierResult::busy; },
+          "TierStep busy names a grant"),
+      reject<TierStep>(
+          "TierStep outcome without grant", client, [](TierStep& m) { m.grant_id = 0; },
+          "TierStep result without a grant"),
+      reject<TierPlan>(
+          "TierPlan piece outside", daemon, [](TierPlan& m) { m.pieces[1].offset = 5ULL << 20; },
+          "TierPlan piece 1 lies outside the grant"),
+      reject<TierPlan>(
+          "TierPlan batch beyond total", daemon, [](TierPlan& m) { m.first_piece = 1; },
+          "TierPlan pieces 1+2 of 2 out of range"),
+      reject<TierPlan>(
+          "TierPlan empty piece", daemon, [](TierPlan& m) { m.pieces[0].size = 0; }, "TierPlan piece 0 is empty"),
       reject<IpcCloseAck>(
           "IpcCloseAck reserved", daemon, [](IpcCloseAck& m) { m.reserved = 1; },
           "IpcCloseAck reserved field is not zero"),

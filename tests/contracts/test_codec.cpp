@@ -46,7 +46,7 @@ std::vector<std::byte> with(const T& m, std::size_t offset, const void* value, s
       proto::UsageQuery, proto::UsageReply, proto::Error, proto::GuardEvent, proto::Pressure, proto::ReserveReport,   \
       proto::ShareRequest, proto::ShareReply, proto::ShareCommit, proto::ShareAck, proto::ReadOnlyWrite, proto::Drop, \
       proto::Dropped, proto::SwapNotice, proto::SwapReady, proto::SwapIn, proto::SwapInReply, proto::ContextRequest,  \
-      proto::ContextReply
+      proto::ContextReply, proto::TierNotice, proto::TierStep, proto::TierPlan
 
 // ---------------------------------------------------------------------------------------------
 // round trips
@@ -155,15 +155,15 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
       CHECK(d.header()->request_id == 42);
     }
   }
-  SECTION("a version-5 Hello of another size is still a version mismatch, not a size error") {
+  SECTION("a version-6 Hello of another size is still a version mismatch, not a size error") {
     std::vector<std::byte> b = wire(hello);
     b.resize(b.size() + 16);
-    const std::uint16_t v = 5;
+    const std::uint16_t v = 6;
     std::memcpy(b.data() + offsetof(proto::Header, version), &v, sizeof v);
     CHECK(decode_bytes(b).error().kind == DecodeError::Kind::version);
   }
   SECTION("unknown message types") {
-    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{32}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
+    for (std::uint16_t t : {std::uint16_t{0}, std::uint16_t{35}, std::uint16_t{99}, std::uint16_t{0xffff}}) {
       const auto b = with(hello, offsetof(proto::Header, type), &t, sizeof t);
       CHECK(reason(b) == "unknown message type");
       CHECK(proto::message_name(static_cast<proto::MsgType>(t)) == nullptr);
@@ -473,15 +473,15 @@ TEST_CASE("codec: what the hook sends, the daemon accepts, and back", "[contract
   }
 }
 
-TEST_CASE("codec: the wire format is protocol version 4's, byte for byte", "[contracts][codec]") {
-  // Header: magic "VLK1", version 4, type, size, reserved, request id; host-endian.
+TEST_CASE("codec: the wire format is protocol version 5's, byte for byte", "[contracts][codec]") {
+  // Header: magic "VLK1", version 5, type, size, reserved, request id; host-endian.
   auto m = proto::make<proto::ReleaseAck>(0x1122334455667788ull);
   m.status = proto::Status::unknown_grant;
   m.used = 0x0102030405060708ull;
   const std::vector<std::byte> b = wire(m);
   const unsigned char expect[40] = {
       'V',  'L',  'K',  '1',                           // magic 0x314b4c56
-      4,    0,                                         // version
+      5,    0,                                         // version
       6,    0,                                         // type release_ack
       40,   0,    0,    0,                             // size
       0,    0,    0,    0,                             // reserved

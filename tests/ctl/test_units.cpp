@@ -120,10 +120,10 @@ std::unique_ptr<st::State> synthetic_state() {
   s->sessions[0] = session_record(11, 100, 5001, 1000, 1, st::kSessionConnected, 2);
   s->sessions[3] = session_record(12, 101, 5002, 1000, 1, st::kSessionDetached, 1);
   s->sessions[4] = session_record(13, 102, 6001, 2000, 2, st::kSessionConnected, 1);
-  s->grants[0] = {1, 11, 30 * kMiB, 1, 0, 0, 1, st::kGrantLive, 0, 0, 0};
-  s->grants[1] = {2, 11, 6 * kMiB, 1, 0, 2, 0, st::kGrantLive, 0, 0, 0};
-  s->grants[7] = {3, 12, 4 * kMiB, 1, 0, 0, 1, st::kGrantOrphaned, 0, 0, 0};
-  s->grants[8] = {4, 13, 8 * kGiB, 2, 1, 0, 1, st::kGrantLive, 0, 0, 0};
+  s->grants[0] = {1, 11, 30 * kMiB, 1, 0, 0, 1, st::kGrantLive, 0, 0, 0, st::kGrantOnGpu, 0};
+  s->grants[1] = {2, 11, 6 * kMiB, 1, 0, 2, 0, st::kGrantLive, 0, 0, 0, st::kGrantOnGpu, 0};
+  s->grants[7] = {3, 12, 4 * kMiB, 1, 0, 0, 1, st::kGrantOrphaned, 0, 0, 0, st::kGrantOnGpu, 0};
+  s->grants[8] = {4, 13, 8 * kGiB, 2, 1, 0, 1, st::kGrantLive, 0, 0, 0, st::kGrantOnGpu, 0};
   s->counters.grants = 17;
   s->counters.denials_over_limit = 2;
   s->counters.scrubs = 5;

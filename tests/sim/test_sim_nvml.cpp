@@ -464,6 +464,34 @@ TEST_CASE("memory created without a context is in used but its process is not li
   CHECK(charges(0) == std::map<unsigned, unsigned long long>{{base.me, kContext}});
 }
 
+TEST_CASE("host-located memory counts in no device's used memory and in no process's figure", "[sim][nvml][host]") {
+  // Host-located VMM memory (CU_MEM_LOCATION_TYPE_HOST_NUMA) is not GPU memory: NVML's used
+  // memory and per-process figures leave it out, for its creator and its importers alike.
+  const Baseline base;
+  const size_t size = 32 * kMiB;
+  CUmemAllocationProp prop = device_prop(0);
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  prop.location.id = 0;
+  MappedAllocation host(prop, size);
+  set_access(host.va, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 0);
+  REQUIRE(cuMemsetD8_v2(host.va, 0x2c, size) == CUDA_SUCCESS);
+  int fd = -1;
+  REQUIRE(cuMemExportToShareableHandle(&fd, host.h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS);
+  Child importer = spawn_probe({"import", std::to_string(fd), std::to_string(size)});
+  ::close(fd);
+  REQUIRE(read_until(importer, "ready=1"));
+  CHECK(value_of(importer.output, "value") == std::to_string(0x2c2c2c2cu));
+  const auto them = static_cast<unsigned>(importer.pid);
+  CHECK(charges(0) == std::map<unsigned, unsigned long long>{{base.me, kContext}, {them, kContext}});
+  CHECK(charges(1).empty());
+  CHECK(memory(0).used == base.before + kContext);  // the importer's context only
+  CHECK(memory(0).used == used_bytes());
+  CHECK(memory(1).used == 0);
+  REQUIRE(::kill(importer.pid, SIGKILL) == 0);
+  CHECK(finish(importer) == 128 + SIGKILL);
+  CHECK(memory(0).used == base.before);
+}
+
 TEST_CASE("nvml charges follow holder order, not the last one in", "[sim][nvml]") {
   // Two importers of one allocation: after the creator lets go, the first importer is charged,
   // and when it goes the second one is.

@@ -47,13 +47,15 @@ int main(int argc, char** argv) {
           "\"free_bytes\":%llu,\"free_handles\":%llu,\"granted_bytes\":%llu,"
           "\"orphaned_bytes\":%llu,\"counted_bytes\":%llu,\"nonpool_bytes\":%llu,"
           "\"retained_bytes\":%llu,\"unhooked_bytes\":%llu,\"nvml_used_bytes\":%llu,\"held_fd_bytes\":%llu,"
-          "\"unlisted_bytes\":%llu,\"dedup_logical_bytes\":%llu,\"dedup_physical_bytes\":%llu}",
+          "\"unlisted_bytes\":%llu,\"dedup_logical_bytes\":%llu,\"dedup_physical_bytes\":%llu,"
+          "\"host_bytes\":%llu}",
           first ? "" : ",", r.ordinal, hex(r.uuid, 16).c_str(), static_cast<ull>(r.total),
           static_cast<ull>(r.pool_bytes), static_cast<ull>(r.free_bytes), static_cast<ull>(r.free_handles),
           static_cast<ull>(r.granted_bytes), static_cast<ull>(r.orphaned_bytes), static_cast<ull>(r.counted_bytes),
           static_cast<ull>(r.nonpool_bytes), static_cast<ull>(r.retained_bytes), static_cast<ull>(r.unhooked_bytes),
           static_cast<ull>(r.nvml_used_bytes), static_cast<ull>(r.held_fd_bytes), static_cast<ull>(r.unlisted_bytes),
-          static_cast<ull>(r.dedup_logical_bytes), static_cast<ull>(r.dedup_physical_bytes));
+          static_cast<ull>(r.dedup_logical_bytes), static_cast<ull>(r.dedup_physical_bytes),
+          static_cast<ull>(r.host_bytes));
       first = false;
     }
     std::printf("],\"tenants\":[");
@@ -83,8 +85,19 @@ int main(int argc, char** argv) {
     first = true;
     for (const auto& ses : s->sessions) {
       if (ses.state == kSessionFree) continue;
-      std::printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":%u,\"state\":%u,\"grants\":%u}", first ? "" : ",",
-                  static_cast<ull>(ses.id), ses.pid, ses.uid, ses.tenant, ses.state, ses.grant_count);
+      // The host tier (layout 11): its grants' bytes there, and how many of them are moving.
+      std::uint64_t host = 0;
+      std::uint32_t moving = 0;
+      for (const auto& g : s->grants) {
+        if (g.state == kGrantFree || g.session != ses.id) continue;
+        if (g.location == kGrantOnHost) host += g.bytes;
+        if (g.location == kGrantToHost || g.location == kGrantToGpu) ++moving;
+      }
+      std::printf(
+          "%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":%u,\"state\":%u,\"grants\":%u,\"host_bytes\":%llu,"
+          "\"moving\":%u}",
+          first ? "" : ",", static_cast<ull>(ses.id), ses.pid, ses.uid, ses.tenant, ses.state, ses.grant_count,
+          static_cast<ull>(host), moving);
       first = false;
     }
     const auto& c = s->counters;
@@ -111,6 +124,17 @@ int main(int argc, char** argv) {
         {"tenants_freed", c.tenants_freed},
         {"handles_retired_held", c.handles_retired_held},
         {"passthrough_refused", c.passthrough_refused},
+        {"tier_demotes", c.tier_demotes},
+        {"tier_promotes", c.tier_promotes},
+        {"tier_demoted_bytes", c.tier_demoted_bytes},
+        {"tier_promoted_bytes", c.tier_promoted_bytes},
+        {"tier_demote_ns", c.tier_demote_ns},
+        {"tier_promote_ns", c.tier_promote_ns},
+        {"tier_declined", c.tier_declined},
+        {"tier_busy", c.tier_busy},
+        {"tier_made_on_demand", c.tier_made_on_demand},
+        {"host_stock_bytes", c.host_stock_bytes},
+        {"host_bound_bytes", c.host_bound_bytes},
     };
     std::printf("],\"counters\":{");
     first = true;

@@ -151,6 +151,7 @@ CUresult map_grant(State& s, GrantResult& g, int dev, CUcontext ctx, std::uint64
   bool guard = false;
   if (CUresult rc = map_grant_only(s, g, dev, requested, a, guard); rc != CUDA_SUCCESS) return rc;
   place(s, std::move(a), guard, ctx, requested, dptr);
+  ensure_worker(s);  // it reads vlaked's notices (Pressure, swaps, host tier moves) and reports activity
   return CUDA_SUCCESS;
 }
 

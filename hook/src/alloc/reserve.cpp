@@ -95,6 +95,19 @@ std::vector<ReserveBlock> LocalReserve::drain(int device, std::uint64_t bytes) {
   return out;
 }
 
+bool LocalReserve::take_grant(std::uint64_t grant_id, ReserveBlock& out) {
+  std::lock_guard lock(mu_);
+  for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
+    if (it->second.alloc.grant_id != grant_id) continue;
+    out = std::move(it->second);
+    total_ -= out.alloc.mapped;
+    blocks_.erase(it);
+    if (stats_on_) count_leaving(std::vector<ReserveBlock>{out}, stats_.drained, stats_.drained_bytes);
+    return true;
+  }
+  return false;
+}
+
 void LocalReserve::count_leaving(const std::vector<ReserveBlock>& out, std::uint64_t& blocks,
                                  std::uint64_t& bytes) noexcept {
   blocks += out.size();

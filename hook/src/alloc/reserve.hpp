@@ -59,6 +59,9 @@ class LocalReserve : public ForkLock {
   [[nodiscard]] std::vector<ReserveBlock> expire(Clock::time_point now);
   // Least recently freed blocks on `device` until at least `bytes` are out (0: all of them).
   [[nodiscard]] std::vector<ReserveBlock> drain(int device, std::uint64_t bytes);
+  // The block of grant `grant_id` leaves the reserve (the host tier: a grant vlaked wants to move
+  // that this process does not use is given back instead); false when no block holds it.
+  bool take_grant(std::uint64_t grant_id, ReserveBlock& out);
 
   [[nodiscard]] std::uint64_t bytes(int device) const;
   [[nodiscard]] std::uint64_t blocks(int device) const;

@@ -77,6 +77,31 @@ std::optional<LogicalAlloc> AllocTable::find(std::uint64_t addr) const {
   return without_handles(it->second);
 }
 
+std::optional<LogicalAlloc> AllocTable::find_grant(std::uint64_t grant_id) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [base, a] : by_base_) {
+    if (a.grant_id == grant_id) return a;
+  }
+  return std::nullopt;
+}
+
+bool AllocTable::replace_handles(std::uint64_t base, std::uint64_t grant_id, std::vector<std::uint64_t> handles) {
+  std::lock_guard lock(mu_);
+  auto it = by_base_.find(base);
+  if (it == by_base_.end() || it->second.grant_id != grant_id) return false;
+  it->second.handles = std::move(handles);
+  return true;
+}
+
+std::vector<CUcontext> AllocTable::contexts() const {
+  std::lock_guard lock(mu_);
+  std::vector<CUcontext> out;
+  for (const auto& [base, a] : by_base_) {
+    if (a.ctx != nullptr && std::find(out.begin(), out.end(), a.ctx) == out.end()) out.push_back(a.ctx);
+  }
+  return out;
+}
+
 std::size_t AllocTable::size() const {
   std::lock_guard lock(mu_);
   return by_base_.size();

@@ -68,6 +68,12 @@ class AllocTable : public ForkLock {
   // The same for every live allocation on `device` whose set differs: returns them (handles
   // omitted) with `peers` holding the set they had.
   std::vector<LogicalAlloc> retag(int device, std::uint32_t peers);
+  // The host tier (tier/tier.hpp): the live allocation of grant `grant_id`, handles included;
+  // its handles replaced after a move (false if it is no longer live); the distinct contexts
+  // live allocations were made in.
+  [[nodiscard]] std::optional<LogicalAlloc> find_grant(std::uint64_t grant_id) const;
+  bool replace_handles(std::uint64_t base, std::uint64_t grant_id, std::vector<std::uint64_t> handles);
+  [[nodiscard]] std::vector<CUcontext> contexts() const;
 
   void clear_after_fork() noexcept;
 

@@ -6,6 +6,7 @@
 #include "ipc.hpp"
 #include "profile.hpp"
 #include "share.hpp"
+#include "tier.hpp"
 #include "write_span.hpp"
 
 #include <pthread.h>
@@ -70,6 +71,8 @@ void worker_tick(State& s, std::vector<ReserveBlock>& work, std::vector<std::pai
       open_swap_gate();
     }
   }
+  // The host tier (docs/swap.md, "Host tier"): moves of whole grants, the process running on.
+  for (const proto::TierNotice& n : s.client.take_tier_notices()) run_move(s, n);
   // On the host, and its threads started computing: bring it back now, before one of them blocks
   // in a driver call the hook does not intercept (docs/swap.md).
   // (Not while the checkpoint runs: the driver's own work in the process uses the CPU then.)

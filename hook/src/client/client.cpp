@@ -107,6 +107,10 @@ void DaemonClient::poll_pressure() {
       keep_swap_locked(*n);
       continue;
     }
+    if (const proto::TierNotice* n = d.get<proto::TierNotice>()) {
+      keep_tier_locked(*n);
+      continue;
+    }
     const proto::Pressure* pressure = d.get<proto::Pressure>();
     if (pressure == nullptr) {
       last_error_ = "unexpected message from the daemon on an idle connection";
@@ -148,6 +152,31 @@ std::optional<proto::SwapInReply> DaemonClient::swap_in() {
   auto req = proto::make<proto::SwapIn>();
   std::lock_guard lock(mu_);
   return exchange_locked<proto::SwapIn, proto::SwapInReply>(req, nullptr);
+}
+
+void DaemonClient::keep_tier_locked(const proto::TierNotice& n) {
+  std::lock_guard lock(pressure_mu_);
+  tier_notices_.push_back(n);
+}
+
+std::vector<proto::TierNotice> DaemonClient::take_tier_notices() {
+  std::lock_guard lock(pressure_mu_);
+  return std::exchange(tier_notices_, {});
+}
+
+std::optional<proto::TierPlan> DaemonClient::tier_step(const proto::TierStep& step, std::vector<UniqueFd>& fds,
+                                                       std::chrono::milliseconds wait) {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (!lock.owns_lock()) {
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    (void)lock.try_lock();
+  }
+  if (!fd_) return std::nullopt;  // a move belongs to the connection it began on
+  proto::TierStep req = step;
+  req.h = proto::make_header<proto::TierStep>(proto::MsgType::tier_step, 0);
+  return exchange_locked<proto::TierStep, proto::TierPlan>(req, &fds);
 }
 
 void DaemonClient::keep_drop_locked(const proto::Drop& d) {
@@ -389,6 +418,10 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::v
     }
     if (const proto::SwapNotice* n = d->get<proto::SwapNotice>()) {
       keep_swap_locked(*n);
+      continue;
+    }
+    if (const proto::TierNotice* n = d->get<proto::TierNotice>()) {
+      keep_tier_locked(*n);
       continue;
     }
     const proto::Pressure* p = d->get<proto::Pressure>();

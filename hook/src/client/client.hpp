@@ -127,6 +127,14 @@ class DaemonClient {
   [[nodiscard]] std::vector<proto::SwapNotice> take_swap_notices();
   bool send_swap_ready(std::uint64_t swap_id);
   [[nodiscard]] std::optional<proto::SwapInReply> swap_in();
+  // The host tier (docs/swap.md, "Host tier"): TierNotices are kept like SwapNotices
+  // (take_tier_notices()); tier_step() sends one TierStep and returns its TierPlan (descriptors
+  // in `fds`). It waits at most `wait` for the connection (another thread may be talking to
+  // vlaked) and never connects: nullopt when it could not have the connection, there is none,
+  // or vlaked answered something else.
+  [[nodiscard]] std::vector<proto::TierNotice> take_tier_notices();
+  [[nodiscard]] std::optional<proto::TierPlan> tier_step(const proto::TierStep& step, std::vector<UniqueFd>& fds,
+                                                         std::chrono::milliseconds wait);
   // Kept mappings (docs/hook.md): Drop messages are kept like Pressure (read while a reply is
   // awaited or by poll_pressure()); take_drops() hands over their keys. send_dropped() sends
   // Dropped messages (kMaxDropKeys keys each) if a connection is open (never connects: a new
@@ -206,9 +214,11 @@ class DaemonClient {
   std::vector<PressureNote> pressure_notes_;
   std::vector<std::uint64_t> drop_keys_;         // guarded by pressure_mu_
   std::vector<proto::SwapNotice> swap_notices_;  // guarded by pressure_mu_
+  std::vector<proto::TierNotice> tier_notices_;  // guarded by pressure_mu_
   std::atomic<std::uint64_t> generation_{0};
   void keep_drop_locked(const proto::Drop& d);
   void keep_swap_locked(const proto::SwapNotice& n);
+  void keep_tier_locked(const proto::TierNotice& n);
 };
 
 }  // namespace vlake::hook

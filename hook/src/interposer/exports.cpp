@@ -6,6 +6,7 @@
 #include <new>
 #include <type_traits>
 
+#include "gate.hpp"
 #include "hook.hpp"
 
 namespace vlake::hook {
@@ -38,6 +39,7 @@ struct Tramp;
 template <Row R, bool P, class... A>
 struct Tramp<R, P, CUresult (*)(A...)> {
   static CUresult call(A... args) {  // catches everything itself
+    const tier::EntryMark mark;      // counted inside a hooked call; waits while a move runs
     try {
       return Handler<R>::fn(P, args...);
     } catch (const std::bad_alloc&) {

@@ -20,6 +20,9 @@ void Effects::append(Effects&& later) {
   move_append(discards, later.discards);
   move_append(swap_notices, later.swap_notices);
   move_append(swap_jobs, later.swap_jobs);
+  move_append(tier_notices, later.tier_notices);
+  move_append(host_builds, later.host_builds);
+  move_append(host_releases, later.host_releases);
   move_append(swap_replies, later.swap_replies);
   move_append(kills, later.kills);
 }

@@ -543,7 +543,9 @@ HelloOut Node::open_session(const Peer& peer, const proto::Hello& m) {
   copy_chars(ack.tenant_name, t.name);
   for (const Device& d : devices_) ack.devices[d.ordinal.value()] = device_quota(t, d);
   ack.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(wait_of(*sess).count(), proto::kMaxWaitMs));
-  if (t.overcommit) ack.flags |= proto::kAckOvercommit;
+  // With the host tier, overcommit namespaces keep the pool: their grants move to host memory
+  // instead of their processes being checkpointed (docs/swap.md, "Host tier").
+  if (t.overcommit && !rooms_.tier.enabled()) ack.flags |= proto::kAckOvercommit;
   out.answer = ack;
   return out;
 }
@@ -558,6 +560,7 @@ void Node::connection_closed(ConnId conn, std::uint64_t session, bool exited) {
     return;
   }
   touch_session(s);
+  end_move(s.id, Now{steady_now(), 0});  // its hook opens its gate when vlaked is gone
   limited_.info("session",
                 "session " + std::to_string(s.id) + ": connection closed, process " + std::to_string(s.pid) +
                     " alive: detached with " + std::to_string(s.grants.size()) + " grant(s)",
@@ -581,6 +584,8 @@ void Node::end_session_locked(Session& s, const char* why) {
       if (settle_device(d)) rooms_.parking.memory_returned();
     }
   }
+  // A host tier move under way ends: its new memory goes back (docs/swap.md, "Host tier").
+  end_move(id, Now{steady_now(), 0});
   const std::vector<std::uint64_t> grant_ids = s.grants;
   for (std::uint64_t gid : grant_ids) {
     auto it = grants_.find(gid);

@@ -412,9 +412,12 @@ void Node::finish_grant(Grant& g, TenantId releaser, bool exported, std::uint64_
     else dev.pool->put_back(std::move(h), releaser, kept_by);
   }
   (void)settle_device(dev);
+  // On the host tier (docs/swap.md): its pieces are released; it held nothing on the GPU.
+  std::optional<HostGrant> on_host = rooms_.tier.take_grant(g.id);
+  if (on_host) rooms_.tier.release(std::move(on_host->pieces));
   if (g.purpose == proto::GrantPurpose::counted) dev.counted -= g.bytes;
   else if (g.orphaned) dev.orphaned -= g.bytes;
-  else dev.granted -= g.bytes;
+  else if (!on_host) dev.granted -= g.bytes;
   if (!acct_.uncharge(g.tenant, g.device, g.bytes, refs)) {
     log_.error("accounting: tenant " + std::to_string(g.tenant.value()) + " had less than grant " +
                std::to_string(g.id) + "'s bytes charged");
@@ -502,6 +505,7 @@ Effects Node::settle(Now now) {
   judge_reclaims(now);
   if (retry_due(now)) retry_parked(now);
   swap_tick(now);
+  tier_tick(now);
   return hand_over();
 }
 
@@ -588,6 +592,13 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   }
   rooms_.parking.park(conn, s.id, m, now.steady, wait, asked_of(notes), same_namespace, t.id, dev.ordinal, bytes);
   ++counters_.grants_parked;
+  // Nobody holds caches to give back: the host tier moves idle allocations out at once instead
+  // of at the first retry (docs/swap.md, "Host tier").
+  if (notes.empty() && !same_namespace && rooms_.tier.enabled()) {
+    const Bytes need = dev.pool->shortfall(bytes + settings_.swap_margin);
+    const Bytes coming = rooms_.tier.demoting(dev.ordinal);
+    if (need > coming) (void)start_demotes(s, dev, need - coming, now);
+  }
   limited_.write(LogLevel::info, "parked " + t.name,
                  "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
                      " bytes (session " + std::to_string(s.id) + ") parked for up to " + std::to_string(wait.count()) +
@@ -787,8 +798,14 @@ void Node::retry_parked(Now now) {
             again.round_at = now.steady;
             notes = pressure_for(sit->second, *dev, want, waiting, p.same_namespace, false);
           }
-          // The GPU itself is short: idle processes of overcommit namespaces go to host memory
-          // (docs/swap.md), whichever namespace waits.
+          // The GPU itself is short: whole grants of idle processes of overcommit namespaces
+          // move to the host tier (docs/swap.md, "Host tier"), whichever namespace waits.
+          if (!p.same_namespace && rooms_.tier.enabled()) {
+            const Bytes need = dev->pool->shortfall(want + settings_.swap_margin);
+            const Bytes coming = rooms_.tier.demoting(dev->ordinal);
+            if (need > coming) (void)start_demotes(sit->second, *dev, need - coming, now);
+          }
+          // Processes of overcommit namespaces go to host memory (docs/swap.md).
           if (!p.same_namespace && swaps_possible()) {
             const Bytes need = want + settings_.swap_margin;
             const Bytes free = room(*dev);

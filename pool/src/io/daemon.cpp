@@ -78,6 +78,8 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
                                  : std::max(opts_.counted_realize, 2 * opts_.sample_interval);
   settings.swap_idle = opts_.swap_idle;
   settings.swap_margin = Bytes{opts_.swap_margin};
+  settings.host_tier = Bytes{opts_.host_tier};
+  settings.host_tier_piece = Bytes{opts_.host_tier_piece};
   settings.canary_interval = opts_.canary_interval;
   settings.daemon_pid = static_cast<std::uint32_t>(::getpid());
   settings.max_sessions_per_tenant = opts_.max_sessions_per_tenant;
@@ -220,6 +222,7 @@ int Daemon::Impl::run() {
           case Source::hello: on_hello_timer(); break;
           case Source::builds: on_builds(); break;
           case Source::swaps: on_swaps(); break;
+          case Source::host_builds: on_host_builds(); break;
           case Source::alloc_listen: {
             const auto [fd, id] = alloc_watch_->listener(serial);
             if (fd >= 0) on_accept(fd, id, Source::alloc_listen, serial);
@@ -397,7 +400,8 @@ void Daemon::Impl::on_readable(ConnId serial) {
       type == proto::MsgType::reserve_report || type == proto::MsgType::share_request ||
       type == proto::MsgType::share_commit || type == proto::MsgType::ipc_export || type == proto::MsgType::ipc_open ||
       type == proto::MsgType::ipc_close || type == proto::MsgType::readonly_write || type == proto::MsgType::dropped ||
-      type == proto::MsgType::swap_ready || type == proto::MsgType::swap_in || type == proto::MsgType::context_request;
+      type == proto::MsgType::swap_ready || type == proto::MsgType::swap_in ||
+      type == proto::MsgType::context_request || type == proto::MsgType::tier_step;
   if (!request) {
     return malformed(serial,
                      "message type " + std::to_string(static_cast<unsigned>(type)) + " is not a client request");
@@ -506,6 +510,11 @@ void Daemon::Impl::on_message(ConnId serial, Connection& c, const proto::AnyMess
           }
         } else if constexpr (std::is_same_v<T, proto::IpcClose>) {
           answer(node_->ipc_close(s, m));
+        } else if constexpr (std::is_same_v<T, proto::TierStep>) {
+          auto out = node_->tier_step(s, m, now());
+          if (const auto* bad = std::get_if<Malformed>(&out)) return malformed(serial, bad->reason);
+          const TierOut& step = std::get<TierOut>(out);
+          if (!send(serial, step.reply, step.fds)) close_connection(serial);
         }  // other types were refused by on_readable
       },
       msg);
@@ -583,6 +592,25 @@ void Daemon::Impl::apply(Effects&& fx) {
     if (conns_.count(r.conn) != 0 && !send(r.conn, r.reply)) close_connection(r.conn);
   }
   for (const KillOrder& k : fx.kills) node_->unhooked_killed(k, kill_process(k.pid, k.start_time));
+  // The host tier (docs/swap.md): notices, pieces to make and to release, off the loop.
+  for (const TierNoticeOut& n : fx.tier_notices) notify(n.conn, n.session, n.msg, "TierNotice", "tier notice");
+  for (Bytes b : fx.host_builds) {
+    if (host_builder_) host_builder_->build(b);
+    else node_->host_build_failed(b, "the host tier is off");
+  }
+  for (HostPiece& p : fx.host_releases) {
+    if (host_builder_) host_builder_->release(std::move(p));
+    else driver_->release(p.handle);
+  }
+}
+
+void Daemon::Impl::on_host_builds() {
+  drain(host_fd_.get());
+  if (!host_builder_) return;
+  for (HostBuilder::Done& d : host_builder_->take()) {
+    if (d.piece) node_->host_built(std::move(*d.piece));
+    else node_->host_build_failed(d.size, d.error);
+  }
 }
 
 void Daemon::Impl::on_builds() {
@@ -736,6 +764,7 @@ void Daemon::Impl::shutdown() {
   metrics_.reset();  // stops its threads before the segment may go
   builder_.reset();  // stops its workers; handles built and not adopted are released
   swapper_.reset();  // after the job in progress; swapped processes stay on the host
+  host_builder_.reset();
   poller_.del(listen_fd_.get());
   listen_fd_.reset();
   if (socket_bound_) {

@@ -41,6 +41,7 @@
 #include "vlake/pool/conn_limits.hpp"
 #include "vlake/pool/daemon.hpp"
 #include "vlake/pool/handle_builder.hpp"
+#include "vlake/pool/host_builder.hpp"
 #include "vlake/pool/node.hpp"
 #include "vlake/pool/nvml_source.hpp"
 #include "vlake/pool/outbox.hpp"
@@ -126,6 +127,11 @@ class Daemon::Impl {
   // Process checkpoints off the loop (swapper.hpp, docs/swap.md); its thread writes swaps_fd_.
   UniqueFd swaps_fd_;
   std::unique_ptr<Swapper> swapper_;
+  // The host tier's pinned memory, made and released off the loop (host_builder.hpp); its
+  // thread writes host_fd_.
+  UniqueFd host_fd_;
+  std::unique_ptr<HostBuilder> host_builder_;
+  void on_host_builds();
   std::unique_ptr<NvmlSource> nvml_;
   std::vector<std::string> device_files_;  // driver_->device_files(), for the GPU-user scan
   bool nvml_failed_logged_ = false;

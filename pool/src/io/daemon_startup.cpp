@@ -182,6 +182,17 @@ void Daemon::Impl::add_sources() {
     swapper_ = std::make_unique<Swapper>(*driver_, ring(swaps_fd_.get()));
     poller_.add(swaps_fd_.get(), Source::swaps, 0);
   }
+  if (opts_.host_tier > 0) {
+    if (!driver_->host_memory_supported(DeviceOrdinal{0})) {
+      throw StartupError(
+          "--host-tier: this GPU's driver cannot make host-located VMM memory "
+          "(CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0); "
+          "run without --host-tier (overcommit namespaces are then checkpointed)");
+    }
+    host_fd_ = make_counter();
+    host_builder_ = std::make_unique<HostBuilder>(*driver_, node_->devices().front().granularity, ring(host_fd_.get()));
+    poller_.add(host_fd_.get(), Source::host_builds, 0);
+  }
   for (const auto& [id, fd] : pidfds_) poller_.add(fd.get(), Source::pidfd, id);
   config_watch_.start(poller_);
   if (!opts_.alloc_root.empty()) {

@@ -54,6 +54,11 @@ std::string DaemonOptions::usage() {
          "                           (docs/swap.md; default 30s; 'off' or 0: never)\n"
          "  --swap-margin SIZE       free GPU memory kept beyond what a grant or a restore needs\n"
          "                           before vlaked swaps processes out (default 256MiB)\n"
+         "  --host-tier SIZE         pinned host memory for the host tier, made ahead: whole\n"
+         "                           allocations of idle overcommit processes move there (the\n"
+         "                           processes run on) when the GPU is full (docs/swap.md; default\n"
+         "                           0: off, overcommit namespaces are checkpointed instead)\n"
+         "  --host-tier-piece SIZE   the host tier's piece size (default 1GiB)\n"
          "  --counted-realize DURATION  a counted grant (memory the tenant's process allocates\n"
          "                           itself) that NVML does not show in the process's figure this\n"
          "                           long after it was served is revoked, and processes moved to\n"
@@ -120,6 +125,8 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
                                                   "--pool-keep",
                                                   "--swap-idle",
                                                   "--swap-margin",
+                                                  "--host-tier",
+                                                  "--host-tier-piece",
                                                   "--counted-realize",
                                                   "--alloc-root",
                                                   "--handle-reuse",
@@ -219,6 +226,10 @@ DaemonOptions DaemonOptions::parse(int argc, const char* const* argv) {
       o.warm_stock = size(0, 1ull << 50);
     } else if (arg == "--swap-margin") {
       o.swap_margin = size(0, 1ull << 50);
+    } else if (arg == "--host-tier") {
+      o.host_tier = size(0, 1ull << 50);
+    } else if (arg == "--host-tier-piece") {
+      o.host_tier_piece = size(2ull << 20, 64ull << 30);
     } else if (arg == "--context-memory") {
       if (value == "auto") {
         o.context_memory.reset();

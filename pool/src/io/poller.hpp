@@ -27,6 +27,7 @@ enum class Source : std::uint64_t {
   hello = 10,         // the Hello deadline of connections that have not said Hello
   builds = 11,        // the HandleBuilder finished a warm reserve or stock handle (eventfd)
   swaps = 12,         // the Swapper finished a checkpoint or restore (eventfd)
+  host_builds = 19,   // the HostBuilder made a host tier piece (eventfd)
   alloc_listen = 20,  // Kubernetes allocations (--alloc-root): their sockets,
   alloc_watch = 21,   // the directory watch,
   alloc_timer = 22,   // the periodic rescan,

@@ -62,6 +62,8 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
     s.counters.handles_created += d.pool->handles_created();
     s.counters.handles_released += d.pool->handles_released();
   }
+  s.counters.host_stock_bytes = node.rooms().tier.stock_bytes().value();
+  s.counters.host_bound_bytes = node.rooms().tier.bound().value();
   s.config = node.config_record();
   if (c.all || c.guard) s.guard = node.rooms().guard.log();
   if (c.all || c.refusals) s.refusals = node.rooms().refusals.log();
@@ -93,7 +95,9 @@ void StatePublisher::write(Node& node, const Changes& c, std::uint64_t now_unix_
                                        state,
                                        guard,
                                        g.requested,
-                                       g.created_unix_ns};
+                                       g.created_unix_ns,
+                                       node.rooms().tier.location(g.id),
+                                       0};
   }
   for (const auto& [id, sess] : (c.all || !c.sessions.empty()) ? node.sessions() : kNoSessions) {
     if (!c.all && c.sessions.count(sess.slot) == 0) continue;
@@ -317,6 +321,7 @@ void StatePublisher::devices(const Node& node, st::State& s) noexcept {
     r.in_use = 1;
     r.ordinal = static_cast<std::uint32_t>(d.ordinal.value());
     r.swapped_bytes = node.rooms().swaps.on_host(d.ordinal).value();
+    r.host_bytes = node.rooms().tier.host_bytes(d.ordinal).value();
     const Accounting::DeviceEntry du = node.accounting().device_usage(d.ordinal);
     r.guaranteed_bytes = du.guaranteed.value();
     r.borrowed_bytes = du.borrowed.value();

@@ -31,6 +31,13 @@
 //   - An exported fd imported in another process refers to the same memory, which lives as long
 //     as any process holds a handle or mapping to it (the exporter may exit).
 //   - Running out of device memory is CUDA_ERROR_OUT_OF_MEMORY.
+//   - Host-located memory (create_host(), where host_memory_supported()): pinned host memory as a
+//     VMM handle, released, exported, imported, retained, mapped and given device access like a
+//     device handle; device d's copy engines and kernels reach a mapping of it that set_access()
+//     opened to d (over PCIe, at its bandwidth). A VA range may be unmapped from a device handle
+//     and mapped to a host handle at the same address (and back). It is not counted in any
+//     device's memory (memory_info(), NVML). address_range() of it has the mapping's size but,
+//     on driver 580 (measured on an H200), a base that is not its address.
 //
 // Contexts
 //   VMM calls need no context. Operations that do (memory_info, copies, fills, synchronize)
@@ -123,6 +130,19 @@ class Driver {
   [[nodiscard]] virtual PhysicalHandle import_fd(int fd) = 0;
   // A new reference to the handle mapped at `p` (release it like any handle).
   [[nodiscard]] virtual PhysicalHandle retain(DevicePtr p) = 0;
+
+  // Host-located memory (driver >= 12.x, devices with
+  // CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED). host_memory_supported(d):
+  // device d can map and reach such memory (false when the query fails). create_host(): pinned
+  // host memory of NUMA node 0 (CU_MEM_LOCATION_TYPE_HOST_NUMA), exportable as a POSIX file
+  // descriptor; `size` a multiple of granularity() of any device. Released with release(); it is
+  // not counted in memory_info(). Host memory running out is CUDA_ERROR_OUT_OF_MEMORY; the
+  // default (a driver without it) throws CUDA_ERROR_NOT_SUPPORTED.
+  [[nodiscard]] virtual bool host_memory_supported(DeviceOrdinal d) const {
+    (void)d;
+    return false;
+  }
+  [[nodiscard]] virtual PhysicalHandle create_host(Bytes size);
 
   // Virtual addresses.
   [[nodiscard]] virtual DevicePtr reserve(Bytes size, Bytes alignment) = 0;

@@ -81,6 +81,9 @@ VLAKE_PROTO_MESSAGE(SwapIn, swap_in);
 VLAKE_PROTO_MESSAGE(SwapInReply, swap_in_reply);
 VLAKE_PROTO_MESSAGE(ContextRequest, context_request);
 VLAKE_PROTO_MESSAGE(ContextReply, context_reply);
+VLAKE_PROTO_MESSAGE(TierNotice, tier_notice);
+VLAKE_PROTO_MESSAGE(TierStep, tier_step);
+VLAKE_PROTO_MESSAGE(TierPlan, tier_plan);
 #undef VLAKE_PROTO_MESSAGE
 
 // A struct that travels as one message.
@@ -94,7 +97,7 @@ using AnyMessage =
     std::variant<Hello, HelloAck, GrantRequest, GrantReply, Release, ReleaseAck, UsageQuery, UsageReply, Error,
                  GuardEvent, Pressure, ReserveReport, ShareRequest, ShareReply, ShareCommit, ShareAck, IpcExport,
                  IpcExportReply, IpcOpen, IpcOpenReply, IpcClose, IpcCloseAck, ReadOnlyWrite, Drop, Dropped, SwapNotice,
-                 SwapReady, SwapIn, SwapInReply, ContextRequest, ContextReply>;
+                 SwapReady, SwapIn, SwapInReply, ContextRequest, ContextReply, TierNotice, TierStep, TierPlan>;
 namespace detail {
 template <std::size_t... I>
 constexpr bool numbered_in_order(std::index_sequence<I...>) {
@@ -348,6 +351,51 @@ inline std::optional<std::string> check_fields(const IpcOpenReply& m) {
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const ContextReply&) { return std::nullopt; }
+inline std::optional<std::string> check_fields(const TierNotice& m) {
+  if (m.direction != TierDirection::to_host && m.direction != TierDirection::to_device) {
+    return "TierNotice direction " + detail::number(m.direction) + " out of range";
+  }
+  if (m.reserved != 0) return "TierNotice reserved field is not zero";
+  if (m.move_id == 0) return "TierNotice move_id is 0";
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const TierStep& m) {
+  if (m.move_id == 0) return "TierStep move_id is 0";
+  if (static_cast<std::uint32_t>(m.result) > static_cast<std::uint32_t>(TierResult::failed)) {
+    return "TierStep result " + detail::number(m.result) + " out of range";
+  }
+  if (m.result == TierResult::busy && m.grant_id != 0) return "TierStep busy names a grant";
+  if (m.grant_id == 0 && m.result != TierResult::none && m.result != TierResult::busy) {
+    return "TierStep result without a grant";
+  }
+  if (m.first_piece >= kMaxHandlesPerGrant * kMaxHandlesPerGrant) {
+    return "TierStep first_piece " + detail::number(m.first_piece) + " out of range";
+  }
+  return std::nullopt;
+}
+inline std::optional<std::string> check_fields(const TierPlan& m) {
+  if (m.reserved != 0) return "TierPlan reserved field is not zero";
+  if (m.piece_count > kMaxHandlesPerGrant)
+    return "TierPlan piece_count " + detail::number(m.piece_count) + " out of range";
+  if (m.grant_id != 0 && m.direction != TierDirection::to_host && m.direction != TierDirection::to_device) {
+    return "TierPlan direction " + detail::number(m.direction) + " out of range";
+  }
+  if (m.grant_id == 0 && m.piece_count != 0) return "TierPlan without a grant lists pieces";
+  if (m.grant_id != 0 && m.status == Status::ok && m.piece_count == 0) return "TierPlan grant without pieces";
+  if (m.total_pieces > kMaxHandlesPerGrant * kMaxHandlesPerGrant ||
+      static_cast<std::uint64_t>(m.first_piece) + m.piece_count > m.total_pieces) {
+    return "TierPlan pieces " + detail::number(m.first_piece) + "+" + detail::number(m.piece_count) + " of " +
+           detail::number(m.total_pieces) + " out of range";
+  }
+  for (std::uint32_t i = 0; i < m.piece_count; ++i) {
+    if (m.pieces[i].size == 0) return "TierPlan piece " + detail::number(i) + " is empty";
+    if (m.pieces[i].offset > m.bytes || m.pieces[i].size > m.bytes - m.pieces[i].offset) {
+      return "TierPlan piece " + detail::number(i) + " lies outside the grant";
+    }
+  }
+  return std::nullopt;
+}
+
 inline std::optional<std::string> check_fields(const IpcClose&) { return std::nullopt; }
 inline std::optional<std::string> check_fields(const IpcCloseAck& m) {
   if (m.reserved != 0) return "IpcCloseAck reserved field is not zero";
@@ -356,13 +404,14 @@ inline std::optional<std::string> check_fields(const IpcCloseAck& m) {
 
 // The descriptors (SCM_RIGHTS) that travel with a well-formed message, in order: one per
 // handle of a GrantReply, one per piece of a ShareReply batch without kShareKeep, one per piece
-// of an IpcOpenReply, none with any other message.
+// of an IpcOpenReply or a TierPlan, none with any other message.
 template <Message T>
 constexpr std::size_t descriptor_count(const T&) noexcept {
   return 0;
 }
 constexpr std::size_t descriptor_count(const GrantReply& m) noexcept { return m.handle_count; }
 constexpr std::size_t descriptor_count(const IpcOpenReply& m) noexcept { return m.piece_count; }
+constexpr std::size_t descriptor_count(const TierPlan& m) noexcept { return m.piece_count; }
 constexpr std::size_t descriptor_count(const ShareReply& m) noexcept {
   std::size_t n = 0;
   for (std::uint32_t i = 0; i < m.piece_count && i < kMaxHandlesPerGrant; ++i) {

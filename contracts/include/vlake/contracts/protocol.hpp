@@ -15,8 +15,8 @@
 // - Requests carry a client-chosen `request_id`, echoed in the reply. A connection has at most
 //   one request in flight (the hook serializes), so replies arrive in order.
 // - Handles travel as POSIX file descriptors (SCM_RIGHTS) attached to GrantReply, one per
-//   HandleDesc, in order, to ShareReply, one per piece without kShareKeep, and to IpcOpenReply,
-//   one per piece. No other message carries descriptors.
+//   HandleDesc, in order, to ShareReply, one per piece without kShareKeep, to IpcOpenReply and
+//   to TierPlan, one per piece. No other message carries descriptors.
 // - Restart: grants and usage live in the daemon's state segment and survive a daemon crash.
 //   A hook whose connection broke reconnects and sends Hello{old_session}; the daemon re-binds
 //   that session (and its grants) only if the peer is the very process that opened it (pid
@@ -35,8 +35,8 @@ namespace vlake::proto {
 
 inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
 // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags, wait_ms,
-// HelloAck::flags; 4: ContextRequest/ContextReply.
-inline constexpr std::uint16_t kVersion = 4;
+// HelloAck::flags; 4: ContextRequest/ContextReply; 5: TierNotice/TierStep/TierPlan.
+inline constexpr std::uint16_t kVersion = 5;
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
 inline constexpr std::uint32_t kMaxDevices = 16;
@@ -73,6 +73,9 @@ enum class MsgType : std::uint16_t {
   swap_in_reply = 29,     // daemon -> client
   context_request = 30,   // client -> daemon (version 4): admit / release a CUDA context's memory
   context_reply = 31,     // daemon -> client
+  tier_notice = 32,       // daemon -> client, unsolicited (version 5): move grants to host memory or back
+  tier_step = 33,         // client -> daemon: ready for / done with one grant of a move
+  tier_plan = 34,         // daemon -> client: the next grant to move, with one descriptor per piece
 };
 
 // Status codes carried in replies. A client treats a non-ok status it does not know as a
@@ -562,6 +565,65 @@ struct ContextReply {
   std::uint64_t used;      // its usage on that GPU afterwards (before, if refused)
 };
 
+// The host tier (version 5, docs/swap.md "Host tier"): vlaked moves whole alloc grants of an
+// idle process to pinned host memory (VMM handles located on the host, mapped at the same
+// addresses: the process keeps running, its kernels reach that memory over PCIe) and back. The
+// process's hook does the move itself, so that nothing but its own worker touches its memory:
+//   TierNotice{move_id, direction} (daemon -> client, unsolicited, request_id 0): a move starts.
+//     The client closes its gate (hooked calls of application threads wait at entry), waits
+//     until no application thread is inside a hooked call and synchronizes its contexts; then
+//     it asks TierStep{move_id, grant 0}. A process that cannot stop now (a thread stays inside
+//     a call) asks TierStep{move_id, grant 0, busy} and opens its gate.
+//   TierPlan (reply): status ok with `grant_id` > 0: move that grant (its whole VA range,
+//     `bytes`) to the pieces listed, `total_pieces` in all, this batch from `first_piece` (a
+//     descriptor per piece, in order); TierStep{move_id, grant, none, first_piece k} fetches the
+//     batch from piece k. Once it has every piece, the client copies the grant's data into them,
+//     maps them in place of the old handles at the same addresses, releases the old handles and
+//     asks TierStep{move_id, grant, moved} (or declined/failed: the grant stays as it was).
+//     status ok with `grant_id` 0: the move is over; the client opens its gate. Any other status
+//     (unknown_grant: the move was called off) also ends it.
+enum class TierDirection : std::uint32_t {
+  to_host = 1,    // demote: device memory -> host memory
+  to_device = 2,  // promote: host memory -> device memory
+};
+struct TierNotice {
+  Header h;
+  TierDirection direction;
+  std::uint32_t reserved;
+  std::uint64_t move_id;  // > 0
+};
+enum class TierResult : std::uint32_t {
+  none = 0,      // ready (grant 0), or fetching a grant's next batch of pieces
+  moved = 1,     // the grant's data is in the new pieces, mapped at its addresses; old handles released
+  declined = 2,  // the grant cannot be moved (not found, peer-mapped, shared): it stays as it was
+  busy = 3,      // (grant 0) the process could not stop: the move is off, the gate is open
+  failed = 4,    // copying or mapping failed; the grant stays on its old handles
+};
+struct TierStep {
+  Header h;
+  std::uint64_t move_id;
+  std::uint64_t grant_id;  // 0: ready / busy
+  TierResult result;
+  std::uint32_t first_piece;  // result none with a grant: the batch wanted
+};
+struct TierPiece {
+  std::uint64_t size;    // a multiple of the granularity
+  std::uint64_t offset;  // inside the grant's VA range
+};
+struct TierPlan {
+  Header h;
+  Status status;              // ok, unknown_grant (no such move: it was called off)
+  std::uint32_t piece_count;  // descriptors attached, in order
+  std::uint64_t move_id;
+  std::uint64_t grant_id;  // 0: the move is over
+  std::uint64_t bytes;     // the grant's bytes (sum of every piece's size)
+  TierDirection direction;
+  std::uint32_t first_piece;
+  std::uint32_t total_pieces;
+  std::uint32_t reserved;
+  TierPiece pieces[kMaxHandlesPerGrant];
+};
+
 struct Error {
   Header h;
   Status status;
@@ -608,6 +670,10 @@ VLAKE_PROTO_CHECK(SwapIn, 32);
 VLAKE_PROTO_CHECK(SwapInReply, 40);
 VLAKE_PROTO_CHECK(ContextRequest, 48);
 VLAKE_PROTO_CHECK(ContextReply, 56);
+VLAKE_PROTO_CHECK(TierNotice, 40);
+VLAKE_PROTO_CHECK(TierStep, 48);
+VLAKE_PROTO_CHECK(TierPiece, 16);
+VLAKE_PROTO_CHECK(TierPlan, 584);
 #undef VLAKE_PROTO_CHECK
 
 // The struct each message type travels as.
@@ -644,6 +710,9 @@ constexpr std::size_t size_of(MsgType t) noexcept {
     case MsgType::swap_in_reply: return sizeof(SwapInReply);
     case MsgType::context_request: return sizeof(ContextRequest);
     case MsgType::context_reply: return sizeof(ContextReply);
+    case MsgType::tier_notice: return sizeof(TierNotice);
+    case MsgType::tier_step: return sizeof(TierStep);
+    case MsgType::tier_plan: return sizeof(TierPlan);
   }
   return 0;
 }

@@ -43,7 +43,7 @@
 namespace vlake::state {
 
 inline constexpr std::uint64_t kMagic = 0x4554415453454b4cULL;  // "LKESTATE"
-inline constexpr std::uint32_t kLayoutVersion = 10;
+inline constexpr std::uint32_t kLayoutVersion = 11;
 inline constexpr std::uint32_t kMaxDevices = proto::kMaxDevices;
 inline constexpr std::uint32_t kMaxTenants = 256;
 inline constexpr std::uint32_t kMaxNamespaces = 256;
@@ -167,6 +167,21 @@ struct Counters {
   std::uint64_t swap_out_ns;
   std::uint64_t swap_in_ns;
   std::uint64_t refusals_recorded;  // refusals written to the refusal log (RefusalLog::next_seq - 1)
+  // Layout 11: the host tier (docs/swap.md, "Host tier"). Counts and bytes are whole grants moved
+  // to host memory (demotes) and back (promotes); seconds are the moves' time, notice to last
+  // step. host_stock_bytes and host_bound_bytes are gauges: pinned host memory made ahead and
+  // not in use, and --host-tier (0: off).
+  std::uint64_t tier_demotes;
+  std::uint64_t tier_promotes;
+  std::uint64_t tier_demoted_bytes;
+  std::uint64_t tier_promoted_bytes;
+  std::uint64_t tier_demote_ns;
+  std::uint64_t tier_promote_ns;
+  std::uint64_t tier_declined;        // grants a process declined or failed to move
+  std::uint64_t tier_busy;            // moves a busy process turned down
+  std::uint64_t tier_made_on_demand;  // pieces the stock lacked, made during a move
+  std::uint64_t host_stock_bytes;
+  std::uint64_t host_bound_bytes;
 };
 
 // The quota configuration in force.
@@ -213,7 +228,10 @@ struct DeviceRecord {
   // Bytes of free handles given back to the driver by the idle release (--pool-idle-release),
   // across restarts; was reserved5[0] of layout 5 (always 0 there).
   std::uint64_t idle_released_bytes;
-  std::uint64_t reserved5[2];
+  // Layout 11 (was reserved5[0]): this GPU's grants whose memory is on the host tier now
+  // (docs/swap.md, "Host tier"); exact: the bytes of those grants.
+  std::uint64_t host_bytes;
+  std::uint64_t reserved5;
   // Layout 6 (docs/security.md).
   std::uint64_t retained_bytes;   // sum of the tenants' retained[] on this GPU
   std::uint64_t unhooked_bytes;   // sum of the tenants' unhooked[] on this GPU
@@ -391,6 +409,17 @@ struct GrantRecord {
   // Layout 4.
   std::uint64_t requested;        // the bytes the client asked for (GrantRequest::bytes)
   std::uint64_t created_unix_ns;  // when it was granted (CLOCK_REALTIME)
+  // Layout 11: where its memory is (GrantLocation); what a session's and a tenant's host bytes
+  // are summed from (docs/swap.md, "Host tier").
+  std::uint32_t location;
+  std::uint32_t reserved;
+};
+
+enum GrantLocation : std::uint32_t {
+  kGrantOnGpu = 0,
+  kGrantOnHost = 1,  // on the host tier: the process reaches it over PCIe
+  kGrantToHost = 2,  // being moved there
+  kGrantToGpu = 3,   // being moved back
 };
 
 // Layout 4: out-of-bounds guard alarms (docs/guard.md), a ring of the last kGuardEvents.
@@ -502,18 +531,18 @@ struct State {
   static_assert(std::is_standard_layout_v<T>, #T " must be standard"); \
   static_assert(sizeof(T) == (bytes), #T " changed size: bump kLayoutVersion")
 VLAKE_STATE_CHECK(Header, 104);
-VLAKE_STATE_CHECK(Counters, 440 + 8 * 17 + 8 * 9);
+VLAKE_STATE_CHECK(Counters, 440 + 8 * 17 + 8 * 9 + 8 * 11);
 VLAKE_STATE_CHECK(ConfigRecord, 808);
 VLAKE_STATE_CHECK(DeviceRecord, 200 + 64 + 16);
 VLAKE_STATE_CHECK(NamespaceRecord, 472);
 VLAKE_STATE_CHECK(TenantRecord, 656 + 128 * 2 + 8 + 16 + 64 + 128 * 2 + 64 + 16);
 VLAKE_STATE_CHECK(SessionRecord, 40 + 120);
-VLAKE_STATE_CHECK(GrantRecord, 64);
+VLAKE_STATE_CHECK(GrantRecord, 72);
 VLAKE_STATE_CHECK(GuardEventRecord, 344);
 VLAKE_STATE_CHECK(GuardLog, 16 + 344 * 256);
 VLAKE_STATE_CHECK(RefusalRecord, 64 + 128);
 VLAKE_STATE_CHECK(RefusalLog, 16 + 192 * 256);
-VLAKE_STATE_CHECK(State, 104 + 648 + 808 + 280 * 16 + 472 * 256 + 1336 * 256 + 160 * 1024 + 64 * 16384 + 16 +
+VLAKE_STATE_CHECK(State, 104 + 736 + 808 + 280 * 16 + 472 * 256 + 1336 * 256 + 160 * 1024 + 72 * 16384 + 16 +
                              344 * 256 + 16 + 192 * 256);
 #undef VLAKE_STATE_CHECK
 

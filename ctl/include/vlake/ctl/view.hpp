@@ -41,6 +41,7 @@ struct GpuView {
   std::uint64_t guaranteed = 0;  // sum of the namespaces' guarantees on this GPU
   std::uint64_t borrowed = 0;    // memory held above their guarantees, all namespaces
   std::uint64_t swapped = 0;     // of its processes now on the host: what their checkpoints freed (docs/swap.md)
+  std::uint64_t host = 0;        // of its granted memory, what is on the host tier now (exact; docs/swap.md)
   std::uint64_t retained = 0;    // released memory tenants can still reach, charged to them (all tenants)
   // vlaked's own process (never a tenant's): NVML's figure for it (0: not listed, or no NVML),
   // and of it what is not pool memory: its CUDA context.
@@ -72,6 +73,8 @@ struct SessionView {
   std::uint64_t swap_for = 0;          // the session it is being swapped out for (0: none)
   std::uint32_t swap_outs = 0;
   std::uint32_t swap_ins = 0;
+  std::uint64_t host_bytes = 0;  // of its grants, bytes on the host tier now (docs/swap.md, "Host tier")
+  std::uint32_t moving = 0;      // of its grants, being moved between the GPU and the host tier now
   // Waiting: "" (not), "memory" (a grant waits for memory), "restore" (it waits to come back).
   std::string wait;
   std::uint32_t wait_gpu = 0;
@@ -100,6 +103,7 @@ struct TenantGpuView {
                                             // "outside_vlake"; "" when not over
   double share_percent = 0;                 // used / GPU total * 100
   std::uint64_t swapped = 0;                // of its processes now on the host (docs/swap.md)
+  std::uint64_t host = 0;                   // of its grants, bytes on the host tier now (exact)
 };
 
 struct TenantView {

@@ -73,16 +73,15 @@ class Node {
   // ---- start-up
   // Creates one handle per GPU and, with a warm reserve, fills it (throws on failure).
   void warm_up();
-  // Takes a previous daemon's accounting: tenants keep their ids, sessions in `alive` (by id)
-  // are kept detached with their grants (orphaned: their handles died with that daemon), the
-  // rest is dropped. Counters, the guard log, ids and the config generation carry on. Returns
-  // the kept session ids.
+  // Takes a previous daemon's accounting: tenants keep their ids, sessions in `alive` (by id) are kept detached
+  // with their grants (orphaned: their handles died with that daemon), the rest is dropped. Counters, the guard
+  // log, ids and the config generation carry on. Returns the kept session ids.
   std::vector<std::uint64_t> resume(const st::State& old, const std::set<std::uint64_t>& alive);
 
   // ---- sessions
   HelloOut open_session(const Peer& peer, const proto::Hello& m);
-  // The connection closed. The process lives on (`exited` false): its session is detached
-  // and keeps its grants; otherwise the session ends.
+  // The connection closed. The process lives on (`exited` false): its session is detached and keeps its grants
+  // (a host tier move ends); otherwise the session ends.
   void connection_closed(ConnId conn, std::uint64_t session, bool exited);
   // The session's process exited: its grants return. Returns its connection (0: none) to close.
   ConnId end_session(std::uint64_t session, const char* why);
@@ -90,8 +89,7 @@ class Node {
   // A well-formed message arrived / a connection was dropped for a malformed one (counters).
   void count_request() noexcept { ++counters_.requests; }
   void count_malformed() noexcept { ++counters_.malformed; }
-  // Connections the loop closed for a cap (docs/daemon.md, "Limits"): over a uid's connection
-  // cap (or no descriptor left), or awaiting Hello (over the caps, or past the Hello timeout).
+  // Connections the loop closed for a cap (docs/daemon.md, "Limits"): a uid's, or awaiting Hello.
   void count_connection_cap() noexcept { ++counters_.denials_connection_cap; }
   void count_unauthenticated() noexcept { ++counters_.denials_unauthenticated; }
   // The rate limiter for log lines a tenant or peer can trigger (counts Counters::log_suppressed).
@@ -105,9 +103,8 @@ class Node {
   [[nodiscard]] std::size_t import_holders() const;
 
   // ---- requests of a bound session (`session` is the connection's)
-  // Granted | Refused | Parked | Malformed. A grant the pool cannot serve is parked (Pressure to
-  // flagged sessions holding reserve) until memory comes back (retry_parked) or its deadline
-  // passes (then out_of_memory).
+  // Granted | Refused | Parked | Malformed. A grant the pool cannot serve is parked (Pressure to flagged
+  // sessions holding reserve) until memory comes back (retry_parked) or its deadline passes (out_of_memory).
   GrantOut grant(ConnId conn, std::uint64_t session, const proto::GrantRequest& m, Now now);
   // The reply of a Granted could not be delivered: the grant is undone.
   void undo_grant(std::uint64_t grant);
@@ -117,9 +114,8 @@ class Node {
   std::variant<proto::UsageReply, Malformed> usage(std::uint64_t session, const proto::UsageQuery& m);
   // Kept mappings (docs/hook.md): the session unmapped and closed these kept handles.
   std::optional<Malformed> dropped(std::uint64_t session, const proto::Dropped& m);
-  // Warm reserve and stock (settings.background_builds): every handle queued in Effects::builds
-  // comes back as adopt() (built, zeroed) or build_failed() (no_room: the GPU lacked room;
-  // builds for that GPU pause for a second).
+  // Warm reserve and stock (settings.background_builds): every handle queued in Effects::builds comes back as
+  // adopt() (built, zeroed) or build_failed() (no_room: the GPU lacked room; its builds pause for a second).
   void adopt(DeviceOrdinal device, BuiltHandle h);
   void build_failed(DeviceOrdinal device, Bytes size, bool no_room);
   // Keys sent in Drop messages since start.
@@ -131,8 +127,8 @@ class Node {
   // logged and recorded like a grant's); {release}: one admitted context is gone.
   std::variant<proto::ContextReply, Malformed> context(std::uint64_t session, const proto::ContextRequest& m, Now now);
   // ---- swapping idle processes to host memory (node_swap.cpp, docs/swap.md)
-  // The session's hooked calls now wait: its checkpoint is queued (Effects::swap_jobs). A
-  // SwapReady for another swap id, or in another state, is ignored.
+  // The session's hooked calls now wait: its checkpoint is queued (Effects::swap_jobs). A SwapReady for another
+  // swap id, or in another state, is ignored.
   std::optional<Malformed> swap_ready(std::uint64_t session, const proto::SwapReady& m);
   // Answers now, or nullopt: the answer comes later in Effects::swap_replies.
   std::optional<proto::SwapInReply> swap_in(ConnId conn, std::uint64_t session, const proto::SwapIn& m, Now now);
@@ -141,8 +137,12 @@ class Node {
   void swap_done(const SwapJob& job, bool ok, Bytes bytes, std::chrono::nanoseconds took, const std::string& error,
                  Now now);
   // Restores waiting for room, notices nobody answered: called by the loop after every event.
-  // (Swap counters are in counters(); bytes on the host per GPU in rooms().swaps.on_host().)
   void swap_tick(Now now);
+  // ---- the host tier (node_tier.cpp, docs/swap.md): a step of the session's move (Malformed: another grant's);
+  // every piece queued in Effects::host_builds comes back as host_built() or host_build_failed().
+  std::variant<TierOut, Malformed> tier_step(std::uint64_t session, const proto::TierStep& m, Now now);
+  void host_built(HostPiece p);
+  void host_build_failed(Bytes size, const std::string& error);
   std::optional<Malformed> guard_event(std::uint64_t session, const proto::GuardEvent& m, Now now);
   // A copy or memset into a shared range of one of the session's grants was refused
   // (docs/guard.md): recorded as a readonly_write event; one naming no grant of the session
@@ -152,9 +152,8 @@ class Node {
   // The ShareReply could not be delivered: the pending share is aborted.
   void share_undeliverable(std::uint64_t session);
   std::variant<proto::ShareAck, Malformed> share_commit(std::uint64_t session, const proto::ShareCommit& m);
-  // CUDA IPC (node_ipc.cpp, docs/ipc.md). Descriptors in an IpcOpened are borrowed (valid until
-  // the next call on the Node); an IpcOpenReply that could not be delivered is undone with
-  // ipc_undeliverable(import id).
+  // CUDA IPC (node_ipc.cpp, docs/ipc.md). Descriptors in an IpcOpened are borrowed (valid until the next call on
+  // the Node); an IpcOpenReply that could not be delivered is undone with ipc_undeliverable(import id).
   std::variant<proto::IpcExportReply, Malformed> ipc_export(std::uint64_t session, const proto::IpcExport& m);
   struct IpcOpened {
     proto::IpcOpenReply reply{};
@@ -169,17 +168,17 @@ class Node {
   // ---- parked grants (docs/pool.md, "Pressure protocol")
   // True when memory came back since the last retry or a deadline passed at `now`.
   [[nodiscard]] bool retry_due(Now now) const;
-  // Serves, keeps or times out every parked grant (answers in Effects::completions). Answers for
-  // gone connections are dropped. A grant still parked kAskAgain after its last asks asks the
-  // next sessions: its Completion then holds Parked with their Pressure notes (it stays parked).
+  // Serves, keeps or times out every parked grant (answers in Effects::completions; for gone connections
+  // dropped). A grant still parked kAskAgain after its last asks asks the next sessions: its Completion then
+  // holds Parked with their Pressure notes (it stays parked).
   void retry_parked(Now now);
   [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> next_deadline() const;
 
   // ---- quota file
   // Throws quota::ConfigError when `cfg` does not fit this node (namespace table, GPU sizes).
   void validate(const quota::QuotaConfig& cfg) const;
-  // Applies a validated configuration: namespaces, every tenant re-resolved (sessions move,
-  // grants and all), namespaces gone from it dropped. `source`: the file ("" for built-in).
+  // Applies a validated configuration: namespaces, every tenant re-resolved (sessions move, grants and all),
+  // namespaces gone from it dropped. `source`: the file ("" for built-in).
   void apply(quota::QuotaConfig cfg, const std::string& source, bool from_file, Now now, const std::string& why);
   // A file that could not be applied (the configuration in force stays).
   void config_rejected(const std::string& error, Now now);
@@ -191,36 +190,35 @@ class Node {
   void allocation_removed(const std::string& id);
 
   // ---- periodic work
-  // Warm reserve and stock (release the surplus, build or queue what is missing), idle release
-  // (settings.pool_idle_release) and, when due, a canary sweep.
+  // Warm reserve and stock (release the surplus, build or queue what is missing), idle release (settings.
+  // pool_idle_release) and, when due, a canary sweep.
   void tick(Now now);
   // Frees every tenant record that holds nothing (after NVML sampling, a reload). Returns how many.
   std::size_t free_idle_tenants();
   [[nodiscard]] NonpoolInputs nonpool_inputs() const;
   void set_nonpool(const NonpoolResult& r);
-  // One NVML reading of every process, attributed as unhooked_book.hpp says (`users`: the
-  // processes with the driver's device files open; pids without an identity in `ids` are not
-  // attributed). Records NVML's used figure and the unlisted memory (Device::unlisted) per GPU.
-  // The processes to kill now under `enforce: kill` go to Effects::kills.
+  // One NVML reading of every process, attributed as unhooked_book.hpp says (`users`: the processes with the
+  // driver's device files open; pids without an identity in `ids` are not attributed). Records NVML's used
+  // figure and the unlisted memory (Device::unlisted) per GPU; processes to kill (`enforce: kill`) go to kills.
   void observe_gpus(const std::vector<GpuSample>& sample, const std::vector<ProcessIdentity>& ids, Now now,
                     const std::vector<ProcessIdentity>& users = {});
-  // The unlisted memory of one GPU's reading, as observe_gpus computes it (the loop scans for
-  // device-file users only when some GPU has more than kUnlistedTolerance).
+  // The unlisted memory of one GPU's reading, as observe_gpus computes it (the loop scans for device-file users
+  // only when some GPU has more than kUnlistedTolerance).
   [[nodiscard]] Bytes unlisted_memory(const GpuSample& g) const;
   // What became of a KillOrder (`killed` false: it was already gone or could not be signalled).
   void unhooked_killed(const KillOrder& k, bool killed);
 
   // ---- effects (effects.hpp)
-  // After each event: retries the parked grants when due (retry_due), runs swap_tick, and hands
-  // over every effect recorded since the last hand-over, for the loop to carry out.
+  // After each event: retries the parked grants when due (retry_due), runs swap_tick and the host tier's tick,
+  // and hands over every effect recorded since the last hand-over, for the loop to carry out.
   Effects settle(Now now);
-  // Every effect recorded since the last hand-over (Drops of kept handles retired or handed
-  // elsewhere are gathered from the pools here: grouped per session, at most kMaxDropKeys keys
-  // each; detached sessions are skipped, their process drops everything when it reconnects).
+  // Every effect recorded since the last hand-over (Drops of kept handles retired or handed elsewhere are
+  // gathered from the pools here: per session, at most kMaxDropKeys keys each; detached sessions are skipped,
+  // their process drops everything when it reconnects).
   Effects hand_over();
 
-  // ---- shutdown: every handle released (tenants' imports keep granted memory alive). Returns
-  // the number of grants still held by live processes.
+  // ---- shutdown: every handle released (tenants' imports keep granted memory alive); returns the grants live
+  // processes still hold.
   std::size_t shutdown();
 
   // ---- views (for the publisher, tests and logs)
@@ -232,8 +230,8 @@ class Node {
   [[nodiscard]] const std::unordered_map<std::uint64_t, Grant>& grants() const noexcept { return grants_; }
   [[nodiscard]] const Accounting& accounting() const noexcept { return acct_; }
   [[nodiscard]] const st::Counters& counters() const noexcept { return counters_; }
-  // The feature rooms (core/rooms.hpp): IPC, parked grants, swaps, reclaim, counted grants,
-  // memory outside vlake, contexts, guard events, refusals.
+  // The feature rooms (core/rooms.hpp): IPC, parked grants, swaps, reclaim, counted grants, memory outside
+  // vlake, contexts, guard events, refusals, the host tier.
   [[nodiscard]] const Rooms& rooms() const noexcept { return rooms_; }
   // CLOCK_REALTIME of a steady-clock time point, through NodeEnv::clock (0 without one).
   [[nodiscard]] std::uint64_t unix_of(std::chrono::steady_clock::time_point t) const;
@@ -248,8 +246,8 @@ class Node {
   [[nodiscard]] const Session* session(std::uint64_t id) const;
   [[nodiscard]] Bytes dedup_logical(DeviceOrdinal d) const;
   [[nodiscard]] Bytes dedup_physical(DeviceOrdinal d) const;
-  // Everything that changed since the last call (the publisher's), and a look without taking. The
-  // sessions waiting for memory (parked grants) now or at the previous call are always included.
+  // Everything that changed since the last call (the publisher's), and a look without taking; the sessions
+  // waiting for memory (parked grants) now or at the previous call are always included.
   Changes changes_to_publish();
   [[nodiscard]] const Changes& pending_changes() const noexcept { return changes_; }
 
@@ -293,8 +291,7 @@ class Node {
   [[nodiscard]] std::chrono::steady_clock::time_point steady_now() const;
 
   // grants (node_grant.cpp)
-  // A grant, in two steps: admit() (device, caps, limits, retirements, room) answers it or
-  // admits it with its reservation; serve() (slot, pool, canary) answers it.
+  // A grant in two steps: admit() (device, caps, limits, room) answers or reserves it; serve() answers it.
   GrantOut grant_impl(ConnId conn, Session& s, const proto::GrantRequest& m, Now now, const ParkedGrant* retry);
   using Admitted = AdmittedGrant;
   using Admission = std::variant<Admitted, GrantOut>;
@@ -306,8 +303,7 @@ class Node {
                       std::uint64_t used, std::uint64_t limit, std::chrono::milliseconds waited, Now now);
   void record_refused_grant(const Session& s, const proto::GrantRequest& m, const proto::GrantReply& r,
                             std::chrono::steady_clock::time_point received, Now now);
-  // `trust_claims` false: sessions never asked before are asked without being counted on (the
-  // later asks of a grant: docs/pool.md, "Claims and measurements").
+  // `trust_claims` false: sessions never asked are asked, not counted on (docs/pool.md, "Claims and measurements").
   std::vector<PressureNote> pressure_for(const Session& requester, const Device& dev, Bytes shortfall,
                                          const std::vector<std::uint64_t>& exclude = {}, bool same_namespace = false,
                                          bool trust_claims = true);
@@ -331,6 +327,14 @@ class Node {
   // Victims moved out for `session` (on `d`; any GPU when nullopt) go back as soon as there is room.
   void bring_back_victims_of(std::uint64_t session, std::optional<DeviceOrdinal> d);
   void notify(const Session& s, proto::SwapPhase phase);
+  // the host tier (node_tier.cpp)
+  [[nodiscard]] bool demotable(const Grant& g) const;
+  Bytes start_demotes(const Session& requester, const Device& dev, Bytes need, Now now);
+  void tier_tick(Now now);
+  void drop_pending(TierMove& m);
+  void end_move(std::uint64_t session, Now now);
+  void commit_move(TierMove& m, Now now);
+  bool next_of_move(TierMove& m, const Session& s);
   Bytes retire_others_bound(const Tenant& t, Device& dev, Bytes bytes, bool same_namespace);
   [[nodiscard]] std::chrono::milliseconds wait_of(const Session& s) const;
   [[nodiscard]] std::int32_t priority_of(TenantId t) const;

@@ -59,6 +59,9 @@ struct DaemonOptions {
   // this long after it was served is revoked (docs/swap.md; at least two sampling periods).
   std::chrono::milliseconds counted_realize{5'000};
   std::uint64_t swap_margin = 256ull << 20;
+  // --host-tier SIZE (0: off), --host-tier-piece SIZE: the host tier (docs/swap.md, "Host tier").
+  std::uint64_t host_tier = 0;
+  std::uint64_t host_tier_piece = 1ull << 30;
   // --context-memory auto|SIZE (docs/quota.md, "Contexts"): what each CUDA context a hooked
   // process creates is charged before NVML shows it. nullopt (auto): vlaked's own context on each
   // GPU as NVML shows it (never a tenant's reading); without NVML, contexts are not charged.

@@ -21,6 +21,7 @@
 #include "vlake/contracts/protocol.hpp"
 #include "vlake/pool/core/outcomes.hpp"
 #include "vlake/pool/device_pool.hpp"
+#include "vlake/pool/features/tier/host_tier.hpp"
 
 namespace vlake::pool {
 
@@ -69,6 +70,12 @@ struct SwapJob {
   DeviceOrdinal device{0};  // where the memory it makes or needs room on is
   bool restore = false;
 };
+// A TierNotice for a session's connection (docs/swap.md, "Host tier").
+struct TierNoticeOut {
+  ConnId conn = 0;
+  std::uint64_t session = 0;
+  proto::TierNotice msg{};
+};
 // A SwapIn's answer, for the connection that asked.
 struct SwapInOut {
   ConnId conn = 0;
@@ -85,9 +92,15 @@ struct Effects {
   std::vector<SwapJob> swap_jobs;  // swap_done() answers each
   std::vector<SwapInOut> swap_replies;
   std::vector<KillOrder> kills;  // unhooked_killed() answers each
+  // The host tier (docs/swap.md): notices, pieces to make (host_built()/host_build_failed()
+  // answer each) and pieces to release, both off the loop.
+  std::vector<TierNoticeOut> tier_notices;
+  std::vector<Bytes> host_builds;
+  std::vector<HostPiece> host_releases;
   [[nodiscard]] bool empty() const noexcept {
     return completions.empty() && drops.empty() && builds.empty() && discards.empty() && swap_notices.empty() &&
-           swap_jobs.empty() && swap_replies.empty() && kills.empty();
+           swap_jobs.empty() && swap_replies.empty() && kills.empty() && tier_notices.empty() && host_builds.empty() &&
+           host_releases.empty();
   }
   // Appends `later`'s effects after these (each list keeps its order).
   void append(Effects&& later);

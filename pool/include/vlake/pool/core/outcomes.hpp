@@ -97,6 +97,13 @@ struct ShareOut {
   std::vector<int> fds;  // borrowed
 };
 
+// A TierStep's answer (docs/swap.md, "Host tier"): the next grant to move, with its pieces'
+// descriptors (borrowed from the host tier or the pool).
+struct TierOut {
+  proto::TierPlan reply{};
+  std::vector<int> fds;  // borrowed
+};
+
 // A Kubernetes allocation (docs/device-plugin.md) as the loop read it from its directory.
 struct AllocationInfo {
   std::string id;

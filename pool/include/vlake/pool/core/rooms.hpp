@@ -18,6 +18,7 @@
 #include "vlake/pool/features/reclaim/reclaim_trust.hpp"
 #include "vlake/pool/features/rings/refusal_book.hpp"
 #include "vlake/pool/features/swap/swap_book.hpp"
+#include "vlake/pool/features/tier/host_tier.hpp"
 #include "vlake/pool/features/unhooked/unhooked_book.hpp"
 
 namespace vlake::pool {
@@ -27,7 +28,8 @@ struct Rooms {
       : reclaim(s.reclaim_deadline, s.reclaim_skip),
         counted(s.counted_realize, s.counted_skip),
         contexts(s.context_memory, s.context_fallback),
-        guard(s.guard_event_rate, s.guard_event_burst) {
+        guard(s.guard_event_rate, s.guard_event_burst),
+        tier(s.host_tier, s.host_tier_piece, Bytes{2ull << 20}) {
     parking.set_ask_again(s.reclaim_deadline);
   }
 
@@ -40,6 +42,7 @@ struct Rooms {
   ContextBook contexts;   // CUDA contexts admitted before their creation, per session
   GuardBook guard;        // guard event log, rates, kernel faults, canary sweep (docs/guard.md)
   RefusalBook refusals;   // the refusal log, kept per tenant (features/rings)
+  HostTier tier;          // the host tier: host memory made ahead, grants on it, moves (docs/swap.md)
   // Who may take the last entries of the session, grant and import tables (fair_share.hpp,
   // docs/daemon.md "Limits").
   FairShare session_share{st::kMaxSessions};

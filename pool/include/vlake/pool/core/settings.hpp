@@ -54,6 +54,10 @@ struct NodeSettings {
   // GPU keeps this much free beyond what a grant or a restore needs (--swap-margin).
   std::chrono::milliseconds swap_idle{30000};
   Bytes swap_margin{256ull << 20};
+  // The host tier (docs/swap.md, "Host tier"): pinned host memory made ahead, up to this bound
+  // for the node (--host-tier; 0: off), in pieces of --host-tier-piece.
+  Bytes host_tier{0};
+  Bytes host_tier_piece{1ull << 30};
   std::chrono::milliseconds canary_interval{10000};  // --canary-interval-ms (0: at release only)
   std::uint32_t daemon_pid = 0;                      // never attributed non-pool usage
   // --handle-reuse: true (`tenant`, the default): a handle whose descriptor went to a tenant is

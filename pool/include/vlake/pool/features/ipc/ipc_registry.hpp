@@ -70,6 +70,8 @@ class IpcRegistry {
 
   [[nodiscard]] std::uint32_t imports_open(std::uint64_t grant) const;
   [[nodiscard]] bool ever_imported(std::uint64_t grant) const;
+  // The grant has a token (exported, maybe not imported yet).
+  [[nodiscard]] bool exported(std::uint64_t grant) const { return grants_.count(grant) != 0; }
   [[nodiscard]] bool released(std::uint64_t grant) const;
   [[nodiscard]] const std::unordered_map<std::uint64_t, ImportRecord>& imports() const noexcept { return imports_; }
   // Open imports per importing session, with the session's tenant when it opened the first of

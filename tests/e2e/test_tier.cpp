@@ -1,0 +1,126 @@
+// The host tier end to end on the simulated driver (docs/swap.md, "Host tier"): an idle
+// process's allocation moves to pinned host memory at the same address while the process runs
+// on (its reads and kernels reach it there), another tenant gets the GPU memory, and the
+// allocation comes back when that tenant frees. What vlaked publishes of the host bytes is
+// compared with the simulator's own record of who holds host-located memory.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "harness.hpp"
+#include "node.hpp"
+#include "tenant_process.hpp"
+
+using vlake::e2e::TenantProcess;
+using vlake::pooltest::DaemonProcess;
+
+namespace {
+
+const char* kTierYaml =
+    "version: 1\n"
+    "default: {limit: 100%}\n"
+    "namespaces:\n"
+    "  - {name: nb, overcommit: true, users: [4401, 4402]}\n";
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+// vlaked's figure: bytes of `pid`'s grants on the host tier (its published grant records).
+std::uint64_t published_host_bytes(const DaemonProcess& d, pid_t pid) {
+  auto s = vlake::pooltest::snapshot(d.state);
+  if (!s) return ~0ull;
+  std::uint64_t session = 0;
+  for (const auto& r : s->sessions) {
+    if (r.state != vlake::state::kSessionFree && r.pid == static_cast<std::uint32_t>(pid)) session = r.id;
+  }
+  std::uint64_t bytes = 0;
+  for (const auto& g : s->grants) {
+    if (g.state != vlake::state::kGrantFree && g.session == session && g.location == vlake::state::kGrantOnHost) {
+      bytes += g.bytes;
+    }
+  }
+  return bytes;
+}
+
+// The simulator's figure: host-located memory `pid` holds (imported handles and mappings).
+std::uint64_t sim_host_bytes(const DaemonProcess& d, pid_t pid) {
+  vlake::sim::NodeObserver observer(d.node);
+  vlake::sim::NodeSnapshot snap;
+  if (!observer.read(snap)) return ~0ull;
+  for (const auto& h : snap.host_holders) {
+    if (h.pid == pid) return h.bytes;
+  }
+  return 0;
+}
+
+// Polls `f` until it returns `want` (up to `timeout`); returns its last value.
+template <class F>
+std::uint64_t poll_until(F f, std::uint64_t want, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  std::uint64_t v = f();
+  while (v != want && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    v = f();
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("host tier: an idle process's allocation moves to host memory, runs on there, and comes back",
+          "[e2e][tier]") {
+  DaemonProcess d("tier", kTierYaml);
+  REQUIRE(
+      d.start({"--swap-idle", "500ms", "--swap-margin", "0", "--host-tier", "1GiB", "--host-tier-piece", "256MiB"}));
+  const std::string b_freed = d.dir + "/b-freed";
+  // A: 600 MiB of the 1 GiB GPU with a pattern, idle; then, while on the host tier, a read-back
+  // and a kernel over the first 64 MiB (16 Mi words); after B frees, the same checks on the GPU.
+  TenantProcess a(d,
+                  {"init", "alloc:a:600M", "upload:a:7:600M", "sleep:4000", "verify:a:7:600M",
+                   "kfill:a:0:16M:0x01010101", "sync", "check:a:64M:1", "verify:a:7:536M:64M", "waitfile:" + b_freed,
+                   "sleep:2500", "verify:a:7:500M:100M", "check:a:32M:1", "free:a"},
+                  4401, "0", {"VLAKE_LOG=info"});
+  REQUIRE(a.wait_line("upload:a:7:600M", 90000)["rc"] == "0");
+  // B: 600 MiB as well, which the GPU cannot hold next to A's: A's allocation moves out.
+  TenantProcess b(d,
+                  {"init", "sleep:1500", "alloc:b:600M", "upload:b:3:600M", "verify:b:3:600M", "waitfile:" + b_freed,
+                   "free:b", "sleep:60000"},
+                  4402);
+  auto balloc = b.wait_line("alloc:b:600M", 30000);
+  if (balloc["rc"] != "0") {
+    FAIL("B's allocation failed\nA:\n"
+         << a.out() << a.err() << "\nB:\n"
+         << b.out() << b.err() << "\nvlaked:\n"
+         << d.log());
+  }
+  CHECK(b.wait_line("verify:b:3:600M", 60000)["ok"] == "1");
+  // A's 600 MiB are on the host tier: vlaked's figure is exact and the simulator agrees.
+  CHECK(poll_until([&] { return published_host_bytes(d, a.pid()); }, 600 * kMiB, std::chrono::seconds(5)) ==
+        600 * kMiB);
+  CHECK(sim_host_bytes(d, a.pid()) == 600 * kMiB);
+  // A runs on while demoted: its data reads back intact, a kernel writes it.
+  auto av = a.wait_line("verify:a:7:600M", 30000);
+  CHECK(av["rc"] == "0");
+  CHECK(av["ok"] == "1");
+  CHECK(a.wait_line("check:a:64M:1", 30000)["ok"] == "1");
+  CHECK(a.wait_line("verify:a:7:536M:64M", 30000)["ok"] == "1");
+  CHECK(published_host_bytes(d, a.pid()) == 600 * kMiB);  // still there: nothing came back meanwhile
+  // B frees: A's allocation comes back to the GPU, its contents as A left them.
+  { std::ofstream(b_freed).put('1'); }
+  CHECK(b.wait_line("free:b", 30000)["rc"] == "0");
+  CHECK(poll_until([&] { return published_host_bytes(d, a.pid()); }, 0, std::chrono::seconds(10)) == 0);
+  CHECK(poll_until([&] { return sim_host_bytes(d, a.pid()); }, 0, std::chrono::seconds(5)) == 0);
+  CHECK(a.wait_line("verify:a:7:500M:100M", 30000)["ok"] == "1");
+  CHECK(a.wait_line("check:a:32M:1", 30000)["ok"] == "1");
+  CHECK(a.finish() == 0);
+  const std::string log = d.log();
+  INFO("A at the end:\n" << a.out() << a.err() << "\nvlaked at the end:\n" << log);
+  CHECK(log.find("to host memory for session") != std::string::npos);
+  CHECK(log.find("moved to host memory on GPU 0") != std::string::npos);
+  CHECK(log.find("moved to GPU memory on GPU 0") != std::string::npos);
+  CHECK(log.find("swapping out session") == std::string::npos);  // nothing was checkpointed
+  CHECK(a.err().find("to host memory in") != std::string::npos);
+  CHECK(a.err().find("to GPU memory in") != std::string::npos);
+}
