@@ -124,3 +124,47 @@ TEST_CASE("host tier: an idle process's allocation moves to host memory, runs on
   CHECK(a.err().find("to host memory in") != std::string::npos);
   CHECK(a.err().find("to GPU memory in") != std::string::npos);
 }
+
+TEST_CASE("host tier: an overcommit namespace keeps the pool, its dedup shares and its guard faults", "[e2e][tier]") {
+  DaemonProcess d("tierpool",
+                  "version: 1\n"
+                  "default: {limit: 100%}\n"
+                  "namespaces:\n"
+                  "  - name: nb\n"
+                  "    overcommit: true\n"
+                  "    guard: fault\n"
+                  "    dedup_domain: nb\n"
+                  "    users: [4411, 4412, 4413]\n");
+  REQUIRE(d.start({"--host-tier", "256MiB", "--host-tier-piece", "64MiB"}));
+  // Two tenants of the namespace upload the same 20 MiB and share its whole chunks: the second
+  // merges with the first (pool memory: with the host tier their allocations are not their own
+  // driver's, as they would be without it).
+  const std::vector<std::string> share = {"init",           "alloc:w:20M",    "upload:w:7:20M",
+                                          "share:w:1M:18M", "verify:w:7:20M", "sleep:3000"};
+  TenantProcess first(d, share, 4411);
+  REQUIRE(first.wait_line("verify:w:7:20M", 60000)["ok"] == "1");
+  TenantProcess second(d, share, 4412);
+  auto sh = second.wait_line("share:w:1M:18M", 60000);
+  INFO("first:\n"
+       << first.out() << first.err() << "\nsecond:\n"
+       << second.out() << second.err() << "\nvlaked:\n"
+       << d.log());
+  CHECK(sh["rc"] == "0");
+  CHECK(sh["merged"] == std::to_string(16 * kMiB));
+  CHECK(second.wait_line("verify:w:7:20M", 60000)["ok"] == "1");
+  // A third one overruns its allocation by one element: guard fault mode's layout (the
+  // allocation ends at its chunk's end, guard VA after it) makes the kernel fault.
+  TenantProcess t(d, {"init", "alloc:a:1M", "layout:a", "kfill:a:0:262145#overrun", "sync", "free:a"}, 4413);
+  CHECK(t.finish() == 0);
+  INFO("faulting tenant:\n" << t.out() << t.err());
+  CHECK(t.line("layout:a")["tail"] == "0");
+  CHECK(t.line("sync")["rc"] == "700");  // CUDA_ERROR_ILLEGAL_ADDRESS
+  CHECK(t.err().find("reported to vlaked as a kernel fault") != std::string::npos);
+  auto s = vlake::pooltest::snapshot(d.state);
+  REQUIRE(s);
+  CHECK(s->devices[0].dedup_physical_bytes == 16 * kMiB);
+  CHECK(s->counters.kernel_faults[vlake::state::kFaultGuarded] == 1);
+  CHECK(s->devices[0].counted_bytes == 0);  // nothing went to the processes' own drivers
+  CHECK(first.finish() == 0);
+  CHECK(second.finish() == 0);
+}
