@@ -116,6 +116,9 @@ def main():
     ap.add_argument("--vlaked")
     ap.add_argument("--hook")
     ap.add_argument("--procs", type=int, default=4)
+    # --host-tier SIZE: the tenants in an overcommit namespace with vlaked's host tier on, where
+    # they keep the pool and dedup (docs/swap.md, "Host tier").
+    ap.add_argument("--host-tier")
     ap.add_argument("--worker")
     ap.add_argument("--share", action="store_true")
     ap.add_argument("--logits")
@@ -174,11 +177,16 @@ def main():
         maddr = "127.0.0.1:%d" % s.getsockname()[1]
     cfg = os.path.join(work, "vlake.yaml")
     with open(cfg, "w") as f:
-        f.write("version: 1\ndefault:\n  limit: 60GiB\n  dedup_domain: replicas\n")
+        if args.host_tier:
+            f.write("version: 1\ndefault:\n  limit: 60GiB\nnamespaces:\n"
+                    "  - {name: nb, overcommit: true, dedup_domain: replicas, users: [%d]}\n" % os.getuid())
+        else:
+            f.write("version: 1\ndefault:\n  limit: 60GiB\n  dedup_domain: replicas\n")
     sock = os.path.join(work, "vlaked.sock")
     log = open(os.path.join(work, "vlaked.log"), "w")
     daemon = subprocess.Popen([args.vlaked, "--config", cfg, "--socket", sock, "--state",
-                               "vlake-dedup-%d" % os.getpid(), "--metrics-address", maddr],
+                               "vlake-dedup-%d" % os.getpid(), "--metrics-address", maddr,
+                               *(("--host-tier", args.host_tier) if args.host_tier else ())],
                               stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 60

@@ -58,7 +58,9 @@ def user_env(base, uid, work):
 
 
 def main():
-    args = testprocs.tool_args("--vlaked", "--hook", "--vlakectl")
+    # --host-tier SIZE: the same tenants in overcommit namespaces with vlaked's host tier on, where
+    # they keep the pool and its guards (docs/swap.md, "Host tier").
+    args = testprocs.tool_args("--vlaked", "--hook", "--vlakectl", optional=("--host-tier",))
     if not shutil.which("nvidia-smi") or not ns.gpu_present():
         print("SKIP: no GPU with PyTorch here")
         return ns.SKIP
@@ -73,10 +75,17 @@ def main():
     config = ("version: 1\ndefault:\n  limit: 24GiB\nusers:\n"
               "  - uid: %d\n    limit: 8GiB\n    guard: canary\n"
               "  - uid: %d\n    limit: 8GiB\n    guard: fault\n" % (CANARY_UID, FAULT_UID))
+    extra = ()
+    if args.host_tier:
+        config = ("version: 1\ndefault:\n  limit: 24GiB\nnamespaces:\n"
+                  "  - {name: nb-canary, overcommit: true, limit: 8GiB, guard: canary, users: [%d]}\n"
+                  "  - {name: nb-fault, overcommit: true, limit: 8GiB, guard: fault, users: [%d]}\n"
+                  % (CANARY_UID, FAULT_UID))
+        extra = ("--host-tier", args.host_tier)
     base = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
     rc, ref, err = ns.run_json([sys.executable, os.path.join(HERE, "train.py"), "--steps", "40"], base)
     ns.check("reference training without the hook", rc == 0 and ref, err[-300:] if rc else "")
-    daemon = ns.Daemon(args.vlaked, work, config)
+    daemon = ns.Daemon(args.vlaked, work, config, extra)
     hooked = dict(base, LD_PRELOAD=args.hook, VLAKE_SOCKET=daemon.sock)
     nocache = dict(hooked, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     poke = os.path.join(HERE, "poke.py")
