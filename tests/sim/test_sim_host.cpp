@@ -30,10 +30,16 @@ CUmemAllocationProp host_prop(int numa = 0) {
   return prop;
 }
 
+// Nodes of probes this file killed: a killed process leaves its node's file behind (the last
+// process to detach normally removes it), so stop() removes them.
+std::vector<std::string> g_killed_nodes;
+
 // The probe's "host" command on a fresh node with `env`: its output, once it reported ready=1
 // (or exited).
 std::string host_probe(const std::vector<std::string>& sizes, const Env& env, Child& child) {
-  Env all{{"VLAKE_SIM_NODE", fresh_node("host")}};
+  const std::string node = fresh_node("host");
+  g_killed_nodes.push_back(node);
+  Env all{{"VLAKE_SIM_NODE", node}};
   all.insert(all.end(), env.begin(), env.end());
   std::vector<std::string> args{"host"};
   args.insert(args.end(), sizes.begin(), sizes.end());
@@ -46,6 +52,8 @@ std::string host_probe(const std::vector<std::string>& sizes, const Env& env, Ch
 void stop(Child& c) {
   ::kill(c.pid, SIGKILL);
   finish(c);
+  for (const std::string& node : g_killed_nodes) ::unlink(vlake::sim::device_file(node).c_str());
+  g_killed_nodes.clear();
 }
 
 vlake::sim::NodeSnapshot node_snapshot() {
