@@ -1,7 +1,6 @@
 // The host tier's moves (contract in tier.hpp; docs/swap.md, "Host tier").
 #include "tier.hpp"
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -19,10 +18,6 @@ using proto::TierResult;
 
 constexpr auto kDrainTimeout = std::chrono::milliseconds(2000);
 constexpr auto kConnectionWait = std::chrono::milliseconds(2000);
-
-std::atomic<unsigned long long> g_to_host{0};
-std::atomic<unsigned long long> g_to_device{0};
-std::atomic<unsigned long long> g_busy{0};
 
 // Where a move's time goes (the info line at its end): ns per phase, summed over its grants.
 struct Phases {
@@ -240,11 +235,6 @@ TierResult move_grant(State& s, const proto::TierPlan& head, const std::vector<p
 
 }  // namespace
 
-TierCounts tier_counts() noexcept {
-  return TierCounts{g_to_host.load(std::memory_order_relaxed), g_to_device.load(std::memory_order_relaxed),
-                    g_busy.load(std::memory_order_relaxed)};
-}
-
 void run_move(State& s, const proto::TierNotice& notice) noexcept {
   try {
     proto::TierStep step{};
@@ -253,7 +243,6 @@ void run_move(State& s, const proto::TierNotice& notice) noexcept {
     const auto stopping = std::chrono::steady_clock::now();
     if (!tier::close_and_drain(kDrainTimeout) || !synchronize_all(s)) {
       tier::open();
-      g_busy.fetch_add(1, std::memory_order_relaxed);
       log(LogLevel::debug, "vlaked wants to move memory of this process, but it is busy: not now");
       step.result = TierResult::busy;
       (void)s.client.tier_step(step, fds, kConnectionWait);
@@ -299,8 +288,6 @@ void run_move(State& s, const proto::TierNotice& notice) noexcept {
       if (r == TierResult::moved) {
         ++moved;
         moved_bytes += head.bytes;
-        (head.direction == proto::TierDirection::to_host ? g_to_host : g_to_device)
-            .fetch_add(1, std::memory_order_relaxed);
       }
       step = proto::TierStep{};
       step.move_id = notice.move_id;

@@ -26,13 +26,4 @@ struct State;
 
 void run_move(State& s, const proto::TierNotice& notice) noexcept;
 
-// Moves this process has made since start, for the hook's own tests: grants moved to the host
-// and back.
-struct TierCounts {
-  unsigned long long to_host = 0;
-  unsigned long long to_device = 0;
-  unsigned long long busy = 0;
-};
-[[nodiscard]] TierCounts tier_counts() noexcept;
-
 }  // namespace vlake::hook

@@ -594,11 +594,7 @@ std::optional<GrantOut> Node::park_or_timeout(ConnId conn, const Session& s, con
   ++counters_.grants_parked;
   // Nobody holds caches to give back: the host tier moves idle allocations out at once instead
   // of at the first retry (docs/swap.md, "Host tier").
-  if (notes.empty() && !same_namespace && rooms_.tier.enabled()) {
-    const Bytes need = dev.pool->shortfall(bytes + settings_.swap_margin);
-    const Bytes coming = rooms_.tier.demoting(dev.ordinal);
-    if (need > coming) (void)start_demotes(s, dev, need - coming, now);
-  }
+  if (notes.empty() && !same_namespace) (void)start_demotes(s, dev, bytes, now);
   limited_.write(LogLevel::info, "parked " + t.name,
                  "GPU " + std::to_string(dev.ordinal.value()) + ": grant of " + std::to_string(bytes.value()) +
                      " bytes (session " + std::to_string(s.id) + ") parked for up to " + std::to_string(wait.count()) +
@@ -800,11 +796,7 @@ void Node::retry_parked(Now now) {
           }
           // The GPU itself is short: whole grants of idle processes of overcommit namespaces
           // move to the host tier (docs/swap.md, "Host tier"), whichever namespace waits.
-          if (!p.same_namespace && rooms_.tier.enabled()) {
-            const Bytes need = dev->pool->shortfall(want + settings_.swap_margin);
-            const Bytes coming = rooms_.tier.demoting(dev->ordinal);
-            if (need > coming) (void)start_demotes(sit->second, *dev, need - coming, now);
-          }
+          if (!p.same_namespace) (void)start_demotes(sit->second, *dev, want, now);
           // Processes of overcommit namespaces go to host memory (docs/swap.md).
           if (!p.same_namespace && swaps_possible()) {
             const Bytes need = want + settings_.swap_margin;

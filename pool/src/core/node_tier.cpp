@@ -70,9 +70,15 @@ bool Node::demotable(const Grant& g) const {
   return rooms_.tier.find(g.id) == nullptr && !rooms_.tier.moving(g.id);
 }
 
-Bytes Node::start_demotes(const Session& requester, const Device& dev, Bytes need, Now now) {
+// Moves out what a grant of `want` bytes lacks on `dev` (its pool shortfall with --swap-margin),
+// less what demotes under way there bring already; returns the bytes of the moves started.
+Bytes Node::start_demotes(const Session& requester, const Device& dev, Bytes want, Now now) {
   HostTier& tier = rooms_.tier;
   if (!tier.enabled() || settings_.swap_idle.count() <= 0) return Bytes{0};
+  const Bytes shortfall = dev.pool->shortfall(want + settings_.swap_margin);
+  const Bytes coming = tier.demoting(dev.ordinal);
+  if (shortfall <= coming) return Bytes{0};
+  const Bytes need = shortfall - coming;
   std::vector<SwapCandidate> candidates;
   std::vector<std::vector<std::pair<Bytes, std::uint64_t>>> grants;  // per candidate: (bytes, grant id)
   for (auto& [sid, ss] : sessions_) {

@@ -329,7 +329,7 @@ class Node {
   void notify(const Session& s, proto::SwapPhase phase);
   // the host tier (node_tier.cpp)
   [[nodiscard]] bool demotable(const Grant& g) const;
-  Bytes start_demotes(const Session& requester, const Device& dev, Bytes need, Now now);
+  Bytes start_demotes(const Session& requester, const Device& dev, Bytes want, Now now);
   void tier_tick(Now now);
   void drop_pending(TierMove& m);
   void end_move(std::uint64_t session, Now now);

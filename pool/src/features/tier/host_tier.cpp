@@ -124,14 +124,6 @@ Bytes HostTier::session_bytes(std::uint64_t session) const {
   return b;
 }
 
-Bytes HostTier::tenant_bytes(TenantId t, DeviceOrdinal d) const {
-  Bytes b{0};
-  for (const auto& [id, g] : grants_) {
-    if (g.tenant == t && g.device == d) b += g.bytes;
-  }
-  return b;
-}
-
 TierMove* HostTier::move_of(std::uint64_t session) {
   auto it = moves_.find(session);
   return it == moves_.end() ? nullptr : &it->second;

@@ -124,7 +124,6 @@ class HostTier {
   [[nodiscard]] const std::unordered_map<std::uint64_t, HostGrant>& grants() const noexcept { return grants_; }
   [[nodiscard]] Bytes host_bytes(DeviceOrdinal d) const;
   [[nodiscard]] Bytes session_bytes(std::uint64_t session) const;
-  [[nodiscard]] Bytes tenant_bytes(TenantId t, DeviceOrdinal d) const;
 
   // ---- moves
   [[nodiscard]] TierMove* move_of(std::uint64_t session);
