@@ -22,6 +22,15 @@ reports swap-outs and swap-ins (vlaked's log), the time a burst's first call wai
 restore (p50/p99, the users' own lines) and seconds per GiB of checkpoint and restore. --check:
 0 OOM, every burst done, outputs identical to the run alone, and at least one swap-out.
 
+With --host-tier SIZE (docs/swap.md, "Host tier"; implies --overcommit): vlaked keeps SIZE of pinned
+host memory made ahead (--state-tool PATH: the run starts once it is made) and moves idle users'
+allocations there at the same addresses while they keep running, instead of checkpointing them.
+It reports demotes and promotes (vlaked's log: count, GiB, seconds per GiB end to end), how long
+each move held a user's threads at the hook's gate (the users' own lines: the tier's counterpart
+of a restore wait), and each burst's time against the same burst alone. --check: 0 OOM, every
+burst done, outputs identical to the run alone, at least one demote, no failed move, the holds'
+p99 <= 2 s, demotes and promotes each <= 0.05 s/GiB over the run, and no checkpoint.
+
 With --vlakectl PATH, what vlake shows is checked against NVML while the users run (every 250 ms:
 `vlakectl processes --json` and `vlakectl waits --json` beside NVML's process list): a process
 vlakectl shows on the host is not in NVML's list (read again after NVML, so that a restore in
@@ -32,7 +41,7 @@ also fails on any of these.
 Needs root (primary groups); exit 77 without a GPU and PyTorch.
 
   notebooks.py --vlaked PATH --hook PATH [--vlakectl PATH] [--users 8] [--factor 1.3] [--rounds 5] [--overcommit]
-               [--json OUT] [--check]
+               [--host-tier SIZE [--state-tool PATH]] [--json OUT] [--check]
 """
 import argparse
 import json
@@ -115,11 +124,38 @@ def run_alone(args, work, total):
         if not done:
             raise RuntimeError("user %d alone failed (exit %s):\n%s" % (i, p.returncode, p.stderr[-2000:]))
         outs[i] = done[0]
+    print("notebooks: the users alone took %.0f s" % (time.monotonic() - t0), file=sys.stderr, flush=True)
     bursts = [b for o in outs.values() for b in o["bursts"]]
     return {"reclaim": "alone", "users": args.users, "factor": args.factor, "limit_bytes": limit,
             "bursts": len(bursts), "completed": sum(1 for b in bursts if b["ok"]),
             "oom": sum(1 for b in bursts if not b["ok"]), "wall_s": time.monotonic() - t0,
-            "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]}}
+            "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]},
+            "ms": {"%d/%d" % (i, b["round"]): b["ms"] for i, o in outs.items() for b in o["bursts"] if b["ok"]}}
+
+
+def tier_figures(log, user_lines):
+    """Demotes and promotes from vlaked's log; how long each move held a user's threads, from the
+    users' own lines (the hook's "vlaked moved ... in N ms")."""
+    moves = [(d, mib, ms) for d, mib, ms in
+             ((m.group(2), int(m.group(1)), int(m.group(3))) for m in
+              (re.search(r"grant\(s\) \((\d+) MiB\) moved to (host|GPU) memory on GPU \d+ in (\d+) ms", x)
+               for x in log) if m)]
+    # The gate is shut from the stop (the "stopping" part) to the end of the move.
+    holds = sorted(int(m.group(1)) + int(m.group(2)) for m in
+                   (re.search(r"vlaked moved \d+ allocation\(s\) of this process \(.*\) to \w+ memory in (\d+) ms "
+                              r"\(stopping (\d+)", x) for x in user_lines) if m)
+    q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else None
+
+    def side(direction):
+        mine = [(mib, ms) for d, mib, ms in moves if d == direction]
+        gib = sum(mib for mib, _ in mine) / 1024
+        return {"count": len(mine), "gib": gib,
+                "s_per_gib": (sum(ms for _, ms in mine) / 1e3) / gib if gib > 0 else None}
+    return {"demotes": side("host"), "promotes": side("GPU"), "holds": len(holds),
+            "hold_ms_p50": q(holds, 0.50), "hold_ms_p99": q(holds, 0.99), "hold_ms_max": holds[-1] if holds else None,
+            "failed": sum(1 for x in user_lines if "host tier: moving grant" in x and "failed" in x)
+            + sum(1 for x in log if "host tier move got no answer" in x),
+            "checkpoints": sum(1 for x in log if re.search(r"is on the host: \d+ MiB freed", x))}
 
 
 def swap_figures(log, user_lines):
@@ -159,6 +195,8 @@ class Observer:
         self.waits_seen = 0           # (sample, waiter) pairs
         self.waits_for_swapping = 0   # of those, naming a process being swapped out for it
         self.max_waiting = 0
+        self.tier_seen = 0            # (sample, pid) pairs vlakectl showed with memory on the host tier
+        self.tier_max = 0             # the most bytes on the host tier at once (the processes' sum)
         self.idle_max = 0.0
         self.errors = []
 
@@ -168,6 +206,9 @@ class Observer:
         after = {p["pid"]: p for p in ctl_json(self.vlakectl, self.state, "processes")["processes"]}
         waits = ctl_json(self.vlakectl, self.state, "waits")["waits"]
         self.samples += 1
+        on_tier = sum(p.get("host_bytes", 0) for p in procs if p["pid"] in self.pids)
+        self.tier_max = max(self.tier_max, on_tier)
+        self.tier_seen += sum(1 for p in procs if p["pid"] in self.pids and p.get("host_bytes", 0) > 0)
         for p in procs:
             if p["pid"] not in self.pids:
                 continue
@@ -198,13 +239,15 @@ class Observer:
         return {"samples": self.samples, "host_seen": self.host_seen, "host_but_listed": self.host_but_listed[:8],
                 "gpu_listed": self.gpu_listed, "waits_seen": self.waits_seen,
                 "waits_for_swapping": self.waits_for_swapping, "max_waiting": self.max_waiting,
-                "idle_max_s": self.idle_max, "errors": self.errors}
+                "idle_max_s": self.idle_max, "tier_seen": self.tier_seen, "tier_max_bytes": self.tier_max,
+                "errors": self.errors}
 
 
 def run_mode(args, work, total, reclaim):
     from nvml import Nvml
     nv = Nvml(0)
-    overcommit = reclaim == "overcommit"
+    tier = reclaim == "tier"
+    overcommit = reclaim == "overcommit" or tier
     limit = int(total * args.factor / args.users) // (2 * MiB) * (2 * MiB)
     config = "version: 1\ndefault:\n  limit: %dMiB\n" % (limit // MiB)
     if overcommit:
@@ -217,12 +260,27 @@ def run_mode(args, work, total, reclaim):
     flags = ("--pressure-wait-ms", "10000", "--pool-idle-release", "2s", "--warm-stock", "0")
     if overcommit:
         flags += ("--swap-idle", "1s")
+    if tier:
+        flags += ("--host-tier", args.host_tier)
     daemon = ns.Daemon(args.vlaked, d, config, flags)
     procs, outs = [], {}
     peak = [0]
     stop = threading.Event()
+    stock = None
     try:
         time.sleep(1.0)
+        if tier and args.state_tool:
+            # The host tier is made ahead (pinning takes about 0.2 s/GiB): the users start once it is.
+            t_stock = time.monotonic()
+            while True:
+                c = ns.state_json(args.state_tool, daemon.state)["counters"]
+                if c["host_stock_bytes"] >= c["host_bound_bytes"] > 0 or time.monotonic() - t_stock > 90:
+                    break
+                time.sleep(0.25)
+            stock = {"bytes": c["host_stock_bytes"], "bound": c["host_bound_bytes"],
+                     "s": time.monotonic() - t_stock}
+            print("notebooks: host tier stock %.1f GiB of %.1f GiB made in %.1f s" % (
+                stock["bytes"] / GiB, stock["bound"] / GiB, stock["s"]), file=sys.stderr, flush=True)
         base = nv.memory()["used"]
 
         def sample():
@@ -317,10 +375,12 @@ def run_mode(args, work, total, reclaim):
             "oom_errors": [b.get("error", "") for b in bursts if not b["ok"]][-4:],
             "oom_stderr": [x for o in outs.values() for x in o.get("stderr", [])][-8:],
             "sums": {"%d/%d" % (i, b["round"]): b["sum"] for i, o in outs.items() for b in o["bursts"] if b["ok"]},
-            "swap": swap_figures(log, user_lines) if overcommit else None, "vlakectl": seen}
+            "ms": {"%d/%d" % (i, b["round"]): b["ms"] for i, o in outs.items() for b in o["bursts"] if b["ok"]},
+            "swap": swap_figures(log, user_lines) if overcommit and not tier else None,
+            "tier": dict(tier_figures(log, user_lines), stock=stock) if tier else None, "vlakectl": seen}
 
 
-def observed_problems(run, sw):
+def observed_problems(run, sw, tr=None):
     """What --vlakectl saw that contradicts NVML or vlaked's log (none without --vlakectl)."""
     v = run.get("vlakectl")
     if not v:
@@ -342,6 +402,8 @@ def observed_problems(run, sw):
             problems.append("vlaked swapped processes out but vlakectl never showed one on the host")
         if v["waits_seen"] > 0 and v["waits_for_swapping"] == 0 and sw["swap_outs"] > 0:
             problems.append("no wait named a process being swapped out for it")
+    if tr is not None and tr["demotes"]["count"] > 0 and v["tier_seen"] == 0:
+        problems.append("vlaked moved memory to the host tier but vlakectl never showed a process with host bytes")
     return problems
 
 
@@ -352,12 +414,17 @@ def main():
     ap.add_argument("--users", type=int, default=8)
     ap.add_argument("--factor", type=float)
     ap.add_argument("--overcommit", action="store_true")
+    ap.add_argument("--host-tier", metavar="SIZE", help="vlaked's --host-tier (implies --overcommit)")
+    ap.add_argument("--state-tool", help="vlake_state_json: with --host-tier, start once the stock is made")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
     ap.add_argument("--deadline", type=int, default=600, help="seconds before a run's stuck users are reported")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep vlaked's and the users' logs there")
     ap.add_argument("--vlakectl", help="check vlakectl's processes and waits against NVML while the users run")
     args = ap.parse_args()
+    if args.host_tier:
+        args.overcommit = True
     if args.factor is None:
         args.factor = 2.0 if args.overcommit else 1.3
     rc = torch_gpu_as_root("notebooks")
@@ -366,15 +433,18 @@ def main():
     sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
     from nvml import Nvml
     total = Nvml(0).memory()["total"]
-    work = tempfile.mkdtemp(prefix="vlake-notebooks-")
+    work = args.keep if args.keep else tempfile.mkdtemp(prefix="vlake-notebooks-")
+    os.makedirs(work, exist_ok=True)
     os.chmod(work, 0o755)
     try:
         if args.overcommit:
-            runs = [run_alone(args, work, total), run_mode(args, work, total, "overcommit")]
+            runs = [run_alone(args, work, total),
+                    run_mode(args, work, total, "tier" if args.host_tier else "overcommit")]
         else:
             runs = [run_mode(args, work, total, m) for m in ("off", "on")]
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     off, on = runs
     same = [k for k in on["sums"] if k in off["sums"]]
     mismatched = [k for k in same if on["sums"][k] != off["sums"][k]]
@@ -400,14 +470,32 @@ def main():
         print("      a burst's wait for its restore: p50 %s, p99 %s, max %s (%d waits); checkpoint %s, restore %s" % (
             g(sw["restore_wait_ms_p50"], "ms"), g(sw["restore_wait_ms_p99"], "ms"), g(sw["restore_wait_ms_max"], "ms"),
             sw["restore_waits"], g(sw["checkpoint_s_per_gib"], "s/GiB"), g(sw["restore_s_per_gib"], "s/GiB")))
+    tr = on.get("tier")
+    if tr:
+        g = lambda v, fmt: "-" if v is None else fmt % v
+        print("host tier: %d demotes (%.1f GiB, %s), %d promotes (%.1f GiB, %s), %d failed moves, %d checkpoints" % (
+            tr["demotes"]["count"], tr["demotes"]["gib"], g(tr["demotes"]["s_per_gib"], "%.3f s/GiB"),
+            tr["promotes"]["count"], tr["promotes"]["gib"], g(tr["promotes"]["s_per_gib"], "%.3f s/GiB"),
+            tr["failed"], tr["checkpoints"]))
+        print("           a user's threads held for a move: p50 %s, p99 %s, max %s (%d moves)" % (
+            g(tr["hold_ms_p50"], "%d ms"), g(tr["hold_ms_p99"], "%d ms"), g(tr["hold_ms_max"], "%d ms"), tr["holds"]))
+        slow = sorted(on["ms"][k] / off["ms"][k] for k in on["ms"] if k in off["ms"] and off["ms"][k] > 0)
+        extra = sorted(on["ms"][k] - off["ms"][k] for k in on["ms"] if k in off["ms"])
+        q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else None
+        tr["burst_vs_alone"] = {"ratio_p50": q(slow, 0.5), "ratio_p99": q(slow, 0.99),
+                                "extra_ms_p50": q(extra, 0.5), "extra_ms_p99": q(extra, 0.99)}
+        print("           a burst against the same burst alone: %s / %s times (p50/p99), %s / %s longer" % (
+            g(q(slow, 0.5), "%.2f"), g(q(slow, 0.99), "%.2f"), g(q(extra, 0.5), "%.0f ms"), g(q(extra, 0.99), "%.0f ms")))
     for r in runs:
         v = r.get("vlakectl")
         if v:
             print("vlakectl (%s, %d samples): on the host %d times, NVML listed %d of them; on the GPU and listed %d; "
                   "%d waits seen (at most %d at once), %d naming a process being swapped out for them; idle up to "
-                  "%.1f s; counters: %d swap-outs, %d swap-ins, %d failures, %d refusals%s" % (
+                  "%.1f s; on the host tier %d times (at most %.1f GiB); counters: %d swap-outs, %d swap-ins, "
+                  "%d failures, %d refusals%s" % (
                       r["reclaim"], v["samples"], v["host_seen"], len(v["host_but_listed"]), v["gpu_listed"],
-                      v["waits_seen"], v["max_waiting"], v["waits_for_swapping"], v["idle_max_s"], v["swap_outs"],
+                      v["waits_seen"], v["max_waiting"], v["waits_for_swapping"], v["idle_max_s"], v["tier_seen"],
+                      v["tier_max_bytes"] / GiB, v["swap_outs"],
                       v["swap_ins"], v["swap_failures"], v["refusals"],
                       "; errors: %s" % v["errors"] if v["errors"] else ""))
     for r in runs:
@@ -423,6 +511,29 @@ def main():
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"runs": runs, "compared": len(same), "mismatched": mismatched}, fh)
+    if args.check and tr:
+        problems = []
+        if on["oom"] != 0 or on["completed"] != on["bursts"]:
+            problems.append("host tier: %d of %d bursts done, %d OOM" % (on["completed"], on["bursts"], on["oom"]))
+        if mismatched or len(same) != on["bursts"]:
+            problems.append("outputs differ from the run alone: %d compared, %s" % (len(same), mismatched[:5]))
+        if tr["demotes"]["count"] == 0:
+            problems.append("nothing was demoted: the workload does not need the host tier")
+        if tr["failed"]:
+            problems.append("%d host tier moves failed or got no answer" % tr["failed"])
+        if tr["checkpoints"]:
+            problems.append("%d processes were checkpointed: the tier should have moved them" % tr["checkpoints"])
+        if tr["hold_ms_p99"] is not None and tr["hold_ms_p99"] > 2000:
+            problems.append("a move held a user's threads %d ms at p99 (at most 2000 ms)" % tr["hold_ms_p99"])
+        for name in ("demotes", "promotes"):
+            spg = tr[name]["s_per_gib"]
+            if spg is not None and spg > 0.05:
+                problems.append("%s took %.3f s/GiB end to end (at most 0.05)" % (name, spg))
+        problems += observed_problems(on, None, tr)
+        for p in problems:
+            print("FAIL " + p)
+        print("notebooks: %s" % ("PASS" if not problems else "FAIL"))
+        return 1 if problems else 0
     if args.check and args.overcommit:
         problems = []
         if on["oom"] != 0 or on["completed"] != on["bursts"]:

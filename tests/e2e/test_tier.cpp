@@ -6,9 +6,11 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "harness.hpp"
 #include "node.hpp"
@@ -167,4 +169,62 @@ TEST_CASE("host tier: an overcommit namespace keeps the pool, its dedup shares a
   CHECK(s->devices[0].counted_bytes == 0);  // nothing went to the processes' own drivers
   CHECK(first.finish() == 0);
   CHECK(second.finish() == 0);
+}
+
+TEST_CASE("host tier: vlaked killed in the middle of a move leaves the process's memory mapped and intact",
+          "[e2e][tier]") {
+  DaemonProcess d("tierkill", kTierYaml);
+  const std::vector<std::string> flags = {"--swap-idle", "500ms", "--swap-margin",     "0",
+                                          "--host-tier", "1GiB",  "--host-tier-piece", "128MiB"};
+  REQUIRE(d.start(flags));
+  const std::string restarted = d.dir + "/restarted";
+  // A: four 150 MiB allocations with patterns, idle until vlaked was killed and restarted. Its
+  // link to host memory runs at 100 MiB/s, so that each allocation's copy lasts 1.5 s and the
+  // kill lands between two of them.
+  std::vector<std::string> steps = {"init"};
+  for (const char* n : {"a", "b", "c", "d"}) {
+    steps.push_back(std::string("alloc:") + n + ":150M");
+    steps.push_back(std::string("upload:") + n + ":" + std::to_string(n[0]) + ":150M");
+  }
+  steps.push_back("waitfile:" + restarted);
+  steps.push_back("sleep:500");
+  for (const char* n : {"a", "b", "c", "d"}) {
+    steps.push_back(std::string("verify:") + n + ":" + std::to_string(n[0]) + ":150M");
+  }
+  for (const char* s : {"kfill:a:0:1M:0x02020202", "sync", "check:a:4M:2", "free:a", "free:b", "free:c", "free:d",
+                        "sleep:1000", "alloc:e:64M", "upload:e:5:64M", "verify:e:5:64M", "free:e"}) {
+    steps.push_back(s);
+  }
+  TenantProcess a(d, steps, 4401, "0", {"VLAKE_LOG=info", "VLAKE_SIM_LINK_BANDWIDTH=100MiB"});
+  REQUIRE(a.wait_line("upload:d:100:150M", 90000)["rc"] == "0");
+  // B asks for 750 MiB after A idled: about three of A's allocations must go.
+  TenantProcess b(d, {"init", "sleep:1500", "alloc:b:750M", "sleep:500"}, 4402);
+  const auto demoting = [&] { return d.log().find("to host memory for session") != std::string::npos ? 1u : 0u; };
+  REQUIRE(poll_until(demoting, 1, std::chrono::seconds(30)) == 1);
+  // The first allocation is on the host, the second on its way: vlaked goes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2250));
+  const std::string before = d.log();
+  d.signal(SIGKILL);
+  REQUIRE(d.wait_exit() >= 0);
+  REQUIRE(d.start(flags));
+  { std::ofstream(restarted).put('1'); }
+  INFO("A:\n" << a.out() << a.err() << "\nB:\n" << b.out() << b.err() << "\nvlaked:\n" << d.log());
+  CHECK(before.find("moved to host memory on GPU 0") == std::string::npos);  // the kill was mid-move
+  // Every allocation reads back as A wrote it, moved or not, and a kernel writes through the
+  // same pointer.
+  for (const char* n : {"a", "b", "c", "d"}) {
+    auto v = a.wait_line(std::string("verify:") + n + ":" + std::to_string(n[0]) + ":150M", 60000);
+    CHECK(v["rc"] == "0");
+    CHECK(v["ok"] == "1");
+  }
+  CHECK(a.wait_line("check:a:4M:2", 30000)["ok"] == "1");
+  // Some of it was on the host when vlaked went: the hook moved at least one allocation first.
+  CHECK(a.err().find("to host memory in") != std::string::npos);
+  // Freed, its host memory is gone from the process (the simulator's record), and the new vlaked
+  // serves it.
+  CHECK(a.wait_line("free:d", 30000)["rc"] == "0");
+  CHECK(sim_host_bytes(d, a.pid()) == 0);
+  CHECK(a.wait_line("verify:e:5:64M", 30000)["ok"] == "1");
+  CHECK(a.finish() == 0);
+  CHECK(b.finish() == 0);
 }

@@ -251,3 +251,32 @@ TEST_CASE("node: host tier: a step that nobody takes ends the move, grants on th
   tier_release(w);
   CHECK(w.node->rooms().tier.used_bytes() == 0_MiB);
 }
+
+TEST_CASE("node: host tier: a process waiting for memory itself is not moved until its wait ends", "[node][tier]") {
+  World w(kTierYaml, tier_settings());
+  const auto a = w.hello(1, 101, 1001, true);
+  const auto b = w.hello(2, 102, 1002, true);
+  (void)tier_stock(w);
+  const std::uint64_t ga = w.granted(1, a, 256 * kMiB);
+  w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
+  // A asks for more than the GPU has and waits (inside its allocation call: its hook could not
+  // shut the gate); it makes no call meanwhile, so it looks idle after a second.
+  REQUIRE(std::holds_alternative<Parked>(w.grant(1, a, 512 * kMiB)));
+  w.advance(std::chrono::milliseconds(1500));
+  REQUIRE(std::holds_alternative<Parked>(w.grant(2, b, 256 * kMiB)));
+  w.advance(std::chrono::milliseconds(300));
+  (void)w.retry_parked(w.t);
+  CHECK(w.take(&Effects::tier_notices).empty());
+  // A's wait (its session's 120 s) ends, refused; at B's next retry A is idle and told to move.
+  w.advance(std::chrono::milliseconds(118500));
+  (void)w.retry_parked(w.t);
+  w.advance(std::chrono::milliseconds(300));
+  (void)w.retry_parked(w.t);
+  CHECK(w.node->counters().parked_timeouts == 1);
+  CHECK(w.node->rooms().parking.grants().size() == 1);
+  std::vector<TierNoticeOut> notes = w.take(&Effects::tier_notices);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].session == a);
+  TierOut p = tier_plan(w, a, tier_step(notes[0].msg.move_id));
+  CHECK(p.reply.grant_id == ga);
+}

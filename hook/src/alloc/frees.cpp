@@ -40,6 +40,9 @@ CUresult free_logical(State& s, LogicalAlloc a, bool fenced) {
     ipc::forget(a.grant_id);
     shared = true;
   }
+  // Memory on the host tier (tier.hpp) never serves a new allocation from the reserve or a kept
+  // mapping: the allocation would run over PCIe, and after a restart of vlaked nobody would move it back.
+  shared = shared || a.on_host;
   if (reserve_usable(s) && !shared) {
     CUresult rc = fenced ? CUDA_SUCCESS : fence_allocation(a);
     if (rc == CUDA_ERROR_ILLEGAL_ADDRESS) report_fault("cuMemFree", rc);

@@ -85,11 +85,13 @@ std::optional<LogicalAlloc> AllocTable::find_grant(std::uint64_t grant_id) const
   return std::nullopt;
 }
 
-bool AllocTable::replace_handles(std::uint64_t base, std::uint64_t grant_id, std::vector<std::uint64_t> handles) {
+bool AllocTable::replace_handles(std::uint64_t base, std::uint64_t grant_id, std::vector<std::uint64_t> handles,
+                                 bool on_host) {
   std::lock_guard lock(mu_);
   auto it = by_base_.find(base);
   if (it == by_base_.end() || it->second.grant_id != grant_id) return false;
   it->second.handles = std::move(handles);
+  it->second.on_host = on_host;
   return true;
 }
 

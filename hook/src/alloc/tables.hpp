@@ -47,6 +47,7 @@ struct LogicalAlloc {
   std::chrono::steady_clock::time_point created{};
   std::vector<std::uint64_t> handles;
   std::uint64_t key = 0;  // one handle with a daemon key: may be kept mapped on release (kept.hpp)
+  bool on_host = false;   // its handles are the host tier's (tier.hpp): freed, it goes straight back
 };
 
 class AllocTable : public ForkLock {
@@ -69,10 +70,10 @@ class AllocTable : public ForkLock {
   // omitted) with `peers` holding the set they had.
   std::vector<LogicalAlloc> retag(int device, std::uint32_t peers);
   // The host tier (tier/tier.hpp): the live allocation of grant `grant_id`, handles included;
-  // its handles replaced after a move (false if it is no longer live); the distinct contexts
-  // live allocations were made in.
+  // its handles replaced after a move, with where they are now (false if it is no longer
+  // live); the distinct contexts live allocations were made in.
   [[nodiscard]] std::optional<LogicalAlloc> find_grant(std::uint64_t grant_id) const;
-  bool replace_handles(std::uint64_t base, std::uint64_t grant_id, std::vector<std::uint64_t> handles);
+  bool replace_handles(std::uint64_t base, std::uint64_t grant_id, std::vector<std::uint64_t> handles, bool on_host);
   [[nodiscard]] std::vector<CUcontext> contexts() const;
 
   void clear_after_fork() noexcept;

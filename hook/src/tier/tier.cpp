@@ -228,7 +228,7 @@ TierResult move_grant(State& s, const proto::TierPlan& head, const std::vector<p
   t = std::chrono::steady_clock::now();
   release_all(held);
   std::vector<std::uint64_t> kept(fresh.begin(), fresh.end());
-  (void)s.allocs.replace_handles(a->base, grant, std::move(kept));
+  (void)s.allocs.replace_handles(a->base, grant, std::move(kept), to_host);
   ph.release += since_ns(t);
   return TierResult::moved;
 }

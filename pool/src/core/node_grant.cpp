@@ -796,7 +796,7 @@ void Node::retry_parked(Now now) {
           }
           // The GPU itself is short: whole grants of idle processes of overcommit namespaces
           // move to the host tier (docs/swap.md, "Host tier"), whichever namespace waits.
-          if (!p.same_namespace) (void)start_demotes(sit->second, *dev, want, now);
+          if (!p.same_namespace) (void)start_demotes(sit->second, *dev, want, now, waiting);
           // Processes of overcommit namespaces go to host memory (docs/swap.md).
           if (!p.same_namespace && swaps_possible()) {
             const Bytes need = want + settings_.swap_margin;
