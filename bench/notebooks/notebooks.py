@@ -108,6 +108,11 @@ print(json.dumps({"event": "done", "bursts": bursts, "reclaims": vlake.reclaim_c
 """
 
 
+def quantile(v, f):
+    """The f-quantile of the sorted list v (None when empty)."""
+    return v[min(len(v) - 1, int(f * len(v)))] if v else None
+
+
 def run_alone(args, work, total):
     """Each user by itself, without vlake and without idle periods: the reference outputs."""
     limit = int(total * args.factor / args.users) // (2 * MiB) * (2 * MiB)
@@ -144,7 +149,6 @@ def tier_figures(log, user_lines):
     holds = sorted(int(m.group(1)) + int(m.group(2)) for m in
                    (re.search(r"vlaked moved \d+ allocation\(s\) of this process \(.*\) to \w+ memory in (\d+) ms "
                               r"\(stopping (\d+)", x) for x in user_lines) if m)
-    q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else None
 
     def side(direction):
         mine = [(mib, ms) for d, mib, ms in moves if d == direction]
@@ -152,7 +156,8 @@ def tier_figures(log, user_lines):
         return {"count": len(mine), "gib": gib,
                 "s_per_gib": (sum(ms for _, ms in mine) / 1e3) / gib if gib > 0 else None}
     return {"demotes": side("host"), "promotes": side("GPU"), "holds": len(holds),
-            "hold_ms_p50": q(holds, 0.50), "hold_ms_p99": q(holds, 0.99), "hold_ms_max": holds[-1] if holds else None,
+            "hold_ms_p50": quantile(holds, 0.50), "hold_ms_p99": quantile(holds, 0.99),
+            "hold_ms_max": holds[-1] if holds else None,
             "failed": sum(1 for x in user_lines if "host tier: moving grant" in x and "failed" in x)
             + sum(1 for x in log if "host tier move got no answer" in x),
             "checkpoints": sum(1 for x in log if re.search(r"is on the host: \d+ MiB freed", x))}
@@ -165,11 +170,10 @@ def swap_figures(log, user_lines):
     ins = [(int(m.group(1)), int(m.group(2))) for m in
            (re.search(r"is back on GPU \d+ after \d+ ms \((\d+) MiB, restore (\d+) ms\)", x) for x in log) if m]
     waits = sorted(int(m.group(1)) for m in (re.search(r"back on the GPU after (\d+) ms", x) for x in user_lines) if m)
-    q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else None
     per_gib = lambda pairs: (sum(ms for _, ms in pairs) / 1e3) / (sum(mib for mib, _ in pairs) / 1024) \
         if pairs and sum(mib for mib, _ in pairs) > 0 else None
     return {"swap_outs": len(outs), "swap_ins": len(ins), "swapped_gib": sum(m for m, _ in outs) / 1024,
-            "restore_wait_ms_p50": q(waits, 0.50), "restore_wait_ms_p99": q(waits, 0.99),
+            "restore_wait_ms_p50": quantile(waits, 0.50), "restore_wait_ms_p99": quantile(waits, 0.99),
             "restore_wait_ms_max": waits[-1] if waits else None, "restore_waits": len(waits),
             "checkpoint_s_per_gib": per_gib(outs), "restore_s_per_gib": per_gib(ins),
             "swap_failures": sum(1 for x in log if "checkpoint failed" in x or "restore failed" in x),
@@ -365,11 +369,11 @@ def run_mode(args, work, total, reclaim):
     bursts = [b for o in outs.values() for b in o["bursts"]]
     ok = [b for b in bursts if b["ok"]]
     ms = sorted(b["ms"] for b in ok)
-    q = lambda f: ms[min(len(ms) - 1, int(f * len(ms)))] if ms else None
     return {"reclaim": reclaim, "users": args.users, "factor": args.factor, "limit_bytes": limit,
             "bursts": len(bursts), "completed": len(ok), "oom": len(bursts) - len(ok),
             "reclaims": sum(o["reclaims"] for o in outs.values()),
-            "burst_ms_p50": q(0.50), "burst_ms_p99": q(0.99), "burst_ms_max": ms[-1] if ms else None,
+            "burst_ms_p50": quantile(ms, 0.50), "burst_ms_p99": quantile(ms, 0.99),
+            "burst_ms_max": ms[-1] if ms else None,
             "nvml_peak_used_bytes": peak[0], "wall_s": wall,
             "oom_ms": [round(b["ms"]) for b in bursts if not b["ok"]], "refusal_log": refusals[-8:],
             "oom_errors": [b.get("error", "") for b in bursts if not b["ok"]][-4:],
@@ -481,11 +485,11 @@ def main():
             g(tr["hold_ms_p50"], "%d ms"), g(tr["hold_ms_p99"], "%d ms"), g(tr["hold_ms_max"], "%d ms"), tr["holds"]))
         slow = sorted(on["ms"][k] / off["ms"][k] for k in on["ms"] if k in off["ms"] and off["ms"][k] > 0)
         extra = sorted(on["ms"][k] - off["ms"][k] for k in on["ms"] if k in off["ms"])
-        q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))] if v else None
-        tr["burst_vs_alone"] = {"ratio_p50": q(slow, 0.5), "ratio_p99": q(slow, 0.99),
-                                "extra_ms_p50": q(extra, 0.5), "extra_ms_p99": q(extra, 0.99)}
+        va = tr["burst_vs_alone"] = {"ratio_p50": quantile(slow, 0.5), "ratio_p99": quantile(slow, 0.99),
+                                     "extra_ms_p50": quantile(extra, 0.5), "extra_ms_p99": quantile(extra, 0.99)}
         print("           a burst against the same burst alone: %s / %s times (p50/p99), %s / %s longer" % (
-            g(q(slow, 0.5), "%.2f"), g(q(slow, 0.99), "%.2f"), g(q(extra, 0.5), "%.0f ms"), g(q(extra, 0.99), "%.0f ms")))
+            g(va["ratio_p50"], "%.2f"), g(va["ratio_p99"], "%.2f"), g(va["extra_ms_p50"], "%.0f ms"),
+            g(va["extra_ms_p99"], "%.0f ms")))
     for r in runs:
         v = r.get("vlakectl")
         if v:

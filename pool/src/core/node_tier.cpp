@@ -73,21 +73,20 @@ bool Node::demotable(const Grant& g) const {
 // Moves out what a grant of `want` bytes lacks on `dev` (its pool shortfall with --swap-margin),
 // less what demotes under way there bring already; returns the bytes of the moves started.
 Bytes Node::start_demotes(const Session& requester, const Device& dev, Bytes want, Now now,
-                          const std::vector<std::uint64_t>& retrying) {
+                          const std::vector<std::uint64_t>& waiting) {
   HostTier& tier = rooms_.tier;
   if (!tier.enabled() || settings_.swap_idle.count() <= 0) return Bytes{0};
   const Bytes shortfall = dev.pool->shortfall(want + settings_.swap_margin);
   const Bytes coming = tier.demoting(dev.ordinal);
   if (shortfall <= coming) return Bytes{0};
   const Bytes need = shortfall - coming;
-  // A session with a grant parked is inside a hooked call (its hook cannot shut the gate) and is
-  // not idle but waiting, however long it has made no call.
-  std::vector<std::uint64_t> waiting = retrying;
-  for (const ParkedGrant& p : rooms_.parking.grants()) waiting.push_back(p.session);
   std::vector<SwapCandidate> candidates;
   std::vector<std::vector<std::pair<Bytes, std::uint64_t>>> grants;  // per candidate: (bytes, grant id)
   for (auto& [sid, ss] : sessions_) {
     if (sid == requester.id || !ss.pressure || ss.conn == 0 || ss.pid == 0 || tier.move_of(sid) != nullptr) continue;
+    // A session with a grant parked (in the lot, or in `waiting` while the lot retries) is inside
+    // a hooked call (its hook cannot shut the gate): not idle but waiting, however long it made no call.
+    if (rooms_.parking.of_session(sid) != nullptr) continue;
     if (std::find(waiting.begin(), waiting.end(), sid) != waiting.end()) continue;
     if (!tenants_.at(ss.tenant.value()).overcommit || rooms_.swaps.state(sid) != SwapState::none) continue;
     if (now.steady < rooms_.swaps.get(sid).skip_until) continue;
