@@ -416,8 +416,7 @@ inline std::vector<Rejection> field_rejections() {
           "HelloAck tenant not terminated", daemon, [](HelloAck& m) { fill(m.tenant_name); },
           "HelloAck tenant name not terminated"),
       reject<GrantRequest>(
-          "GrantRequest reserved", client, [](GrantRequest& m) { m.reserved = 1; },
-          "GrantRequest reserved field is not zero"),
+          "GrantRequest flags", client, [](GrantRequest& m) { m.flags = 1u << 9; }, "GrantRequest has unknown flags"),
       reject<GrantRequest>(
           "GrantRequest purpose 0", client, [](GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(0); },
           "GrantRequest purpose 0 out of range"),
@@ -513,8 +512,8 @@ inline std::vector<Rejection> field_rejections() {
       reject<TierNotice>(
           "TierNotice no id", daemon, [](TierNotice& m) { m.move_id = 0; }, "TierNotice move_id is 0"),
       reject<TierStep>(
-          "TierStep result", client, [](TierStep& m) { m.result = static_cast<TierResult>(5); },
-          "TierStep result 5 out of range"),
+          "TierStep result", client, [](TierStep& m) { m.result = static_cast<TierResult>(6); },
+          "TierStep result 6 out of range"),
       reject<TierStep>(
           "TierStep busy grant", client, [](TierStep& m) { m.result = TierResult::busy; },
           "TierStep busy names a grant"),

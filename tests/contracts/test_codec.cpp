@@ -155,10 +155,10 @@ TEST_CASE("codec: framing rejections name their reason", "[contracts][codec]") {
       CHECK(d.header()->request_id == 42);
     }
   }
-  SECTION("a version-6 Hello of another size is still a version mismatch, not a size error") {
+  SECTION("a Hello of the next version and another size is still a version mismatch, not a size error") {
     std::vector<std::byte> b = wire(hello);
     b.resize(b.size() + 16);
-    const std::uint16_t v = 6;
+    const std::uint16_t v = proto::kVersion + 1;
     std::memcpy(b.data() + offsetof(proto::Header, version), &v, sizeof v);
     CHECK(decode_bytes(b).error().kind == DecodeError::Kind::version);
   }
@@ -223,11 +223,11 @@ TEST_CASE("codec: every field check refuses with the daemon's wording", "[contra
 
 TEST_CASE("codec: the first failing check is the one reported, in the daemon's order", "[contracts][codec]") {
   auto g = sample<proto::GrantRequest>();
-  g.reserved = 1;
+  g.flags = 1u << 7;
   g.purpose = static_cast<proto::GrantPurpose>(9);
   g.bytes = 0;
-  CHECK(reason(wire(g)) == "GrantRequest reserved field is not zero");
-  g.reserved = 0;
+  CHECK(reason(wire(g)) == "GrantRequest has unknown flags");
+  g.flags = proto::kGrantNoWait;
   CHECK(reason(wire(g)) == "GrantRequest purpose 9 out of range");
 
   auto e = sample<proto::GuardEvent>();
@@ -473,15 +473,15 @@ TEST_CASE("codec: what the hook sends, the daemon accepts, and back", "[contract
   }
 }
 
-TEST_CASE("codec: the wire format is protocol version 5's, byte for byte", "[contracts][codec]") {
-  // Header: magic "VLK1", version 5, type, size, reserved, request id; host-endian.
+TEST_CASE("codec: the wire format is protocol version 6's, byte for byte", "[contracts][codec]") {
+  // Header: magic "VLK1", version 6, type, size, reserved, request id; host-endian.
   auto m = proto::make<proto::ReleaseAck>(0x1122334455667788ull);
   m.status = proto::Status::unknown_grant;
   m.used = 0x0102030405060708ull;
   const std::vector<std::byte> b = wire(m);
   const unsigned char expect[40] = {
       'V',  'L',  'K',  '1',                           // magic 0x314b4c56
-      5,    0,                                         // version
+      6,    0,                                         // version
       6,    0,                                         // type release_ack
       40,   0,    0,    0,                             // size
       0,    0,    0,    0,                             // reserved
@@ -497,6 +497,7 @@ TEST_CASE("codec: the wire format is protocol version 5's, byte for byte", "[con
   CHECK(offsetof(proto::GrantRequest, device_uuid) == 24);
   CHECK(offsetof(proto::GrantRequest, bytes) == 40);
   CHECK(offsetof(proto::GrantRequest, purpose) == 48);
+  CHECK(offsetof(proto::GrantRequest, flags) == 52);  // version 6
   CHECK(offsetof(proto::ReserveReport, flags) == 56);
   CHECK(offsetof(proto::GrantReply, handles) == 64);
   CHECK(offsetof(proto::HandleDesc, key) == 16);  // version 2

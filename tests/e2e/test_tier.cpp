@@ -228,3 +228,67 @@ TEST_CASE("host tier: vlaked killed in the middle of a move leaves the process's
   CHECK(a.finish() == 0);
   CHECK(b.finish() == 0);
 }
+
+TEST_CASE("host tier: two processes waiting for memory at once: one is moved while it waits, both are served",
+          "[e2e][tier]") {
+  DaemonProcess d("tierwait", kTierYaml);
+  REQUIRE(d.start({"--swap-idle", "3s", "--swap-margin", "0", "--host-tier", "1GiB", "--host-tier-piece", "256MiB"}));
+  const std::string go = d.dir + "/go";
+  // Each holds 400 MiB of the 1 GiB GPU with a pattern, then both ask for 400 MiB more at the
+  // same moment: neither fits, both wait inside their allocation call, and neither has been
+  // idle for --swap-idle when it asks. Once they have waited that long, one is moved while it
+  // waits (its waiting thread is outside its hook's gate) and the other is served.
+  const std::vector<std::string> env = {"VLAKE_LOG=info", "VLAKE_WAIT=60s"};
+  TenantProcess a(d,
+                  {"init", "alloc:a:400M", "upload:a:5:400M", "waitfile:" + go, "alloc:a2:400M", "upload:a2:6:400M",
+                   "verify:a:5:400M", "verify:a2:6:400M", "free:a2", "free:a"},
+                  4401, "0", env);
+  REQUIRE(a.wait_line("upload:a:5:400M", 90000)["rc"] == "0");
+  TenantProcess b(d,
+                  {"init", "alloc:b:400M", "upload:b:3:400M", "waitfile:" + go, "alloc:b2:400M", "upload:b2:4:400M",
+                   "verify:b:3:400M", "verify:b2:4:400M", "free:b2", "free:b"},
+                  4402, "0", env);
+  REQUIRE(b.wait_line("upload:b:3:400M", 90000)["rc"] == "0");
+  { std::ofstream(go).put('1'); }
+  auto a2 = a.wait_line("alloc:a2:400M", 60000);
+  auto b2 = b.wait_line("alloc:b2:400M", 60000);
+  INFO("A:\n" << a.out() << a.err() << "\nB:\n" << b.out() << b.err() << "\nvlaked:\n" << d.log());
+  CHECK(a2["rc"] == "0");
+  CHECK(b2["rc"] == "0");
+  // Nothing was lost, wherever each allocation is now.
+  CHECK(a.wait_line("verify:a:5:400M", 30000)["ok"] == "1");
+  CHECK(a.wait_line("verify:a2:6:400M", 30000)["ok"] == "1");
+  CHECK(b.wait_line("verify:b:3:400M", 30000)["ok"] == "1");
+  CHECK(b.wait_line("verify:b2:4:400M", 30000)["ok"] == "1");
+  CHECK(a.finish() == 0);
+  CHECK(b.finish() == 0);
+  const std::string log = d.log();
+  CHECK(log.find("to host memory for session") != std::string::npos);
+  CHECK(log.find("moved to host memory on GPU 0") != std::string::npos);
+  CHECK(log.find("got no answer in time") == std::string::npos);  // the waiting process answered
+  CHECK(log.find("swapping out session") == std::string::npos);
+  CHECK(log.find("out of memory") == std::string::npos);
+  CHECK((a.err() + b.err()).find("to host memory in") != std::string::npos);
+}
+
+TEST_CASE("a thread frees memory while another waits for memory: the free does not wait, and it serves the wait",
+          "[e2e][tier]") {
+  DaemonProcess d("waitfree", kTierYaml);
+  REQUIRE(d.start({}));
+  // B holds 300 MiB and A 400 MiB (x, y) of the 1 GiB GPU; A's z (500 MiB) waits inside its
+  // allocation call, holding the connection to vlaked; meanwhile another thread of A frees x (no
+  // local reserve: released at once). The Release goes out beside the waiting request: it takes
+  // milliseconds, not the wait, and the memory it returns is what z was waiting for.
+  TenantProcess b(d, {"init", "alloc:b:300M", "sleep:60000"}, 4406);
+  REQUIRE(b.wait_line("alloc:b:300M", 30000)["rc"] == "0");
+  TenantProcess a(
+      d, {"init", "alloc:x:300M", "alloc:y:100M", "laterfree:x:1500", "alloc:z:500M", "sleep:500", "free:z", "free:y"},
+      4405, "0", {"VLAKE_WAIT=60s", "VLAKE_RESERVE=0"});
+  auto z = a.wait_line("alloc:z:500M", 30000);
+  auto x = a.wait_line("laterfree:x:1500", 30000);
+  INFO("A:\n" << a.out() << a.err() << "\nvlaked:\n" << d.log());
+  CHECK(x["rc"] == "0");
+  CHECK(std::stoi(x["ms"].empty() ? "999999" : x["ms"]) < 1000);
+  CHECK(z["rc"] == "0");
+  CHECK(a.finish() == 0);
+}

@@ -16,6 +16,8 @@
 //   create:H:SIZE[:nofd]  reserve:V:SIZE  map:V:OFF:H  unmap:V:OFF:SIZE  addrfree:V
 //   retain:H2:V:OFF  release:H  props:H  export:H:V:OFF
 //   nvml[:I]  threads:T:ITERS:SIZE  stress:T:ITERS:MAXSIZE  fork ... endfork  sleep:MS
+//   laterfree:N:MS  a thread frees N after MS ms while the next steps run; it prints
+//                   "laterfree:N:MS rc= ms=" (ms: how long cuMemFree took) when done
 //   where:BASE:VERSION[:ptds]  dlsym:SYMBOL  dlsym-next:SYMBOL
 //   kfill:N:OFF:COUNT[:VALUE]  launches vlake_fill_u32 on COUNT u32 elements at N's pointer + OFF
 //                              (OFF may be negative); the launch's rc only (faults are async)
@@ -1200,6 +1202,20 @@ void run_step(const std::string& s) {
     step_peerrace(s, a);
   } else if (op == "threads") {
     step_threads(s, a);
+  } else if (op == "laterfree") {
+    const CUdeviceptr p = var(a.at(1));
+    const int delay = std::atoi(a.at(2).c_str());
+    CUcontext ctx = nullptr;
+    (void)CALL(cuCtxGetCurrent, &ctx);
+    std::thread([s, p, delay, ctx] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      (void)CALL(cuCtxSetCurrent, ctx);
+      const auto t0 = std::chrono::steady_clock::now();
+      const CUresult rc = CALL(cuMemFree, p);
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      out("%s rc=%d ms=%lld", s.c_str(), rc, static_cast<long long>(ms));
+    }).detach();
   } else if (op == "stress") {
     step_stress(s, a);
   } else if (op == "calls") {

@@ -54,7 +54,7 @@ struct FakeDaemon : Daemon {
     answers.push_back(std::move(a));
     return *this;
   }
-  Answer grant(const Uuid&, Bytes, GrantPurpose purpose) override {
+  Answer grant(const Uuid&, Bytes, GrantPurpose purpose, std::uint32_t) override {
     asked.push_back(purpose);
     if (answers.empty()) return reply(Status::ok);
     Answer a = std::move(answers.front());

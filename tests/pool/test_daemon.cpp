@@ -612,8 +612,8 @@ TEST_CASE("daemon: malformed messages close only their connection", "[daemon]") 
       {"zero bytes", true, [&](PoolClient& c) { c.send(grant_msg(0)); }, "for 0 bytes"},
       {"bad purpose", true, grant_edited([](proto::GrantRequest& m) { m.purpose = static_cast<GrantPurpose>(7); }),
        "purpose 7 out of range"},
-      {"reserved field", true, grant_edited([](proto::GrantRequest& m) { m.reserved = 1; }),
-       "reserved field is not zero"},
+      {"unknown flags", true, grant_edited([](proto::GrantRequest& m) { m.flags = 1u << 9; }),
+       "GrantRequest has unknown flags"},
       {"grant before hello", false, [&](PoolClient& c) { c.send(grant_msg(kMiB)); }, "request before Hello"},
       // CUDA IPC (docs/ipc.md): the same framing rules.
       {"IpcOpen before hello", false, [&](PoolClient& c) { c.send(proto::make<proto::IpcOpen>(3)); },

@@ -111,6 +111,33 @@ TEST_CASE("host tier: the stock is made ahead up to the bound, never past it", "
   CHECK(off.to_build(now).empty());
 }
 
+TEST_CASE("host tier: a stock of whole pieces gives way to a smaller piece the grant needs", "[tier]") {
+  const auto now = std::chrono::steady_clock::time_point(std::chrono::hours(1));
+  HostTier t(Bytes{896 * kMiB}, Bytes{256 * kMiB}, Bytes{64 * kMiB});
+  std::uint64_t next = 1;
+  for (Bytes b : t.to_build(now)) t.built(HostPiece{PhysicalHandle{next++}, UniqueFd{}, b});
+  CHECK(t.stock_bytes() == 896_MiB);  // 2 x 128, 2 x 64, 2 x 256 MiB: the bound
+  // Both 64 MiB pieces go to grants; a third grant of 64 MiB finds none and no room: the largest
+  // unused piece is released for it (to be made on the spot), and only as much as it needs.
+  CHECK(t.take(Bytes{64 * kMiB}).has_value());
+  CHECK(t.take(Bytes{64 * kMiB}).has_value());
+  CHECK_FALSE(t.take(Bytes{64 * kMiB}).has_value());
+  CHECK_FALSE(t.fits(Bytes{64 * kMiB}));
+  CHECK(t.make_room(Bytes{64 * kMiB}));
+  std::vector<HostPiece> out = t.take_released();
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].size == 256_MiB);
+  CHECK(t.stock_bytes() == 512_MiB);
+  t.note_made(Bytes{64 * kMiB});
+  CHECK(t.used_bytes() == 192_MiB);
+  CHECK(t.make_room(Bytes{64 * kMiB}));  // it fits already: nothing released
+  CHECK(t.take_released().empty());
+  // Held by grants, the bound leaves no room however much stock goes.
+  HostTier full(Bytes{128 * kMiB}, Bytes{128 * kMiB}, Bytes{64 * kMiB});
+  full.note_made(Bytes{128 * kMiB});
+  CHECK_FALSE(full.make_room(Bytes{64 * kMiB}));
+}
+
 TEST_CASE("node: host tier: an idle process's grant moves to host memory for a parked grant and comes back",
           "[node][tier]") {
   REQUIRE(sim_gpu().driver().host_memory_supported(DeviceOrdinal{0}));
@@ -252,31 +279,77 @@ TEST_CASE("node: host tier: a step that nobody takes ends the move, grants on th
   CHECK(w.node->rooms().tier.used_bytes() == 0_MiB);
 }
 
-TEST_CASE("node: host tier: a process waiting for memory itself is not moved until its wait ends", "[node][tier]") {
+TEST_CASE("node: host tier: a process waiting for memory itself is moved while it waits", "[node][tier]") {
   World w(kTierYaml, tier_settings());
   const auto a = w.hello(1, 101, 1001, true);
   const auto b = w.hello(2, 102, 1002, true);
   (void)tier_stock(w);
   const std::uint64_t ga = w.granted(1, a, 256 * kMiB);
   w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
-  // A asks for more than the GPU has and waits (inside its allocation call: its hook could not
-  // shut the gate); it makes no call meanwhile, so it looks idle after a second.
+  // A asks for more than the GPU has and waits. Its waiting thread is outside its hook's gate
+  // (protocol version 6) and it made no call for a second: B's grant moves A's memory out.
   REQUIRE(std::holds_alternative<Parked>(w.grant(1, a, 512 * kMiB)));
   w.advance(std::chrono::milliseconds(1500));
   REQUIRE(std::holds_alternative<Parked>(w.grant(2, b, 256 * kMiB)));
   w.advance(std::chrono::milliseconds(300));
   (void)w.retry_parked(w.t);
-  CHECK(w.take(&Effects::tier_notices).empty());
-  // A's wait (its session's 120 s) ends, refused; at B's next retry A is idle and told to move.
-  w.advance(std::chrono::milliseconds(118500));
-  (void)w.retry_parked(w.t);
-  w.advance(std::chrono::milliseconds(300));
-  (void)w.retry_parked(w.t);
-  CHECK(w.node->counters().parked_timeouts == 1);
-  CHECK(w.node->rooms().parking.grants().size() == 1);
   std::vector<TierNoticeOut> notes = w.take(&Effects::tier_notices);
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].session == a);
-  TierOut p = tier_plan(w, a, tier_step(notes[0].msg.move_id));
+  const std::uint64_t move = notes[0].msg.move_id;
+  TierOut p = tier_plan(w, a, tier_step(move));
   CHECK(p.reply.grant_id == ga);
+  p = tier_plan(w, a, tier_step(move, ga, proto::TierResult::moved));
+  CHECK(p.reply.grant_id == 0);
+  CHECK(w.node->rooms().tier.session_bytes(a) == 256_MiB);
+  // B is served from what A's grant gave back; A still waits (its 512 MiB do not fit yet).
+  w.retry_grants_one(2);
+  CHECK(w.node->session(b)->grants.size() == 1);
+  REQUIRE(w.node->rooms().parking.grants().size() == 1);
+  CHECK(w.node->rooms().parking.grants().front().session == a);
+  CHECK(w.used(a) == 256_MiB);
+}
+
+TEST_CASE("node: a grant that must not wait is refused at once and moves nobody", "[node][tier]") {
+  World w(kTierYaml, tier_settings());
+  const auto a = w.hello(1, 101, 1001, true);
+  const auto b = w.hello(2, 102, 1002, true);
+  (void)tier_stock(w);
+  (void)w.granted(1, a, 256 * kMiB);
+  w.take_outside(sim_gpu().driver().memory_info(DeviceOrdinal{0}).free - Bytes{64 * kMiB});
+  w.advance(std::chrono::milliseconds(2000));  // A idle
+  proto::GrantRequest m = w.request(256 * kMiB);
+  m.flags = proto::kGrantNoWait;
+  GrantOut out = w.node->grant(2, b, m, w.t);
+  REQUIRE(std::holds_alternative<Refused>(out));
+  CHECK(std::get<Refused>(out).reply.status == proto::Status::out_of_memory);
+  CHECK(w.node->rooms().parking.grants().empty());
+  w.fx.append(w.node->settle(w.t));
+  CHECK(w.fx.tier_notices.empty());
+  CHECK(w.fx.completions.empty());
+  // The same request allowed to wait parks and moves A out.
+  m.flags = 0;
+  CHECK(std::holds_alternative<Parked>(w.node->grant(2, b, m, w.t)));
+  w.fx.append(w.node->settle(w.t));
+  CHECK(w.fx.tier_notices.size() == 1);
+}
+
+TEST_CASE("node: host tier: a grant nobody used is released by the move, and the parked grant is served",
+          "[node][tier]") {
+  World w(kTierYaml, tier_settings());
+  Demoting d = tier_demoting(w, 256 * kMiB, 64 * kMiB);
+  REQUIRE(d.notes.size() == 1);
+  const std::uint64_t move = d.notes[0].msg.move_id;
+  TierOut p = tier_plan(w, d.a, tier_step(move));
+  REQUIRE(p.reply.grant_id == d.ga);
+  // A's hook found the grant in its local reserve: unmapped and released instead of moved.
+  p = tier_plan(w, d.a, tier_step(move, d.ga, proto::TierResult::released));
+  CHECK(p.reply.grant_id == 0);
+  CHECK(w.node->rooms().tier.moves().empty());
+  CHECK_FALSE(w.node->session(d.a)->holds(d.ga));
+  CHECK(w.node->grants().count(d.ga) == 0);
+  CHECK(w.node->rooms().tier.session_bytes(d.a) == 0_MiB);
+  CHECK(w.node->counters().tier_demotes == 0);
+  w.retry_grants_one(2);
+  CHECK(w.node->session(d.b)->grants.size() == 1);
 }

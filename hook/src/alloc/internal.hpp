@@ -43,7 +43,8 @@ void report_refusal(State& s, const GrantResult& g, int dev, std::uint64_t reque
 // ---- Grants and mappings (mapping.cpp) ----
 // Asks the daemon for `bytes` on device `dev` (AllocPolicy::obtain); a refusal with a status is
 // logged only if `report`.
-Obtained obtain(State& s, int dev, std::uint64_t bytes, proto::GrantPurpose purpose, bool report = true);
+Obtained obtain(State& s, int dev, std::uint64_t bytes, proto::GrantPurpose purpose, bool report = true,
+                std::uint32_t flags = 0);
 void give_back(State& s, std::uint64_t grant_id, std::uint32_t flags);
 CUresult import_fd(int fd, CUmemGenericAllocationHandle& h);
 // Unmaps, frees the VA and releases the imported handles of a logical allocation.

@@ -31,8 +31,8 @@ using proto::Status;
 
 // Asks the daemon for `bytes` on device `dev` (AllocPolicy::obtain); a refusal with a status is
 // logged only if `report`.
-Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bool report) {
-  return s.policy.obtain(DeviceOrdinal{dev}, Bytes{bytes}, purpose, report);
+Obtained obtain(State& s, int dev, std::uint64_t bytes, GrantPurpose purpose, bool report, std::uint32_t flags) {
+  return s.policy.obtain(DeviceOrdinal{dev}, Bytes{bytes}, purpose, report, flags);
 }
 
 void give_back(State& s, std::uint64_t grant_id, std::uint32_t flags) {

@@ -11,14 +11,15 @@ bool quota_or_memory(Status st) noexcept {
          st == Status::out_of_memory;
 }
 
-Obtained AllocPolicy::obtain(DeviceOrdinal device, Bytes bytes, GrantPurpose purpose, bool report) {
+Obtained AllocPolicy::obtain(DeviceOrdinal device, Bytes bytes, GrantPurpose purpose, bool report,
+                             std::uint32_t flags) {
   Obtained out;
   Uuid uuid{};
   if (CUresult rc = driver_.device_uuid(device, uuid); rc != CUDA_SUCCESS) {
     out.rc = rc;
     return out;
   }
-  Answer a = daemon_.grant(uuid, bytes, purpose);
+  Answer a = daemon_.grant(uuid, bytes, purpose, flags);
   // The memory this process keeps mapped is what the request lacks (docs/hook.md, "Kept
   // mappings"): drop it (Dropped goes out before the next request) and ask again. Another thread
   // of this process (a reclaim callback emptying a framework's cache) may keep more meanwhile:
@@ -26,7 +27,7 @@ Obtained AllocPolicy::obtain(DeviceOrdinal device, Bytes bytes, GrantPurpose pur
   for (int round = 0; round < kDropKeptRounds && a.kind == Answer::Kind::reply && a.result.status == Status::drop_kept;
        ++round) {
     daemon_.drop_kept(device);
-    a = daemon_.grant(uuid, bytes, purpose);
+    a = daemon_.grant(uuid, bytes, purpose, flags);
   }
   switch (a.kind) {
     case Answer::Kind::refused:

@@ -79,7 +79,8 @@ struct Answer {
 class Daemon {
  public:
   virtual ~Daemon() = default;
-  virtual Answer grant(const Uuid& gpu, Bytes bytes, proto::GrantPurpose purpose) = 0;
+  // `flags`: GrantRequest::flags (proto::kGrantNoWait: refused at once rather than waiting).
+  virtual Answer grant(const Uuid& gpu, Bytes bytes, proto::GrantPurpose purpose, std::uint32_t flags) = 0;
   virtual void release(std::uint64_t grant_id, std::uint32_t flags) = 0;
   // Drops this process's kept mappings on `device` and tells the daemon (Dropped).
   virtual void drop_kept(DeviceOrdinal device) = 0;
@@ -145,8 +146,9 @@ class AllocPolicy {
       : daemon_(daemon), driver_(driver), reports_(reports), reserve_(reserve), on_unreachable_(on_unreachable) {}
 
   // One request (with its drop_kept rounds) and the refusal and unreachable rules; a refusal
-  // with a status is reported only if `report`.
-  Obtained obtain(DeviceOrdinal device, Bytes bytes, proto::GrantPurpose purpose, bool report = true);
+  // with a status is reported only if `report`. `flags`: the request's GrantRequest::flags.
+  Obtained obtain(DeviceOrdinal device, Bytes bytes, proto::GrantPurpose purpose, bool report = true,
+                  std::uint32_t flags = 0);
 
   // cuMemAlloc, cuMemAllocPitch and cuMemAllocAsync: `bytes` on `device` in `ctx`; `direct`
   // performs the call on the driver (passthrough and counted paths).

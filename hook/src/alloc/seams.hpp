@@ -14,6 +14,7 @@
 
 #include "alloc/internal.hpp"
 #include "alloc/policy.hpp"
+#include "gate.hpp"
 #include "log.hpp"
 #include "profile.hpp"
 
@@ -26,11 +27,15 @@ class ProcessSeams final : public Daemon, public Driver, public Reports {
  public:
   explicit ProcessSeams(State& s) noexcept : s_(s) {}
 
-  Answer grant(const Uuid& gpu, Bytes bytes, GrantPurpose purpose) override {
+  Answer grant(const Uuid& gpu, Bytes bytes, GrantPurpose purpose, std::uint32_t flags) override {
     std::optional<GrantResult> g;
     {
       PhaseTimer t(Phase::grant);
-      g = s_.client.grant(gpu, bytes.value(), purpose);
+      // vlaked may park the request for minutes; meanwhile this thread is outside the host
+      // tier's gate (it holds nothing a move touches), so a move of this process can run, and
+      // it stops at the gate when the answer comes, before it maps anything.
+      const tier::WaitOutside outside;
+      g = s_.client.grant(gpu, bytes.value(), purpose, flags);
     }
     // The worker reports activity (vlakectl's IDLE column) and, under overcommit (docs/swap.md),
     // reads vlaked's SwapNotices.

@@ -250,16 +250,17 @@ void kick_prefetch(State& s) {
 }
 
 // Prefetch (prefetch.hpp, docs/hook.md "Prefetch"): the worker fetches the blocks that misses
-// queued, in the context of the allocation that missed, into the local reserve. A refusal stops
-// prefetching that size for a while; nothing is logged (the application asked for nothing).
-// Runs with busy_mu held.
+// queued, in the context of the allocation that missed, into the local reserve. Its grants never
+// wait for memory (kGrantNoWait: a worker parked for minutes could not answer Pressure or a host
+// tier move). A refusal stops prefetching that size for a while; nothing is logged (the
+// application asked for nothing). Runs with busy_mu held.
 void run_prefetch(State& s) {
   for (const Prefetch::Request& r : s.prefetch.take()) {
     bool refused = false;
     auto* ctx = static_cast<CUcontext>(r.ctx);
     in_context(ctx, [&] {
       if (!reserve_usable(s)) return;
-      Obtained o = obtain(s, r.device, r.size, GrantPurpose::alloc, /*report=*/false);
+      Obtained o = obtain(s, r.device, r.size, GrantPurpose::alloc, /*report=*/false, proto::kGrantNoWait);
       if (o.decision != Decision::granted) {
         refused = o.decision == Decision::refused;
         return;

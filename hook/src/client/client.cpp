@@ -81,46 +81,74 @@ void DaemonClient::keep_pressure_locked(const proto::Pressure& p) {
 
 void DaemonClient::poll_pressure() {
   std::unique_lock lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock() || !fd_) return;
-  for (;;) {
-    pollfd p{fd_.get(), POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) return;
-    alignas(8) std::byte buf[proto::kMaxMessageBytes];
-    Received got;
-    try {
-      got = recv_with_fds(fd_.get(), std::span<std::byte>(buf, sizeof buf));
-    } catch (const std::exception& e) {
-      last_error_ = e.what();
-      fd_.reset();
-      return;
-    }
-    if (got.bytes == 0) {  // the daemon went away: the next request reconnects
-      fd_.reset();
-      return;
-    }
-    const proto::Decoded d = proto::decode(std::span<const std::byte>(buf, got.bytes), got.fds.size());
-    if (const proto::Drop* drop = d.get<proto::Drop>()) {
-      keep_drop_locked(*drop);
-      continue;
-    }
-    if (const proto::SwapNotice* n = d.get<proto::SwapNotice>()) {
-      keep_swap_locked(*n);
-      continue;
-    }
-    if (const proto::TierNotice* n = d.get<proto::TierNotice>()) {
-      keep_tier_locked(*n);
-      continue;
-    }
-    const proto::Pressure* pressure = d.get<proto::Pressure>();
-    if (pressure == nullptr) {
-      last_error_ = "unexpected message from the daemon on an idle connection";
-      if (!d) last_error_ += " (" + d.error().reason + ")";
-      log(LogLevel::warn, "%s; reconnecting", last_error_.c_str());
-      fd_.reset();
-      return;
-    }
-    keep_pressure_locked(*pressure);
+  if (!lock.owns_lock()) return;
+  while (read_one_locked(std::chrono::milliseconds(0))) {
   }
+}
+
+bool DaemonClient::read_one_locked(std::chrono::milliseconds wait) {
+  if (!fd_) return false;
+  pollfd p{fd_.get(), POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+    return false;
+  }
+  alignas(8) std::byte buf[proto::kMaxMessageBytes];
+  Received got;
+  try {
+    got = recv_with_fds(fd_.get(), std::span<std::byte>(buf, sizeof buf));
+  } catch (const std::exception& e) {
+    last_error_ = e.what();
+    fd_.reset();
+    return false;
+  }
+  if (got.bytes == 0) {  // the daemon went away: the next request reconnects
+    last_error_ = "the daemon closed the connection";
+    fd_.reset();
+    return false;
+  }
+  const proto::Decoded d = proto::decode(std::span<const std::byte>(buf, got.bytes), got.fds.size());
+  const proto::Header* h = d.header();
+  if (h != nullptr && (h->request_id & kSideRequest) != 0) {
+    // The answer to a request sent beside another (tier_step(), release()).
+    if (const proto::TierPlan* plan = d.get<proto::TierPlan>()) keep_plan(*plan, std::move(got.fds));
+  } else if (const proto::Drop* drop = d.get<proto::Drop>()) {
+    keep_drop_locked(*drop);
+  } else if (const proto::SwapNotice* n = d.get<proto::SwapNotice>()) {
+    keep_swap_locked(*n);
+  } else if (const proto::TierNotice* t = d.get<proto::TierNotice>()) {
+    keep_tier_locked(*t);
+  } else if (const proto::Pressure* pressure = d.get<proto::Pressure>()) {
+    keep_pressure_locked(*pressure);
+  } else {
+    last_error_ = "unexpected message from the daemon on an idle connection";
+    if (!d) last_error_ += " (" + d.error().reason + ")";
+    log(LogLevel::warn, "%s; reconnecting", last_error_.c_str());
+    fd_.reset();
+    return false;
+  }
+  return true;
+}
+
+void DaemonClient::keep_plan(const proto::TierPlan& p, std::vector<UniqueFd> fds) {
+  {
+    std::lock_guard lock(pressure_mu_);
+    tier_plans_.push_back(KeptPlan{p, std::move(fds)});
+  }
+  plan_cv_.notify_all();
+}
+
+std::optional<proto::TierPlan> DaemonClient::take_plan(std::uint64_t request_id, std::vector<UniqueFd>& fds) {
+  std::lock_guard lock(pressure_mu_);
+  for (auto it = tier_plans_.begin(); it != tier_plans_.end(); ++it) {
+    if (it->plan.h.request_id != request_id) continue;
+    proto::TierPlan p = it->plan;
+    fds = std::move(it->fds);
+    tier_plans_.erase(it);
+    return p;
+  }
+  // Answers nobody waits for any more (their step timed out) are dropped with their descriptors.
+  std::erase_if(tier_plans_, [&](const KeptPlan& k) { return k.plan.h.request_id < request_id; });
+  return std::nullopt;
 }
 
 void DaemonClient::keep_swap_locked(const proto::SwapNotice& n) {
@@ -133,19 +161,23 @@ std::vector<proto::SwapNotice> DaemonClient::take_swap_notices() {
   return std::exchange(swap_notices_, {});
 }
 
+bool DaemonClient::send_beside(std::span<const std::byte> bytes) {
+  std::lock_guard side(side_mu_);
+  if (!side_fd_) return false;
+  try {
+    send_with_fds(side_fd_.get(), bytes, {});
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 bool DaemonClient::send_swap_ready(std::uint64_t swap_id) {
   auto m = proto::make<proto::SwapReady>();
   m.swap_id = swap_id;
   // Not through mu_: the thread that holds it may wait for vlaked's answer for minutes, and that
   // answer may depend on this message.
-  std::lock_guard side(side_mu_);
-  if (!side_fd_) return false;
-  try {
-    send_with_fds(side_fd_.get(), proto::encode(m), {});
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
+  return send_beside(proto::encode(m));
 }
 
 std::optional<proto::SwapInReply> DaemonClient::swap_in() {
@@ -166,17 +198,42 @@ std::vector<proto::TierNotice> DaemonClient::take_tier_notices() {
 
 std::optional<proto::TierPlan> DaemonClient::tier_step(const proto::TierStep& step, std::vector<UniqueFd>& fds,
                                                        std::chrono::milliseconds wait) {
-  std::unique_lock lock(mu_, std::try_to_lock);
-  const auto deadline = std::chrono::steady_clock::now() + wait;
-  while (!lock.owns_lock()) {
-    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    (void)lock.try_lock();
-  }
-  if (!fd_) return std::nullopt;  // a move belongs to the connection it began on
   proto::TierStep req = step;
-  req.h = proto::make_header<proto::TierStep>(proto::MsgType::tier_step, 0);
-  return exchange_locked<proto::TierStep, proto::TierPlan>(req, &fds);
+  {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      if (!fd_) return std::nullopt;  // a move belongs to the connection it began on
+      req.h = proto::make_header<proto::TierStep>(proto::MsgType::tier_step, 0);
+      return exchange_locked<proto::TierStep, proto::TierPlan>(req, &fds);
+    }
+  }
+  // Another thread holds the connection (a parked grant may keep it for minutes): the step goes
+  // out beside its request, and the answer comes to whoever reads the connection.
+  const std::uint64_t id = kSideRequest | (side_requests_.fetch_add(1, std::memory_order_relaxed) + 1);
+  req.h = proto::make_header<proto::TierStep>(proto::MsgType::tier_step, id);
+  if (!send_beside(proto::encode(req))) return std::nullopt;
+  changes_.fetch_add(1, std::memory_order_acq_rel);
+  const auto deadline = std::chrono::steady_clock::now() + std::max(wait, timeout_);
+  for (;;) {
+    if (std::optional<proto::TierPlan> p = take_plan(id, fds)) return p;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return std::nullopt;
+    {
+      std::unique_lock lock(mu_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        // Nobody else reads: read here (what comes meanwhile is kept as any reader keeps it).
+        if (!fd_) return std::nullopt;
+        (void)read_one_locked(std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now),
+                                       std::chrono::milliseconds(20)));
+        continue;
+      }
+    }
+    std::unique_lock lock(pressure_mu_);
+    plan_cv_.wait_for(lock, std::chrono::milliseconds(2), [&] {
+      return std::any_of(tier_plans_.begin(), tier_plans_.end(),
+                         [&](const KeptPlan& k) { return k.plan.h.request_id == id; });
+    });
+  }
 }
 
 void DaemonClient::keep_drop_locked(const proto::Drop& d) {
@@ -424,6 +481,12 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::v
       keep_tier_locked(*n);
       continue;
     }
+    if (const proto::Header* h = d->header(); h != nullptr && (h->request_id & kSideRequest) != 0) {
+      // The answer to a request sent beside this one: a TierPlan is kept for tier_step(), a
+      // Release's ack is dropped.
+      if (const proto::TierPlan* plan = d->get<proto::TierPlan>()) keep_plan(*plan, std::move(got.fds));
+      continue;
+    }
     const proto::Pressure* p = d->get<proto::Pressure>();
     if (p == nullptr) break;
     keep_pressure_locked(*p);
@@ -496,11 +559,13 @@ void DaemonClient::flush_pending_locked() {
   }
 }
 
-std::optional<GrantResult> DaemonClient::grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose) {
+std::optional<GrantResult> DaemonClient::grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose,
+                                               std::uint32_t flags) {
   auto req = proto::make<proto::GrantRequest>();
   device.copy_to(req.device_uuid);
   req.bytes = bytes;
   req.purpose = purpose;
+  req.flags = flags;
   std::vector<UniqueFd> fds;
   std::lock_guard lock(mu_);
   auto rep = exchange_locked<proto::GrantRequest, proto::GrantReply>(req, &fds);
@@ -520,7 +585,17 @@ std::optional<proto::Status> DaemonClient::release(std::uint64_t grant_id, std::
   auto req = proto::make<proto::Release>();
   req.grant_id = grant_id;
   req.flags = flags;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    // Another thread holds the connection, maybe for minutes (a parked grant, and vlaked may be
+    // waiting for this very memory): sent beside its request; the ack is not waited for.
+    req.h.request_id = kSideRequest | (side_requests_.fetch_add(1, std::memory_order_relaxed) + 1);
+    if (send_beside(proto::encode(req))) {
+      changes_.fetch_add(1, std::memory_order_acq_rel);
+      return proto::Status::ok;
+    }
+    lock.lock();
+  }
   auto rep = exchange_locked<proto::Release, proto::ReleaseAck>(req, nullptr);
   if (!rep) {
     pending_releases_.emplace_back(grant_id, flags);
@@ -603,6 +678,9 @@ void DaemonClient::child_after_fork() noexcept {
   pressure_notes_.clear();
   drop_keys_.clear();
   swap_notices_.clear();
+  tier_notices_.clear();
+  tier_plans_.clear();
+  new (&plan_cv_) std::condition_variable();  // the parent's waiters are not the child's
   side_fd_.reset();
   side_mu_.unlock();
   generation_.fetch_add(1, std::memory_order_acq_rel);

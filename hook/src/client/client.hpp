@@ -17,7 +17,10 @@
 //   caller refuses (no passthrough). A timeout or a malformed reply closes
 //   the connection and counts as unreachable for that call.
 // - release() that cannot reach the daemon is queued and sent after the next successful
-//   (re)connection.
+//   (re)connection. While another thread holds the connection (a parked grant may hold it for
+//   minutes) the Release goes out beside that request (as SwapReady) and its ack is not waited
+//   for: it returns ok once sent. Answers to requests sent beside another carry kSideRequest in
+//   their request_id; every reader keeps the TierPlans among them and drops the rest.
 // - guard_mode()/granularity() are those of the last HelloAck (off / 0 before any connection).
 // - send_guard_event() sends one GuardEvent (no reply expected), connecting first if needed
 //   (ignoring the reconnect hold-off: it is sent once per process, just before an error
@@ -45,6 +48,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -89,7 +93,9 @@ class DaemonClient {
   DaemonClient(const DaemonClient&) = delete;
   DaemonClient& operator=(const DaemonClient&) = delete;
 
-  [[nodiscard]] std::optional<GrantResult> grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose);
+  // `flags`: GrantRequest::flags (kGrantNoWait).
+  [[nodiscard]] std::optional<GrantResult> grant(const Uuid& device, std::uint64_t bytes, proto::GrantPurpose purpose,
+                                                 std::uint32_t flags = 0);
   // Status of the release, or nullopt when it was queued (daemon unreachable).
   std::optional<proto::Status> release(std::uint64_t grant_id, std::uint32_t flags);
   [[nodiscard]] std::optional<UsageResult> usage(const Uuid& device);
@@ -129,9 +135,12 @@ class DaemonClient {
   [[nodiscard]] std::optional<proto::SwapInReply> swap_in();
   // The host tier (docs/swap.md, "Host tier"): TierNotices are kept like SwapNotices
   // (take_tier_notices()); tier_step() sends one TierStep and returns its TierPlan (descriptors
-  // in `fds`). It waits at most `wait` for the connection (another thread may be talking to
-  // vlaked) and never connects: nullopt when it could not have the connection, there is none,
-  // or vlaked answered something else.
+  // in `fds`). It never connects. With the connection free it is one exchange; when another
+  // thread holds it (maybe for minutes: a parked grant), the step goes out beside that request
+  // (as SwapReady) and its TierPlan is taken from whichever thread reads the connection (every
+  // reader keeps TierPlans that are not its own reply), or read here once the connection is
+  // free. nullopt when there is no connection, no answer within the longer of `wait` and
+  // VLAKE_TIMEOUT, or vlaked answered something else.
   [[nodiscard]] std::vector<proto::TierNotice> take_tier_notices();
   [[nodiscard]] std::optional<proto::TierPlan> tier_step(const proto::TierStep& step, std::vector<UniqueFd>& fds,
                                                          std::chrono::milliseconds wait);
@@ -215,6 +224,23 @@ class DaemonClient {
   std::vector<std::uint64_t> drop_keys_;         // guarded by pressure_mu_
   std::vector<proto::SwapNotice> swap_notices_;  // guarded by pressure_mu_
   std::vector<proto::TierNotice> tier_notices_;  // guarded by pressure_mu_
+  // TierPlans answering steps sent beside another request (tier_step()), read by whoever read
+  // the connection; plan_cv_ wakes tier_step(). Request ids of such steps have kSideRequest set.
+  struct KeptPlan {
+    proto::TierPlan plan{};
+    std::vector<UniqueFd> fds;
+  };
+  static constexpr std::uint64_t kSideRequest = 1ULL << 63;
+  std::vector<KeptPlan> tier_plans_;  // guarded by pressure_mu_
+  std::condition_variable plan_cv_;
+  std::atomic<std::uint64_t> side_requests_{0};
+  void keep_plan(const proto::TierPlan& p, std::vector<UniqueFd> fds);
+  // Sends one message on side_fd_ (beside a request another thread may have in flight).
+  bool send_beside(std::span<const std::byte> bytes);
+  std::optional<proto::TierPlan> take_plan(std::uint64_t request_id, std::vector<UniqueFd>& fds);
+  // One message read from the connection within `wait` (mu_ held): unsolicited ones kept, a
+  // TierPlan kept (keep_plan). False when nothing came or the connection broke (then reset).
+  bool read_one_locked(std::chrono::milliseconds wait);
   std::atomic<std::uint64_t> generation_{0};
   void keep_drop_locked(const proto::Drop& d);
   void keep_swap_locked(const proto::SwapNotice& n);

@@ -64,7 +64,7 @@ std::uint32_t claim_slot() noexcept {
   return kSlots + 1;
 }
 
-void wait_open(Slot& s) noexcept {
+void wait_open(Slot& s, std::uint32_t depth) noexcept {
   if (exempt()) return;
   for (;;) {
     s.depth.store(0, std::memory_order_release);
@@ -72,7 +72,7 @@ void wait_open(Slot& s) noexcept {
       std::unique_lock lock(g_mu);
       g_cv.wait(lock, [] { return !g_gate_closed.load(std::memory_order_acquire); });
     }
-    s.depth.store(1, std::memory_order_relaxed);
+    s.depth.store(depth, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (!g_gate_closed.load(std::memory_order_relaxed)) return;
   }

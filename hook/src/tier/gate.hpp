@@ -14,6 +14,11 @@
 //   caller is inside a hooked call. False, with the gate open again, when that does not happen
 //   within `timeout`, when a thread has no slot (more threads than kSlots) or when the kernel
 //   has no membarrier: the move is not made then.
+// - WaitOutside (a scope inside a hooked call, around a wait for vlaked's answer that holds no
+//   lock of the hook): the thread counts as outside a hooked call while the scope lasts, so a
+//   move can start and run meanwhile; at the scope's end it waits while the gate is closed,
+//   then counts as inside again at its old depth. Nothing for a thread that is not inside a
+//   hooked call, has no slot, or is exempt.
 // - open() opens the gate and wakes every waiting thread.
 // - Threads exempt from the gate (t_gate_exempt, the worker) never wait but are counted.
 // Thread-safety: all functions may be called from any thread; close_and_drain/open from one
@@ -42,8 +47,8 @@ __attribute__((tls_model("initial-exec"))) inline thread_local std::uint32_t t_s
 
 // Claims a slot for the calling thread (released at its exit); slow path of EntryMark.
 std::uint32_t claim_slot() noexcept;
-// Waits while the gate is closed, the thread not counted meanwhile.
-void wait_open(Slot& s) noexcept;
+// Waits while the gate is closed, the thread not counted meanwhile; then counts it at `depth`.
+void wait_open(Slot& s, std::uint32_t depth = 1) noexcept;
 bool exempt() noexcept;
 
 class EntryMark {
@@ -70,6 +75,32 @@ class EntryMark {
 
  private:
   Slot* slot_ = nullptr;
+};
+
+class WaitOutside {
+ public:
+  WaitOutside() noexcept {
+    const std::uint32_t i = t_slot;
+    if (i == 0 || i > kSlots || exempt()) return;
+    Slot& s = g_slots[i - 1];
+    depth_ = s.depth.load(std::memory_order_relaxed);
+    if (depth_ == 0) return;
+    slot_ = &s;
+    slot_->depth.store(0, std::memory_order_release);
+  }
+  ~WaitOutside() {
+    if (slot_ == nullptr) return;
+    slot_->depth.store(depth_, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // as EntryMark: the closer's membarrier orders the rest
+    if (g_gate_closed.load(std::memory_order_relaxed)) [[unlikely]]
+      wait_open(*slot_, depth_);
+  }
+  WaitOutside(const WaitOutside&) = delete;
+  WaitOutside& operator=(const WaitOutside&) = delete;
+
+ private:
+  Slot* slot_ = nullptr;
+  std::uint32_t depth_ = 0;
 };
 
 bool close_and_drain(std::chrono::milliseconds timeout) noexcept;

@@ -95,10 +95,15 @@ TierResult move_grant(State& s, const proto::TierPlan& head, const std::vector<p
   if (!a) {
     ReserveBlock b;
     if (s.reserve.take_grant(grant, b)) {
-      // Nobody uses it: it goes back to vlaked instead of moving.
-      release_alloc(s, std::move(b.alloc), false);
-      log(LogLevel::debug, "host tier: grant %llu was in the local reserve: given back",
+      // Nobody uses it: unmapped and released here, and vlaked takes it back (no Release of our
+      // own: another thread may hold the connection for minutes, waiting for memory).
+      if (CUresult rc = unmap_logical(b.alloc); rc != CUDA_SUCCESS) {
+        log(LogLevel::warn, "host tier: unmapping reserved grant %llu failed (CUresult %d)",
+            static_cast<unsigned long long>(grant), static_cast<int>(rc));
+      }
+      log(LogLevel::debug, "host tier: grant %llu was in the local reserve: released",
           static_cast<unsigned long long>(grant));
+      return TierResult::released;
     }
     return TierResult::declined;
   }

@@ -19,7 +19,9 @@ GrantOut Node::grant(ConnId conn, std::uint64_t session, const proto::GrantReque
   it->second.last_active = now.steady;
   touch_session(it->second);
   GrantOut out = grant_impl(conn, it->second, m, now, nullptr);
-  if (const auto* r = std::get_if<Refused>(&out)) record_refused_grant(it->second, m, r->reply, now.steady, now);
+  const auto* r = std::get_if<Refused>(&out);
+  if (r != nullptr && (m.flags & proto::kGrantNoWait) == 0)
+    record_refused_grant(it->second, m, r->reply, now.steady, now);
   return out;
 }
 
@@ -193,7 +195,8 @@ Node::Admission Node::admit(ConnId conn, Session& s, const proto::GrantRequest& 
     reply.status = proto::Status::drop_kept;
     return GrantOut{Refused{reply}};
   }
-  if (!res && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
+  const bool no_wait = (m.flags & proto::kGrantNoWait) != 0;
+  if (!res && !no_wait && (why == Refusal::guarantee || why == Refusal::namespace_limit)) {
     // The GPU is held in full (memory beyond the namespace's guarantee is not free), or the
     // tenant's namespace is at its limit. Free handles bound to other tenants (of its namespace,
     // for its limit) are memory nobody uses, charged to them as retained: released to the
@@ -302,6 +305,10 @@ GrantOut Node::serve(ConnId conn, Session& s, const proto::GrantRequest& m, Now 
     } catch (const PoolOutOfMemory&) {
       grant_slots_[*slot] = false;
       res.rollback();
+      if ((m.flags & proto::kGrantNoWait) != 0) {  // a prefetch: nothing is asked for or waited for
+        reply.status = proto::Status::out_of_memory;
+        return Refused{reply};
+      }
       if (retry == nullptr && dev->pool->kept_by(s.id).value() > 0) {
         // Its own kept mappings hold memory the GPU lacks: it drops them and asks again.
         reply.status = proto::Status::drop_kept;
@@ -796,7 +803,7 @@ void Node::retry_parked(Now now) {
           }
           // The GPU itself is short: whole grants of idle processes of overcommit namespaces
           // move to the host tier (docs/swap.md, "Host tier"), whichever namespace waits.
-          if (!p.same_namespace) (void)start_demotes(sit->second, *dev, want, now, waiting);
+          if (!p.same_namespace) (void)start_demotes(sit->second, *dev, want, now);
           // Processes of overcommit namespaces go to host memory (docs/swap.md).
           if (!p.same_namespace && swaps_possible()) {
             const Bytes need = want + settings_.swap_margin;

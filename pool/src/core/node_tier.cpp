@@ -72,22 +72,24 @@ bool Node::demotable(const Grant& g) const {
 
 // Moves out what a grant of `want` bytes lacks on `dev` (its pool shortfall with --swap-margin),
 // less what demotes under way there bring already; returns the bytes of the moves started.
-Bytes Node::start_demotes(const Session& requester, const Device& dev, Bytes want, Now now,
-                          const std::vector<std::uint64_t>& waiting) {
+Bytes Node::start_demotes(const Session& requester, const Device& dev, Bytes want, Now now) {
   HostTier& tier = rooms_.tier;
   if (!tier.enabled() || settings_.swap_idle.count() <= 0) return Bytes{0};
   const Bytes shortfall = dev.pool->shortfall(want + settings_.swap_margin);
   const Bytes coming = tier.demoting(dev.ordinal);
   if (shortfall <= coming) return Bytes{0};
   const Bytes need = shortfall - coming;
+  // From the sessions picked, at least a piece of the tier where they have it: each move stops a
+  // process for a moment, and a grant that parks is mostly one of a burst (8 notebooks waiting
+  // for 32 MiB each at once, on an H200, made hundreds of 64 MiB moves).
+  const Bytes target = std::max(need, tier.piece());
   std::vector<SwapCandidate> candidates;
   std::vector<std::vector<std::pair<Bytes, std::uint64_t>>> grants;  // per candidate: (bytes, grant id)
   for (auto& [sid, ss] : sessions_) {
     if (sid == requester.id || !ss.pressure || ss.conn == 0 || ss.pid == 0 || tier.move_of(sid) != nullptr) continue;
-    // A session with a grant parked (in the lot, or in `waiting` while the lot retries) is inside
-    // a hooked call (its hook cannot shut the gate): not idle but waiting, however long it made no call.
-    if (rooms_.parking.of_session(sid) != nullptr) continue;
-    if (std::find(waiting.begin(), waiting.end(), sid) != waiting.end()) continue;
+    // A session whose grant is parked is a candidate too: its waiting thread is outside its
+    // hook's gate until the answer comes (protocol version 6). When every process waits for
+    // memory at once, moving some of them is what lets the others go on.
     if (!tenants_.at(ss.tenant.value()).overcommit || rooms_.swaps.state(sid) != SwapState::none) continue;
     if (now.steady < rooms_.swaps.get(sid).skip_until) continue;
     std::vector<std::pair<Bytes, std::uint64_t>> mine;
@@ -110,7 +112,7 @@ Bytes Node::start_demotes(const Session& requester, const Device& dev, Bytes wan
     m.for_session = requester.id;
     // Whole grants, largest first, until what is left to find is covered.
     for (const auto& [bytes, gid] : grants[i]) {
-      if (started >= need) break;
+      if (started >= target) break;
       m.grants.push_back(gid);
       m.bytes += bytes;
       started += bytes;
@@ -304,7 +306,7 @@ bool Node::next_of_move(TierMove& m, const Session& s) {
           pieces.push_back(std::move(*p));
           continue;
         }
-        if (!tier.fits(size)) {
+        if (!tier.fits(size) && !tier.make_room(size)) {
           ok = false;
           break;
         }
@@ -323,6 +325,11 @@ bool Node::next_of_move(TierMove& m, const Session& s) {
       if (!ok) {
         tier.release(std::move(pieces));
         m.grants.clear();  // the tier is full: the rest stays on the GPU
+        limited_.write(LogLevel::info, "tier full",
+                       "GPU " + std::to_string(dev.ordinal.value()) + ": the host tier is full (" +
+                           mib(tier.used_bytes()) + " held by grants of its " + mib(tier.bound()) + "): grant " +
+                           std::to_string(gid) + " and the rest of the move stay on the GPU",
+                       steady_now());
         return false;
       }
       m.host = std::move(pieces);
@@ -382,6 +389,14 @@ std::variant<TierOut, Malformed> Node::tier_step(std::uint64_t session, const pr
   if (m.grant_id != 0) {
     if (m.result == proto::TierResult::moved) {
       commit_move(*mv, now);
+    } else if (m.result == proto::TierResult::released) {
+      // Nobody used it (the hook's local reserve): its memory comes back at once, as a Release.
+      drop_pending(*mv);
+      proto::Release r = proto::make<proto::Release>(m.h.request_id);
+      r.grant_id = m.grant_id;
+      (void)release(session, r);
+      changes_.devices = true;
+      rooms_.parking.memory_returned();
     } else {
       ++counters_.tier_declined;
       // A process that failed to move it is not asked again for a while.

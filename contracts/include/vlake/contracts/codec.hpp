@@ -193,7 +193,7 @@ inline std::optional<std::string> check_fields(const HelloAck& m) {
   return std::nullopt;
 }
 inline std::optional<std::string> check_fields(const GrantRequest& m) {
-  if (m.reserved != 0) return "GrantRequest reserved field is not zero";
+  if ((m.flags & ~kGrantKnownFlags) != 0) return "GrantRequest has unknown flags";
   if (m.purpose != GrantPurpose::alloc && m.purpose != GrantPurpose::create && m.purpose != GrantPurpose::counted) {
     return "GrantRequest purpose " + detail::number(m.purpose) + " out of range";
   }
@@ -361,7 +361,7 @@ inline std::optional<std::string> check_fields(const TierNotice& m) {
 }
 inline std::optional<std::string> check_fields(const TierStep& m) {
   if (m.move_id == 0) return "TierStep move_id is 0";
-  if (static_cast<std::uint32_t>(m.result) > static_cast<std::uint32_t>(TierResult::failed)) {
+  if (static_cast<std::uint32_t>(m.result) > static_cast<std::uint32_t>(TierResult::released)) {
     return "TierStep result " + detail::number(m.result) + " out of range";
   }
   if (m.result == TierResult::busy && m.grant_id != 0) return "TierStep busy names a grant";

@@ -35,8 +35,9 @@ namespace vlake::proto {
 
 inline constexpr std::uint32_t kMagic = 0x314b4c56;  // "VLK1" little-endian
 // 2: HandleDesc::key, kReleaseKeepMapped, Drop/Dropped; 3: ReserveReport::flags, wait_ms,
-// HelloAck::flags; 4: ContextRequest/ContextReply; 5: TierNotice/TierStep/TierPlan.
-inline constexpr std::uint16_t kVersion = 5;
+// HelloAck::flags; 4: ContextRequest/ContextReply; 5: TierNotice/TierStep/TierPlan;
+// 6: GrantRequest::flags (kGrantNoWait), TierSteps while a request of the client waits.
+inline constexpr std::uint16_t kVersion = 6;
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::uint32_t kMaxHandlesPerGrant = 32;
 inline constexpr std::uint32_t kMaxDevices = 16;
@@ -235,12 +236,21 @@ enum class GrantPurpose : std::uint32_t {
   counted = 3,  // charged only (cuMemAllocManaged): no handle is sent
 };
 
+// GrantRequest::flags (version 6).
+enum GrantFlags : std::uint32_t {
+  // The request must not wait for memory (the hook's prefetch, docs/hook.md): with no room now it
+  // is answered out_of_memory at once: it is never parked, asks nobody to give memory back and
+  // moves nobody to host memory.
+  kGrantNoWait = 1u << 0,
+};
+inline constexpr std::uint32_t kGrantKnownFlags = kGrantNoWait;
+
 struct GrantRequest {
   Header h;
   std::uint8_t device_uuid[16];
   std::uint64_t bytes;  // > 0; rounded up to the granularity by the daemon
   GrantPurpose purpose;
-  std::uint32_t reserved;
+  std::uint32_t flags;  // GrantFlags
 };
 
 struct HandleDesc {
@@ -582,6 +592,11 @@ struct ContextReply {
 //     asks TierStep{move_id, grant, moved} (or declined/failed: the grant stays as it was).
 //     status ok with `grant_id` 0: the move is over; the client opens its gate. Any other status
 //     (unknown_grant: the move was called off) also ends it.
+//   Version 6: a client one of whose threads waits for an answer (a parked grant) is moved as
+//     well: that thread is outside the gate while it waits and stops at it when the answer
+//     comes. Its TierSteps then arrive while that request is unanswered (sent beside it), and
+//     the TierPlan may reach whichever of its threads reads the connection: replies are matched
+//     by request_id, never by order.
 enum class TierDirection : std::uint32_t {
   to_host = 1,    // demote: device memory -> host memory
   to_device = 2,  // promote: host memory -> device memory
@@ -598,6 +613,9 @@ enum class TierResult : std::uint32_t {
   declined = 2,  // the grant cannot be moved (not found, peer-mapped, shared): it stays as it was
   busy = 3,      // (grant 0) the process could not stop: the move is off, the gate is open
   failed = 4,    // copying or mapping failed; the grant stays on its old handles
+  // Version 6: nobody used the grant (it was in the client's local reserve): the client unmapped
+  // it and released its imports instead of moving it; vlaked takes it back as a Release.
+  released = 5,
 };
 struct TierStep {
   Header h;

@@ -327,10 +327,9 @@ class Node {
   // Victims moved out for `session` (on `d`; any GPU when nullopt) go back as soon as there is room.
   void bring_back_victims_of(std::uint64_t session, std::optional<DeviceOrdinal> d);
   void notify(const Session& s, proto::SwapPhase phase);
-  // the host tier (node_tier.cpp); `waiting`: sessions with a grant parked but out of the lot
+  // the host tier (node_tier.cpp)
   [[nodiscard]] bool demotable(const Grant& g) const;
-  Bytes start_demotes(const Session& requester, const Device& dev, Bytes want, Now now,
-                      const std::vector<std::uint64_t>& waiting = {});
+  Bytes start_demotes(const Session& requester, const Device& dev, Bytes want, Now now);
   void tier_tick(Now now);
   void drop_pending(TierMove& m);
   void end_move(std::uint64_t session, Now now);

@@ -86,6 +86,18 @@ std::optional<HostPiece> HostTier::take(Bytes size) {
   return p;
 }
 
+bool HostTier::make_room(Bytes size) {
+  while (!fits(size) && !stock_.empty()) {
+    auto it = std::prev(stock_.end());
+    HostPiece p = std::move(it->second.back());
+    it->second.pop_back();
+    if (it->second.empty()) stock_.erase(it);
+    stock_bytes_ -= p.size;
+    released_.push_back(std::move(p));
+  }
+  return fits(size);
+}
+
 void HostTier::release(std::vector<HostPiece> pieces) {
   for (HostPiece& p : pieces) {
     used_ = used_ >= p.size ? used_ - p.size : Bytes{0};

@@ -12,7 +12,9 @@
 //   - to_build(): the pieces to have made now (the loop's builder makes them off the loop):
 //     `kSmallEach` of every smaller size, then whole pieces, never past the bound counting the
 //     stock, the pieces being built and those grants hold;
-//   - take(size): a piece from the stock (nullopt: none of that size: the caller makes one).
+//   - take(size): a piece from the stock (nullopt: none of that size: the caller makes one);
+//   - make_room(size): with the bound reached, releases unused stock, largest pieces first,
+//     until a piece of `size` fits (a stock of whole pieces must not keep small grants out).
 //   The Node picks what to move (plan_swap's rules), runs the protocol and owns the device
 //   handles; this room holds the host side and the moves' state.
 // Ownership: owns the pieces in its stock, on the host and in moves (their handles are released
@@ -107,6 +109,9 @@ class HostTier {
   // A piece made on the spot (none in stock) now in use: counted against the bound.
   void note_made(Bytes size) noexcept { used_ += size; }
   [[nodiscard]] bool fits(Bytes size) const noexcept { return stock_bytes_ + building_bytes_ + used_ + size <= bound_; }
+  // Releases stock pieces (largest first, to take_released()) until `size` fits; false if it
+  // still does not (the bound is held by grants, moves and builds).
+  bool make_room(Bytes size);
   // Pieces no longer used (a promoted or released grant, a move called off): released by the
   // caller (off the loop: unpinning takes time).
   void release(std::vector<HostPiece> pieces);
