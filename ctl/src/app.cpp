@@ -69,6 +69,11 @@ std::string wall_clock() {
 int App::run(const CtlOptions& o) {
   try {
     if (o.command == Command::quota_check) return quota_check(o);
+    if (o.command == Command::quota_grammar) {
+      out_ << (o.json ? render_grammar_json() : render_grammar_text());
+      out_.flush();
+      return 0;
+    }
     if (o.command == Command::none) {
       err_ << "vlakectl: no command given (top, tenants, processes, waits, pool, events or quota check FILE)\n";
       return 2;

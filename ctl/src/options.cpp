@@ -103,14 +103,20 @@ CtlOptions CtlOptions::parse(std::span<const std::string> args, const char* env_
   } else if (cmd == "events") {
     o.command = Command::events;
   } else if (cmd == "quota") {
-    if (words.size() < 2 || words[1] != "check") {
-      throw UsageError(words.size() < 2 ? "quota: missing subcommand (quota check FILE)"
-                                        : "quota: unknown subcommand '" + words[1] + "' (quota check FILE)");
+    if (words.size() >= 2 && words[1] == "grammar") {
+      o.command = Command::quota_grammar;
+      used = 2;
+    } else {
+      if (words.size() < 2 || words[1] != "check") {
+        throw UsageError(words.size() < 2
+                             ? "quota: missing subcommand (quota check FILE, quota grammar)"
+                             : "quota: unknown subcommand '" + words[1] + "' (quota check FILE, quota grammar)");
+      }
+      if (words.size() < 3) throw UsageError("quota check: missing FILE");
+      o.command = Command::quota_check;
+      o.quota_file = words[2];
+      used = 3;
     }
-    if (words.size() < 3) throw UsageError("quota check: missing FILE");
-    o.command = Command::quota_check;
-    o.quota_file = words[2];
-    used = 3;
   } else {
     throw UsageError("unknown command '" + cmd +
                      "' (top, tenants, processes, waits, pool, events or quota check FILE)");
@@ -150,6 +156,8 @@ std::string CtlOptions::usage() {
          "                           validate a quota file (guarantee sums against SIZE if given);\n"
          "                           prints 'FILE: ok' and a summary, or\n"
          "                           each error as 'file:line:col: what'\n"
+         "  quota grammar            the quota file's keys per section, their kinds and choices\n"
+         "                           (--json: with a file that uses every key)\n"
          "\n"
          "options:\n"
          "  --state NAME   vlaked's state segment (default $VLAKE_STATE, else vlake-state): a file\n"

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "vlake/ctl/json.hpp"
+#include "vlake/quota/grammar.hpp"
 #include "vlake/quota/quota_config.hpp"
 
 namespace vlake::ctl {
@@ -105,6 +106,43 @@ std::string render_quota_json(const QuotaCheckResult& r) {
   }
   j.end_object();
   return j.str();
+}
+
+std::string render_grammar_json() {
+  namespace g = quota::grammar;
+  JsonWriter w;
+  w.begin_object().field_uint("version", 1).key("sections").begin_object();
+  for (const g::Section& s : g::kSections) {
+    w.key(s.name).begin_array();
+    for (const g::Key& k : s.keys) {
+      w.begin_object().field("key", k.name).field("kind", g::kind_name(k.kind));
+      if (!k.choices.empty()) {
+        w.key("choices").begin_array();
+        for (std::string_view c : k.choices) w.string(c);
+        w.end_array();
+      }
+      if (!k.section.empty()) w.field("section", k.section);
+      w.end_object();
+    }
+    w.end_array();
+  }
+  w.end_object().field("example", g::example_document()).end_object();
+  return w.str();
+}
+
+std::string render_grammar_text() {
+  namespace g = quota::grammar;
+  std::string out;
+  for (const g::Section& s : g::kSections) {
+    out += std::string(s.name) + ":";
+    for (const g::Key& k : s.keys) {
+      out += " " + std::string(k.name) + " (" + std::string(g::kind_name(k.kind));
+      for (std::size_t i = 0; i < k.choices.size(); ++i) out += (i == 0 ? ": " : "|") + std::string(k.choices[i]);
+      out += ")";
+    }
+    out += "\n";
+  }
+  return out;
 }
 
 }  // namespace vlake::ctl

@@ -12,6 +12,7 @@
 #include "vlake/common/excerpt.hpp"
 #include "vlake/common/size.hpp"
 #include "vlake/common/unique_fd.hpp"
+#include "vlake/quota/grammar.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -23,7 +24,9 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -147,16 +150,17 @@ class Parser {
     throw ConfigError(name_, m.line + 1, m.column + 1, what);
   }
 
-  // Every key of map `node` must be one of `allowed`.
-  void check_keys(const YAML::Node& node, std::initializer_list<const char*> allowed, const std::string& where) const {
+  // Every key of map `node` must be one of section `section`'s (grammar.hpp).
+  void check_keys(const YAML::Node& node, std::string_view section, const std::string& where) const {
+    const std::span<const grammar::Key> allowed = grammar::keys_of(section);
     for (auto it = node.begin(); it != node.end(); ++it) {
       const YAML::Node key = it->first;
       if (!key.IsScalar()) fail(key.Mark(), "keys in " + where + " must be names");
       const std::string k = key.Scalar();
-      const bool ok = std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; });
+      const bool ok = std::any_of(allowed.begin(), allowed.end(), [&](const grammar::Key& a) { return k == a.name; });
       if (!ok) {
         std::string list;
-        for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+        for (const grammar::Key& a : allowed) list += (list.empty() ? "" : ", ") + std::string(a.name);
         fail(key.Mark(), "unknown key '" + excerpt(k) + "' in " + where + " (allowed: " + list + ")");
       }
     }
@@ -465,7 +469,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   p.check_duplicate_keys(root);
   if (!root || root.IsNull()) throw ConfigError(name, 0, 0, "empty configuration (expected 'version: 1')");
   if (!root.IsMap()) p.fail(root.Mark(), "the configuration must be a mapping");
-  p.check_keys(root, {"version", "default", "namespaces", "users", "groups"}, "the top level");
+  p.check_keys(root, "top", "the top level");
 
   const YAML::Node version = root["version"];
   if (!version) p.fail(root.Mark(), "missing 'version' (expected 1)");
@@ -480,10 +484,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
   cfg.namespaces_.clear();
   if (const YAML::Node def = root["default"]) {
     if (!def.IsMap()) p.fail(def.Mark(), "'default' must be a mapping with 'limit'");
-    p.check_keys(
-        def,
-        {"limit", "guard", "dedup", "enforce", "kill_grace", "allow_disable", "dedup_domain", "wait", "overcommit"},
-        "'default'");
+    p.check_keys(def, "default", "'default'");
     const auto l = p.size(def, "limit", "'default'");
     cfg.default_guard_ = p.guard(def, "'default'");
     cfg.default_dedup_ = p.dedup(def, "'default'");
@@ -511,10 +512,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
     std::uint64_t percent_sum = 0;
     for (const YAML::Node& n : nss) {
       if (!n.IsMap()) p.fail(n.Mark(), "a 'namespaces' entry must be a mapping (name, limit, guaranteed, ...)");
-      p.check_keys(n,
-                   {"name", "limit", "guaranteed", "priority", "pod_limit", "users", "groups", "guard", "dedup",
-                    "enforce", "kill_grace", "allow_disable", "dedup_domain", "ipc_domain", "wait", "overcommit"},
-                   "a 'namespaces' entry");
+      p.check_keys(n, "namespace", "a 'namespaces' entry");
       const YAML::Node nm = n["name"];
       if (!nm) p.fail(n.Mark(), "a 'namespaces' entry needs 'name'");
       if (!nm.IsScalar() || !dns_label(nm.Scalar())) {
@@ -630,7 +628,7 @@ QuotaConfig QuotaConfig::parse(const std::string& text, const std::string& name)
       if (!list.IsSequence()) p.fail(list.Mark(), "'" + std::string(key) + "' must be a list");
       for (const YAML::Node& u : list) {
         if (!u.IsMap()) p.fail(u.Mark(), entry_what + " must be a mapping (" + id_key + " or name, limit)");
-        p.check_keys(u, {id_key, "name", "limit", "namespace", "guard"}, entry_what);
+        p.check_keys(u, group ? "group" : "user", entry_what);
         const YAML::Node idn = u[id_key];
         const YAML::Node nm = u["name"];
         if (idn && nm) p.fail(u.Mark(), entry_what + " has both '" + id_key + "' and 'name' (give one)");

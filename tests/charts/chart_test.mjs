@@ -51,7 +51,7 @@ for (let k = 2; k < process.argv.length; k++) {
 }
 if (!opts.chart || !opts.tools || !opts.case) {
   console.error("usage: chart_test.mjs --chart DIR --tools DIR [--vlakectl PATH] [--vlaked PATH] [--device-plugin PATH] " +
-    "[--events PATH] [--package-script PATH] [--dockerfile PATH] lint|render|schema|quota|args|package");
+    "[--events PATH] [--package-script PATH] [--dockerfile PATH] lint|render|schema|quota|grammar|upgrade|args|package");
   process.exit(2);
 }
 opts.chart = resolve(opts.chart);
@@ -635,6 +635,153 @@ function caseQuota() {
   }
 }
 
+// One quota grammar (issue: the chart's schema drifted from the parser): `vlakectl quota grammar
+// --json` is the parser's own table of keys (quota/include/vlake/quota/grammar.hpp). The chart's
+// schema for quota.config must hold exactly those keys in every section, with the same words for
+// every choice; docs/quota.md must name every key; and the grammar's example file (every key of
+// every section) must pass the schema as Helm values, render into the ConfigMap unchanged and pass
+// `vlakectl quota check`.
+function caseGrammar() {
+  if (!opts.vlakectl || !existsSync(opts.vlakectl)) {
+    check(false, `vlakectl binary ${opts.vlakectl} exists`);
+    return;
+  }
+  const g = run(opts.vlakectl, ["--json", "quota", "grammar"]);
+  if (!check(g.code === 0, "vlakectl --json quota grammar", g.err)) return;
+  const grammar = JSON.parse(g.out);
+  const schema = JSON.parse(readFileSync(join(opts.chart, "values.schema.json"), "utf8"));
+  const deref = (node) => (node && node.$ref ? schema.definitions[node.$ref.split("/").pop()] : node);
+  const config = schema.properties.quota.properties.config;
+  const principal = deref(config.properties.users.items.allOf[0]);
+  const sections = {
+    top: config,
+    default: deref(config.properties.default),
+    namespace: deref(config.properties.namespaces.items),
+    user: principal,
+    group: principal,
+  };
+  const keysOf = (name) => grammar.sections[name].map((k) => k.key);
+  for (const [name, node] of Object.entries(sections)) {
+    const want = keysOf(name).filter((k) => !(name === "top" && k === "version"));  // the chart writes version: 1
+    const have = Object.keys(node.properties);
+    const missing = want.filter((k) => !have.includes(k));
+    check(missing.length === 0, `schema: section ${name} accepts every key the parser reads`, `missing: ${missing.join(", ")}`);
+    // The principal definition serves users and groups: it may hold the other's id key.
+    const allowed = name === "user" || name === "group" ? [...new Set([...keysOf("user"), ...keysOf("group")])] : want;
+    const extra = have.filter((k) => !allowed.includes(k));
+    check(extra.length === 0, `schema: section ${name} holds no key the parser refuses`, `extra: ${extra.join(", ")}`);
+    for (const k of grammar.sections[name]) {
+      const p = deref(node.properties[k.key]);
+      if (!p) continue;
+      if (k.kind === "choice") {
+        check(JSON.stringify(p.enum) === JSON.stringify(k.choices), `schema: ${name}.${k.key} has the parser's words`,
+          `schema ${JSON.stringify(p.enum)}, parser ${JSON.stringify(k.choices)}`);
+      } else if (k.kind === "flag") {
+        check(p.type === "boolean", `schema: ${name}.${k.key} is a boolean`, JSON.stringify(p));
+      } else if (k.kind === "duration" || k.kind === "wait") {
+        check(node.properties[k.key].$ref === "#/definitions/duration", `schema: ${name}.${k.key} is a duration`,
+          JSON.stringify(node.properties[k.key]));
+      } else if (k.kind === "size") {
+        check(node.properties[k.key].$ref === "#/definitions/size", `schema: ${name}.${k.key} is a size`,
+          JSON.stringify(node.properties[k.key]));
+      }
+    }
+  }
+  const docs = readFileSync(resolve(opts.chart, "..", "..", "docs", "quota.md"), "utf8");
+  const all = [...new Set(Object.values(grammar.sections).flat().map((k) => k.key))];
+  const undocumented = all.filter((k) => !docs.includes("`" + k) && !docs.includes(k + ":"));
+  check(undocumented.length === 0, "docs/quota.md names every key of the grammar", undocumented.join(", "));
+
+  // The example, every key of every section, through values (JSON: YAML 1.1 readers take a bare
+  // off for false), the schema, the ConfigMap and the parser.
+  const example = YAML.parse(grammar.example);
+  const values = { ...example };
+  delete values.version;
+  const f = join(scratch, "grammar-values.json");
+  writeFileSync(f, JSON.stringify({ quota: { config: values } }));
+  const r = template("-f", f);
+  if (!check(r.code === 0, "the grammar's example passes the chart's schema as quota.config", r.err)) return;
+  const text = quotaYaml(r.out);
+  if (!check(text !== null, "grammar: one quota ConfigMap with vlake.yaml")) return;
+  const canon = (x) => (Array.isArray(x) ? x.map(canon) : x && typeof x === "object"
+    ? Object.fromEntries(Object.keys(x).sort().map((k) => [k, canon(x[k])])) : x);
+  check(JSON.stringify(canon(YAML.parse(text))) === JSON.stringify(canon(example)),
+    "grammar: the ConfigMap holds the example's keys and values (in Helm's key order)", text);
+  const qf = join(scratch, "vlake-grammar.yaml");
+  writeFileSync(qf, text);
+  const q = run(opts.vlakectl, ["quota", "check", qf, "--gpu-memory", "80GiB"]);
+  check(q.code === 0, "vlakectl quota check accepts the rendered example", q.out + q.err);
+
+  // Every values file the docs show ("# values.yaml of the vlake chart") passes the schema, and its
+  // quota file the parser.
+  const docsDir = resolve(opts.chart, "..", "..", "docs");
+  let shown = 0;
+  for (const name of readdirSync(docsDir).filter((n) => n.endsWith(".md"))) {
+    const md = readFileSync(join(docsDir, name), "utf8");
+    for (const m of md.matchAll(/```yaml\n(# values\.yaml of the vlake chart[^\n]*\n[\s\S]*?)```/g)) {
+      shown++;
+      const vf = join(scratch, `docs-values-${shown}.yaml`);
+      writeFileSync(vf, m[1]);
+      const dr = template("-f", vf);
+      if (!check(dr.code === 0, `docs/${name}: the chart values it shows pass the schema`, dr.err)) continue;
+      const dq = quotaYaml(dr.out);
+      if (dq === null) continue;
+      const df = join(scratch, `vlake-docs-${shown}.yaml`);
+      writeFileSync(df, dq);
+      const dc = run(opts.vlakectl, ["quota", "check", df]);
+      check(dc.code === 0, `docs/${name}: its quota file passes vlakectl quota check`, dc.out + dc.err);
+    }
+  }
+  check(shown > 0, "the docs show at least one chart values file", "none found");
+}
+
+// `helm upgrade --reuse-values` from an earlier chart version renders the new templates with the
+// values of the release it upgrades: that version's values.yaml (tests/charts/previous), without
+// the keys added since. Every such render must succeed and give what the same values plus this
+// version's defaults for the added keys give (`--reset-then-reuse-values`): a template's default
+// for a new value is values.yaml's.
+function caseUpgrade() {
+  const dir = join(here, "previous");
+  const current = YAML.parse(readFileSync(join(opts.chart, "values.yaml"), "utf8"));
+  const merge = (base, over) => {
+    if (!over || typeof over !== "object" || Array.isArray(over) || !base || typeof base !== "object" || Array.isArray(base)) {
+      return over === undefined ? base : over;
+    }
+    const out = { ...base };
+    for (const [k, v] of Object.entries(over)) out[k] = k in base ? merge(base[k], v) : v;
+    return out;
+  };
+  const renderWith = (values, label) => {
+    const c = join(scratch, `chart-${label}`);
+    cpSync(opts.chart, c, { recursive: true });
+    writeFileSync(join(c, "values.yaml"), YAML.stringify(values));
+    return run(helm, ["template", "vlake", c, "--namespace", "vlake-system", ...OPERATOR]);
+  };
+  const files = readdirSync(dir).filter((n) => /^values-.*\.yaml$/.test(n)).sort();
+  check(files.length > 0, "earlier versions' values are in tests/charts/previous");
+  for (const name of files) {
+    const old = YAML.parse(readFileSync(join(dir, name), "utf8"));
+    const version = name.replace(/^values-|\.yaml$/g, "");
+    const reused = renderWith(old, `reuse-${version}`);
+    if (!check(reused.code === 0, `--reuse-values from ${version}: the templates render`, reused.err)) continue;
+    const reset = renderWith(merge(current, old), `reset-${version}`);
+    if (!check(reset.code === 0, `--reset-then-reuse-values from ${version}: the templates render`, reset.err)) continue;
+    const a = JSON.stringify(objects(reused.out));
+    const b = JSON.stringify(objects(reset.out));
+    check(a === b, `--reuse-values from ${version} gives the objects that the new defaults give`,
+      a === b ? "" : firstDifference(objects(reused.out), objects(reset.out)));
+  }
+}
+
+function firstDifference(xs, ys) {
+  for (let i = 0; i < Math.max(xs.length, ys.length); i++) {
+    const x = JSON.stringify(xs[i]);
+    const y = JSON.stringify(ys[i]);
+    if (x !== y) return `object ${i}:\n  reused: ${x}\n  reset:  ${y}`;
+  }
+  return "";
+}
+
 // A container's arguments as the kubelet passes them: $(VAR) is replaced by the container's env
 // var VAR (a literal value, or the pod IP `podIp` for the downward API's status.podIP), $$(VAR)
 // stays $(VAR) unexpanded, and a reference to an unknown variable stays as written.
@@ -742,7 +889,8 @@ function casePackage() {
     manifest.annotations["org.opencontainers.image.title"] === chartYaml.name, "OCI layout: title and version annotations");
 }
 
-const CASES = { lint: caseLint, render: caseRender, schema: caseSchema, quota: caseQuota, args: caseArgs, package: casePackage };
+const CASES = { lint: caseLint, render: caseRender, schema: caseSchema, quota: caseQuota, grammar: caseGrammar,
+  upgrade: caseUpgrade, args: caseArgs, package: casePackage };
 if (!CASES[opts.case]) { console.error(`chart_test: unknown case ${opts.case}`); process.exit(2); }
 try {
   CASES[opts.case]();

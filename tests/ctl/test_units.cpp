@@ -182,8 +182,9 @@ TEST_CASE("options: bad command lines say what is wrong", "[units]") {
   CHECK(parse_error({"top", "--state", "a/b"}).find("neither a name") != std::string::npos);
   CHECK(parse_error({"top", "--state", "/run/x/"}).find("names a directory") != std::string::npos);
   CHECK(parse_error({"top"}, "a/b").find("neither a name") != std::string::npos);
-  CHECK(parse_error({"quota"}) == "quota: missing subcommand (quota check FILE)");
-  CHECK(parse_error({"quota", "lint", "f"}) == "quota: unknown subcommand 'lint' (quota check FILE)");
+  CHECK(parse_error({"quota"}) == "quota: missing subcommand (quota check FILE, quota grammar)");
+  CHECK(parse_error({"quota", "lint", "f"}) == "quota: unknown subcommand 'lint' (quota check FILE, quota grammar)");
+  CHECK(parse_error({"quota", "grammar", "x"}) == "unexpected argument 'x' after 'quota'");
   CHECK(parse_error({"quota", "check"}) == "quota check: missing FILE");
   CHECK(parse_error({"quota", "check", "a", "b"}) == "unexpected argument 'b' after 'quota'");
   CHECK(parse_error({"tenants", "extra"}) == "unexpected argument 'extra' after 'tenants'");

@@ -74,7 +74,7 @@ is null (the default) the GPU nodes NVIDIA GPU feature discovery labels.
 
 {{/* The ResourceQuota that admits pods of a system-* priority class outside kube-system. */}}
 {{- define "vlake.priorityClassQuota" -}}
-{{- if and .Values.priorityClassQuota.enabled (has .Values.priorityClassName (list "system-node-critical" "system-cluster-critical")) (ne .Release.Namespace "kube-system") }}true{{ end }}
+{{- if and (dig "priorityClassQuota" "enabled" true .Values.AsMap) (has .Values.priorityClassName (list "system-node-critical" "system-cluster-critical")) (ne .Release.Namespace "kube-system") }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -117,4 +117,17 @@ $gpu bytes ("60%"; $gpu 0 = unknown: fails naming $what). Call with
 {{- else }}
 {{- fail (printf "%s: bad size %q" .what $s) }}
 {{- end }}
+{{- end }}
+
+{{/*
+Values added after chart 0.2.0 default here as in values.yaml: `helm upgrade --reuse-values`
+renders with the values of the release it upgrades, which lack them. charts.upgrade
+(tests/charts) renders each earlier version's values and checks that the result is what those
+values plus this version's defaults give. Scalars use `dig KEY... DEFAULT .Values.AsMap`;
+vlake.events is the events block merged over its defaults (YAML: `include ... | fromYaml`).
+*/}}
+{{- define "vlake.events" -}}
+{{- $d := dict "enabled" false "interval" "2s" "maxPerInterval" 20 "logLevel" "info" "extraArgs" (list)
+      "resources" (dict "requests" (dict "cpu" "10m" "memory" "16Mi") "limits" (dict "memory" "64Mi")) }}
+{{- toYaml (mergeOverwrite $d (deepCopy (.Values.events | default dict))) }}
 {{- end }}

@@ -1,7 +1,7 @@
 // vlake::ctl::CtlOptions — vlakectl's command line.
 //
 //   vlakectl [--state NAME] [--json] COMMAND
-//   COMMAND: top [--watch [DURATION]] | tenants | pool | events | quota check FILE [--gpu-memory SIZE]
+//   COMMAND: top [--watch [DURATION]] | tenants | pool | events | quota check FILE [--gpu-memory SIZE] | quota grammar
 //
 // Global options may come before or after the command. `--state` defaults to $VLAKE_STATE,
 // then "vlake-state". Options taking a value accept `--opt VALUE` and `--opt=VALUE`; `--watch`
@@ -28,7 +28,7 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class Command { none, top, tenants, processes, waits, pool, events, quota_check };
+enum class Command { none, top, tenants, processes, waits, pool, events, quota_check, quota_grammar };
 
 inline constexpr const char* kDefaultState = "vlake-state";
 inline constexpr double kDefaultWatchSeconds = 2.0;

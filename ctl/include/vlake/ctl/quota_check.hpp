@@ -42,5 +42,10 @@ struct QuotaCheckResult {
 QuotaCheckResult check_quota_file(const std::string& path, std::optional<Bytes> gpu_memory = std::nullopt);
 std::string render_quota_text(const QuotaCheckResult& r);  // "FILE: ok" + summary, or errors
 std::string render_quota_json(const QuotaCheckResult& r);
+// `vlakectl quota grammar`: the quota file's keys (vlake/quota/grammar.hpp) as JSON: {"version":
+// 1, "sections": {NAME: [{"key", "kind", "choices"?, "section"?}, ...]}, "example": TEXT} (the
+// chart's schema test reads it), or as text, one section per line.
+std::string render_grammar_json();
+std::string render_grammar_text();
 
 }  // namespace vlake::ctl
