@@ -16,7 +16,8 @@ namespace vlake {
 
 DriverError::DriverError(DriverStatus code, const std::string& call, const std::string& detail)
     : std::runtime_error(call + " failed: " + std::to_string(code) + (detail.empty() ? std::string() : " " + detail)),
-      code_(code) {}
+      code_(code),
+      detail_(detail) {}
 
 void Driver::copy_device(DevicePtr dst, DevicePtr src, Bytes n) {
   constexpr std::uint64_t kPiece = 2ull << 20;

@@ -73,17 +73,25 @@ void Logger::write(LogLevel l, std::string_view msg) const noexcept {
         std::snprintf(tag_buf, sizeof tag_buf, "%s[%d]", program_invocation_short_name, static_cast<int>(::getpid()));
     tag = std::string_view(tag_buf, t < 0 ? 0 : std::min(static_cast<std::size_t>(t), sizeof tag_buf - 1));
   }
-  const std::size_t need = tag.size() + msg.size() + 16;
+  // On the journal, "<N>" first: journald takes the line's priority from it and strips it.
+  static constexpr const char* kPriority[] = {"<7>", "<6>", "<4>", "<3>"};
+  const std::size_t p = journal_ ? 3 : 0;
+  const std::size_t need = p + tag.size() + msg.size() + 16;
   char line[4096];
-  if (need <= sizeof line) {
-    write_log_line(fd_, std::string_view(line, format_log_line(line, sizeof line, tag, l, true, msg)));
-    return;
+  char* out = line;
+  std::string big;
+  if (need > sizeof line) {
+    try {
+      big.assign(need, '\0');
+    } catch (...) {
+      return;
+    }
+    out = big.data();
   }
-  try {
-    std::string big(need, '\0');
-    write_log_line(fd_, std::string_view(big.data(), format_log_line(big.data(), need, tag, l, true, msg)));
-  } catch (...) {
-  }
+  const std::size_t cap = need > sizeof line ? need : sizeof line;
+  if (p != 0) std::memcpy(out, kPriority[static_cast<int>(l)], p);
+  const std::size_t n = format_log_line(out + p, cap - p, tag, l, true, msg);
+  if (n != 0) write_log_line(fd_, std::string_view(out, n + p));
 }
 
 }  // namespace vlake

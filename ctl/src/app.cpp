@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -148,7 +149,14 @@ int App::watch(const CtlOptions& o) {
 }
 
 int App::quota_check(const CtlOptions& o) {
-  const QuotaCheckResult r = check_quota_file(o.quota_file, o.gpu_memory);
+  QuotaCheckResult r;
+  if (o.quota_file == "-") {
+    std::ostringstream text;
+    text << in_.rdbuf();
+    r = check_quota_text(text.str(), "<stdin>", o.gpu_memory);
+  } else {
+    r = check_quota_file(o.quota_file, o.gpu_memory);
+  }
   if (o.json) {
     out_ << render_quota_json(r);
   } else if (r.ok) {

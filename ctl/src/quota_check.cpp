@@ -25,9 +25,8 @@ QuotaIssue issue_from(const std::string& path, const quota::ConfigError& e) {
   return i;
 }
 
-void summarize(const std::string& path, QuotaCheckResult& r) {
+void summarize_node(const YAML::Node& root, QuotaCheckResult& r) {
   try {
-    const YAML::Node root = YAML::LoadFile(path);
     if (!root.IsMap()) return;
     for (const auto& kv : root) {
       const std::string k = kv.first.as<std::string>("?");
@@ -38,7 +37,15 @@ void summarize(const std::string& path, QuotaCheckResult& r) {
       }
     }
   } catch (const std::exception&) {
-    // The file changed after validation; the summary is best effort.
+    // The summary is best effort.
+  }
+}
+
+void summarize(const std::string& path, QuotaCheckResult& r) {
+  try {
+    summarize_node(YAML::LoadFile(path), r);
+  } catch (const std::exception&) {
+    // The file changed after validation.
   }
 }
 
@@ -58,6 +65,23 @@ QuotaCheckResult check_quota_file(const std::string& path, std::optional<Bytes> 
     }
   }
   if (r.ok) summarize(path, r);
+  return r;
+}
+
+QuotaCheckResult check_quota_text(const std::string& text, const std::string& name, std::optional<Bytes> gpu_memory) {
+  QuotaCheckResult r;
+  r.file = name;
+  try {
+    const quota::QuotaConfig cfg = quota::QuotaConfig::parse(text, name);
+    if (gpu_memory) cfg.check_device(*gpu_memory);
+    r.default_limit = cfg.default_limit().to_string();
+    r.ok = true;
+  } catch (const quota::ConfigError& e) {
+    r.errors.push_back(issue_from(name, e));
+  } catch (const std::exception& e) {
+    r.errors.push_back(QuotaIssue{name, 0, 0, e.what()});
+  }
+  if (r.ok) summarize_node(YAML::Load(text), r);
   return r;
 }
 

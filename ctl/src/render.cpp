@@ -264,6 +264,12 @@ std::string waits_table(const NodeView& v, const std::string& indent) {
 
 std::string render_top_text(const NodeView& v, const std::string& state, const std::string& stamp) {
   std::string out = heading(v, state, stamp);
+  if (v.config.rejected) {
+    // The limits below are the previous file's: say so before anyone reads them.
+    out += "QUOTA FILE REJECTED: " + v.config.last_error + "\n  the limits shown are the previous configuration's (" +
+           "generation " + std::to_string(v.config.generation) + "); check the file with: vlakectl quota check " +
+           (v.config.path.empty() ? std::string("FILE") : v.config.path) + "\n";
+  }
   const std::vector<TopRow> rows = top_rows(v);
   if (v.gpus.empty()) out += "no GPUs in the state (has vlaked finished starting?)\n";
   std::vector<const TenantGpuView*> marked;
@@ -347,6 +353,14 @@ std::string render_top_json(const NodeView& v, const std::string& state) {
   j.begin_object();
   j.field("state", state);
   daemon_json(j, v.daemon);
+  j.key("config").begin_object();
+  j.field("path", v.config.path);
+  j.field_bool("from_file", v.config.from_file);
+  j.field_uint("generation", v.config.generation);
+  j.field_bool("rejected", v.config.rejected);
+  j.field("last_error", v.config.last_error);
+  j.field_uint("error_unix_ns", v.config.error_unix_ns);
+  j.end_object();
   const std::vector<TopRow> rows = top_rows(v);
   j.key("gpus").begin_array();
   for (const GpuView& g : v.gpus) {

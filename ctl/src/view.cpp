@@ -45,6 +45,12 @@ NodeView build_view(const st::State& s, bool daemon_alive, std::uint64_t now_uni
   v.daemon.clean = h.clean != 0;
   v.daemon.alive = daemon_alive;
   v.daemon.updated_unix_ns = h.updated_unix_ns;
+  v.config.path = bounded(s.config.path, sizeof s.config.path);
+  v.config.from_file = s.config.from_file != 0;
+  v.config.generation = s.config.generation;
+  v.config.rejected = s.config.rejected != 0;
+  v.config.last_error = bounded(s.config.last_error, sizeof s.config.last_error);
+  v.config.error_unix_ns = s.config.error_unix_ns;
 
   for (std::uint32_t d = 0; d < st::kMaxDevices; ++d) {
     const st::DeviceRecord& r = s.devices[d];

@@ -1,10 +1,11 @@
 // vlake's one logger (common/log.hpp): level names, filtering, the line format, one write per
 // line.
+#include <sys/stat.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <cerrno>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +69,33 @@ TEST_CASE("log: the default tag is the program's name and pid", "[common][log]")
   log.warn("hello");
   CHECK(drain(fds) ==
         std::string(program_invocation_short_name) + "[" + std::to_string(::getpid()) + "]: warn: hello\n");
+}
+
+TEST_CASE("log: on the journal's stream every line starts with its syslog priority", "[common][log]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  struct stat st {};
+  REQUIRE(::fstat(fds[1], &st) == 0);
+  const char* before = std::getenv("JOURNAL_STREAM");
+  const std::string saved = before != nullptr ? before : "";
+  ::setenv("JOURNAL_STREAM", (std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)).c_str(), 1);
+  Logger log("vlaked[7]", LogLevel::debug, fds[1]);
+  ::setenv("JOURNAL_STREAM", "1:2", 1);  // another stream: plain lines
+  Logger other("vlaked[7]", LogLevel::debug, fds[1]);
+  if (before != nullptr) ::setenv("JOURNAL_STREAM", saved.c_str(), 1);
+  else ::unsetenv("JOURNAL_STREAM");
+  CHECK(log.journal());
+  CHECK_FALSE(other.journal());
+  log.error("failed");
+  log.warn("careful");
+  log.info("started");
+  log.debug("detail");
+  log.info(std::string(5000, 'z'));  // longer than the stack buffer
+  other.error("plain");
+  CHECK(drain(fds) ==
+        "<3>vlaked[7]: error: failed\n<4>vlaked[7]: warn: careful\n<6>vlaked[7]: info: started\n"
+        "<7>vlaked[7]: debug: detail\n<6>vlaked[7]: info: " +
+            std::string(5000, 'z') + "\nvlaked[7]: error: plain\n");
 }
 
 TEST_CASE("log: format_log_line truncates the message, never the newline", "[common][log]") {

@@ -11,11 +11,14 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <sstream>
 
 #include "harness.hpp"
 #include "json_parse.hpp"
 #include "units.hpp"
+#include "vlake/common/fixed_chars.hpp"
 #include "vlake/contracts/state.hpp"
+#include "vlake/ctl/app.hpp"
 #include "vlake/ctl/format.hpp"
 #include "vlake/ctl/json.hpp"
 #include "vlake/ctl/options.hpp"
@@ -405,6 +408,27 @@ TEST_CASE("render: top says why a tenant is above its limit", "[units]") {
   CHECK(top.find("CUDA contexts") == std::string::npos);
 }
 
+TEST_CASE("render: top says when the quota file on disk is rejected", "[units]") {
+  auto s = synthetic_state();
+  CHECK(render_top_text(build_view(*s, false), "st1", "").find("REJECTED") == std::string::npos);
+  vlake::copy_chars(s->config.path, "/etc/vlake/vlake.yaml");
+  vlake::copy_chars(s->config.last_error, "/etc/vlake/vlake.yaml:3:10: bad limit \"8GB\": decimal units");
+  s->config.rejected = 1;
+  s->config.generation = 4;
+  const NodeView v = build_view(*s, false);
+  const std::string top = render_top_text(v, "st1", "");
+  INFO(top);
+  // Right under the heading, before any limit is read.
+  CHECK(top.find("\nQUOTA FILE REJECTED: /etc/vlake/vlake.yaml:3:10: bad limit \"8GB\": decimal units\n"
+                 "  the limits shown are the previous configuration's (generation 4); check the file with: "
+                 "vlakectl quota check /etc/vlake/vlake.yaml\n") != std::string::npos);
+  CHECK(top.find("REJECTED") < top.find("GPU 0"));
+  const Json tj = parse_json(render_top_json(v, "st1"));
+  CHECK(tj.at("config").at("rejected").boolean());
+  CHECK(tj.at("config").at("generation").u64() == 4);
+  CHECK(tj.at("config").at("path").str() == "/etc/vlake/vlake.yaml");
+}
+
 TEST_CASE("render: text and JSON of a synthetic state", "[units]") {
   const auto s = synthetic_state();
   const NodeView v = build_view(*s, false);
@@ -596,6 +620,25 @@ TEST_CASE("quota check: good and bad files in process", "[units]") {
   ::unlink(good.c_str());
   ::unlink(bad.c_str());
   ::rmdir(dir.c_str());
+}
+
+TEST_CASE("quota check -: the file comes from standard input", "[units]") {
+  std::istringstream good("version: 1\ndefault: {limit: 4GiB}\nusers: [{uid: 7, limit: 1GiB}]\n");
+  std::ostringstream out;
+  std::ostringstream err;
+  App app(out, err, false, good);
+  CHECK(app.run(CtlOptions::parse(std::vector<std::string>{"quota", "check", "-"}, nullptr)) == 0);
+  CHECK(out.str().rfind("<stdin>: ok\n", 0) == 0);
+  CHECK_THAT(out.str(), Catch::Contains("default limit: 4GiB"));
+  CHECK_THAT(out.str(), Catch::Contains("users: 1 entry"));
+  // A JSON string (what Debian's yq prints without -r) is refused, positioned.
+  std::istringstream quoted("\"version: 1\\ndefault: {limit: 4GiB}\\n\"\n");
+  std::ostringstream out2;
+  std::ostringstream err2;
+  App app2(out2, err2, false, quoted);
+  CHECK(app2.run(CtlOptions::parse(std::vector<std::string>{"quota", "check", "-", "--gpu-memory", "8GiB"}, nullptr)) ==
+        1);
+  CHECK_THAT(err2.str(), Catch::StartsWith("<stdin>:"));
 }
 
 TEST_CASE("events: the guard ring, oldest first, text and JSON", "[units]") {

@@ -9,6 +9,7 @@
 // and closing connections are in connections.cpp.
 #include "vlake/pool/daemon.hpp"
 
+#include <cuda.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -58,6 +59,15 @@ Daemon::Impl::Impl(const DaemonOptions& o, Logger& log)
   quota::QuotaConfig config = load_config(from_file);
   try {
     driver_ = open_driver(opts_.driver);
+  } catch (const DriverError& e) {
+    if (e.code() == CUDA_ERROR_SHARED_OBJECT_INIT_FAILED) {
+      // The library is not there (or not loadable): say what to check, not a bare CUresult.
+      throw StartupError("cannot load the CUDA driver " + opts_.driver + " (" + e.detail() +
+                         "). Is the NVIDIA driver installed (nvidia-smi)? In a container the NVIDIA runtime "
+                         "mounts it (runtimeClassName: nvidia, or CDI). For a dry run without a GPU, "
+                         "--driver PATH/sim/libcuda.so.1 (the simulator built with vlake).");
+    }
+    throw StartupError("cannot open the CUDA driver " + opts_.driver + ": " + e.what());
   } catch (const std::exception& e) {
     throw StartupError("cannot open the CUDA driver " + opts_.driver + ": " + e.what());
   }

@@ -79,9 +79,13 @@ class DriverError : public std::runtime_error {
  public:
   DriverError(DriverStatus code, const std::string& call, const std::string& detail = {});
   [[nodiscard]] DriverStatus code() const noexcept { return code_; }
+  // What the failing call said beyond its status (dlerror()'s text for a library that does not
+  // load); may be empty.
+  [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
 
  private:
   DriverStatus code_;
+  std::string detail_;
 };
 
 struct PhysicalHandleTag {};

@@ -14,6 +14,10 @@
 //   logger's fd, so lines from several threads or processes never interleave; EINTR is retried,
 //   any other failure drops the line. Logging never throws and leaves errno unchanged. The
 //   logger does not own its fd.
+// - journald: when the logger's fd is the stream systemd connected to the journal
+//   ($JOURNAL_STREAM names its device and inode, checked once when the Logger is made), each
+//   line starts with its syslog priority ("<3>" error, "<4>" warn, "<6>" info, "<7>" debug), so
+//   that `journalctl -p err` shows vlaked's errors; elsewhere lines are as above.
 // - format_log_line() and write_log_line() are the formatting and writing underneath, for
 //   callers that cannot allocate (the hook): no allocation, no locks, async-signal-safe.
 // - Dependencies: libc and libstdc++ only (common/src/log.cpp is compiled into the hook too).
@@ -48,10 +52,12 @@ void write_log_line(int fd, std::string_view line) noexcept;
 class Logger {
  public:
   // Tag "<program>[<pid>]" (program: the process's short name, at the time of each line).
-  explicit Logger(LogLevel level = LogLevel::info, int fd = 2) noexcept : level_(level), fd_(fd) {}
+  explicit Logger(LogLevel level = LogLevel::info, int fd = 2) noexcept
+      : level_(level), fd_(fd), journal_(is_journal_stream(fd)) {}
   // A fixed tag instead.
-  Logger(std::string tag, LogLevel level, int fd = 2) : level_(level), fd_(fd), tag_(std::move(tag)) {}
-  Logger(const Logger& o) : level_(o.level()), fd_(o.fd_), tag_(o.tag_) {}
+  Logger(std::string tag, LogLevel level, int fd = 2)
+      : level_(level), fd_(fd), journal_(is_journal_stream(fd)), tag_(std::move(tag)) {}
+  Logger(const Logger& o) : level_(o.level()), fd_(o.fd_), journal_(o.journal_), tag_(o.tag_) {}
   Logger& operator=(const Logger&) = delete;
 
   void set_level(LogLevel l) noexcept { level_.store(l, std::memory_order_relaxed); }
@@ -63,10 +69,15 @@ class Logger {
   void info(std::string_view m) const noexcept { write(LogLevel::info, m); }
   void warn(std::string_view m) const noexcept { write(LogLevel::warn, m); }
   void error(std::string_view m) const noexcept { write(LogLevel::error, m); }
+  // Lines carry journald priorities (see above).
+  [[nodiscard]] bool journal() const noexcept { return journal_; }
+  // Whether `fd` is the stream $JOURNAL_STREAM ("<device>:<inode>") names.
+  [[nodiscard]] static bool is_journal_stream(int fd) noexcept;
 
  private:
   std::atomic<LogLevel> level_;
   int fd_;
+  bool journal_ = false;
   std::string tag_;  // "": "<program>[<pid>]"
 };
 

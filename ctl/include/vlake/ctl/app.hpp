@@ -11,7 +11,7 @@
 // (exit 0) or a usage error (exit 2), then run().
 #pragma once
 
-#include <iosfwd>
+#include <iostream>
 
 #include "vlake/ctl/options.hpp"
 
@@ -19,7 +19,9 @@ namespace vlake::ctl {
 
 class App {
  public:
-  App(std::ostream& out, std::ostream& err, bool out_is_tty) : out_(out), err_(err), tty_(out_is_tty) {}
+  // `in`: what `quota check -` reads (standard input).
+  App(std::ostream& out, std::ostream& err, bool out_is_tty, std::istream& in = std::cin)
+      : out_(out), err_(err), tty_(out_is_tty), in_(in) {}
   int run(const CtlOptions& o);
 
  private:
@@ -30,6 +32,7 @@ class App {
   std::ostream& out_;
   std::ostream& err_;
   bool tty_;
+  std::istream& in_;
 };
 
 int main_entry(int argc, const char* const* argv);

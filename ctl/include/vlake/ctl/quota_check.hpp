@@ -40,6 +40,10 @@ struct QuotaCheckResult {
 // Runs vlaked's own validation (quota::check_file); with `gpu_memory`, also checks that the
 // guarantees fit a GPU of that size.
 QuotaCheckResult check_quota_file(const std::string& path, std::optional<Bytes> gpu_memory = std::nullopt);
+// The same for a file's text (`vlakectl quota check -`: standard input); `name` is what the
+// messages call it ("<stdin>").
+QuotaCheckResult check_quota_text(const std::string& text, const std::string& name,
+                                  std::optional<Bytes> gpu_memory = std::nullopt);
 std::string render_quota_text(const QuotaCheckResult& r);  // "FILE: ok" + summary, or errors
 std::string render_quota_json(const QuotaCheckResult& r);
 // `vlakectl quota grammar`: the quota file's keys (vlake/quota/grammar.hpp) as JSON: {"version":

@@ -201,8 +201,19 @@ struct GuardEventView {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> suspects;  // (address, bytes)
 };
 
+// The quota configuration in force (state ConfigRecord).
+struct ConfigView {
+  std::string path;
+  bool from_file = false;
+  std::uint64_t generation = 0;
+  bool rejected = false;   // the file on disk is rejected: the configuration in force is older
+  std::string last_error;  // the last rejected file's "<file>:<line>:<col>: <what>" ("": none)
+  std::uint64_t error_unix_ns = 0;
+};
+
 struct NodeView {
   DaemonView daemon;
+  ConfigView config;
   std::vector<GpuView> gpus;                                    // by index
   std::vector<TenantView> tenants;                              // by id
   std::vector<std::pair<std::string, std::uint64_t>> counters;  // stable order, stable names
