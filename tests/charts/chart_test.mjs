@@ -180,7 +180,6 @@ function checkConsistency(objs, label, { devicePlugin = true, events = false } =
     `${label}: DaemonSet selector matches its pod labels`);
   for (const o of objs) {
     const l = o.metadata.labels || {};
-    if (o.metadata.name.endsWith("-dashboard") || o.kind === "PrometheusRule") continue; // existing templates
     check(l["app.kubernetes.io/managed-by"] === "Helm" && l["helm.sh/chart"] && l["app.kubernetes.io/instance"] === "vlake",
       `${label}: ${o.kind}/${o.metadata.name} has the Helm convention labels`);
   }
@@ -499,6 +498,11 @@ function renderOperatorValues() {
     if (check(r.code === 0, `helm template (${what})`, r.err)) {
       const o = objects(r.out);
       check(find(o, "DaemonSet")[0].metadata.name !== "vlake", `${what}: object names follow it`);
+      const fullname = find(o, "DaemonSet")[0].metadata.name;
+      const named = [...find(o, "ConfigMap"), ...find(o, "PrometheusRule")].filter((x) => !x.data || !x.data["vlake.yaml"]);
+      check(named.length >= 2 && named.every((x) => x.metadata.name.startsWith(fullname + "-") && x.metadata.namespace === "vlake-system"),
+        `${what}: the dashboard ConfigMap and the PrometheusRule are named after it, in the release namespace`,
+        named.map((x) => `${x.kind}/${x.metadata.name} in ${x.metadata.namespace}`).join(", "));
       checkConsistency(o, what);  // the job check: "vlake", matched by the alerts and the dashboard
     }
   }

@@ -28,12 +28,14 @@ import tempfile
 TARGET_LABELS = ("namespace", "pod", "container")  # set by the Prometheus Operator on the target
 GUARD = re.compile(r'\{\{-\s*if\s+(?:and\s+)?(\.Values\.[\w.]+)(?:\s+\(include "vlake\.hasMonitoringKind" '
                    r'\(dict "root" \. "kind" "(\w+)"\)\))?\s*\}\}')
+LABELS = re.compile(r'^[ \t]*\{\{-\s*include "vlake\.labels" \.\s*\|\s*nindent\s+(?P<n>\d+)\s*\}\}[ \t]*$')
 FILES_GET = re.compile(r'^(?P<lead>[ \t]*)\{\{-\s*\.Files\.Get\s+"(?P<path>[^"]+)"\s*\|\s*nindent\s+(?P<n>\d+)\s*\}\}[ \t]*$')
 
 
 def render(chart, template, values_enabled=True):
-    """A minimal Helm render of our two templates: if-guard, .Release.Name, the (empty)
-    additionalLabels `with` block, and `{{- .Files.Get "F" | nindent N }}` lines."""
+    """A minimal Helm render of our two templates: if-guard, .Release.Name, the fullname, the
+    common labels, the (empty) additionalLabels `with` block, and `{{- .Files.Get "F" | nindent N }}`
+    lines."""
     text = open(os.path.join(chart, "templates", template)).read()
     lines = text.rstrip("\n").split("\n")
     guard = GUARD.fullmatch(lines[0])
@@ -57,8 +59,14 @@ def render(chart, template, values_enabled=True):
             pad = " " * int(m.group("n"))
             out.extend((pad + l) if l else pad for l in content.split("\n"))
             continue
+        m = LABELS.match(line)
+        if m:  # the chart's common labels (checked with helm in tests/charts)
+            pad = " " * int(m.group("n"))
+            out.extend(pad + l for l in ("app.kubernetes.io/name: vlake", "app.kubernetes.io/instance: release"))
+            continue
         if "{{" in line:
             line = line.replace("{{ .Release.Name }}", "release").replace("{{ .Release.Namespace }}", "vlake-system")
+            line = line.replace('{{ include "vlake.fullname" . }}', "release-vlake")
             if "{{" in line:
                 raise AssertionError(f"{template}: unsupported template construct: {line}")
         out.append(line)
