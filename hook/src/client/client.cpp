@@ -107,19 +107,7 @@ bool DaemonClient::read_one_locked(std::chrono::milliseconds wait) {
     return false;
   }
   const proto::Decoded d = proto::decode(std::span<const std::byte>(buf, got.bytes), got.fds.size());
-  const proto::Header* h = d.header();
-  if (h != nullptr && (h->request_id & kSideRequest) != 0) {
-    // The answer to a request sent beside another (tier_step(), release()).
-    if (const proto::TierPlan* plan = d.get<proto::TierPlan>()) keep_plan(*plan, std::move(got.fds));
-  } else if (const proto::Drop* drop = d.get<proto::Drop>()) {
-    keep_drop_locked(*drop);
-  } else if (const proto::SwapNotice* n = d.get<proto::SwapNotice>()) {
-    keep_swap_locked(*n);
-  } else if (const proto::TierNotice* t = d.get<proto::TierNotice>()) {
-    keep_tier_locked(*t);
-  } else if (const proto::Pressure* pressure = d.get<proto::Pressure>()) {
-    keep_pressure_locked(*pressure);
-  } else {
+  if (!keep_unsolicited_locked(d, got.fds)) {
     last_error_ = "unexpected message from the daemon on an idle connection";
     if (!d) last_error_ += " (" + d.error().reason + ")";
     log(LogLevel::warn, "%s; reconnecting", last_error_.c_str());
@@ -127,6 +115,29 @@ bool DaemonClient::read_one_locked(std::chrono::milliseconds wait) {
     return false;
   }
   return true;
+}
+
+bool DaemonClient::keep_unsolicited_locked(const proto::Decoded& d, std::vector<UniqueFd>& fds) {
+  if (const proto::Header* h = d.header(); h != nullptr && (h->request_id & kSideRequest) != 0) {
+    // The answer to a request sent beside another: a TierPlan is kept for tier_step(), a
+    // Release's ack is dropped.
+    if (const proto::TierPlan* plan = d.get<proto::TierPlan>()) keep_plan(*plan, std::move(fds));
+  } else if (const proto::Drop* drop = d.get<proto::Drop>()) {
+    keep_drop_locked(*drop);
+  } else if (const proto::SwapNotice* n = d.get<proto::SwapNotice>()) {
+    keep_swap_locked(*n);
+  } else if (const proto::TierNotice* t = d.get<proto::TierNotice>()) {
+    keep_tier_locked(*t);
+  } else if (const proto::Pressure* p = d.get<proto::Pressure>()) {
+    keep_pressure_locked(*p);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::uint64_t DaemonClient::next_side_id() noexcept {
+  return kSideRequest | (side_requests_.fetch_add(1, std::memory_order_relaxed) + 1);
 }
 
 void DaemonClient::keep_plan(const proto::TierPlan& p, std::vector<UniqueFd> fds) {
@@ -209,7 +220,7 @@ std::optional<proto::TierPlan> DaemonClient::tier_step(const proto::TierStep& st
   }
   // Another thread holds the connection (a parked grant may keep it for minutes): the step goes
   // out beside its request, and the answer comes to whoever reads the connection.
-  const std::uint64_t id = kSideRequest | (side_requests_.fetch_add(1, std::memory_order_relaxed) + 1);
+  const std::uint64_t id = next_side_id();
   req.h = proto::make_header<proto::TierStep>(proto::MsgType::tier_step, id);
   if (!send_beside(proto::encode(req))) return std::nullopt;
   changes_.fetch_add(1, std::memory_order_acq_rel);
@@ -469,27 +480,7 @@ DaemonClient::Io DaemonClient::roundtrip_locked(Req& request, Rep& reply, std::v
       last_error_ = "malformed reply: " + d->error().reason;
       return Io::failed;
     }
-    if (const proto::Drop* drop = d->get<proto::Drop>()) {
-      keep_drop_locked(*drop);
-      continue;
-    }
-    if (const proto::SwapNotice* n = d->get<proto::SwapNotice>()) {
-      keep_swap_locked(*n);
-      continue;
-    }
-    if (const proto::TierNotice* n = d->get<proto::TierNotice>()) {
-      keep_tier_locked(*n);
-      continue;
-    }
-    if (const proto::Header* h = d->header(); h != nullptr && (h->request_id & kSideRequest) != 0) {
-      // The answer to a request sent beside this one: a TierPlan is kept for tier_step(), a
-      // Release's ack is dropped.
-      if (const proto::TierPlan* plan = d->get<proto::TierPlan>()) keep_plan(*plan, std::move(got.fds));
-      continue;
-    }
-    const proto::Pressure* p = d->get<proto::Pressure>();
-    if (p == nullptr) break;
-    keep_pressure_locked(*p);
+    if (!keep_unsolicited_locked(*d, got.fds)) break;
   }
   if (const proto::Error* err = d->get<proto::Error>()) {
     last_error_status_ = err->status;
@@ -589,7 +580,7 @@ std::optional<proto::Status> DaemonClient::release(std::uint64_t grant_id, std::
   if (!lock.owns_lock()) {
     // Another thread holds the connection, maybe for minutes (a parked grant, and vlaked may be
     // waiting for this very memory): sent beside its request; the ack is not waited for.
-    req.h.request_id = kSideRequest | (side_requests_.fetch_add(1, std::memory_order_relaxed) + 1);
+    req.h.request_id = next_side_id();
     if (send_beside(proto::encode(req))) {
       changes_.fetch_add(1, std::memory_order_acq_rel);
       return proto::Status::ok;

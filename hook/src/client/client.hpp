@@ -62,6 +62,10 @@
 #include "vlake/common/uuid.hpp"
 #include "vlake/contracts/protocol.hpp"
 
+namespace vlake::proto {
+class Decoded;  // vlake/contracts/codec.hpp
+}  // namespace vlake::proto
+
 namespace vlake::hook {
 
 struct GrantResult {
@@ -235,6 +239,11 @@ class DaemonClient {
   std::condition_variable plan_cv_;
   std::atomic<std::uint64_t> side_requests_{0};
   void keep_plan(const proto::TierPlan& p, std::vector<UniqueFd> fds);
+  // A message nobody asked for on this read (a Drop, notice or Pressure), or the answer to a
+  // request sent beside another: kept (its descriptors taken from `fds`) or dropped; true. False:
+  // a reply (or anything else) for the reader to handle. mu_ held.
+  bool keep_unsolicited_locked(const proto::Decoded& d, std::vector<UniqueFd>& fds);
+  std::uint64_t next_side_id() noexcept;  // a request id with kSideRequest set
   // Sends one message on side_fd_ (beside a request another thread may have in flight).
   bool send_beside(std::span<const std::byte> bytes);
   std::optional<proto::TierPlan> take_plan(std::uint64_t request_id, std::vector<UniqueFd>& fds);

@@ -56,50 +56,41 @@ inline constexpr std::array kTopKeys = {
     Key{"users", Kind::list, {}, "user"},
     Key{"groups", Kind::list, {}, "group"},
 };
-inline constexpr std::array kDefaultKeys = {
-    Key{"limit", Kind::size},
-    Key{"guard", Kind::choice, kGuardModes},
-    Key{"dedup", Kind::choice, kDedupModes},
-    Key{"enforce", Kind::choice, kEnforceModes},
-    Key{"kill_grace", Kind::duration},
-    Key{"allow_disable", Kind::flag},
-    Key{"dedup_domain", Kind::domain},
-    Key{"wait", Kind::wait},
-    Key{"overcommit", Kind::flag},
-};
-inline constexpr std::array kNamespaceKeys = {
-    Key{"name", Kind::domain},
-    Key{"limit", Kind::size},
-    Key{"guaranteed", Kind::size},
-    Key{"priority", Kind::priority},
-    Key{"pod_limit", Kind::size},
-    Key{"users", Kind::members},
-    Key{"groups", Kind::members},
-    Key{"guard", Kind::choice, kGuardModes},
-    Key{"dedup", Kind::choice, kDedupModes},
-    Key{"enforce", Kind::choice, kEnforceModes},
-    Key{"kill_grace", Kind::duration},
-    Key{"allow_disable", Kind::flag},
-    Key{"dedup_domain", Kind::domain},
-    Key{"ipc_domain", Kind::domain},
-    Key{"wait", Kind::wait},
-    Key{"overcommit", Kind::flag},
-};
+// Keys several sections take, each defined once.
+inline constexpr Key kLimit{"limit", Kind::size};
+inline constexpr Key kGuard{"guard", Kind::choice, kGuardModes};
+inline constexpr Key kDedup{"dedup", Kind::choice, kDedupModes};
+inline constexpr Key kEnforce{"enforce", Kind::choice, kEnforceModes};
+inline constexpr Key kKillGrace{"kill_grace", Kind::duration};
+inline constexpr Key kAllowDisable{"allow_disable", Kind::flag};
+inline constexpr Key kDedupDomain{"dedup_domain", Kind::domain};
+inline constexpr Key kWait{"wait", Kind::wait};
+inline constexpr Key kOvercommit{"overcommit", Kind::flag};
+inline constexpr Key kEntryName{"name", Kind::name};
+inline constexpr Key kEntryNamespace{"namespace", Kind::domain};
+
+// In the order the parser's messages list them.
+inline constexpr std::array kDefaultKeys = {kLimit,        kGuard,       kDedup, kEnforce,   kKillGrace,
+                                            kAllowDisable, kDedupDomain, kWait,  kOvercommit};
+inline constexpr std::array kNamespaceKeys = {Key{"name", Kind::domain},
+                                              kLimit,
+                                              Key{"guaranteed", Kind::size},
+                                              Key{"priority", Kind::priority},
+                                              Key{"pod_limit", Kind::size},
+                                              Key{"users", Kind::members},
+                                              Key{"groups", Kind::members},
+                                              kGuard,
+                                              kDedup,
+                                              kEnforce,
+                                              kKillGrace,
+                                              kAllowDisable,
+                                              kDedupDomain,
+                                              Key{"ipc_domain", Kind::domain},
+                                              kWait,
+                                              kOvercommit};
 // A users entry has `uid` or `name`, a groups entry `gid` or `name` (not both).
-inline constexpr std::array kUserKeys = {
-    Key{"uid", Kind::id},
-    Key{"name", Kind::name},
-    Key{"limit", Kind::size},
-    Key{"namespace", Kind::domain},
-    Key{"guard", Kind::choice, kGuardModes},
-};
-inline constexpr std::array kGroupKeys = {
-    Key{"gid", Kind::id},
-    Key{"name", Kind::name},
-    Key{"limit", Kind::size},
-    Key{"namespace", Kind::domain},
-    Key{"guard", Kind::choice, kGuardModes},
-};
+inline constexpr std::array kUserKeys = {Key{"uid", Kind::id}, kEntryName, kLimit, kEntryNamespace, kGuard};
+inline constexpr std::array kGroupKeys = {Key{"gid", Kind::id}, kEntryName, kLimit, kEntryNamespace, kGuard};
 
 inline constexpr std::array kSections = {
     Section{"top", kTopKeys},   Section{"default", kDefaultKeys}, Section{"namespace", kNamespaceKeys},
