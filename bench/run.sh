@@ -4,7 +4,7 @@
 # and writes the same as JSON. Builds nothing. See docs/benchmarks.md.
 #
 #   bench/run.sh [--sim] [--quick] [--build DIR] [--results FILE] [--tenants LIST]
-#                [--train-pairs N] [--strict]
+#                [--pairs N] [--train-pairs N] [--start-processes LIST] [--only LIST] [--strict]
 #
 #   --sim          run the C++ benchmarks against the simulated driver (no GPU, no PyTorch): a
 #                  smoke test of the machinery; the timings are not GPU timings
@@ -13,13 +13,19 @@
 #   --results      JSON results file (default: <build>/bench-results.json)
 #   --tenants      comma-separated tenant counts for the alloc runs, each native, hook warm and
 #                  hook cold with that many processes at once (default 1,4,8; 1 always runs)
-#   --train-pairs  interleaved A (native) B (hook) training runs per allocator (default 5)
+#   --pairs        interleaved native/hook pairs of the launch, decode, load and start rows
+#                  (bench/pairs/pairs.py; default 10, --quick 3)
+#   --train-pairs  the same for the training rows, per allocator (default: --pairs)
+#   --start-processes  process counts of the start rows (default 32,128; --sim 4,16)
+#   --only         comma-separated sections to run (default all): alloc, launch, decode, load,
+#                  train, start, replay, storm; rows of the others are left out of the table
+#   --keep DIR     copy the raw outputs and the logs (workers', vlaked's) to DIR at the end
 #   --strict       exit 1 if a row with a target fails (default: exit 0 once the table is out)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 
-sim=0 quick=0 strict=0 tenants=1,4,8 train_pairs="" build="" results=""
+sim=0 quick=0 strict=0 tenants=1,4,8 pairs="" train_pairs="" build="" results="" only="" start_procs="" keep=""
 while (($#)); do
   case "$1" in
     --sim) sim=1 ;;
@@ -28,8 +34,12 @@ while (($#)); do
     --build) build="$2"; shift ;;
     --results) results="$2"; shift ;;
     --tenants) tenants="$2"; shift ;;
+    --pairs) pairs="$2"; shift ;;
     --train-pairs) train_pairs="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --start-processes) start_procs="$2"; shift ;;
+    --only) only="$2"; shift ;;
+    --keep) keep="$2"; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -43,8 +53,19 @@ for k in "${asked[@]}"; do
 done
 mapfile -t klist < <(printf '%s\n' "${klist[@]}" | sort -n)
 tenants="$(IFS=,; echo "${klist[*]}")"
-[[ -z "$train_pairs" ]] && { train_pairs=5; ((quick)) && train_pairs=3; }
+[[ -z "$pairs" ]] && { pairs=10; ((quick)) && pairs=3; }
+[[ "$pairs" =~ ^[0-9]+$ ]] && ((pairs >= 1)) || { echo "run.sh: --pairs takes a count >= 1" >&2; exit 2; }
+[[ -z "$train_pairs" ]] && train_pairs="$pairs"
 [[ "$train_pairs" =~ ^[0-9]+$ ]] && ((train_pairs >= 1)) || { echo "run.sh: --train-pairs takes a count >= 1" >&2; exit 2; }
+[[ -z "$start_procs" ]] && { start_procs=32,128; ((sim)) && start_procs=4,16; }
+[[ "$start_procs" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "run.sh: --start-processes takes counts, e.g. 32,128" >&2; exit 2; }
+sections=(alloc launch decode load train start replay storm)
+[[ -z "$only" ]] && only="$(IFS=,; echo "${sections[*]}")"
+IFS=, read -ra only_list <<<"$only"
+for x in "${only_list[@]}"; do
+  [[ " ${sections[*]} " == *" $x "* ]] || { echo "run.sh: --only takes sections of: ${sections[*]}; got '$x'" >&2; exit 2; }
+done
+want() { [[ ",$only," == *",$1,"* ]]; }
 if [[ -z "$build" ]]; then
   for b in "$root/build/gpu" "$root/build/release"; do [[ -d "$b" ]] && { build="$b"; break; }; done
 fi
@@ -57,7 +78,9 @@ replay_bin="$build/bench/vlake_bench_replay"
 watch_bin="$build/bench/vlake_bench_poolwatch"
 vlaked="$build/pool/vlaked"
 hook="$build/hook/libvlake-hook.so"
-for f in "$alloc_bin" "$replay_bin" "$watch_bin" "$vlaked" "$hook"; do
+launch_bin="$build/bench/vlake_bench_launch"
+start_bin="$build/bench/vlake_bench_start"
+for f in "$alloc_bin" "$replay_bin" "$watch_bin" "$launch_bin" "$start_bin" "$vlaked" "$hook"; do
   [[ -x "$f" || -f "$f" ]] || { echo "run.sh: missing $f (build targets vlake_bench vlaked vlake_hook)" >&2; exit 2; }
 done
 
@@ -69,6 +92,9 @@ daemon_pid=""
 cleanup() {
   [[ -n "$daemon_pid" ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
   rm -f "/dev/shm/vlake-bench-$$-"* "/dev/shm/vlake-sim-bench-$$" 2>/dev/null
+  if [[ -n "$keep" ]]; then
+    mkdir -p "$keep" && cp -r "$raw" "$keep/" && cp "$work"/*.log "$keep/" 2>/dev/null
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -97,12 +123,18 @@ fi
 multi_sizes="$sizes"
 ((sim)) && multi_sizes=2MiB,20MiB,256MiB
 printf 'version: 1\ndefault:\n  limit: %s\n' "$limit" >"$work/vlake.yaml"
+# The start rows' daemon: the whole GPU for the one tenant (every hooked process is the same
+# user), since 128 CUDA contexts alone take tens of GiB and contexts count against the limit.
+start_limit=100%
+((sim)) && start_limit="$limit"
+printf 'version: 1\ndefault:\n  limit: %s\n' "$start_limit" >"$work/vlake-start.yaml"
+conf="$work/vlake.yaml"
 sock="$work/vlaked.sock"
 hooked=(env LD_PRELOAD="$hook" VLAKE_SOCKET="$sock" ASAN_OPTIONS=verify_asan_link_order=0)
 
 start_daemon() {  # $1: state name, rest: more vlaked flags
   state="$work/$1"; shift  # a file in the private work directory
-  "$vlaked" --config "$work/vlake.yaml" --socket "$sock" --state "$state" --metrics-address none \
+  "$vlaked" --config "$conf" --socket "$sock" --state "$state" --metrics-address none \
     "${daemon_driver[@]}" "$@" >>"$work/vlaked.log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 1 300); do
@@ -126,6 +158,20 @@ run_json() {  # $1: output name, rest: command; keeps the last JSON line
   grep '^{' "$raw/$name.out" | tail -n 1 >"$raw/$name.json"
 }
 
+# The interleaved pairs (bench/pairs/pairs.py) of one suite against the running daemon.
+pairs_suite() {  # $1: suite, $2: pair count
+  step "$1: $2 interleaved pairs, native and hooked (bench/pairs/pairs.py)"
+  local drv=()
+  ((sim)) && drv=(--driver "$build/sim/libcuda.so.1")
+  local q=(); ((quick)) && q=(--quick)
+  python3 "$here/pairs/pairs.py" "$1" --out "$raw" --work "$work" --pairs "$2" --build "$build" "${drv[@]}" \
+    "${q[@]}" --start-processes "$start_procs" --hook-env LD_PRELOAD="$hook" --hook-env VLAKE_SOCKET="$sock" \
+    --hook-env ASAN_OPTIONS=verify_asan_link_order=0 2>&1 | sed 's/^/   /' >&2
+}
+has_torch=0
+if ((!sim)) && python3 -c 'import torch' 2>/dev/null; then has_torch=1; fi
+
+if want alloc; then
 start_daemon "vlake-bench-$$-a"
 # For each tenant count K: native, hook warm, hook cold, each with K processes at once (K = 1:
 # alloc_native, alloc_warm, alloc_cold; else alloc_<kind>_x<K>), the native baseline next to
@@ -141,27 +187,32 @@ for k in "${klist[@]}"; do
   run_json "alloc_cold$sfx" "${hooked[@]}" VLAKE_RESERVE=0 "$alloc_bin" "${kargs[@]}" --label "hook_cold$tlabel"
 done
 stop_daemon
+fi
 
-if ((!sim)); then
-  start_daemon "vlake-bench-$$-t"
-  step "training step time: A (native) B (hook), $train_pairs pairs A B A B ..., default and expandable segments"
-  # A model large enough that a step is bound by the GPU, not by Python and kernel launches:
-  # smaller ones vary by tens of percent from run to run, which hides a 1 % difference.
-  model=(--layers 12 --d 1024 --heads 16 --seq 1024 --batch 8)
-  # One untimed run first: the first process on an idle GPU runs slower (clocks, caches).
-  run_json train_warmup python3 "$here/torch/train_step.py" --steps 5 "${model[@]}"
-  for alloc in default expandable; do
-    conf=""; [[ $alloc == expandable ]] && conf="expandable_segments:True"
-    for ((rep = 1; rep <= train_pairs; rep++)); do
-      run_json "train_${alloc}_native_$rep" env PYTORCH_CUDA_ALLOC_CONF="$conf" \
-        python3 "$here/torch/train_step.py" --steps "$steps" "${model[@]}"
-      run_json "train_${alloc}_hook_$rep" "${hooked[@]}" PYTORCH_CUDA_ALLOC_CONF="$conf" \
-        python3 "$here/torch/train_step.py" --steps "$steps" "${model[@]}"
-    done
-  done
+if want launch || want decode || want load || want train; then
+  start_daemon "vlake-bench-$$-p"
+  want launch && pairs_suite launch "$pairs"
+  if ((has_torch)); then
+    want decode && pairs_suite decode "$pairs"
+    want load && pairs_suite load "$pairs"
+    # A model large enough that a step is bound by the GPU, not by Python and kernel launches:
+    # smaller ones vary by tens of percent from run to run, which hides a 1 % difference.
+    want train && pairs_suite train "$train_pairs"
+  elif ((!sim)); then
+    echo "run.sh: no PyTorch: the decode, load and training rows are n/a" >&2
+  fi
   stop_daemon
 fi
 
+if want start; then
+  conf="$work/vlake-start.yaml"
+  start_daemon "vlake-bench-$$-s"
+  pairs_suite start "$pairs"
+  stop_daemon
+  conf="$work/vlake.yaml"
+fi
+
+if want replay; then
 step "trace replay: each trace native alone, then all at once natively and under the hook"
 traces=(train_ckpt lora infer_kv)
 for t in "${traces[@]}"; do
@@ -211,13 +262,16 @@ hooked_plain=("${hooked[@]}")
 hooked+=(VLAKE_PREFETCH=8)
 replay_all "_prefetch" default
 hooked=("${hooked_plain[@]}")
+fi
 
 # Storm (docs/benchmarks.md, "Storm"): 64 tenants x 4 threads with the reserve off, one of them
 # SIGSTOPped in the middle. It measures vlaked's event loop, not the driver, so it always runs on
 # the simulator (64 CUDA contexts would not fit a GPU), with its own vlaked.
 storm_tenants=64 storm_args=(--duration-ms 10000 --stop-at-ms 4000 --stop-ms 3000)
 ((quick)) && storm_args=(--duration-ms 5000 --stop-at-ms 2000 --stop-ms 1500)
-if [[ -x "$build/bench/vlake_bench_storm" && -f "$build/sim/libcuda.so.1" ]]; then
+if ! want storm; then
+  :
+elif [[ -x "$build/bench/vlake_bench_storm" && -f "$build/sim/libcuda.so.1" ]]; then
   step "storm: $storm_tenants tenants x 4 threads, reserve off, one SIGSTOPped (simulator)"
   (
     umask 0002  # the simulator's node file: tenants run under their own uids (gid 0)
@@ -244,4 +298,4 @@ fi
 
 mode=gpu; ((sim)) && mode=sim
 python3 "$here/report.py" --raw "$raw" --mode "$mode" --quick "$quick" --tenants "$tenants" \
-  --train-pairs "$train_pairs" --results "$results" --strict "$strict"
+  --train-pairs "$train_pairs" --pairs "$pairs" --only "$only" --results "$results" --strict "$strict"

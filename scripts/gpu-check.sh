@@ -3,8 +3,11 @@
 # tests and the benchmarks (bench/run.sh) — in one go, then prints a summary table and the
 # benchmark table.
 #
-#   ./scripts/gpu-check.sh [--all] [--no-bench] [--tests REGEX] [--reserve-profile]
+#   ./scripts/gpu-check.sh [--all] [--no-bench] [--tests REGEX] [--bench-only SECTIONS] [--reserve-profile]
 #     --all          also run the simulator-backed tests
+#     --bench-only SECTIONS  only these sections of bench/run.sh (its --only: alloc, launch, decode,
+#                    load, train, start, replay, storm); a whole run takes about 14 minutes on an
+#                    H200, so a machine that limits each command to 10 minutes runs it in parts
 #     --reserve-profile  also measure how workloads reuse the hook's local reserve
 #                    (bench/hook/reserve_profile.py; docs/hook.md, "Choosing the reserve's defaults")
 #     --tests REGEX  only the tests whose names match (ctest -R), e.g. to split the GPU tests over
@@ -26,12 +29,14 @@ run_all=0
 run_bench=1
 run_profile=0
 only=()
+bench_only=()
 while (($#)); do
   case "$1" in
     --all) run_all=1 ;;
     --no-bench) run_bench=0 ;;
     --reserve-profile) run_profile=1 ;;
     --tests) only=(-R "$2"); shift ;;
+    --bench-only) bench_only=(--only "$2"); shift ;;
   esac
   shift
 done
@@ -120,7 +125,7 @@ fi
 if ((run_bench)); then
   echo
   echo "== benchmarks (bench/run.sh; table also in $build/bench-table.txt)"
-  bench/run.sh --build "$build" --results "$build/bench-results.json" >"$build/bench-table.txt" \
+  bench/run.sh --build "$build" "${bench_only[@]}" --results "$build/bench-results.json" >"$build/bench-table.txt" \
     2>"$build/bench.log"
   brc=$?
   cat "$build/bench-table.txt"

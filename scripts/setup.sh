@@ -25,6 +25,7 @@ packages=(
   python3                                   # test scripts (Prometheus queries, GPU checks)
   catch2                                    # test framework
   dpkg-dev systemd                          # tests/packaging: dpkg-shlibdeps (cpack), systemd-analyze
+  valgrind                                  # bench/count: callgrind instruction-count gates (CI)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # kubelet API
   libcurl4-openssl-dev                      # vlake-events: Kubernetes Events (scheduler/)
 )

@@ -35,14 +35,7 @@ struct Shared {
 static_assert(std::atomic<int>::is_always_lock_free);
 
 int to_int(const std::string& opt, const std::string& v, int lo, int hi) {
-  try {
-    std::size_t used = 0;
-    const long n = std::stol(v, &used);
-    if (used == v.size() && n >= lo && n <= hi) return static_cast<int>(n);
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument(opt + " must be a number " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" +
-                              v + "'");
+  return static_cast<int>(parse_number(opt, v, lo, hi));
 }
 
 // One process's loop: fills its slice of samples and vmm counts. Throws on failure.

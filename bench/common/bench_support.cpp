@@ -41,9 +41,6 @@ CudaApi::CudaApi(const std::string& library) {
 CudaApi::~CudaApi() = default;  // the driver stays loaded: unloading a CUDA driver is unsafe
 
 void CudaApi::init_context(DeviceOrdinal device) const {
-  auto check = [this](CUresult rc, const char* what) {
-    if (rc != CUDA_SUCCESS) throw std::runtime_error(std::string(what) + ": " + error_name(rc));
-  };
   check(init_(0), "cuInit");
   CUdevice dev = 0;
   check(device_get_(&dev, device.value()), "cuDeviceGet");
@@ -58,10 +55,31 @@ unsigned long long CudaApi::calls(const char* entry) const noexcept {
   return call_count_ != nullptr ? call_count_(entry) : 0;
 }
 
+void* CudaApi::symbol(const char* name) const {
+  void* p = ::dlsym(handle_, name);
+  if (p == nullptr) throw std::runtime_error(std::string("driver lacks ") + name);
+  return p;
+}
+
+void CudaApi::check(CUresult rc, const char* what) const {
+  if (rc != CUDA_SUCCESS) throw std::runtime_error(std::string(what) + ": " + error_name(rc));
+}
+
 std::string CudaApi::error_name(CUresult rc) const {
   const char* s = nullptr;
   if (error_name_ != nullptr && error_name_(rc, &s) == CUDA_SUCCESS && s != nullptr) return s;
   return "CUresult " + std::to_string(static_cast<int>(rc));
+}
+
+long parse_number(const std::string& opt, const std::string& v, long lo, long hi) {
+  try {
+    std::size_t used = 0;
+    const long n = std::stol(v, &used);
+    if (used == v.size() && n >= lo && n <= hi) return n;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(opt + " must be a number " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" +
+                              v + "'");
 }
 
 double percentile(const std::vector<double>& sorted, double p) {

@@ -50,7 +50,17 @@ class CudaApi {
   [[nodiscard]] unsigned long long calls(const char* entry) const noexcept;
   [[nodiscard]] std::string error_name(CUresult rc) const;
 
+  // Any other entry point, typed by its cudaTypedefs.h PFN type (e.g. PFN_cuLaunchKernel_v4000);
+  // throws std::runtime_error when the driver lacks it.
+  template <class Pfn>
+  [[nodiscard]] Pfn entry(const char* name) const {
+    return reinterpret_cast<Pfn>(symbol(name));
+  }
+  // Throws std::runtime_error naming the call with the CUresult's name when rc is not success.
+  void check(CUresult rc, const char* what) const;
+
  private:
+  [[nodiscard]] void* symbol(const char* name) const;
   void* handle_ = nullptr;
   CUresult (*init_)(unsigned) = nullptr;
   CUresult (*device_get_)(CUdevice*, int) = nullptr;
@@ -74,6 +84,10 @@ struct Summary {
 };
 Summary summarize(std::vector<double> samples_us);
 double percentile(const std::vector<double>& sorted, double p);
+
+// An option's whole-number value in [lo, hi]; throws std::invalid_argument
+// "<opt> must be a number lo..hi, got '<v>'" otherwise.
+long parse_number(const std::string& opt, const std::string& v, long lo, long hi);
 
 // Comma-separated sizes ("2MiB,1GiB"), each in vlake's size grammar (vlake::parse_size).
 std::vector<Bytes> parse_sizes(std::string_view text);

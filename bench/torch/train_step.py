@@ -3,13 +3,16 @@
 
   python3 bench/torch/train_step.py [--layers 6] [--d 512] [--seq 256] [--batch 16]
                                     [--warmup 10] [--steps 50] [--seed 0]
+  python3 bench/torch/train_step.py --serve ...   # bench/pairs/pairs.py worker: "steps N"
 
 Model: token + learned position embeddings, `layers` pre-norm blocks (8-head causal attention,
 4x GELU MLP), tied-free LM head; AdamW, bf16 autocast, random tokens (fixed seed). After
 `warmup` untimed steps (the caching allocator fills, cuBLAS picks its kernels), each of `steps`
 steps is timed on the host: synchronize, perf_counter, step, synchronize, perf_counter. Prints
 one JSON line: {"median_ms", "mean_ms", "min_ms", "p90_ms", "steps", "loss", "allocator",
-"max_reserved_bytes", ...}. Exit 77 when there is no CUDA GPU.
+"max_reserved_bytes", ...}. --serve: the warm-up steps, then each "steps steps=N" command runs
+2 untimed steps and times N more the same way and answers {"value": their median ms, ...}. Exit 77 when there is no
+CUDA GPU.
 """
 import argparse
 import json
@@ -17,6 +20,8 @@ import os
 import statistics
 import sys
 import time
+
+import worker
 
 
 def main():
@@ -30,6 +35,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--serve", action="store_true")
     args = ap.parse_args()
 
     import torch
@@ -91,29 +97,40 @@ def main():
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
-    times = []
-    loss = None
-    for _ in range(args.steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    s = sorted(times)
-    out = {
-        "median_ms": statistics.median(times),
-        "mean_ms": statistics.fmean(times),
-        "min_ms": s[0],
-        "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
-        "steps": args.steps,
+
+    def timed(steps=args.steps):
+        times = []
+        loss = None
+        for _ in range(2):  # untimed: the worker may have been idle while the other side measured
+            step()
+        for _ in range(int(steps)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = step()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        s = sorted(times)
+        return {
+            "value": statistics.median(times),
+            "median_ms": statistics.median(times),
+            "mean_ms": statistics.fmean(times),
+            "min_ms": s[0],
+            "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))],
+            "steps": int(steps),
+            "loss": float(loss.item()),
+            "unit": "ms",
+        }
+
+    info = {
         "warmup": args.warmup,
-        "loss": float(loss.item()),
         "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default") or "default",
         "hooked": "vlake-hook" in os.environ.get("LD_PRELOAD", ""),
-        "max_reserved_bytes": torch.cuda.max_memory_reserved(),
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
     }
+    if args.serve:
+        return worker.serve({"steps": lambda steps=args.steps: dict(timed(steps), max_reserved_bytes=torch.cuda.max_memory_reserved())}, info)
+    out = dict(timed(), max_reserved_bytes=torch.cuda.max_memory_reserved(), **info)
     print(json.dumps(out), flush=True)
     return 0
 

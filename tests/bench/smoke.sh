@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench.smoke: bench/run.sh --sim --quick against the simulator must print a well-formed table
 # and write a results JSON with every expected row, including the 1, 4 and 8 tenant alloc runs
-# (timings are not judged: simulator).
+# and the interleaved pairs of the launch and start rows (timings are not judged: simulator).
 #   smoke.sh <path to bench/run.sh> <build dir>
 set -uo pipefail
 run="$1"; build="$2"
@@ -59,6 +59,18 @@ for k in (4, 8):
         multi = res["raw"].get("alloc_%s_x%d" % (kind, k)) or {}
         if len(multi.get("processes", [])) != k or multi.get("tenants") != k:
             errors.append("%s run with %d tenants: %d processes" % (kind, k, len(multi.get("processes", []))))
+want_pairs = {"launches/s, tight loop of empty kernels": "launch_loop",
+              "launches/s, CUDA graph replay (100 kernel nodes)": "launch_graph",
+              "start: 4 processes CUDA-ready with 64 MiB each (time until all)": "start_4",
+              "start: 16 processes CUDA-ready with 64 MiB each (time until all)": "start_16"}
+for m, name in want_pairs.items():
+    if m not in metrics:
+        errors.append("missing row: " + m)
+    d = res["raw"].get("pairs_" + name) or {}
+    if d.get("n_pairs") != 3 or d.get("errors") or len(d.get("ci95") or []) != 2:
+        errors.append("pairs of %s: %r" % (name, {k: d.get(k) for k in ("n_pairs", "errors", "ci95")}))
+if any(m.startswith(("decode", "model load", "train")) for m in metrics):
+    errors.append("PyTorch rows in a simulator run")
 for e in errors:
     print("smoke: " + e)
 print("smoke: %d rows, %s" % (len(rows), "OK" if not errors else "%d problems" % len(errors)))

@@ -14,7 +14,9 @@
 
 #include "alloc_bench.hpp"
 #include "bench_support.hpp"
+#include "launch_bench.hpp"
 #include "replay_bench.hpp"
+#include "start_bench.hpp"
 #include "storm.hpp"
 
 using namespace vlake;
@@ -283,4 +285,36 @@ TEST_CASE("daemon histogram quantiles interpolate inside their bucket", "[bench]
   CHECK(d.buckets[0] == 0);
   CHECK(d.sum_ns == 7000);
   CHECK(histogram_quantile_us(d, 0.5) == Approx(750.0));
+}
+
+TEST_CASE("launch and start options are checked", "[bench]") {
+  const LaunchOptions l = LaunchBench::parse({"--op", "graph", "--launches", "500", "--graph-nodes", "10"});
+  CHECK(l.op == "graph");
+  CHECK(l.launches == 500);
+  CHECK(l.graph_nodes == 10);
+  CHECK(LaunchBench::parse({"--serve"}).serve);
+  CHECK_THROWS_WITH(LaunchBench::parse({"--op", "spin"}), Catch::Contains("--op takes loop or graph"));
+  CHECK_THROWS_WITH(LaunchBench::parse({"--launches", "0"}), Catch::Contains("--launches must be a number 1.."));
+  CHECK_THROWS_WITH(LaunchBench::parse({"--launches", "12x"}), Catch::Contains("got '12x'"));
+  const StartOptions s = StartBench::parse({"--processes", "8", "--bytes", "2MiB", "--timeout-s", "30"});
+  CHECK(s.processes == 8);
+  CHECK(s.bytes.value() == (2ULL << 20));
+  CHECK(s.timeout_s == 30);
+  CHECK_THROWS_WITH(StartBench::parse({"--processes", "0"}), Catch::Contains("--processes must be a number 1..1024"));
+  CHECK_THROWS_WITH(StartBench::parse({"--bytes", "64"}), Catch::Contains("--bytes: "));
+  CHECK_THROWS_WITH(StartBench::parse({"--frobnicate", "1"}), Catch::Contains("unknown option '--frobnicate'"));
+}
+
+TEST_CASE("the launch benchmark launches on the simulator and reports launches per second", "[bench][sim]") {
+  const std::string node = "bu" + std::to_string(::getpid()) + "-launch";
+  ::setenv("VLAKE_SIM_NODE", node.c_str(), 1);
+  ::setenv("VLAKE_SIM_DEVICE_MEMORY", "256MiB", 1);
+  LaunchOptions o;
+  o.driver = VLAKE_SIM_LIB;
+  o.launches = 300;
+  const std::string j = LaunchBench(o).run();
+  CHECK_THAT(j, Catch::Contains("\"op\":\"loop\"") && Catch::Contains("\"launches\":300") &&
+                    Catch::Contains("\"unit\":\"launches/s\""));
+  CHECK_THAT(j, !Catch::Contains("\"value\":0.000"));
+  ::unlink(("/dev/shm/vlake-sim-" + node).c_str());
 }
