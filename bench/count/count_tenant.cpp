@@ -89,16 +89,15 @@ int main(int argc, char** argv) {
       if (args[i - 1] == "--op") {
         op_name = v;
       } else if (args[i - 1] == "--iterations") {
-        iterations = std::stol(v);
+        iterations = vlake::bench::parse_number("--iterations", v, 1, 100000000);
       } else if (args[i - 1] == "--warmup") {
-        warmup = std::stol(v);
+        warmup = vlake::bench::parse_number("--warmup", v, 0, 1000000);
       } else if (args[i - 1] == "--driver") {
         driver = v;
       } else {
         throw std::invalid_argument("unknown option '" + args[i - 1] + "'");
       }
     }
-    if (iterations < 1 || warmup < 0) throw std::invalid_argument("--iterations >= 1, --warmup >= 0");
   } catch (const std::exception& e) {
     std::cerr << "vlake_bench_count: " << e.what() << "\n";
     return 2;
